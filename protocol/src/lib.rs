@@ -1,0 +1,20 @@
+//! Wire types shared by every part of the project, and nothing else.
+//!
+//! - [`plan`]: the pipeline plan users write (TOML) and programs submit (JSON).
+//! - [`worker`]: the contract between the orchestrator and a stage's processes: the
+//!   [`worker::StageSpec`] handed to a built-in worker, the environment variables every stage
+//!   gets, and the JSON-lines events any process of a stage may send back.
+//! - [`checkpoint`]: the manifest that makes a stage's output directory verifiable.
+//! - [`report`]: the per-run `report.json`.
+//!
+//! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
+//! not know with a message saying which side to upgrade.
+
+pub mod checkpoint;
+pub mod duration;
+pub mod plan;
+pub mod report;
+pub mod worker;
+
+/// Version of every JSON message and file format defined here. Bumped on incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,210 @@
+//! The plan: a pipeline of stages, written by users in TOML or submitted by programs as JSON.
+//!
+//! The field names here are the plan format; `docs/plan-format.md` documents each one with a
+//! full example, and `orchestrate schema` prints the JSON Schema generated from these types.
+
+use crate::duration::HumanDuration;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// A whole pipeline: run-wide settings and the stages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Run-wide settings (all optional).
+    #[serde(default)]
+    pub run: RunSettings,
+    /// The stages, in any order; `after` gives the order that matters.
+    #[serde(default, rename = "stage")]
+    pub stages: Vec<Stage>,
+}
+
+/// Settings that apply to the whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSettings {
+    /// A name for the run, used in the run directory's name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// At most this many stages run at the same time (default: the number of CPUs).
+    #[serde(default)]
+    pub max_parallel: Option<u32>,
+    /// How long a stage has between SIGTERM and SIGKILL when stopped (default "10s").
+    #[serde(default = "default_grace")]
+    pub grace: HumanDuration,
+    /// Whether GPU memory is verified after every stage (default "auto").
+    #[serde(default)]
+    pub gpu_check: GpuCheck,
+    /// Memory above the baseline that still counts as clean, in MiB (default 64).
+    #[serde(default = "default_tolerance_mib")]
+    pub gpu_tolerance_mib: u64,
+    /// How long to wait for a GPU to come back to its baseline after a stage (default "10s").
+    #[serde(default = "default_reclaim_timeout")]
+    pub reclaim_timeout: HumanDuration,
+    /// What a leak verdict does (default "fail").
+    #[serde(default)]
+    pub on_leak: OnLeak,
+    /// Path of the `stage-worker` binary for built-in stages (default: beside `orchestrate`).
+    #[serde(default)]
+    pub worker: Option<String>,
+}
+
+fn default_grace() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+fn default_tolerance_mib() -> u64 {
+    64
+}
+fn default_reclaim_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+
+impl Default for RunSettings {
+    fn default() -> Self {
+        RunSettings {
+            name: None,
+            max_parallel: None,
+            grace: default_grace(),
+            gpu_check: GpuCheck::default(),
+            gpu_tolerance_mib: default_tolerance_mib(),
+            reclaim_timeout: default_reclaim_timeout(),
+            on_leak: OnLeak::default(),
+            worker: None,
+        }
+    }
+}
+
+/// Whether the GPU memory check runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuCheck {
+    /// Check when NVML is present; otherwise run and say the check was unavailable.
+    #[default]
+    Auto,
+    /// Refuse to start without NVML.
+    Required,
+    /// Never check.
+    Off,
+}
+
+/// What a leak verdict does to the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLeak {
+    /// The run fails (exit code 3) once running stages finish.
+    #[default]
+    Fail,
+    /// No further stage is placed on the leaking GPU; the run goes on elsewhere.
+    Quarantine,
+    /// Reported only.
+    Warn,
+}
+
+/// One stage: a fresh process (tree) that consumes upstream outputs and produces its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    /// Unique name: letters, digits, `-`, `_` and `.`.
+    pub name: String,
+    /// Stages that must succeed before this one starts; their outputs become its inputs.
+    #[serde(default)]
+    pub after: Vec<String>,
+    /// A built-in `stage-worker` task. Exactly one of `kind` and `command` is given.
+    #[serde(default)]
+    pub kind: Option<BuiltinKind>,
+    /// Any program, as an argv list; `{output}` and `{input.X}` expand to paths.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Parameters of a built-in task (see `docs/plan-format.md`).
+    #[serde(default)]
+    pub params: serde_json::Map<String, serde_json::Value>,
+    /// Start from this upstream stage's checkpoint.
+    #[serde(default)]
+    pub init: Option<String>,
+    /// Stop the stage (SIGTERM, grace, SIGKILL) after this long.
+    #[serde(default)]
+    pub timeout: Option<HumanDuration>,
+    /// How many more attempts after a failed one (default 0).
+    #[serde(default)]
+    pub retries: u32,
+    /// Whole GPUs the stage gets, exclusively (default 1 for built-in tasks, 0 for commands).
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// Extra environment variables for the stage's processes.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Files (relative to the output directory) a command stage must leave behind to succeed.
+    #[serde(default)]
+    pub outputs: Vec<String>,
+}
+
+/// The tasks `stage-worker` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BuiltinKind {
+    /// Train the byte-level language model, from scratch or from `init`.
+    Train,
+    /// Evaluate `init`'s checkpoint: loss, perplexity and, on prompt/completion data, accuracy.
+    Eval,
+}
+
+impl BuiltinKind {
+    /// The name used in plans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuiltinKind::Train => "train",
+            BuiltinKind::Eval => "eval",
+        }
+    }
+}
+
+impl Stage {
+    /// GPUs the stage asks for, with the defaults applied.
+    pub fn gpus_wanted(&self) -> u32 {
+        self.gpus.unwrap_or(if self.kind.is_some() { 1 } else { 0 })
+    }
+
+    /// The stage's timeout, if it has one.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout.map(HumanDuration::get)
+    }
+}
+
+/// The variable name that carries stage `name`'s output directory to a command stage:
+/// `ORCHESTRATE_INPUT_` followed by the name upper-cased, other characters replaced by `_`.
+pub fn input_env_var(name: &str) -> String {
+    let mut var = String::from("ORCHESTRATE_INPUT_");
+    var.extend(name.chars().map(|c| {
+        if c.is_ascii_alphanumeric() {
+            c.to_ascii_uppercase()
+        } else {
+            '_'
+        }
+    }));
+    var
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_variable_names_follow_the_contract() {
+        assert_eq!(input_env_var("pretrain"), "ORCHESTRATE_INPUT_PRETRAIN");
+        assert_eq!(input_env_var("sft-v2.b"), "ORCHESTRATE_INPUT_SFT_V2_B");
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let plan: Plan = toml::from_str(
+            "[[stage]]\nname = \"a\"\nkind = \"train\"\n[[stage]]\nname = \"b\"\ncommand = [\"true\"]\n",
+        )
+        .unwrap();
+        assert_eq!(plan.stages[0].gpus_wanted(), 1);
+        assert_eq!(plan.stages[1].gpus_wanted(), 0);
+        assert_eq!(plan.run.grace.get(), Duration::from_secs(10));
+        assert_eq!(plan.run.on_leak, OnLeak::Fail);
+    }
+}

@@ -1,0 +1,82 @@
+//! `report.json`: one record per stage, derived from the run's journal.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The report of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Report {
+    /// Protocol version ([`crate::PROTOCOL_VERSION`]).
+    pub v: u32,
+    /// The run directory.
+    pub run_dir: String,
+    /// Overall outcome: "succeeded", "failed", "interrupted" or "leaked".
+    pub status: String,
+    /// Whether GPU memory was verified, and if not why.
+    pub gpu_check: String,
+    /// Wall time of the whole run.
+    pub wall_s: f64,
+    /// One record per stage, in plan order.
+    pub stages: Vec<StageReport>,
+}
+
+/// What happened to one stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StageReport {
+    /// The stage's name.
+    pub name: String,
+    /// "succeeded", "failed", "skipped" (an upstream failed), "cancelled" or "pending".
+    pub status: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Exit code of the last attempt, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal that ended the last attempt, by name ("SIGKILL"), when it was signalled.
+    pub signal: Option<String>,
+    /// Why it failed, for the user.
+    pub error: Option<String>,
+    /// The last lines of the last attempt's stderr, when it failed.
+    pub stderr_tail: Option<String>,
+    /// The output directory.
+    pub output_dir: String,
+    /// Verified output files with checksums.
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// Wall time of the last attempt, seconds.
+    pub wall_s: Option<f64>,
+    /// Final metrics reported by the stage.
+    pub metrics: BTreeMap<String, f64>,
+    /// Per-GPU memory verification, keyed by nothing: one entry per GPU the stage had.
+    pub gpu: Vec<GpuRecord>,
+}
+
+/// A verified output file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct CheckpointRecord {
+    /// Absolute path.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// SHA-256, hex.
+    pub sha256: String,
+}
+
+/// Memory verification of one GPU around one stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GpuRecord {
+    /// NVML UUID.
+    pub uuid: String,
+    /// Used bytes before the stage started.
+    pub baseline_bytes: u64,
+    /// Highest used bytes sampled during the stage.
+    pub peak_bytes: u64,
+    /// Used bytes at the verdict.
+    pub after_bytes: u64,
+    /// From the stage's last process gone to the first clean reading, milliseconds.
+    pub reclaim_ms: f64,
+    /// "clean" or "leaked".
+    pub verdict: String,
+    /// Processes still holding memory at a leak verdict ("pid name bytes").
+    #[serde(default)]
+    pub holders: Vec<String>,
+}
