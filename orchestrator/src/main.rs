@@ -1,1 +1,185 @@
-fn main() {}
+//! `orchestrate`: the command line. Thin: parsing, logging set-up, exit codes; the work is in
+//! the `orchestrator` library.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use orchestrator::console::Console;
+use orchestrator::exit;
+use orchestrator::plan::{load_plan, LoadedPlan};
+use orchestrator::rundir::RunDir;
+use orchestrator::runner::{self, RunOptions};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const AFTER_HELP: &str = "\
+Examples:
+  orchestrate --plan configs/quickstart.toml          run a pipeline
+  orchestrate --plan p.toml --run-dir runs/exp1       run it into a chosen directory
+  orchestrate validate p.toml                         check a plan without running it
+  orchestrate schema > plan.schema.json               JSON Schema for editors
+
+Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
+2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
+130 interrupted by SIGINT/SIGTERM.
+Logs: RUST_LOG (e.g. RUST_LOG=debug) sets the log level; --log-format json for log collectors.";
+
+/// Runs training pipelines stage by stage, every stage in a fresh process, and verifies that
+/// each stage gave its GPU memory back before the next one uses the GPU.
+#[derive(Parser, Debug)]
+#[command(name = "orchestrate", version, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Log format on stderr: human text, or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The plan to run (TOML, or JSON by extension).
+    #[arg(long, value_name = "PLAN")]
+    plan: Option<PathBuf>,
+    /// Run directory (default: runs/<name>-<UTC time> under the current directory).
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// Path of the stage-worker binary (default: beside orchestrate).
+    #[arg(long, value_name = "PATH")]
+    worker: Option<PathBuf>,
+    /// Print only the final summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check a plan without running anything: exit 0, or 2 with every problem found.
+    Validate {
+        /// The plan file.
+        plan: PathBuf,
+    },
+    /// Print the plan format's JSON Schema (for editor completion and validation).
+    Schema,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let default = if format == LogFormat::Json { "orchestrate=info,warn" } else { "warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_target(false).init(),
+    }
+}
+
+fn load_or_report(path: &Path) -> Result<LoadedPlan, ExitCode> {
+    load_plan(path).map_err(|e| {
+        eprint!("{e}");
+        if !e.to_string().ends_with('\n') {
+            eprintln!();
+        }
+        ExitCode::from(exit::INVALID_INPUT as u8)
+    })
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args();
+    if args.nth(1).as_deref() == Some(orchestrator::guard::GUARD_SUBCOMMAND) {
+        let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        return ExitCode::from(orchestrator::guard::run(pid) as u8);
+    }
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Some(Command::Validate { plan }) => match load_or_report(&plan) {
+            Ok(loaded) => {
+                println!(
+                    "{}: ok ({} stage{}; order: {})",
+                    plan.display(),
+                    loaded.plan.stages.len(),
+                    if loaded.plan.stages.len() == 1 { "" } else { "s" },
+                    loaded
+                        .order
+                        .iter()
+                        .map(|&i| loaded.plan.stages[i].name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" → ")
+                );
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Some(Command::Schema) => {
+            let schema = orchestrator::plan::json_schema();
+            println!("{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        None => match cli.run.plan.clone() {
+            Some(plan) => run_plan(&plan, cli.run, cli.log_format),
+            None => {
+                eprintln!("error: nothing to do: give --plan PLAN, or a subcommand (see --help)");
+                ExitCode::from(exit::INVALID_INPUT as u8)
+            }
+        },
+    }
+}
+
+fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
+    let loaded = match load_or_report(path) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let source = std::fs::read_to_string(path).unwrap_or_default();
+    let console = Console::new(format == LogFormat::Json, args.quiet);
+    let run_dir = match &args.run_dir {
+        Some(dir) => RunDir::create(dir),
+        None => {
+            let name = loaded.plan.run.name.clone().unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "run".into())
+            });
+            RunDir::create_fresh(Path::new("runs"), &name)
+        }
+    };
+    let run_dir = match run_dir {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: cannot create the run directory: {e}");
+            return ExitCode::from(exit::RUN_ERROR as u8);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(exit::RUN_ERROR as u8);
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    let options = RunOptions {
+        plan: loaded,
+        plan_source: source,
+        run_dir,
+        worker: args.worker,
+        console: console.clone(),
+    };
+    match local.block_on(&runtime, runner::run(options)) {
+        Ok(summary) => {
+            console.block(&orchestrator::report::summary(&summary.report));
+            ExitCode::from(summary.exit_code as u8)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit::RUN_ERROR as u8)
+        }
+    }
+}

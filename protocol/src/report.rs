@@ -36,6 +36,10 @@ pub struct StageReport {
     pub signal: Option<String>,
     /// Why it failed, for the user.
     pub error: Option<String>,
+    /// The class of failure: "exit_code", "signal", "killed_externally", "timeout",
+    /// "cuda_oom", "reported", "bad_input", "protocol_violation", "missing_outputs",
+    /// "corrupt_output", "spawn_failed", "upstream_failed", "no_gpu".
+    pub failure: Option<String>,
     /// The last lines of the last attempt's stderr, when it failed.
     pub stderr_tail: Option<String>,
     /// The output directory.
@@ -46,8 +50,14 @@ pub struct StageReport {
     pub wall_s: Option<f64>,
     /// Final metrics reported by the stage.
     pub metrics: BTreeMap<String, f64>,
-    /// Per-GPU memory verification, keyed by nothing: one entry per GPU the stage had.
+    /// Per-GPU memory verification: one entry per GPU the stage had.
     pub gpu: Vec<GpuRecord>,
+    /// Processes that outlived the stage's main process and were stopped ("pid N (name)").
+    #[serde(default)]
+    pub leftover_processes: Vec<String>,
+    /// Malformed messages the stage sent on its event channel (the first 20).
+    #[serde(default)]
+    pub protocol_violations: Vec<String>,
 }
 
 /// A verified output file.

@@ -1,1 +1,174 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers shared by the end-to-end tests: where the built binaries are, scratch directories,
+//! running `orchestrate` and reading what a run left behind.
+//!
+//! The binaries come from `cargo build --bins` (the README's test command builds them first).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The directory holding the workspace's built binaries (`target/debug` for `cargo test`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/<test> → target/debug
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf();
+    for bin in ["orchestrate", "stage-worker"] {
+        assert!(
+            dir.join(bin).is_file(),
+            "{} is missing: build the binaries first (`cargo build --bins`, which scripts/test does)",
+            dir.join(bin).display()
+        );
+    }
+    dir
+}
+
+/// Path of the `orchestrate` binary.
+pub fn orchestrate() -> PathBuf {
+    bin_dir().join("orchestrate")
+}
+
+/// Path of the `stage-worker` binary.
+pub fn stage_worker() -> PathBuf {
+    bin_dir().join("stage-worker")
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the repository root")
+        .to_path_buf()
+}
+
+/// A fresh scratch directory for one test, removed when dropped unless the test panicked.
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// Creates `target/e2e-scratch/<name>-<pid>-<n>`.
+    pub fn new(name: &str) -> Scratch {
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let path = repo_root()
+            .join("target")
+            .join("e2e-scratch")
+            .join(format!("{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create scratch dir");
+        Scratch { path }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `content` to `name` inside the directory and returns its path.
+    pub fn write(&self, name: &str, content: &str) -> PathBuf {
+        let p = self.path.join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// What one `orchestrate --plan` run produced.
+pub struct RunResult {
+    /// Exit status code (None if killed by a signal).
+    pub code: Option<i32>,
+    /// Everything it printed.
+    pub stdout: String,
+    /// Its console output.
+    pub stderr: String,
+    /// The run directory.
+    pub run_dir: PathBuf,
+}
+
+impl RunResult {
+    /// `report.json`, parsed.
+    pub fn report(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.run_dir.join("report.json")).unwrap_or_else(|e| {
+            panic!(
+                "no report.json in {}: {e}\nstderr:\n{}",
+                self.run_dir.display(),
+                self.stderr
+            )
+        });
+        serde_json::from_str(&text).expect("report.json parses")
+    }
+
+    /// The report record of stage `name`.
+    pub fn stage(&self, name: &str) -> serde_json::Value {
+        self.report()["stages"]
+            .as_array()
+            .expect("stages array")
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("stage {name} not in report"))
+            .clone()
+    }
+
+    /// A metric of stage `name`.
+    pub fn metric(&self, name: &str, metric: &str) -> f64 {
+        self.stage(name)["metrics"][metric]
+            .as_f64()
+            .unwrap_or_else(|| panic!("stage {name} has no metric {metric}: {}", self.stage(name)))
+    }
+}
+
+/// Runs `orchestrate --plan <plan> --run-dir <dir>/run` and waits for it.
+pub fn run_plan(scratch: &Scratch, plan: &Path, extra: &[&str]) -> RunResult {
+    let run_dir = scratch.path().join("run");
+    let out: Output = Command::new(orchestrate())
+        .arg("--plan")
+        .arg(plan)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(extra)
+        .output()
+        .expect("orchestrate runs");
+    RunResult {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        run_dir,
+    }
+}
+
+/// PIDs of live (non-zombie) processes whose environment contains `needle` (`KEY=VALUE`).
+pub fn processes_with_env(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+        if matches!(state, Some("Z") | Some("X") | None) {
+            continue;
+        }
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            if env.split(|b| *b == 0).any(|e| e == needle.as_bytes()) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}

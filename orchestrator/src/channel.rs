@@ -1,0 +1,204 @@
+//! The event channel of one stage attempt: a Unix stream socket that any process of the
+//! stage's tree may connect to (several at once) and write JSON lines on.
+//!
+//! Promises: a line longer than [`MAX_LINE`] bytes, invalid UTF-8, malformed JSON, an unknown
+//! event or an unknown protocol version is reported as a [`ChannelItem::Violation`] and
+//! skipped; it never stops the orchestrator or the other connections. Every valid event is
+//! appended, timestamped, to the stage's `events.jsonl`.
+
+use protocol::worker::{WorkerEvent, WorkerMessage};
+use std::cell::Cell;
+use std::io::Write;
+use std::rc::Rc;
+use std::path::{Path, PathBuf};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+
+/// Longest accepted line, in bytes.
+pub const MAX_LINE: usize = 1 << 20;
+
+/// What arrived on the channel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChannelItem {
+    /// A well-formed event.
+    Event(WorkerEvent),
+    /// Something that is not a valid message, described for the user.
+    Violation(String),
+}
+
+/// A bound channel. Dropping it stops accepting and removes the socket file.
+pub struct EventChannel {
+    path: PathBuf,
+    accept_task: tokio::task::JoinHandle<()>,
+    open_connections: Rc<Cell<usize>>,
+}
+
+impl EventChannel {
+    /// Binds a socket at `path` (removing a stale one) and forwards what arrives to `tx`,
+    /// recording valid events in `record_to`.
+    pub fn bind(
+        path: &Path,
+        record_to: PathBuf,
+        tx: mpsc::UnboundedSender<ChannelItem>,
+    ) -> std::io::Result<EventChannel> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        let open_connections = Rc::new(Cell::new(0usize));
+        let open = open_connections.clone();
+        let accept_task = tokio::task::spawn_local(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                let record_to = record_to.clone();
+                let open = open.clone();
+                open.set(open.get() + 1);
+                tokio::task::spawn_local(async move {
+                    read_connection(stream, tx, record_to).await;
+                    open.set(open.get() - 1);
+                });
+            }
+        });
+        Ok(EventChannel {
+            path: path.to_path_buf(),
+            accept_task,
+            open_connections,
+        })
+    }
+
+    /// Waits (at most `limit`) until every connection has been read to its end. Once the
+    /// stage's processes are all gone their sockets are closed, so this returns as soon as
+    /// the last bytes they wrote have been delivered.
+    pub async fn drained(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        // Let the accept task pick up connections made just before the processes exited.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        while self.open_connections.get() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The socket path, for `ORCHESTRATE_EVENTS`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Parses one line; the error says what was wrong with it.
+pub fn parse_line(line: &[u8]) -> Result<WorkerEvent, String> {
+    let text = std::str::from_utf8(line).map_err(|_| "a line that is not UTF-8".to_string())?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("a line that is not JSON ({e})"))?;
+    match value.get("v").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(protocol::PROTOCOL_VERSION) => {}
+        Some(v) => {
+            return Err(format!(
+                "a message of protocol version {v}; this orchestrate speaks version {}: use matching versions of the worker and orchestrate",
+                protocol::PROTOCOL_VERSION
+            ))
+        }
+        None => return Err("a message without a \"v\" (protocol version) field".into()),
+    }
+    serde_json::from_value::<WorkerMessage>(value)
+        .map(|m| m.event)
+        .map_err(|e| format!("an invalid message ({e})"))
+}
+
+async fn read_connection(
+    stream: UnixStream,
+    tx: mpsc::UnboundedSender<ChannelItem>,
+    record_to: PathBuf,
+) {
+    let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let mut line: Vec<u8> = Vec::new();
+    let mut oversized = false;
+    loop {
+        let buf = match reader.fill_buf().await {
+            Ok(buf) => buf,
+            Err(_) => return,
+        };
+        if buf.is_empty() {
+            if !line.is_empty() && !oversized {
+                deliver(&line, &tx, &record_to);
+            }
+            return;
+        }
+        let (chunk, found_newline) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        if !oversized {
+            if line.len() + chunk.len() > MAX_LINE {
+                oversized = true;
+                line.clear();
+                let _ = tx.send(ChannelItem::Violation(format!(
+                    "a line longer than {MAX_LINE} bytes (dropped)"
+                )));
+            } else {
+                line.extend_from_slice(chunk);
+            }
+        }
+        let consumed = chunk.len() + usize::from(found_newline);
+        reader.consume(consumed);
+        if found_newline {
+            if !oversized && !line.iter().all(u8::is_ascii_whitespace) {
+                deliver(&line, &tx, &record_to);
+            }
+            line.clear();
+            oversized = false;
+        }
+    }
+}
+
+fn deliver(line: &[u8], tx: &mpsc::UnboundedSender<ChannelItem>, record_to: &Path) {
+    match parse_line(line) {
+        Ok(event) => {
+            if let Ok(mut file) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(record_to)
+            {
+                let stamped = serde_json::json!({
+                    "t": crate::timefmt::unix_ms(),
+                    "v": protocol::PROTOCOL_VERSION,
+                    "event": &event,
+                });
+                let _ = writeln!(file, "{stamped}");
+            }
+            let _ = tx.send(ChannelItem::Event(event));
+        }
+        Err(why) => {
+            let _ = tx.send(ChannelItem::Violation(why));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_valid_and_names_what_is_wrong() {
+        let ok = parse_line(br#"{"v":1,"event":"progress","step":3,"loss":1.5}"#).unwrap();
+        assert_eq!(
+            ok,
+            WorkerEvent::Progress {
+                step: 3,
+                total_steps: None,
+                loss: Some(1.5),
+                tokens_per_s: None
+            }
+        );
+        assert!(parse_line(b"\xff\xfe").unwrap_err().contains("not UTF-8"));
+        assert!(parse_line(b"{nope").unwrap_err().contains("not JSON"));
+        assert!(parse_line(br#"{"v":9,"event":"done"}"#).unwrap_err().contains("version 9"));
+        assert!(parse_line(br#"{"event":"done"}"#).unwrap_err().contains("\"v\""));
+        assert!(parse_line(br#"{"v":1,"event":"teleport"}"#).unwrap_err().contains("invalid message"));
+    }
+}

@@ -1,0 +1,136 @@
+//! What the user sees while a run goes: one line per stage event, on stderr.
+//!
+//! In `--log-format json` mode the same facts go out as structured tracing events instead,
+//! for cluster log collectors.
+
+use std::time::{Duration, Instant};
+
+/// Prints run progress.
+#[derive(Debug, Clone)]
+pub struct Console {
+    json: bool,
+    quiet: bool,
+    start: Instant,
+}
+
+fn human_rate(rate: f64) -> String {
+    if rate >= 1e6 {
+        format!("{:.1}M", rate / 1e6)
+    } else if rate >= 1e3 {
+        format!("{:.1}k", rate / 1e3)
+    } else {
+        format!("{rate:.0}")
+    }
+}
+
+/// `1.2s`, `3m04s`, `1h02m`.
+pub fn human_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else if s < 3600.0 {
+        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+    } else {
+        format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64)
+    }
+}
+
+impl Console {
+    /// A console; `json` routes everything through tracing, `quiet` prints only the summary.
+    pub fn new(json: bool, quiet: bool) -> Console {
+        Console {
+            json,
+            quiet,
+            start: Instant::now(),
+        }
+    }
+
+    fn line(&self, text: &str) {
+        if !self.quiet {
+            eprintln!("[{:>7}] {text}", human_duration(self.start.elapsed()));
+        }
+    }
+
+    /// A general note about the run.
+    pub fn note(&self, text: &str) {
+        if self.json {
+            tracing::info!(target: "orchestrate::run", "{text}");
+        } else {
+            self.line(text);
+        }
+    }
+
+    /// A warning the user should read.
+    pub fn warn(&self, text: &str) {
+        if self.json {
+            tracing::warn!(target: "orchestrate::run", "{text}");
+        } else {
+            self.line(&format!("warning: {text}"));
+        }
+    }
+
+    /// A stage attempt started.
+    pub fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
+        if self.json {
+            tracing::info!(target: "orchestrate::stage", stage, attempt, pid, placement, "stage started");
+        } else {
+            let again = if attempt > 1 {
+                format!(" (attempt {attempt})")
+            } else {
+                String::new()
+            };
+            self.line(&format!("{stage}: started{again}, pid {pid}, on {placement}"));
+        }
+    }
+
+    /// A progress event.
+    pub fn progress(
+        &self,
+        stage: &str,
+        step: u64,
+        total: Option<u64>,
+        loss: Option<f64>,
+        rate: Option<f64>,
+        elapsed: Duration,
+    ) {
+        if self.json {
+            tracing::info!(target: "orchestrate::progress", stage, step, total, loss, tokens_per_s = rate, elapsed_s = elapsed.as_secs_f64(), "progress");
+            return;
+        }
+        let mut text = format!("{stage}: step {step}");
+        if let Some(total) = total {
+            text.push_str(&format!("/{total}"));
+        }
+        if let Some(loss) = loss {
+            text.push_str(&format!("  loss {loss:.4}"));
+        }
+        if let Some(rate) = rate {
+            text.push_str(&format!("  {} tok/s", human_rate(rate)));
+        }
+        text.push_str(&format!("  {}", human_duration(elapsed)));
+        self.line(&text);
+    }
+
+    /// A stage attempt ended.
+    pub fn stage_finished(&self, stage: &str, status: &str, detail: &str, wall: Duration) {
+        if self.json {
+            tracing::info!(target: "orchestrate::stage", stage, status, detail, wall_s = wall.as_secs_f64(), "stage finished");
+        } else if detail.is_empty() {
+            self.line(&format!("{stage}: {status} in {}", human_duration(wall)));
+        } else {
+            self.line(&format!(
+                "{stage}: {status} in {}: {detail}",
+                human_duration(wall)
+            ));
+        }
+    }
+
+    /// Prints a block of text as is (the final summary), unless in JSON mode.
+    pub fn block(&self, text: &str) {
+        if self.json {
+            tracing::info!(target: "orchestrate::run", summary = text, "run finished");
+        } else {
+            eprint!("{text}");
+        }
+    }
+}

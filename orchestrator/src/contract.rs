@@ -1,0 +1,111 @@
+//! The worker contract as the orchestrator fulfils it: the environment variables and argv
+//! placeholders every stage gets (documented in `docs/worker-contract.md`).
+
+use protocol::plan::input_env_var;
+use protocol::worker::{ENV_ATTEMPT, ENV_EVENTS, ENV_OUTPUT_DIR, ENV_RUN_DIR, ENV_SPEC, ENV_STAGE};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Paths one attempt is given.
+#[derive(Debug, Clone)]
+pub struct ContractPaths<'a> {
+    /// The stage's name.
+    pub stage: &'a str,
+    /// The run directory.
+    pub run_dir: &'a Path,
+    /// The stage's output directory.
+    pub output_dir: &'a Path,
+    /// Each upstream stage's output directory.
+    pub inputs: &'a BTreeMap<String, std::path::PathBuf>,
+    /// The event socket.
+    pub events: &'a Path,
+    /// The spec file.
+    pub spec: &'a Path,
+    /// Attempt number.
+    pub attempt: u32,
+}
+
+/// The `ORCHESTRATE_*` variables of an attempt, then the plan's own `env` entries.
+pub fn environment(paths: &ContractPaths<'_>, plan_env: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env = vec![
+        (ENV_STAGE.to_string(), paths.stage.to_string()),
+        (ENV_RUN_DIR.to_string(), paths.run_dir.display().to_string()),
+        (ENV_OUTPUT_DIR.to_string(), paths.output_dir.display().to_string()),
+        (ENV_EVENTS.to_string(), paths.events.display().to_string()),
+        (ENV_SPEC.to_string(), paths.spec.display().to_string()),
+        (ENV_ATTEMPT.to_string(), paths.attempt.to_string()),
+    ];
+    for (name, dir) in paths.inputs {
+        env.push((input_env_var(name), dir.display().to_string()));
+    }
+    env.extend(plan_env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Expands `{output}`, `{input.NAME}`, `{run_dir}` and `{stage}` in one argument; `{{` and `}}`
+/// stand for literal braces. Unknown placeholders are left as written (validation refuses
+/// them before a run starts).
+pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("{{") || tail.starts_with("}}") {
+            out.push(tail.as_bytes()[0] as char);
+            rest = &tail[2..];
+            continue;
+        }
+        if tail.starts_with('{') {
+            if let Some(end) = tail.find('}') {
+                let key = &tail[1..end];
+                let value = match key {
+                    "output" => Some(paths.output_dir.display().to_string()),
+                    "run_dir" => Some(paths.run_dir.display().to_string()),
+                    "stage" => Some(paths.stage.to_string()),
+                    _ => key
+                        .strip_prefix("input.")
+                        .and_then(|name| paths.inputs.get(name))
+                        .map(|p| p.display().to_string()),
+                };
+                if let Some(value) = value {
+                    out.push_str(&value);
+                    rest = &tail[end + 1..];
+                    continue;
+                }
+            }
+        }
+        out.push(tail.as_bytes()[0] as char);
+        rest = &tail[1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn expands_placeholders_and_escapes() {
+        let inputs = BTreeMap::from([("pre-train".to_string(), PathBuf::from("/r/stages/pre-train/output"))]);
+        let paths = ContractPaths {
+            stage: "sft",
+            run_dir: Path::new("/r"),
+            output_dir: Path::new("/r/stages/sft/output"),
+            inputs: &inputs,
+            events: Path::new("/tmp/e.sock"),
+            spec: Path::new("/r/stages/sft/spec.json"),
+            attempt: 2,
+        };
+        assert_eq!(expand("--out={output}/m.pt", &paths), "--out=/r/stages/sft/output/m.pt");
+        assert_eq!(expand("{input.pre-train}", &paths), "/r/stages/pre-train/output");
+        assert_eq!(expand("{{literal}} {stage}@{run_dir}", &paths), "{literal} sft@/r");
+        assert_eq!(expand("{unknown}", &paths), "{unknown}");
+        let env = environment(&paths, &BTreeMap::from([("A".into(), "1".into())]));
+        assert!(env.contains(&("ORCHESTRATE_INPUT_PRE_TRAIN".into(), "/r/stages/pre-train/output".into())));
+        assert!(env.contains(&("ORCHESTRATE_ATTEMPT".into(), "2".into())));
+        assert_eq!(env.last().unwrap(), &("A".to_string(), "1".to_string()));
+    }
+}

@@ -1,0 +1,58 @@
+//! GPU truth: which GPUs the machine has (by UUID), who may use them, and whether a stage gave
+//! its memory back.
+//!
+//! NVML is loaded at run time ([`discover`]); a machine without it still runs plans and the
+//! report says the check was unavailable. Everything that decides (baseline, tolerance,
+//! timeout, verdict, quarantine) works on the [`MemoryProbe`] trait, so it is tested against
+//! recorded samples; [`NvmlProbe`] is the only production probe.
+
+mod nvml;
+mod pool;
+mod reclaim;
+
+pub use nvml::{discover, Inventory, NvmlProbe};
+pub use pool::GpuPool;
+pub use reclaim::{await_reclaim, ReclaimVerdict};
+
+/// One GPU of the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// NVML index (not necessarily the CUDA index).
+    pub index: u32,
+    /// NVML UUID ("GPU-…"), which `CUDA_VISIBLE_DEVICES` accepts.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// Installed memory in bytes.
+    pub total_bytes: u64,
+}
+
+/// A process holding GPU memory, as the driver reports it (in containers the PID may be the
+/// host's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// PID as NVML reports it.
+    pub pid: u32,
+    /// Command name when the PID is visible here, else "?".
+    pub name: String,
+    /// Bytes it holds, when the driver says.
+    pub bytes: Option<u64>,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} ({})", self.pid, self.name)?;
+        if let Some(bytes) = self.bytes {
+            write!(f, " holding {} MiB", bytes / (1 << 20))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads device memory. Implemented by NVML in production and by recorded samples in tests.
+pub trait MemoryProbe {
+    /// Bytes in use on the GPU now (the device-level figure, all processes).
+    fn used_bytes(&self, uuid: &str) -> Result<u64, String>;
+    /// Processes holding memory on the GPU now.
+    fn holders(&self, uuid: &str) -> Vec<Holder>;
+}

@@ -1,0 +1,97 @@
+//! The NVML-backed inventory and probe.
+
+use super::{GpuInfo, Holder, MemoryProbe};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::Nvml;
+use std::collections::HashMap;
+
+/// What the machine offers.
+pub enum Inventory {
+    /// NVML answered; `gpus` may be empty.
+    Available {
+        /// Every GPU NVML lists.
+        gpus: Vec<GpuInfo>,
+        /// The probe to read them with.
+        probe: Box<NvmlProbe>,
+        /// Driver version, for reports.
+        driver: String,
+    },
+    /// NVML could not be loaded or initialised; the reason, for the user.
+    Unavailable(String),
+}
+
+/// Reads memory through NVML.
+pub struct NvmlProbe {
+    nvml: Nvml,
+    index_by_uuid: HashMap<String, u32>,
+}
+
+/// Loads NVML and lists the GPUs. Never fails: absence is an [`Inventory::Unavailable`].
+pub fn discover() -> Inventory {
+    let nvml = match Nvml::init() {
+        Ok(nvml) => nvml,
+        Err(e) => return Inventory::Unavailable(format!("NVML is not available ({e})")),
+    };
+    let count = match nvml.device_count() {
+        Ok(n) => n,
+        Err(e) => return Inventory::Unavailable(format!("NVML could not count GPUs ({e})")),
+    };
+    let mut gpus = Vec::new();
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let (Ok(uuid), Ok(memory)) = (device.uuid(), device.memory_info()) else {
+            continue;
+        };
+        gpus.push(GpuInfo {
+            index,
+            uuid,
+            name: device.name().unwrap_or_else(|_| "unknown GPU".into()),
+            total_bytes: memory.total,
+        });
+    }
+    let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+    let index_by_uuid = gpus.iter().map(|g| (g.uuid.clone(), g.index)).collect();
+    Inventory::Available {
+        gpus,
+        probe: Box::new(NvmlProbe {
+            nvml,
+            index_by_uuid,
+        }),
+        driver,
+    }
+}
+
+impl MemoryProbe for NvmlProbe {
+    fn used_bytes(&self, uuid: &str) -> Result<u64, String> {
+        let index = self
+            .index_by_uuid
+            .get(uuid)
+            .ok_or_else(|| format!("unknown GPU {uuid}"))?;
+        let device = self.nvml.device_by_index(*index).map_err(|e| e.to_string())?;
+        device.memory_info().map(|m| m.used).map_err(|e| e.to_string())
+    }
+
+    fn holders(&self, uuid: &str) -> Vec<Holder> {
+        let Some(index) = self.index_by_uuid.get(uuid) else {
+            return Vec::new();
+        };
+        let Ok(device) = self.nvml.device_by_index(*index) else {
+            return Vec::new();
+        };
+        device
+            .running_compute_processes()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| Holder {
+                pid: p.pid,
+                name: crate::proctree::comm(p.pid as i32),
+                bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,181 @@
+//! Waiting for a GPU to come back to its baseline after a stage, and the verdict.
+
+use super::{Holder, MemoryProbe};
+use std::time::{Duration, Instant};
+
+/// The outcome for one GPU after a stage's processes are all gone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReclaimVerdict {
+    /// The GPU.
+    pub uuid: String,
+    /// Used bytes before the stage.
+    pub baseline_bytes: u64,
+    /// Used bytes at the last reading.
+    pub after_bytes: u64,
+    /// Time from the call to the first clean reading (or to the timeout).
+    pub reclaim: Duration,
+    /// Whether the GPU came back within tolerance.
+    pub clean: bool,
+    /// At a leak: who holds memory now.
+    pub holders: Vec<Holder>,
+    /// A probe error, if readings failed.
+    pub error: Option<String>,
+}
+
+impl ReclaimVerdict {
+    /// Bytes above baseline at the verdict.
+    pub fn excess_bytes(&self) -> u64 {
+        self.after_bytes.saturating_sub(self.baseline_bytes)
+    }
+}
+
+/// Polls `probe` until `uuid` is back within `tolerance` bytes of `baseline`, or `timeout`
+/// passes. The first reading is taken at once (the common case: memory is already back when
+/// the last process is reaped); later ones back off from 1 ms to 20 ms.
+pub async fn await_reclaim(
+    probe: &dyn MemoryProbe,
+    uuid: &str,
+    baseline: u64,
+    tolerance: u64,
+    timeout: Duration,
+) -> ReclaimVerdict {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    let mut last = baseline;
+    let mut error: Option<String>;
+    loop {
+        match probe.used_bytes(uuid) {
+            Ok(used) => {
+                last = used;
+                error = None;
+                if used <= baseline.saturating_add(tolerance) {
+                    return ReclaimVerdict {
+                        uuid: uuid.to_string(),
+                        baseline_bytes: baseline,
+                        after_bytes: used,
+                        reclaim: start.elapsed(),
+                        clean: true,
+                        holders: Vec::new(),
+                        error: None,
+                    };
+                }
+            }
+            Err(e) => error = Some(e),
+        }
+        if start.elapsed() >= timeout {
+            return ReclaimVerdict {
+                uuid: uuid.to_string(),
+                baseline_bytes: baseline,
+                after_bytes: last,
+                reclaim: start.elapsed(),
+                clean: false,
+                holders: probe.holders(uuid),
+                error,
+            };
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// Replays recorded readings; the last one repeats forever.
+    struct Recorded {
+        samples: RefCell<Vec<Result<u64, String>>>,
+        holders: Vec<Holder>,
+    }
+
+    impl Recorded {
+        fn new(samples: Vec<Result<u64, String>>) -> Self {
+            let mut samples = samples;
+            samples.reverse();
+            Recorded {
+                samples: RefCell::new(samples),
+                holders: vec![Holder {
+                    pid: 77,
+                    name: "python".into(),
+                    bytes: Some(4 << 30),
+                }],
+            }
+        }
+    }
+
+    impl MemoryProbe for Recorded {
+        fn used_bytes(&self, _: &str) -> Result<u64, String> {
+            let mut s = self.samples.borrow_mut();
+            if s.len() > 1 {
+                s.pop().unwrap()
+            } else {
+                s[0].clone()
+            }
+        }
+        fn holders(&self, _: &str) -> Vec<Holder> {
+            self.holders.clone()
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn run(probe: &Recorded, tolerance: u64, timeout_ms: u64) -> ReclaimVerdict {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(await_reclaim(
+            probe,
+            "GPU-x",
+            615 * MIB,
+            tolerance,
+            Duration::from_millis(timeout_ms),
+        ))
+    }
+
+    #[test]
+    fn clean_at_first_reading() {
+        let v = run(&Recorded::new(vec![Ok(615 * MIB)]), 64 * MIB, 1000);
+        assert!(v.clean);
+        assert_eq!(v.after_bytes, 615 * MIB);
+        assert!(v.reclaim < Duration::from_millis(50));
+        assert!(v.holders.is_empty());
+    }
+
+    #[test]
+    fn within_tolerance_is_clean_above_is_not() {
+        assert!(run(&Recorded::new(vec![Ok(679 * MIB)]), 64 * MIB, 50).clean);
+        let v = run(&Recorded::new(vec![Ok(680 * MIB)]), 64 * MIB, 50);
+        assert!(!v.clean);
+        assert_eq!(v.excess_bytes(), 65 * MIB);
+    }
+
+    #[test]
+    fn waits_for_memory_that_comes_back_late() {
+        let v = run(
+            &Recorded::new(vec![Ok(8000 * MIB), Ok(4000 * MIB), Ok(700 * MIB), Ok(615 * MIB)]),
+            0,
+            2000,
+        );
+        assert!(v.clean);
+        assert_eq!(v.after_bytes, 615 * MIB);
+    }
+
+    #[test]
+    fn leak_after_timeout_names_holders() {
+        let v = run(&Recorded::new(vec![Ok(7577 * MIB)]), 64 * MIB, 100);
+        assert!(!v.clean);
+        assert!(v.reclaim >= Duration::from_millis(100));
+        assert_eq!(v.after_bytes, 7577 * MIB);
+        assert_eq!(v.holders[0].pid, 77);
+        assert!(v.holders[0].to_string().contains("python"));
+    }
+
+    #[test]
+    fn probe_errors_end_in_a_verdict_that_says_so() {
+        let v = run(&Recorded::new(vec![Err("GPU is lost".into())]), 64 * MIB, 30);
+        assert!(!v.clean);
+        assert_eq!(v.error.as_deref(), Some("GPU is lost"));
+    }
+}

@@ -1,0 +1,83 @@
+//! The guard: a small companion process that kills every stage process if `orchestrate` dies
+//! without cleaning up (SIGKILL, a crash, the OOM killer).
+//!
+//! `PR_SET_PDEATHSIG` covers a stage's first process only; its children would survive the
+//! orchestrator. The guard is `orchestrate` itself, started with a hidden subcommand and a pipe
+//! on its stdin whose other end only the orchestrator holds. When that pipe reaches end of
+//! file, the orchestrator is gone (or finished): the guard SIGKILLs every process whose
+//! environment carries a stage token of that orchestrator, until none is left, and exits.
+
+use crate::proctree::TOKEN_VAR;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+
+/// The hidden subcommand that runs the guard.
+pub const GUARD_SUBCOMMAND: &str = "__guard";
+
+/// Keeps the guard armed; dropping it (or the process dying) triggers the sweep.
+pub struct Guard {
+    _child: Child,
+}
+
+/// Starts the guard for this process.
+pub fn start() -> std::io::Result<Guard> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg(GUARD_SUBCOMMAND)
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    // Its own process group: a Ctrl-C at the terminal is for the orchestrator, not the guard.
+    cmd.process_group(0);
+    Ok(Guard {
+        _child: cmd.spawn()?,
+    })
+}
+
+/// The token prefix of every stage process that `orchestrator_pid` started.
+pub fn token_prefix(orchestrator_pid: u32) -> String {
+    format!("{TOKEN_VAR}={orchestrator_pid}-")
+}
+
+/// Runs the guard: waits for end of file on stdin, then sweeps. Returns the exit status.
+pub fn run(orchestrator_pid: u32) -> i32 {
+    // SAFETY: ignoring terminal signals with SIG_IGN is always sound.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    }
+    let mut sink = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while !matches!(stdin.read(&mut sink), Ok(0) | Err(_)) {}
+    let prefix = token_prefix(orchestrator_pid).into_bytes();
+    for _ in 0..50 {
+        let victims = processes_with_env_prefix(&prefix);
+        if victims.is_empty() {
+            return 0;
+        }
+        for pid in victims {
+            // SAFETY: kill(2) with a PID and a signal number.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    1
+}
+
+fn processes_with_env_prefix(prefix: &[u8]) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    crate::proctree::snapshot()
+        .into_iter()
+        .filter(|p| p.pid != me && p.state != 'Z')
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/environ", p.pid))
+                .map(|env| env.split(|b| *b == 0).any(|e| e.starts_with(prefix)))
+                .unwrap_or(false)
+        })
+        .map(|p| p.pid)
+        .collect()
+}

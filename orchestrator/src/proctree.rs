@@ -1,0 +1,134 @@
+//! Finding every live process of a stage, from `/proc`.
+//!
+//! A stage's processes are: its session (the first process is a session leader, so every
+//! descendant that does not call `setsid` shares its session id), every process that carries
+//! the stage's token in its environment (inherited through `setsid`, double forks and
+//! launchers), and every descendant or session-mate of those. Zombies are not counted: they
+//! hold no memory, and the reaper collects them.
+
+use std::collections::HashSet;
+use std::fs;
+
+/// Environment variable carrying a stage attempt's unique token to all its processes.
+pub const TOKEN_VAR: &str = "ORCHESTRATE_STAGE_TOKEN";
+
+/// One process as `/proc/<pid>/stat` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Process id.
+    pub pid: i32,
+    /// Parent process id.
+    pub ppid: i32,
+    /// Session id.
+    pub sid: i32,
+    /// State letter (R, S, D, Z, T...).
+    pub state: char,
+}
+
+/// Parses the content of `/proc/<pid>/stat`. The command name may hold spaces and parentheses,
+/// so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let pid = text.split_whitespace().next()?.parse().ok()?;
+    let after = &text[text.rfind(')')? + 1..];
+    let mut fields = after.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let _pgrp = fields.next()?;
+    let sid = fields.next()?.parse().ok()?;
+    Some(ProcStat {
+        pid,
+        ppid,
+        sid,
+        state,
+    })
+}
+
+/// Every process visible in `/proc` right now.
+pub fn snapshot() -> Vec<ProcStat> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?))
+        .collect()
+}
+
+fn environ_has(pid: i32, needle: &[u8]) -> bool {
+    match fs::read(format!("/proc/{pid}/environ")) {
+        Ok(env) => env.split(|b| *b == 0).any(|entry| entry == needle),
+        Err(_) => false,
+    }
+}
+
+/// The live (non-zombie) processes of the stage whose first process is `leader` (a session
+/// leader) and whose token is `token`. Never includes the calling process.
+pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
+    let procs = snapshot();
+    let me = std::process::id() as i32;
+    let needle = format!("{TOKEN_VAR}={token}").into_bytes();
+    let mut pids: HashSet<i32> = HashSet::new();
+    let mut sids: HashSet<i32> = HashSet::from([leader]);
+    for p in &procs {
+        if p.pid == me {
+            continue;
+        }
+        if p.sid == leader || p.pid == leader || environ_has(p.pid, &needle) {
+            pids.insert(p.pid);
+            sids.insert(p.sid);
+        }
+    }
+    // Close over descendants and session-mates of what was found.
+    loop {
+        let before = pids.len();
+        for p in &procs {
+            if p.pid != me
+                && !pids.contains(&p.pid)
+                && (pids.contains(&p.ppid) || (sids.contains(&p.sid) && p.sid != 0))
+            {
+                pids.insert(p.pid);
+                sids.insert(p.sid);
+            }
+        }
+        if pids.len() == before {
+            break;
+        }
+    }
+    procs
+        .into_iter()
+        .filter(|p| pids.contains(&p.pid) && p.state != 'Z' && p.state != 'X')
+        .collect()
+}
+
+/// The command name of a process (`/proc/<pid>/comm`), for reports.
+pub fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_with_spaces_and_parens() {
+        let s = parse_stat("4242 (my (odd) name) S 17 4242 4242 0 -1 4194560 100").unwrap();
+        assert_eq!(
+            s,
+            ProcStat {
+                pid: 4242,
+                ppid: 17,
+                sid: 4242,
+                state: 'S'
+            }
+        );
+    }
+
+    #[test]
+    fn snapshot_sees_this_process() {
+        let me = std::process::id() as i32;
+        assert!(snapshot().iter().any(|p| p.pid == me));
+    }
+}

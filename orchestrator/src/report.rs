@@ -1,0 +1,83 @@
+//! Building `report.json` and the end-of-run summary from the runner's state.
+
+use crate::console::human_duration;
+use protocol::report::Report;
+use std::time::Duration;
+
+/// Writes the report atomically (readers never see half a report).
+pub fn write(path: &std::path::Path, report: &Report) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    crate::rundir::write_atomic(path, &bytes)
+}
+
+/// Writes the report, or tells the user on the console why it could not.
+pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::console::Console) {
+    if let Err(e) = write(path, report) {
+        console.warn(&format!("cannot write {}: {e}", path.display()));
+    }
+}
+
+/// A human table of the run: one row per stage, then where to look.
+pub fn summary(report: &Report) -> String {
+    let name_w = report
+        .stages
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let mut out = String::new();
+    out.push_str(&format!(
+        "\n{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
+        "stage", "status", "try", "wall", "result"
+    ));
+    for s in &report.stages {
+        let wall = s
+            .wall_s
+            .map(|w| human_duration(Duration::from_secs_f64(w)))
+            .unwrap_or_else(|| "-".into());
+        let mut result = match &s.error {
+            Some(e) => e.clone(),
+            None => s
+                .metrics
+                .iter()
+                .filter(|(k, _)| {
+                    matches!(
+                        k.as_str(),
+                        "final_loss" | "loss" | "accuracy" | "perplexity" | "tokens_per_s"
+                    )
+                })
+                .map(|(k, v)| {
+                    if k == "tokens_per_s" {
+                        format!("{k}={v:.0}")
+                    } else {
+                        format!("{k}={v:.4}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
+        for g in &s.gpu {
+            result.push_str(&format!(
+                " [{} {}: {:.1} ms]",
+                &g.uuid[..g.uuid.len().min(12)],
+                g.verdict,
+                g.reclaim_ms
+            ));
+        }
+        out.push_str(&format!(
+            "{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
+            s.name, s.status, s.attempts, wall, result
+        ));
+    }
+    out.push_str(&format!(
+        "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
+        report.status,
+        human_duration(Duration::from_secs_f64(report.wall_s)),
+        report.run_dir,
+        report.gpu_check,
+        report.run_dir
+    ));
+    out
+}

@@ -1,0 +1,629 @@
+//! The scheduler: runs a validated plan's stages in dependency order, each attempt in a fresh
+//! process tree, as many at once as `max_parallel` and the GPUs allow.
+//!
+//! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
+//! were verified; a GPU is given to one stage at a time; the journal gets a fsynced record at
+//! every state change and `report.json` is rewritten after every attempt; SIGINT/SIGTERM stop
+//! running stages gracefully (a second one kills them); when it returns no stage process is
+//! alive.
+
+use crate::console::Console;
+use crate::contract::{self, ContractPaths};
+use crate::exit;
+use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
+use crate::journal::{Journal, JournalRecord};
+use crate::plan::LoadedPlan;
+use crate::reaper::{ExitStatus, Reaper};
+use crate::rundir::{write_atomic, RunDir};
+use crate::stage::{self, AttemptPlan, AttemptResult, CancelLevel, Failure, Outcome, Services};
+use anyhow::{bail, Context};
+use protocol::plan::{GpuCheck, OnLeak};
+use protocol::report::{Report, StageReport};
+use protocol::worker::{Device, StageSpec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, watch};
+
+/// What to run and where.
+pub struct RunOptions {
+    /// The validated plan.
+    pub plan: LoadedPlan,
+    /// The plan's source text, copied into the run directory.
+    pub plan_source: String,
+    /// Where the run writes.
+    pub run_dir: RunDir,
+    /// Explicit `stage-worker` path (else the plan's `run.worker`, else beside `orchestrate`).
+    pub worker: Option<PathBuf>,
+    /// Progress display.
+    pub console: Console,
+}
+
+/// How a run ended.
+pub struct RunSummary {
+    /// The exit status `orchestrate` should return.
+    pub exit_code: i32,
+    /// The final report (also in the run directory).
+    pub report: Report,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Status {
+    Pending,
+    RetryAt(Instant),
+    Running,
+    Succeeded,
+    Failed,
+    Skipped(String),
+    Cancelled,
+}
+
+struct StageState {
+    status: Status,
+    attempts: u32,
+    last: Option<AttemptResult>,
+    failure: Option<(String, String)>, // class, message
+}
+
+/// A private directory for event sockets (socket paths are limited to about 107 bytes, so
+/// they cannot live in an arbitrarily deep run directory). Removed on drop.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn create() -> std::io::Result<SocketDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        for n in 0..100u32 {
+            let dir = base.join(format!("orchestrate-{}-{n}", std::process::id()));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(SocketDir(dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other("no free socket directory name"))
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Finds the `stage-worker` binary: the explicit path, the plan's `run.worker` (relative to
+/// the plan's directory), `$ORCHESTRATE_WORKER`, or the file beside this executable.
+pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> anyhow::Result<PathBuf> {
+    let candidate = if let Some(p) = explicit {
+        p.to_path_buf()
+    } else if let Some(p) = &plan.plan.run.worker {
+        plan.base_dir.join(p)
+    } else if let Some(p) = std::env::var_os("ORCHESTRATE_WORKER") {
+        PathBuf::from(p)
+    } else {
+        let exe = std::env::current_exe().context("cannot find this executable's path")?;
+        exe.with_file_name("stage-worker")
+    };
+    if !candidate.is_file() {
+        bail!(
+            "the built-in stage worker was not found at {}: build it (`cargo build --release -p stage-worker`), or point `run.worker` in the plan or --worker at it",
+            candidate.display()
+        );
+    }
+    Ok(candidate)
+}
+
+fn retry_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6).saturating_sub(1))).min(Duration::from_secs(30))
+}
+
+/// Runs the plan to its end. Must be called inside a tokio `LocalSet` on a current-thread
+/// runtime (the reaper and the stage tasks share the thread that spawns stage processes, which
+/// `PR_SET_PDEATHSIG` ties the children's lives to).
+pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
+    let RunOptions {
+        plan,
+        plan_source,
+        run_dir,
+        worker,
+        console,
+    } = opts;
+    let settings = plan.plan.run.clone();
+    let stages = &plan.plan.stages;
+    let needs_worker = stages.iter().any(|s| s.kind.is_some());
+    let worker = if needs_worker {
+        Some(resolve_worker(worker.as_deref(), &plan)?)
+    } else {
+        None
+    };
+
+    // GPUs: inventory always (for assignment by UUID); the probe only when checking.
+    let (gpus, probe, gpu_check): (Vec<GpuInfo>, Option<Rc<dyn MemoryProbe>>, String) =
+        match gpu::discover() {
+            Inventory::Available { gpus, probe, driver } => {
+                let text = match settings.gpu_check {
+                    GpuCheck::Off => "off (gpu_check = \"off\")".to_string(),
+                    _ => format!("verified with NVML (driver {driver}, {} GPU(s))", gpus.len()),
+                };
+                let probe: Option<Rc<dyn MemoryProbe>> = match settings.gpu_check {
+                    GpuCheck::Off => None,
+                    _ => Some(Rc::from(probe as Box<dyn MemoryProbe>)),
+                };
+                (gpus, probe, text)
+            }
+            Inventory::Unavailable(why) => {
+                if settings.gpu_check == GpuCheck::Required {
+                    bail!("the plan sets gpu_check = \"required\" but {why}; run on a machine with an NVIDIA driver, or set gpu_check = \"auto\"");
+                }
+                let text = match settings.gpu_check {
+                    GpuCheck::Off => "off (gpu_check = \"off\")".to_string(),
+                    _ => format!("unavailable: {why}"),
+                };
+                (Vec::new(), None, text)
+            }
+        };
+    if settings.gpu_check == GpuCheck::Required && gpus.is_empty() {
+        bail!("the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine");
+    }
+    let machine_has_gpus = !gpus.is_empty();
+    for s in stages {
+        if machine_has_gpus && s.gpus_wanted() as usize > gpus.len() {
+            bail!(
+                "stage `{}` asks for {} GPUs but this machine has {}",
+                s.name,
+                s.gpus_wanted(),
+                gpus.len()
+            );
+        }
+    }
+    if !machine_has_gpus && stages.iter().any(|s| s.gpus_wanted() > 0) {
+        console.note("no GPU found: stages that ask for GPUs run on the CPU");
+    }
+    console.note(&format!("GPU check: {gpu_check}"));
+    let mut pool = GpuPool::new(gpus);
+
+    // The run directory's fixed files.
+    write_atomic(&run_dir.root().join("plan.toml"), plan_source.as_bytes())?;
+    let resolved = serde_json::to_vec_pretty(&plan.plan)?;
+    write_atomic(&run_dir.root().join("plan.resolved.json"), &resolved)?;
+    let mut journal = Journal::open(&run_dir.journal_path())
+        .with_context(|| format!("cannot open the journal in {}", run_dir.root().display()))?;
+    journal.append(&JournalRecord::RunStarted {
+        plan: plan.source_name.clone(),
+        pid: std::process::id(),
+        gpu_check: gpu_check.clone(),
+    })?;
+    console.note(&format!("run directory: {}", run_dir.root().display()));
+
+    let _guard = crate::guard::start().context("cannot start the guard process")?;
+    let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
+    let services = Rc::new(Services {
+        reaper: Reaper::start().context("cannot become a child subreaper")?,
+        probe,
+        tolerance_bytes: settings.gpu_tolerance_mib.saturating_mul(1 << 20),
+        reclaim_timeout: settings.reclaim_timeout.get(),
+        console: console.clone(),
+    });
+    let max_parallel = settings
+        .max_parallel
+        .map(|n| n as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .max(1);
+
+    let mut states: Vec<StageState> = stages
+        .iter()
+        .map(|_| StageState {
+            status: Status::Pending,
+            attempts: 0,
+            last: None,
+            failure: None,
+        })
+        .collect();
+    let (cancel_tx, _) = watch::channel(CancelLevel::None);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut running = 0usize;
+    let mut interrupted = false;
+    let mut leak_stop = false;
+    let mut leaked_any = false;
+    let started = Instant::now();
+    let report_path = run_dir.report_path();
+
+    loop {
+        let stopping = interrupted || leak_stop;
+        // Stages whose upstream failed will never run.
+        for &i in &plan.order {
+            if matches!(states[i].status, Status::Pending | Status::RetryAt(_)) {
+                if let Some(&u) = plan.upstream[i].iter().find(|&&u| {
+                    matches!(
+                        states[u].status,
+                        Status::Failed | Status::Skipped(_) | Status::Cancelled
+                    )
+                }) {
+                    let reason = format!("upstream stage `{}` did not succeed", stages[u].name);
+                    journal.append(&JournalRecord::StageSkipped {
+                        stage: stages[i].name.clone(),
+                        reason: reason.clone(),
+                    })?;
+                    states[i].status = Status::Skipped(reason);
+                }
+            }
+        }
+        let mut next_retry: Option<Instant> = None;
+        if !stopping {
+            for &i in &plan.order {
+                if running >= max_parallel {
+                    break;
+                }
+                match states[i].status {
+                    Status::Pending => {}
+                    Status::RetryAt(t) if t <= Instant::now() => {}
+                    Status::RetryAt(t) => {
+                        next_retry = Some(next_retry.map_or(t, |n: Instant| n.min(t)));
+                        continue;
+                    }
+                    _ => continue,
+                }
+                if !plan.upstream[i].iter().all(|&u| states[u].status == Status::Succeeded) {
+                    continue;
+                }
+                let stage = &stages[i];
+                let want = if machine_has_gpus { stage.gpus_wanted() as usize } else { 0 };
+                if want > pool.usable() {
+                    let msg = format!(
+                        "needs {want} GPU(s) but only {} are usable ({} quarantined after leaks)",
+                        pool.usable(),
+                        pool.all().len() - pool.usable()
+                    );
+                    console.stage_finished(&stage.name, "failed", &msg, Duration::ZERO);
+                    journal.append(&JournalRecord::StageFinished {
+                        stage: stage.name.clone(),
+                        attempt: states[i].attempts,
+                        status: "failed".into(),
+                        error: Some(msg.clone()),
+                        checkpoints: Vec::new(),
+                    })?;
+                    states[i].status = Status::Failed;
+                    states[i].failure = Some(("no_gpu".into(), msg));
+                    continue;
+                }
+                let Some(given) = pool.take(want) else {
+                    continue; // wait for GPUs to come free
+                };
+                states[i].attempts += 1;
+                let attempt = states[i].attempts;
+                let attempt_plan = match prepare_attempt(&plan, i, attempt, &run_dir, &states, worker.as_deref(), &given, machine_has_gpus, &sockets.0) {
+                    Ok(p) => p,
+                    Err(failure) => {
+                        pool.give_back(&given);
+                        let msg = failure.describe();
+                        console.stage_finished(&stage.name, "failed", &msg, Duration::ZERO);
+                        journal.append(&JournalRecord::StageFinished {
+                            stage: stage.name.clone(),
+                            attempt,
+                            status: "failed".into(),
+                            error: Some(msg.clone()),
+                            checkpoints: Vec::new(),
+                        })?;
+                        states[i].status = Status::Failed;
+                        states[i].failure = Some((failure.class().into(), msg));
+                        continue;
+                    }
+                };
+                match stage::start_attempt(attempt_plan, &services) {
+                    Ok(launched) => {
+                        journal.append(&JournalRecord::StageStarted {
+                            stage: stage.name.clone(),
+                            attempt,
+                            pid: launched.pid() as u32,
+                            gpus: given.iter().map(|g| g.uuid.clone()).collect(),
+                        })?;
+                        states[i].status = Status::Running;
+                        running += 1;
+                        let services = services.clone();
+                        let cancel = cancel_tx.subscribe();
+                        let done_tx = done_tx.clone();
+                        tokio::task::spawn_local(async move {
+                            let result = stage::supervise(launched, &services, cancel).await;
+                            let _ = done_tx.send((i, result, given));
+                        });
+                    }
+                    Err(failure) => {
+                        let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));
+                        states[i].status = Status::Running;
+                        running += 1;
+                    }
+                }
+            }
+        }
+        if running == 0 && (stopping || next_retry.is_none()) {
+            let launchable = !stopping
+                && plan.order.iter().any(|&i| {
+                    matches!(states[i].status, Status::Pending | Status::RetryAt(_))
+                        && plan.upstream[i].iter().all(|&u| states[u].status == Status::Succeeded)
+                });
+            if !launchable {
+                break;
+            }
+        }
+        let far = Instant::now() + Duration::from_secs(86_400);
+        tokio::select! {
+            Some((i, result, given)) = done_rx.recv() => {
+                running -= 1;
+                pool.give_back(&given);
+                let name = stages[i].name.clone();
+                for g in result.gpu.iter().filter(|g| g.verdict != "clean") {
+                    leaked_any = true;
+                    match settings.on_leak {
+                        OnLeak::Quarantine => {
+                            pool.quarantine(&g.uuid);
+                            console.warn(&format!("GPU {} quarantined: no further stage will run on it", g.uuid));
+                        }
+                        OnLeak::Fail => {
+                            if !leak_stop {
+                                console.warn("a GPU leaked and on_leak = \"fail\": no further stage starts; the run will exit with code 3");
+                            }
+                            leak_stop = true;
+                        }
+                        OnLeak::Warn => {}
+                    }
+                }
+                let attempt = states[i].attempts;
+                match &result.outcome {
+                    Outcome::Succeeded => {
+                        console.stage_finished(&name, "succeeded", "", result.wall);
+                        journal.append(&JournalRecord::StageFinished {
+                            stage: name, attempt, status: "succeeded".into(), error: None,
+                            checkpoints: result.checkpoints.clone(),
+                        })?;
+                        states[i].status = Status::Succeeded;
+                        states[i].failure = None;
+                    }
+                    Outcome::Failed(failure) => {
+                        let msg = failure.describe();
+                        let retry = failure.retryable() && attempt <= stages[i].retries && !interrupted;
+                        let note = if retry { format!("{msg}; retrying in {}", crate::console::human_duration(retry_backoff(attempt))) } else { msg.clone() };
+                        console.stage_finished(&name, "failed", &note, result.wall);
+                        if let Some(tail) = result.stderr_tail.as_deref().filter(|t| !t.trim().is_empty() && !retry) {
+                            console.block(&format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n"));
+                        }
+                        journal.append(&JournalRecord::StageFinished {
+                            stage: name, attempt, status: "failed".into(), error: Some(msg.clone()),
+                            checkpoints: Vec::new(),
+                        })?;
+                        states[i].status = if retry { Status::RetryAt(Instant::now() + retry_backoff(attempt)) } else { Status::Failed };
+                        states[i].failure = Some((failure.class().into(), msg));
+                    }
+                    Outcome::Cancelled => {
+                        console.stage_finished(&name, "cancelled", "stopped by a signal", result.wall);
+                        journal.append(&JournalRecord::StageFinished {
+                            stage: name, attempt, status: "cancelled".into(), error: Some("stopped by a signal".into()),
+                            checkpoints: Vec::new(),
+                        })?;
+                        states[i].status = Status::Cancelled;
+                    }
+                }
+                states[i].last = Some(result);
+                let report = build_report(&plan, &states, &run_dir, &gpu_check, started, "running");
+                crate::report::write_or_warn(&report_path, &report, &console);
+            }
+            _ = sigint.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
+            _ = sigterm.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
+            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next_retry.unwrap_or(far))), if next_retry.is_some() => {}
+        }
+    }
+
+    for (i, state) in states.iter_mut().enumerate() {
+        if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
+            let reason = if interrupted {
+                "not started: the run was interrupted".to_string()
+            } else {
+                "not started: a GPU leaked and on_leak = \"fail\"".to_string()
+            };
+            journal.append(&JournalRecord::StageSkipped {
+                stage: stages[i].name.clone(),
+                reason: reason.clone(),
+            })?;
+            state.status = Status::Skipped(reason);
+        }
+    }
+    let any_failed = states.iter().any(|s| matches!(s.status, Status::Failed | Status::Skipped(_)));
+    let (status, exit_code) = if interrupted {
+        ("interrupted", exit::INTERRUPTED)
+    } else if any_failed && !leak_stop {
+        ("failed", exit::STAGE_FAILED)
+    } else if leaked_any && settings.on_leak == OnLeak::Fail {
+        ("leaked", exit::GPU_LEAK)
+    } else {
+        ("succeeded", exit::SUCCESS)
+    };
+    journal.append(&JournalRecord::RunFinished {
+        status: status.into(),
+        exit_code,
+    })?;
+    let report = build_report(&plan, &states, &run_dir, &gpu_check, started, status);
+    crate::report::write_or_warn(&report_path, &report, &console);
+    Ok(RunSummary { exit_code, report })
+}
+
+fn escalate(cancel: &watch::Sender<CancelLevel>, interrupted: &mut bool, console: &Console, grace: Duration) {
+    if !*interrupted {
+        *interrupted = true;
+        console.warn(&format!(
+            "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
+            crate::console::human_duration(grace)
+        ));
+        let _ = cancel.send(CancelLevel::Graceful);
+    } else {
+        console.warn("killing running stages now");
+        let _ = cancel.send(CancelLevel::Kill);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prepare_attempt(
+    plan: &LoadedPlan,
+    i: usize,
+    attempt: u32,
+    run_dir: &RunDir,
+    states: &[StageState],
+    worker: Option<&Path>,
+    gpus: &[GpuInfo],
+    machine_has_gpus: bool,
+    socket_dir: &Path,
+) -> Result<AttemptPlan, Failure> {
+    let stage = &plan.plan.stages[i];
+    let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
+    run_dir
+        .prepare_stage(&stage.name)
+        .map_err(|e| io_fail("cannot create the stage directory", e))?;
+    let stage_dir = run_dir.stage_dir(&stage.name);
+    let output_dir = run_dir.output_dir(&stage.name);
+
+    // Inputs: every upstream's output directory, whose recorded files must still be there.
+    let mut inputs = BTreeMap::new();
+    for &u in &plan.upstream[i] {
+        let up = &plan.plan.stages[u];
+        let dir = run_dir.output_dir(&up.name);
+        if let Some(result) = &states[u].last {
+            for record in &result.checkpoints {
+                let actual = std::fs::metadata(&record.path).map(|m| m.len()).ok();
+                if actual != Some(record.bytes) {
+                    return Err(Failure::BadInput(format!(
+                        "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
+                        stage.name,
+                        up.name,
+                        record.path,
+                        if actual.is_none() { "missing" } else { "changed since it was verified" }
+                    )));
+                }
+            }
+        }
+        inputs.insert(up.name.clone(), dir);
+    }
+    let init = stage.init.as_ref().map(|name| run_dir.output_dir(name));
+    let spec_path = stage_dir.join("spec.json");
+    let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
+    let spec = StageSpec {
+        v: protocol::PROTOCOL_VERSION,
+        stage: stage.name.clone(),
+        kind: stage.kind,
+        params: stage.params.clone(),
+        output_dir: output_dir.clone(),
+        inputs: inputs.clone(),
+        init,
+        device: if gpus.is_empty() { Device::Cpu } else { Device::Cuda },
+        attempt,
+    };
+    let spec_bytes = serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
+    write_atomic(&spec_path, &spec_bytes).map_err(|e| io_fail("cannot write spec.json", e))?;
+
+    let paths = ContractPaths {
+        stage: &stage.name,
+        run_dir: run_dir.root(),
+        output_dir: &output_dir,
+        inputs: &inputs,
+        events: &socket,
+        spec: &spec_path,
+        attempt,
+    };
+    let mut env = contract::environment(&paths, &stage.env);
+    if machine_has_gpus {
+        let visible = gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(",");
+        env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
+    }
+    let argv = match (&stage.command, worker) {
+        (Some(command), _) => command.iter().map(|a| contract::expand(a, &paths)).collect(),
+        (None, Some(worker)) => vec![
+            worker.display().to_string(),
+            "--spec".into(),
+            spec_path.display().to_string(),
+        ],
+        (None, None) => return Err(Failure::SpawnFailed("no stage-worker binary".into())),
+    };
+    Ok(AttemptPlan {
+        name: stage.name.clone(),
+        attempt,
+        argv,
+        env,
+        cwd: plan.base_dir.clone(),
+        stage_dir,
+        output_dir,
+        builtin: stage.kind.is_some(),
+        declared_outputs: stage.outputs.clone(),
+        gpus: gpus.to_vec(),
+        timeout: stage.timeout(),
+        grace: plan.plan.run.grace.get(),
+        socket,
+    })
+}
+
+fn build_report(
+    plan: &LoadedPlan,
+    states: &[StageState],
+    run_dir: &RunDir,
+    gpu_check: &str,
+    started: Instant,
+    status: &str,
+) -> Report {
+    let stages = plan
+        .plan
+        .stages
+        .iter()
+        .zip(states)
+        .map(|(stage, state)| {
+            let last = state.last.as_ref();
+            let (status, failure, error) = match &state.status {
+                Status::Succeeded => ("succeeded", None, None),
+                Status::Failed => (
+                    "failed",
+                    state.failure.as_ref().map(|f| f.0.clone()),
+                    state.failure.as_ref().map(|f| f.1.clone()),
+                ),
+                Status::Skipped(reason) => ("skipped", Some("upstream_failed".to_string()), Some(reason.clone())),
+                Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
+                Status::Running => ("running", None, None),
+                Status::Pending | Status::RetryAt(_) => ("pending", None, None),
+            };
+            StageReport {
+                name: stage.name.clone(),
+                status: status.into(),
+                attempts: state.attempts,
+                exit_code: last.and_then(|r| match r.exit {
+                    Some(ExitStatus::Code(c)) => Some(c),
+                    _ => None,
+                }),
+                signal: last.and_then(|r| match r.exit {
+                    Some(ExitStatus::Signal(s)) => Some(crate::supervisor::signal_name(s)),
+                    _ => None,
+                }),
+                error,
+                failure,
+                stderr_tail: last.and_then(|r| r.stderr_tail.clone()),
+                output_dir: run_dir.output_dir(&stage.name).display().to_string(),
+                checkpoints: last.map(|r| r.checkpoints.clone()).unwrap_or_default(),
+                wall_s: last.map(|r| r.wall.as_secs_f64()),
+                metrics: last.map(|r| r.metrics.clone()).unwrap_or_default(),
+                gpu: last.map(|r| r.gpu.clone()).unwrap_or_default(),
+                leftover_processes: last
+                    .map(|r| r.leftovers.iter().map(|p| format!("pid {} ({})", p.pid, p.name)).collect())
+                    .unwrap_or_default(),
+                protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
+            }
+        })
+        .collect();
+    Report {
+        v: protocol::PROTOCOL_VERSION,
+        run_dir: run_dir.root().display().to_string(),
+        status: status.into(),
+        gpu_check: gpu_check.into(),
+        wall_s: started.elapsed().as_secs_f64(),
+        stages,
+    }
+}

@@ -1,0 +1,618 @@
+//! One attempt of one stage, from spawn to verdict.
+//!
+//! Promises of [`run_attempt`]: when it returns, no process of the attempt is alive; the GPUs
+//! it used have a reclaim verdict (when the check runs); the outputs of a successful attempt
+//! are verified and checksummed; a failed attempt has a [`Failure`] that names what happened.
+
+use crate::channel::{ChannelItem, EventChannel};
+use crate::console::Console;
+use crate::gpu::{await_reclaim, GpuInfo, MemoryProbe};
+use crate::reaper::{ExitStatus, Reaper};
+use crate::supervisor::{self, Launch, StoppedProcess};
+use nix::sys::signal::Signal;
+use protocol::report::{CheckpointRecord, GpuRecord};
+use protocol::worker::{WorkerEvent, EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// How hard the run is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CancelLevel {
+    /// Not stopping.
+    None,
+    /// SIGTERM, grace period, then SIGKILL.
+    Graceful,
+    /// SIGKILL now.
+    Kill,
+}
+
+/// Everything one attempt needs, resolved by the runner.
+#[derive(Debug, Clone)]
+pub struct AttemptPlan {
+    /// Stage name.
+    pub name: String,
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// argv, placeholders expanded.
+    pub argv: Vec<String>,
+    /// Stage environment (contract variables and the plan's `env`).
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// The stage's directory (logs, events).
+    pub stage_dir: PathBuf,
+    /// The output directory.
+    pub output_dir: PathBuf,
+    /// Whether the stage is a built-in one (its outputs must carry a manifest).
+    pub builtin: bool,
+    /// Output files a command stage declared.
+    pub declared_outputs: Vec<String>,
+    /// GPUs given to the attempt.
+    pub gpus: Vec<GpuInfo>,
+    /// Time limit.
+    pub timeout: Option<Duration>,
+    /// SIGTERM → SIGKILL grace.
+    pub grace: Duration,
+    /// Event socket path.
+    pub socket: PathBuf,
+}
+
+/// Shared services of the run.
+pub struct Services {
+    /// The reaper.
+    pub reaper: Reaper,
+    /// Memory probe when the GPU check runs.
+    pub probe: Option<Rc<dyn MemoryProbe>>,
+    /// Tolerance above baseline, bytes.
+    pub tolerance_bytes: u64,
+    /// How long to wait for reclaim.
+    pub reclaim_timeout: Duration,
+    /// Progress display.
+    pub console: Console,
+}
+
+/// Why an attempt failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// The program could not be started.
+    SpawnFailed(String),
+    /// It exited with a non-zero code.
+    Exit(i32),
+    /// A signal ended it.
+    Signal(String),
+    /// SIGKILL that the orchestrator did not send: most likely the kernel's OOM killer.
+    KilledExternally,
+    /// It ran past its timeout and was stopped.
+    Timeout(Duration),
+    /// The device ran out of memory.
+    CudaOutOfMemory(String),
+    /// The stage reported a failure (exit code, its message).
+    Reported(i32, String),
+    /// Its inputs were unusable (missing or corrupt checkpoint, bad data or params).
+    BadInput(String),
+    /// It contradicted the protocol (e.g. reported failure and exited 0).
+    ProtocolViolation(String),
+    /// It exited 0 without its declared outputs.
+    MissingOutputs(Vec<String>),
+    /// Its outputs did not verify.
+    CorruptOutput(String),
+}
+
+impl Failure {
+    /// One sentence for the console and the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Failure::SpawnFailed(why) => format!("could not start: {why}"),
+            Failure::Exit(code) => format!("exited with code {code}"),
+            Failure::Signal(name) => format!("killed by {name}"),
+            Failure::KilledExternally => "killed by SIGKILL that orchestrate did not send (most likely the kernel's out-of-memory killer: check `dmesg`)".into(),
+            Failure::Timeout(d) => format!("timed out after {}", protocol::duration::HumanDuration(*d)),
+            Failure::CudaOutOfMemory(msg) => format!("CUDA out of memory: {msg}"),
+            Failure::Reported(code, msg) => format!("exited with code {code}: {msg}"),
+            Failure::BadInput(msg) => format!("bad input: {msg}"),
+            Failure::ProtocolViolation(msg) => format!("protocol violation: {msg}"),
+            Failure::MissingOutputs(files) => format!("exited 0 but its declared outputs are missing: {}", files.join(", ")),
+            Failure::CorruptOutput(msg) => format!("its outputs do not verify: {msg}"),
+        }
+    }
+
+    /// A short machine-readable class for the report.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Failure::SpawnFailed(_) => "spawn_failed",
+            Failure::Exit(_) => "exit_code",
+            Failure::Signal(_) => "signal",
+            Failure::KilledExternally => "killed_externally",
+            Failure::Timeout(_) => "timeout",
+            Failure::CudaOutOfMemory(_) => "cuda_oom",
+            Failure::Reported(..) => "reported",
+            Failure::BadInput(_) => "bad_input",
+            Failure::ProtocolViolation(_) => "protocol_violation",
+            Failure::MissingOutputs(_) => "missing_outputs",
+            Failure::CorruptOutput(_) => "corrupt_output",
+        }
+    }
+
+    /// Whether another attempt could succeed (a retry is pointless for bad input, a missing
+    /// program or missing outputs).
+    pub fn retryable(&self) -> bool {
+        !matches!(
+            self,
+            Failure::SpawnFailed(_) | Failure::BadInput(_) | Failure::MissingOutputs(_)
+        )
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Exit 0, outputs verified.
+    Succeeded,
+    /// See the failure.
+    Failed(Failure),
+    /// Stopped because the run was stopped.
+    Cancelled,
+}
+
+/// Everything known about a finished attempt.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The first process's exit status.
+    pub exit: Option<ExitStatus>,
+    /// Wall time from spawn to the last process gone.
+    pub wall: Duration,
+    /// Verified outputs.
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// The last metrics reported.
+    pub metrics: BTreeMap<String, f64>,
+    /// Per-GPU verification.
+    pub gpu: Vec<GpuRecord>,
+    /// Processes that outlived the first process and had to be stopped.
+    pub leftovers: Vec<StoppedProcess>,
+    /// Malformed messages received.
+    pub violations: Vec<String>,
+    /// Last lines of stderr, when it failed.
+    pub stderr_tail: Option<String>,
+}
+
+impl AttemptResult {
+    /// The result of an attempt that never started.
+    pub fn early_failure(failure: Failure) -> AttemptResult {
+        AttemptResult {
+            outcome: Outcome::Failed(failure),
+            exit: None,
+            wall: Duration::ZERO,
+            checkpoints: Vec::new(),
+            metrics: BTreeMap::new(),
+            gpu: Vec::new(),
+            leftovers: Vec::new(),
+            violations: Vec::new(),
+            stderr_tail: None,
+        }
+    }
+
+    /// Whether any GPU of the attempt ended with a leak verdict.
+    pub fn leaked(&self) -> bool {
+        self.gpu.iter().any(|g| g.verdict != "clean")
+    }
+}
+
+/// An attempt whose processes are running.
+pub struct Launched {
+    plan: AttemptPlan,
+    child: supervisor::StageProcess,
+    channel: EventChannel,
+    rx: mpsc::UnboundedReceiver<ChannelItem>,
+    baselines: Vec<(String, u64, u64)>,
+    stderr_offset: u64,
+}
+
+impl Launched {
+    /// PID of the attempt's first process.
+    pub fn pid(&self) -> i32 {
+        self.child.pid
+    }
+}
+
+/// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
+/// cannot start comes back as its [`Failure`].
+pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched, Failure> {
+    let header = format!("==== orchestrate: {} attempt {} ====\n", plan.name, plan.attempt);
+    let (stdout, stderr) = open_logs(&plan.stage_dir, &header).map_err(|e| {
+        Failure::SpawnFailed(format!(
+            "cannot open log files in {}: {e}",
+            plan.stage_dir.display()
+        ))
+    })?;
+    let stderr_offset = std::fs::metadata(plan.stage_dir.join("stderr.log"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+
+    // Baselines come before anything of the stage exists.
+    let mut baselines: Vec<(String, u64, u64)> = Vec::new(); // uuid, baseline, peak
+    if let Some(probe) = &services.probe {
+        for g in &plan.gpus {
+            let used = probe.used_bytes(&g.uuid).unwrap_or(0);
+            baselines.push((g.uuid.clone(), used, used));
+        }
+    }
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let channel = EventChannel::bind(&plan.socket, plan.stage_dir.join("events.jsonl"), tx)
+        .map_err(|e| {
+            Failure::SpawnFailed(format!(
+                "cannot create the event socket {}: {e}",
+                plan.socket.display()
+            ))
+        })?;
+    let token = format!("{}-{}-{}", std::process::id(), plan.name, crate::timefmt::unix_ms());
+    let launch = Launch {
+        argv: plan.argv.clone(),
+        env: plan.env.clone(),
+        cwd: plan.cwd.clone(),
+        stdout,
+        stderr,
+        token,
+    };
+    let child = supervisor::spawn(launch, &services.reaper).map_err(|e| {
+        Failure::SpawnFailed(format!(
+            "`{}`: {e}",
+            plan.argv.first().map(String::as_str).unwrap_or("")
+        ))
+    })?;
+    let placement = if plan.gpus.is_empty() {
+        "cpu".to_string()
+    } else {
+        plan.gpus
+            .iter()
+            .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    services
+        .console
+        .stage_started(&plan.name, plan.attempt, child.pid, &placement);
+    Ok(Launched {
+        plan,
+        child,
+        channel,
+        rx,
+        baselines,
+        stderr_offset,
+    })
+}
+
+/// Supervises a launched attempt to its end. See the module promises.
+pub async fn supervise(
+    launched: Launched,
+    services: &Services,
+    mut cancel: watch::Receiver<CancelLevel>,
+) -> AttemptResult {
+    let Launched {
+        plan,
+        mut child,
+        channel,
+        mut rx,
+        mut baselines,
+        stderr_offset,
+    } = launched;
+    let plan = &plan;
+    let console = &services.console;
+    let probe = services.probe.clone();
+    let started = child.started;
+    let timeout_at = plan.timeout.map(|t| tokio::time::Instant::from_std(started + t));
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut sent_kill = false;
+    let mut timed_out = false;
+    let mut cancelled = false;
+    let mut cancel_closed = false;
+    let mut state = EventState::default();
+    let mut sampler = tokio::time::interval(Duration::from_millis(50));
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+
+    let exit = loop {
+        tokio::select! {
+            status = &mut child.exit => break status.ok(),
+            Some(item) = rx.recv() => state.absorb(item, &plan.name, console, started),
+            _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
+                timed_out = true;
+                console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
+                supervisor::signal_tree(child.pid, &child.token, Signal::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + plan.grace);
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && !sent_kill => {
+                supervisor::signal_tree(child.pid, &child.token, Signal::SIGKILL);
+                sent_kill = true;
+            }
+            changed = cancel.changed(), if !cancel_closed => {
+                if changed.is_err() { cancel_closed = true; continue; }
+                let level = *cancel.borrow();
+                match level {
+                    CancelLevel::None => {}
+                    CancelLevel::Graceful => if kill_at.is_none() {
+                        cancelled = true;
+                        supervisor::signal_tree(child.pid, &child.token, Signal::SIGTERM);
+                        kill_at = Some(tokio::time::Instant::now() + plan.grace);
+                    },
+                    CancelLevel::Kill => {
+                        cancelled = true;
+                        supervisor::signal_tree(child.pid, &child.token, Signal::SIGKILL);
+                        sent_kill = true;
+                    }
+                }
+            }
+            _ = sampler.tick(), if probe.is_some() && !baselines.is_empty() => {
+                if let Some(probe) = &probe {
+                    for (uuid, _, peak) in baselines.iter_mut() {
+                        if let Ok(used) = probe.used_bytes(uuid) { *peak = (*peak).max(used); }
+                    }
+                }
+            }
+        }
+    };
+
+    // The first process is gone; anything of its tree still alive is a leftover.
+    let stopping = kill_at.is_some() || sent_kill;
+    let grace = if stopping || sent_kill { Duration::ZERO } else { plan.grace };
+    let summary = supervisor::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
+    if !summary.found.is_empty() {
+        let list = summary
+            .found
+            .iter()
+            .map(|p| format!("pid {} ({})", p.pid, p.name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !stopping {
+            console.warn(&format!(
+                "{}: {} process(es) outlived the stage's main process and were stopped: {list}",
+                plan.name,
+                summary.found.len()
+            ));
+        }
+    }
+    if !summary.survivors.is_empty() {
+        console.warn(&format!(
+            "{}: processes would not die even after SIGKILL: {:?}",
+            plan.name, summary.survivors
+        ));
+    }
+    let wall = started.elapsed();
+    channel.drained(Duration::from_secs(1)).await;
+    while let Ok(item) = rx.try_recv() {
+        state.absorb(item, &plan.name, console, started);
+    }
+    drop(channel);
+
+    // GPU verdicts, now that every process of the stage is gone.
+    let mut gpu_records = Vec::new();
+    if let Some(probe) = &probe {
+        for (uuid, baseline, peak) in &baselines {
+            let v = await_reclaim(
+                probe.as_ref(),
+                uuid,
+                *baseline,
+                services.tolerance_bytes,
+                services.reclaim_timeout,
+            )
+            .await;
+            if !v.clean {
+                let holders = v.holders.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+                console.warn(&format!(
+                    "{}: GPU {uuid} leaked: {} MiB above its baseline after {} ms{}",
+                    plan.name,
+                    v.excess_bytes() / (1 << 20),
+                    v.reclaim.as_millis(),
+                    if holders.is_empty() { String::new() } else { format!("; held by {}", holders.join(", ")) }
+                ));
+            }
+            gpu_records.push(GpuRecord {
+                uuid: uuid.clone(),
+                baseline_bytes: *baseline,
+                peak_bytes: (*peak).max(v.after_bytes),
+                after_bytes: v.after_bytes,
+                reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
+                verdict: if v.clean { "clean".into() } else { "leaked".into() },
+                holders: v.holders.iter().map(|h| h.to_string()).collect(),
+            });
+        }
+    }
+
+    let stderr_tail = read_tail(&plan.stage_dir.join("stderr.log"), stderr_offset);
+    let mut outcome = classify(plan, exit, &state, timed_out, cancelled, sent_kill, &stderr_tail);
+    let mut checkpoints = Vec::new();
+    if outcome == Outcome::Succeeded {
+        match verify_outputs(plan).await {
+            Ok(records) => checkpoints = records,
+            Err(failure) => outcome = Outcome::Failed(failure),
+        }
+    }
+    let failed = matches!(outcome, Outcome::Failed(_));
+    AttemptResult {
+        outcome,
+        exit,
+        wall,
+        checkpoints,
+        metrics: state.metrics,
+        gpu: gpu_records,
+        leftovers: summary.found,
+        violations: state.violations,
+        stderr_tail: if failed { Some(stderr_tail) } else { None },
+    }
+}
+
+/// What the stage said on its channel.
+#[derive(Debug, Default)]
+struct EventState {
+    metrics: BTreeMap<String, f64>,
+    failed: Option<(String, Option<String>)>,
+    done: bool,
+    violations: Vec<String>,
+}
+
+impl EventState {
+    fn absorb(&mut self, item: ChannelItem, stage: &str, console: &Console, started: Instant) {
+        match item {
+            ChannelItem::Event(WorkerEvent::Progress {
+                step,
+                total_steps,
+                loss,
+                tokens_per_s,
+            }) => console.progress(stage, step, total_steps, loss, tokens_per_s, started.elapsed()),
+            ChannelItem::Event(WorkerEvent::Metrics { metrics }) => self.metrics.extend(metrics),
+            ChannelItem::Event(WorkerEvent::Failed { error, reason }) => {
+                self.failed = Some((error, reason))
+            }
+            ChannelItem::Event(WorkerEvent::Done {}) => self.done = true,
+            ChannelItem::Event(WorkerEvent::Started { .. }) => {}
+            ChannelItem::Event(WorkerEvent::Checkpoint { path, step, .. }) => {
+                tracing::debug!(stage, path = %path.display(), ?step, "checkpoint reported")
+            }
+            ChannelItem::Violation(why) => {
+                if self.violations.len() < 20 {
+                    console.warn(&format!("{stage}: ignored {why} on the event channel"));
+                    self.violations.push(why);
+                }
+            }
+        }
+    }
+}
+
+fn classify(
+    plan: &AttemptPlan,
+    exit: Option<ExitStatus>,
+    state: &EventState,
+    timed_out: bool,
+    cancelled: bool,
+    we_killed: bool,
+    stderr_tail: &str,
+) -> Outcome {
+    if timed_out {
+        return Outcome::Failed(Failure::Timeout(plan.timeout.unwrap_or_default()));
+    }
+    if cancelled {
+        return Outcome::Cancelled;
+    }
+    let oom_in_stderr = stderr_tail.contains("CUDA out of memory")
+        || stderr_tail.contains("CUDA error: out of memory")
+        || stderr_tail.contains("OutOfMemoryError");
+    match exit {
+        None => Outcome::Failed(Failure::ProtocolViolation("its exit status was lost".into())),
+        Some(ExitStatus::Code(0)) => match &state.failed {
+            Some((error, _)) => Outcome::Failed(Failure::ProtocolViolation(format!(
+                "it reported failure ({error}) but exited 0"
+            ))),
+            None => Outcome::Succeeded,
+        },
+        Some(ExitStatus::Code(code)) => {
+            let reason = state.failed.as_ref().and_then(|(_, r)| r.as_deref());
+            let message = state.failed.as_ref().map(|(e, _)| e.clone());
+            if reason == Some("cuda_oom") || code == EXIT_OUT_OF_MEMORY && plan.builtin || oom_in_stderr {
+                Outcome::Failed(Failure::CudaOutOfMemory(
+                    message.unwrap_or_else(|| "see the stage's stderr".into()),
+                ))
+            } else if reason == Some("bad_input") || code == EXIT_BAD_INPUT && plan.builtin {
+                Outcome::Failed(Failure::BadInput(
+                    message.unwrap_or_else(|| "see the stage's stderr".into()),
+                ))
+            } else if let Some(message) = message {
+                Outcome::Failed(Failure::Reported(code, message))
+            } else {
+                Outcome::Failed(Failure::Exit(code))
+            }
+        }
+        Some(ExitStatus::Signal(sig)) if sig == libc::SIGKILL && !we_killed => {
+            Outcome::Failed(Failure::KilledExternally)
+        }
+        Some(ExitStatus::Signal(sig)) => {
+            Outcome::Failed(Failure::Signal(supervisor::signal_name(sig)))
+        }
+    }
+}
+
+async fn verify_outputs(plan: &AttemptPlan) -> Result<Vec<CheckpointRecord>, Failure> {
+    let dir = plan.output_dir.clone();
+    let declared = plan.declared_outputs.clone();
+    let builtin = plan.builtin;
+    tokio::task::spawn_blocking(move || verify_outputs_blocking(&dir, &declared, builtin))
+        .await
+        .unwrap_or_else(|e| Err(Failure::CorruptOutput(format!("verification panicked: {e}"))))
+}
+
+fn verify_outputs_blocking(
+    dir: &Path,
+    declared: &[String],
+    builtin: bool,
+) -> Result<Vec<CheckpointRecord>, Failure> {
+    let missing: Vec<String> = declared
+        .iter()
+        .filter(|f| !dir.join(f).exists())
+        .map(|f| dir.join(f).display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Failure::MissingOutputs(missing));
+    }
+    let mut records = match crate::checksum::verify_manifest_dir(dir) {
+        Ok(Some(records)) => records,
+        Ok(None) if builtin => {
+            return Err(Failure::MissingOutputs(vec![dir
+                .join(protocol::checkpoint::MANIFEST_FILE)
+                .display()
+                .to_string()]))
+        }
+        Ok(None) => Vec::new(),
+        Err(why) => return Err(Failure::CorruptOutput(why)),
+    };
+    for file in declared {
+        let path = dir.join(file);
+        if records.iter().any(|r| Path::new(&r.path) == path) || path.is_dir() {
+            continue;
+        }
+        let (sha256, bytes) = crate::checksum::sha256_file(&path)
+            .map_err(|e| Failure::CorruptOutput(format!("cannot read {}: {e}", path.display())))?;
+        records.push(CheckpointRecord {
+            path: path.display().to_string(),
+            bytes,
+            sha256,
+        });
+    }
+    Ok(records)
+}
+
+fn open_logs(stage_dir: &Path, header: &str) -> std::io::Result<(std::fs::File, std::fs::File)> {
+    use std::io::Write;
+    std::fs::create_dir_all(stage_dir)?;
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(stage_dir.join(name))
+    };
+    let mut out = open("stdout.log")?;
+    let mut err = open("stderr.log")?;
+    out.write_all(header.as_bytes())?;
+    err.write_all(header.as_bytes())?;
+    Ok((out, err))
+}
+
+/// The last 20 lines (at most 4 KiB) that the attempt wrote to `path` after `offset`.
+fn read_tail(path: &Path, offset: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = offset.max(len.saturating_sub(4096));
+    if file.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut bytes = Vec::new();
+    let _ = file.read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

@@ -1,0 +1,192 @@
+//! Starting and stopping a stage's process tree. [`spawn`] is the one spawn path of the
+//! orchestrator, so another start strategy (a fork server) can slot in here.
+//!
+//! Promises:
+//! - every stage starts in a new session and process group, with stdin closed and its output
+//!   in log files;
+//! - it gets SIGKILL if the orchestrator dies (`PR_SET_PDEATHSIG`, with the race against the
+//!   parent dying before the flag was set closed by re-checking the parent);
+//! - [`stop_tree`] returns only once no process of the stage is alive (or reports the ones
+//!   the kernel would not kill).
+
+use crate::proctree::{self, TOKEN_VAR};
+use crate::reaper::{ExitStatus, Reaper};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use std::fs::File;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// What to start.
+#[derive(Debug)]
+pub struct Launch {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Variables added to the orchestrator's environment (inherited `ORCHESTRATE_*` are dropped).
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// Where stdout goes.
+    pub stdout: File,
+    /// Where stderr goes.
+    pub stderr: File,
+    /// Unique token of this attempt, exported to every process of the tree.
+    pub token: String,
+}
+
+/// A running stage tree.
+#[derive(Debug)]
+pub struct StageProcess {
+    /// PID of the first process (session and group leader).
+    pub pid: i32,
+    /// The attempt's token.
+    pub token: String,
+    /// When it was started.
+    pub started: Instant,
+    /// Resolves with the first process's exit status.
+    pub exit: oneshot::Receiver<ExitStatus>,
+}
+
+/// Starts `launch` in a new session. The child is registered with `reaper` before returning.
+pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
+    let Some((program, args)) = launch.argv.split_first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(&launch.cwd)
+        .stdin(Stdio::null())
+        .stdout(launch.stdout)
+        .stderr(launch.stderr);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ORCHESTRATE_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .env(TOKEN_VAR, &launch.token);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before the flag was set: then nobody would kill us.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    let pid = child.id() as i32;
+    // Dropping `child` neither waits nor kills; the reaper owns the exit status from here on.
+    drop(child);
+    Ok(StageProcess {
+        pid,
+        token: launch.token,
+        started: Instant::now(),
+        exit: reaper.watch(pid),
+    })
+}
+
+/// Sends `signal` to the stage's process group and to every process of its tree.
+pub fn signal_tree(leader: i32, token: &str, signal: Signal) {
+    let _ = killpg(Pid::from_raw(leader), signal);
+    for p in proctree::stage_members(leader, token) {
+        let _ = kill(Pid::from_raw(p.pid), signal);
+    }
+}
+
+/// A process that had to be stopped, for the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoppedProcess {
+    /// Its PID.
+    pub pid: i32,
+    /// Its command name.
+    pub name: String,
+}
+
+/// What [`stop_tree`] did.
+#[derive(Debug, Default, Clone)]
+pub struct StopSummary {
+    /// Processes found alive when stopping began.
+    pub found: Vec<StoppedProcess>,
+    /// Whether SIGKILL was needed (the grace period ran out).
+    pub escalated: bool,
+    /// Processes still alive after SIGKILL and a wait (uninterruptible sleep): should be empty.
+    pub survivors: Vec<StoppedProcess>,
+}
+
+fn describe(leader: i32, token: &str) -> Vec<StoppedProcess> {
+    proctree::stage_members(leader, token)
+        .into_iter()
+        .map(|p| StoppedProcess {
+            pid: p.pid,
+            name: proctree::comm(p.pid),
+        })
+        .collect()
+}
+
+/// Stops every process of the stage: SIGTERM (unless `grace` is zero), up to `grace` for them
+/// to exit, then SIGKILL; returns once none is alive, or after 10 s more with the survivors.
+pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reaper) -> StopSummary {
+    let found = describe(leader, token);
+    let mut summary = StopSummary {
+        found,
+        ..Default::default()
+    };
+    if summary.found.is_empty() {
+        return summary;
+    }
+    if !grace.is_zero() {
+        signal_tree(leader, token, Signal::SIGTERM);
+        if wait_until_gone(leader, token, grace, reaper).await {
+            return summary;
+        }
+    }
+    summary.escalated = true;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        signal_tree(leader, token, Signal::SIGKILL);
+        if wait_until_gone(leader, token, Duration::from_millis(200), reaper).await {
+            return summary;
+        }
+        if Instant::now() > deadline {
+            summary.survivors = describe(leader, token);
+            return summary;
+        }
+    }
+}
+
+/// Polls until no process of the stage is alive; false if `limit` passed first.
+pub async fn wait_until_gone(leader: i32, token: &str, limit: Duration, reaper: &Reaper) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        reaper.reap_now();
+        if proctree::stage_members(leader, token).is_empty() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(25));
+    }
+}
+
+/// The name of a signal number ("SIGSEGV"), or "signal N".
+pub fn signal_name(signal: i32) -> String {
+    Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {signal}"))
+}

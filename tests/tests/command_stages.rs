@@ -1,0 +1,317 @@
+//! Command stages end to end: the environment/argv contract, outputs flowing downstream,
+//! named failures, retries, and no process of a stage left alive afterwards.
+
+use e2e_tests::{processes_with_env, run_plan, Scratch};
+
+fn marker(name: &str) -> String {
+    format!("e2e-{name}-{}", std::process::id())
+}
+
+#[test]
+fn contract_paths_reach_the_stage_and_outputs_flow_downstream() {
+    let s = Scratch::new("contract");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "make-data"
+command = ["sh", "-c", "printf hello > \"$ORCHESTRATE_OUTPUT_DIR/data.txt\"; echo \"$ORCHESTRATE_STAGE $ORCHESTRATE_ATTEMPT\" > {output}/stage.txt"]
+outputs = ["data.txt", "stage.txt"]
+
+[[stage]]
+name = "use-data"
+after = ["make-data"]
+command = ["sh", "-c", "cat \"$ORCHESTRATE_INPUT_MAKE_DATA/data.txt\" {input.make-data}/stage.txt > {output}/copy.txt; test -S \"$ORCHESTRATE_EVENTS\" && test -f \"$ORCHESTRATE_SPEC\" && pwd > {output}/cwd.txt"]
+outputs = ["copy.txt", "cwd.txt"]
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    let copy = std::fs::read_to_string(run.run_dir.join("stages/use-data/output/copy.txt")).unwrap();
+    assert_eq!(copy, "hellomake-data 1\n");
+    let cwd = std::fs::read_to_string(run.run_dir.join("stages/use-data/output/cwd.txt")).unwrap();
+    assert_eq!(
+        std::fs::canonicalize(cwd.trim()).unwrap(),
+        std::fs::canonicalize(s.path()).unwrap(),
+        "stages run in the plan's directory"
+    );
+    let data = run.stage("make-data");
+    assert_eq!(data["status"], "succeeded");
+    let record = data["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["path"].as_str().unwrap().ends_with("data.txt"))
+        .expect("data.txt recorded");
+    // sha256("hello")
+    assert_eq!(
+        record["sha256"],
+        "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+    );
+    assert_eq!(record["bytes"], 5);
+    // The journal records every state change and parses line by line.
+    let journal = std::fs::read_to_string(run.run_dir.join("journal.jsonl")).unwrap();
+    let recs: Vec<serde_json::Value> = journal.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(recs.first().unwrap()["rec"], "run_started");
+    assert_eq!(recs.last().unwrap()["rec"], "run_finished");
+    assert_eq!(recs.iter().filter(|r| r["rec"] == "stage_finished").count(), 2);
+    assert!(run.run_dir.join("plan.toml").is_file());
+    assert!(run.run_dir.join("plan.resolved.json").is_file());
+}
+
+#[test]
+fn every_failure_has_a_name_and_dependents_are_skipped() {
+    let s = Scratch::new("failures");
+    let m = marker("failures");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[run]
+grace = "1s"
+
+[[stage]]
+name = "exit3"
+command = ["sh", "-c", "echo 'something broke' >&2; exit 3"]
+env = {{ MARKER = "{m}" }}
+
+[[stage]]
+name = "segfault"
+command = ["sh", "-c", "kill -SEGV $$"]
+
+[[stage]]
+name = "oom-killed"
+command = ["sh", "-c", "kill -KILL $$"]
+
+[[stage]]
+name = "hang"
+command = ["sleep", "300"]
+timeout = "1s"
+env = {{ MARKER = "{m}" }}
+
+[[stage]]
+name = "ignores-term"
+command = ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"]
+timeout = "500ms"
+env = {{ MARKER = "{m}" }}
+
+[[stage]]
+name = "no-outputs"
+command = ["true"]
+outputs = ["model.pt"]
+
+[[stage]]
+name = "missing-program"
+command = ["/nonexistent/train.py"]
+
+[[stage]]
+name = "cuda-oom"
+command = ["sh", "-c", "echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB' >&2; exit 1"]
+
+[[stage]]
+name = "downstream"
+after = ["exit3"]
+command = ["true"]
+"#
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(1), "a failed stage makes exit code 1\n{}", run.stderr);
+    let expect = [
+        ("exit3", "exit_code"),
+        ("segfault", "signal"),
+        ("oom-killed", "killed_externally"),
+        ("hang", "timeout"),
+        ("ignores-term", "timeout"),
+        ("no-outputs", "missing_outputs"),
+        ("missing-program", "spawn_failed"),
+        ("cuda-oom", "cuda_oom"),
+        ("downstream", "upstream_failed"),
+    ];
+    for (stage, class) in expect {
+        let rec = run.stage(stage);
+        assert_eq!(rec["failure"], class, "{stage}: {rec}");
+        assert_ne!(rec["status"], "succeeded", "{stage}");
+    }
+    assert_eq!(run.stage("exit3")["exit_code"], 3);
+    assert!(run.stage("exit3")["stderr_tail"].as_str().unwrap().contains("something broke"));
+    assert_eq!(run.stage("segfault")["signal"], "SIGSEGV");
+    assert!(run.stage("oom-killed")["error"].as_str().unwrap().contains("out-of-memory killer"));
+    assert_eq!(run.stage("downstream")["status"], "skipped");
+    assert_eq!(run.stage("downstream")["attempts"], 0);
+    assert!(processes_with_env(&format!("MARKER={m}")).is_empty(), "no process of any stage is left");
+}
+
+#[test]
+fn retries_until_success_and_counts_attempts() {
+    let s = Scratch::new("retries");
+    let counter = s.path().join("count");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[[stage]]
+name = "flaky"
+retries = 3
+command = ["sh", "-c", "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; test $n -ge 3"]
+
+[[stage]]
+name = "never-retried"
+retries = 3
+command = ["true"]
+outputs = ["absent"]
+"#,
+            c = counter.display()
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(1));
+    assert_eq!(run.stage("flaky")["status"], "succeeded");
+    assert_eq!(run.stage("flaky")["attempts"], 3);
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "3");
+    assert_eq!(run.stage("never-retried")["attempts"], 1, "missing outputs are not retried");
+    let log = std::fs::read_to_string(run.run_dir.join("stages/flaky/stderr.log")).unwrap();
+    assert_eq!(log.matches("==== orchestrate: flaky attempt").count(), 3);
+}
+
+#[test]
+fn escaped_descendants_are_found_and_killed() {
+    let s = Scratch::new("escape");
+    let m = marker("escape");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[run]
+grace = "1s"
+
+[[stage]]
+name = "setsid-daemon"
+command = ["sh", "-c", "setsid sh -c 'trap \"\" TERM; sleep 300' > /dev/null 2>&1 < /dev/null & sleep 0.3; exit 0"]
+env = {{ MARKER = "{m}" }}
+
+[[stage]]
+name = "double-fork"
+command = ["sh", "-c", "(sleep 300 &) ; sleep 0.3; exit 0"]
+env = {{ MARKER = "{m}" }}
+
+[[stage]]
+name = "forks-100"
+command = ["sh", "-c", "for i in $(seq 100); do sleep 300 & done; sleep 0.5; exit 0"]
+env = {{ MARKER = "{m}" }}
+"#
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    for stage in ["setsid-daemon", "double-fork"] {
+        let rec = run.stage(stage);
+        assert_eq!(rec["status"], "succeeded");
+        let left = rec["leftover_processes"].as_array().unwrap();
+        assert!(!left.is_empty(), "{stage}: the leftover is named in the report: {rec}");
+        assert!(left.iter().any(|p| p.as_str().unwrap().contains("sleep")), "{rec}");
+    }
+    assert_eq!(run.stage("forks-100")["leftover_processes"].as_array().unwrap().len(), 100);
+    assert!(processes_with_env(&format!("MARKER={m}")).is_empty(), "every descendant is gone");
+}
+
+#[test]
+fn events_from_any_process_reach_the_report_and_garbage_is_survived() {
+    let s = Scratch::new("events");
+    s.write(
+        "reporter.py",
+        r#"
+import json, os, socket, subprocess, sys
+
+def send(obj_bytes):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(os.environ["ORCHESTRATE_EVENTS"])
+        sock.sendall(obj_bytes)
+
+if len(sys.argv) > 1:  # the grandchild: reports metrics
+    send((json.dumps({"v": 1, "event": "metrics", "metrics": {"accuracy": 0.75, "loss": 1.25}}) + "\n").encode())
+    sys.exit(0)
+garbage = b"x" * (10 * 1024 * 1024) + b"\n" + b"\xff\xfe\xfd\n" + b'{"v":1,"event":"teleport"}\n' + b'{"v":7,"event":"done"}\n'
+send(garbage + (json.dumps({"v": 1, "event": "progress", "step": 5, "loss": 2.0}) + "\n").encode())
+subprocess.run([sys.executable, __file__, "child"], check=True)
+open(os.path.join(os.environ["ORCHESTRATE_OUTPUT_DIR"], "done.txt"), "w").write("ok")
+"#,
+    );
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "py"
+command = ["python3", "reporter.py"]
+outputs = ["done.txt"]
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.metric("py", "accuracy"), 0.75);
+    let violations = run.stage("py")["protocol_violations"].clone();
+    let text = violations.to_string();
+    assert!(text.contains("longer than"), "{text}");
+    assert!(text.contains("not UTF-8"), "{text}");
+    assert!(text.contains("invalid message"), "{text}");
+    assert!(text.contains("version 7"), "{text}");
+    let events = std::fs::read_to_string(run.run_dir.join("stages/py/events.jsonl")).unwrap();
+    assert!(events.contains("\"progress\"") && events.contains("\"metrics\""), "{events}");
+}
+
+#[test]
+fn reporting_failure_then_exiting_zero_is_a_protocol_violation() {
+    let s = Scratch::new("liar");
+    s.write(
+        "liar.py",
+        "import json, os, socket\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.connect(os.environ['ORCHESTRATE_EVENTS'])\n\
+         s.sendall(b'{\"v\":1,\"event\":\"failed\",\"error\":\"diverged\"}\\n')\n",
+    );
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "liar"
+command = ["python3", "liar.py"]
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(run.stage("liar")["failure"], "protocol_violation");
+    assert!(run.stage("liar")["error"].as_str().unwrap().contains("diverged"));
+}
+
+#[test]
+fn independent_stages_run_at_the_same_time() {
+    let s = Scratch::new("parallel");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[run]
+max_parallel = 4
+[[stage]]
+name = "a"
+command = ["sh", "-c", "date +%s.%N > {output}/start; sleep 1; date +%s.%N > {output}/end"]
+[[stage]]
+name = "b"
+command = ["sh", "-c", "date +%s.%N > {output}/start; sleep 1; date +%s.%N > {output}/end"]
+[[stage]]
+name = "c"
+after = ["a", "b"]
+command = ["sh", "-c", "date +%s.%N > {output}/start"]
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let read = |stage: &str, f: &str| -> f64 {
+        std::fs::read_to_string(run.run_dir.join(format!("stages/{stage}/output/{f}")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(read("a", "start") < read("b", "end") && read("b", "start") < read("a", "end"), "a and b overlap");
+    assert!(read("c", "start") >= read("a", "end").max(read("b", "end")), "c waits for both");
+}
