@@ -32,6 +32,7 @@ pub struct EventChannel {
     path: PathBuf,
     accept_task: tokio::task::JoinHandle<()>,
     open_connections: Rc<Cell<usize>>,
+    listener_fd: std::os::fd::RawFd,
 }
 
 impl EventChannel {
@@ -44,6 +45,7 @@ impl EventChannel {
     ) -> std::io::Result<EventChannel> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
+        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
         let open_connections = Rc::new(Cell::new(0usize));
         let open = open_connections.clone();
         let accept_task = tokio::task::spawn_local(async move {
@@ -62,6 +64,7 @@ impl EventChannel {
             path: path.to_path_buf(),
             accept_task,
             open_connections,
+            listener_fd,
         })
     }
 
@@ -70,11 +73,24 @@ impl EventChannel {
     /// the last bytes they wrote have been delivered.
     pub async fn drained(&self, limit: std::time::Duration) {
         let deadline = tokio::time::Instant::now() + limit;
-        // Let the accept task pick up connections made just before the processes exited.
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        while self.open_connections.get() > 0 && tokio::time::Instant::now() < deadline {
+        while (self.open_connections.get() > 0 || self.connection_pending())
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
+    }
+
+    /// Whether a connection waits in the listen queue, not yet accepted.
+    fn connection_pending(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.listener_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout; the listener outlives this call (the accept
+        // task that owns it is aborted only in drop).
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0 && pfd.revents & libc::POLLIN != 0
     }
 
     /// The socket path, for `ORCHESTRATE_EVENTS`.

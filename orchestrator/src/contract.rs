@@ -43,42 +43,31 @@ pub fn environment(paths: &ContractPaths<'_>, plan_env: &BTreeMap<String, String
 }
 
 /// Expands `{output}`, `{input.NAME}`, `{run_dir}` and `{stage}` in one argument; `{{` and `}}`
-/// stand for literal braces. Unknown placeholders are left as written (validation refuses
-/// them before a run starts).
+/// stand for literal braces (the grammar of [`crate::plan::placeholder`]). An argument that
+/// does not parse, or names no known input, is passed as written: validation refuses those
+/// before a run starts.
 pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
+    use crate::plan::placeholder::{parse, Piece, Placeholder};
+    let Ok(pieces) = parse(arg) else {
+        return arg.to_string();
+    };
     let mut out = String::with_capacity(arg.len());
-    let mut rest = arg;
-    while let Some(i) = rest.find(['{', '}']) {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if tail.starts_with("{{") || tail.starts_with("}}") {
-            out.push(tail.as_bytes()[0] as char);
-            rest = &tail[2..];
-            continue;
-        }
-        if tail.starts_with('{') {
-            if let Some(end) = tail.find('}') {
-                let key = &tail[1..end];
-                let value = match key {
-                    "output" => Some(paths.output_dir.display().to_string()),
-                    "run_dir" => Some(paths.run_dir.display().to_string()),
-                    "stage" => Some(paths.stage.to_string()),
-                    _ => key
-                        .strip_prefix("input.")
-                        .and_then(|name| paths.inputs.get(name))
-                        .map(|p| p.display().to_string()),
-                };
-                if let Some(value) = value {
-                    out.push_str(&value);
-                    rest = &tail[end + 1..];
-                    continue;
-                }
+    for piece in pieces {
+        match piece {
+            Piece::Text(text) => out.push_str(&text),
+            Piece::Placeholder(Placeholder::Output) => {
+                out.push_str(&paths.output_dir.display().to_string())
             }
+            Piece::Placeholder(Placeholder::RunDir) => {
+                out.push_str(&paths.run_dir.display().to_string())
+            }
+            Piece::Placeholder(Placeholder::Stage) => out.push_str(paths.stage),
+            Piece::Placeholder(Placeholder::Input(name)) => match paths.inputs.get(name) {
+                Some(dir) => out.push_str(&dir.display().to_string()),
+                None => return arg.to_string(),
+            },
         }
-        out.push(tail.as_bytes()[0] as char);
-        rest = &tail[1..];
     }
-    out.push_str(rest);
     out
 }
 
@@ -103,6 +92,7 @@ mod tests {
         assert_eq!(expand("{input.pre-train}", &paths), "/r/stages/pre-train/output");
         assert_eq!(expand("{{literal}} {stage}@{run_dir}", &paths), "{literal} sft@/r");
         assert_eq!(expand("{unknown}", &paths), "{unknown}");
+        assert_eq!(expand("{input.nope}", &paths), "{input.nope}");
         let env = environment(&paths, &BTreeMap::from([("A".into(), "1".into())]));
         assert!(env.contains(&("ORCHESTRATE_INPUT_PRE_TRAIN".into(), "/r/stages/pre-train/output".into())));
         assert!(env.contains(&("ORCHESTRATE_ATTEMPT".into(), "2".into())));

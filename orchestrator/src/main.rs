@@ -61,6 +61,20 @@ enum Command {
     },
     /// Print the plan format's JSON Schema (for editor completion and validation).
     Schema,
+    /// Inventory and memory of this machine's GPUs (NVML); with --wait, wait until each is
+    /// clean (no compute process, used memory under the threshold). Exit 0 clean, 3 not
+    /// clean, 4 NVML unavailable. For Slurm prolog/epilog scripts.
+    GpuCheck {
+        /// Wait up to this long for the GPUs to become clean ("30s", "2m").
+        #[arg(long, value_name = "DURATION")]
+        wait: Option<protocol::duration::HumanDuration>,
+        /// Used memory (MiB) at or under which a GPU without processes counts as clean.
+        #[arg(long, default_value_t = 1024)]
+        max_used_mib: u64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -122,6 +136,28 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
             ExitCode::SUCCESS
         }
+        Some(Command::GpuCheck {
+            wait,
+            max_used_mib,
+            json,
+        }) => match orchestrator::gpu::check::run(max_used_mib << 20, wait.map(|w| w.get())) {
+            Ok(result) => {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+                } else {
+                    print!("{}", orchestrator::gpu::check::render_text(&result));
+                }
+                if result.clean {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(exit::GPU_LEAK as u8)
+                }
+            }
+            Err(why) => {
+                eprintln!("error: {why}");
+                ExitCode::from(exit::RUN_ERROR as u8)
+            }
+        },
         None => match cli.run.plan.clone() {
             Some(plan) => run_plan(&plan, cli.run, cli.log_format),
             None => {

@@ -5,6 +5,8 @@
 //! <run>/plan.resolved.json   the plan after defaults, as the run used it
 //! <run>/journal.jsonl        append-only record of every state change (fsynced)
 //! <run>/report.json          one record per stage (rewritten atomically as the run goes)
+//! <run>/gpu-timeline.csv     GPU memory sampled every 50 ms (when the GPU check runs)
+//! <run>/gpu-memory.svg       the picture of it, stage spans and baselines marked
 //! <run>/stages/<name>/spec.json     what the stage was given
 //! <run>/stages/<name>/stdout.log    its stdout, all attempts (a header line per attempt)
 //! <run>/stages/<name>/stderr.log    its stderr, likewise

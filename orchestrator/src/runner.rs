@@ -233,7 +233,23 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let mut leak_stop = false;
     let mut leaked_any = false;
     let started = Instant::now();
+    let started_unix = crate::timefmt::unix_secs_f64();
     let report_path = run_dir.report_path();
+    let timeline_csv = run_dir.root().join("gpu-timeline.csv");
+    let sampler = match &services.probe {
+        Some(probe) if !pool.all().is_empty() => Some(
+            gpu::timeline::start_sampler(
+                probe.clone(),
+                pool.all().to_vec(),
+                timeline_csv.clone(),
+                started,
+                Duration::from_millis(50),
+            )
+            .context("cannot write gpu-timeline.csv")?,
+        ),
+        _ => None,
+    };
+    let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
 
     loop {
         let stopping = interrupted || leak_stop;
@@ -358,6 +374,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 running -= 1;
                 pool.give_back(&given);
                 let name = stages[i].name.clone();
+                if let Some(t) = result.timing {
+                    for g in &result.gpu {
+                        spans.push(gpu::timeline::StageSpan {
+                            stage: name.clone(),
+                            uuid: g.uuid.clone(),
+                            start_s: t.spawned - started_unix,
+                            end_s: t.verified - started_unix,
+                            baseline_bytes: g.baseline_bytes,
+                            clean: g.verdict == "clean",
+                        });
+                    }
+                }
                 for g in result.gpu.iter().filter(|g| g.verdict != "clean") {
                     leaked_any = true;
                     match settings.on_leak {
@@ -449,6 +477,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     })?;
     let report = build_report(&plan, &states, &run_dir, &gpu_check, started, status);
     crate::report::write_or_warn(&report_path, &report, &console);
+    if let Some(sampler) = sampler {
+        sampler.abort();
+        let samples = gpu::timeline::read_samples(&timeline_csv);
+        let picture = gpu::svg::render(pool.all(), &samples, &spans, started.elapsed().as_secs_f64());
+        let svg_path = run_dir.root().join("gpu-memory.svg");
+        match write_atomic(&svg_path, picture.as_bytes()) {
+            Ok(()) => console.note(&format!("GPU memory picture: {}", svg_path.display())),
+            Err(e) => console.warn(&format!("cannot write {}: {e}", svg_path.display())),
+        }
+    }
     Ok(RunSummary { exit_code, report })
 }
 
@@ -615,6 +653,7 @@ fn build_report(
                     .map(|r| r.leftovers.iter().map(|p| format!("pid {} ({})", p.pid, p.name)).collect())
                     .unwrap_or_default(),
                 protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
+                timing: last.and_then(|r| r.timing),
             }
         })
         .collect();

@@ -178,6 +178,8 @@ pub struct AttemptResult {
     pub violations: Vec<String>,
     /// Last lines of stderr, when it failed.
     pub stderr_tail: Option<String>,
+    /// Milestones (absent for an attempt that never started).
+    pub timing: Option<protocol::report::StageTiming>,
 }
 
 impl AttemptResult {
@@ -193,6 +195,7 @@ impl AttemptResult {
             leftovers: Vec::new(),
             violations: Vec::new(),
             stderr_tail: None,
+            timing: None,
         }
     }
 
@@ -206,6 +209,7 @@ impl AttemptResult {
 pub struct Launched {
     plan: AttemptPlan,
     child: supervisor::StageProcess,
+    spawned_unix: f64,
     channel: EventChannel,
     rx: mpsc::UnboundedReceiver<ChannelItem>,
     baselines: Vec<(String, u64, u64)>,
@@ -265,6 +269,7 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
             plan.argv.first().map(String::as_str).unwrap_or("")
         ))
     })?;
+    let spawned_unix = crate::timefmt::unix_secs_f64();
     let placement = if plan.gpus.is_empty() {
         "cpu".to_string()
     } else {
@@ -280,6 +285,7 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
     Ok(Launched {
         plan,
         child,
+        spawned_unix,
         channel,
         rx,
         baselines,
@@ -296,6 +302,7 @@ pub async fn supervise(
     let Launched {
         plan,
         mut child,
+        spawned_unix,
         channel,
         mut rx,
         mut baselines,
@@ -356,6 +363,7 @@ pub async fn supervise(
         }
     };
 
+    let exited_unix = crate::timefmt::unix_secs_f64();
     // The first process is gone; anything of its tree still alive is a leftover.
     let stopping = kill_at.is_some() || sent_kill;
     let grace = if stopping || sent_kill { Duration::ZERO } else { plan.grace };
@@ -382,6 +390,7 @@ pub async fn supervise(
         ));
     }
     let wall = started.elapsed();
+    let tree_gone_unix = crate::timefmt::unix_secs_f64();
     channel.drained(Duration::from_secs(1)).await;
     while let Ok(item) = rx.try_recv() {
         state.absorb(item, &plan.name, console, started);
@@ -422,6 +431,7 @@ pub async fn supervise(
         }
     }
 
+    let verified_unix = crate::timefmt::unix_secs_f64();
     let stderr_tail = read_tail(&plan.stage_dir.join("stderr.log"), stderr_offset);
     let mut outcome = classify(plan, exit, &state, timed_out, cancelled, sent_kill, &stderr_tail);
     let mut checkpoints = Vec::new();
@@ -442,6 +452,12 @@ pub async fn supervise(
         leftovers: summary.found,
         violations: state.violations,
         stderr_tail: if failed { Some(stderr_tail) } else { None },
+        timing: Some(protocol::report::StageTiming {
+            spawned: spawned_unix,
+            exited: exited_unix,
+            tree_gone: tree_gone_unix,
+            verified: verified_unix,
+        }),
     }
 }
 

@@ -10,6 +10,14 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Seconds since the Unix epoch, now, with sub-millisecond precision.
+pub fn unix_secs_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// UTC civil date and time of `unix_secs`: (year, month, day, hour, minute, second).
 pub fn civil_utc(unix_secs: u64) -> (i64, u32, u32, u32, u32, u32) {
     let days = (unix_secs / 86_400) as i64;

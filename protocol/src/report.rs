@@ -58,6 +58,22 @@ pub struct StageReport {
     /// Malformed messages the stage sent on its event channel (the first 20).
     #[serde(default)]
     pub protocol_violations: Vec<String>,
+    /// When the last attempt's milestones happened.
+    #[serde(default)]
+    pub timing: Option<StageTiming>,
+}
+
+/// Milestones of one attempt, as Unix time in seconds (microsecond precision).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StageTiming {
+    /// The first process was spawned.
+    pub spawned: f64,
+    /// The first process's exit status was collected.
+    pub exited: f64,
+    /// No process of the stage was left.
+    pub tree_gone: f64,
+    /// Every GPU of the stage had its verdict (equals `tree_gone` without GPU check).
+    pub verified: f64,
 }
 
 /// A verified output file.

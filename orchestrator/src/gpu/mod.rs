@@ -9,6 +9,9 @@
 mod nvml;
 mod pool;
 mod reclaim;
+pub mod check;
+pub mod svg;
+pub mod timeline;
 
 pub use nvml::{discover, Inventory, NvmlProbe};
 pub use pool::GpuPool;

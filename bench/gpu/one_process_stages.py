@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The peer of the headline comparison: N training stages in ONE Python process, the way the
+seeds do it (train, save, "clean up" with del + gc.collect() + torch.cuda.empty_cache(), next
+stage), with one stray reference kept per stage (a list that holds each stage's model and
+optimizer, as a logging or evaluation helper easily does).
+
+Prints one JSON object: device-level used memory (NVML) after each stage's cleanup.
+The model is the same byte-level decoder-only transformer the built-in stage worker trains.
+"""
+import argparse, gc, json, math, time
+
+import pynvml
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.out = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        shape = (b, t, self.heads, d // self.heads)
+        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class ByteLM(nn.Module):
+    def __init__(self, d, layers, heads, max_len):
+        super().__init__()
+        self.tok = nn.Embedding(256, d)
+        self.pos = nn.Embedding(max_len, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.ln(x) @ self.tok.weight.t()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--stages", type=int, default=5)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--stray-reference", action="store_true")
+    args = p.parse_args()
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    used_mib = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+
+    result = {"before_mib": used_mib(), "after_stage_mib": [], "stage_wall_s": [], "tokens_per_s": []}
+    kept = []  # the stray references
+    torch.manual_seed(0)
+    for stage in range(args.stages):
+        t0 = time.time()
+        model = ByteLM(args.d_model, args.layers, args.heads, args.seq).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+        for step in range(args.steps):
+            x = torch.randint(0, 256, (args.batch, args.seq + 1), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits = model(x[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, 256), x[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+        wall = time.time() - t0
+        torch.save(model.state_dict(), f"/tmp/one_process_stage{stage}.pt")
+        if args.stray_reference:
+            kept.append((model, opt))
+        # The seeds' cleanup.
+        model = model.cpu()
+        del model, opt, logits, loss, x
+        gc.collect()
+        torch.cuda.empty_cache()
+        result["after_stage_mib"].append(used_mib())
+        result["stage_wall_s"].append(wall)
+        result["tokens_per_s"].append(args.steps * args.batch * args.seq / wall)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+//! `orchestrate gpu-check`: the memory check as a standalone command, for Slurm prolog and
+//! epilog scripts and for checking every node of a multi-node stage.
+
+use super::{discover, GpuInfo, Inventory, MemoryProbe};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// What one GPU looks like now.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuState {
+    /// NVML index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Product name.
+    pub name: String,
+    /// Installed bytes.
+    pub total_bytes: u64,
+    /// Used bytes.
+    pub used_bytes: u64,
+    /// Compute processes holding memory ("pid N (name) holding M MiB").
+    pub processes: Vec<String>,
+    /// No compute process and used memory at or under the threshold.
+    pub clean: bool,
+}
+
+/// The command's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckResult {
+    /// Protocol version.
+    pub v: u32,
+    /// Host name.
+    pub host: String,
+    /// NVML driver version.
+    pub driver: String,
+    /// Threshold used, bytes.
+    pub max_used_bytes: u64,
+    /// Every GPU.
+    pub gpus: Vec<GpuState>,
+    /// Every GPU clean.
+    pub clean: bool,
+    /// How long the command waited for the GPUs to become clean.
+    pub waited_ms: f64,
+}
+
+fn read(probe: &dyn MemoryProbe, gpus: &[GpuInfo], max_used: u64) -> Vec<GpuState> {
+    gpus.iter()
+        .map(|g| {
+            let used = probe.used_bytes(&g.uuid).unwrap_or(u64::MAX);
+            let holders = probe.holders(&g.uuid);
+            GpuState {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                name: g.name.clone(),
+                total_bytes: g.total_bytes,
+                used_bytes: used,
+                clean: holders.is_empty() && used <= max_used,
+                processes: holders.iter().map(|h| h.to_string()).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Takes a snapshot; with `wait`, polls until every GPU is clean or `timeout` passes.
+/// `Err` says why NVML could not be used.
+pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, String> {
+    let (gpus, probe, driver) = match discover() {
+        Inventory::Available { gpus, probe, driver } => (gpus, probe, driver),
+        Inventory::Unavailable(why) => return Err(why),
+    };
+    let start = Instant::now();
+    let mut states = read(probe.as_ref(), &gpus, max_used_bytes);
+    if let Some(timeout) = wait {
+        let mut pause = Duration::from_millis(1);
+        while !states.iter().all(|s| s.clean) && start.elapsed() < timeout {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+            states = read(probe.as_ref(), &gpus, max_used_bytes);
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    Ok(CheckResult {
+        v: protocol::PROTOCOL_VERSION,
+        host,
+        driver,
+        max_used_bytes,
+        clean: states.iter().all(|s| s.clean),
+        gpus: states,
+        waited_ms: start.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// A table for people.
+pub fn render_text(result: &CheckResult) -> String {
+    let mut out = format!("{} (driver {})\n", result.host, result.driver);
+    for g in &result.gpus {
+        out.push_str(&format!(
+            "GPU {} {} {}: {} / {} MiB used, {}{}\n",
+            g.index,
+            g.name,
+            g.uuid,
+            g.used_bytes / (1 << 20),
+            g.total_bytes / (1 << 20),
+            if g.clean { "clean" } else { "NOT clean" },
+            if g.processes.is_empty() { String::new() } else { format!(" ({})", g.processes.join(", ")) }
+        ));
+    }
+    if result.gpus.is_empty() {
+        out.push_str("NVML lists no GPU\n");
+    }
+    out
+}

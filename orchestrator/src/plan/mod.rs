@@ -1,0 +1,174 @@
+//! Loading and validating plans.
+//!
+//! A plan is read from TOML (users) or JSON (programs) into [`protocol::plan::Plan`], then
+//! checked as a whole: stage names, dependencies and cycles, `kind`/`command`, `init`, built-in
+//! `params`, placeholders, `env`, `outputs`, limits. Problems come back as a [`PlanError`]
+//! holding one [`Diagnostic`] per problem, each naming the file, the line and column (or the
+//! stage) and what to do. Nothing in here panics on any input.
+//!
+//! Positions come from a second reading of the text into a spanned tree (see `tree`), since
+//! the typed plan keeps none.
+
+mod decode;
+mod diagnostic;
+mod graph;
+mod json_tree;
+mod params;
+pub mod placeholder;
+mod suggest;
+mod tree;
+mod validate;
+
+pub use diagnostic::{Diagnostic, PlanError};
+pub use params::SYNTHETIC_DATA;
+pub use validate::{MAX_GPUS, MAX_NAME_LEN, RESERVED_ENV_PREFIX};
+
+use diagnostic::Reporter;
+use protocol::plan::Plan;
+use std::path::{Path, PathBuf};
+
+/// Plans larger than this are refused before parsing.
+pub const MAX_PLAN_BYTES: u64 = 16 << 20;
+
+/// A plan that passed every check, with its dependency graph worked out.
+#[derive(Debug, Clone)]
+pub struct LoadedPlan {
+    /// The plan as decoded (defaults applied).
+    pub plan: Plan,
+    /// The plan's file as the user gave it, for messages.
+    pub source_name: String,
+    /// The absolute directory of the plan file: stages run there, and relative paths in the
+    /// plan are relative to it.
+    pub base_dir: PathBuf,
+    /// Every stage index once, each after all of its upstreams; among stages that could go
+    /// next, the one written first in the plan comes first.
+    pub order: Vec<usize>,
+    /// Per stage: the indices of the stages its `after` names, in that order.
+    pub upstream: Vec<Vec<usize>>,
+    /// Per stage: the indices of the stages that name it in `after`, in increasing order.
+    pub downstream: Vec<Vec<usize>>,
+}
+
+impl LoadedPlan {
+    /// The index of the stage called `name` (names are unique in a loaded plan).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.plan.stages.iter().position(|s| s.name == name)
+    }
+}
+
+/// Reads and validates the plan file at `path`: JSON if its extension is `.json`, else TOML.
+///
+/// A file that cannot be read (missing, a directory, not UTF-8, over [`MAX_PLAN_BYTES`])
+/// gives a single diagnostic that names it.
+pub fn load_plan(path: &Path) -> Result<LoadedPlan, PlanError> {
+    let source_name = path.display().to_string();
+    let source = read_source(path, &source_name)?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let base_dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if is_json {
+        parse_plan_json(&source, &source_name, &base_dir)
+    } else {
+        parse_plan_toml(&source, &source_name, &base_dir)
+    }
+}
+
+fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
+    let fail = |why: String| PlanError {
+        diagnostics: vec![Diagnostic {
+            source_name: String::new(),
+            line: None,
+            column: None,
+            stage: None,
+            message: format!("cannot read plan `{source_name}`: {why}"),
+            help: None,
+        }],
+    };
+    let io = |e: std::io::Error| {
+        let text = e.to_string();
+        // "No such file or directory (os error 2)" → "No such file or directory".
+        match text.rfind(" (os error ") {
+            Some(cut) => text[..cut].to_string(),
+            None => text,
+        }
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(io(e)))?;
+    if meta.is_dir() {
+        return Err(fail("it is a directory".into()));
+    }
+    if meta.len() > MAX_PLAN_BYTES {
+        return Err(fail(format!("it is {} bytes, more than a plan may be ({MAX_PLAN_BYTES})", meta.len())));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(io(e)))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        // The prefix is valid UTF-8 by construction.
+        let text = std::str::from_utf8(good).unwrap_or_default();
+        let (line, column) = diagnostic::LineIndex::new(text).position(text.len());
+        fail(format!("it is not UTF-8 text (line {line}, column {column})"))
+    })
+}
+
+/// Validates a plan given as TOML text. `source_name` names it in messages; `base_dir` is the
+/// directory stages run in (made absolute against the current directory if it is relative).
+pub fn parse_plan_toml(source: &str, source_name: &str, base_dir: &Path) -> Result<LoadedPlan, PlanError> {
+    let tree = tree::from_toml(source);
+    let mut rep = Reporter::new(source, source_name);
+    let plan = decode::toml_plan(source, tree.as_ref(), &mut rep);
+    finish(plan, tree.as_ref(), rep, source_name, base_dir)
+}
+
+/// Validates a plan given as JSON text (the same format, as a JSON object); see
+/// [`parse_plan_toml`].
+pub fn parse_plan_json(source: &str, source_name: &str, base_dir: &Path) -> Result<LoadedPlan, PlanError> {
+    let tree = json_tree::from_json(source);
+    let mut rep = Reporter::new(source, source_name);
+    let plan = decode::json_plan(source, tree.as_ref(), &mut rep);
+    finish(plan, tree.as_ref(), rep, source_name, base_dir)
+}
+
+fn finish(
+    plan: Option<Plan>,
+    tree: Option<&tree::Node>,
+    mut rep: Reporter,
+    source_name: &str,
+    base_dir: &Path,
+) -> Result<LoadedPlan, PlanError> {
+    let graph = plan.as_ref().and_then(|plan| validate::check(plan, tree, &mut rep));
+    if let Some(error) = rep.finish() {
+        return Err(error);
+    }
+    let (Some(plan), Some(graph)) = (plan, graph) else {
+        // Unreachable in practice: no plan or no graph always comes with a diagnostic.
+        return Err(PlanError {
+            diagnostics: vec![Diagnostic {
+                source_name: source_name.to_string(),
+                line: None,
+                column: None,
+                stage: None,
+                message: "the plan could not be read".into(),
+                help: None,
+            }],
+        });
+    };
+    let base_dir = std::path::absolute(base_dir).unwrap_or_else(|_| base_dir.to_path_buf());
+    let downstream = graph::invert(&graph.upstream);
+    Ok(LoadedPlan {
+        plan,
+        source_name: source_name.to_string(),
+        base_dir,
+        order: graph.order,
+        upstream: graph.upstream,
+        downstream,
+    })
+}
+
+/// The JSON Schema of the plan format (what `orchestrate schema` prints).
+pub fn json_schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(Plan)).unwrap_or(serde_json::Value::Null)
+}

@@ -1,0 +1,132 @@
+//! "Did you mean …?": the closest known name to a misspelt one.
+
+/// Edit distance between two strings, counting an insertion, a deletion, a substitution or a
+/// swap of two neighbouring characters as one edit (optimal string alignment).
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // Three rows of the dynamic programme: i-2, i-1, i.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    let mut current: Vec<usize> = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        current[0] = i;
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (previous[j] + 1)
+                .min(current[j - 1] + 1)
+                .min(previous[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(before[j - 2] + 1);
+            }
+            current[j] = best;
+        }
+        std::mem::swap(&mut before, &mut previous);
+        std::mem::swap(&mut previous, &mut current);
+    }
+    previous[b.len()]
+}
+
+/// The candidate closest to `wrong`, if one is close enough to be a plausible typo: a
+/// case-insensitive match, or one within about a third of the name's length in edits.
+/// Ties go to the earlier candidate.
+pub(crate) fn closest<'a, I>(wrong: &str, candidates: I) -> Option<&'a str>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    let limit = (wrong.chars().count().max(3)) / 3;
+    let lower = wrong.to_lowercase();
+    let mut best: Option<(usize, &'a str)> = None;
+    for candidate in candidates {
+        if candidate == wrong {
+            continue;
+        }
+        let distance = if candidate.to_lowercase() == lower {
+            0
+        } else {
+            edit_distance(&lower, &candidate.to_lowercase())
+        };
+        if distance <= limit.max(1) && best.is_none_or(|(d, _)| distance < d) {
+            best = Some((distance, candidate));
+        }
+    }
+    best.map(|(_, name)| name)
+}
+
+/// Names as a comma-separated list, cut short after `max` with a count of the rest.
+pub(crate) fn list<'a, I>(names: I, max: usize) -> String
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    let mut out = String::new();
+    let mut rest = 0usize;
+    for (i, name) in names.into_iter().enumerate() {
+        if i >= max {
+            rest += 1;
+            continue;
+        }
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+    }
+    if rest > 0 {
+        out.push_str(&format!(" and {rest} more"));
+    }
+    out
+}
+
+/// `did you mean `x`? ` when there is a close candidate, then `{what}: a, b, c`.
+pub(crate) fn help<'a>(wrong: &str, candidates: &[&'a str], what: &str) -> String {
+    let listed = list(candidates.iter().copied(), 12);
+    match closest(wrong, candidates.iter().copied()) {
+        Some(name) => format!("did you mean `{name}`? {what}: {listed}"),
+        None => format!("{what}: {listed}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distances() {
+        assert_eq!(edit_distance("", ""), 0);
+        assert_eq!(edit_distance("abc", ""), 3);
+        assert_eq!(edit_distance("", "ab"), 2);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("pretrian", "pretrain"), 1, "a swap is one edit");
+        assert_eq!(edit_distance("sft", "sfts"), 1);
+        assert_eq!(edit_distance("évál", "eval"), 2);
+    }
+
+    #[test]
+    fn suggests_plausible_typos_only() {
+        let stages = ["pretrain", "sft", "eval", "eval-pretrain"];
+        assert_eq!(closest("pretrian", stages), Some("pretrain"));
+        assert_eq!(closest("Pretrain", stages), Some("pretrain"));
+        assert_eq!(closest("sf", stages), Some("sft"));
+        assert_eq!(closest("evl", stages), Some("eval"));
+        assert_eq!(closest("eval-pretrian", stages), Some("eval-pretrain"));
+        assert_eq!(closest("zzz", stages), None);
+        assert_eq!(closest("finetune", stages), None);
+        assert_eq!(closest("", stages), None);
+        assert_eq!(closest("x", std::iter::empty()), None);
+    }
+
+    #[test]
+    fn prefers_the_nearest_then_the_first() {
+        assert_eq!(closest("stepz", ["steps", "step"]), Some("steps"));
+        assert_eq!(closest("ab", ["ax", "ay"]), Some("ax"));
+    }
+
+    #[test]
+    fn lists_are_cut_short() {
+        assert_eq!(list(["a", "b", "c"], 5), "a, b, c");
+        assert_eq!(list(["a", "b", "c"], 2), "a, b and 1 more");
+        assert_eq!(
+            help("pretrian", &["pretrain", "sft", "eval"], "stages are"),
+            "did you mean `pretrain`? stages are: pretrain, sft, eval"
+        );
+    }
+}

@@ -1,0 +1,482 @@
+//! The checks a decoded plan must pass before anything runs. All of them run, and every
+//! problem found is reported, each pointing at the text it is about when positions are known.
+
+use super::diagnostic::Reporter;
+use super::graph;
+use super::params::{self, ParamsAt};
+use super::placeholder::{self, Piece, Placeholder, TEMPLATE_HELP};
+use super::suggest;
+use super::tree::Node;
+use protocol::plan::{BuiltinKind, Plan, Stage};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Component, Path};
+
+/// The longest stage (or run) name, in characters.
+pub const MAX_NAME_LEN: usize = 64;
+/// The most GPUs one stage may ask for.
+pub const MAX_GPUS: u32 = 64;
+/// The prefix of the variables the orchestrator sets itself.
+pub const RESERVED_ENV_PREFIX: &str = "ORCHESTRATE_";
+
+/// The dependency graph of a plan that passed every check.
+pub(crate) struct Graph {
+    pub order: Vec<usize>,
+    pub upstream: Vec<Vec<usize>>,
+}
+
+/// Runs every check; the graph when there was no problem.
+pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Option<Graph> {
+    let mut v = Validator {
+        plan,
+        tree,
+        rep,
+        first_of: HashMap::new(),
+    };
+    v.check_run();
+    if plan.stages.is_empty() {
+        v.rep.error(
+            None,
+            None,
+            "the plan has no stages",
+            Some("add a `[[stage]]` table with a `name`, and a `kind` or a `command`".into()),
+        );
+    }
+    for i in 0..plan.stages.len() {
+        v.check_identity(i);
+    }
+    let upstream: Vec<Vec<usize>> = (0..plan.stages.len()).map(|i| v.check_after(i)).collect();
+    for cycle in graph::find_cycles(&upstream) {
+        v.report_cycle(&cycle);
+    }
+    for i in 0..plan.stages.len() {
+        v.check_body(i, &upstream);
+    }
+    if !v.rep.diagnostics.is_empty() {
+        return None;
+    }
+    let order = graph::topological_order(&upstream)?;
+    Some(Graph { order, upstream })
+}
+
+struct Validator<'p, 'r, 's> {
+    plan: &'p Plan,
+    tree: Option<&'p Node>,
+    rep: &'r mut Reporter<'s>,
+    /// Each stage name and the first stage that has it.
+    first_of: HashMap<&'p str, usize>,
+}
+
+/// Why a name is not a good stage (or run) name, if it is not.
+fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("is empty".into());
+    }
+    if name == "." || name == ".." {
+        return Some(format!("cannot be `{name}`"));
+    }
+    let len = name.chars().count();
+    if len > MAX_NAME_LEN {
+        return Some(format!("is {len} characters long; the limit is {MAX_NAME_LEN}"));
+    }
+    let bad = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))?;
+    Some(format!("has a character that is not allowed: {bad:?}"))
+}
+
+/// Whether `name` can be an environment variable's name.
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl<'p> Validator<'p, '_, '_> {
+    fn stage(&self, i: usize) -> &'p Stage {
+        &self.plan.stages[i]
+    }
+
+    /// The stage's name for the diagnostic prefix (none for an empty name).
+    fn label(&self, i: usize) -> Option<&'p str> {
+        Some(self.stage(i).name.as_str()).filter(|n| !n.is_empty())
+    }
+
+    fn node(&self, i: usize) -> Option<&'p Node> {
+        self.tree?.get("stage")?.at(i)
+    }
+
+    /// Span of the stage's table (its `[[stage]]` header in TOML).
+    fn stage_span(&self, i: usize) -> Option<Range<usize>> {
+        self.node(i).and_then(|n| n.span.clone())
+    }
+
+    /// Span of the stage's `key` value, else of the stage.
+    fn field(&self, i: usize, key: &str) -> Option<Range<usize>> {
+        self.node(i)
+            .and_then(|n| n.get(key))
+            .and_then(|n| n.span.clone())
+            .or_else(|| self.stage_span(i))
+    }
+
+    /// Span of element `j` of the stage's `key` array, else of the array.
+    fn item(&self, i: usize, key: &str, j: usize) -> Option<Range<usize>> {
+        self.node(i)
+            .and_then(|n| n.get(key))
+            .and_then(|n| n.at(j))
+            .and_then(|n| n.span.clone())
+            .or_else(|| self.field(i, key))
+    }
+
+    fn error(&mut self, span: Option<Range<usize>>, i: usize, message: String, help: Option<String>) {
+        let stage = self.label(i);
+        self.rep.error(span, stage, message, help);
+    }
+
+    fn stage_names(&self) -> Vec<&'p str> {
+        let mut names: Vec<(usize, &'p str)> = self.first_of.iter().map(|(n, i)| (*i, *n)).collect();
+        names.sort();
+        names.into_iter().map(|(_, n)| n).collect()
+    }
+
+    fn check_run(&mut self) {
+        let run = &self.plan.run;
+        let run_field = |key: &str| self.tree.and_then(|t| t.get("run")).and_then(|r| r.get(key)).and_then(|n| n.span.clone());
+        if run.max_parallel == Some(0) {
+            let span = run_field("max_parallel");
+            self.rep.error(
+                span,
+                None,
+                "`run.max_parallel` is 0, so no stage could ever start",
+                Some("use 1 or more, or leave it out (the default is the number of CPUs)".into()),
+            );
+        }
+        if let Some(problem) = run.name.as_deref().and_then(name_problem) {
+            let span = run_field("name");
+            self.rep.error(
+                span,
+                None,
+                format!("`run.name` {problem}"),
+                Some("the run's name goes into its directory's name: use letters, digits, `-`, `_` and `.`".into()),
+            );
+        }
+        if run.worker.as_deref().is_some_and(|w| w.trim().is_empty()) {
+            let span = run_field("worker");
+            self.rep.error(
+                span,
+                None,
+                "`run.worker` is empty",
+                Some("give the path of the stage-worker binary, or leave it out".into()),
+            );
+        }
+    }
+
+    /// The name: well formed and unique.
+    fn check_identity(&mut self, i: usize) {
+        let name = self.stage(i).name.as_str();
+        let span = self.field(i, "name");
+        if let Some(problem) = name_problem(name) {
+            self.error(
+                span.clone(),
+                i,
+                format!("the stage name {problem}"),
+                Some(format!(
+                    "stage names use letters, digits, `-`, `_` and `.`, at most {MAX_NAME_LEN} characters"
+                )),
+            );
+        }
+        match self.first_of.get(name) {
+            Some(&first) => {
+                let there = match self.field(first, "name") {
+                    Some(s) => format!("line {}", self.rep.line_of(s.start)),
+                    None => format!("stage #{}", first + 1),
+                };
+                self.error(
+                    span,
+                    i,
+                    format!("the name `{name}` is already used by the stage on {there}"),
+                    Some("stage names must be unique".into()),
+                );
+            }
+            None => {
+                self.first_of.insert(name, i);
+            }
+        }
+    }
+
+    /// The `after` list: each entry a known other stage, once. Returns the upstream indices.
+    fn check_after(&mut self, i: usize) -> Vec<usize> {
+        let stage = self.stage(i);
+        let mut upstream = Vec::new();
+        for (j, dep) in stage.after.iter().enumerate() {
+            let span = self.item(i, "after", j);
+            if *dep == stage.name {
+                self.error(span, i, "the stage lists itself in `after`".into(), None);
+            } else if stage.after[..j].contains(dep) {
+                self.error(span, i, format!("`after` lists `{dep}` more than once"), None);
+            } else if let Some(&up) = self.first_of.get(dep.as_str()) {
+                upstream.push(up);
+            } else {
+                let help = suggest::help(dep, &self.stage_names(), "stages are");
+                self.error(span, i, format!("`after` names `{dep}`, which is not a stage"), Some(help));
+            }
+        }
+        upstream
+    }
+
+    fn report_cycle(&mut self, cycle: &[usize]) {
+        let Some(&first) = cycle.first() else { return };
+        let last = *cycle.last().unwrap_or(&first);
+        let mut names: Vec<&str> = cycle.iter().map(|&s| self.stage(s).name.as_str()).collect();
+        names.push(&self.stage(first).name);
+        let closing = self.stage(first).after.iter().position(|a| *a == self.stage(last).name);
+        let span = match closing {
+            Some(j) => self.item(first, "after", j),
+            None => self.field(first, "after"),
+        };
+        self.error(
+            span,
+            first,
+            format!("dependency cycle: {}", names.join(" → ")),
+            Some("each stage in the cycle runs `after` the one before it, so none can start: remove one of these `after` entries".into()),
+        );
+    }
+
+    /// Everything else about a stage, once the graph is known.
+    fn check_body(&mut self, i: usize, upstream: &[Vec<usize>]) {
+        let stage = self.stage(i);
+        self.check_program(i, upstream);
+        self.check_init(i, upstream);
+        if let Some(kind) = stage.kind {
+            let at = ParamsAt {
+                stage: self.label(i),
+                node: self.node(i).and_then(|n| n.get("params")),
+                fallback: self.stage_span(i),
+            };
+            params::check(kind, &stage.params, &at, self.rep);
+        }
+        if stage.timeout.is_some_and(|t| t.get().is_zero()) {
+            self.error(
+                self.field(i, "timeout"),
+                i,
+                "`timeout` is zero".into(),
+                Some("give a positive duration like \"30m\", or leave `timeout` out for no limit".into()),
+            );
+        }
+        if let Some(gpus) = stage.gpus.filter(|&g| g > MAX_GPUS) {
+            self.error(
+                self.field(i, "gpus"),
+                i,
+                format!("`gpus = {gpus}` is more than any machine has (at most {MAX_GPUS})"),
+                None,
+            );
+        }
+        self.check_env(i);
+        self.check_outputs(i);
+    }
+
+    /// `kind` or `command`, exactly one; a command's program and placeholders.
+    fn check_program(&mut self, i: usize, upstream: &[Vec<usize>]) {
+        let stage = self.stage(i);
+        let command = match (&stage.kind, &stage.command) {
+            (Some(_), Some(_)) => {
+                self.error(
+                    self.field(i, "command"),
+                    i,
+                    "the stage has both `kind` and `command`".into(),
+                    Some("`kind` runs the built-in stage-worker, `command` runs any program: keep one".into()),
+                );
+                return;
+            }
+            (None, None) => {
+                self.error(
+                    self.stage_span(i),
+                    i,
+                    "the stage has neither `kind` nor `command`".into(),
+                    Some("add kind = \"train\" (or \"eval\") for the built-in worker, or command = [\"program\", \"arg\", …] to run any program".into()),
+                );
+                return;
+            }
+            (Some(BuiltinKind::Eval), None) if stage.init.is_none() => {
+                self.error(
+                    self.field(i, "kind"),
+                    i,
+                    "an `eval` stage needs `init`: the stage whose checkpoint it evaluates".into(),
+                    Some("add init = \"NAME\", naming an upstream train stage".into()),
+                );
+                return;
+            }
+            (Some(_), None) => return,
+            (None, Some(command)) => command,
+        };
+        match command.first() {
+            None => {
+                self.error(
+                    self.field(i, "command"),
+                    i,
+                    "`command` is empty".into(),
+                    Some("give the program and its arguments, like [\"python\", \"train.py\"]".into()),
+                );
+                return;
+            }
+            Some(program) if program.trim().is_empty() => {
+                self.error(self.item(i, "command", 0), i, "the program in `command` is empty".into(), None);
+            }
+            Some(_) => {}
+        }
+        for (j, arg) in command.iter().enumerate() {
+            let span = self.item(i, "command", j);
+            if arg.contains('\0') {
+                self.error(span.clone(), i, format!("`command[{j}]` contains a NUL byte"), None);
+            }
+            match placeholder::parse(arg) {
+                Err(e) => self.error(span, i, format!("`command[{j}]` {e}"), Some(TEMPLATE_HELP.into())),
+                Ok(pieces) => {
+                    for piece in pieces {
+                        if let Piece::Placeholder(Placeholder::Input(name)) = piece {
+                            self.check_input(i, j, name, upstream);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `{input.NAME}` in `command[j]`: NAME must be listed in `after` (inputs are the stages
+    /// the stage runs after).
+    fn check_input(&mut self, i: usize, j: usize, name: &str, upstream: &[Vec<usize>]) {
+        let span = self.item(i, "command", j);
+        let stage = self.stage(i);
+        let message = |why: &str| format!("`command[{j}]` uses `{{input.{name}}}`, but {why}");
+        match self.first_of.get(name) {
+            None => {
+                let help = suggest::help(name, &self.stage_names(), "stages are");
+                self.error(span, i, message(&format!("there is no stage `{name}`")), Some(help));
+            }
+            Some(_) if name == stage.name => {
+                self.error(span, i, message("that is this stage; use `{output}` for its own directory"), None);
+            }
+            Some(&up) if !upstream[i].contains(&up) => {
+                self.error(
+                    span,
+                    i,
+                    message(&format!("`{name}` is not in `after`")),
+                    Some(format!("add `{name}` to `after`: a stage's inputs are the stages it runs after")),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// `init`: an existing stage upstream of this one (directly or not) that writes a checkpoint.
+    fn check_init(&mut self, i: usize, upstream: &[Vec<usize>]) {
+        let stage = self.stage(i);
+        let Some(init) = stage.init.as_deref() else { return };
+        let span = self.field(i, "init");
+        match self.first_of.get(init).copied() {
+            None => {
+                let help = suggest::help(init, &self.stage_names(), "stages are");
+                self.error(span, i, format!("`init` names `{init}`, which is not a stage"), Some(help));
+            }
+            Some(_) if init == stage.name => {
+                self.error(span, i, "`init` names the stage itself".into(), None);
+            }
+            Some(up) if !graph::is_upstream(upstream, up, i) => {
+                self.error(
+                    span,
+                    i,
+                    format!("`init` names `{init}`, which is not upstream of this stage"),
+                    Some(format!("add `{init}` to `after`, so that its checkpoint exists before this stage starts")),
+                );
+            }
+            Some(up) if self.stage(up).kind == Some(BuiltinKind::Eval) => {
+                self.error(
+                    span,
+                    i,
+                    format!("`init` names `{init}`, an eval stage, which writes no checkpoint"),
+                    Some("name the train stage whose checkpoint it evaluated".into()),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn check_env(&mut self, i: usize) {
+        let env_node = self.node(i).and_then(|n| n.get("env"));
+        for (key, value) in &self.stage(i).env {
+            let entry = env_node.and_then(|n| n.entry(key));
+            let key_span = entry.and_then(|e| e.key_span.clone()).or_else(|| self.field(i, "env"));
+            if !is_env_name(key) {
+                self.error(
+                    key_span,
+                    i,
+                    format!("`env` key `{key}` is not a valid variable name"),
+                    Some("variable names use letters, digits and `_`, and do not start with a digit".into()),
+                );
+            } else if key.starts_with(RESERVED_ENV_PREFIX) {
+                self.error(
+                    key_span,
+                    i,
+                    format!("`env` key `{key}` is reserved"),
+                    Some(format!("the orchestrator sets the {RESERVED_ENV_PREFIX}* variables itself: choose another name")),
+                );
+            }
+            if value.contains('\0') {
+                let span = entry.and_then(|e| e.node.span.clone()).or_else(|| self.field(i, "env"));
+                self.error(span, i, format!("`env.{key}` contains a NUL byte"), None);
+            }
+        }
+    }
+
+    fn check_outputs(&mut self, i: usize) {
+        for (j, output) in self.stage(i).outputs.iter().enumerate() {
+            let span = self.item(i, "outputs", j);
+            let path = Path::new(output);
+            let problem = if output.is_empty() {
+                Some("is empty")
+            } else if path.has_root() {
+                Some("is an absolute path")
+            } else if path.components().any(|c| c == Component::ParentDir) {
+                Some("leads outside the output directory (`..`)")
+            } else if output.contains('\0') {
+                Some("contains a NUL byte")
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                self.error(
+                    span,
+                    i,
+                    format!("`outputs[{j}]` ({output:?}) {problem}"),
+                    Some("outputs are paths relative to the stage's output directory, like \"model.safetensors\"".into()),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(name_problem("pre-train_v2.1"), None);
+        assert!(name_problem("").is_some());
+        assert!(name_problem("..").is_some());
+        assert!(name_problem("a b").unwrap().contains("' '"));
+        assert!(name_problem(&"x".repeat(65)).unwrap().contains("65"));
+        assert_eq!(name_problem(&"x".repeat(64)), None);
+    }
+
+    #[test]
+    fn env_names() {
+        assert!(is_env_name("CUDA_VISIBLE_DEVICES"));
+        assert!(is_env_name("_x1"));
+        assert!(!is_env_name("1X"));
+        assert!(!is_env_name("A-B"));
+        assert!(!is_env_name(""));
+    }
+}

@@ -1,0 +1,451 @@
+//! Checkpoints: `model.safetensors`, `optimizer.safetensors` and, written last,
+//! `manifest.json` listing both with sizes and SHA-256.
+//!
+//! Writing: the old manifest is removed first, then each file is put in place atomically, then
+//! the new manifest; so a directory with a manifest always holds exactly the files it lists.
+//! Reading: every listed file is read once, its size and SHA-256 checked against the manifest,
+//! and tensors are parsed from those same verified bytes.
+
+use crate::failure::{Failure, StageResult};
+use crate::fsio::{remove_durably, sha256_hex, write_atomic};
+use crate::model::{config_from_manifest, manifest_model, ByteGpt};
+use crate::optim::AdamW;
+use protocol::checkpoint::{CheckpointManifest, ManifestFile, MANIFEST_FILE};
+use protocol::worker::ModelConfig;
+use protocol::PROTOCOL_VERSION;
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use tch::Tensor;
+
+/// The weights (fp32, named as in [`crate::model`]).
+pub const MODEL_FILE: &str = "model.safetensors";
+/// The AdamW moments and step (see [`crate::optim`]).
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+
+/// How far the training that wrote a checkpoint got; stored in the manifest's
+/// `model.training`, it lets a retried stage resume its own interrupted run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainingState {
+    /// Whether every planned step was taken.
+    pub complete: bool,
+    /// Steps the stage planned.
+    pub total_steps: u64,
+    /// The `data` parameter it trained on.
+    pub data: String,
+    /// The seed it trained with.
+    pub seed: u64,
+}
+
+/// A checkpoint file that was written: its path and its manifest entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenFile {
+    /// Path of the file (the output directory joined with the entry's path).
+    pub path: PathBuf,
+    /// Size and checksum.
+    pub entry: ManifestFile,
+}
+
+struct TensorBytes {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &TensorBytes {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// The safetensors encoding of named tensors. A function of names, kinds, shapes and values
+/// only: the same tensors always give the same bytes.
+pub fn encode_tensors(tensors: &[(String, Tensor)]) -> StageResult<Vec<u8>> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let t = t.to_device(tch::Device::Cpu).contiguous();
+        let dtype = Dtype::try_from(t.kind())?;
+        let numel = t.numel();
+        let mut data = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+        t.f_copy_data_u8(&mut data, numel)?;
+        let shape = t.size().iter().map(|&d| d as usize).collect();
+        views.push((name.clone(), TensorBytes { dtype, shape, data }));
+    }
+    let refs: Vec<(&str, &TensorBytes)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    safetensors::tensor::serialize(refs, &None)
+        .map_err(|e| Failure::other(format!("cannot encode tensors: {e:?}")))
+}
+
+/// Parses safetensors bytes into named CPU tensors; `what` names the source in errors.
+pub fn decode_tensors(bytes: &[u8], what: &str) -> Result<Vec<(String, Tensor)>, String> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("{what} is not a valid safetensors file: {e:?}"))?;
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        let t = Tensor::try_from(view).map_err(|e| format!("{what}: tensor `{name}`: {e}"))?;
+        out.push((name, t));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn io_failure(path: &Path, e: std::io::Error) -> Failure {
+    Failure::other(format!("cannot write {}: {e}", path.display()))
+}
+
+/// Writes a complete checkpoint of `model` and `opt` at `step` into `dir` (created if
+/// needed), durably, manifest last. Returns the manifest and the files it lists.
+pub fn write(
+    dir: &Path,
+    model: &ByteGpt,
+    opt: &AdamW,
+    step: u64,
+    training: &TrainingState,
+) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
+    std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
+    remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
+    let mut written = Vec::new();
+    for (name, tensors) in [
+        (MODEL_FILE, model.params.named_cpu()),
+        (OPTIMIZER_FILE, opt.named_cpu(&model.params)),
+    ] {
+        let bytes = encode_tensors(&tensors)?;
+        write_atomic(dir, name, &bytes).map_err(|e| io_failure(&dir.join(name), e))?;
+        written.push(WrittenFile {
+            path: dir.join(name),
+            entry: ManifestFile {
+                path: name.to_string(),
+                bytes: bytes.len() as u64,
+                sha256: sha256_hex(&bytes),
+            },
+        });
+    }
+    let mut model_json = manifest_model(&model.config);
+    model_json.insert(
+        "training".into(),
+        serde_json::to_value(training).expect("training state serializes"),
+    );
+    let manifest = CheckpointManifest {
+        v: PROTOCOL_VERSION,
+        files: written.iter().map(|w| w.entry.clone()).collect(),
+        step: Some(step),
+        model: serde_json::Value::Object(model_json),
+    };
+    let mut text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    text.push(b'\n');
+    write_atomic(dir, MANIFEST_FILE, &text).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
+    written.push(WrittenFile {
+        path: dir.join(MANIFEST_FILE),
+        entry: ManifestFile {
+            path: MANIFEST_FILE.to_string(),
+            bytes: text.len() as u64,
+            sha256: sha256_hex(&text),
+        },
+    });
+    Ok((manifest, written))
+}
+
+/// A checkpoint whose listed files all matched their manifest entries when read.
+pub struct Verified {
+    /// The checkpoint directory.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: CheckpointManifest,
+    contents: BTreeMap<String, Vec<u8>>,
+}
+
+/// Whether a checkpoint directory has a manifest at all.
+pub fn exists(dir: &Path) -> bool {
+    dir.join(MANIFEST_FILE).is_file()
+}
+
+/// Reads the checkpoint in `dir` and verifies every file its manifest lists (size, then
+/// SHA-256) before anything is parsed. Every refusal is a bad-input failure naming the file
+/// and what is wrong with it.
+pub fn open_verified(dir: &Path) -> StageResult<Verified> {
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read(&manifest_path).map_err(|e| {
+        Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
+            format!(
+                "no checkpoint in {}: {MANIFEST_FILE} is missing (the stage that writes it did not finish)",
+                dir.display()
+            )
+        } else {
+            format!("cannot read {}: {e}", manifest_path.display())
+        })
+    })?;
+    let manifest: CheckpointManifest = serde_json::from_slice(&text).map_err(|e| {
+        Failure::bad_input(format!(
+            "{} is not a valid manifest: {e}",
+            manifest_path.display()
+        ))
+    })?;
+    if manifest.v != PROTOCOL_VERSION {
+        return Err(Failure::bad_input(format!(
+            "{} has format version {}, this stage-worker reads version {PROTOCOL_VERSION}; use the stage-worker that wrote it, or rewrite the checkpoint",
+            manifest_path.display(),
+            manifest.v
+        )));
+    }
+    let mut contents = BTreeMap::new();
+    for f in &manifest.files {
+        let relative = Path::new(&f.path);
+        let safe = !f.path.is_empty()
+            && relative
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)));
+        if !safe {
+            return Err(Failure::bad_input(format!(
+                "{} lists `{}`, which is not a path inside the checkpoint directory",
+                manifest_path.display(),
+                f.path
+            )));
+        }
+        let path = dir.join(relative);
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
+                format!("checkpoint {} is missing", path.display())
+            } else {
+                format!("checkpoint {} cannot be read: {e}", path.display())
+            })
+        })?;
+        let len = bytes.len() as u64;
+        if len < f.bytes {
+            return Err(Failure::bad_input(format!(
+                "checkpoint {} is truncated: {len} of {} bytes",
+                path.display(),
+                f.bytes
+            )));
+        }
+        if len > f.bytes {
+            return Err(Failure::bad_input(format!(
+                "checkpoint {} has {len} bytes, its manifest says {}",
+                path.display(),
+                f.bytes
+            )));
+        }
+        let sha = sha256_hex(&bytes);
+        if !sha.eq_ignore_ascii_case(&f.sha256) {
+            return Err(Failure::bad_input(format!(
+                "checkpoint {} is corrupted: its SHA-256 is {sha}, its manifest says {}",
+                path.display(),
+                f.sha256
+            )));
+        }
+        contents.insert(f.path.clone(), bytes);
+    }
+    Ok(Verified {
+        dir: dir.to_path_buf(),
+        manifest,
+        contents,
+    })
+}
+
+impl Verified {
+    /// The model shape recorded in the manifest.
+    pub fn model_config(&self) -> StageResult<ModelConfig> {
+        config_from_manifest(&self.manifest.model)
+            .map_err(|e| Failure::bad_input(format!("checkpoint {}: {e}", self.dir.display())))
+    }
+
+    /// The training state recorded in the manifest, if any.
+    pub fn training(&self) -> Option<TrainingState> {
+        let t = self.manifest.model.get("training")?;
+        serde_json::from_value(t.clone()).ok()
+    }
+
+    /// The named tensors of the listed, verified `file`.
+    pub fn tensors(&self, file: &str) -> StageResult<Vec<(String, Tensor)>> {
+        let what = self.dir.join(file).display().to_string();
+        let bytes = self.contents.get(file).ok_or_else(|| {
+            Failure::bad_input(format!(
+                "checkpoint {} has no {file} in its manifest",
+                self.dir.display()
+            ))
+        })?;
+        decode_tensors(bytes, &what).map_err(Failure::bad_input)
+    }
+
+    /// Loads the verified weights into `model`, whose shape must match.
+    pub fn load_model(&self, model: &ByteGpt) -> StageResult<()> {
+        let what = self.dir.join(MODEL_FILE).display().to_string();
+        let tensors = self.tensors(MODEL_FILE)?;
+        model
+            .params
+            .load(&tensors, &what)
+            .map_err(Failure::bad_input)
+    }
+
+    /// Loads the verified optimizer state into `opt`.
+    pub fn load_optimizer(&self, model: &ByteGpt, opt: &mut AdamW) -> StageResult<()> {
+        let what = self.dir.join(OPTIMIZER_FILE).display().to_string();
+        let tensors = self.tensors(OPTIMIZER_FILE)?;
+        opt.load(&model.params, &tensors, &what)
+            .map_err(Failure::bad_input)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::FailureKind;
+    use tch::{Device, Kind};
+
+    fn tiny() -> ModelConfig {
+        ModelConfig {
+            d_model: 16,
+            n_layers: 1,
+            n_heads: 2,
+            max_seq_len: 8,
+        }
+    }
+
+    fn trained() -> (ByteGpt, AdamW) {
+        let mut model = ByteGpt::new(&tiny(), Device::Cpu, 11);
+        let mut opt = AdamW::new(&model.params, 0.1);
+        let ids = Tensor::from_slice(&[1i64, 2, 3, 4]).view([1, 4]);
+        let tg = Tensor::from_slice(&[2i64, 3, 4, 5]).view([1, 4]);
+        for _ in 0..2 {
+            model.params.zero_grad();
+            model.loss(&ids, &tg, Kind::Float).backward();
+            let _ = opt.step(&mut model.params, 1e-2);
+        }
+        (model, opt)
+    }
+
+    fn state() -> TrainingState {
+        TrainingState {
+            complete: true,
+            total_steps: 2,
+            data: "synthetic:pretrain".into(),
+            seed: 0,
+        }
+    }
+
+    #[test]
+    fn written_checkpoint_reads_back_bit_identical() {
+        let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
+        let (model, opt) = trained();
+        let (manifest, files) = write(&dir, &model, &opt, 2, &state()).unwrap();
+        assert_eq!(manifest.step, Some(2));
+        assert_eq!(files.len(), 3);
+        for f in &files {
+            let bytes = std::fs::read(&f.path).unwrap();
+            assert_eq!(bytes.len() as u64, f.entry.bytes);
+            assert_eq!(sha256_hex(&bytes), f.entry.sha256);
+        }
+
+        let v = open_verified(&dir).unwrap();
+        assert_eq!(v.model_config().unwrap(), tiny());
+        assert_eq!(v.training(), Some(state()));
+        let back = ByteGpt::new(&tiny(), Device::Cpu, 99);
+        assert!(!back.params.flat.equal(&model.params.flat));
+        v.load_model(&back).unwrap();
+        assert!(back.params.flat.equal(&model.params.flat));
+        let mut opt_back = AdamW::new(&back.params, 0.1);
+        v.load_optimizer(&back, &mut opt_back).unwrap();
+        assert_eq!(opt_back.step, 2);
+        assert!(opt_back.exp_avg.equal(&opt.exp_avg));
+        assert!(opt_back.exp_avg_sq.equal(&opt.exp_avg_sq));
+
+        // Writing what was read gives the very same bytes.
+        let dir2 = crate::testutil::scratch_dir("ckpt-rewrite");
+        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state()).unwrap();
+        assert_eq!(manifest2.files, manifest.files);
+        for name in [MODEL_FILE, OPTIMIZER_FILE, MANIFEST_FILE] {
+            assert_eq!(
+                std::fs::read(dir.join(name)).unwrap(),
+                std::fs::read(dir2.join(name)).unwrap(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn truncated_file_is_refused_by_name_and_size() {
+        let dir = crate::testutil::scratch_dir("ckpt-truncated");
+        let (model, opt) = trained();
+        let (manifest, _) = write(&dir, &model, &opt, 2, &state()).unwrap();
+        let full = manifest.files[0].bytes;
+        let path = dir.join(MODEL_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        let expected = format!(
+            "checkpoint {} is truncated: {} of {full} bytes",
+            path.display(),
+            full / 2
+        );
+        assert_eq!(err.message, expected);
+    }
+
+    #[test]
+    fn corrupted_byte_and_missing_file_are_refused() {
+        let dir = crate::testutil::scratch_dir("ckpt-corrupt");
+        let (model, opt) = trained();
+        write(&dir, &model, &opt, 2, &state()).unwrap();
+        let path = dir.join(OPTIMIZER_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let i = bytes.len() - 3;
+        bytes[i] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        assert!(
+            err.message.contains("optimizer.safetensors is corrupted"),
+            "{}",
+            err.message
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        let err = open_verified(&dir).err().unwrap();
+        assert!(
+            err.message.ends_with("optimizer.safetensors is missing"),
+            "{}",
+            err.message
+        );
+
+        std::fs::remove_file(dir.join(MANIFEST_FILE)).unwrap();
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        assert!(
+            err.message.contains("manifest.json is missing"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn escaping_paths_in_a_manifest_are_refused() {
+        let dir = crate::testutil::scratch_dir("ckpt-escape");
+        let manifest = CheckpointManifest {
+            v: PROTOCOL_VERSION,
+            files: vec![ManifestFile {
+                path: "../etc/passwd".into(),
+                bytes: 1,
+                sha256: "00".into(),
+            }],
+            step: None,
+            model: serde_json::Value::Null,
+        };
+        std::fs::write(
+            dir.join(MANIFEST_FILE),
+            serde_json::to_vec(&manifest).unwrap(),
+        )
+        .unwrap();
+        let err = open_verified(&dir).err().unwrap();
+        assert!(err.message.contains("not a path inside"), "{}", err.message);
+    }
+}

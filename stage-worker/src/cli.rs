@@ -1,0 +1,84 @@
+//! Command-line interface.
+
+use clap::Parser;
+use std::path::PathBuf;
+
+const LONG_ABOUT: &str = "\
+Runs one built-in stage of an orchestrate pipeline and exits: trains a byte-level transformer \
+language model (from scratch or from an upstream checkpoint) or evaluates a checkpoint. \
+The orchestrator starts it once per stage, in a fresh process, so every byte of GPU memory \
+the stage used goes back to the system when it exits.";
+
+const AFTER_HELP: &str = "\
+STAGE SPEC (JSON, protocol version 1; written by orchestrate)
+  kind        \"train\" or \"eval\"
+  params      the stage's parameters (below); unknown keys are refused
+  init        checkpoint directory to start from (train) or to evaluate (eval, required)
+  output_dir  where a train stage writes its checkpoint
+  device      \"cuda\" (device 0 of CUDA_VISIBLE_DEVICES) or \"cpu\"
+
+TRAIN PARAMS (defaults)
+  data = \"synthetic:pretrain\"  also \"synthetic:sft\", a text file, or a .jsonl file of
+                               {\"prompt\": ..., \"completion\": ...} lines (paths relative
+                               to the working directory)
+  steps = 200, batch_size = 16, seq_len = 64, lr = 3e-3, warmup_steps = 20,
+  weight_decay = 0.01, seed = 0, progress_every_s = 1.0, precision = \"auto\"
+  model = { d_model = 128, n_layers = 2, n_heads = 4, max_seq_len = 256 }
+                               (ignored with init: the checkpoint's shape is used)
+  AdamW (betas 0.9/0.95), linear warm-up then cosine decay to 10% of lr, grad norm
+  clipped at 1.0. precision \"auto\" is bf16 on CUDA and fp32 on the CPU.
+
+EVAL PARAMS (defaults)
+  data = \"synthetic:sft\", samples = 200, batch_size = 64, seq_len = 64,
+  seed = 1000003, precision = \"auto\"
+  Held-out synthetic examples never occur in training. Metrics: loss, perplexity,
+  samples, and on prompt/completion data accuracy (exact match of greedy decoding).
+
+OUTPUT (train)
+  model.safetensors      fp32 weights
+  optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*) and step
+  manifest.json          sizes and SHA-256 of both, step, model shape; written last
+  Every file is written atomically (temporary file, fsync, rename, fsync of the directory).
+  Checkpoints read as input are verified against their manifest before use.
+
+EVENTS
+  One JSON object per line ({\"v\": 1, \"event\": ...}) to the Unix socket named by
+  ORCHESTRATE_EVENTS, or to stdout when it is unset: started, progress, checkpoint,
+  metrics, then done or failed. Human-readable logs go to stderr.
+
+SIGNALS
+  SIGTERM or SIGINT during training: the current step finishes, a resumable checkpoint is
+  written, and the process exits 75. A retried train stage whose output directory holds
+  such a checkpoint of the same run resumes from it.
+
+EXIT STATUS
+  0 done; 65 unusable inputs or parameters (bad_input); 66 CUDA out of memory (cuda_oom);
+  75 interrupted by a signal (interrupted); 1 any other error; 2 bad command line.";
+
+/// `stage-worker [--spec PATH]`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "stage-worker",
+    version,
+    about = "Runs one built-in training or evaluation stage (tch/libtorch) and exits.",
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_HELP
+)]
+pub struct Cli {
+    /// The stage spec (JSON) to run; defaults to $ORCHESTRATE_SPEC.
+    #[arg(long, value_name = "PATH", env = protocol::worker::ENV_SPEC)]
+    pub spec: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed_and_takes_a_spec() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["stage-worker", "--spec", "/tmp/s.json"]).unwrap();
+        assert_eq!(cli.spec, PathBuf::from("/tmp/s.json"));
+    }
+}

@@ -1,0 +1,136 @@
+//! Choosing and starting the compute device, the compute precision and the CPU thread count.
+
+use crate::failure::{Failure, StageResult};
+use protocol::worker::Device as SpecDevice;
+use tch::{Device, Kind, Tensor};
+
+/// Where and in what precision a stage computes.
+#[derive(Debug, Clone)]
+pub struct Compute {
+    /// The torch device.
+    pub device: Device,
+    /// Kind of matrix products and attention: bf16 or fp32 (parameters stay fp32).
+    pub kind: Kind,
+    /// For the `started` event and logs, such as "cuda:0 NVIDIA H200, bf16" or "cpu, 2 threads, fp32".
+    pub description: String,
+}
+
+/// The compute kind for a `precision` parameter on a device: `"auto"` is bf16 on CUDA and fp32
+/// on the CPU; `"bf16"` and `"fp32"` force one.
+pub fn compute_kind(precision: &str, cuda: bool) -> StageResult<Kind> {
+    match precision {
+        "auto" if cuda => Ok(Kind::BFloat16),
+        "auto" | "fp32" => Ok(Kind::Float),
+        "bf16" => Ok(Kind::BFloat16),
+        other => Err(Failure::bad_input(format!(
+            "params.precision is `{other}`: use \"auto\", \"bf16\" or \"fp32\""
+        ))),
+    }
+}
+
+/// CPU threads to use: `OMP_NUM_THREADS` when set, else every core this process may run on.
+pub fn cpu_threads() -> i32 {
+    std::env::var("OMP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get() as i32)
+                .unwrap_or(1)
+        })
+}
+
+/// Sets up the device the spec asks for (CUDA device 0 of `CUDA_VISIBLE_DEVICES`, or the
+/// CPU), runs a first operation on it so it is ready, and sets torch's CPU thread count.
+pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
+    let threads = cpu_threads();
+    tch::set_num_threads(threads);
+    match requested {
+        SpecDevice::Cpu => {
+            let kind = compute_kind(precision, false)?;
+            Ok(Compute {
+                device: Device::Cpu,
+                kind,
+                description: format!("cpu, {threads} threads, {}", kind_name(kind)),
+            })
+        }
+        SpecDevice::Cuda => {
+            let kind = compute_kind(precision, true)?;
+            if !tch::Cuda::is_available() {
+                let visible =
+                    std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into());
+                return Err(Failure::other(format!(
+                    "the stage asks for CUDA but libtorch sees no CUDA device (CUDA_VISIBLE_DEVICES={visible}); \
+                     check the driver, and that stage-worker was built against a libtorch with CUDA"
+                )));
+            }
+            let device = Device::Cuda(0);
+            let probe = Tensor::f_ones([1], (Kind::Float, device))?;
+            let _ = probe.f_sum(Kind::Float)?.f_double_value(&[])?;
+            let name = cuda_device_name().unwrap_or_else(|| "CUDA device".into());
+            Ok(Compute {
+                device,
+                kind,
+                description: format!("cuda:0 {name}, {}", kind_name(kind)),
+            })
+        }
+    }
+}
+
+fn kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::BFloat16 => "bf16",
+        _ => "fp32",
+    }
+}
+
+/// The name of CUDA device 0 from the driver API (`cuDeviceGetName` in the already loaded
+/// `libcuda.so.1`), or `None` when it is not available.
+fn cuda_device_name() -> Option<String> {
+    type GetDevice = unsafe extern "C" fn(*mut i32, i32) -> i32;
+    type GetName = unsafe extern "C" fn(*mut libc::c_char, i32, i32) -> i32;
+    // SAFETY: dlopen/dlsym with NUL-terminated names; the function types match the CUDA driver
+    // API's documented signatures (CUresult is an int, CUdevice an int); the buffer outlives
+    // the call and its length is passed.
+    unsafe {
+        let lib = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if lib.is_null() {
+            return None;
+        }
+        let get_device = libc::dlsym(lib, c"cuDeviceGet".as_ptr());
+        let get_name = libc::dlsym(lib, c"cuDeviceGetName".as_ptr());
+        if get_device.is_null() || get_name.is_null() {
+            return None;
+        }
+        let get_device: GetDevice = std::mem::transmute(get_device);
+        let get_name: GetName = std::mem::transmute(get_name);
+        let mut dev = 0i32;
+        if get_device(&mut dev, 0) != 0 {
+            return None;
+        }
+        let mut buf = [0 as libc::c_char; 256];
+        if get_name(buf.as_mut_ptr(), buf.len() as i32, dev) != 0 {
+            return None;
+        }
+        let name = std::ffi::CStr::from_ptr(buf.as_ptr())
+            .to_string_lossy()
+            .into_owned();
+        (!name.is_empty()).then_some(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precision_rules() {
+        assert_eq!(compute_kind("auto", true).unwrap(), Kind::BFloat16);
+        assert_eq!(compute_kind("auto", false).unwrap(), Kind::Float);
+        assert_eq!(compute_kind("bf16", false).unwrap(), Kind::BFloat16);
+        assert_eq!(compute_kind("fp32", true).unwrap(), Kind::Float);
+        let err = compute_kind("fp8", true).unwrap_err();
+        assert!(err.message.contains("fp8"));
+    }
+}

@@ -1,0 +1,235 @@
+//! AdamW with decoupled weight decay, global grad-norm clipping, and the learning-rate schedule.
+//!
+//! The moments are two fp32 tensors shaped like the model's flat parameter buffer, so the
+//! whole update is a few whole-buffer operations, and they save and load as named tensors
+//! (one pair per parameter) next to the step count.
+
+use crate::params::{load_slices, slices_cpu, ParamStore};
+use tch::{Kind, Tensor};
+
+/// Largest global gradient norm; larger gradients are scaled down to it.
+pub const CLIP_NORM: f64 = 1.0;
+/// The learning rate decays to this fraction of the peak.
+pub const MIN_LR_RATIO: f64 = 0.1;
+
+/// Name prefixes of the first and second moments in `optimizer.safetensors`.
+const EXP_AVG: &str = "exp_avg.";
+const EXP_AVG_SQ: &str = "exp_avg_sq.";
+/// Name of the step count (int64, shape `[1]`) in `optimizer.safetensors`.
+pub const STEP_TENSOR: &str = "step";
+
+/// Linear warm-up to the peak, then cosine decay to [`MIN_LR_RATIO`] of it at the last step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    /// Peak learning rate.
+    pub peak: f64,
+    /// Steps of linear warm-up.
+    pub warmup: u64,
+    /// Total steps.
+    pub total: u64,
+}
+
+impl Schedule {
+    /// The learning rate for optimizer step `step` (counting from 1).
+    pub fn lr(&self, step: u64) -> f64 {
+        let min = self.peak * MIN_LR_RATIO;
+        if step <= self.warmup {
+            return self.peak * step as f64 / self.warmup.max(1) as f64;
+        }
+        let span = self.total.saturating_sub(self.warmup).max(1);
+        let progress = ((step - self.warmup) as f64 / span as f64).min(1.0);
+        min + (self.peak - min) * 0.5 * (1.0 + (std::f64::consts::PI * progress).cos())
+    }
+}
+
+/// AdamW state.
+pub struct AdamW {
+    /// First moment, flat like [`ParamStore::flat`].
+    pub exp_avg: Tensor,
+    /// Second moment, flat like [`ParamStore::flat`].
+    pub exp_avg_sq: Tensor,
+    /// Optimizer steps taken.
+    pub step: u64,
+    /// Decoupled weight decay coefficient.
+    pub weight_decay: f64,
+    decay_mask: Tensor,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+}
+
+impl AdamW {
+    /// Fresh state (zero moments, step 0) for `params`, with betas (0.9, 0.95) and eps 1e-8.
+    pub fn new(params: &ParamStore, weight_decay: f64) -> Self {
+        let zeros = || params.flat.zeros_like();
+        AdamW {
+            exp_avg: zeros(),
+            exp_avg_sq: zeros(),
+            step: 0,
+            weight_decay,
+            decay_mask: params.decay_mask(),
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+        }
+    }
+
+    /// One update from the gradients in `params` at learning rate `lr`: clip the global
+    /// gradient norm to [`CLIP_NORM`], update the moments, decay matrix weights by
+    /// `lr * weight_decay`, and step. Nothing is read back to the host. Returns the gradient
+    /// norm before clipping (a device scalar).
+    pub fn step(&mut self, params: &mut ParamStore, lr: f64) -> Tensor {
+        tch::no_grad(|| {
+            self.step += 1;
+            let mut grad = params.flat_grad();
+            let norm = grad.norm();
+            let scale = (CLIP_NORM / (&norm + 1e-6)).clamp_max(1.0);
+            grad *= &scale;
+            let _ = self.exp_avg.lerp_(&grad, 1.0 - self.beta1);
+            self.exp_avg_sq *= self.beta2;
+            let _ = self
+                .exp_avg_sq
+                .addcmul_(&(&grad * (1.0 - self.beta2)), &grad);
+            let t = self.step as f64;
+            let bias1 = 1.0 - self.beta1.powf(t);
+            let bias2 = 1.0 - self.beta2.powf(t);
+            let denom = (&self.exp_avg_sq / bias2).sqrt() + self.eps;
+            let update = (&self.exp_avg / &denom) * (lr / bias1);
+            if self.weight_decay != 0.0 {
+                let decay = &params.flat * &self.decay_mask * (lr * self.weight_decay);
+                params.flat -= decay;
+            }
+            params.flat -= update;
+            norm
+        })
+    }
+
+    /// Named CPU tensors for `optimizer.safetensors`: `exp_avg.NAME`, `exp_avg_sq.NAME` for
+    /// every parameter, and `step`.
+    pub fn named_cpu(&self, params: &ParamStore) -> Vec<(String, Tensor)> {
+        let mut out = slices_cpu(&self.exp_avg, &params.params, EXP_AVG);
+        out.extend(slices_cpu(&self.exp_avg_sq, &params.params, EXP_AVG_SQ));
+        out.push((
+            STEP_TENSOR.into(),
+            Tensor::from_slice(&[self.step as i64]).to_kind(Kind::Int64),
+        ));
+        out
+    }
+
+    /// Restores moments and step from tensors saved by [`AdamW::named_cpu`].
+    pub fn load(
+        &mut self,
+        params: &ParamStore,
+        tensors: &[(String, Tensor)],
+        what: &str,
+    ) -> Result<(), String> {
+        let step = tensors
+            .iter()
+            .find(|(n, _)| n == STEP_TENSOR)
+            .ok_or_else(|| format!("{what} lacks the tensor `{STEP_TENSOR}`"))?;
+        let step = step.1.int64_value(&[0]);
+        if step < 0 {
+            return Err(format!("{what} holds a negative step count {step}"));
+        }
+        let avg: Vec<(String, Tensor)> = tensors
+            .iter()
+            .filter(|(n, _)| n.starts_with(EXP_AVG) && !n.starts_with(EXP_AVG_SQ))
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        let avg_sq: Vec<(String, Tensor)> = tensors
+            .iter()
+            .filter(|(n, _)| n.starts_with(EXP_AVG_SQ))
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        if avg.len() + avg_sq.len() + 1 != tensors.len() {
+            let stray = tensors
+                .iter()
+                .find(|(n, _)| {
+                    n != STEP_TENSOR && !n.starts_with(EXP_AVG) && !n.starts_with(EXP_AVG_SQ)
+                })
+                .map(|(n, _)| n.as_str())
+                .unwrap_or("?");
+            return Err(format!("{what} has a tensor `{stray}` AdamW does not use"));
+        }
+        load_slices(&self.exp_avg, &params.params, &avg, EXP_AVG, what)?;
+        load_slices(&self.exp_avg_sq, &params.params, &avg_sq, EXP_AVG_SQ, what)?;
+        self.step = step as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{Init, ParamSpecs};
+    use tch::Device;
+
+    #[test]
+    fn schedule_warms_up_then_decays_to_a_tenth() {
+        let s = Schedule {
+            peak: 1.0,
+            warmup: 10,
+            total: 110,
+        };
+        assert!((s.lr(1) - 0.1).abs() < 1e-12);
+        assert!((s.lr(10) - 1.0).abs() < 1e-12);
+        assert!((s.lr(60) - 0.55).abs() < 1e-12);
+        assert!((s.lr(110) - 0.1).abs() < 1e-12);
+        assert!(s.lr(50) > s.lr(90));
+    }
+
+    fn store() -> ParamStore {
+        let mut p = ParamSpecs::default();
+        p.add("w", &[3, 2], Init::Normal(1.0), true);
+        p.add("b", &[2], Init::Zeros, false);
+        p.build(Device::Cpu, 1)
+    }
+
+    #[test]
+    fn minimises_a_quadratic_and_clips() {
+        let mut p = store();
+        let mut opt = AdamW::new(&p, 0.0);
+        let target = Tensor::from_slice(&[1.0f32, -1.0]);
+        let loss_of = |p: &ParamStore| {
+            let w = p.get("w");
+            let b = p.get("b");
+            (w.sum_dim_intlist([0i64].as_slice(), false, Kind::Float) + b - &target)
+                .square()
+                .sum(Kind::Float)
+        };
+        let first = loss_of(&p).double_value(&[]);
+        for _ in 0..200 {
+            p.zero_grad();
+            loss_of(&p).backward();
+            let norm = opt.step(&mut p, 0.05);
+            assert!(norm.double_value(&[]).is_finite());
+        }
+        let last = loss_of(&p).double_value(&[]);
+        assert!(last < first * 0.01, "{first} -> {last}");
+        assert_eq!(opt.step, 200);
+    }
+
+    #[test]
+    fn state_round_trips_through_named_tensors() {
+        let mut p = store();
+        let mut opt = AdamW::new(&p, 0.1);
+        for _ in 0..3 {
+            p.zero_grad();
+            p.get("w").square().sum(Kind::Float).backward();
+            let _ = opt.step(&mut p, 0.01);
+        }
+        let saved = opt.named_cpu(&p);
+        assert!(saved.iter().any(|(n, _)| n == "exp_avg_sq.w"));
+        let mut fresh = AdamW::new(&p, 0.1);
+        fresh.load(&p, &saved, "test").unwrap();
+        assert_eq!(fresh.step, 3);
+        assert!(fresh.exp_avg.equal(&opt.exp_avg));
+        assert!(fresh.exp_avg_sq.equal(&opt.exp_avg_sq));
+        let mut missing = saved;
+        missing.retain(|(n, _)| n != "exp_avg.b");
+        assert!(fresh
+            .load(&p, &missing, "x")
+            .unwrap_err()
+            .contains("exp_avg.b"));
+    }
+}

@@ -1,0 +1,22 @@
+//! One stage, start to finish: read the spec, run the task it names.
+
+use crate::events::EventSink;
+use crate::failure::{Failure, StageResult};
+use crate::spec::read_spec;
+use crate::{eval, train};
+use protocol::plan::BuiltinKind;
+use std::path::Path;
+
+/// Runs the stage described by the spec at `spec_path`, sending `started`, `progress`,
+/// `checkpoint` and `metrics` events on `sink`. The caller sends `done` or `failed`.
+pub fn run(spec_path: &Path, sink: &mut EventSink) -> StageResult<()> {
+    let spec = read_spec(spec_path)?;
+    match spec.kind {
+        Some(BuiltinKind::Train) => train::run(&spec, sink),
+        Some(BuiltinKind::Eval) => eval::run(&spec, sink),
+        None => Err(Failure::bad_input(format!(
+            "the stage spec {} has no `kind`: stage-worker runs built-in `train` and `eval` stages only",
+            spec_path.display()
+        ))),
+    }
+}

@@ -1,0 +1,386 @@
+//! The `train` stage: from scratch or from `init`'s checkpoint, resuming its own interrupted
+//! attempt when the output directory holds one.
+
+use crate::checkpoint::{self, TrainingState, Verified};
+use crate::data::batch::Sampler;
+use crate::data::{self, Split};
+use crate::device::{self, Compute};
+use crate::events::EventSink;
+use crate::failure::{Failure, StageResult};
+use crate::model::{validate_config, ByteGpt};
+use crate::optim::{AdamW, Schedule};
+use crate::progress::ProgressClock;
+use crate::signals;
+use crate::spec::parse_params;
+use protocol::worker::{ModelConfig, StageSpec, TrainParams};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::time::Instant;
+use tch::Tensor;
+
+/// `final_loss` is the mean loss of this many last steps.
+const FINAL_LOSS_STEPS: usize = 10;
+
+/// Checks the parameters that serde cannot; the message names the parameter.
+pub fn validate(p: &TrainParams) -> StageResult<()> {
+    let bad = |m: String| Err(Failure::bad_input(m));
+    if p.steps == 0 {
+        return bad("params.steps must be at least 1".into());
+    }
+    if p.batch_size == 0 {
+        return bad("params.batch_size must be at least 1".into());
+    }
+    if p.seq_len == 0 {
+        return bad("params.seq_len must be at least 1".into());
+    }
+    if !(p.lr.is_finite() && p.lr > 0.0) {
+        return bad(format!("params.lr must be a positive number, got {}", p.lr));
+    }
+    if !(p.weight_decay.is_finite() && p.weight_decay >= 0.0) {
+        return bad(format!(
+            "params.weight_decay must be zero or positive, got {}",
+            p.weight_decay
+        ));
+    }
+    if !(p.progress_every_s.is_finite() && p.progress_every_s > 0.0) {
+        return bad(format!(
+            "params.progress_every_s must be a positive number of seconds, got {}",
+            p.progress_every_s
+        ));
+    }
+    device::compute_kind(&p.precision, false)?;
+    Ok(())
+}
+
+/// The model shape: `init`'s when there is one (a differing `params.model` is ignored, with a
+/// note on stderr), else `params.model`.
+fn model_config(
+    spec: &StageSpec,
+    p: &TrainParams,
+    init: Option<&Verified>,
+) -> StageResult<ModelConfig> {
+    let config = match init {
+        Some(v) => {
+            let c = v.model_config()?;
+            if spec.params.contains_key("model") && p.model != c {
+                eprintln!(
+                    "stage-worker: note: params.model is ignored; the model shape comes from the init checkpoint {} ({c:?})",
+                    v.dir.display()
+                );
+            }
+            c
+        }
+        None => p.model.clone(),
+    };
+    validate_config(&config).map_err(Failure::bad_input)?;
+    if i64::from(p.seq_len) > config.max_seq_len {
+        return Err(Failure::bad_input(format!(
+            "params.seq_len ({}) exceeds the model's max_seq_len ({})",
+            p.seq_len, config.max_seq_len
+        )));
+    }
+    Ok(config)
+}
+
+fn training_state(p: &TrainParams, complete: bool) -> TrainingState {
+    TrainingState {
+        complete,
+        total_steps: p.steps,
+        data: p.data.clone(),
+        seed: p.seed,
+    }
+}
+
+/// This stage's own interrupted checkpoint in `dir`, if it holds one from the same training
+/// (same steps, data, seed and shape) that verifies; anything else is left to be overwritten.
+fn resumable(dir: &Path, p: &TrainParams, config: &ModelConfig) -> Option<Verified> {
+    if !checkpoint::exists(dir) {
+        return None;
+    }
+    let v = match checkpoint::open_verified(dir) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("stage-worker: not resuming from {}: {e}", dir.display());
+            return None;
+        }
+    };
+    let same = v.training() == Some(training_state(p, false))
+        && v.model_config().ok().as_ref() == Some(config)
+        && v.manifest.step.is_some_and(|s| s < p.steps);
+    same.then_some(v)
+}
+
+/// Figures gathered during the loop.
+struct LoopStats {
+    first_loss: Option<f64>,
+    recent: VecDeque<Tensor>,
+    tokens_after_first: usize,
+    after_first: Option<Instant>,
+    started: Instant,
+    finished: Instant,
+    interrupted: bool,
+}
+
+/// Runs the `train` stage of `spec`, reporting on `sink`.
+pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
+    let p: TrainParams = parse_params(spec)?;
+    validate(&p)?;
+    let compute = device::prepare(spec.device, &p.precision)?;
+    eprintln!(
+        "stage-worker: stage `{}`: train on {}",
+        spec.stage, compute.description
+    );
+    sink.started(&compute.description);
+
+    let init = spec
+        .init
+        .as_deref()
+        .map(checkpoint::open_verified)
+        .transpose()?;
+    let config = model_config(spec, &p, init.as_ref())?;
+    let data = data::load(&p.data, p.seed, Split::Train, 0)?;
+    let sampler = Sampler::new(&data, p.seed, p.batch_size as usize, p.seq_len as usize)
+        .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
+    eprintln!("stage-worker: data `{}`: {}", p.data, data.describe());
+    if sampler.skipped() > 0 {
+        eprintln!(
+            "stage-worker: {} examples skipped: their prompt does not fit in seq_len {}",
+            sampler.skipped(),
+            p.seq_len
+        );
+    }
+
+    let mut model = ByteGpt::new(&config, compute.device, p.seed);
+    let mut opt = AdamW::new(&model.params, p.weight_decay);
+    if let Some(own) = resumable(&spec.output_dir, &p, &config) {
+        own.load_model(&model)?;
+        own.load_optimizer(&model, &mut opt)?;
+        eprintln!(
+            "stage-worker: resuming the interrupted run in {} at step {}",
+            own.dir.display(),
+            opt.step
+        );
+    } else if let Some(v) = &init {
+        v.load_model(&model)?;
+        eprintln!("stage-worker: initialised from {}", v.dir.display());
+    }
+    let resumed_from = opt.step;
+    eprintln!(
+        "stage-worker: model {config:?}, {} parameters; {} steps of {}×{}",
+        model.params.numel(),
+        p.steps,
+        p.batch_size,
+        p.seq_len
+    );
+
+    let stats = train_loop(&mut model, &mut opt, &sampler, &p, &compute, sink);
+    let complete = !stats.interrupted;
+    let (_, files) = checkpoint::write(
+        &spec.output_dir,
+        &model,
+        &opt,
+        opt.step,
+        &training_state(&p, complete),
+    )?;
+    for f in files {
+        sink.checkpoint(f.path, f.entry.sha256, f.entry.bytes, opt.step);
+    }
+    if stats.interrupted {
+        return Err(Failure::interrupted(format!(
+            "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
+            opt.step,
+            p.steps,
+            spec.output_dir.display()
+        )));
+    }
+    let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
+    eprintln!("stage-worker: metrics {metrics:?}");
+    sink.metrics(&metrics);
+    Ok(())
+}
+
+fn train_loop(
+    model: &mut ByteGpt,
+    opt: &mut AdamW,
+    sampler: &Sampler,
+    p: &TrainParams,
+    compute: &Compute,
+    sink: &mut EventSink,
+) -> LoopStats {
+    let schedule = Schedule {
+        peak: p.lr,
+        warmup: p.warmup_steps,
+        total: p.steps,
+    };
+    let mut clock = ProgressClock::new(p.progress_every_s);
+    let mut stats = LoopStats {
+        first_loss: None,
+        recent: VecDeque::with_capacity(FINAL_LOSS_STEPS + 1),
+        tokens_after_first: 0,
+        after_first: None,
+        started: Instant::now(),
+        finished: Instant::now(),
+        interrupted: false,
+    };
+    let first = opt.step + 1;
+    for step in first..=p.steps {
+        let batch = sampler.batch(step).to_device(compute.device);
+        model.params.zero_grad();
+        let loss = model.loss(&batch.inputs, &batch.targets, compute.kind);
+        loss.backward();
+        let _grad_norm = opt.step(&mut model.params, schedule.lr(step));
+        let loss = loss.detach();
+        if step == first {
+            // One read-back, which also waits for the first (warm-up) step to finish.
+            stats.first_loss = Some(loss.double_value(&[]));
+            stats.after_first = Some(Instant::now());
+        } else {
+            stats.tokens_after_first += batch.tokens;
+        }
+        clock.record(&loss, batch.tokens);
+        stats.recent.push_back(loss);
+        if stats.recent.len() > FINAL_LOSS_STEPS {
+            stats.recent.pop_front();
+        }
+        let stop = signals::stop_requested();
+        if clock.due() || step == p.steps || stop {
+            let i = clock.take();
+            sink.progress(step, p.steps, Some(i.loss), Some(i.tokens_per_s));
+            eprintln!(
+                "stage-worker: step {step}/{} loss {:.4} lr {:.2e} {:.0} tokens/s",
+                p.steps,
+                i.loss,
+                schedule.lr(step),
+                i.tokens_per_s
+            );
+        }
+        if stop && step < p.steps {
+            eprintln!("stage-worker: stop requested; saving a checkpoint at step {step}");
+            stats.interrupted = true;
+            break;
+        }
+    }
+    // The last step's progress event read the loss back, so the device is idle here.
+    stats.finished = Instant::now();
+    stats
+}
+
+fn final_metrics(
+    stats: &LoopStats,
+    steps: u64,
+    resumed_from: u64,
+    n_params: i64,
+) -> BTreeMap<String, f64> {
+    let end = stats.finished;
+    let mut m = BTreeMap::new();
+    if let Some(first) = stats.first_loss {
+        m.insert("first_loss".into(), first);
+    }
+    if !stats.recent.is_empty() {
+        let recent: Vec<&Tensor> = stats.recent.iter().collect();
+        let mean = Tensor::stack(&recent, 0).mean(tch::Kind::Float);
+        m.insert("final_loss".into(), mean.double_value(&[]));
+    }
+    if let Some(t) = stats.after_first {
+        let secs = end.duration_since(t).as_secs_f64();
+        if stats.tokens_after_first > 0 && secs > 0.0 {
+            m.insert(
+                "tokens_per_s".into(),
+                stats.tokens_after_first as f64 / secs,
+            );
+        }
+    }
+    m.insert("steps".into(), steps as f64);
+    m.insert(
+        "train_wall_s".into(),
+        end.duration_since(stats.started).as_secs_f64(),
+    );
+    m.insert("parameters".into(), n_params as f64);
+    if resumed_from > 0 {
+        m.insert("resumed_from_step".into(), resumed_from as f64);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::worker::{Device as SpecDevice, WorkerEvent};
+
+    fn tiny_spec(dir: &Path, steps: u64) -> StageSpec {
+        let params = serde_json::json!({
+            "data": "synthetic:pretrain",
+            "steps": steps,
+            "batch_size": 8,
+            "seq_len": 32,
+            "lr": 1e-2,
+            "warmup_steps": 5,
+            "seed": 4,
+            "progress_every_s": 0.01,
+            "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "max_seq_len": 32}
+        });
+        StageSpec {
+            v: protocol::PROTOCOL_VERSION,
+            stage: "t".into(),
+            kind: Some(protocol::plan::BuiltinKind::Train),
+            params: params.as_object().unwrap().clone(),
+            output_dir: dir.to_path_buf(),
+            inputs: Default::default(),
+            init: None,
+            device: SpecDevice::Cpu,
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn a_few_steps_reduce_the_loss_and_leave_a_checkpoint() {
+        let dir = crate::testutil::scratch_dir("train");
+        let spec = tiny_spec(&dir, 60);
+        let mut sink = EventSink::memory();
+        run(&spec, &mut sink).unwrap();
+        let events: Vec<&WorkerEvent> = sink.recorded().iter().map(|m| &m.event).collect();
+        assert!(matches!(events[0], WorkerEvent::Started { .. }));
+        let checkpoints = events
+            .iter()
+            .filter(|e| matches!(e, WorkerEvent::Checkpoint { .. }))
+            .count();
+        assert_eq!(checkpoints, 3);
+        let Some(WorkerEvent::Metrics { metrics }) = events.last() else {
+            panic!("last event is not metrics: {events:?}")
+        };
+        let (first, last) = (metrics["first_loss"], metrics["final_loss"]);
+        assert!(
+            first > 5.0,
+            "a fresh byte model starts near ln 256: {first}"
+        );
+        assert!(last < first - 1.5, "loss went {first} -> {last}");
+        assert_eq!(metrics["steps"], 60.0);
+        assert!(metrics["tokens_per_s"] > 0.0);
+        let last_progress = events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                WorkerEvent::Progress { step, .. } => Some(*step),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(last_progress, 60);
+        let v = checkpoint::open_verified(&dir).unwrap();
+        assert_eq!(v.manifest.step, Some(60));
+        assert_eq!(v.training().map(|t| t.complete), Some(true));
+    }
+
+    #[test]
+    fn bad_params_are_refused_as_bad_input() {
+        let dir = crate::testutil::scratch_dir("train-bad");
+        let mut spec = tiny_spec(&dir, 5);
+        spec.params.insert("seq_len".into(), 64.into());
+        let err = run(&spec, &mut EventSink::memory()).unwrap_err();
+        assert_eq!(err.kind, crate::failure::FailureKind::BadInput);
+        assert!(err.message.contains("max_seq_len"), "{}", err.message);
+        spec.params.insert("seq_len".into(), 16.into());
+        spec.params.insert("data".into(), "synthetic:nope".into());
+        let err = run(&spec, &mut EventSink::memory()).unwrap_err();
+        assert!(err.message.contains("synthetic:nope"), "{}", err.message);
+    }
+}

@@ -1,0 +1,100 @@
+//! The built-in pipeline end to end on the CPU: the quickstart plan (pretrain → SFT → eval),
+//! each stage a fresh `stage-worker` process, checkpoints handed downstream and verified.
+
+use e2e_tests::{processes_with_env, repo_root, run_plan, Scratch};
+
+#[test]
+fn quickstart_succeeds_and_sft_really_starts_from_pretrain() {
+    let s = Scratch::new("quickstart");
+    let marker = format!("quickstart-{}", std::process::id());
+    let quickstart = std::fs::read_to_string(repo_root().join("configs/quickstart.toml")).unwrap();
+    // The quickstart as shipped, plus one SFT stage from scratch to compare first losses with.
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "{quickstart}\n[[stage]]\nname = \"sft-scratch\"\nkind = \"train\"\n[stage.env]\nMARKER = \"{marker}\"\n[stage.params]\ndata = \"synthetic:sft\"\nsteps = 1\nseed = 2\n"
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    for stage in ["pretrain", "sft", "eval", "eval-pretrain", "sft-scratch"] {
+        assert_eq!(run.stage(stage)["status"], "succeeded", "{stage}");
+        assert_eq!(run.stage(stage)["attempts"], 1, "{stage}");
+    }
+
+    // SFT starts from pretrain's weights: its very first loss is far below a from-scratch start.
+    let from_pretrain = run.metric("sft", "first_loss");
+    let from_scratch = run.metric("sft-scratch", "first_loss");
+    eprintln!("first-step SFT loss: from pretrain {from_pretrain:.4}, from scratch {from_scratch:.4}");
+    assert!(
+        from_pretrain < 0.6 * from_scratch,
+        "SFT from pretrain starts at {from_pretrain}, from scratch at {from_scratch}"
+    );
+
+    // Eval after SFT beats eval of the pretrain checkpoint on the SFT task.
+    let after_sft = run.metric("eval", "accuracy");
+    let pretrain_only = run.metric("eval-pretrain", "accuracy");
+    eprintln!("SFT-task accuracy: after SFT {after_sft:.3}, pretrain only {pretrain_only:.3}");
+    assert!(after_sft >= pretrain_only + 0.2, "after SFT {after_sft}, pretrain {pretrain_only}");
+    assert!(run.metric("eval", "loss") < run.metric("eval-pretrain", "loss"));
+
+    // Checkpoints are recorded with checksums and exist where the report says.
+    for stage in ["pretrain", "sft"] {
+        let checkpoints = run.stage(stage)["checkpoints"].as_array().unwrap().clone();
+        assert!(
+            checkpoints.iter().any(|c| c["path"].as_str().unwrap().ends_with("model.safetensors")),
+            "{stage}: {checkpoints:?}"
+        );
+        for c in &checkpoints {
+            let path = std::path::Path::new(c["path"].as_str().unwrap());
+            assert_eq!(std::fs::metadata(path).unwrap().len(), c["bytes"].as_u64().unwrap());
+            assert_eq!(c["sha256"].as_str().unwrap().len(), 64);
+        }
+    }
+    // The worker told the orchestrator where it started from.
+    let spec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.run_dir.join("stages/sft/spec.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(spec["init"].as_str().unwrap().ends_with("stages/pretrain/output"));
+    assert!(processes_with_env(&format!("MARKER={marker}")).is_empty());
+}
+
+#[test]
+fn a_checkpoint_changed_after_verification_stops_its_dependent() {
+    let s = Scratch::new("corrupt-input");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "train"
+kind = "train"
+[stage.params]
+steps = 2
+batch_size = 2
+seq_len = 16
+model = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }
+
+[[stage]]
+name = "vandal"
+after = ["train"]
+command = ["sh", "-c", "truncate -s 100 {input.train}/model.safetensors"]
+
+[[stage]]
+name = "eval"
+kind = "eval"
+after = ["vandal", "train"]
+init = "train"
+[stage.params]
+samples = 4
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(run.stage("train")["status"], "succeeded");
+    let eval = run.stage("eval");
+    assert_eq!(eval["status"], "failed");
+    assert_eq!(eval["failure"], "bad_input");
+    let error = eval["error"].as_str().unwrap();
+    assert!(error.contains("model.safetensors") && error.contains("train"), "{error}");
+}
