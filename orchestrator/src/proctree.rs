@@ -1,10 +1,13 @@
 //! Finding every live process of a stage, from `/proc`.
 //!
 //! A stage's processes are: its session (the first process is a session leader, so every
-//! descendant that does not call `setsid` shares its session id), every process that carries
-//! the stage's token in its environment (inherited through `setsid`, double forks and
-//! launchers), and every descendant or session-mate of those. Zombies are not counted: they
-//! hold no memory, and the reaper collects them.
+//! descendant that does not call `setsid` shares its session id), every descendant of those
+//! (found through parent links, which `setsid` does not cut), and every orphan re-parented to
+//! the orchestrator (a child subreaper) that carries the stage's token in its environment
+//! (a double-forked daemon whose parent already exited), with their descendants and
+//! session-mates. Only the orchestrator's own children have their environment read, so a scan
+//! stays cheap on a busy machine. Zombies are not counted: they hold no memory, and the reaper
+//! collects them.
 
 use std::collections::HashSet;
 use std::fs;
@@ -74,7 +77,7 @@ pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
         if p.pid == me {
             continue;
         }
-        if p.sid == leader || p.pid == leader || environ_has(p.pid, &needle) {
+        if p.sid == leader || p.pid == leader || (p.ppid == me && environ_has(p.pid, &needle)) {
             pids.insert(p.pid);
             sids.insert(p.sid);
         }
@@ -99,6 +102,17 @@ pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
         .into_iter()
         .filter(|p| pids.contains(&p.pid) && p.state != 'Z' && p.state != 'X')
         .collect()
+}
+
+/// Resident memory of a process in bytes (`/proc/<pid>/statm`), 0 if it is gone.
+pub fn rss_bytes(pid: i32) -> u64 {
+    let Ok(text) = fs::read_to_string(format!("/proc/{pid}/statm")) else {
+        return 0;
+    };
+    let pages: u64 = text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    pages * page
 }
 
 /// The command name of a process (`/proc/<pid>/comm`), for reports.

@@ -5,12 +5,31 @@
 //! answers SIGCHLD by reaping every exited child with `waitpid(-1, WNOHANG)` and hands the
 //! status of a registered stage process to whoever waits for it; orphans are reaped and noted.
 
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use tokio::sync::oneshot;
+
+/// What the kernel accounted to a reaped process: its own use and that of the descendants it
+/// waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ResourceUsage {
+    /// User CPU seconds.
+    pub user_s: f64,
+    /// System CPU seconds.
+    pub system_s: f64,
+    /// Largest resident set of any one of those processes, bytes.
+    pub max_rss_bytes: u64,
+}
+
+/// A reaped process.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reaped {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// What it used.
+    pub usage: ResourceUsage,
+}
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +42,7 @@ pub enum ExitStatus {
 
 #[derive(Default)]
 struct Table {
-    waiters: HashMap<i32, oneshot::Sender<ExitStatus>>,
+    waiters: HashMap<i32, oneshot::Sender<Reaped>>,
 }
 
 /// Handle to the reaper. Cheap to clone; lives on the orchestrator's single thread.
@@ -57,7 +76,7 @@ impl Reaper {
 
     /// Registers interest in `pid`'s exit status. Call right after spawning, with no `.await`
     /// in between: the reaper runs on the same thread, so it cannot reap the child first.
-    pub fn watch(&self, pid: i32) -> oneshot::Receiver<ExitStatus> {
+    pub fn watch(&self, pid: i32) -> oneshot::Receiver<Reaped> {
         let (tx, rx) = oneshot::channel();
         self.table.borrow_mut().waiters.insert(pid, tx);
         rx
@@ -66,23 +85,37 @@ impl Reaper {
     /// Reaps every child that has exited, now.
     pub fn reap_now(&self) {
         loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) => self.deliver(pid.as_raw(), ExitStatus::Code(code)),
-                Ok(WaitStatus::Signaled(pid, sig, _)) => {
-                    self.deliver(pid.as_raw(), ExitStatus::Signal(sig as i32))
-                }
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(_) => continue,
+            let mut status: libc::c_int = 0;
+            // SAFETY: an all-zero rusage is a valid value for the kernel to overwrite.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: wait4 writes only into the two out-parameters we own.
+            let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
+            if pid <= 0 {
+                break;
             }
+            let exit = if libc::WIFEXITED(status) {
+                ExitStatus::Code(libc::WEXITSTATUS(status))
+            } else if libc::WIFSIGNALED(status) {
+                ExitStatus::Signal(libc::WTERMSIG(status))
+            } else {
+                continue;
+            };
+            let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            let usage = ResourceUsage {
+                user_s: seconds(usage.ru_utime),
+                system_s: seconds(usage.ru_stime),
+                max_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
+            };
+            self.deliver(pid, Reaped { status: exit, usage });
         }
     }
 
-    fn deliver(&self, pid: i32, status: ExitStatus) {
+    fn deliver(&self, pid: i32, reaped: Reaped) {
         match self.table.borrow_mut().waiters.remove(&pid) {
             Some(tx) => {
-                let _ = tx.send(status);
+                let _ = tx.send(reaped);
             }
-            None => tracing::debug!(pid, ?status, "reaped an orphaned descendant"),
+            None => tracing::debug!(pid, ?reaped, "reaped an orphaned descendant"),
         }
     }
 }

@@ -654,6 +654,7 @@ fn build_report(
                     .unwrap_or_default(),
                 protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
                 timing: last.and_then(|r| r.timing),
+                host: last.and_then(|r| r.host),
             }
         })
         .collect();

@@ -7,7 +7,7 @@
 use crate::channel::{ChannelItem, EventChannel};
 use crate::console::Console;
 use crate::gpu::{await_reclaim, GpuInfo, MemoryProbe};
-use crate::reaper::{ExitStatus, Reaper};
+use crate::reaper::{ExitStatus, Reaper, ResourceUsage};
 use crate::supervisor::{self, Launch, StoppedProcess};
 use nix::sys::signal::Signal;
 use protocol::report::{CheckpointRecord, GpuRecord};
@@ -180,6 +180,8 @@ pub struct AttemptResult {
     pub stderr_tail: Option<String>,
     /// Milestones (absent for an attempt that never started).
     pub timing: Option<protocol::report::StageTiming>,
+    /// CPU time and memory of the stage's processes.
+    pub host: Option<protocol::report::HostUsage>,
 }
 
 impl AttemptResult {
@@ -196,6 +198,7 @@ impl AttemptResult {
             violations: Vec::new(),
             stderr_tail: None,
             timing: None,
+            host: None,
         }
     }
 
@@ -320,11 +323,18 @@ pub async fn supervise(
     let mut cancel_closed = false;
     let mut state = EventState::default();
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
+    let mut rss_tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tree_rss_peak = 0u64;
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
 
-    let exit = loop {
+    let reaped = loop {
         tokio::select! {
-            status = &mut child.exit => break status.ok(),
+            reaped = &mut child.exit => break reaped.ok(),
+            _ = rss_tick.tick() => {
+                let members = crate::proctree::stage_members(child.pid, &child.token);
+                let rss = members.iter().map(|p| crate::proctree::rss_bytes(p.pid)).sum::<u64>();
+                tree_rss_peak = tree_rss_peak.max(rss);
+            }
             Some(item) = rx.recv() => state.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
                 timed_out = true;
@@ -364,6 +374,8 @@ pub async fn supervise(
     };
 
     let exited_unix = crate::timefmt::unix_secs_f64();
+    let exit = reaped.map(|r| r.status);
+    let usage: ResourceUsage = reaped.map(|r| r.usage).unwrap_or_default();
     // The first process is gone; anything of its tree still alive is a leftover.
     let stopping = kill_at.is_some() || sent_kill;
     let grace = if stopping || sent_kill { Duration::ZERO } else { plan.grace };
@@ -452,6 +464,11 @@ pub async fn supervise(
         leftovers: summary.found,
         violations: state.violations,
         stderr_tail: if failed { Some(stderr_tail) } else { None },
+        host: Some(protocol::report::HostUsage {
+            cpu_user_s: usage.user_s,
+            cpu_system_s: usage.system_s,
+            peak_rss_bytes: tree_rss_peak.max(usage.max_rss_bytes),
+        }),
         timing: Some(protocol::report::StageTiming {
             spawned: spawned_unix,
             exited: exited_unix,

@@ -10,7 +10,7 @@
 //!   the kernel would not kill).
 
 use crate::proctree::{self, TOKEN_VAR};
-use crate::reaper::{ExitStatus, Reaper};
+use crate::reaper::{Reaped, Reaper};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::fs::File;
@@ -48,7 +48,7 @@ pub struct StageProcess {
     /// When it was started.
     pub started: Instant,
     /// Resolves with the first process's exit status.
-    pub exit: oneshot::Receiver<ExitStatus>,
+    pub exit: oneshot::Receiver<Reaped>,
 }
 
 /// Starts `launch` in a new session. The child is registered with `reaper` before returning.

@@ -6,11 +6,18 @@ use orchestrator::plan::{load_plan, LoadedPlan};
 use std::path::{Path, PathBuf};
 
 fn fixtures(kind: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/plans").join(kind);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/plans")
+        .join(kind);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.unwrap().path())
-        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("toml" | "json")))
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("toml" | "json")
+            )
+        })
         .collect();
     files.sort();
     files
@@ -29,10 +36,13 @@ fn expectation(path: &Path) -> Expectation {
         .and_then(|l| l.strip_prefix("# expect: "))
         .unwrap_or_else(|| panic!("{}: first line must be `# expect: …`", path.display()))
         .to_string();
-    let at = lines.next().and_then(|l| l.strip_prefix("# at: ")).map(|pos| {
-        let (line, col) = pos.trim().split_once(':').expect("`# at: LINE:COL`");
-        (line.parse().unwrap(), col.parse().unwrap())
-    });
+    let at = lines
+        .next()
+        .and_then(|l| l.strip_prefix("# at: "))
+        .map(|pos| {
+            let (line, col) = pos.trim().split_once(':').expect("`# at: LINE:COL`");
+            (line.parse().unwrap(), col.parse().unwrap())
+        });
     Expectation { message, at }
 }
 
@@ -100,15 +110,28 @@ fn assert_well_ordered(path: &Path, loaded: &LoadedPlan) {
     let n = loaded.plan.stages.len();
     let mut sorted = loaded.order.clone();
     sorted.sort_unstable();
-    assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "{}: order is not a permutation", path.display());
+    assert_eq!(
+        sorted,
+        (0..n).collect::<Vec<_>>(),
+        "{}: order is not a permutation",
+        path.display()
+    );
     let mut position = vec![0; n];
     for (at, &stage) in loaded.order.iter().enumerate() {
         position[stage] = at;
     }
     for (stage, ups) in loaded.upstream.iter().enumerate() {
         for &up in ups {
-            assert!(position[up] < position[stage], "{}: {up} must come before {stage}", path.display());
-            assert!(loaded.downstream[up].contains(&stage), "{}: downstream of {up}", path.display());
+            assert!(
+                position[up] < position[stage],
+                "{}: {up} must come before {stage}",
+                path.display()
+            );
+            assert!(
+                loaded.downstream[up].contains(&stage),
+                "{}: downstream of {up}",
+                path.display()
+            );
         }
     }
     for (i, stage) in loaded.plan.stages.iter().enumerate() {
@@ -117,10 +140,20 @@ fn assert_well_ordered(path: &Path, loaded: &LoadedPlan) {
             .iter()
             .map(|&u| loaded.plan.stages[u].name.as_str())
             .collect();
-        assert_eq!(named, stage.after, "{}: upstream of {}", path.display(), stage.name);
+        assert_eq!(
+            named,
+            stage.after,
+            "{}: upstream of {}",
+            path.display(),
+            stage.name
+        );
     }
     assert!(loaded.base_dir.is_absolute());
-    assert!(loaded.base_dir.ends_with("tests/plans/valid"), "{}", loaded.base_dir.display());
+    assert!(
+        loaded.base_dir.ends_with("tests/plans/valid"),
+        "{}",
+        loaded.base_dir.display()
+    );
 }
 
 #[test]
@@ -138,7 +171,8 @@ fn valid_plans_load_in_dependency_order() {
 #[test]
 fn the_quickstart_loads_and_its_copy_matches() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let quickstart = load_plan(&root.join("configs/quickstart.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let quickstart =
+        load_plan(&root.join("configs/quickstart.toml")).unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<&str> = quickstart
         .order
         .iter()
@@ -153,7 +187,11 @@ fn the_quickstart_loads_and_its_copy_matches() {
 fn a_diamond_orders_its_sides_between_source_and_sink() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/plans/valid/diamond.toml");
     let loaded = load_plan(&path).unwrap();
-    let names: Vec<&str> = loaded.order.iter().map(|&i| loaded.plan.stages[i].name.as_str()).collect();
+    let names: Vec<&str> = loaded
+        .order
+        .iter()
+        .map(|&i| loaded.plan.stages[i].name.as_str())
+        .collect();
     assert_eq!(names, ["prepare", "train-a", "train-b", "compare"]);
     let prepare = loaded.index_of("prepare").unwrap();
     assert_eq!(loaded.downstream[prepare].len(), 2);

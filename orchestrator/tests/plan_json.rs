@@ -28,11 +28,18 @@ fn at(source: &str, needle: &str) -> Option<(usize, usize)> {
 fn assert_reports(source: &str, at: Option<(usize, usize)>, expected: &str) {
     let error = refuse(source);
     let rendered = error.to_string();
-    let hit = error.diagnostics.iter().find(|d| d.to_string().contains(expected));
+    let hit = error
+        .diagnostics
+        .iter()
+        .find(|d| d.to_string().contains(expected));
     let Some(d) = hit else {
         panic!("expected `{expected}` in\n{rendered}");
     };
-    assert_eq!(d.line.zip(d.column), at, "position of `{expected}` in\n{rendered}");
+    assert_eq!(
+        d.line.zip(d.column),
+        at,
+        "position of `{expected}` in\n{rendered}"
+    );
 }
 
 #[test]
@@ -46,20 +53,35 @@ fn syntax_errors_have_serde_json_positions() {
 #[test]
 fn lists_are_not_read_as_tables() {
     // serde would read a struct from a list, field by field; the format wants tables.
-    assert_reports("[{}, []]", Some((1, 1)), "the plan must be a table, not a list");
+    assert_reports(
+        "[{}, []]",
+        Some((1, 1)),
+        "the plan must be a table, not a list",
+    );
     let src = r#"{"stage": [["a", [], "train"]]}"#;
-    assert_reports(src, at(src, "[\"a\""), "each entry of `stage` must be a table, not a list");
+    assert_reports(
+        src,
+        at(src, "[\"a\""),
+        "each entry of `stage` must be a table, not a list",
+    );
     let src = r#"{"run": ["x"], "stage": [{"name": "a", "command": ["true"]}]}"#;
     assert_reports(src, at(src, "[\"x\"]"), "`run` must be a table, not a list");
     let toml = "run = [\"x\"]\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n";
     let error = parse_plan_toml(toml, "p.toml", Path::new("/tmp")).unwrap_err();
-    assert_eq!(error.to_string(), "p.toml:1:7: error: `run` must be a table, not a list");
+    assert_eq!(
+        error.to_string(),
+        "p.toml:1:7: error: `run` must be a table, not a list"
+    );
 }
 
 #[test]
 fn type_errors_name_the_key() {
     let src = "{\"stage\": [\n  {\"name\": \"a\", \"kind\": \"train\", \"retries\": -1}\n]}";
-    assert_reports(src, at(src, "-1"), "stage `a`: `retries` must be a whole number ≥ 0, not -1");
+    assert_reports(
+        src,
+        at(src, "-1"),
+        "stage `a`: `retries` must be a whole number ≥ 0, not -1",
+    );
     let src = "{\"stage\": [{\"name\": \"a\", \"kind\": \"train\", \"retry\": 1}]}";
     assert_reports(src, at(src, "\"retry\""), "stage `a`: unknown key `retry`");
     let src = "{\"stage\": [{\"kind\": \"train\"}]}";
@@ -69,7 +91,11 @@ fn type_errors_name_the_key() {
     let src = "{\"stage\": [{\"name\": \"a\", \"name\": \"b\", \"kind\": \"train\"}]}";
     assert_reports(src, at(src, "\"name\": \"b\""), "`name` is given twice");
     let src = "{\"run\": {\"max_parallel\": \"4\"}, \"stage\": []}";
-    assert_reports(src, at(src, "\"4\""), "`run.max_parallel` must be a whole number ≥ 1, not the string \"4\"");
+    assert_reports(
+        src,
+        at(src, "\"4\""),
+        "`run.max_parallel` must be a whole number ≥ 1, not the string \"4\"",
+    );
 }
 
 #[test]
@@ -105,7 +131,11 @@ fn json_and_toml_forms_load_the_same_plan() {
     assert_eq!(from_json.upstream, vec![vec![], vec![0]]);
     assert_eq!(from_json.downstream, vec![vec![1], vec![]]);
     let resolved = serde_json::to_string(&from_json.plan).unwrap();
-    assert_eq!(load(&resolved).plan, from_json.plan, "a resolved plan reloads as itself");
+    assert_eq!(
+        load(&resolved).plan,
+        from_json.plan,
+        "a resolved plan reloads as itself"
+    );
 }
 
 #[test]

@@ -38,12 +38,20 @@ fn assert_order(loaded: &LoadedPlan) -> Result<(), TestCaseError> {
     let n = loaded.plan.stages.len();
     let mut position = vec![usize::MAX; n];
     for (at, &stage) in loaded.order.iter().enumerate() {
-        prop_assert_eq!(position[stage], usize::MAX, "stage {} twice in the order", stage);
+        prop_assert_eq!(
+            position[stage],
+            usize::MAX,
+            "stage {} twice in the order",
+            stage
+        );
         position[stage] = at;
     }
     prop_assert_eq!(loaded.order.len(), n);
     for (i, stage) in loaded.plan.stages.iter().enumerate() {
-        let names: Vec<&str> = loaded.upstream[i].iter().map(|&u| loaded.plan.stages[u].name.as_str()).collect();
+        let names: Vec<&str> = loaded.upstream[i]
+            .iter()
+            .map(|&u| loaded.plan.stages[u].name.as_str())
+            .collect();
         prop_assert_eq!(&names, &stage.after);
         for &u in &loaded.upstream[i] {
             prop_assert!(position[u] < position[i]);
@@ -54,17 +62,74 @@ fn assert_order(loaded: &LoadedPlan) -> Result<(), TestCaseError> {
 }
 
 fn check_both(source: &str) -> Result<(), TestCaseError> {
-    check_result(source, parse_plan_toml(source, "fuzz.toml", Path::new(BASE)))?;
-    check_result(source, parse_plan_json(source, "fuzz.json", Path::new(BASE)))
+    check_result(
+        source,
+        parse_plan_toml(source, "fuzz.toml", Path::new(BASE)),
+    )?;
+    check_result(
+        source,
+        parse_plan_json(source, "fuzz.json", Path::new(BASE)),
+    )
 }
 
 /// Words that make up TOML and JSON plans, to reach past the first syntax error.
 const TOKENS: &[&str] = &[
-    "[[stage]]", "[stage]", "[run]", "[stage.params]", "[stage.params.model]", "[stage.env]", "name", "after",
-    "kind", "command", "init", "params", "timeout", "retries", "gpus", "env", "outputs", "run",
-    "max_parallel", "stage", "=", "=", "\"a\"", "\"b\"", "\"train\"", "\"eval\"", "\"0s\"", "\"{output}\"",
-    "\"{input.a}\"", "[", "]", "{", "}", ",", ",", ":", ".", "\n", "\n", "\n", " ", "1", "-1", "1.5",
-    "true", "nan", "1979-05-27", "\"", "'", "#", "\"\"", "\"\\u0000\"", "é", "\t", "\"stage\"", "\"name\"",
+    "[[stage]]",
+    "[stage]",
+    "[run]",
+    "[stage.params]",
+    "[stage.params.model]",
+    "[stage.env]",
+    "name",
+    "after",
+    "kind",
+    "command",
+    "init",
+    "params",
+    "timeout",
+    "retries",
+    "gpus",
+    "env",
+    "outputs",
+    "run",
+    "max_parallel",
+    "stage",
+    "=",
+    "=",
+    "\"a\"",
+    "\"b\"",
+    "\"train\"",
+    "\"eval\"",
+    "\"0s\"",
+    "\"{output}\"",
+    "\"{input.a}\"",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ",",
+    ":",
+    ".",
+    "\n",
+    "\n",
+    "\n",
+    " ",
+    "1",
+    "-1",
+    "1.5",
+    "true",
+    "nan",
+    "1979-05-27",
+    "\"",
+    "'",
+    "#",
+    "\"\"",
+    "\"\\u0000\"",
+    "é",
+    "\t",
+    "\"stage\"",
+    "\"name\"",
 ];
 
 static FILE_COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -95,10 +160,32 @@ fn key() -> impl Strategy<Value = String> {
 
 fn string_value() -> impl Strategy<Value = String> {
     prop_oneof![
-        select(&[
-            "a", "b", "c", "train", "eval", "trian", "0s", "30m", "5x", "", "{output}", "{input.a}",
-            "{input.zz}", "{bad}", "{", "}}", "/abs", "../up", "synthetic:sft", "auto", "fp16",
-        ][..]).prop_map(String::from),
+        select(
+            &[
+                "a",
+                "b",
+                "c",
+                "train",
+                "eval",
+                "trian",
+                "0s",
+                "30m",
+                "5x",
+                "",
+                "{output}",
+                "{input.a}",
+                "{input.zz}",
+                "{bad}",
+                "{",
+                "}}",
+                "/abs",
+                "../up",
+                "synthetic:sft",
+                "auto",
+                "fp16",
+            ][..]
+        )
+        .prop_map(String::from),
         ".{0,8}",
     ]
 }
@@ -151,37 +238,68 @@ fn stage_table() -> impl Strategy<Value = Value> {
         option::of(names()),
         option::of(prop_oneof![4 => table_of(leaf()), 1 => any_value()]),
         option::weighted(0.1, (key(), any_value())),
-        option::weighted(0.5, (select(&["timeout", "retries", "gpus", "env", "outputs"][..]), any_value())),
-        option::weighted(0.3, prop_oneof![table_of(string_value().prop_map(Value::String)), strings()]),
+        option::weighted(
+            0.5,
+            (
+                select(&["timeout", "retries", "gpus", "env", "outputs"][..]),
+                any_value(),
+            ),
+        ),
+        option::weighted(
+            0.3,
+            prop_oneof![table_of(string_value().prop_map(Value::String)), strings()],
+        ),
     )
-        .prop_map(|(name, after, kind, command, init, params, extra, other, env_or_outputs)| {
-            let mut t = toml::Table::new();
-            let fields = [("name", name), ("after", after), ("kind", kind), ("command", command), ("init", init), ("params", params)];
-            for (k, v) in fields {
-                if let Some(v) = v {
-                    t.insert(k.into(), v);
+        .prop_map(
+            |(name, after, kind, command, init, params, extra, other, env_or_outputs)| {
+                let mut t = toml::Table::new();
+                let fields = [
+                    ("name", name),
+                    ("after", after),
+                    ("kind", kind),
+                    ("command", command),
+                    ("init", init),
+                    ("params", params),
+                ];
+                for (k, v) in fields {
+                    if let Some(v) = v {
+                        t.insert(k.into(), v);
+                    }
                 }
-            }
-            match env_or_outputs {
-                Some(v @ Value::Table(_)) => {
-                    t.insert("env".into(), v);
+                match env_or_outputs {
+                    Some(v @ Value::Table(_)) => {
+                        t.insert("env".into(), v);
+                    }
+                    Some(v) => {
+                        t.insert("outputs".into(), v);
+                    }
+                    None => {}
                 }
-                Some(v) => {
-                    t.insert("outputs".into(), v);
+                for (k, v) in extra
+                    .into_iter()
+                    .chain(other.map(|(k, v)| (k.to_string(), v)))
+                {
+                    t.insert(k, v);
                 }
-                None => {}
-            }
-            for (k, v) in extra.into_iter().chain(other.map(|(k, v)| (k.to_string(), v))) {
-                t.insert(k, v);
-            }
-            Value::Table(t)
-        })
+                Value::Table(t)
+            },
+        )
 }
 
 fn document() -> impl Strategy<Value = toml::Table> {
     (
-        option::weighted(0.3, prop_oneof![btree_map(key(), any_value(), 0..3).prop_map(|m| Value::Table(m.into_iter().collect())), any_value()]),
-        option::weighted(0.9, prop_oneof![6 => vec(stage_table(), 0..5).prop_map(Value::Array), 1 => any_value()]),
+        option::weighted(
+            0.3,
+            prop_oneof![
+                btree_map(key(), any_value(), 0..3)
+                    .prop_map(|m| Value::Table(m.into_iter().collect())),
+                any_value()
+            ],
+        ),
+        option::weighted(
+            0.9,
+            prop_oneof![6 => vec(stage_table(), 0..5).prop_map(Value::Array), 1 => any_value()],
+        ),
         option::weighted(0.1, (key(), any_value())),
     )
         .prop_map(|(run, stage, extra)| {
@@ -212,15 +330,28 @@ struct Dag {
 fn dag() -> impl Strategy<Value = Dag> {
     (1usize..14)
         .prop_flat_map(|n| {
-            let edges = (0..n).map(|i| vec(any::<bool>(), i).boxed()).collect::<Vec<_>>();
-            (edges, vec(0u8..3, n), Just((0..n).collect::<Vec<_>>()).prop_shuffle(), vec("[a-z][a-z0-9_.-]{0,5}", n))
+            let edges = (0..n)
+                .map(|i| vec(any::<bool>(), i).boxed())
+                .collect::<Vec<_>>();
+            (
+                edges,
+                vec(0u8..3, n),
+                Just((0..n).collect::<Vec<_>>()).prop_shuffle(),
+                vec("[a-z][a-z0-9_.-]{0,5}", n),
+            )
         })
         .prop_map(|(edges, kinds, file_order, stems)| {
             let n = edges.len();
             let names = (0..n).map(|i| format!("{}-{i}", stems[i])).collect();
             let after: Vec<Vec<usize>> = edges
                 .iter()
-                .map(|bits| bits.iter().enumerate().filter(|(_, b)| **b).map(|(j, _)| j).collect())
+                .map(|bits| {
+                    bits.iter()
+                        .enumerate()
+                        .filter(|(_, b)| **b)
+                        .map(|(j, _)| j)
+                        .collect()
+                })
                 .collect();
             // An eval stage needs an upstream that writes a checkpoint (not another eval).
             let mut fixed: Vec<u8> = Vec::with_capacity(n);
@@ -228,7 +359,12 @@ fn dag() -> impl Strategy<Value = Dag> {
                 let has_checkpoint = after[i].iter().any(|&j| fixed[j] != 2);
                 fixed.push(if k == 2 && !has_checkpoint { 1 } else { k });
             }
-            Dag { names, after, kinds: fixed, file_order }
+            Dag {
+                names,
+                after,
+                kinds: fixed,
+                file_order,
+            }
         })
 }
 
@@ -239,7 +375,10 @@ fn toml_str(s: &str) -> String {
 impl Dag {
     /// The upstream a built-in stage starts from: the first that writes a checkpoint.
     fn init_of(&self, i: usize) -> Option<&str> {
-        self.after[i].iter().find(|&&j| self.kinds[j] != 2).map(|&j| self.names[j].as_str())
+        self.after[i]
+            .iter()
+            .find(|&&j| self.kinds[j] != 2)
+            .map(|&j| self.names[j].as_str())
     }
 
     fn stage_names(&self, stages: &[usize]) -> Vec<String> {
@@ -257,11 +396,19 @@ impl Dag {
                 }
             }
             let after: Vec<String> = after.iter().map(|a| toml_str(a)).collect();
-            out += &format!("\n[[stage]]\nname = {}\nafter = [{}]\n", toml_str(&self.names[i]), after.join(", "));
+            out += &format!(
+                "\n[[stage]]\nname = {}\nafter = [{}]\n",
+                toml_str(&self.names[i]),
+                after.join(", ")
+            );
             match self.kinds[i] {
                 0 => {
                     let mut argv = vec![toml_str("cp"), toml_str("-r")];
-                    argv.extend(self.after[i].iter().map(|&j| toml_str(&format!("{{input.{}}}", self.names[j]))));
+                    argv.extend(
+                        self.after[i]
+                            .iter()
+                            .map(|&j| toml_str(&format!("{{input.{}}}", self.names[j]))),
+                    );
                     argv.push(toml_str("{output}/{stage}"));
                     out += &format!("command = [{}]\n", argv.join(", "));
                 }

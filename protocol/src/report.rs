@@ -61,6 +61,21 @@ pub struct StageReport {
     /// When the last attempt's milestones happened.
     #[serde(default)]
     pub timing: Option<StageTiming>,
+    /// CPU time and memory of the last attempt's processes.
+    #[serde(default)]
+    pub host: Option<HostUsage>,
+}
+
+/// Host resources of one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HostUsage {
+    /// User CPU seconds of the first process and the descendants it waited for.
+    pub cpu_user_s: f64,
+    /// System CPU seconds, likewise.
+    pub cpu_system_s: f64,
+    /// Peak resident memory of the whole tree (sampled every 250 ms, summed over its
+    /// processes), or of its largest single process if that was larger.
+    pub peak_rss_bytes: u64,
 }
 
 /// Milestones of one attempt, as Unix time in seconds (microsecond precision).

@@ -147,10 +147,10 @@ impl ByteGpt {
                 false,
             );
             let y = y.transpose(1, 2).contiguous().view([b, t, c]);
-            x = x + self.linear(&y, &format!("{blk}.attn.proj"), kind);
+            x = residual(&x, &self.linear(&y, &format!("{blk}.attn.proj"), kind));
             let m = self.layer_norm(&x, &format!("{blk}.ln2")).to_kind(kind);
             let m = self.linear(&m, &format!("{blk}.mlp.fc"), kind).gelu("none");
-            x = x + self.linear(&m, &format!("{blk}.mlp.proj"), kind);
+            x = residual(&x, &self.linear(&m, &format!("{blk}.mlp.proj"), kind));
         }
         let x = self.layer_norm(&x, "ln_f").to_kind(kind);
         x.linear::<Tensor>(&wte.to_kind(kind), None)
@@ -162,6 +162,12 @@ impl ByteGpt {
         let logits = self.forward(ids, kind);
         cross_entropy(&logits, targets)
     }
+}
+
+/// `x + y` out of place (the LayerNorm that read `x` saved it for the backward pass), in
+/// `x`'s kind: an fp32 residual stream stays fp32 when `y` is bf16.
+fn residual(x: &Tensor, y: &Tensor) -> Tensor {
+    x + y
 }
 
 /// Mean cross-entropy in fp32 over the targets that are not ignored.

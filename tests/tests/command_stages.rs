@@ -315,3 +315,28 @@ command = ["sh", "-c", "date +%s.%N > {output}/start"]
     assert!(read("a", "start") < read("b", "end") && read("b", "start") < read("a", "end"), "a and b overlap");
     assert!(read("c", "start") >= read("a", "end").max(read("b", "end")), "c waits for both");
 }
+
+#[test]
+fn host_memory_and_cpu_time_of_the_tree_are_reported() {
+    let s = Scratch::new("host-usage");
+    s.write(
+        "hog.py",
+        "import subprocess, sys, time\n\
+         if len(sys.argv) > 1:\n\
+         \x20   b = bytearray(300 * 1024 * 1024)\n\
+         \x20   for i in range(0, len(b), 4096): b[i] = 1\n\
+         \x20   time.sleep(0.6)\n\
+         \x20   sys.exit(0)\n\
+         t = time.process_time()\n\
+         while time.process_time() - t < 0.5: pass\n\
+         subprocess.run([sys.executable, __file__, 'child'], check=True)\n",
+    );
+    let plan = s.write("plan.toml", "[[stage]]\nname = \"hog\"\ncommand = [\"python3\", \"hog.py\"]\n");
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let host = run.stage("hog")["host"].clone();
+    let rss = host["peak_rss_bytes"].as_u64().unwrap();
+    assert!(rss > 250 * 1024 * 1024, "the child's 300 MiB show: {host}");
+    let cpu = host["cpu_user_s"].as_f64().unwrap() + host["cpu_system_s"].as_f64().unwrap();
+    assert!(cpu >= 0.4, "the 0.5 s busy loop shows: {host}");
+}

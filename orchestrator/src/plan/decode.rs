@@ -25,7 +25,11 @@ pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
     };
     let span = error.span();
     if toml::from_str::<toml::Table>(source).is_err() {
-        let mut lines = error.message().lines().map(str::trim).filter(|l| !l.is_empty());
+        let mut lines = error
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty());
         let mut message = format!("invalid TOML: {}", lines.next().unwrap_or("syntax error"));
         for line in lines {
             message.push_str(", ");
@@ -49,10 +53,32 @@ pub(crate) fn json_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
     let full = error.to_string();
     let suffix = format!(" at line {} column {}", error.line(), error.column());
     let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
-    let offset = rep.index().offset_of(error.line(), error.column().max(1));
+    // serde_json's column is that of the last byte it read: inside the offending token, or,
+    // when it only peeked at a value (a table where a string belongs), just before it.
+    let mut offset = rep.index().offset_of(error.line(), error.column().max(1));
+    if let Some(o) = offset.as_mut() {
+        let bytes = source.as_bytes();
+        if bytes
+            .get(*o)
+            .is_some_and(|b| matches!(b, b':' | b',' | b'[' | b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            *o += 1;
+            while bytes
+                .get(*o)
+                .is_some_and(|b| matches!(b, b':' | b',' | b' ' | b'\t' | b'\n' | b'\r'))
+            {
+                *o += 1;
+            }
+        }
+    }
     let span = offset.map(|o| o..(o + 1).min(source.len()).max(o));
+    let valid_json = || serde_json::from_str::<serde::de::IgnoredAny>(source).is_ok();
     match error.classify() {
         serde_json::error::Category::Data => data_error(&message, span, tree, rep),
+        // serde_json calls some type errors syntax errors ("expected value" for `"kind": {}`).
+        serde_json::error::Category::Syntax if tree.is_some() && valid_json() => {
+            data_error(&message, span, tree, rep)
+        }
         _ if source.trim().is_empty() => rep.error(
             None,
             None,
@@ -73,7 +99,9 @@ fn tables_are_tables(plan: Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
         _ => 0,
     });
     let stage = |i: usize| vec![Seg::Key("stage".into()), Seg::Index(i)];
-    let paths = [vec![], vec![Seg::Key("run".into())]].into_iter().chain((0..stages).map(stage));
+    let paths = [vec![], vec![Seg::Key("run".into())]]
+        .into_iter()
+        .chain((0..stages).map(stage));
     for path in paths {
         if let Some((container, _)) = shape_mistake(tree, &path) {
             let node = tree.find(&container);
@@ -94,11 +122,20 @@ fn tables_are_tables(plan: Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
 /// What a serde error message says, taken apart.
 #[derive(Debug, PartialEq)]
 enum Problem {
-    UnknownField { field: String, expected: Vec<String> },
+    UnknownField {
+        field: String,
+        expected: Vec<String>,
+    },
     MissingField(String),
     DuplicateField(String),
-    UnknownVariant { variant: String, expected: Vec<String> },
-    WrongType { found: Option<String>, expected: String },
+    UnknownVariant {
+        variant: String,
+        expected: Vec<String>,
+    },
+    WrongType {
+        found: Option<String>,
+        expected: String,
+    },
     BadDuration(String),
     Other(String),
 }
@@ -112,7 +149,11 @@ fn quoted(text: &str) -> Option<String> {
 
 /// Every backquoted word of `text`.
 fn all_quoted(text: &str) -> Vec<String> {
-    text.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
 }
 
 fn classify(raw: &str) -> Problem {
@@ -140,7 +181,10 @@ fn classify(raw: &str) -> Problem {
         return Problem::BadDuration(quoted(raw).unwrap_or_default());
     }
     for prefix in ["invalid type: ", "invalid value: "] {
-        if let Some((found, expected)) = raw.strip_prefix(prefix).and_then(|r| r.rsplit_once(", expected ")) {
+        if let Some((found, expected)) = raw
+            .strip_prefix(prefix)
+            .and_then(|r| r.rsplit_once(", expected "))
+        {
             return Problem::WrongType {
                 found: Some(found_text(found)),
                 expected: expected.to_string(),
@@ -227,7 +271,9 @@ fn describe(path: &[Seg]) -> Option<&'static str> {
             "name" => "a string",
             "after" => "a list of stage names, like [\"pretrain\"]",
             "kind" => "one of train, eval",
-            "command" => "a list of strings: the program and its arguments, like [\"python\", \"train.py\"]",
+            "command" => {
+                "a list of strings: the program and its arguments, like [\"python\", \"train.py\"]"
+            }
             "params" => "a table",
             "init" => "a stage name (a string)",
             "timeout" => duration,
@@ -300,7 +346,9 @@ fn node_text(node: &Node, rep: &Reporter) -> String {
 fn shape_mistake(tree: &Node, path: &[Seg]) -> Option<(Vec<Seg>, Shape)> {
     for len in 0..=path.len() {
         let prefix = &path[..len];
-        let (Some(want), Some(node)) = (expected_shape(prefix), tree.find(prefix)) else { continue };
+        let (Some(want), Some(node)) = (expected_shape(prefix), tree.find(prefix)) else {
+            continue;
+        };
         let fits = match want {
             Shape::Table => matches!(node.value, Value::Table(_)),
             Shape::List => matches!(node.value, Value::Array(_)),
@@ -330,7 +378,10 @@ fn label(path: &[Seg]) -> String {
 }
 
 /// The stage a path is in: its index, and its name when the tree has one.
-pub(crate) fn stage_of<'t>(tree: Option<&'t Node>, path: &[Seg]) -> Option<(usize, Option<&'t str>)> {
+pub(crate) fn stage_of<'t>(
+    tree: Option<&'t Node>,
+    path: &[Seg],
+) -> Option<(usize, Option<&'t str>)> {
     match path {
         [Seg::Key(k), Seg::Index(i), ..] if k == "stage" => {
             let name = tree
@@ -361,7 +412,12 @@ fn data_error(raw: &str, span: Option<Range<usize>>, tree: Option<&Node>, rep: &
     // Where the diagnostic points: the key or value the error is about.
     let mut point = Some(location.span.clone());
     let mut problem = problem;
-    if location.on_key && matches!(problem, Problem::UnknownField { .. } | Problem::DuplicateField(_)) {
+    if location.on_key
+        && matches!(
+            problem,
+            Problem::UnknownField { .. } | Problem::DuplicateField(_)
+        )
+    {
         path.pop();
     }
     let tree_node = |path: &[Seg]| tree.and_then(|t| t.find(path));
@@ -370,10 +426,15 @@ fn data_error(raw: &str, span: Option<Range<usize>>, tree: Option<&Node>, rep: &
         point = node.and_then(|n| n.span.clone()).or(point);
         problem = Problem::WrongType {
             found: node.map(|n| node_text(n, rep)),
-            expected: if want == Shape::Table { "a map".into() } else { "a sequence".into() },
+            expected: if want == Shape::Table {
+                "a map".into()
+            } else {
+                "a sequence".into()
+            },
         };
         path = container;
-    } else if let (Problem::Other(_), Some(_), false) = (&problem, describe(&path), location.on_key) {
+    } else if let (Problem::Other(_), Some(_), false) = (&problem, describe(&path), location.on_key)
+    {
         // A decoder's own wording (toml's "wanted string or table") for a value of the wrong
         // type at a key the format describes: say what the key takes instead.
         problem = Problem::WrongType {
@@ -381,13 +442,18 @@ fn data_error(raw: &str, span: Option<Range<usize>>, tree: Option<&Node>, rep: &
             expected: String::new(),
         };
     } else if let (Problem::WrongType { found, .. }, false) = (&mut problem, location.on_key) {
-        if let Some(node) = tree_node(&path).filter(|n| matches!(n.value, Value::DateTime | Value::Table(_) | Value::Array(_))) {
+        if let Some(node) = tree_node(&path)
+            .filter(|n| matches!(n.value, Value::DateTime | Value::Table(_) | Value::Array(_)))
+        {
             *found = Some(node_text(node, rep));
         }
     }
     // An error inside a value that should have been a scalar (`gpus = [{}]`, `kind = { x = 1 }`)
     // is about the value as a whole.
-    let about_a_value = matches!(problem, Problem::WrongType { .. } | Problem::Other(_) | Problem::UnknownVariant { .. });
+    let about_a_value = matches!(
+        problem,
+        Problem::WrongType { .. } | Problem::Other(_) | Problem::UnknownVariant { .. }
+    );
     if about_a_value && describe(&path).is_none() {
         let scalar_parent = (1..path.len())
             .rev()
@@ -409,7 +475,14 @@ fn data_error(raw: &str, span: Option<Range<usize>>, tree: Option<&Node>, rep: &
     let stage_name = stage.and_then(|(_, name)| name);
     // Inside a stage, keys are named relative to it; a stage without a name is numbered.
     let (relative, unnamed_prefix) = match stage {
-        Some((i, name)) => (&path[2..], if name.is_none() { format!("stage #{}: ", i + 1) } else { String::new() }),
+        Some((i, name)) => (
+            &path[2..],
+            if name.is_none() {
+                format!("stage #{}: ", i + 1)
+            } else {
+                String::new()
+            },
+        ),
         None => (&path[..], String::new()),
     };
     let (message, help) = match problem {
@@ -423,55 +496,99 @@ fn data_error(raw: &str, span: Option<Range<usize>>, tree: Option<&Node>, rep: &
             let mut help = suggest::help(&field, &expected, "valid keys are");
             if path.is_empty() && STAGE_KEYS.contains(&field.as_str()) {
                 help = "stage keys go below a `[[stage]]` header".into();
-            } else if matches!(path.as_slice(), [Seg::Key(k)] if k == "run") && STAGE_KEYS.contains(&field.as_str()) {
+            } else if matches!(path.as_slice(), [Seg::Key(k)] if k == "run")
+                && STAGE_KEYS.contains(&field.as_str())
+            {
                 help = format!("{help}; if `{field}` belongs to a stage, is a `[[stage]]` header missing above it?");
             }
-            (format!("{unnamed_prefix}unknown key `{field}`{place}"), Some(help))
+            (
+                format!("{unnamed_prefix}unknown key `{field}`{place}"),
+                Some(help),
+            )
         }
         Problem::MissingField(field) => {
             let message = match stage {
-                Some(_) if relative.is_empty() => format!("{unnamed_prefix}the stage has no `{field}`"),
+                Some(_) if relative.is_empty() => {
+                    format!("{unnamed_prefix}the stage has no `{field}`")
+                }
                 _ => format!("{unnamed_prefix}`{}` has no `{field}`", label(relative)),
             };
-            let help = (field == "name").then(|| "every stage needs a unique `name`, like name = \"pretrain\"".to_string());
+            let help = (field == "name")
+                .then(|| "every stage needs a unique `name`, like name = \"pretrain\"".to_string());
             (message, help)
         }
-        Problem::DuplicateField(field) => (format!("{unnamed_prefix}`{field}` is given twice"), None),
+        Problem::DuplicateField(field) => {
+            (format!("{unnamed_prefix}`{field}` is given twice"), None)
+        }
         Problem::UnknownVariant { variant, expected } => {
             let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
             let what = label(relative);
             let mut help = suggest::help(&variant, &expected, "valid values are");
             if what == "kind" {
-                help = format!("{}; to run any other program, give `command` instead", suggest::help(&variant, &expected, "built-in kinds are"));
+                help = format!(
+                    "{}; to run any other program, give `command` instead",
+                    suggest::help(&variant, &expected, "built-in kinds are")
+                );
             }
-            (format!("{unnamed_prefix}`{what}` cannot be `{variant}`"), Some(help))
+            (
+                format!("{unnamed_prefix}`{what}` cannot be `{variant}`"),
+                Some(help),
+            )
         }
         Problem::WrongType { found, expected } => {
-            let want = describe(&path).map(str::to_string).unwrap_or_else(|| plain_expected(&expected));
+            let want = describe(&path)
+                .map(str::to_string)
+                .unwrap_or_else(|| plain_expected(&expected));
             let too_large = matches!(expected.as_str(), "u32" | "u64")
                 && found.as_deref().is_some_and(|f| f.parse::<u128>().is_ok());
             let what = if relative.is_empty() {
-                if path.is_empty() { "the plan".to_string() } else { "each entry of `stage`".to_string() }
+                if path.is_empty() {
+                    "the plan".to_string()
+                } else {
+                    "each entry of `stage`".to_string()
+                }
             } else {
                 format!("`{}`", label(relative))
             };
-            let unnamed_prefix = if relative.is_empty() { "" } else { unnamed_prefix.as_str() };
+            let unnamed_prefix = if relative.is_empty() {
+                ""
+            } else {
+                unnamed_prefix.as_str()
+            };
             let message = match found {
-                _ if too_large => format!("{unnamed_prefix}{what} is too large (at most {})", if expected == "u32" { u64::from(u32::MAX) } else { u64::MAX }),
+                _ if too_large => format!(
+                    "{unnamed_prefix}{what} is too large (at most {})",
+                    if expected == "u32" {
+                        u64::from(u32::MAX)
+                    } else {
+                        u64::MAX
+                    }
+                ),
                 Some(found) => format!("{unnamed_prefix}{what} must be {want}, not {found}"),
                 None => format!("{unnamed_prefix}{what} must be {want}"),
             };
             let help = match path.as_slice() {
-                [Seg::Key(k)] if k == "stage" => Some("write `[[stage]]` (double brackets) before each stage".to_string()),
+                [Seg::Key(k)] if k == "stage" => {
+                    Some("write `[[stage]]` (double brackets) before each stage".to_string())
+                }
                 _ => None,
             };
             (message, help)
         }
         Problem::BadDuration(text) => (
-            format!("{unnamed_prefix}`{}` is not a valid duration: `{text}`", label(relative)),
-            Some("write a number and a unit (ms, s, m, h, d), like \"90s\", \"30m\" or \"1h30m\"".into()),
+            format!(
+                "{unnamed_prefix}`{}` is not a valid duration: `{text}`",
+                label(relative)
+            ),
+            Some(
+                "write a number and a unit (ms, s, m, h, d), like \"90s\", \"30m\" or \"1h30m\""
+                    .into(),
+            ),
         ),
-        Problem::Other(raw) => (format!("{unnamed_prefix}`{}`: {raw}", label(relative)), None),
+        Problem::Other(raw) => (
+            format!("{unnamed_prefix}`{}`: {raw}", label(relative)),
+            None,
+        ),
     };
     rep.error(point, stage_name, message, help);
 }
@@ -510,7 +627,13 @@ mod tests {
                 expected: "a sequence".into()
             }
         );
-        assert_eq!(classify("missing field `name`"), Problem::MissingField("name".into()));
-        assert_eq!(classify("something else"), Problem::Other("something else".into()));
+        assert_eq!(
+            classify("missing field `name`"),
+            Problem::MissingField("name".into())
+        );
+        assert_eq!(
+            classify("something else"),
+            Problem::Other("something else".into())
+        );
     }
 }

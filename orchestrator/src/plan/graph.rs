@@ -148,7 +148,10 @@ fn strongly_connected(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
 
 /// Whether `ancestor` is upstream of `stage`, directly or through other stages.
 pub(crate) fn is_upstream(upstream: &[Vec<usize>], ancestor: usize, stage: usize) -> bool {
-    if upstream.get(stage).is_some_and(|ups| ups.contains(&ancestor)) {
+    if upstream
+        .get(stage)
+        .is_some_and(|ups| ups.contains(&ancestor))
+    {
         return true;
     }
     let mut seen = vec![false; upstream.len()];
@@ -225,7 +228,9 @@ mod tests {
     #[test]
     fn long_chains_do_not_overflow() {
         let n = 100_000;
-        let mut upstream: Vec<Vec<usize>> = (0..n).map(|i| if i == 0 { vec![] } else { vec![i - 1] }).collect();
+        let mut upstream: Vec<Vec<usize>> = (0..n)
+            .map(|i| if i == 0 { vec![] } else { vec![i - 1] })
+            .collect();
         assert_eq!(topological_order(&upstream).map(|o| o.len()), Some(n));
         assert!(find_cycles(&upstream).is_empty());
         assert!(is_upstream(&upstream, 0, n - 1));

@@ -55,7 +55,10 @@ impl Scanner<'_> {
             b'"' => Value::String(self.string()?),
             _ => {
                 while let Some(b) = self.bytes.get(self.pos) {
-                    if matches!(b, b',' | b']' | b'}' | b':' | b' ' | b'\t' | b'\n' | b'\r' | b'"') {
+                    if matches!(
+                        b,
+                        b',' | b']' | b'}' | b':' | b' ' | b'\t' | b'\n' | b'\r' | b'"'
+                    ) {
                         break;
                     }
                     self.pos += 1;
@@ -148,7 +151,11 @@ mod tests {
         let src = r#"{"stage": [{"name": "a\"b", "after": ["x", 1.5e3]}], "run": {}}"#;
         let tree = from_json(src).unwrap();
         let name = tree
-            .find(&[Seg::Key("stage".into()), Seg::Index(0), Seg::Key("name".into())])
+            .find(&[
+                Seg::Key("stage".into()),
+                Seg::Index(0),
+                Seg::Key("name".into()),
+            ])
             .unwrap();
         assert_eq!(name.as_str(), Some("a\"b"));
         assert_eq!(&src[name.span.clone().unwrap()], r#""a\"b""#);

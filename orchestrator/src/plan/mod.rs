@@ -102,7 +102,10 @@ fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
         return Err(fail("it is a directory".into()));
     }
     if meta.len() > MAX_PLAN_BYTES {
-        return Err(fail(format!("it is {} bytes, more than a plan may be ({MAX_PLAN_BYTES})", meta.len())));
+        return Err(fail(format!(
+            "it is {} bytes, more than a plan may be ({MAX_PLAN_BYTES})",
+            meta.len()
+        )));
     }
     let bytes = std::fs::read(path).map_err(|e| fail(io(e)))?;
     String::from_utf8(bytes).map_err(|e| {
@@ -110,13 +113,19 @@ fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
         // The prefix is valid UTF-8 by construction.
         let text = std::str::from_utf8(good).unwrap_or_default();
         let (line, column) = diagnostic::LineIndex::new(text).position(text.len());
-        fail(format!("it is not UTF-8 text (line {line}, column {column})"))
+        fail(format!(
+            "it is not UTF-8 text (line {line}, column {column})"
+        ))
     })
 }
 
 /// Validates a plan given as TOML text. `source_name` names it in messages; `base_dir` is the
 /// directory stages run in (made absolute against the current directory if it is relative).
-pub fn parse_plan_toml(source: &str, source_name: &str, base_dir: &Path) -> Result<LoadedPlan, PlanError> {
+pub fn parse_plan_toml(
+    source: &str,
+    source_name: &str,
+    base_dir: &Path,
+) -> Result<LoadedPlan, PlanError> {
     let tree = tree::from_toml(source);
     let mut rep = Reporter::new(source, source_name);
     let plan = decode::toml_plan(source, tree.as_ref(), &mut rep);
@@ -125,7 +134,11 @@ pub fn parse_plan_toml(source: &str, source_name: &str, base_dir: &Path) -> Resu
 
 /// Validates a plan given as JSON text (the same format, as a JSON object); see
 /// [`parse_plan_toml`].
-pub fn parse_plan_json(source: &str, source_name: &str, base_dir: &Path) -> Result<LoadedPlan, PlanError> {
+pub fn parse_plan_json(
+    source: &str,
+    source_name: &str,
+    base_dir: &Path,
+) -> Result<LoadedPlan, PlanError> {
     let tree = json_tree::from_json(source);
     let mut rep = Reporter::new(source, source_name);
     let plan = decode::json_plan(source, tree.as_ref(), &mut rep);
@@ -139,7 +152,9 @@ fn finish(
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
-    let graph = plan.as_ref().and_then(|plan| validate::check(plan, tree, &mut rep));
+    let graph = plan
+        .as_ref()
+        .and_then(|plan| validate::check(plan, tree, &mut rep));
     if let Some(error) = rep.finish() {
         return Err(error);
     }

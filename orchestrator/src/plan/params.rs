@@ -48,18 +48,32 @@ impl ParamsAt<'_> {
         node.span.clone()
     }
 
-    fn report(&self, rep: &mut Reporter, span: Option<Range<usize>>, message: String, help: Option<String>) {
-        let span = span.or_else(|| self.node.and_then(|n| n.span.clone())).or_else(|| self.fallback.clone());
+    fn report(
+        &self,
+        rep: &mut Reporter,
+        span: Option<Range<usize>>,
+        message: String,
+        help: Option<String>,
+    ) {
+        let span = span
+            .or_else(|| self.node.and_then(|n| n.span.clone()))
+            .or_else(|| self.fallback.clone());
         rep.error(span, self.stage, message, help);
     }
 }
 
 /// Checks the params of a built-in stage of `kind`.
-pub(crate) fn check(kind: BuiltinKind, params: &Map<String, Value>, at: &ParamsAt, rep: &mut Reporter) {
+pub(crate) fn check(
+    kind: BuiltinKind,
+    params: &Map<String, Value>,
+    at: &ParamsAt,
+    rep: &mut Reporter,
+) {
     match kind {
         BuiltinKind::Train => {
             if check_keys::<TrainParams>(kind, params, &[], at, rep) {
-                if let Ok(p) = serde_json::from_value::<TrainParams>(Value::Object(params.clone())) {
+                if let Ok(p) = serde_json::from_value::<TrainParams>(Value::Object(params.clone()))
+                {
                     check_train(&p, params, at, rep);
                 }
             }
@@ -94,13 +108,23 @@ fn check_keys<T: DeserializeOwned + Default + Serialize>(
     let known = known_keys::<T>();
     let known: Vec<&str> = known.iter().map(String::as_str).collect();
     let mut ok = true;
-    let table = std::iter::once("params").chain(prefix.iter().copied()).collect::<Vec<_>>().join(".");
+    let table = std::iter::once("params")
+        .chain(prefix.iter().copied())
+        .collect::<Vec<_>>()
+        .join(".");
     for (key, value) in params {
-        let path: Vec<&str> = prefix.iter().copied().chain(std::iter::once(key.as_str())).collect();
+        let path: Vec<&str> = prefix
+            .iter()
+            .copied()
+            .chain(std::iter::once(key.as_str()))
+            .collect();
         if !known.contains(&key.as_str()) {
             ok = false;
             let article = if kind == BuiltinKind::Eval { "an" } else { "a" };
-            let what = format!("keys of `{table}` in {article} `{}` stage are", kind.as_str());
+            let what = format!(
+                "keys of `{table}` in {article} `{}` stage are",
+                kind.as_str()
+            );
             at.report(
                 rep,
                 at.key_span(&path),
@@ -136,14 +160,25 @@ fn check_train(p: &TrainParams, raw: &Map<String, Value>, at: &ParamsAt, rep: &m
     positive(p.batch_size.into(), "batch_size", at, rep);
     positive(p.seq_len.into(), "seq_len", at, rep);
     if !(p.lr.is_finite() && p.lr > 0.0) {
-        at.report(rep, at.value_span(&["lr"]), format!("`params.lr` must be above 0, not {}", p.lr), None);
+        at.report(
+            rep,
+            at.value_span(&["lr"]),
+            format!("`params.lr` must be above 0, not {}", p.lr),
+            None,
+        );
     }
     if !(p.weight_decay.is_finite() && p.weight_decay >= 0.0) {
-        let message = format!("`params.weight_decay` must be 0 or more, not {}", p.weight_decay);
+        let message = format!(
+            "`params.weight_decay` must be 0 or more, not {}",
+            p.weight_decay
+        );
         at.report(rep, at.value_span(&["weight_decay"]), message, None);
     }
     if !(p.progress_every_s.is_finite() && p.progress_every_s > 0.0) {
-        let message = format!("`params.progress_every_s` must be above 0, not {}", p.progress_every_s);
+        let message = format!(
+            "`params.progress_every_s` must be above 0, not {}",
+            p.progress_every_s
+        );
         at.report(rep, at.value_span(&["progress_every_s"]), message, None);
     }
     let m = &p.model;
@@ -165,7 +200,9 @@ fn check_train(p: &TrainParams, raw: &Map<String, Value>, at: &ParamsAt, rep: &m
             "`params.model.n_heads` ({}) must divide `params.model.d_model` ({})",
             m.n_heads, m.d_model
         );
-        let span = at.value_span(&["model", "n_heads"]).or_else(|| at.value_span(&["model", "d_model"]));
+        let span = at
+            .value_span(&["model", "n_heads"])
+            .or_else(|| at.value_span(&["model", "d_model"]));
         at.report(rep, span, message, None);
     }
     let model_given = raw.contains_key("model");
@@ -190,14 +227,27 @@ fn check_eval(p: &EvalParams, at: &ParamsAt, rep: &mut Reporter) {
 
 fn positive(value: u64, key: &str, at: &ParamsAt, rep: &mut Reporter) {
     if value == 0 {
-        at.report(rep, at.value_span(&[key]), format!("`params.{key}` must be 1 or more"), None);
+        at.report(
+            rep,
+            at.value_span(&[key]),
+            format!("`params.{key}` must be 1 or more"),
+            None,
+        );
     }
 }
 
 fn check_data(data: &str, at: &ParamsAt, rep: &mut Reporter) {
     if data.trim().is_empty() {
-        let help = format!("name a file, or one of {}", suggest::list(SYNTHETIC_DATA.iter().copied(), 8));
-        at.report(rep, at.value_span(&["data"]), "`params.data` is empty".into(), Some(help));
+        let help = format!(
+            "name a file, or one of {}",
+            suggest::list(SYNTHETIC_DATA.iter().copied(), 8)
+        );
+        at.report(
+            rep,
+            at.value_span(&["data"]),
+            "`params.data` is empty".into(),
+            Some(help),
+        );
     } else if data.starts_with("synthetic:") && !SYNTHETIC_DATA.contains(&data) {
         at.report(
             rep,

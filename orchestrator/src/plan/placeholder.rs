@@ -134,13 +134,19 @@ mod tests {
                 Piece::Placeholder(Placeholder::Stage)
             ]
         );
-        assert_eq!(parse("{{\"a\": 1}}").unwrap(), vec![Piece::Text("{\"a\": 1}".into())]);
+        assert_eq!(
+            parse("{{\"a\": 1}}").unwrap(),
+            vec![Piece::Text("{\"a\": 1}".into())]
+        );
         assert_eq!(parse("").unwrap(), vec![]);
     }
 
     #[test]
     fn refuses_bad_braces() {
-        assert_eq!(parse("{outptu}"), Err(TemplateError::Unknown("outptu".into())));
+        assert_eq!(
+            parse("{outptu}"),
+            Err(TemplateError::Unknown("outptu".into()))
+        );
         assert_eq!(parse("{output"), Err(TemplateError::Unclosed));
         assert_eq!(parse("{out{put}"), Err(TemplateError::Unclosed));
         assert_eq!(parse("a}b"), Err(TemplateError::StrayClose));

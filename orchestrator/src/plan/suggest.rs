@@ -77,7 +77,7 @@ where
 }
 
 /// `did you mean `x`? ` when there is a close candidate, then `{what}: a, b, c`.
-pub(crate) fn help<'a>(wrong: &str, candidates: &[&'a str], what: &str) -> String {
+pub(crate) fn help(wrong: &str, candidates: &[&str], what: &str) -> String {
     let listed = list(candidates.iter().copied(), 12);
     match closest(wrong, candidates.iter().copied()) {
         Some(name) => format!("did you mean `{name}`? {what}: {listed}"),
@@ -95,7 +95,11 @@ mod tests {
         assert_eq!(edit_distance("abc", ""), 3);
         assert_eq!(edit_distance("", "ab"), 2);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
-        assert_eq!(edit_distance("pretrian", "pretrain"), 1, "a swap is one edit");
+        assert_eq!(
+            edit_distance("pretrian", "pretrain"),
+            1,
+            "a swap is one edit"
+        );
         assert_eq!(edit_distance("sft", "sfts"), 1);
         assert_eq!(edit_distance("évál", "eval"), 2);
     }

@@ -102,7 +102,12 @@ impl Node {
         best.map(|(_, location)| location)
     }
 
-    fn search(&self, span: &Range<usize>, path: &mut Vec<Seg>, best: &mut Option<(usize, Location)>) {
+    fn search(
+        &self,
+        span: &Range<usize>,
+        path: &mut Vec<Seg>,
+        best: &mut Option<(usize, Location)>,
+    ) {
         fn consider(
             candidate: &Range<usize>,
             span: &Range<usize>,
@@ -187,7 +192,9 @@ struct Key {
 
 impl<'de> Deserialize<'de> for Bare {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ValueVisitor { spanned: false }).map(|node| Bare(node.value))
+        deserializer
+            .deserialize_any(ValueVisitor { spanned: false })
+            .map(|node| Bare(node.value))
     }
 }
 
@@ -353,19 +360,31 @@ mod tests {
     fn toml_tree_keeps_spans_of_values_and_keys() {
         let src = "[[stage]]\nname = \"a\"\n[stage.params]\nsteps = 3\n[[stage]]\nname = \"b\"\nafter = [\"a\", 1]\n";
         let tree = from_toml(src).unwrap();
-        let name = tree.find(&[key("stage"), Seg::Index(1), key("name")]).unwrap();
+        let name = tree
+            .find(&[key("stage"), Seg::Index(1), key("name")])
+            .unwrap();
         assert_eq!(&src[name.span.clone().unwrap()], "\"b\"");
         assert_eq!(name.as_str(), Some("b"));
-        let steps = tree.find(&[key("stage"), Seg::Index(0), key("params"), key("steps")]).unwrap();
+        let steps = tree
+            .find(&[key("stage"), Seg::Index(0), key("params"), key("steps")])
+            .unwrap();
         assert_eq!(&src[steps.span.clone().unwrap()], "3");
-        let after1 = tree.find(&[key("stage"), Seg::Index(1), key("after"), Seg::Index(1)]).unwrap();
+        let after1 = tree
+            .find(&[key("stage"), Seg::Index(1), key("after"), Seg::Index(1)])
+            .unwrap();
         assert_eq!(&src[after1.span.clone().unwrap()], "1");
         let loc = tree.locate(&after1.span.clone().unwrap()).unwrap();
-        assert_eq!(loc.path, vec![key("stage"), Seg::Index(1), key("after"), Seg::Index(1)]);
+        assert_eq!(
+            loc.path,
+            vec![key("stage"), Seg::Index(1), key("after"), Seg::Index(1)]
+        );
         assert!(!loc.on_key);
         let steps_key = src.find("steps").unwrap();
         let loc = tree.locate(&(steps_key..steps_key + 5)).unwrap();
-        assert_eq!(loc.path, vec![key("stage"), Seg::Index(0), key("params"), key("steps")]);
+        assert_eq!(
+            loc.path,
+            vec![key("stage"), Seg::Index(0), key("params"), key("steps")]
+        );
         assert!(loc.on_key);
     }
 
@@ -384,7 +403,13 @@ mod tests {
         assert_eq!(&src[model_key], "model");
         assert!(params.span.is_some());
         let y = tree
-            .find(&[key("stage"), Seg::Index(1), key("params"), key("x"), key("y")])
+            .find(&[
+                key("stage"),
+                Seg::Index(1),
+                key("params"),
+                key("x"),
+                key("y"),
+            ])
             .unwrap();
         assert_eq!(&src[y.span.clone().unwrap()], "1");
     }

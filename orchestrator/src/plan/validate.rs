@@ -77,7 +77,9 @@ fn name_problem(name: &str) -> Option<String> {
     }
     let len = name.chars().count();
     if len > MAX_NAME_LEN {
-        return Some(format!("is {len} characters long; the limit is {MAX_NAME_LEN}"));
+        return Some(format!(
+            "is {len} characters long; the limit is {MAX_NAME_LEN}"
+        ));
     }
     let bad = name
         .chars()
@@ -130,20 +132,32 @@ impl<'p> Validator<'p, '_, '_> {
             .or_else(|| self.field(i, key))
     }
 
-    fn error(&mut self, span: Option<Range<usize>>, i: usize, message: String, help: Option<String>) {
+    fn error(
+        &mut self,
+        span: Option<Range<usize>>,
+        i: usize,
+        message: String,
+        help: Option<String>,
+    ) {
         let stage = self.label(i);
         self.rep.error(span, stage, message, help);
     }
 
     fn stage_names(&self) -> Vec<&'p str> {
-        let mut names: Vec<(usize, &'p str)> = self.first_of.iter().map(|(n, i)| (*i, *n)).collect();
+        let mut names: Vec<(usize, &'p str)> =
+            self.first_of.iter().map(|(n, i)| (*i, *n)).collect();
         names.sort();
         names.into_iter().map(|(_, n)| n).collect()
     }
 
     fn check_run(&mut self) {
         let run = &self.plan.run;
-        let run_field = |key: &str| self.tree.and_then(|t| t.get("run")).and_then(|r| r.get(key)).and_then(|n| n.span.clone());
+        let run_field = |key: &str| {
+            self.tree
+                .and_then(|t| t.get("run"))
+                .and_then(|r| r.get(key))
+                .and_then(|n| n.span.clone())
+        };
         if run.max_parallel == Some(0) {
             let span = run_field("max_parallel");
             self.rep.error(
@@ -215,12 +229,22 @@ impl<'p> Validator<'p, '_, '_> {
             if *dep == stage.name {
                 self.error(span, i, "the stage lists itself in `after`".into(), None);
             } else if stage.after[..j].contains(dep) {
-                self.error(span, i, format!("`after` lists `{dep}` more than once"), None);
+                self.error(
+                    span,
+                    i,
+                    format!("`after` lists `{dep}` more than once"),
+                    None,
+                );
             } else if let Some(&up) = self.first_of.get(dep.as_str()) {
                 upstream.push(up);
             } else {
                 let help = suggest::help(dep, &self.stage_names(), "stages are");
-                self.error(span, i, format!("`after` names `{dep}`, which is not a stage"), Some(help));
+                self.error(
+                    span,
+                    i,
+                    format!("`after` names `{dep}`, which is not a stage"),
+                    Some(help),
+                );
             }
         }
         upstream
@@ -231,7 +255,11 @@ impl<'p> Validator<'p, '_, '_> {
         let last = *cycle.last().unwrap_or(&first);
         let mut names: Vec<&str> = cycle.iter().map(|&s| self.stage(s).name.as_str()).collect();
         names.push(&self.stage(first).name);
-        let closing = self.stage(first).after.iter().position(|a| *a == self.stage(last).name);
+        let closing = self
+            .stage(first)
+            .after
+            .iter()
+            .position(|a| *a == self.stage(last).name);
         let span = match closing {
             Some(j) => self.item(first, "after", j),
             None => self.field(first, "after"),
@@ -262,7 +290,10 @@ impl<'p> Validator<'p, '_, '_> {
                 self.field(i, "timeout"),
                 i,
                 "`timeout` is zero".into(),
-                Some("give a positive duration like \"30m\", or leave `timeout` out for no limit".into()),
+                Some(
+                    "give a positive duration like \"30m\", or leave `timeout` out for no limit"
+                        .into(),
+                ),
             );
         }
         if let Some(gpus) = stage.gpus.filter(|&g| g > MAX_GPUS) {
@@ -317,22 +348,40 @@ impl<'p> Validator<'p, '_, '_> {
                     self.field(i, "command"),
                     i,
                     "`command` is empty".into(),
-                    Some("give the program and its arguments, like [\"python\", \"train.py\"]".into()),
+                    Some(
+                        "give the program and its arguments, like [\"python\", \"train.py\"]"
+                            .into(),
+                    ),
                 );
                 return;
             }
             Some(program) if program.trim().is_empty() => {
-                self.error(self.item(i, "command", 0), i, "the program in `command` is empty".into(), None);
+                self.error(
+                    self.item(i, "command", 0),
+                    i,
+                    "the program in `command` is empty".into(),
+                    None,
+                );
             }
             Some(_) => {}
         }
         for (j, arg) in command.iter().enumerate() {
             let span = self.item(i, "command", j);
             if arg.contains('\0') {
-                self.error(span.clone(), i, format!("`command[{j}]` contains a NUL byte"), None);
+                self.error(
+                    span.clone(),
+                    i,
+                    format!("`command[{j}]` contains a NUL byte"),
+                    None,
+                );
             }
             match placeholder::parse(arg) {
-                Err(e) => self.error(span, i, format!("`command[{j}]` {e}"), Some(TEMPLATE_HELP.into())),
+                Err(e) => self.error(
+                    span,
+                    i,
+                    format!("`command[{j}]` {e}"),
+                    Some(TEMPLATE_HELP.into()),
+                ),
                 Ok(pieces) => {
                     for piece in pieces {
                         if let Piece::Placeholder(Placeholder::Input(name)) = piece {
@@ -353,17 +402,29 @@ impl<'p> Validator<'p, '_, '_> {
         match self.first_of.get(name) {
             None => {
                 let help = suggest::help(name, &self.stage_names(), "stages are");
-                self.error(span, i, message(&format!("there is no stage `{name}`")), Some(help));
+                self.error(
+                    span,
+                    i,
+                    message(&format!("there is no stage `{name}`")),
+                    Some(help),
+                );
             }
             Some(_) if name == stage.name => {
-                self.error(span, i, message("that is this stage; use `{output}` for its own directory"), None);
+                self.error(
+                    span,
+                    i,
+                    message("that is this stage; use `{output}` for its own directory"),
+                    None,
+                );
             }
             Some(&up) if !upstream[i].contains(&up) => {
                 self.error(
                     span,
                     i,
                     message(&format!("`{name}` is not in `after`")),
-                    Some(format!("add `{name}` to `after`: a stage's inputs are the stages it runs after")),
+                    Some(format!(
+                        "add `{name}` to `after`: a stage's inputs are the stages it runs after"
+                    )),
                 );
             }
             Some(_) => {}
@@ -373,12 +434,19 @@ impl<'p> Validator<'p, '_, '_> {
     /// `init`: an existing stage upstream of this one (directly or not) that writes a checkpoint.
     fn check_init(&mut self, i: usize, upstream: &[Vec<usize>]) {
         let stage = self.stage(i);
-        let Some(init) = stage.init.as_deref() else { return };
+        let Some(init) = stage.init.as_deref() else {
+            return;
+        };
         let span = self.field(i, "init");
         match self.first_of.get(init).copied() {
             None => {
                 let help = suggest::help(init, &self.stage_names(), "stages are");
-                self.error(span, i, format!("`init` names `{init}`, which is not a stage"), Some(help));
+                self.error(
+                    span,
+                    i,
+                    format!("`init` names `{init}`, which is not a stage"),
+                    Some(help),
+                );
             }
             Some(_) if init == stage.name => {
                 self.error(span, i, "`init` names the stage itself".into(), None);
@@ -407,13 +475,18 @@ impl<'p> Validator<'p, '_, '_> {
         let env_node = self.node(i).and_then(|n| n.get("env"));
         for (key, value) in &self.stage(i).env {
             let entry = env_node.and_then(|n| n.entry(key));
-            let key_span = entry.and_then(|e| e.key_span.clone()).or_else(|| self.field(i, "env"));
+            let key_span = entry
+                .and_then(|e| e.key_span.clone())
+                .or_else(|| self.field(i, "env"));
             if !is_env_name(key) {
                 self.error(
                     key_span,
                     i,
                     format!("`env` key `{key}` is not a valid variable name"),
-                    Some("variable names use letters, digits and `_`, and do not start with a digit".into()),
+                    Some(
+                        "variable names use letters, digits and `_`, and do not start with a digit"
+                            .into(),
+                    ),
                 );
             } else if key.starts_with(RESERVED_ENV_PREFIX) {
                 self.error(
@@ -424,7 +497,9 @@ impl<'p> Validator<'p, '_, '_> {
                 );
             }
             if value.contains('\0') {
-                let span = entry.and_then(|e| e.node.span.clone()).or_else(|| self.field(i, "env"));
+                let span = entry
+                    .and_then(|e| e.node.span.clone())
+                    .or_else(|| self.field(i, "env"));
                 self.error(span, i, format!("`env.{key}` contains a NUL byte"), None);
             }
         }
