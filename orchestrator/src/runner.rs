@@ -3,7 +3,8 @@
 //!
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
 //! were verified; a GPU is given to one stage at a time; the journal gets a fsynced record at
-//! every state change and `report.json` is rewritten after every attempt; SIGINT/SIGTERM stop
+//! every state change and `report.json` is rewritten as attempts finish (at most once a second,
+//! and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
 
@@ -250,6 +251,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         _ => None,
     };
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
+    let mut last_report = Instant::now();
 
     loop {
         let stopping = interrupted || leak_stop;
@@ -438,8 +440,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     }
                 }
                 states[i].last = Some(result);
-                let report = build_report(&plan, &states, &run_dir, &gpu_check, started, "running");
-                crate::report::write_or_warn(&report_path, &report, &console);
+                // Rewriting the whole report costs O(stages): at most once a second.
+                if last_report.elapsed() >= Duration::from_secs(1) {
+                    let report = build_report(&plan, &states, &run_dir, &gpu_check, started, "running");
+                    crate::report::write_or_warn(&report_path, &report, &console);
+                    last_report = Instant::now();
+                }
             }
             _ = sigint.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
             _ = sigterm.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),

@@ -145,3 +145,15 @@ fn the_schema_describes_stages() {
     assert!(text.contains("\"stage\""), "{text}");
     assert!(text.contains("max_parallel"), "{text}");
 }
+
+#[test]
+fn toml_dates_in_params_reach_the_stage_as_text() {
+    let toml = "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n[stage.params]\nsince = 1979-05-27\nlist = [07:32:00]\n";
+    let loaded =
+        parse_plan_toml(toml, "p.toml", Path::new("/tmp")).unwrap_or_else(|e| panic!("{e}"));
+    let params = serde_json::Value::Object(loaded.plan.stages[0].params.clone());
+    assert_eq!(
+        params,
+        serde_json::json!({"since": "1979-05-27", "list": ["07:32:00"]})
+    );
+}

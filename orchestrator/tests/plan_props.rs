@@ -509,3 +509,26 @@ proptest! {
         prop_assert!(message.contains("dependency cycle"), "{}\n{}", message, text);
     }
 }
+
+#[test]
+fn thousands_of_stages_load_and_are_checked_in_reasonable_time() {
+    let n = 3_000;
+    let mut chain = String::new();
+    let mut wrong = String::new();
+    for i in 0..n {
+        let (after, input) = match i {
+            0 => (String::new(), "x".to_string()),
+            _ => (format!("\"s{}\"", i - 1), format!("{{input.s{}}}", i - 1)),
+        };
+        chain += &format!("[[stage]]\nname = \"s{i}\"\nafter = [{after}]\ncommand = [\"cp\", \"{input}\", \"{{output}}\"]\n");
+        wrong += &format!("[[stage]]\nname = \"w{i}\"\nafter = [\"v{i}\"]\ncommand = [\"true\"]\n");
+    }
+    let started = std::time::Instant::now();
+    let loaded =
+        parse_plan_toml(&chain, "chain.toml", Path::new(BASE)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.order, (0..n).collect::<Vec<_>>());
+    let error = parse_plan_toml(&wrong, "wrong.toml", Path::new(BASE)).unwrap_err();
+    assert_eq!(error.diagnostics.len(), n);
+    // Generous even for a debug build on a slow machine; the point is "not quadratic".
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+}

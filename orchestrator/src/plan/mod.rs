@@ -11,11 +11,16 @@
 
 mod decode;
 mod diagnostic;
+mod expect;
+mod explain;
 mod graph;
 mod json_tree;
 mod params;
 pub mod placeholder;
+mod process;
+mod serde_message;
 mod suggest;
+mod toml_tree;
 mod tree;
 mod validate;
 
@@ -126,7 +131,7 @@ pub fn parse_plan_toml(
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
-    let tree = tree::from_toml(source);
+    let tree = toml_tree::from_toml(source);
     let mut rep = Reporter::new(source, source_name);
     let plan = decode::toml_plan(source, tree.as_ref(), &mut rep);
     finish(plan, tree.as_ref(), rep, source_name, base_dir)

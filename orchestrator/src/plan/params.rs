@@ -4,8 +4,8 @@
 //! defaults), so every unknown key and every wrong type is reported, each at its own key, not
 //! only the first. Values that decode are then checked for ranges the worker would refuse.
 
-use super::decode;
 use super::diagnostic::Reporter;
+use super::serde_message;
 use super::suggest;
 use super::tree::Node;
 use protocol::plan::BuiltinKind;
@@ -143,7 +143,7 @@ fn check_keys<T: DeserializeOwned + Default + Serialize>(
         if let Err(error) = serde_json::from_value::<T>(Value::Object(single)) {
             ok = false;
             let raw = error.to_string();
-            let message = match decode::type_problem(&raw) {
+            let message = match serde_message::type_problem(&raw) {
                 Some((want, Some(found))) => format!("`{table}.{key}` must be {want}, not {found}"),
                 Some((want, None)) => format!("`{table}.{key}` must be {want}"),
                 None => format!("`{table}.{key}`: {raw}"),
@@ -240,7 +240,7 @@ fn check_data(data: &str, at: &ParamsAt, rep: &mut Reporter) {
     if data.trim().is_empty() {
         let help = format!(
             "name a file, or one of {}",
-            suggest::list(SYNTHETIC_DATA.iter().copied(), 8)
+            suggest::list(SYNTHETIC_DATA, 8)
         );
         at.report(
             rep,

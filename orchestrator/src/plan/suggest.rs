@@ -34,11 +34,13 @@ pub(crate) fn closest<'a, I>(wrong: &str, candidates: I) -> Option<&'a str>
 where
     I: IntoIterator<Item = &'a str>,
 {
-    let limit = (wrong.chars().count().max(3)) / 3;
+    let wrong_len = wrong.chars().count();
+    let limit = (wrong_len.max(3) / 3).max(1);
     let lower = wrong.to_lowercase();
     let mut best: Option<(usize, &'a str)> = None;
     for candidate in candidates {
-        if candidate == wrong {
+        // Lengths further apart than the limit cannot be within it.
+        if candidate == wrong || candidate.chars().count().abs_diff(wrong_len) > limit {
             continue;
         }
         let distance = if candidate.to_lowercase() == lower {
@@ -46,7 +48,7 @@ where
         } else {
             edit_distance(&lower, &candidate.to_lowercase())
         };
-        if distance <= limit.max(1) && best.is_none_or(|(d, _)| distance < d) {
+        if distance <= limit && best.is_none_or(|(d, _)| distance < d) {
             best = Some((distance, candidate));
         }
     }
@@ -54,32 +56,33 @@ where
 }
 
 /// Names as a comma-separated list, cut short after `max` with a count of the rest.
-pub(crate) fn list<'a, I>(names: I, max: usize) -> String
-where
-    I: IntoIterator<Item = &'a str>,
-{
-    let mut out = String::new();
-    let mut rest = 0usize;
-    for (i, name) in names.into_iter().enumerate() {
-        if i >= max {
-            rest += 1;
-            continue;
-        }
-        if i > 0 {
-            out.push_str(", ");
-        }
-        out.push_str(name);
-    }
-    if rest > 0 {
-        out.push_str(&format!(" and {rest} more"));
+pub(crate) fn list(names: &[&str], max: usize) -> String {
+    let mut out = names[..names.len().min(max)].join(", ");
+    if names.len() > max {
+        out.push_str(&format!(" and {} more", names.len() - max));
     }
     out
 }
 
 /// `did you mean `x`? ` when there is a close candidate, then `{what}: a, b, c`.
 pub(crate) fn help(wrong: &str, candidates: &[&str], what: &str) -> String {
-    let listed = list(candidates.iter().copied(), 12);
-    match closest(wrong, candidates.iter().copied()) {
+    help_maybe_guessing(wrong, candidates, what, true)
+}
+
+/// [`help`], looking for a close candidate only if `guess`.
+pub(crate) fn help_maybe_guessing(
+    wrong: &str,
+    candidates: &[&str],
+    what: &str,
+    guess: bool,
+) -> String {
+    let listed = list(candidates, 12);
+    let guessed = if guess {
+        closest(wrong, candidates.iter().copied())
+    } else {
+        None
+    };
+    match guessed {
         Some(name) => format!("did you mean `{name}`? {what}: {listed}"),
         None => format!("{what}: {listed}"),
     }
@@ -126,8 +129,8 @@ mod tests {
 
     #[test]
     fn lists_are_cut_short() {
-        assert_eq!(list(["a", "b", "c"], 5), "a, b, c");
-        assert_eq!(list(["a", "b", "c"], 2), "a, b and 1 more");
+        assert_eq!(list(&["a", "b", "c"], 5), "a, b, c");
+        assert_eq!(list(&["a", "b", "c"], 2), "a, b and 1 more");
         assert_eq!(
             help("pretrian", &["pretrain", "sft", "eval"], "stages are"),
             "did you mean `pretrain`? stages are: pretrain, sft, eval"

@@ -4,13 +4,11 @@
 use super::diagnostic::Reporter;
 use super::graph;
 use super::params::{self, ParamsAt};
-use super::placeholder::{self, Piece, Placeholder, TEMPLATE_HELP};
 use super::suggest;
 use super::tree::Node;
 use protocol::plan::{BuiltinKind, Plan, Stage};
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::{Component, Path};
 
 /// The longest stage (or run) name, in characters.
 pub const MAX_NAME_LEN: usize = 64;
@@ -32,6 +30,8 @@ pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
         tree,
         rep,
         first_of: HashMap::new(),
+        names: Vec::new(),
+        guesses: 0,
     };
     v.check_run();
     if plan.stages.is_empty() {
@@ -59,12 +59,17 @@ pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
     Some(Graph { order, upstream })
 }
 
-struct Validator<'p, 'r, 's> {
+pub(crate) struct Validator<'p, 'r, 's> {
     plan: &'p Plan,
     tree: Option<&'p Node>,
     rep: &'r mut Reporter<'s>,
     /// Each stage name and the first stage that has it.
     first_of: HashMap<&'p str, usize>,
+    /// The distinct stage names in plan order, for suggestions.
+    names: Vec<&'p str>,
+    /// How many "did you mean" searches were made: each compares with every name, so a plan
+    /// of thousands of stages and thousands of wrong names stops guessing after a while.
+    guesses: usize,
 }
 
 /// Why a name is not a good stage (or run) name, if it is not.
@@ -87,36 +92,27 @@ fn name_problem(name: &str) -> Option<String> {
     Some(format!("has a character that is not allowed: {bad:?}"))
 }
 
-/// Whether `name` can be an environment variable's name.
-fn is_env_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
 impl<'p> Validator<'p, '_, '_> {
-    fn stage(&self, i: usize) -> &'p Stage {
+    pub(super) fn stage(&self, i: usize) -> &'p Stage {
         &self.plan.stages[i]
     }
 
     /// The stage's name for the diagnostic prefix (none for an empty name).
-    fn label(&self, i: usize) -> Option<&'p str> {
+    pub(super) fn label(&self, i: usize) -> Option<&'p str> {
         Some(self.stage(i).name.as_str()).filter(|n| !n.is_empty())
     }
 
-    fn node(&self, i: usize) -> Option<&'p Node> {
+    pub(super) fn node(&self, i: usize) -> Option<&'p Node> {
         self.tree?.get("stage")?.at(i)
     }
 
     /// Span of the stage's table (its `[[stage]]` header in TOML).
-    fn stage_span(&self, i: usize) -> Option<Range<usize>> {
+    pub(super) fn stage_span(&self, i: usize) -> Option<Range<usize>> {
         self.node(i).and_then(|n| n.span.clone())
     }
 
     /// Span of the stage's `key` value, else of the stage.
-    fn field(&self, i: usize, key: &str) -> Option<Range<usize>> {
+    pub(super) fn field(&self, i: usize, key: &str) -> Option<Range<usize>> {
         self.node(i)
             .and_then(|n| n.get(key))
             .and_then(|n| n.span.clone())
@@ -124,7 +120,7 @@ impl<'p> Validator<'p, '_, '_> {
     }
 
     /// Span of element `j` of the stage's `key` array, else of the array.
-    fn item(&self, i: usize, key: &str, j: usize) -> Option<Range<usize>> {
+    pub(super) fn item(&self, i: usize, key: &str, j: usize) -> Option<Range<usize>> {
         self.node(i)
             .and_then(|n| n.get(key))
             .and_then(|n| n.at(j))
@@ -132,7 +128,7 @@ impl<'p> Validator<'p, '_, '_> {
             .or_else(|| self.field(i, key))
     }
 
-    fn error(
+    pub(super) fn error(
         &mut self,
         span: Option<Range<usize>>,
         i: usize,
@@ -143,11 +139,17 @@ impl<'p> Validator<'p, '_, '_> {
         self.rep.error(span, stage, message, help);
     }
 
-    fn stage_names(&self) -> Vec<&'p str> {
-        let mut names: Vec<(usize, &'p str)> =
-            self.first_of.iter().map(|(n, i)| (*i, *n)).collect();
-        names.sort();
-        names.into_iter().map(|(_, n)| n).collect()
+    /// The stage called `name` (the first, if several are).
+    pub(super) fn first_index(&self, name: &str) -> Option<usize> {
+        self.first_of.get(name).copied()
+    }
+
+    /// The help for a name that is not a stage: a close one, and the list of stages.
+    pub(super) fn stage_help(&mut self, wrong: &str) -> String {
+        const MAX_GUESSES: usize = 100;
+        self.guesses += 1;
+        let guess = self.guesses <= MAX_GUESSES;
+        suggest::help_maybe_guessing(wrong, &self.names, "stages are", guess)
     }
 
     fn check_run(&mut self) {
@@ -216,6 +218,7 @@ impl<'p> Validator<'p, '_, '_> {
             }
             None => {
                 self.first_of.insert(name, i);
+                self.names.push(name);
             }
         }
     }
@@ -238,7 +241,7 @@ impl<'p> Validator<'p, '_, '_> {
             } else if let Some(&up) = self.first_of.get(dep.as_str()) {
                 upstream.push(up);
             } else {
-                let help = suggest::help(dep, &self.stage_names(), "stages are");
+                let help = self.stage_help(dep);
                 self.error(
                     span,
                     i,
@@ -308,129 +311,6 @@ impl<'p> Validator<'p, '_, '_> {
         self.check_outputs(i);
     }
 
-    /// `kind` or `command`, exactly one; a command's program and placeholders.
-    fn check_program(&mut self, i: usize, upstream: &[Vec<usize>]) {
-        let stage = self.stage(i);
-        let command = match (&stage.kind, &stage.command) {
-            (Some(_), Some(_)) => {
-                self.error(
-                    self.field(i, "command"),
-                    i,
-                    "the stage has both `kind` and `command`".into(),
-                    Some("`kind` runs the built-in stage-worker, `command` runs any program: keep one".into()),
-                );
-                return;
-            }
-            (None, None) => {
-                self.error(
-                    self.stage_span(i),
-                    i,
-                    "the stage has neither `kind` nor `command`".into(),
-                    Some("add kind = \"train\" (or \"eval\") for the built-in worker, or command = [\"program\", \"arg\", …] to run any program".into()),
-                );
-                return;
-            }
-            (Some(BuiltinKind::Eval), None) if stage.init.is_none() => {
-                self.error(
-                    self.field(i, "kind"),
-                    i,
-                    "an `eval` stage needs `init`: the stage whose checkpoint it evaluates".into(),
-                    Some("add init = \"NAME\", naming an upstream train stage".into()),
-                );
-                return;
-            }
-            (Some(_), None) => return,
-            (None, Some(command)) => command,
-        };
-        match command.first() {
-            None => {
-                self.error(
-                    self.field(i, "command"),
-                    i,
-                    "`command` is empty".into(),
-                    Some(
-                        "give the program and its arguments, like [\"python\", \"train.py\"]"
-                            .into(),
-                    ),
-                );
-                return;
-            }
-            Some(program) if program.trim().is_empty() => {
-                self.error(
-                    self.item(i, "command", 0),
-                    i,
-                    "the program in `command` is empty".into(),
-                    None,
-                );
-            }
-            Some(_) => {}
-        }
-        for (j, arg) in command.iter().enumerate() {
-            let span = self.item(i, "command", j);
-            if arg.contains('\0') {
-                self.error(
-                    span.clone(),
-                    i,
-                    format!("`command[{j}]` contains a NUL byte"),
-                    None,
-                );
-            }
-            match placeholder::parse(arg) {
-                Err(e) => self.error(
-                    span,
-                    i,
-                    format!("`command[{j}]` {e}"),
-                    Some(TEMPLATE_HELP.into()),
-                ),
-                Ok(pieces) => {
-                    for piece in pieces {
-                        if let Piece::Placeholder(Placeholder::Input(name)) = piece {
-                            self.check_input(i, j, name, upstream);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// `{input.NAME}` in `command[j]`: NAME must be listed in `after` (inputs are the stages
-    /// the stage runs after).
-    fn check_input(&mut self, i: usize, j: usize, name: &str, upstream: &[Vec<usize>]) {
-        let span = self.item(i, "command", j);
-        let stage = self.stage(i);
-        let message = |why: &str| format!("`command[{j}]` uses `{{input.{name}}}`, but {why}");
-        match self.first_of.get(name) {
-            None => {
-                let help = suggest::help(name, &self.stage_names(), "stages are");
-                self.error(
-                    span,
-                    i,
-                    message(&format!("there is no stage `{name}`")),
-                    Some(help),
-                );
-            }
-            Some(_) if name == stage.name => {
-                self.error(
-                    span,
-                    i,
-                    message("that is this stage; use `{output}` for its own directory"),
-                    None,
-                );
-            }
-            Some(&up) if !upstream[i].contains(&up) => {
-                self.error(
-                    span,
-                    i,
-                    message(&format!("`{name}` is not in `after`")),
-                    Some(format!(
-                        "add `{name}` to `after`: a stage's inputs are the stages it runs after"
-                    )),
-                );
-            }
-            Some(_) => {}
-        }
-    }
-
     /// `init`: an existing stage upstream of this one (directly or not) that writes a checkpoint.
     fn check_init(&mut self, i: usize, upstream: &[Vec<usize>]) {
         let stage = self.stage(i);
@@ -440,7 +320,7 @@ impl<'p> Validator<'p, '_, '_> {
         let span = self.field(i, "init");
         match self.first_of.get(init).copied() {
             None => {
-                let help = suggest::help(init, &self.stage_names(), "stages are");
+                let help = self.stage_help(init);
                 self.error(
                     span,
                     i,
@@ -470,66 +350,6 @@ impl<'p> Validator<'p, '_, '_> {
             Some(_) => {}
         }
     }
-
-    fn check_env(&mut self, i: usize) {
-        let env_node = self.node(i).and_then(|n| n.get("env"));
-        for (key, value) in &self.stage(i).env {
-            let entry = env_node.and_then(|n| n.entry(key));
-            let key_span = entry
-                .and_then(|e| e.key_span.clone())
-                .or_else(|| self.field(i, "env"));
-            if !is_env_name(key) {
-                self.error(
-                    key_span,
-                    i,
-                    format!("`env` key `{key}` is not a valid variable name"),
-                    Some(
-                        "variable names use letters, digits and `_`, and do not start with a digit"
-                            .into(),
-                    ),
-                );
-            } else if key.starts_with(RESERVED_ENV_PREFIX) {
-                self.error(
-                    key_span,
-                    i,
-                    format!("`env` key `{key}` is reserved"),
-                    Some(format!("the orchestrator sets the {RESERVED_ENV_PREFIX}* variables itself: choose another name")),
-                );
-            }
-            if value.contains('\0') {
-                let span = entry
-                    .and_then(|e| e.node.span.clone())
-                    .or_else(|| self.field(i, "env"));
-                self.error(span, i, format!("`env.{key}` contains a NUL byte"), None);
-            }
-        }
-    }
-
-    fn check_outputs(&mut self, i: usize) {
-        for (j, output) in self.stage(i).outputs.iter().enumerate() {
-            let span = self.item(i, "outputs", j);
-            let path = Path::new(output);
-            let problem = if output.is_empty() {
-                Some("is empty")
-            } else if path.has_root() {
-                Some("is an absolute path")
-            } else if path.components().any(|c| c == Component::ParentDir) {
-                Some("leads outside the output directory (`..`)")
-            } else if output.contains('\0') {
-                Some("contains a NUL byte")
-            } else {
-                None
-            };
-            if let Some(problem) = problem {
-                self.error(
-                    span,
-                    i,
-                    format!("`outputs[{j}]` ({output:?}) {problem}"),
-                    Some("outputs are paths relative to the stage's output directory, like \"model.safetensors\"".into()),
-                );
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -544,14 +364,5 @@ mod tests {
         assert!(name_problem("a b").unwrap().contains("' '"));
         assert!(name_problem(&"x".repeat(65)).unwrap().contains("65"));
         assert_eq!(name_problem(&"x".repeat(64)), None);
-    }
-
-    #[test]
-    fn env_names() {
-        assert!(is_env_name("CUDA_VISIBLE_DEVICES"));
-        assert!(is_env_name("_x1"));
-        assert!(!is_env_name("1X"));
-        assert!(!is_env_name("A-B"));
-        assert!(!is_env_name(""));
     }
 }
