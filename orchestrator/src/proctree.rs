@@ -65,12 +65,44 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
     }
 }
 
+/// The calling process's children (every thread's), from `/proc/self/task/*/children`.
+fn own_children() -> Vec<i32> {
+    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// A cheap proof that nothing of the stage is alive, without scanning `/proc`: the stage's
+/// process group is empty (so every process that stayed in it is gone), and no child of the
+/// orchestrator carries the stage's token (an escaped process whose parents all died is
+/// re-parented to the orchestrator, a child subreaper; one whose parent lives is reached
+/// through that parent, which is then in the group or itself such a child). `false` means
+/// "maybe alive": scan.
+fn surely_gone(leader: i32, needle: &[u8]) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let group_alive = unsafe { libc::kill(-leader, 0) } == 0
+        || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    !group_alive && !own_children().into_iter().any(|pid| environ_has(pid, needle))
+}
+
 /// The live (non-zombie) processes of the stage whose first process is `leader` (a session
 /// leader) and whose token is `token`. Never includes the calling process.
 pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
-    let procs = snapshot();
     let me = std::process::id() as i32;
     let needle = format!("{TOKEN_VAR}={token}").into_bytes();
+    if surely_gone(leader, &needle) {
+        return Vec::new();
+    }
+    let procs = snapshot();
     let mut pids: HashSet<i32> = HashSet::new();
     let mut sids: HashSet<i32> = HashSet::from([leader]);
     for p in &procs {
@@ -125,6 +157,7 @@ pub fn comm(pid: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::CommandExt;
 
     #[test]
     fn parses_names_with_spaces_and_parens() {
@@ -138,6 +171,19 @@ mod tests {
                 state: 'S'
             }
         );
+    }
+
+    #[test]
+    fn a_group_that_never_existed_is_surely_gone_and_a_live_one_is_found() {
+        // PID 2^22 - 1 is above the default pid_max, so no such group exists.
+        assert!(surely_gone(4_194_303, b"ORCHESTRATE_STAGE_TOKEN=none"));
+        let mut child = std::process::Command::new("sleep").arg("5").process_group(0).spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(!surely_gone(pid, b"ORCHESTRATE_STAGE_TOKEN=none"));
+        assert!(stage_members(pid, "none").iter().any(|p| p.pid == pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(surely_gone(pid, b"ORCHESTRATE_STAGE_TOKEN=none"));
     }
 
     #[test]

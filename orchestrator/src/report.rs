@@ -32,7 +32,15 @@ pub fn summary(report: &Report) -> String {
         "\n{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
         "stage", "status", "try", "wall", "result"
     ));
+    // A sweep's table would bury what matters: past 40 stages, show only those that did not
+    // succeed, and a count of the rest.
+    let long = report.stages.len() > 40;
+    let mut hidden = 0usize;
     for s in &report.stages {
+        if long && s.status == "succeeded" {
+            hidden += 1;
+            continue;
+        }
         let wall = s
             .wall_s
             .map(|w| human_duration(Duration::from_secs_f64(w)))
@@ -70,6 +78,9 @@ pub fn summary(report: &Report) -> String {
             "{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
             s.name, s.status, s.attempts, wall, result
         ));
+    }
+    if hidden > 0 {
+        out.push_str(&format!("… and {hidden} more stages that succeeded (see report.json)\n"));
     }
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",

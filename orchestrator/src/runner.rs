@@ -253,47 +253,44 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     let mut last_report = Instant::now();
 
+    // Readiness is tracked incrementally, so each event costs O(its neighbours), not O(stages):
+    // a 10,000-stage sweep schedules in linear time.
+    let position: Vec<usize> = {
+        let mut pos = vec![0; stages.len()];
+        for (p, &i) in plan.order.iter().enumerate() {
+            pos[i] = p;
+        }
+        pos
+    };
+    let mut waiting_on: Vec<usize> = plan.upstream.iter().map(Vec::len).collect();
+    let mut ready: std::collections::BTreeSet<(usize, usize)> = (0..stages.len())
+        .filter(|&i| waiting_on[i] == 0)
+        .map(|i| (position[i], i))
+        .collect();
+    let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
+
     loop {
         let stopping = interrupted || leak_stop;
-        // Stages whose upstream failed will never run.
-        for &i in &plan.order {
-            if matches!(states[i].status, Status::Pending | Status::RetryAt(_)) {
-                if let Some(&u) = plan.upstream[i].iter().find(|&&u| {
-                    matches!(
-                        states[u].status,
-                        Status::Failed | Status::Skipped(_) | Status::Cancelled
-                    )
-                }) {
-                    let reason = format!("upstream stage `{}` did not succeed", stages[u].name);
-                    journal.append(&JournalRecord::StageSkipped {
-                        stage: stages[i].name.clone(),
-                        reason: reason.clone(),
-                    })?;
-                    states[i].status = Status::Skipped(reason);
-                }
+        let now = Instant::now();
+        retry_queue.retain(|&(t, i)| {
+            if t <= now {
+                ready.insert((position[i], i));
+                false
+            } else {
+                true
             }
-        }
-        let mut next_retry: Option<Instant> = None;
+        });
+        let next_retry = retry_queue.iter().map(|&(t, _)| t).min();
         if !stopping {
-            for &i in &plan.order {
+            let candidates: Vec<usize> = ready.iter().map(|&(_, i)| i).collect();
+            for i in candidates {
                 if running >= max_parallel {
                     break;
-                }
-                match states[i].status {
-                    Status::Pending => {}
-                    Status::RetryAt(t) if t <= Instant::now() => {}
-                    Status::RetryAt(t) => {
-                        next_retry = Some(next_retry.map_or(t, |n: Instant| n.min(t)));
-                        continue;
-                    }
-                    _ => continue,
-                }
-                if !plan.upstream[i].iter().all(|&u| states[u].status == Status::Succeeded) {
-                    continue;
                 }
                 let stage = &stages[i];
                 let want = if machine_has_gpus { stage.gpus_wanted() as usize } else { 0 };
                 if want > pool.usable() {
+                    ready.remove(&(position[i], i));
                     let msg = format!(
                         "needs {want} GPU(s) but only {} are usable ({} quarantined after leaks)",
                         pool.usable(),
@@ -309,11 +306,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     })?;
                     states[i].status = Status::Failed;
                     states[i].failure = Some(("no_gpu".into(), msg));
+                    skip_downstream(i, &plan, &mut states, &mut journal)?;
                     continue;
                 }
                 let Some(given) = pool.take(want) else {
                     continue; // wait for GPUs to come free
                 };
+                ready.remove(&(position[i], i));
                 states[i].attempts += 1;
                 let attempt = states[i].attempts;
                 let attempt_plan = match prepare_attempt(&plan, i, attempt, &run_dir, &states, worker.as_deref(), &given, machine_has_gpus, &sockets.0) {
@@ -331,9 +330,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         })?;
                         states[i].status = Status::Failed;
                         states[i].failure = Some((failure.class().into(), msg));
+                        skip_downstream(i, &plan, &mut states, &mut journal)?;
                         continue;
                     }
                 };
+                states[i].status = Status::Running;
+                running += 1;
                 match stage::start_attempt(attempt_plan, &services) {
                     Ok(launched) => {
                         journal.append(&JournalRecord::StageStarted {
@@ -342,8 +344,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                             pid: launched.pid() as u32,
                             gpus: given.iter().map(|g| g.uuid.clone()).collect(),
                         })?;
-                        states[i].status = Status::Running;
-                        running += 1;
                         let services = services.clone();
                         let cancel = cancel_tx.subscribe();
                         let done_tx = done_tx.clone();
@@ -354,21 +354,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     }
                     Err(failure) => {
                         let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));
-                        states[i].status = Status::Running;
-                        running += 1;
                     }
                 }
             }
         }
-        if running == 0 && (stopping || next_retry.is_none()) {
-            let launchable = !stopping
-                && plan.order.iter().any(|&i| {
-                    matches!(states[i].status, Status::Pending | Status::RetryAt(_))
-                        && plan.upstream[i].iter().all(|&u| states[u].status == Status::Succeeded)
-                });
-            if !launchable {
-                break;
-            }
+        if running == 0 && (stopping || (ready.is_empty() && next_retry.is_none())) {
+            break;
         }
         let far = Instant::now() + Duration::from_secs(86_400);
         tokio::select! {
@@ -414,6 +405,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         })?;
                         states[i].status = Status::Succeeded;
                         states[i].failure = None;
+                        for &d in &plan.downstream[i] {
+                            waiting_on[d] -= 1;
+                            if waiting_on[d] == 0 && states[d].status == Status::Pending {
+                                ready.insert((position[d], d));
+                            }
+                        }
                     }
                     Outcome::Failed(failure) => {
                         let msg = failure.describe();
@@ -427,8 +424,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                             stage: name, attempt, status: "failed".into(), error: Some(msg.clone()),
                             checkpoints: Vec::new(),
                         })?;
-                        states[i].status = if retry { Status::RetryAt(Instant::now() + retry_backoff(attempt)) } else { Status::Failed };
                         states[i].failure = Some((failure.class().into(), msg));
+                        if retry {
+                            let at = Instant::now() + retry_backoff(attempt);
+                            states[i].status = Status::RetryAt(at);
+                            retry_queue.push((at, i));
+                        } else {
+                            states[i].status = Status::Failed;
+                            skip_downstream(i, &plan, &mut states, &mut journal)?;
+                        }
                     }
                     Outcome::Cancelled => {
                         console.stage_finished(&name, "cancelled", "stopped by a signal", result.wall);
@@ -437,6 +441,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                             checkpoints: Vec::new(),
                         })?;
                         states[i].status = Status::Cancelled;
+                        skip_downstream(i, &plan, &mut states, &mut journal)?;
                     }
                 }
                 states[i].last = Some(result);
@@ -494,6 +499,33 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         }
     }
     Ok(RunSummary { exit_code, report })
+}
+
+/// Marks every stage downstream of `failed` (transitively) as skipped, journaling each once.
+fn skip_downstream(
+    failed: usize,
+    plan: &LoadedPlan,
+    states: &mut [StageState],
+    journal: &mut Journal,
+) -> std::io::Result<()> {
+    let mut stack = vec![failed];
+    while let Some(u) = stack.pop() {
+        for &d in &plan.downstream[u] {
+            if matches!(states[d].status, Status::Pending | Status::RetryAt(_)) {
+                let reason = format!(
+                    "upstream stage `{}` did not succeed",
+                    plan.plan.stages[u].name
+                );
+                journal.append(&JournalRecord::StageSkipped {
+                    stage: plan.plan.stages[d].name.clone(),
+                    reason: reason.clone(),
+                })?;
+                states[d].status = Status::Skipped(reason);
+                stack.push(d);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn escalate(cancel: &watch::Sender<CancelLevel>, interrupted: &mut bool, console: &Console, grace: Duration) {
@@ -566,7 +598,8 @@ fn prepare_attempt(
         attempt,
     };
     let spec_bytes = serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
-    write_atomic(&spec_path, &spec_bytes).map_err(|e| io_fail("cannot write spec.json", e))?;
+    // Rewritten for every attempt before it starts: no need for a durable, atomic write.
+    std::fs::write(&spec_path, &spec_bytes).map_err(|e| io_fail("cannot write spec.json", e))?;
 
     let paths = ContractPaths {
         stage: &stage.name,

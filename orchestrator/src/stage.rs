@@ -323,7 +323,8 @@ pub async fn supervise(
     let mut cancel_closed = false;
     let mut state = EventState::default();
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
-    let mut rss_tick = tokio::time::interval(Duration::from_millis(250));
+    let rss_period = Duration::from_millis(250);
+    let mut rss_tick = tokio::time::interval_at(tokio::time::Instant::now() + rss_period, rss_period);
     let mut tree_rss_peak = 0u64;
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
 
