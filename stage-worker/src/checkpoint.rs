@@ -104,23 +104,20 @@ fn io_failure(path: &Path, e: std::io::Error) -> Failure {
     Failure::other(format!("cannot write {}: {e}", path.display()))
 }
 
-/// Writes a complete checkpoint of `model` and `opt` at `step` into `dir` (created if
-/// needed), durably, manifest last. Returns the manifest and the files it lists.
-pub fn write(
+/// Writes `files` (name, bytes) into `dir` (created if needed), each atomically, then a
+/// manifest listing them with `step` and `model`; an old manifest is removed first, so a
+/// manifest only ever lists complete files. Returns the manifest and every file written,
+/// the manifest last.
+pub fn write_with_manifest(
     dir: &Path,
-    model: &ByteGpt,
-    opt: &AdamW,
-    step: u64,
-    training: &TrainingState,
+    files: Vec<(&str, Vec<u8>)>,
+    step: Option<u64>,
+    model: serde_json::Value,
 ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
     std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
     remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
     let mut written = Vec::new();
-    for (name, tensors) in [
-        (MODEL_FILE, model.params.named_cpu()),
-        (OPTIMIZER_FILE, opt.named_cpu(&model.params)),
-    ] {
-        let bytes = encode_tensors(&tensors)?;
+    for (name, bytes) in files {
         write_atomic(dir, name, &bytes).map_err(|e| io_failure(&dir.join(name), e))?;
         written.push(WrittenFile {
             path: dir.join(name),
@@ -131,16 +128,11 @@ pub fn write(
             },
         });
     }
-    let mut model_json = manifest_model(&model.config);
-    model_json.insert(
-        "training".into(),
-        serde_json::to_value(training).expect("training state serializes"),
-    );
     let manifest = CheckpointManifest {
         v: PROTOCOL_VERSION,
         files: written.iter().map(|w| w.entry.clone()).collect(),
-        step: Some(step),
-        model: serde_json::Value::Object(model_json),
+        step,
+        model,
     };
     let mut text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     text.push(b'\n');
@@ -154,6 +146,30 @@ pub fn write(
         },
     });
     Ok((manifest, written))
+}
+
+/// Writes a complete checkpoint of `model` and `opt` at `step` into `dir`: the two tensor
+/// files, then the manifest (see [`write_with_manifest`]).
+pub fn write(
+    dir: &Path,
+    model: &ByteGpt,
+    opt: &AdamW,
+    step: u64,
+    training: &TrainingState,
+) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
+    let weights = encode_tensors(&model.params.named_cpu())?;
+    let moments = encode_tensors(&opt.named_cpu(&model.params))?;
+    let mut model_json = manifest_model(&model.config);
+    model_json.insert(
+        "training".into(),
+        serde_json::to_value(training).expect("training state serializes"),
+    );
+    write_with_manifest(
+        dir,
+        vec![(MODEL_FILE, weights), (OPTIMIZER_FILE, moments)],
+        Some(step),
+        serde_json::Value::Object(model_json),
+    )
 }
 
 /// A checkpoint whose listed files all matched their manifest entries when read.
@@ -335,6 +351,7 @@ mod tests {
 
     #[test]
     fn written_checkpoint_reads_back_bit_identical() {
+        crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
         let (model, opt) = trained();
         let (manifest, files) = write(&dir, &model, &opt, 2, &state()).unwrap();
@@ -374,6 +391,7 @@ mod tests {
 
     #[test]
     fn truncated_file_is_refused_by_name_and_size() {
+        crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");
         let (model, opt) = trained();
         let (manifest, _) = write(&dir, &model, &opt, 2, &state()).unwrap();
@@ -393,6 +411,7 @@ mod tests {
 
     #[test]
     fn corrupted_byte_and_missing_file_are_refused() {
+        crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-corrupt");
         let (model, opt) = trained();
         write(&dir, &model, &opt, 2, &state()).unwrap();
@@ -429,6 +448,7 @@ mod tests {
 
     #[test]
     fn escaping_paths_in_a_manifest_are_refused() {
+        crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-escape");
         let manifest = CheckpointManifest {
             v: PROTOCOL_VERSION,

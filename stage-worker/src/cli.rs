@@ -38,6 +38,9 @@ OUTPUT (train)
   model.safetensors      fp32 weights
   optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*) and step
   manifest.json          sizes and SHA-256 of both, step, model shape; written last
+OUTPUT (eval)
+  metrics.json           the metrics, the checkpoint evaluated and its step
+  manifest.json          size and SHA-256 of metrics.json; written last
   Every file is written atomically (temporary file, fsync, rename, fsync of the directory).
   Checkpoints read as input are verified against their manifest before use.
 
@@ -55,19 +58,30 @@ EXIT STATUS
   0 done; 65 unusable inputs or parameters (bad_input); 66 CUDA out of memory (cuda_oom);
   75 interrupted by a signal (interrupted); 1 any other error; 2 bad command line.";
 
-/// `stage-worker [--spec PATH]`.
+/// `stage-worker [--spec PATH]` or `stage-worker hold …`.
 #[derive(Debug, Parser)]
 #[command(
     name = "stage-worker",
     version,
     about = "Runs one built-in training or evaluation stage (tch/libtorch) and exits.",
     long_about = LONG_ABOUT,
-    after_long_help = AFTER_HELP
+    after_long_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     /// The stage spec (JSON) to run; defaults to $ORCHESTRATE_SPEC.
     #[arg(long, value_name = "PATH", env = protocol::worker::ENV_SPEC)]
-    pub spec: PathBuf,
+    pub spec: Option<PathBuf>,
+    /// A tool instead of a stage.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Tools other than running a stage.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Take GPU memory on cuda:0, hold it, exit: a fixture for benchmarks and leak tests.
+    Hold(crate::hold::HoldArgs),
 }
 
 #[cfg(test)]
@@ -79,6 +93,8 @@ mod tests {
     fn cli_is_well_formed_and_takes_a_spec() {
         Cli::command().debug_assert();
         let cli = Cli::try_parse_from(["stage-worker", "--spec", "/tmp/s.json"]).unwrap();
-        assert_eq!(cli.spec, PathBuf::from("/tmp/s.json"));
+        assert_eq!(cli.spec, Some(PathBuf::from("/tmp/s.json")));
+        let cli = Cli::try_parse_from(["stage-worker", "hold", "--gib", "1.5"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Hold(ref h)) if h.gib == 1.5));
     }
 }

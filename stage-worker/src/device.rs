@@ -29,7 +29,11 @@ pub fn compute_kind(precision: &str, cuda: bool) -> StageResult<Kind> {
 }
 
 /// CPU threads to use: `OMP_NUM_THREADS` when set, else every core this process may run on.
+/// (One in unit tests, which already run in parallel.)
 pub fn cpu_threads() -> i32 {
+    if cfg!(test) {
+        return 1;
+    }
     std::env::var("OMP_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<i32>().ok())

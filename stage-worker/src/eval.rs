@@ -2,7 +2,7 @@
 //! prompt/completion data the exact-match accuracy of greedy decoding.
 
 use crate::checkpoint;
-use crate::data::batch::{fits, pair_rows, text_windows, HostBatch};
+use crate::data::batch::{fits, pair_rows, round_width, text_windows, HostBatch};
 use crate::data::{self, Dataset, Example, Split};
 use crate::device::{self, Compute};
 use crate::events::EventSink;
@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
+/// The file an eval stage leaves in its output directory (listed in its `manifest.json`).
+pub const RESULTS_FILE: &str = "metrics.json";
 /// Wrong completions shown on stderr, for a human reading the log.
 const MISSES_LOGGED: usize = 5;
 /// Seconds between progress events of an evaluation.
@@ -38,7 +40,8 @@ pub fn validate(p: &EvalParams) -> StageResult<()> {
 
 /// Greedy completions: for each prompt, the `lens[i]` most likely next bytes, one at a time
 /// (fewer if the model's position table runs out). Prompts are decoded together, right-padded;
-/// causal attention makes the padding invisible to the positions that are read.
+/// causal attention makes the padding invisible to the positions that are read. Every pass
+/// feeds all rows at a width rounded up with [`round_width`], so the device sees few shapes.
 pub fn greedy_complete(
     model: &ByteGpt,
     prompts: &[&[u8]],
@@ -48,38 +51,39 @@ pub fn greedy_complete(
     let max_len = model.config.max_seq_len as usize;
     let mut rows: Vec<Vec<u8>> = prompts.iter().map(|p| p.to_vec()).collect();
     let mut out: Vec<Vec<u8>> = vec![Vec::new(); prompts.len()];
-    let active = |rows: &[Vec<u8>], out: &[Vec<u8>], i: usize| {
-        out[i].len() < lens[i] && !rows[i].is_empty() && rows[i].len() <= max_len
-    };
+    let n = rows.len();
     tch::no_grad(|| loop {
-        let live: Vec<usize> = (0..rows.len())
-            .filter(|&i| active(&rows, &out, i))
+        let live: Vec<usize> = (0..n)
+            .filter(|&i| out[i].len() < lens[i] && !rows[i].is_empty() && rows[i].len() <= max_len)
             .collect();
         if live.is_empty() {
             break;
         }
-        let width = live.iter().map(|&i| rows[i].len()).max().unwrap_or(1);
-        let mut ids = vec![0i64; live.len() * width];
-        for (r, &i) in live.iter().enumerate() {
-            for (c, &b) in rows[i].iter().enumerate() {
+        let longest = live.iter().map(|&i| rows[i].len()).max().unwrap_or(1);
+        let width = round_width(longest, max_len);
+        let mut ids = vec![0i64; n * width];
+        let mut last = vec![0i64; n];
+        for (r, row) in rows.iter().enumerate() {
+            let used = row.len().min(width);
+            for (c, &b) in row[..used].iter().enumerate() {
                 ids[r * width + c] = i64::from(b);
             }
+            last[r] = used.max(1) as i64 - 1;
         }
-        let last: Vec<i64> = live.iter().map(|&i| rows[i].len() as i64 - 1).collect();
         let ids = Tensor::from_slice(&ids)
-            .view([live.len() as i64, width as i64])
+            .view([n as i64, width as i64])
             .to_device(compute.device);
         let logits = model.forward(&ids, compute.kind);
         let pos = Tensor::from_slice(&last).to_device(compute.device);
-        let rows_idx = Tensor::arange(live.len() as i64, (Kind::Int64, compute.device));
+        let rows_idx = Tensor::arange(n as i64, (Kind::Int64, compute.device));
         let picked = logits
             .index(&[Some(rows_idx), Some(pos)])
             .argmax(-1, false)
             .to_device(Device::Cpu);
         let next: Vec<i64> = Vec::<i64>::try_from(&picked).expect("argmax gives int64");
-        for (&i, &b) in live.iter().zip(&next) {
-            out[i].push(b as u8);
-            rows[i].push(b as u8);
+        for &i in &live {
+            out[i].push(next[i] as u8);
+            rows[i].push(next[i] as u8);
         }
     });
     out
@@ -116,10 +120,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         )));
     };
     let compute = device::prepare(spec.device, &p.precision)?;
-    eprintln!(
-        "stage-worker: stage `{}`: eval on {}",
-        spec.stage, compute.description
-    );
+    crate::log!("stage `{}`: eval on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
     let verified = checkpoint::open_verified(init)?;
@@ -134,8 +135,8 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let model = ByteGpt::new(&config, compute.device, 0);
     verified.load_model(&model)?;
     let data = data::load(&p.data, p.seed, Split::HeldOut, p.samples as usize)?;
-    eprintln!(
-        "stage-worker: evaluating {} (step {:?}) on `{}`: {}",
+    crate::log!(
+        "evaluating {} (step {:?}) on `{}`: {}",
         init.display(),
         verified.manifest.step,
         p.data,
@@ -147,7 +148,23 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         Dataset::Pairs(pairs) => eval_pairs(&model, pairs, &p, &compute, sink)?,
     };
     metrics.insert("eval_wall_s".into(), started.elapsed().as_secs_f64());
-    eprintln!("stage-worker: metrics {metrics:?}");
+    crate::log!("metrics {metrics:?}");
+    let results = serde_json::json!({
+        "v": protocol::PROTOCOL_VERSION,
+        "stage": spec.stage,
+        "checkpoint": init,
+        "checkpoint_step": verified.manifest.step,
+        "data": p.data,
+        "metrics": metrics,
+    });
+    let mut bytes = serde_json::to_vec_pretty(&results).expect("results serialize");
+    bytes.push(b'\n');
+    checkpoint::write_with_manifest(
+        &spec.output_dir,
+        vec![(RESULTS_FILE, bytes)],
+        verified.manifest.step,
+        verified.manifest.model.clone(),
+    )?;
     sink.metrics(&metrics);
     Ok(())
 }
@@ -243,8 +260,8 @@ fn eval_pairs(
                 correct += 1;
             } else if misses_logged < MISSES_LOGGED {
                 misses_logged += 1;
-                eprintln!(
-                    "stage-worker: miss: {:?} → {:?} (expected {:?})",
+                crate::log!(
+                    "miss: {:?} → {:?} (expected {:?})",
                     String::from_utf8_lossy(&e.prompt),
                     String::from_utf8_lossy(o),
                     String::from_utf8_lossy(&e.completion)
@@ -269,6 +286,7 @@ mod tests {
 
     #[test]
     fn greedy_decoding_matches_one_at_a_time_decoding() {
+        crate::testutil::one_torch_thread();
         let config = ModelConfig {
             d_model: 32,
             n_layers: 1,

@@ -100,7 +100,7 @@ impl EventSink {
             }
         };
         if let Err(e) = result {
-            eprintln!("stage-worker: event channel broken ({e}); further events are dropped");
+            crate::log!("event channel broken ({e}); further events are dropped");
             self.broken = true;
         }
     }

@@ -108,6 +108,36 @@ pub fn is_cuda_oom(message: &str) -> bool {
         || (lower.contains("cuda") && lower.contains("out of memory"))
 }
 
+/// A libtorch error as a user should read it: without tch's `unwrap` wrapper and quoting,
+/// without the C++ stack trace, and at most 2000 bytes.
+pub fn readable_message(message: &str) -> String {
+    let mut text = message.trim();
+    if let Some(rest) = text.strip_prefix("called `Result::unwrap()` on an `Err` value: ") {
+        text = rest;
+    }
+    let mut owned = match text.strip_prefix("Torch(\"") {
+        Some(inner) => inner
+            .strip_suffix("\")")
+            .unwrap_or(inner)
+            .replace("\\n", "\n")
+            .replace("\\\"", "\""),
+        None => text.to_string(),
+    };
+    if let Some(cut) = owned.find("Exception raised from") {
+        owned.truncate(cut);
+    }
+    let trimmed = owned.trim_end();
+    const MAX: usize = 2_000;
+    if trimmed.len() <= MAX {
+        return trimmed.to_string();
+    }
+    let mut end = MAX;
+    while !trimmed.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &trimmed[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +161,16 @@ mod tests {
         assert_eq!(oom2.kind, FailureKind::OutOfMemory);
         let other = Failure::from_torch("shape '[2, 3]' is invalid for input of size 5");
         assert_eq!(other.kind, FailureKind::Other);
+    }
+
+    #[test]
+    fn torch_panics_read_cleanly() {
+        let raw = "called `Result::unwrap()` on an `Err` value: Torch(\"CUDA out of memory. Tried to allocate 2.00 GiB\\nException raised from malloc at alloc.cpp:1\\nframe #0: x\")";
+        assert_eq!(
+            readable_message(raw),
+            "CUDA out of memory. Tried to allocate 2.00 GiB"
+        );
+        assert_eq!(readable_message("plain"), "plain");
+        assert!(readable_message(&"x".repeat(5000)).ends_with('…'));
     }
 }

@@ -9,6 +9,8 @@ mod eval;
 mod events;
 mod failure;
 mod fsio;
+mod hold;
+mod log;
 mod model;
 mod optim;
 mod params;
@@ -21,29 +23,62 @@ mod stage;
 mod testutil;
 mod train;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use events::EventSink;
-use failure::Failure;
+use failure::{readable_message, Failure};
 use std::panic::{self, AssertUnwindSafe};
+use std::path::Path;
 
 fn main() {
+    log::start();
     let cli = cli::Cli::parse();
+    match (&cli.command, &cli.spec) {
+        (Some(cli::Command::Hold(args)), _) => {
+            if let Err(e) = hold::run(args) {
+                log!("hold: {e}");
+                std::process::exit(1);
+            }
+        }
+        (None, Some(spec)) => run_stage(spec),
+        (None, None) => {
+            cli::Cli::command()
+                .error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "no stage spec: pass --spec PATH or set ORCHESTRATE_SPEC",
+                )
+                .exit();
+        }
+    }
+}
+
+/// Runs the stage at `spec`, sends `done` or `failed`, and exits with the matching status.
+fn run_stage(spec: &Path) -> ! {
     let mut sink = match EventSink::from_env() {
         Ok(sink) => sink,
         Err(e) => {
-            eprintln!("stage-worker: {e}");
+            log!("{e}");
             std::process::exit(1);
         }
     };
     if let Err(e) = signals::install() {
-        eprintln!("stage-worker: cannot install the SIGTERM handler: {e}");
+        log!("cannot install the SIGTERM handler: {e}");
     }
-    // libtorch reports errors by panicking through tch; keep the log to one readable entry
-    // and turn the panic into a classified failure below.
+    // libtorch reports errors by panicking through tch; log one readable entry and turn the
+    // panic into a classified failure below.
     panic::set_hook(Box::new(|info| {
-        eprintln!("stage-worker: internal error: {info}");
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("panic");
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        log!("internal error{at}: {}", readable_message(text));
     }));
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| stage::run(&cli.spec, &mut sink)));
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| stage::run(spec, &mut sink)));
     let failure = match outcome {
         Ok(Ok(())) => {
             sink.done();
@@ -52,11 +87,8 @@ fn main() {
         Ok(Err(failure)) => failure,
         Err(payload) => Failure::from_torch(panic_text(payload.as_ref())),
     };
-    let message = first_paragraph(&failure.message);
-    eprintln!(
-        "stage-worker: failed ({}): {message}",
-        failure.kind.reason()
-    );
+    let message = readable_message(&failure.message);
+    log!("failed ({}): {message}", failure.kind.reason());
     sink.failed(&message, failure.kind.reason());
     std::process::exit(failure.kind.exit_code());
 }
@@ -69,24 +101,5 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         (*s).to_string()
     } else {
         "panic with a non-text payload".into()
-    }
-}
-
-/// A libtorch message without its C++ stack trace (which stays in the stderr log).
-fn first_paragraph(message: &str) -> String {
-    let cut = message
-        .find("\nException raised from")
-        .or_else(|| message.find("Exception raised from"))
-        .unwrap_or(message.len());
-    let text = message[..cut].trim_end();
-    const MAX: usize = 2_000;
-    if text.len() > MAX {
-        let mut end = MAX;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{}…", &text[..end])
-    } else {
-        text.to_string()
     }
 }

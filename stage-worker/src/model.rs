@@ -244,6 +244,7 @@ mod tests {
 
     #[test]
     fn forward_shape_and_causality() {
+        crate::testutil::one_torch_thread();
         let m = ByteGpt::new(&tiny(), Device::Cpu, 0);
         let ids = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).view([1, 6]);
         let logits = tch::no_grad(|| m.forward(&ids, Kind::Float));
@@ -262,6 +263,7 @@ mod tests {
 
     #[test]
     fn same_seed_same_weights() {
+        crate::testutil::one_torch_thread();
         let a = ByteGpt::new(&tiny(), Device::Cpu, 3);
         let b = ByteGpt::new(&tiny(), Device::Cpu, 3);
         let c = ByteGpt::new(&tiny(), Device::Cpu, 4);
@@ -271,6 +273,7 @@ mod tests {
 
     #[test]
     fn manifest_model_round_trips() {
+        crate::testutil::one_torch_thread();
         let c = tiny();
         let v = serde_json::Value::Object(manifest_model(&c));
         assert_eq!(config_from_manifest(&v).unwrap(), c);
@@ -281,6 +284,7 @@ mod tests {
 
     #[test]
     fn config_validation_names_the_field() {
+        crate::testutil::one_torch_thread();
         let mut c = tiny();
         c.n_layers = 0;
         assert!(validate_config(&c).unwrap_err().contains("n_layers"));

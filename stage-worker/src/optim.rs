@@ -52,7 +52,6 @@ pub struct AdamW {
     pub step: u64,
     /// Decoupled weight decay coefficient.
     pub weight_decay: f64,
-    decay_mask: Tensor,
     beta1: f64,
     beta2: f64,
     eps: f64,
@@ -67,7 +66,6 @@ impl AdamW {
             exp_avg_sq: zeros(),
             step: 0,
             weight_decay,
-            decay_mask: params.decay_mask(),
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
@@ -75,31 +73,37 @@ impl AdamW {
     }
 
     /// One update from the gradients in `params` at learning rate `lr`: clip the global
-    /// gradient norm to [`CLIP_NORM`], update the moments, decay matrix weights by
-    /// `lr * weight_decay`, and step. Nothing is read back to the host. Returns the gradient
-    /// norm before clipping (a device scalar).
+    /// gradient norm to [`CLIP_NORM`], update the moments, decay the weights that take decay by
+    /// `lr * weight_decay`, and step. Nothing is read back to the host, and the only
+    /// temporaries are the flat gradient and the denominator. Returns the gradient norm before
+    /// clipping (a device scalar).
     pub fn step(&mut self, params: &mut ParamStore, lr: f64) -> Tensor {
         tch::no_grad(|| {
             self.step += 1;
+            let t = self.step as f64;
+            let bias1 = 1.0 - self.beta1.powf(t);
+            let bias2 = 1.0 - self.beta2.powf(t);
+
             let mut grad = params.flat_grad();
             let norm = grad.norm();
             let scale = (CLIP_NORM / (&norm + 1e-6)).clamp_max(1.0);
             grad *= &scale;
             let _ = self.exp_avg.lerp_(&grad, 1.0 - self.beta1);
-            self.exp_avg_sq *= self.beta2;
-            let _ = self
-                .exp_avg_sq
-                .addcmul_(&(&grad * (1.0 - self.beta2)), &grad);
-            let t = self.step as f64;
-            let bias1 = 1.0 - self.beta1.powf(t);
-            let bias2 = 1.0 - self.beta2.powf(t);
-            let denom = (&self.exp_avg_sq / bias2).sqrt() + self.eps;
-            let update = (&self.exp_avg / &denom) * (lr / bias1);
-            if self.weight_decay != 0.0 {
-                let decay = &params.flat * &self.decay_mask * (lr * self.weight_decay);
-                params.flat -= decay;
+            let _ = grad.square_();
+            let _ = self.exp_avg_sq.lerp_(&grad, 1.0 - self.beta2);
+            drop(grad);
+
+            // denom = -(sqrt(v / bias2) + eps) * bias1 / lr, so that
+            // flat + m / denom = flat - lr / bias1 * m / (sqrt(v / bias2) + eps).
+            let k = -bias1 / lr;
+            let mut denom = self.exp_avg_sq.sqrt();
+            denom *= k / bias2.sqrt();
+            denom += self.eps * k;
+            if self.weight_decay != 0.0 && params.decay_len > 0 {
+                let mut decayed = params.flat.narrow(0, 0, params.decay_len);
+                decayed *= 1.0 - lr * self.weight_decay;
             }
-            params.flat -= update;
+            let _ = params.flat.addcdiv_(&self.exp_avg, &denom);
             norm
         })
     }
@@ -166,6 +170,7 @@ mod tests {
 
     #[test]
     fn schedule_warms_up_then_decays_to_a_tenth() {
+        crate::testutil::one_torch_thread();
         let s = Schedule {
             peak: 1.0,
             warmup: 10,
@@ -187,6 +192,7 @@ mod tests {
 
     #[test]
     fn minimises_a_quadratic_and_clips() {
+        crate::testutil::one_torch_thread();
         let mut p = store();
         let mut opt = AdamW::new(&p, 0.0);
         let target = Tensor::from_slice(&[1.0f32, -1.0]);
@@ -211,6 +217,7 @@ mod tests {
 
     #[test]
     fn state_round_trips_through_named_tensors() {
+        crate::testutil::one_torch_thread();
         let mut p = store();
         let mut opt = AdamW::new(&p, 0.1);
         for _ in 0..3 {

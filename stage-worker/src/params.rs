@@ -4,8 +4,11 @@
 //! of [`ParamStore::flat`], so the optimizer updates every parameter with a handful of whole-
 //! buffer operations instead of a dozen small ones per parameter.
 
-use crate::rng::Rng;
+use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
+
+/// Serialises use of torch's global CPU generator (seed, then draw).
+static TORCH_RNG: Mutex<()> = Mutex::new(());
 
 /// One named parameter.
 pub struct Param {
@@ -17,8 +20,6 @@ pub struct Param {
     pub offset: i64,
     /// Element count.
     pub numel: i64,
-    /// Whether weight decay applies (matrices and embeddings, not biases or norms).
-    pub decay: bool,
     /// The leaf tensor used in the forward pass (a view of the flat buffer).
     pub tensor: Tensor,
 }
@@ -37,63 +38,100 @@ pub enum Init {
 /// Builder: declare parameters in order, then [`ParamSpecs::build`].
 #[derive(Default)]
 pub struct ParamSpecs {
-    specs: Vec<(String, Vec<i64>, Init, bool)>,
+    specs: Vec<ParamSpec>,
+}
+
+/// One declared parameter.
+struct ParamSpec {
+    name: String,
+    shape: Vec<i64>,
+    init: Init,
+    decay: bool,
 }
 
 impl ParamSpecs {
     /// Declares a parameter; `decay` says whether weight decay applies to it.
     pub fn add(&mut self, name: impl Into<String>, shape: &[i64], init: Init, decay: bool) {
-        self.specs.push((name.into(), shape.to_vec(), init, decay));
+        self.specs.push(ParamSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            init,
+            decay,
+        });
     }
 
-    /// Allocates the parameters on `device` and initialises them from `seed` with this crate's
-    /// own generator, so a seed gives the same weights on every device and in every thread.
+    /// Allocates the parameters on `device` and initialises them from `seed`. Values are drawn
+    /// on the CPU from torch's generator, seeded and held under a lock for the whole draw, so a
+    /// seed gives the same weights on every device and whatever other threads do. In the flat
+    /// buffer the decayed parameters come first, so decay is one operation on a prefix.
     pub fn build(self, device: Device, seed: u64) -> ParamStore {
-        let mut rng = Rng::for_stream(seed, 0x1417);
-        let total: i64 = self
-            .specs
-            .iter()
-            .map(|(_, s, _, _)| s.iter().product::<i64>())
-            .sum();
-        let flat = Tensor::zeros([total], (Kind::Float, device));
-        let mut params = Vec::with_capacity(self.specs.len());
+        // Layout: decayed parameters first, each group in declaration order.
+        let mut order: Vec<usize> = (0..self.specs.len()).collect();
+        order.sort_by_key(|&i| (!self.specs[i].decay, i));
+        let numel = |spec: &ParamSpec| spec.shape.iter().product::<i64>();
+        let mut offsets = vec![0i64; self.specs.len()];
         let mut offset = 0;
+        let mut decay_len = 0;
+        for &i in &order {
+            offsets[i] = offset;
+            offset += numel(&self.specs[i]);
+            if self.specs[i].decay {
+                decay_len = offset;
+            }
+        }
+        // The device buffer first: a model too large for the device fails here, at once.
+        let flat = Tensor::zeros([offset], (Kind::Float, device));
         tch::no_grad(|| {
-            for (name, shape, init, decay) in self.specs {
-                let numel: i64 = shape.iter().product();
-                let values = match init {
-                    Init::Normal(std) => {
-                        let v: Vec<f32> = (0..numel).map(|_| (rng.normal() * std) as f32).collect();
-                        Tensor::from_slice(&v).view(shape.as_slice())
-                    }
-                    Init::Ones => Tensor::ones(&shape, (Kind::Float, Device::Cpu)),
-                    Init::Zeros => Tensor::zeros(&shape, (Kind::Float, Device::Cpu)),
+            let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+            tch::manual_seed(seed as i64);
+            let cpu = (Kind::Float, Device::Cpu);
+            for (spec, &at) in self.specs.iter().zip(&offsets) {
+                let values = match spec.init {
+                    Init::Normal(std) => Tensor::randn(&spec.shape, cpu) * std,
+                    Init::Ones => Tensor::ones(&spec.shape, cpu),
+                    Init::Zeros => Tensor::zeros(&spec.shape, cpu),
                 };
-                let slot = flat.narrow(0, offset, numel);
-                let mut dst = slot.view(shape.as_slice());
+                let mut dst = flat.narrow(0, at, numel(spec)).view(spec.shape.as_slice());
                 dst.copy_(&values);
-                let tensor = slot.view(shape.as_slice()).detach().set_requires_grad(true);
-                params.push(Param {
-                    name,
-                    shape,
-                    offset,
-                    numel,
-                    decay,
-                    tensor,
-                });
-                offset += numel;
             }
         });
-        ParamStore { flat, params }
+        let mut specs: Vec<Option<ParamSpec>> = self.specs.into_iter().map(Some).collect();
+        let params = order
+            .iter()
+            .map(|&i| {
+                let spec = specs[i].take().expect("each parameter is laid out once");
+                let n = numel(&spec);
+                let tensor = flat
+                    .narrow(0, offsets[i], n)
+                    .view(spec.shape.as_slice())
+                    .detach()
+                    .set_requires_grad(true);
+                Param {
+                    name: spec.name,
+                    shape: spec.shape,
+                    offset: offsets[i],
+                    numel: n,
+                    tensor,
+                }
+            })
+            .collect();
+        ParamStore {
+            flat,
+            params,
+            decay_len,
+        }
     }
 }
 
 /// All parameters of a model.
 pub struct ParamStore {
-    /// Every parameter's values, concatenated in declaration order (fp32).
+    /// Every parameter's values (fp32), concatenated in the order of [`Self::params`].
     pub flat: Tensor,
-    /// The parameters, in declaration order.
+    /// The parameters in buffer order: those with weight decay first, then the rest, each
+    /// group in declaration order.
     pub params: Vec<Param>,
+    /// Length of the prefix of [`Self::flat`] that weight decay applies to.
+    pub decay_len: i64,
 }
 
 impl ParamStore {
@@ -140,18 +178,6 @@ impl ParamStore {
         for p in &mut self.params {
             p.tensor.zero_grad();
         }
-    }
-
-    /// A flat mask with 1.0 where weight decay applies and 0.0 elsewhere.
-    pub fn decay_mask(&self) -> Tensor {
-        let mask = Tensor::zeros([self.numel()], (Kind::Float, self.device()));
-        tch::no_grad(|| {
-            for p in self.params.iter().filter(|p| p.decay) {
-                let mut slot = mask.narrow(0, p.offset, p.numel);
-                let _ = slot.fill_(1.0);
-            }
-        });
-        mask
     }
 
     /// Named CPU copies of the parameters, for saving.
@@ -221,4 +247,35 @@ pub fn load_slices(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decayed_parameters_form_a_prefix_and_share_storage() {
+        crate::testutil::one_torch_thread();
+        let mut specs = ParamSpecs::default();
+        specs.add("a", &[2, 3], Init::Normal(1.0), true);
+        specs.add("b", &[4], Init::Ones, false);
+        specs.add("c", &[5], Init::Normal(1.0), true);
+        let mut store = specs.build(Device::Cpu, 7);
+        let names: Vec<&str> = store.params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "c", "b"]);
+        assert_eq!(store.decay_len, 11);
+        assert_eq!(store.params[2].offset, 11);
+        assert!(store
+            .get("b")
+            .equal(&Tensor::ones([4], (Kind::Float, Device::Cpu))));
+        // Writing the flat buffer changes the parameters the model reads.
+        tch::no_grad(|| store.flat *= 2.0);
+        assert_eq!(store.get("b").double_value(&[0]), 2.0);
+        // Gradients of the leaves come back in buffer order.
+        (store.get("a").sum(Kind::Float) + store.get("b").sum(Kind::Float) * 3.0).backward();
+        let g = Vec::<f32>::try_from(&store.flat_grad()).unwrap();
+        assert_eq!(g[..6], [1.0; 6]);
+        assert_eq!(g[6..11], [0.0; 5]);
+        assert_eq!(g[11..], [3.0; 4]);
+    }
 }

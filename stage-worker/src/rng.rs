@@ -44,13 +44,6 @@ impl Rng {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// A standard normal sample (Box-Muller).
-    pub fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.unit(); // in (0, 1]
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-
     /// An element of a non-empty slice.
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.below(items.len())]
@@ -87,16 +80,6 @@ mod tests {
             Rng::for_stream(7, 1).next_u64(),
             Rng::for_stream(7, 2).next_u64()
         );
-    }
-
-    #[test]
-    fn normal_has_unit_variance() {
-        let mut r = Rng::new(2);
-        let xs: Vec<f64> = (0..20_000).map(|_| r.normal()).collect();
-        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
-        assert!(mean.abs() < 0.03, "{mean}");
-        assert!((var - 1.0).abs() < 0.05, "{var}");
     }
 
     #[test]

@@ -16,3 +16,9 @@ pub fn scratch_dir(label: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("create scratch dir");
     dir
 }
+
+/// Limits libtorch to one CPU thread: tests already run in parallel, and oversubscribed
+/// OpenMP threads slow down badly on a small or busy machine.
+pub fn one_torch_thread() {
+    tch::set_num_threads(1);
+}

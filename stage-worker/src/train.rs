@@ -63,8 +63,8 @@ fn model_config(
         Some(v) => {
             let c = v.model_config()?;
             if spec.params.contains_key("model") && p.model != c {
-                eprintln!(
-                    "stage-worker: note: params.model is ignored; the model shape comes from the init checkpoint {} ({c:?})",
+                crate::log!(
+                    "note: params.model is ignored; the model shape comes from the init checkpoint {} ({c:?})",
                     v.dir.display()
                 );
             }
@@ -100,7 +100,7 @@ fn resumable(dir: &Path, p: &TrainParams, config: &ModelConfig) -> Option<Verifi
     let v = match checkpoint::open_verified(dir) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("stage-worker: not resuming from {}: {e}", dir.display());
+            crate::log!("not resuming from {}: {e}", dir.display());
             return None;
         }
     };
@@ -108,6 +108,24 @@ fn resumable(dir: &Path, p: &TrainParams, config: &ModelConfig) -> Option<Verifi
         && v.model_config().ok().as_ref() == Some(config)
         && v.manifest.step.is_some_and(|s| s < p.steps);
     same.then_some(v)
+}
+
+/// Removes the manifest of an output directory's checkpoint that this run will not resume, so
+/// that until this run writes its own, the directory cannot pass for this run's output.
+fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
+    if checkpoint::exists(dir) {
+        crate::log!(
+            "{} holds a checkpoint of another run; it will be replaced",
+            dir.display()
+        );
+        crate::fsio::remove_durably(dir, protocol::checkpoint::MANIFEST_FILE).map_err(|e| {
+            Failure::other(format!(
+                "cannot remove the old manifest in {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// Figures gathered during the loop.
@@ -126,10 +144,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let p: TrainParams = parse_params(spec)?;
     validate(&p)?;
     let compute = device::prepare(spec.device, &p.precision)?;
-    eprintln!(
-        "stage-worker: stage `{}`: train on {}",
-        spec.stage, compute.description
-    );
+    crate::log!("stage `{}`: train on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
     let init = spec
@@ -141,10 +156,10 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let data = data::load(&p.data, p.seed, Split::Train, 0)?;
     let sampler = Sampler::new(&data, p.seed, p.batch_size as usize, p.seq_len as usize)
         .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
-    eprintln!("stage-worker: data `{}`: {}", p.data, data.describe());
+    crate::log!("data `{}`: {}", p.data, data.describe());
     if sampler.skipped() > 0 {
-        eprintln!(
-            "stage-worker: {} examples skipped: their prompt does not fit in seq_len {}",
+        crate::log!(
+            "{} examples skipped: their prompt does not fit in seq_len {}",
             sampler.skipped(),
             p.seq_len
         );
@@ -155,18 +170,27 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     if let Some(own) = resumable(&spec.output_dir, &p, &config) {
         own.load_model(&model)?;
         own.load_optimizer(&model, &mut opt)?;
-        eprintln!(
-            "stage-worker: resuming the interrupted run in {} at step {}",
+        crate::log!(
+            "resuming the interrupted run in {} at step {}",
             own.dir.display(),
             opt.step
         );
-    } else if let Some(v) = &init {
-        v.load_model(&model)?;
-        eprintln!("stage-worker: initialised from {}", v.dir.display());
+    } else {
+        forget_stale_checkpoint(&spec.output_dir)?;
+        if let Some(v) = &init {
+            v.load_model(&model)?;
+            crate::log!("initialised from {}", v.dir.display());
+            if v.training().is_some_and(|t| !t.complete) {
+                crate::log!(
+                    "note: that checkpoint is from an interrupted run (step {:?})",
+                    v.manifest.step
+                );
+            }
+        }
     }
     let resumed_from = opt.step;
-    eprintln!(
-        "stage-worker: model {config:?}, {} parameters; {} steps of {}×{}",
+    crate::log!(
+        "model {config:?}, {} parameters; {} steps of {}×{}",
         model.params.numel(),
         p.steps,
         p.batch_size,
@@ -194,7 +218,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         )));
     }
     let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
-    eprintln!("stage-worker: metrics {metrics:?}");
+    crate::log!("metrics {metrics:?}");
     sink.metrics(&metrics);
     Ok(())
 }
@@ -246,8 +270,8 @@ fn train_loop(
         if clock.due() || step == p.steps || stop {
             let i = clock.take();
             sink.progress(step, p.steps, Some(i.loss), Some(i.tokens_per_s));
-            eprintln!(
-                "stage-worker: step {step}/{} loss {:.4} lr {:.2e} {:.0} tokens/s",
+            crate::log!(
+                "step {step}/{} loss {:.4} lr {:.2e} {:.0} tokens/s",
                 p.steps,
                 i.loss,
                 schedule.lr(step),
@@ -255,7 +279,7 @@ fn train_loop(
             );
         }
         if stop && step < p.steps {
-            eprintln!("stage-worker: stop requested; saving a checkpoint at step {step}");
+            crate::log!("stop requested; saving a checkpoint at step {step}");
             stats.interrupted = true;
             break;
         }
@@ -334,6 +358,7 @@ mod tests {
 
     #[test]
     fn a_few_steps_reduce_the_loss_and_leave_a_checkpoint() {
+        crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("train");
         let spec = tiny_spec(&dir, 60);
         let mut sink = EventSink::memory();
@@ -372,6 +397,7 @@ mod tests {
 
     #[test]
     fn bad_params_are_refused_as_bad_input() {
+        crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("train-bad");
         let mut spec = tiny_spec(&dir, 5);
         spec.params.insert("seq_len".into(), 64.into());

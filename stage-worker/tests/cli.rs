@@ -134,6 +134,10 @@ fn train_then_eval_then_refuse_a_truncated_checkpoint() {
     let loss = m["loss"].as_f64().unwrap();
     assert!((m["perplexity"].as_f64().unwrap() - loss.exp()).abs() < 1e-6 * loss.exp());
     assert_eq!(m["samples"], 24.0);
+    let results: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("eval/metrics.json")).unwrap()).unwrap();
+    assert_eq!(&results["metrics"], m);
+    assert!(dir.join("eval/manifest.json").is_file());
 
     let model = ckpt.join("model.safetensors");
     let bytes = std::fs::read(&model).unwrap();

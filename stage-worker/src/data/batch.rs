@@ -82,14 +82,29 @@ pub fn fits(example: &Example, seq_len: usize) -> bool {
     !example.prompt.is_empty() && !example.completion.is_empty() && example.prompt.len() <= seq_len
 }
 
-/// Rows of prompt+completion, cut to `seq_len + 1` bytes, right-padded to the longest row.
-/// Only completion bytes are targets. Examples must satisfy [`fits`].
+/// Row widths of prompt/completion batches are rounded up to a multiple of this (at most
+/// `seq_len`), so the device sees a handful of shapes rather than one per batch.
+pub const WIDTH_STEP: usize = 8;
+
+/// `width` rounded up to a multiple of [`WIDTH_STEP`], but not beyond `cap`.
+pub fn round_width(width: usize, cap: usize) -> usize {
+    width
+        .div_ceil(WIDTH_STEP)
+        .saturating_mul(WIDTH_STEP)
+        .min(cap)
+        .max(width)
+}
+
+/// Rows of prompt+completion, cut to `seq_len + 1` bytes, right-padded to the longest row
+/// (rounded up with [`round_width`]). Only completion bytes are targets. Examples must satisfy
+/// [`fits`].
 pub fn pair_rows(examples: &[&Example], seq_len: usize) -> HostBatch {
     let lens: Vec<usize> = examples
         .iter()
         .map(|e| (e.prompt.len() + e.completion.len()).min(seq_len + 1))
         .collect();
-    let cols = lens.iter().map(|l| l - 1).max().unwrap_or(1).max(1);
+    let longest = lens.iter().map(|l| l - 1).max().unwrap_or(1).max(1);
+    let cols = round_width(longest, seq_len);
     let mut inputs = vec![PAD; examples.len() * cols];
     let mut targets = vec![IGNORE; examples.len() * cols];
     for (row, (ex, &len)) in examples.iter().zip(&lens).enumerate() {
@@ -209,14 +224,18 @@ mod tests {
         let a = ex("ab", "CD");
         let b = ex("x", "Y");
         let batch = pair_rows(&[&a, &b], 16);
-        assert_eq!(batch.cols, 3);
+        assert_eq!(batch.cols, 8);
         // Row a: inputs a b C, targets: (a→b ignored) b→C, C→D.
         assert_eq!(&batch.inputs[..3], &[97, 98, 67]);
         assert_eq!(&batch.targets[..3], &[IGNORE, 67, 68]);
-        // Row b: inputs x pad pad, target x→Y.
-        assert_eq!(&batch.inputs[3..], &[120, PAD, PAD]);
-        assert_eq!(&batch.targets[3..], &[89, IGNORE, IGNORE]);
+        assert!(batch.targets[3..8].iter().all(|&t| t == IGNORE));
+        // Row b: inputs x pad…, target x→Y.
+        assert_eq!(&batch.inputs[8..11], &[120, PAD, PAD]);
+        assert_eq!(&batch.targets[8..11], &[89, IGNORE, IGNORE]);
         assert_eq!(batch.scored(), 3);
+        assert_eq!(round_width(3, 16), 8);
+        assert_eq!(round_width(9, 12), 12);
+        assert_eq!(round_width(13, 12), 13);
     }
 
     #[test]
