@@ -20,7 +20,7 @@ log "quickstart"
 orchestrate --plan configs/quickstart.toml --run-dir "$W/quickstart" -q; echo "exit $?" > "$W/quickstart.exit"
 
 log "headline: 5 stages in one Python process with a stray reference"
-python3 "$HERE/one_process_stages.py" --stray-reference --d-model 2048 --layers 8 --heads 16 --batch 32 --seq 256 --steps 50 > "$W/one_process.json" 2> "$W/one_process.err"
+python3 "$HERE/one_process_stages.py" --stray-reference --d-model 1024 --layers 8 --heads 16 --batch 32 --seq 256 --steps 50 > "$W/one_process.json" 2> "$W/one_process.err"
 log "headline: the same 5 stages under orchestrate"
 orchestrate --plan "$HERE/plans/five-stages.toml" --run-dir "$W/five" -q; echo "exit $?" > "$W/five.exit"
 
