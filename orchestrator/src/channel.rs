@@ -9,8 +9,8 @@
 use protocol::worker::{WorkerEvent, WorkerMessage};
 use std::cell::Cell;
 use std::io::Write;
-use std::rc::Rc;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -213,8 +213,14 @@ mod tests {
         );
         assert!(parse_line(b"\xff\xfe").unwrap_err().contains("not UTF-8"));
         assert!(parse_line(b"{nope").unwrap_err().contains("not JSON"));
-        assert!(parse_line(br#"{"v":9,"event":"done"}"#).unwrap_err().contains("version 9"));
-        assert!(parse_line(br#"{"event":"done"}"#).unwrap_err().contains("\"v\""));
-        assert!(parse_line(br#"{"v":1,"event":"teleport"}"#).unwrap_err().contains("invalid message"));
+        assert!(parse_line(br#"{"v":9,"event":"done"}"#)
+            .unwrap_err()
+            .contains("version 9"));
+        assert!(parse_line(br#"{"event":"done"}"#)
+            .unwrap_err()
+            .contains("\"v\""));
+        assert!(parse_line(br#"{"v":1,"event":"teleport"}"#)
+            .unwrap_err()
+            .contains("invalid message"));
     }
 }

@@ -31,7 +31,11 @@ pub fn human_duration(d: Duration) -> String {
     } else if s < 3600.0 {
         format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
     } else {
-        format!("{}h{:02}m", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64)
+        format!(
+            "{}h{:02}m",
+            (s / 3600.0) as u64,
+            ((s % 3600.0) / 60.0) as u64
+        )
     }
 }
 
@@ -79,7 +83,9 @@ impl Console {
             } else {
                 String::new()
             };
-            self.line(&format!("{stage}: started{again}, pid {pid}, on {placement}"));
+            self.line(&format!(
+                "{stage}: started{again}, pid {pid}, on {placement}"
+            ));
         }
     }
 

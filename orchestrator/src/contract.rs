@@ -26,11 +26,17 @@ pub struct ContractPaths<'a> {
 }
 
 /// The `ORCHESTRATE_*` variables of an attempt, then the plan's own `env` entries.
-pub fn environment(paths: &ContractPaths<'_>, plan_env: &BTreeMap<String, String>) -> Vec<(String, String)> {
+pub fn environment(
+    paths: &ContractPaths<'_>,
+    plan_env: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
     let mut env = vec![
         (ENV_STAGE.to_string(), paths.stage.to_string()),
         (ENV_RUN_DIR.to_string(), paths.run_dir.display().to_string()),
-        (ENV_OUTPUT_DIR.to_string(), paths.output_dir.display().to_string()),
+        (
+            ENV_OUTPUT_DIR.to_string(),
+            paths.output_dir.display().to_string(),
+        ),
         (ENV_EVENTS.to_string(), paths.events.display().to_string()),
         (ENV_SPEC.to_string(), paths.spec.display().to_string()),
         (ENV_ATTEMPT.to_string(), paths.attempt.to_string()),
@@ -78,7 +84,10 @@ mod tests {
 
     #[test]
     fn expands_placeholders_and_escapes() {
-        let inputs = BTreeMap::from([("pre-train".to_string(), PathBuf::from("/r/stages/pre-train/output"))]);
+        let inputs = BTreeMap::from([(
+            "pre-train".to_string(),
+            PathBuf::from("/r/stages/pre-train/output"),
+        )]);
         let paths = ContractPaths {
             stage: "sft",
             run_dir: Path::new("/r"),
@@ -88,13 +97,25 @@ mod tests {
             spec: Path::new("/r/stages/sft/spec.json"),
             attempt: 2,
         };
-        assert_eq!(expand("--out={output}/m.pt", &paths), "--out=/r/stages/sft/output/m.pt");
-        assert_eq!(expand("{input.pre-train}", &paths), "/r/stages/pre-train/output");
-        assert_eq!(expand("{{literal}} {stage}@{run_dir}", &paths), "{literal} sft@/r");
+        assert_eq!(
+            expand("--out={output}/m.pt", &paths),
+            "--out=/r/stages/sft/output/m.pt"
+        );
+        assert_eq!(
+            expand("{input.pre-train}", &paths),
+            "/r/stages/pre-train/output"
+        );
+        assert_eq!(
+            expand("{{literal}} {stage}@{run_dir}", &paths),
+            "{literal} sft@/r"
+        );
         assert_eq!(expand("{unknown}", &paths), "{unknown}");
         assert_eq!(expand("{input.nope}", &paths), "{input.nope}");
         let env = environment(&paths, &BTreeMap::from([("A".into(), "1".into())]));
-        assert!(env.contains(&("ORCHESTRATE_INPUT_PRE_TRAIN".into(), "/r/stages/pre-train/output".into())));
+        assert!(env.contains(&(
+            "ORCHESTRATE_INPUT_PRE_TRAIN".into(),
+            "/r/stages/pre-train/output".into()
+        )));
         assert!(env.contains(&("ORCHESTRATE_ATTEMPT".into(), "2".into())));
         assert_eq!(env.last().unwrap(), &("A".to_string(), "1".to_string()));
     }

@@ -116,7 +116,11 @@ pub fn read_journal(path: &Path) -> io::Result<Vec<JournalRecord>> {
             Err(e) => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("{}: line {} is not a journal record: {e}", path.display(), i + 1),
+                    format!(
+                        "{}: line {} is not a journal record: {e}",
+                        path.display(),
+                        i + 1
+                    ),
                 ))
             }
         }
@@ -147,7 +151,8 @@ mod tests {
             })
             .unwrap();
         let mut torn = OpenOptions::new().append(true).open(&path).unwrap();
-        torn.write_all(b"{\"v\":1,\"t\":5,\"rec\":\"stage_sta").unwrap();
+        torn.write_all(b"{\"v\":1,\"t\":5,\"rec\":\"stage_sta")
+            .unwrap();
         let records = read_journal(&path).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(records[0], first);

@@ -85,9 +85,15 @@ enum LogFormat {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let default = if format == LogFormat::Json { "orchestrate=info,warn" } else { "warn" };
+    let default = if format == LogFormat::Json {
+        "orchestrate=info,warn"
+    } else {
+        "warn"
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.with_target(false).init(),
@@ -119,7 +125,11 @@ fn main() -> ExitCode {
                     "{}: ok ({} stage{}; order: {})",
                     plan.display(),
                     loaded.plan.stages.len(),
-                    if loaded.plan.stages.len() == 1 { "" } else { "s" },
+                    if loaded.plan.stages.len() == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
                     loaded
                         .order
                         .iter()
@@ -133,7 +143,10 @@ fn main() -> ExitCode {
         },
         Some(Command::Schema) => {
             let schema = orchestrator::plan::json_schema();
-            println!("{}", serde_json::to_string_pretty(&schema).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&schema).unwrap_or_default()
+            );
             ExitCode::SUCCESS
         }
         Some(Command::GpuCheck {
@@ -143,7 +156,10 @@ fn main() -> ExitCode {
         }) => match orchestrator::gpu::check::run(max_used_mib << 20, wait.map(|w| w.get())) {
             Ok(result) => {
                 if json {
-                    println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&result).unwrap_or_default()
+                    );
                 } else {
                     print!("{}", orchestrator::gpu::check::render_text(&result));
                 }
@@ -193,7 +209,10 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
             return ExitCode::from(exit::RUN_ERROR as u8);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

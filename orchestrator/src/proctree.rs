@@ -91,7 +91,10 @@ fn surely_gone(leader: i32, needle: &[u8]) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let group_alive = unsafe { libc::kill(-leader, 0) } == 0
         || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
-    !group_alive && !own_children().into_iter().any(|pid| environ_has(pid, needle))
+    !group_alive
+        && !own_children()
+            .into_iter()
+            .any(|pid| environ_has(pid, needle))
 }
 
 /// The live (non-zombie) processes of the stage whose first process is `leader` (a session
@@ -141,7 +144,11 @@ pub fn rss_bytes(pid: i32) -> u64 {
     let Ok(text) = fs::read_to_string(format!("/proc/{pid}/statm")) else {
         return 0;
     };
-    let pages: u64 = text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let pages: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     // SAFETY: sysconf with a valid name has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     pages * page
@@ -177,7 +184,11 @@ mod tests {
     fn a_group_that_never_existed_is_surely_gone_and_a_live_one_is_found() {
         // PID 2^22 - 1 is above the default pid_max, so no such group exists.
         assert!(surely_gone(4_194_303, b"ORCHESTRATE_STAGE_TOKEN=none"));
-        let mut child = std::process::Command::new("sleep").arg("5").process_group(0).spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .process_group(0)
+            .spawn()
+            .unwrap();
         let pid = child.id() as i32;
         assert!(!surely_gone(pid, b"ORCHESTRATE_STAGE_TOKEN=none"));
         assert!(stage_members(pid, "none").iter().any(|p| p.pid == pid));

@@ -106,7 +106,13 @@ impl Reaper {
                 system_s: seconds(usage.ru_stime),
                 max_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
             };
-            self.deliver(pid, Reaped { status: exit, usage });
+            self.deliver(
+                pid,
+                Reaped {
+                    status: exit,
+                    usage,
+                },
+            );
         }
     }
 

@@ -80,7 +80,9 @@ pub fn summary(report: &Report) -> String {
         ));
     }
     if hidden > 0 {
-        out.push_str(&format!("… and {hidden} more stages that succeeded (see report.json)\n"));
+        out.push_str(&format!(
+            "… and {hidden} more stages that succeeded (see report.json)\n"
+        ));
     }
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",

@@ -4,7 +4,7 @@
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
 //! were verified; a GPU is given to one stage at a time; the journal gets a fsynced record at
 //! every state change and `report.json` is rewritten as attempts finish (at most once a second,
-//! and at the end); SIGINT/SIGTERM stop
+//! at most 5% of the time, and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
 
@@ -120,7 +120,8 @@ pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> anyhow::Res
 }
 
 fn retry_backoff(attempt: u32) -> Duration {
-    Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6).saturating_sub(1))).min(Duration::from_secs(30))
+    Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6).saturating_sub(1)))
+        .min(Duration::from_secs(30))
 }
 
 /// Runs the plan to its end. Must be called inside a tokio `LocalSet` on a current-thread
@@ -146,10 +147,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     // GPUs: inventory always (for assignment by UUID); the probe only when checking.
     let (gpus, probe, gpu_check): (Vec<GpuInfo>, Option<Rc<dyn MemoryProbe>>, String) =
         match gpu::discover() {
-            Inventory::Available { gpus, probe, driver } => {
+            Inventory::Available {
+                gpus,
+                probe,
+                driver,
+            } => {
                 let text = match settings.gpu_check {
                     GpuCheck::Off => "off (gpu_check = \"off\")".to_string(),
-                    _ => format!("verified with NVML (driver {driver}, {} GPU(s))", gpus.len()),
+                    _ => format!(
+                        "verified with NVML (driver {driver}, {} GPU(s))",
+                        gpus.len()
+                    ),
                 };
                 let probe: Option<Rc<dyn MemoryProbe>> = match settings.gpu_check {
                     GpuCheck::Off => None,
@@ -213,7 +221,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let max_parallel = settings
         .max_parallel
         .map(|n| n as usize)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
         .max(1);
 
     let mut states: Vec<StageState> = stages
@@ -252,6 +264,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     };
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     let mut last_report = Instant::now();
+    let mut report_every = Duration::from_secs(1);
 
     // Readiness is tracked incrementally, so each event costs O(its neighbours), not O(stages):
     // a 10,000-stage sweep schedules in linear time.
@@ -288,7 +301,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     break;
                 }
                 let stage = &stages[i];
-                let want = if machine_has_gpus { stage.gpus_wanted() as usize } else { 0 };
+                let want = if machine_has_gpus {
+                    stage.gpus_wanted() as usize
+                } else {
+                    0
+                };
                 if want > pool.usable() {
                     ready.remove(&(position[i], i));
                     let msg = format!(
@@ -315,7 +332,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 ready.remove(&(position[i], i));
                 states[i].attempts += 1;
                 let attempt = states[i].attempts;
-                let attempt_plan = match prepare_attempt(&plan, i, attempt, &run_dir, &states, worker.as_deref(), &given, machine_has_gpus, &sockets.0) {
+                let attempt_plan = match prepare_attempt(
+                    &plan,
+                    i,
+                    attempt,
+                    &run_dir,
+                    &states,
+                    worker.as_deref(),
+                    &given,
+                    machine_has_gpus,
+                    &sockets.0,
+                ) {
                     Ok(p) => p,
                     Err(failure) => {
                         pool.give_back(&given);
@@ -445,10 +472,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     }
                 }
                 states[i].last = Some(result);
-                // Rewriting the whole report costs O(stages): at most once a second.
-                if last_report.elapsed() >= Duration::from_secs(1) {
+                // Rewriting the whole report costs O(stages): at most once a second, and never
+                // more than 5% of the time (a 10,000-stage sweep's report is megabytes).
+                if last_report.elapsed() >= report_every {
+                    let t = Instant::now();
                     let report = build_report(&plan, &states, &run_dir, &gpu_check, started, "running");
                     crate::report::write_or_warn(&report_path, &report, &console);
+                    report_every = (t.elapsed() * 20).max(Duration::from_secs(1));
                     last_report = Instant::now();
                 }
             }
@@ -472,7 +502,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
             state.status = Status::Skipped(reason);
         }
     }
-    let any_failed = states.iter().any(|s| matches!(s.status, Status::Failed | Status::Skipped(_)));
+    let any_failed = states
+        .iter()
+        .any(|s| matches!(s.status, Status::Failed | Status::Skipped(_)));
     let (status, exit_code) = if interrupted {
         ("interrupted", exit::INTERRUPTED)
     } else if any_failed && !leak_stop {
@@ -491,7 +523,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     if let Some(sampler) = sampler {
         sampler.abort();
         let samples = gpu::timeline::read_samples(&timeline_csv);
-        let picture = gpu::svg::render(pool.all(), &samples, &spans, started.elapsed().as_secs_f64());
+        let picture = gpu::svg::render(
+            pool.all(),
+            &samples,
+            &spans,
+            started.elapsed().as_secs_f64(),
+        );
         let svg_path = run_dir.root().join("gpu-memory.svg");
         match write_atomic(&svg_path, picture.as_bytes()) {
             Ok(()) => console.note(&format!("GPU memory picture: {}", svg_path.display())),
@@ -528,7 +565,12 @@ fn skip_downstream(
     Ok(())
 }
 
-fn escalate(cancel: &watch::Sender<CancelLevel>, interrupted: &mut bool, console: &Console, grace: Duration) {
+fn escalate(
+    cancel: &watch::Sender<CancelLevel>,
+    interrupted: &mut bool,
+    console: &Console,
+    grace: Duration,
+) {
     if !*interrupted {
         *interrupted = true;
         console.warn(&format!(
@@ -576,7 +618,11 @@ fn prepare_attempt(
                         stage.name,
                         up.name,
                         record.path,
-                        if actual.is_none() { "missing" } else { "changed since it was verified" }
+                        if actual.is_none() {
+                            "missing"
+                        } else {
+                            "changed since it was verified"
+                        }
                     )));
                 }
             }
@@ -594,10 +640,15 @@ fn prepare_attempt(
         output_dir: output_dir.clone(),
         inputs: inputs.clone(),
         init,
-        device: if gpus.is_empty() { Device::Cpu } else { Device::Cuda },
+        device: if gpus.is_empty() {
+            Device::Cpu
+        } else {
+            Device::Cuda
+        },
         attempt,
     };
-    let spec_bytes = serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
+    let spec_bytes =
+        serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
     // Rewritten for every attempt before it starts: no need for a durable, atomic write.
     std::fs::write(&spec_path, &spec_bytes).map_err(|e| io_fail("cannot write spec.json", e))?;
 
@@ -612,11 +663,18 @@ fn prepare_attempt(
     };
     let mut env = contract::environment(&paths, &stage.env);
     if machine_has_gpus {
-        let visible = gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(",");
+        let visible = gpus
+            .iter()
+            .map(|g| g.uuid.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
         env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
     }
     let argv = match (&stage.command, worker) {
-        (Some(command), _) => command.iter().map(|a| contract::expand(a, &paths)).collect(),
+        (Some(command), _) => command
+            .iter()
+            .map(|a| contract::expand(a, &paths))
+            .collect(),
         (None, Some(worker)) => vec![
             worker.display().to_string(),
             "--spec".into(),
@@ -663,7 +721,11 @@ fn build_report(
                     state.failure.as_ref().map(|f| f.0.clone()),
                     state.failure.as_ref().map(|f| f.1.clone()),
                 ),
-                Status::Skipped(reason) => ("skipped", Some("upstream_failed".to_string()), Some(reason.clone())),
+                Status::Skipped(reason) => (
+                    "skipped",
+                    Some("upstream_failed".to_string()),
+                    Some(reason.clone()),
+                ),
                 Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
                 Status::Running => ("running", None, None),
                 Status::Pending | Status::RetryAt(_) => ("pending", None, None),
@@ -689,7 +751,12 @@ fn build_report(
                 metrics: last.map(|r| r.metrics.clone()).unwrap_or_default(),
                 gpu: last.map(|r| r.gpu.clone()).unwrap_or_default(),
                 leftover_processes: last
-                    .map(|r| r.leftovers.iter().map(|p| format!("pid {} ({})", p.pid, p.name)).collect())
+                    .map(|r| {
+                        r.leftovers
+                            .iter()
+                            .map(|p| format!("pid {} ({})", p.pid, p.name))
+                            .collect()
+                    })
                     .unwrap_or_default(),
                 protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
                 timing: last.and_then(|r| r.timing),

@@ -229,7 +229,10 @@ impl Launched {
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
 /// cannot start comes back as its [`Failure`].
 pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched, Failure> {
-    let header = format!("==== orchestrate: {} attempt {} ====\n", plan.name, plan.attempt);
+    let header = format!(
+        "==== orchestrate: {} attempt {} ====\n",
+        plan.name, plan.attempt
+    );
     let (stdout, stderr) = open_logs(&plan.stage_dir, &header).map_err(|e| {
         Failure::SpawnFailed(format!(
             "cannot open log files in {}: {e}",
@@ -257,7 +260,12 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
                 plan.socket.display()
             ))
         })?;
-    let token = format!("{}-{}-{}", std::process::id(), plan.name, crate::timefmt::unix_ms());
+    let token = format!(
+        "{}-{}-{}",
+        std::process::id(),
+        plan.name,
+        crate::timefmt::unix_ms()
+    );
     let launch = Launch {
         argv: plan.argv.clone(),
         env: plan.env.clone(),
@@ -315,7 +323,9 @@ pub async fn supervise(
     let console = &services.console;
     let probe = services.probe.clone();
     let started = child.started;
-    let timeout_at = plan.timeout.map(|t| tokio::time::Instant::from_std(started + t));
+    let timeout_at = plan
+        .timeout
+        .map(|t| tokio::time::Instant::from_std(started + t));
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut sent_kill = false;
     let mut timed_out = false;
@@ -324,7 +334,8 @@ pub async fn supervise(
     let mut state = EventState::default();
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
     let rss_period = Duration::from_millis(250);
-    let mut rss_tick = tokio::time::interval_at(tokio::time::Instant::now() + rss_period, rss_period);
+    let mut rss_tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + rss_period, rss_period);
     let mut tree_rss_peak = 0u64;
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
 
@@ -379,7 +390,11 @@ pub async fn supervise(
     let usage: ResourceUsage = reaped.map(|r| r.usage).unwrap_or_default();
     // The first process is gone; anything of its tree still alive is a leftover.
     let stopping = kill_at.is_some() || sent_kill;
-    let grace = if stopping || sent_kill { Duration::ZERO } else { plan.grace };
+    let grace = if stopping || sent_kill {
+        Duration::ZERO
+    } else {
+        plan.grace
+    };
     let summary = supervisor::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
     if !summary.found.is_empty() {
         let list = summary
@@ -429,7 +444,11 @@ pub async fn supervise(
                     plan.name,
                     v.excess_bytes() / (1 << 20),
                     v.reclaim.as_millis(),
-                    if holders.is_empty() { String::new() } else { format!("; held by {}", holders.join(", ")) }
+                    if holders.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; held by {}", holders.join(", "))
+                    }
                 ));
             }
             gpu_records.push(GpuRecord {
@@ -438,7 +457,11 @@ pub async fn supervise(
                 peak_bytes: (*peak).max(v.after_bytes),
                 after_bytes: v.after_bytes,
                 reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
-                verdict: if v.clean { "clean".into() } else { "leaked".into() },
+                verdict: if v.clean {
+                    "clean".into()
+                } else {
+                    "leaked".into()
+                },
                 holders: v.holders.iter().map(|h| h.to_string()).collect(),
             });
         }
@@ -446,7 +469,15 @@ pub async fn supervise(
 
     let verified_unix = crate::timefmt::unix_secs_f64();
     let stderr_tail = read_tail(&plan.stage_dir.join("stderr.log"), stderr_offset);
-    let mut outcome = classify(plan, exit, &state, timed_out, cancelled, sent_kill, &stderr_tail);
+    let mut outcome = classify(
+        plan,
+        exit,
+        &state,
+        timed_out,
+        cancelled,
+        sent_kill,
+        &stderr_tail,
+    );
     let mut checkpoints = Vec::new();
     if outcome == Outcome::Succeeded {
         match verify_outputs(plan).await {
@@ -496,7 +527,14 @@ impl EventState {
                 total_steps,
                 loss,
                 tokens_per_s,
-            }) => console.progress(stage, step, total_steps, loss, tokens_per_s, started.elapsed()),
+            }) => console.progress(
+                stage,
+                step,
+                total_steps,
+                loss,
+                tokens_per_s,
+                started.elapsed(),
+            ),
             ChannelItem::Event(WorkerEvent::Metrics { metrics }) => self.metrics.extend(metrics),
             ChannelItem::Event(WorkerEvent::Failed { error, reason }) => {
                 self.failed = Some((error, reason))
@@ -535,7 +573,9 @@ fn classify(
         || stderr_tail.contains("CUDA error: out of memory")
         || stderr_tail.contains("OutOfMemoryError");
     match exit {
-        None => Outcome::Failed(Failure::ProtocolViolation("its exit status was lost".into())),
+        None => Outcome::Failed(Failure::ProtocolViolation(
+            "its exit status was lost".into(),
+        )),
         Some(ExitStatus::Code(0)) => match &state.failed {
             Some((error, _)) => Outcome::Failed(Failure::ProtocolViolation(format!(
                 "it reported failure ({error}) but exited 0"
@@ -545,7 +585,10 @@ fn classify(
         Some(ExitStatus::Code(code)) => {
             let reason = state.failed.as_ref().and_then(|(_, r)| r.as_deref());
             let message = state.failed.as_ref().map(|(e, _)| e.clone());
-            if reason == Some("cuda_oom") || code == EXIT_OUT_OF_MEMORY && plan.builtin || oom_in_stderr {
+            if reason == Some("cuda_oom")
+                || code == EXIT_OUT_OF_MEMORY && plan.builtin
+                || oom_in_stderr
+            {
                 Outcome::Failed(Failure::CudaOutOfMemory(
                     message.unwrap_or_else(|| "see the stage's stderr".into()),
                 ))
@@ -574,7 +617,11 @@ async fn verify_outputs(plan: &AttemptPlan) -> Result<Vec<CheckpointRecord>, Fai
     let builtin = plan.builtin;
     tokio::task::spawn_blocking(move || verify_outputs_blocking(&dir, &declared, builtin))
         .await
-        .unwrap_or_else(|e| Err(Failure::CorruptOutput(format!("verification panicked: {e}"))))
+        .unwrap_or_else(|e| {
+            Err(Failure::CorruptOutput(format!(
+                "verification panicked: {e}"
+            )))
+        })
 }
 
 fn verify_outputs_blocking(

@@ -51,7 +51,10 @@ pub fn compact_stamp(unix_secs: u64) -> String {
 /// RFC 3339 UTC timestamp with milliseconds.
 pub fn rfc3339_ms(unix_ms: u64) -> String {
     let (y, mo, d, h, mi, s) = civil_utc(unix_ms / 1000);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z", unix_ms % 1000)
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z",
+        unix_ms % 1000
+    )
 }
 
 #[cfg(test)]

@@ -169,7 +169,7 @@ fn valid_plans_load_in_dependency_order() {
 }
 
 #[test]
-fn the_quickstart_loads_and_its_copy_matches() {
+fn the_shipped_quickstart_loads_in_pipeline_order() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let quickstart =
         load_plan(&root.join("configs/quickstart.toml")).unwrap_or_else(|e| panic!("{e}"));
@@ -179,8 +179,6 @@ fn the_quickstart_loads_and_its_copy_matches() {
         .map(|&i| quickstart.plan.stages[i].name.as_str())
         .collect();
     assert_eq!(names, ["pretrain", "sft", "eval", "eval-pretrain"]);
-    let copy = load_plan(&root.join("tests/plans/valid/quickstart.toml")).unwrap();
-    assert_eq!(copy.plan, quickstart.plan);
 }
 
 #[test]

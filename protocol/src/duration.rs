@@ -51,13 +51,17 @@ impl std::str::FromStr for HumanDuration {
         let mut total_ms: u128 = 0;
         let mut rest = s;
         while !rest.is_empty() {
-            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
             if digits == 0 {
                 return Err(refuse());
             }
             let number: u128 = rest[..digits].parse().map_err(|_| refuse())?;
             rest = &rest[digits..];
-            let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+            let unit_len = rest
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(rest.len());
             let unit_ms: u128 = match &rest[..unit_len] {
                 "ms" => 1,
                 "s" => 1_000,
@@ -83,7 +87,13 @@ impl fmt::Display for HumanDuration {
         if ms == 0 {
             return f.write_str("0s");
         }
-        for (unit, size) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+        for (unit, size) in [
+            ("d", 86_400_000u128),
+            ("h", 3_600_000),
+            ("m", 60_000),
+            ("s", 1_000),
+            ("ms", 1),
+        ] {
             if ms >= size {
                 write!(f, "{}{}", ms / size, unit)?;
                 ms %= size;
@@ -154,7 +164,15 @@ mod tests {
 
     #[test]
     fn refuses_malformed() {
-        for bad in ["", "90", "s", "1x", "-5s", "1.5h", "99999999999999999999999d"] {
+        for bad in [
+            "",
+            "90",
+            "s",
+            "1x",
+            "-5s",
+            "1.5h",
+            "99999999999999999999999d",
+        ] {
             let err = bad.parse::<HumanDuration>().unwrap_err();
             assert!(err.0.contains("invalid duration"), "{bad}: {err}");
         }

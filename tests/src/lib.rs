@@ -156,11 +156,17 @@ pub fn processes_with_env(needle: &str) -> Vec<i32> {
         return found;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
         if matches!(state, Some("Z") | Some("X") | None) {
             continue;
         }

@@ -27,7 +27,8 @@ outputs = ["copy.txt", "cwd.txt"]
     );
     let run = run_plan(&s, &plan, &[]);
     assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
-    let copy = std::fs::read_to_string(run.run_dir.join("stages/use-data/output/copy.txt")).unwrap();
+    let copy =
+        std::fs::read_to_string(run.run_dir.join("stages/use-data/output/copy.txt")).unwrap();
     assert_eq!(copy, "hellomake-data 1\n");
     let cwd = std::fs::read_to_string(run.run_dir.join("stages/use-data/output/cwd.txt")).unwrap();
     assert_eq!(
@@ -51,10 +52,16 @@ outputs = ["copy.txt", "cwd.txt"]
     assert_eq!(record["bytes"], 5);
     // The journal records every state change and parses line by line.
     let journal = std::fs::read_to_string(run.run_dir.join("journal.jsonl")).unwrap();
-    let recs: Vec<serde_json::Value> = journal.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let recs: Vec<serde_json::Value> = journal
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(recs.first().unwrap()["rec"], "run_started");
     assert_eq!(recs.last().unwrap()["rec"], "run_finished");
-    assert_eq!(recs.iter().filter(|r| r["rec"] == "stage_finished").count(), 2);
+    assert_eq!(
+        recs.iter().filter(|r| r["rec"] == "stage_finished").count(),
+        2
+    );
     assert!(run.run_dir.join("plan.toml").is_file());
     assert!(run.run_dir.join("plan.resolved.json").is_file());
 }
@@ -116,7 +123,12 @@ command = ["true"]
         ),
     );
     let run = run_plan(&s, &plan, &[]);
-    assert_eq!(run.code, Some(1), "a failed stage makes exit code 1\n{}", run.stderr);
+    assert_eq!(
+        run.code,
+        Some(1),
+        "a failed stage makes exit code 1\n{}",
+        run.stderr
+    );
     let expect = [
         ("exit3", "exit_code"),
         ("segfault", "signal"),
@@ -134,12 +146,21 @@ command = ["true"]
         assert_ne!(rec["status"], "succeeded", "{stage}");
     }
     assert_eq!(run.stage("exit3")["exit_code"], 3);
-    assert!(run.stage("exit3")["stderr_tail"].as_str().unwrap().contains("something broke"));
+    assert!(run.stage("exit3")["stderr_tail"]
+        .as_str()
+        .unwrap()
+        .contains("something broke"));
     assert_eq!(run.stage("segfault")["signal"], "SIGSEGV");
-    assert!(run.stage("oom-killed")["error"].as_str().unwrap().contains("out-of-memory killer"));
+    assert!(run.stage("oom-killed")["error"]
+        .as_str()
+        .unwrap()
+        .contains("out-of-memory killer"));
     assert_eq!(run.stage("downstream")["status"], "skipped");
     assert_eq!(run.stage("downstream")["attempts"], 0);
-    assert!(processes_with_env(&format!("MARKER={m}")).is_empty(), "no process of any stage is left");
+    assert!(
+        processes_with_env(&format!("MARKER={m}")).is_empty(),
+        "no process of any stage is left"
+    );
 }
 
 #[test]
@@ -169,7 +190,11 @@ outputs = ["absent"]
     assert_eq!(run.stage("flaky")["status"], "succeeded");
     assert_eq!(run.stage("flaky")["attempts"], 3);
     assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "3");
-    assert_eq!(run.stage("never-retried")["attempts"], 1, "missing outputs are not retried");
+    assert_eq!(
+        run.stage("never-retried")["attempts"],
+        1,
+        "missing outputs are not retried"
+    );
     let log = std::fs::read_to_string(run.run_dir.join("stages/flaky/stderr.log")).unwrap();
     assert_eq!(log.matches("==== orchestrate: flaky attempt").count(), 3);
 }
@@ -208,11 +233,26 @@ env = {{ MARKER = "{m}" }}
         let rec = run.stage(stage);
         assert_eq!(rec["status"], "succeeded");
         let left = rec["leftover_processes"].as_array().unwrap();
-        assert!(!left.is_empty(), "{stage}: the leftover is named in the report: {rec}");
-        assert!(left.iter().any(|p| p.as_str().unwrap().contains("sleep")), "{rec}");
+        assert!(
+            !left.is_empty(),
+            "{stage}: the leftover is named in the report: {rec}"
+        );
+        assert!(
+            left.iter().any(|p| p.as_str().unwrap().contains("sleep")),
+            "{rec}"
+        );
     }
-    assert_eq!(run.stage("forks-100")["leftover_processes"].as_array().unwrap().len(), 100);
-    assert!(processes_with_env(&format!("MARKER={m}")).is_empty(), "every descendant is gone");
+    assert_eq!(
+        run.stage("forks-100")["leftover_processes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        100
+    );
+    assert!(
+        processes_with_env(&format!("MARKER={m}")).is_empty(),
+        "every descendant is gone"
+    );
 }
 
 #[test]
@@ -256,7 +296,10 @@ outputs = ["done.txt"]
     assert!(text.contains("invalid message"), "{text}");
     assert!(text.contains("version 7"), "{text}");
     let events = std::fs::read_to_string(run.run_dir.join("stages/py/events.jsonl")).unwrap();
-    assert!(events.contains("\"progress\"") && events.contains("\"metrics\""), "{events}");
+    assert!(
+        events.contains("\"progress\"") && events.contains("\"metrics\""),
+        "{events}"
+    );
 }
 
 #[test]
@@ -280,7 +323,10 @@ command = ["python3", "liar.py"]
     let run = run_plan(&s, &plan, &[]);
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert_eq!(run.stage("liar")["failure"], "protocol_violation");
-    assert!(run.stage("liar")["error"].as_str().unwrap().contains("diverged"));
+    assert!(run.stage("liar")["error"]
+        .as_str()
+        .unwrap()
+        .contains("diverged"));
 }
 
 #[test]
@@ -312,8 +358,14 @@ command = ["sh", "-c", "date +%s.%N > {output}/start"]
             .parse()
             .unwrap()
     };
-    assert!(read("a", "start") < read("b", "end") && read("b", "start") < read("a", "end"), "a and b overlap");
-    assert!(read("c", "start") >= read("a", "end").max(read("b", "end")), "c waits for both");
+    assert!(
+        read("a", "start") < read("b", "end") && read("b", "start") < read("a", "end"),
+        "a and b overlap"
+    );
+    assert!(
+        read("c", "start") >= read("a", "end").max(read("b", "end")),
+        "c waits for both"
+    );
 }
 
 #[test]
@@ -331,7 +383,10 @@ fn host_memory_and_cpu_time_of_the_tree_are_reported() {
          while time.process_time() - t < 0.5: pass\n\
          subprocess.run([sys.executable, __file__, 'child'], check=True)\n",
     );
-    let plan = s.write("plan.toml", "[[stage]]\nname = \"hog\"\ncommand = [\"python3\", \"hog.py\"]\n");
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"hog\"\ncommand = [\"python3\", \"hog.py\"]\n",
+    );
     let run = run_plan(&s, &plan, &[]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let host = run.stage("hog")["host"].clone();

@@ -25,7 +25,9 @@ fn quickstart_succeeds_and_sft_really_starts_from_pretrain() {
     // SFT starts from pretrain's weights: its very first loss is far below a from-scratch start.
     let from_pretrain = run.metric("sft", "first_loss");
     let from_scratch = run.metric("sft-scratch", "first_loss");
-    eprintln!("first-step SFT loss: from pretrain {from_pretrain:.4}, from scratch {from_scratch:.4}");
+    eprintln!(
+        "first-step SFT loss: from pretrain {from_pretrain:.4}, from scratch {from_scratch:.4}"
+    );
     assert!(
         from_pretrain < 0.6 * from_scratch,
         "SFT from pretrain starts at {from_pretrain}, from scratch at {from_scratch}"
@@ -35,19 +37,27 @@ fn quickstart_succeeds_and_sft_really_starts_from_pretrain() {
     let after_sft = run.metric("eval", "accuracy");
     let pretrain_only = run.metric("eval-pretrain", "accuracy");
     eprintln!("SFT-task accuracy: after SFT {after_sft:.3}, pretrain only {pretrain_only:.3}");
-    assert!(after_sft >= pretrain_only + 0.2, "after SFT {after_sft}, pretrain {pretrain_only}");
+    assert!(
+        after_sft >= pretrain_only + 0.2,
+        "after SFT {after_sft}, pretrain {pretrain_only}"
+    );
     assert!(run.metric("eval", "loss") < run.metric("eval-pretrain", "loss"));
 
     // Checkpoints are recorded with checksums and exist where the report says.
     for stage in ["pretrain", "sft"] {
         let checkpoints = run.stage(stage)["checkpoints"].as_array().unwrap().clone();
         assert!(
-            checkpoints.iter().any(|c| c["path"].as_str().unwrap().ends_with("model.safetensors")),
+            checkpoints
+                .iter()
+                .any(|c| c["path"].as_str().unwrap().ends_with("model.safetensors")),
             "{stage}: {checkpoints:?}"
         );
         for c in &checkpoints {
             let path = std::path::Path::new(c["path"].as_str().unwrap());
-            assert_eq!(std::fs::metadata(path).unwrap().len(), c["bytes"].as_u64().unwrap());
+            assert_eq!(
+                std::fs::metadata(path).unwrap().len(),
+                c["bytes"].as_u64().unwrap()
+            );
             assert_eq!(c["sha256"].as_str().unwrap().len(), 64);
         }
     }
@@ -56,7 +66,10 @@ fn quickstart_succeeds_and_sft_really_starts_from_pretrain() {
         &std::fs::read_to_string(run.run_dir.join("stages/sft/spec.json")).unwrap(),
     )
     .unwrap();
-    assert!(spec["init"].as_str().unwrap().ends_with("stages/pretrain/output"));
+    assert!(spec["init"]
+        .as_str()
+        .unwrap()
+        .ends_with("stages/pretrain/output"));
     assert!(processes_with_env(&format!("MARKER={marker}")).is_empty());
 }
 
@@ -96,5 +109,8 @@ samples = 4
     assert_eq!(eval["status"], "failed");
     assert_eq!(eval["failure"], "bad_input");
     let error = eval["error"].as_str().unwrap();
-    assert!(error.contains("model.safetensors") && error.contains("train"), "{error}");
+    assert!(
+        error.contains("model.safetensors") && error.contains("train"),
+        "{error}"
+    );
 }

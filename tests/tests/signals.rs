@@ -51,14 +51,29 @@ fn sigint_stops_running_stages_and_exits_130() {
         .spawn()
         .unwrap();
     let started = run_dir.join("stages/tree/output/started");
-    assert!(wait_for(Duration::from_secs(20), || started.exists()), "stage started");
-    assert!(wait_for(Duration::from_secs(5), || processes_with_env(&format!("MARKER={marker}")).len() >= 4));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || started.exists()),
+        "stage started"
+    );
+    assert!(wait_for(Duration::from_secs(5), || processes_with_env(
+        &format!("MARKER={marker}")
+    )
+    .len()
+        >= 4));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
-    assert!(processes_with_env(&format!("MARKER={marker}")).is_empty(), "every process of the stage is gone");
+    assert!(
+        processes_with_env(&format!("MARKER={marker}")).is_empty(),
+        "every process of the stage is gone"
+    );
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap())
+            .unwrap();
     assert_eq!(report["status"], "interrupted");
     assert_eq!(report["stages"][0]["status"], "cancelled");
     assert_eq!(report["stages"][1]["status"], "skipped");
@@ -79,18 +94,29 @@ fn kill_9_of_orchestrate_leaves_no_stage_process_after_one_second() {
         .spawn()
         .unwrap();
     let started = run_dir.join("stages/tree/output/started");
-    assert!(wait_for(Duration::from_secs(20), || started.exists()), "stage started");
+    assert!(
+        wait_for(Duration::from_secs(20), || started.exists()),
+        "stage started"
+    );
     let needle = format!("MARKER={marker}");
-    assert!(wait_for(Duration::from_secs(5), || processes_with_env(&needle).len() >= 4));
+    assert!(wait_for(Duration::from_secs(5), || processes_with_env(
+        &needle
+    )
+    .len()
+        >= 4));
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let killed_at = Instant::now();
     assert!(
-        wait_for(Duration::from_secs(1), || processes_with_env(&needle).is_empty()),
+        wait_for(Duration::from_secs(1), || processes_with_env(&needle)
+            .is_empty()),
         "stage processes still alive 1 s after kill -9: {:?}",
         processes_with_env(&needle)
     );
-    eprintln!("all stage processes gone {:?} after kill -9", killed_at.elapsed());
+    eprintln!(
+        "all stage processes gone {:?} after kill -9",
+        killed_at.elapsed()
+    );
     // The journal is intact: every line parses.
     let journal = std::fs::read_to_string(run_dir.join("journal.jsonl")).unwrap();
     for line in journal.lines() {

@@ -65,7 +65,11 @@ fn read(probe: &dyn MemoryProbe, gpus: &[GpuInfo], max_used: u64) -> Vec<GpuStat
 /// `Err` says why NVML could not be used.
 pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, String> {
     let (gpus, probe, driver) = match discover() {
-        Inventory::Available { gpus, probe, driver } => (gpus, probe, driver),
+        Inventory::Available {
+            gpus,
+            probe,
+            driver,
+        } => (gpus, probe, driver),
         Inventory::Unavailable(why) => return Err(why),
     };
     let start = Instant::now();
@@ -104,7 +108,11 @@ pub fn render_text(result: &CheckResult) -> String {
             g.used_bytes / (1 << 20),
             g.total_bytes / (1 << 20),
             if g.clean { "clean" } else { "NOT clean" },
-            if g.processes.is_empty() { String::new() } else { format!(" ({})", g.processes.join(", ")) }
+            if g.processes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", g.processes.join(", "))
+            }
         ));
     }
     if result.gpus.is_empty() {

@@ -6,10 +6,10 @@
 //! timeout, verdict, quarantine) works on the [`MemoryProbe`] trait, so it is tested against
 //! recorded samples; [`NvmlProbe`] is the only production probe.
 
+pub mod check;
 mod nvml;
 mod pool;
 mod reclaim;
-pub mod check;
 pub mod svg;
 pub mod timeline;
 

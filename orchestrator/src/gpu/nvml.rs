@@ -51,7 +51,9 @@ pub fn discover() -> Inventory {
             total_bytes: memory.total,
         });
     }
-    let driver = nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+    let driver = nvml
+        .sys_driver_version()
+        .unwrap_or_else(|_| "unknown".into());
     let index_by_uuid = gpus.iter().map(|g| (g.uuid.clone(), g.index)).collect();
     Inventory::Available {
         gpus,
@@ -69,8 +71,14 @@ impl MemoryProbe for NvmlProbe {
             .index_by_uuid
             .get(uuid)
             .ok_or_else(|| format!("unknown GPU {uuid}"))?;
-        let device = self.nvml.device_by_index(*index).map_err(|e| e.to_string())?;
-        device.memory_info().map(|m| m.used).map_err(|e| e.to_string())
+        let device = self
+            .nvml
+            .device_by_index(*index)
+            .map_err(|e| e.to_string())?;
+        device
+            .memory_info()
+            .map(|m| m.used)
+            .map_err(|e| e.to_string())
     }
 
     fn holders(&self, uuid: &str) -> Vec<Holder> {

@@ -154,7 +154,12 @@ mod tests {
     #[test]
     fn waits_for_memory_that_comes_back_late() {
         let v = run(
-            &Recorded::new(vec![Ok(8000 * MIB), Ok(4000 * MIB), Ok(700 * MIB), Ok(615 * MIB)]),
+            &Recorded::new(vec![
+                Ok(8000 * MIB),
+                Ok(4000 * MIB),
+                Ok(700 * MIB),
+                Ok(615 * MIB),
+            ]),
             0,
             2000,
         );
@@ -174,7 +179,11 @@ mod tests {
 
     #[test]
     fn probe_errors_end_in_a_verdict_that_says_so() {
-        let v = run(&Recorded::new(vec![Err("GPU is lost".into())]), 64 * MIB, 30);
+        let v = run(
+            &Recorded::new(vec![Err("GPU is lost".into())]),
+            64 * MIB,
+            30,
+        );
         assert!(!v.clean);
         assert_eq!(v.error.as_deref(), Some("GPU is lost"));
     }

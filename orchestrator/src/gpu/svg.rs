@@ -14,11 +14,19 @@ const TOP: f64 = 40.0;
 const GIB: f64 = (1u64 << 30) as f64;
 
 fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// Renders the SVG document. `duration_s` is the run's length.
-pub fn render(gpus: &[GpuInfo], samples: &[Sample], spans: &[StageSpan], duration_s: f64) -> String {
+pub fn render(
+    gpus: &[GpuInfo],
+    samples: &[Sample],
+    spans: &[StageSpan],
+    duration_s: f64,
+) -> String {
     let duration = duration_s.max(1e-3);
     let plot_w = WIDTH - LEFT - RIGHT;
     let height = TOP + PANEL_H * gpus.len().max(1) as f64 + 30.0;
@@ -31,7 +39,11 @@ pub fn render(gpus: &[GpuInfo], samples: &[Sample], spans: &[StageSpan], duratio
 "##
     );
     if gpus.is_empty() {
-        let _ = write!(svg, r#"<text x="{LEFT}" y="{}">no GPU was checked in this run</text>"#, TOP + 20.0);
+        let _ = write!(
+            svg,
+            r#"<text x="{LEFT}" y="{}">no GPU was checked in this run</text>"#,
+            TOP + 20.0
+        );
     }
     for (gi, gpu) in gpus.iter().enumerate() {
         let top = TOP + gi as f64 * PANEL_H;
@@ -53,7 +65,13 @@ pub fn render(gpus: &[GpuInfo], samples: &[Sample], spans: &[StageSpan], duratio
         // Stage spans and baselines.
         for (k, span) in spans.iter().filter(|s| s.uuid == gpu.uuid).enumerate() {
             let (x0, x1) = (x(span.start_s), x(span.end_s));
-            let fill = if !span.clean { "#f4b6b6" } else if k % 2 == 0 { "#dbe8f6" } else { "#e6f2de" };
+            let fill = if !span.clean {
+                "#f4b6b6"
+            } else if k % 2 == 0 {
+                "#dbe8f6"
+            } else {
+                "#e6f2de"
+            };
             let _ = writeln!(
                 svg,
                 r#"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="{plot_h:.1}" fill="{fill}"><title>{} ({:.2}s–{:.2}s)</title></rect>"#,
@@ -97,7 +115,11 @@ pub fn render(gpus: &[GpuInfo], samples: &[Sample], spans: &[StageSpan], duratio
                 }
             }
         }
-        let _ = writeln!(svg, r##"<polyline points="{}" fill="none" stroke="#1f4e9c" stroke-width="1.5"/>"##, points.trim_end());
+        let _ = writeln!(
+            svg,
+            r##"<polyline points="{}" fill="none" stroke="#1f4e9c" stroke-width="1.5"/>"##,
+            points.trim_end()
+        );
         // Axes.
         let _ = writeln!(
             svg,
@@ -145,8 +167,16 @@ mod tests {
         let mut samples = Vec::new();
         for i in 0..300 {
             let t = i as f64 * 0.1;
-            let used = if (t as u64) % 10 < 8 { 8000 * mib } else { 615 * mib };
-            samples.push(Sample { t_s: t, gpu: 0, used_bytes: used });
+            let used = if (t as u64) % 10 < 8 {
+                8000 * mib
+            } else {
+                615 * mib
+            };
+            samples.push(Sample {
+                t_s: t,
+                gpu: 0,
+                used_bytes: used,
+            });
         }
         let spans: Vec<StageSpan> = (0..3)
             .map(|k| StageSpan {
@@ -163,10 +193,20 @@ mod tests {
         for k in 0..3 {
             assert!(svg.contains(&format!("stage-{k}")));
         }
-        assert_eq!(svg.matches("stroke-dasharray").count(), 3, "one baseline per stage");
+        assert_eq!(
+            svg.matches("stroke-dasharray").count(),
+            3,
+            "one baseline per stage"
+        );
         assert!(svg.contains("#f4b6b6"), "the leaking stage is marked");
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
-        let points = svg.split("points=\"").nth(1).unwrap().split('"').next().unwrap();
+        let points = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
         for p in points.split_whitespace() {
             let (px, py): (f64, f64) = {
                 let mut it = p.split(',').map(|v| v.parse::<f64>().unwrap());

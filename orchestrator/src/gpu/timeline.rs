@@ -77,7 +77,11 @@ pub fn read_samples(csv: &Path) -> Vec<Sample> {
             let gpu = f.next()?.parse().ok()?;
             let _uuid = f.next()?;
             let used_bytes = f.next()?.parse().ok()?;
-            Some(Sample { t_s, gpu, used_bytes })
+            Some(Sample {
+                t_s,
+                gpu,
+                used_bytes,
+            })
         })
         .collect()
 }
