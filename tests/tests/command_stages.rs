@@ -91,6 +91,10 @@ name = "oom-killed"
 command = ["sh", "-c", "kill -KILL $$"]
 
 [[stage]]
+name = "aborts"
+command = ["sh", "-c", "kill -ABRT $$"]
+
+[[stage]]
 name = "hang"
 command = ["sleep", "300"]
 timeout = "1s"
@@ -133,6 +137,7 @@ command = ["true"]
         ("exit3", "exit_code"),
         ("segfault", "signal"),
         ("oom-killed", "killed_externally"),
+        ("aborts", "signal"),
         ("hang", "timeout"),
         ("ignores-term", "timeout"),
         ("no-outputs", "missing_outputs"),
@@ -151,6 +156,7 @@ command = ["true"]
         .unwrap()
         .contains("something broke"));
     assert_eq!(run.stage("segfault")["signal"], "SIGSEGV");
+    assert_eq!(run.stage("aborts")["signal"], "SIGABRT");
     assert!(run.stage("oom-killed")["error"]
         .as_str()
         .unwrap()
@@ -394,4 +400,60 @@ fn host_memory_and_cpu_time_of_the_tree_are_reported() {
     assert!(rss > 250 * 1024 * 1024, "the child's 300 MiB show: {host}");
     let cpu = host["cpu_user_s"].as_f64().unwrap() + host["cpu_system_s"].as_f64().unwrap();
     assert!(cpu >= 0.4, "the 0.5 s busy loop shows: {host}");
+}
+
+#[test]
+fn stdin_is_closed_and_a_channel_closed_at_once_is_harmless() {
+    let s = Scratch::new("stdin");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "reads-stdin"
+command = ["sh", "-c", "if read -r line; then exit 1; fi; test ! -t 0 && touch {output}/eof"]
+outputs = ["eof"]
+timeout = "10s"
+
+[[stage]]
+name = "hangs-up"
+command = ["python3", "-c", "import os, socket; s = socket.socket(socket.AF_UNIX); s.connect(os.environ['ORCHESTRATE_EVENTS']); s.close()"]
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(
+        run.stage("reads-stdin")["status"],
+        "succeeded",
+        "stdin reads end of file at once"
+    );
+    assert_eq!(run.stage("hangs-up")["status"], "succeeded");
+    assert!(run.stage("hangs-up")["protocol_violations"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn gpu_check_required_without_nvml_stops_before_the_first_stage() {
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let s = Scratch::new("required");
+    let marker = s.path().join("ran");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\ngpu_check = \"required\"\n[[stage]]\nname = \"a\"\ncommand = [\"touch\", \"{}\"]\n",
+            marker.display()
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(4), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("gpu_check = \"required\""),
+        "{}",
+        run.stderr
+    );
+    assert!(!marker.exists(), "no stage ran");
 }
