@@ -5,6 +5,13 @@
 
 use std::time::{Duration, Instant};
 
+/// Writes to stderr, ignoring failure: a closed terminal or pipe (`orchestrate … | head`) must
+/// not stop a run whose stages are running.
+fn write_stderr(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
 /// Prints run progress.
 #[derive(Debug, Clone)]
 pub struct Console {
@@ -51,7 +58,10 @@ impl Console {
 
     fn line(&self, text: &str) {
         if !self.quiet {
-            eprintln!("[{:>7}] {text}", human_duration(self.start.elapsed()));
+            write_stderr(&format!(
+                "[{:>7}] {text}\n",
+                human_duration(self.start.elapsed())
+            ));
         }
     }
 
@@ -136,7 +146,7 @@ impl Console {
         if self.json {
             tracing::info!(target: "orchestrate::run", summary = text, "run finished");
         } else {
-            eprint!("{text}");
+            write_stderr(text);
         }
     }
 }

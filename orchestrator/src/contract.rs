@@ -2,7 +2,9 @@
 //! placeholders every stage gets (documented in `docs/worker-contract.md`).
 
 use protocol::plan::input_env_var;
-use protocol::worker::{ENV_ATTEMPT, ENV_EVENTS, ENV_OUTPUT_DIR, ENV_RUN_DIR, ENV_SPEC, ENV_STAGE};
+use protocol::worker::{
+    ENV_ATTEMPT, ENV_EVENTS, ENV_OUTPUT_DIR, ENV_RESUME_DIR, ENV_RUN_DIR, ENV_SPEC, ENV_STAGE,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -23,6 +25,8 @@ pub struct ContractPaths<'a> {
     pub spec: &'a Path,
     /// Attempt number.
     pub attempt: u32,
+    /// Whether the output directory holds an earlier attempt's files.
+    pub resumable: bool,
 }
 
 /// The `ORCHESTRATE_*` variables of an attempt, then the plan's own `env` entries.
@@ -41,6 +45,12 @@ pub fn environment(
         (ENV_SPEC.to_string(), paths.spec.display().to_string()),
         (ENV_ATTEMPT.to_string(), paths.attempt.to_string()),
     ];
+    if paths.resumable {
+        env.push((
+            ENV_RESUME_DIR.to_string(),
+            paths.output_dir.display().to_string(),
+        ));
+    }
     for (name, dir) in paths.inputs {
         env.push((input_env_var(name), dir.display().to_string()));
     }
@@ -96,6 +106,7 @@ mod tests {
             events: Path::new("/tmp/e.sock"),
             spec: Path::new("/r/stages/sft/spec.json"),
             attempt: 2,
+            resumable: true,
         };
         assert_eq!(
             expand("--out={output}/m.pt", &paths),
@@ -117,6 +128,10 @@ mod tests {
             "/r/stages/pre-train/output".into()
         )));
         assert!(env.contains(&("ORCHESTRATE_ATTEMPT".into(), "2".into())));
+        assert!(env.contains(&(
+            "ORCHESTRATE_RESUME_DIR".into(),
+            "/r/stages/sft/output".into()
+        )));
         assert_eq!(env.last().unwrap(), &("A".to_string(), "1".to_string()));
     }
 }

@@ -20,6 +20,9 @@ pub enum JournalRecord {
         pid: u32,
         /// Whether GPU memory is being verified, or why not.
         gpu_check: String,
+        /// Whether this continues an earlier run in the same directory (`--resume`).
+        #[serde(default)]
+        resumed: bool,
     },
     /// An attempt of a stage was launched.
     StageStarted {
@@ -31,6 +34,9 @@ pub enum JournalRecord {
         pid: u32,
         /// UUIDs of the GPUs it was given.
         gpus: Vec<String>,
+        /// The stage's fingerprint (see `fingerprint`).
+        #[serde(default)]
+        plan_hash: String,
     },
     /// An attempt ended.
     StageFinished {
@@ -46,6 +52,15 @@ pub enum JournalRecord {
         /// Verified outputs with checksums (on success).
         #[serde(default)]
         checkpoints: Vec<protocol::report::CheckpointRecord>,
+        /// The stage's fingerprint when it ran.
+        #[serde(default)]
+        plan_hash: String,
+        /// The last metrics it reported.
+        #[serde(default)]
+        metrics: std::collections::BTreeMap<String, f64>,
+        /// Wall time of the attempt, seconds.
+        #[serde(default)]
+        wall_s: Option<f64>,
     },
     /// A stage will not run because an upstream stage failed or the run stopped.
     StageSkipped {
@@ -99,6 +114,20 @@ impl Journal {
         self.file.write_all(&bytes)?;
         self.file.sync_data()
     }
+}
+
+/// Cuts a torn last line (a write that never finished) off the journal, so appends after it
+/// start on a line of their own. Returns whether anything was cut.
+pub fn repair_tail(path: &Path) -> io::Result<bool> {
+    let bytes = std::fs::read(path)?;
+    if bytes.is_empty() || bytes.ends_with(b"\n") {
+        return Ok(false);
+    }
+    let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let file = OpenOptions::new().write(true).open(path)?;
+    file.set_len(keep as u64)?;
+    file.sync_all()?;
+    Ok(true)
 }
 
 /// Reads every complete record of a journal, skipping a torn last line.
@@ -156,6 +185,10 @@ mod tests {
         let records = read_journal(&path).unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(records[0], first);
+        assert!(repair_tail(&path).unwrap());
+        assert!(std::fs::read(&path).unwrap().ends_with(b"\n"));
+        assert_eq!(read_journal(&path).unwrap().len(), 2);
+        assert!(!repair_tail(&path).unwrap(), "nothing more to cut");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

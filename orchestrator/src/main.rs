@@ -16,6 +16,8 @@ Examples:
   orchestrate --plan p.toml --run-dir runs/exp1       run it into a chosen directory
   orchestrate validate p.toml                         check a plan without running it
   orchestrate schema > plan.schema.json               JSON Schema for editors
+  orchestrate status runs/exp1                        what a resume would keep or rerun, and why
+  orchestrate resume runs/exp1                        continue an interrupted run
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
 2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
@@ -50,6 +52,10 @@ struct RunArgs {
     /// Print only the final summary.
     #[arg(long, short)]
     quiet: bool,
+    /// Continue the run in --run-dir: stages that finished and whose outputs still verify are
+    /// kept; interrupted, failed, edited stages and everything downstream of them run again.
+    #[arg(long, requires = "run_dir")]
+    resume: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -61,6 +67,27 @@ enum Command {
     },
     /// Print the plan format's JSON Schema (for editor completion and validation).
     Schema,
+    /// Continue an interrupted run from its directory (its own copy of the plan):
+    /// the same as `--plan DIR/plan.toml --run-dir DIR --resume`.
+    Resume {
+        /// The run directory.
+        run_dir: PathBuf,
+        /// Print only the final summary.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// Show what a resume of a run directory would keep and run again, and why, without
+    /// running anything.
+    Status {
+        /// The run directory.
+        run_dir: PathBuf,
+        /// The plan to compare with (default: the run's own copy, DIR/plan.toml).
+        #[arg(long, value_name = "PLAN")]
+        plan: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Inventory and memory of this machine's GPUs (NVML); with --wait, wait until each is
     /// clean (no compute process, used memory under the threshold). Exit 0 clean, 3 not
     /// clean, 4 NVML unavailable. For Slurm prolog/epilog scripts.
@@ -174,6 +201,22 @@ fn main() -> ExitCode {
                 ExitCode::from(exit::RUN_ERROR as u8)
             }
         },
+        Some(Command::Resume { run_dir, quiet }) => {
+            let args = RunArgs {
+                plan: Some(run_dir.join("plan.toml")),
+                run_dir: Some(run_dir),
+                worker: cli.run.worker,
+                quiet,
+                resume: true,
+            };
+            let plan = args.plan.clone().unwrap_or_default();
+            run_plan(&plan, args, cli.log_format)
+        }
+        Some(Command::Status {
+            run_dir,
+            plan,
+            json,
+        }) => status(&run_dir, plan.as_deref(), json),
         None => match cli.run.plan.clone() {
             Some(plan) => run_plan(&plan, cli.run, cli.log_format),
             None => {
@@ -192,6 +235,7 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
     let source = std::fs::read_to_string(path).unwrap_or_default();
     let console = Console::new(format == LogFormat::Json, args.quiet);
     let run_dir = match &args.run_dir {
+        Some(dir) if args.resume => RunDir::open_existing(dir),
         Some(dir) => RunDir::create(dir),
         None => {
             let name = loaded.plan.run.name.clone().unwrap_or_else(|| {
@@ -226,6 +270,7 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
         run_dir,
         worker: args.worker,
         console: console.clone(),
+        resume: args.resume,
     };
     match local.block_on(&runtime, runner::run(options)) {
         Ok(summary) => {
@@ -237,4 +282,40 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
             ExitCode::from(exit::RUN_ERROR as u8)
         }
     }
+}
+
+fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
+    let plan_path = plan
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| run_dir.join("plan.toml"));
+    let loaded = match load_or_report(&plan_path) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let journal = run_dir.join("journal.jsonl");
+    let records = match orchestrator::journal::read_journal(&journal) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", journal.display());
+            return ExitCode::from(exit::RUN_ERROR as u8);
+        }
+    };
+    let prints = orchestrator::fingerprint::stage_fingerprints(&loaded);
+    let decisions = orchestrator::resume::decide(&loaded, &prints, &records);
+    if json {
+        let rows: Vec<serde_json::Value> = loaded
+            .plan
+            .stages
+            .iter()
+            .zip(&decisions)
+            .map(|(s, d)| serde_json::json!({"stage": s.name, "resume": d}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).unwrap_or_default()
+        );
+    } else {
+        print!("{}", orchestrator::resume::render(&loaded, &decisions));
+    }
+    ExitCode::SUCCESS
 }

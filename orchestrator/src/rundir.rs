@@ -43,6 +43,23 @@ impl RunDir {
         Ok(RunDir { root })
     }
 
+    /// Opens the directory of an earlier run, to resume it: it must hold a journal.
+    pub fn open_existing(dir: &Path) -> io::Result<RunDir> {
+        let root = fs::canonicalize(dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+        if !root.join("journal.jsonl").is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} holds no run (no journal.jsonl) to resume; run without --resume to start one",
+                    root.display()
+                ),
+            ));
+        }
+        fs::create_dir_all(root.join("stages"))?;
+        Ok(RunDir { root })
+    }
+
     /// A fresh directory under `parent` named `<name>-<UTC stamp>`, with a suffix if taken.
     pub fn create_fresh(parent: &Path, name: &str) -> io::Result<RunDir> {
         let stamp = crate::timefmt::compact_stamp(crate::timefmt::unix_ms() / 1000);

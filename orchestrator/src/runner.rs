@@ -40,6 +40,8 @@ pub struct RunOptions {
     pub worker: Option<PathBuf>,
     /// Progress display.
     pub console: Console,
+    /// Continue the run already in `run_dir`: keep the stages that finished and still verify.
+    pub resume: bool,
 }
 
 /// How a run ended.
@@ -134,6 +136,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         run_dir,
         worker,
         console,
+        resume,
     } = opts;
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
@@ -200,12 +203,33 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     write_atomic(&run_dir.root().join("plan.toml"), plan_source.as_bytes())?;
     let resolved = serde_json::to_vec_pretty(&plan.plan)?;
     write_atomic(&run_dir.root().join("plan.resolved.json"), &resolved)?;
+    let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
+    let decisions = if resume {
+        let path = run_dir.journal_path();
+        if crate::journal::repair_tail(&path)
+            .with_context(|| format!("cannot repair {}", path.display()))?
+        {
+            console.warn("the journal's last line was torn (a crash mid-write); it was cut off");
+        }
+        let records = crate::journal::read_journal(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let decisions = crate::resume::decide(&plan, &fingerprints, &records);
+        console.block(&format!(
+            "resuming {}:\n{}",
+            run_dir.root().display(),
+            crate::resume::render(&plan, &decisions)
+        ));
+        Some(decisions)
+    } else {
+        None
+    };
     let mut journal = Journal::open(&run_dir.journal_path())
         .with_context(|| format!("cannot open the journal in {}", run_dir.root().display()))?;
     journal.append(&JournalRecord::RunStarted {
         plan: plan.source_name.clone(),
         pid: std::process::id(),
         gpu_check: gpu_check.clone(),
+        resumed: resume,
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
 
@@ -228,15 +252,56 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         })
         .max(1);
 
-    let mut states: Vec<StageState> = stages
-        .iter()
-        .map(|_| StageState {
-            status: Status::Pending,
-            attempts: 0,
-            last: None,
-            failure: None,
-        })
-        .collect();
+    let mut states: Vec<StageState> = Vec::with_capacity(stages.len());
+    for (i, stage) in stages.iter().enumerate() {
+        let state = match decisions.as_ref().map(|d| &d[i]) {
+            Some(crate::resume::Decision::Keep {
+                attempts,
+                checkpoints,
+                metrics,
+                wall_s,
+            }) => {
+                let mut last = AttemptResult::early_failure(Failure::Exit(0));
+                last.outcome = Outcome::Succeeded;
+                last.exit = Some(ExitStatus::Code(0));
+                last.checkpoints = checkpoints.clone();
+                last.metrics = metrics.clone();
+                last.wall = Duration::from_secs_f64(wall_s.unwrap_or(0.0).max(0.0));
+                StageState {
+                    status: Status::Succeeded,
+                    attempts: *attempts,
+                    last: Some(last),
+                    failure: None,
+                }
+            }
+            Some(crate::resume::Decision::Run {
+                attempts,
+                clear_output,
+                ..
+            }) => {
+                if *clear_output {
+                    let dir = run_dir.output_dir(&stage.name);
+                    if dir.exists() {
+                        std::fs::remove_dir_all(&dir)
+                            .with_context(|| format!("cannot clear {}", dir.display()))?;
+                    }
+                }
+                StageState {
+                    status: Status::Pending,
+                    attempts: *attempts,
+                    last: None,
+                    failure: None,
+                }
+            }
+            None => StageState {
+                status: Status::Pending,
+                attempts: 0,
+                last: None,
+                failure: None,
+            },
+        };
+        states.push(state);
+    }
     let (cancel_tx, _) = watch::channel(CancelLevel::None);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -275,9 +340,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         }
         pos
     };
-    let mut waiting_on: Vec<usize> = plan.upstream.iter().map(Vec::len).collect();
+    let mut waiting_on: Vec<usize> = plan
+        .upstream
+        .iter()
+        .map(|ups| {
+            ups.iter()
+                .filter(|&&u| states[u].status != Status::Succeeded)
+                .count()
+        })
+        .collect();
     let mut ready: std::collections::BTreeSet<(usize, usize)> = (0..stages.len())
-        .filter(|&i| waiting_on[i] == 0)
+        .filter(|&i| waiting_on[i] == 0 && states[i].status == Status::Pending)
         .map(|i| (position[i], i))
         .collect();
     let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
@@ -320,6 +393,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         status: "failed".into(),
                         error: Some(msg.clone()),
                         checkpoints: Vec::new(),
+                        plan_hash: fingerprints[i].clone(),
+                        metrics: BTreeMap::new(),
+                        wall_s: None,
                     })?;
                     states[i].status = Status::Failed;
                     states[i].failure = Some(("no_gpu".into(), msg));
@@ -354,6 +430,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                             status: "failed".into(),
                             error: Some(msg.clone()),
                             checkpoints: Vec::new(),
+                            plan_hash: fingerprints[i].clone(),
+                            metrics: BTreeMap::new(),
+                            wall_s: None,
                         })?;
                         states[i].status = Status::Failed;
                         states[i].failure = Some((failure.class().into(), msg));
@@ -370,6 +449,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                             attempt,
                             pid: launched.pid() as u32,
                             gpus: given.iter().map(|g| g.uuid.clone()).collect(),
+                            plan_hash: fingerprints[i].clone(),
                         })?;
                         let services = services.clone();
                         let cancel = cancel_tx.subscribe();
@@ -429,6 +509,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         journal.append(&JournalRecord::StageFinished {
                             stage: name, attempt, status: "succeeded".into(), error: None,
                             checkpoints: result.checkpoints.clone(),
+                            plan_hash: fingerprints[i].clone(),
+                            metrics: result.metrics.clone(),
+                            wall_s: Some(result.wall.as_secs_f64()),
                         })?;
                         states[i].status = Status::Succeeded;
                         states[i].failure = None;
@@ -450,6 +533,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         journal.append(&JournalRecord::StageFinished {
                             stage: name, attempt, status: "failed".into(), error: Some(msg.clone()),
                             checkpoints: Vec::new(),
+                            plan_hash: fingerprints[i].clone(),
+                            metrics: result.metrics.clone(),
+                            wall_s: Some(result.wall.as_secs_f64()),
                         })?;
                         states[i].failure = Some((failure.class().into(), msg));
                         if retry {
@@ -466,6 +552,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         journal.append(&JournalRecord::StageFinished {
                             stage: name, attempt, status: "cancelled".into(), error: Some("stopped by a signal".into()),
                             checkpoints: Vec::new(),
+                            plan_hash: fingerprints[i].clone(),
+                            metrics: result.metrics.clone(),
+                            wall_s: Some(result.wall.as_secs_f64()),
                         })?;
                         states[i].status = Status::Cancelled;
                         skip_downstream(i, &plan, &mut states, &mut journal)?;
@@ -660,6 +749,7 @@ fn prepare_attempt(
         events: &socket,
         spec: &spec_path,
         attempt,
+        resumable: std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
     };
     let mut env = contract::environment(&paths, &stage.env);
     if machine_has_gpus {

@@ -30,6 +30,10 @@ pub const ENV_OUTPUT_DIR: &str = "ORCHESTRATE_OUTPUT_DIR";
 pub const ENV_EVENTS: &str = "ORCHESTRATE_EVENTS";
 /// Which attempt of the stage this is, counting from 1.
 pub const ENV_ATTEMPT: &str = "ORCHESTRATE_ATTEMPT";
+/// Set when the stage's output directory already holds what an earlier attempt of the same
+/// stage wrote (a retry, or a resumed run after an interruption): the directory to resume from.
+/// Equal to [`ENV_OUTPUT_DIR`]; absent on a first, clean start.
+pub const ENV_RESUME_DIR: &str = "ORCHESTRATE_RESUME_DIR";
 /// Path of the [`StageSpec`] JSON file (built-in stages; present for commands too).
 pub const ENV_SPEC: &str = "ORCHESTRATE_SPEC";
 /// Prefix of the per-upstream variables; see [`crate::plan::input_env_var`].

@@ -268,6 +268,26 @@ fn sigterm_saves_a_checkpoint_and_a_retry_resumes_it() {
         serde_json::from_slice(&std::fs::read(out_dir.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["step"], 800);
     assert_eq!(manifest["model"]["training"]["complete"], true);
+
+    // The same stage run without interruption reaches the same loss at the final step: the
+    // resumed run restored weights, optimizer moments, step, data position and RNG state.
+    let straight_dir = dir.join("straight");
+    let mut params = tiny_train("synthetic:pretrain", 800);
+    params["progress_every_s"] = json!(0.02);
+    params["seq_len"] = json!(16);
+    params["batch_size"] = json!(2);
+    let spec = write_spec(&dir, "straight", "train", params, &straight_dir, None);
+    let out = command(&spec).output().unwrap();
+    assert!(out.status.success());
+    let straight = events(&out);
+    let (resumed_loss, straight_loss) = (
+        m["final_loss"].as_f64().unwrap(),
+        metrics(&straight)["final_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        (resumed_loss - straight_loss).abs() <= 1e-4 * straight_loss.abs().max(1.0),
+        "interrupted at step {stopped_at} and resumed: final loss {resumed_loss}; uninterrupted: {straight_loss}"
+    );
 }
 
 #[test]

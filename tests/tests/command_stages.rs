@@ -183,6 +183,12 @@ retries = 3
 command = ["sh", "-c", "n=$(cat {c} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {c}; test $n -ge 3"]
 
 [[stage]]
+name = "resumes"
+retries = 1
+command = ["sh", "-c", "if [ -n \"$ORCHESTRATE_RESUME_DIR\" ]; then test -f \"$ORCHESTRATE_RESUME_DIR/ckpt\" && echo resumed > {{output}}/how; else echo 1 > {{output}}/ckpt; exit 1; fi"]
+outputs = ["how"]
+
+[[stage]]
 name = "never-retried"
 retries = 3
 command = ["true"]

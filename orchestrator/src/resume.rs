@@ -1,0 +1,184 @@
+//! Deciding, from a run's journal and the (possibly edited) plan, which stages a resumed run
+//! keeps and which it runs again, and why.
+//!
+//! A stage is kept when its last attempt in the journal succeeded, its fingerprint is the one
+//! the plan gives it now, every output recorded for it still verifies (size and SHA-256), and
+//! every upstream stage is kept. Otherwise it runs again, with the reason said.
+
+use crate::journal::JournalRecord;
+use crate::plan::LoadedPlan;
+use protocol::report::CheckpointRecord;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// What a resumed run does with one stage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// Finished earlier and still valid: not run again.
+    Keep {
+        /// Attempts made so far.
+        attempts: u32,
+        /// Its verified outputs.
+        checkpoints: Vec<CheckpointRecord>,
+        /// Its last metrics.
+        metrics: BTreeMap<String, f64>,
+        /// Wall time of its successful attempt.
+        wall_s: Option<f64>,
+    },
+    /// Runs (again).
+    Run {
+        /// Why, for the user.
+        reason: String,
+        /// Attempts made so far.
+        attempts: u32,
+        /// Whether its old outputs must be cleared first (they belong to another definition
+        /// or are corrupt); an interrupted stage keeps them for in-stage resume.
+        clear_output: bool,
+    },
+}
+
+impl Decision {
+    /// Whether the stage is kept.
+    pub fn kept(&self) -> bool {
+        matches!(self, Decision::Keep { .. })
+    }
+}
+
+/// Checks a recorded output against the file now.
+pub fn verify_record(record: &CheckpointRecord) -> Result<(), String> {
+    let path = Path::new(&record.path);
+    let meta =
+        std::fs::metadata(path).map_err(|_| format!("its output {} is missing", record.path))?;
+    if meta.len() != record.bytes {
+        return Err(format!(
+            "its output {} changed size ({} bytes, {} recorded)",
+            record.path,
+            meta.len(),
+            record.bytes
+        ));
+    }
+    let (sha, _) = crate::checksum::sha256_file(path)
+        .map_err(|e| format!("its output {} cannot be read: {e}", record.path))?;
+    if sha != record.sha256 {
+        return Err(format!(
+            "its output {} is corrupted (checksum differs)",
+            record.path
+        ));
+    }
+    Ok(())
+}
+
+/// One decision per stage, in plan order.
+pub fn decide(
+    plan: &LoadedPlan,
+    fingerprints: &[String],
+    records: &[JournalRecord],
+) -> Vec<Decision> {
+    let n = plan.plan.stages.len();
+    let mut attempts = vec![0u32; n];
+    let mut last_success: Vec<Option<&JournalRecord>> = vec![None; n];
+    for record in records {
+        match record {
+            JournalRecord::StageStarted { stage, .. } => {
+                if let Some(i) = plan.index_of(stage) {
+                    attempts[i] += 1;
+                    last_success[i] = None; // a later attempt supersedes an earlier success
+                }
+            }
+            JournalRecord::StageFinished { stage, status, .. } if status == "succeeded" => {
+                if let Some(i) = plan.index_of(stage) {
+                    last_success[i] = Some(record);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut decisions: Vec<Option<Decision>> = vec![None; n];
+    for &i in &plan.order {
+        let attempts = attempts[i];
+        let rerun_upstream = plan.upstream[i]
+            .iter()
+            .find(|&&u| !decisions[u].as_ref().is_some_and(Decision::kept));
+        let decision = if let Some(&u) = rerun_upstream {
+            Decision::Run {
+                reason: format!("upstream stage `{}` runs again", plan.plan.stages[u].name),
+                attempts,
+                clear_output: last_success[i].is_some(),
+            }
+        } else {
+            match last_success[i] {
+                None if attempts == 0 => Decision::Run {
+                    reason: "it has not run yet".into(),
+                    attempts,
+                    clear_output: false,
+                },
+                None => Decision::Run {
+                    reason: "it did not finish in the earlier run (interrupted or failed)".into(),
+                    attempts,
+                    clear_output: false,
+                },
+                Some(JournalRecord::StageFinished {
+                    checkpoints,
+                    plan_hash,
+                    metrics,
+                    wall_s,
+                    ..
+                }) => {
+                    if *plan_hash != fingerprints[i] {
+                        Decision::Run {
+                            reason: "its definition in the plan changed since it ran".into(),
+                            attempts,
+                            clear_output: true,
+                        }
+                    } else if let Some(why) =
+                        checkpoints.iter().find_map(|c| verify_record(c).err())
+                    {
+                        Decision::Run {
+                            reason: why,
+                            attempts,
+                            clear_output: true,
+                        }
+                    } else {
+                        Decision::Keep {
+                            attempts,
+                            checkpoints: checkpoints.clone(),
+                            metrics: metrics.clone(),
+                            wall_s: *wall_s,
+                        }
+                    }
+                }
+                Some(_) => unreachable!("only stage_finished records are kept as successes"),
+            }
+        };
+        decisions[i] = Some(decision);
+    }
+    decisions
+        .into_iter()
+        .map(|d| d.expect("every stage is in the order"))
+        .collect()
+}
+
+/// A table of the decisions, for `orchestrate status` and the start of a resumed run.
+pub fn render(plan: &LoadedPlan, decisions: &[Decision]) -> String {
+    let width = plan
+        .plan
+        .stages
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let mut out = String::new();
+    for (stage, d) in plan.plan.stages.iter().zip(decisions) {
+        let line = match d {
+            Decision::Keep { attempts, .. } => {
+                format!("keep   (finished after {attempts} attempt(s), outputs verified)")
+            }
+            Decision::Run { reason, .. } => format!("run    ({reason})"),
+        };
+        out.push_str(&format!("{:<width$}  {line}\n", stage.name));
+    }
+    out
+}
