@@ -18,6 +18,7 @@ Examples:
   orchestrate schema > plan.schema.json               JSON Schema for editors
   orchestrate status runs/exp1                        what a resume would keep or rerun, and why
   orchestrate resume runs/exp1                        continue an interrupted run
+  orchestrate report runs/exp1 [--json]               the per-stage report of a run
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
 2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
@@ -75,6 +76,15 @@ enum Command {
         /// Print only the final summary.
         #[arg(long, short)]
         quiet: bool,
+    },
+    /// Show a run's report: a table per stage (or the JSON with --json). A run that did not
+    /// finish (crash, kill -9) is shown as interrupted, with each stage's state from the journal.
+    Report {
+        /// The run directory.
+        run_dir: PathBuf,
+        /// Print report.json.
+        #[arg(long)]
+        json: bool,
     },
     /// Show what a resume of a run directory would keep and run again, and why, without
     /// running anything.
@@ -211,6 +221,25 @@ fn main() -> ExitCode {
             };
             let plan = args.plan.clone().unwrap_or_default();
             run_plan(&plan, args, cli.log_format)
+        }
+        Some(Command::Report { run_dir, json }) => {
+            match orchestrator::report::load_for_display(&run_dir) {
+                Ok(report) => {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&report).unwrap_or_default()
+                        );
+                    } else {
+                        print!("{}", orchestrator::report::summary(&report));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(exit::RUN_ERROR as u8)
+                }
+            }
         }
         Some(Command::Status {
             run_dir,

@@ -11,6 +11,50 @@ pub fn write(path: &std::path::Path, report: &Report) -> std::io::Result<()> {
     crate::rundir::write_atomic(path, &bytes)
 }
 
+/// The report of a run directory, for `orchestrate report`. `report.json` is rewritten as the
+/// run goes; when the journal shows the run never finished (a crash or `kill -9` stopped it
+/// between rewrites), the stages' states are brought up to date from the journal and the run is
+/// marked interrupted.
+pub fn load_for_display(run_dir: &std::path::Path) -> Result<Report, String> {
+    use crate::journal::{read_journal, JournalRecord};
+    let path = run_dir.join("report.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut report: Report = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a report: {e}", path.display()))?;
+    let records = read_journal(&run_dir.join("journal.jsonl")).unwrap_or_default();
+    if matches!(records.last(), Some(JournalRecord::RunFinished { .. })) {
+        return Ok(report);
+    }
+    report.status = "interrupted".into();
+    for record in &records {
+        let (stage, status, attempts) = match record {
+            JournalRecord::StageStarted { stage, attempt, .. } => {
+                (stage, "running", Some(*attempt))
+            }
+            JournalRecord::StageFinished {
+                stage,
+                status,
+                attempt,
+                ..
+            } => (stage, status.as_str(), Some(*attempt)),
+            JournalRecord::StageSkipped { stage, .. } => (stage, "skipped", None),
+            _ => continue,
+        };
+        if let Some(s) = report.stages.iter_mut().find(|s| &s.name == stage) {
+            s.status = if status == "running" {
+                "interrupted".into()
+            } else {
+                status.into()
+            };
+            if let Some(a) = attempts {
+                s.attempts = a;
+            }
+        }
+    }
+    Ok(report)
+}
+
 /// Writes the report, or tells the user on the console why it could not.
 pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::console::Console) {
     if let Err(e) = write(path, report) {

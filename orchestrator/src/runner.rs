@@ -328,6 +328,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         _ => None,
     };
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
+    // A report exists from the start, so `orchestrate report` has something to show even if
+    // this process is killed before the first stage ends.
+    crate::report::write_or_warn(
+        &report_path,
+        &build_report(&plan, &states, &run_dir, &gpu_check, started, "running"),
+        &console,
+    );
     let mut last_report = Instant::now();
     let mut report_every = Duration::from_secs(1);
 
