@@ -173,6 +173,9 @@ pub struct TrainParams {
     pub model: ModelConfig,
     /// `"auto"` (bf16 on GPU, fp32 on CPU), `"bf16"` or `"fp32"`.
     pub precision: String,
+    /// Write a resumable checkpoint every this many steps (0: only at the end and on SIGTERM),
+    /// so that a crash loses at most this many steps.
+    pub checkpoint_every: u64,
 }
 
 impl Default for TrainParams {
@@ -189,6 +192,7 @@ impl Default for TrainParams {
             progress_every_s: 1.0,
             model: ModelConfig::default(),
             precision: "auto".into(),
+            checkpoint_every: 0,
         }
     }
 }

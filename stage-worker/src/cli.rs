@@ -22,7 +22,8 @@ TRAIN PARAMS (defaults)
                                {\"prompt\": ..., \"completion\": ...} lines (paths relative
                                to the working directory)
   steps = 200, batch_size = 16, seq_len = 64, lr = 3e-3, warmup_steps = 20,
-  weight_decay = 0.01, seed = 0, progress_every_s = 1.0, precision = \"auto\"
+  weight_decay = 0.01, seed = 0, progress_every_s = 1.0, precision = \"auto\",
+  checkpoint_every = 0 (also save a resumable checkpoint every N steps)
   model = { d_model = 128, n_layers = 2, n_heads = 4, max_seq_len = 256 }
                                (ignored with init: the checkpoint's shape is used)
   AdamW (betas 0.9/0.95), linear warm-up then cosine decay to 10% of lr, grad norm

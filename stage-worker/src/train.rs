@@ -197,7 +197,15 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         p.seq_len
     );
 
-    let stats = train_loop(&mut model, &mut opt, &sampler, &p, &compute, sink);
+    let stats = train_loop(
+        &mut model,
+        &mut opt,
+        &sampler,
+        &p,
+        &compute,
+        sink,
+        &spec.output_dir,
+    )?;
     let complete = !stats.interrupted;
     let (_, files) = checkpoint::write(
         &spec.output_dir,
@@ -230,7 +238,8 @@ fn train_loop(
     p: &TrainParams,
     compute: &Compute,
     sink: &mut EventSink,
-) -> LoopStats {
+    output_dir: &std::path::Path,
+) -> StageResult<LoopStats> {
     let schedule = Schedule {
         peak: p.lr,
         warmup: p.warmup_steps,
@@ -283,10 +292,18 @@ fn train_loop(
             stats.interrupted = true;
             break;
         }
+        if p.checkpoint_every > 0 && step % p.checkpoint_every == 0 && step < p.steps {
+            let (_, files) =
+                checkpoint::write(output_dir, model, opt, step, &training_state(p, false))?;
+            for f in files {
+                sink.checkpoint(f.path, f.entry.sha256, f.entry.bytes, step);
+            }
+            crate::log!("periodic checkpoint at step {step}");
+        }
     }
     // The last step's progress event read the loss back, so the device is idle here.
     stats.finished = Instant::now();
-    stats
+    Ok(stats)
 }
 
 fn final_metrics(

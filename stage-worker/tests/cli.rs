@@ -306,3 +306,47 @@ fn help_documents_the_contract() {
         assert!(text.contains(needle), "--help lacks {needle}");
     }
 }
+
+#[test]
+fn periodic_checkpoints_survive_sigkill_and_the_rerun_resumes_from_the_last_one() {
+    let dir = scratch("periodic");
+    let out_dir = dir.join("train");
+    let mut params = tiny_train("synthetic:pretrain", 600);
+    params["checkpoint_every"] = json!(50);
+    params["seq_len"] = json!(16);
+    params["batch_size"] = json!(2);
+    let spec = write_spec(&dir, "train", "train", params, &out_dir, None);
+    let mut child = command(&spec)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut last_checkpoint = None;
+    for line in lines {
+        let e: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if e["event"] == "checkpoint" {
+            last_checkpoint = e["step"].as_u64();
+            if last_checkpoint >= Some(100) {
+                child.kill().unwrap(); // SIGKILL: no chance to save anything more
+                break;
+            }
+        }
+    }
+    child.wait().unwrap();
+    let saved = last_checkpoint.expect("periodic checkpoints were reported");
+    assert_eq!(saved % 50, 0);
+    let out = command(&spec).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ev = events(&out);
+    let resumed = metrics(&ev)["resumed_from_step"].as_f64().unwrap() as u64;
+    assert!(
+        resumed >= saved && resumed % 50 == 0,
+        "resumed at {resumed}, last reported {saved}"
+    );
+    assert_eq!(metrics(&ev)["steps"], 600.0);
+}
