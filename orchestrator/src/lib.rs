@@ -15,6 +15,7 @@ pub mod channel;
 pub mod checksum;
 pub mod console;
 pub mod contract;
+pub mod echo;
 pub mod exit;
 pub mod fingerprint;
 pub mod gpu;

@@ -57,6 +57,10 @@ struct RunArgs {
     /// kept; interrupted, failed, edited stages and everything downstream of them run again.
     #[arg(long, requires = "run_dir")]
     resume: bool,
+    /// Also show every stage's stdout and stderr on the console, line by line, prefixed with
+    /// the stage's name (they always go to the stage's log files).
+    #[arg(long, short)]
+    follow: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
                 worker: cli.run.worker,
                 quiet,
                 resume: true,
+                follow: cli.run.follow,
             };
             let plan = args.plan.clone().unwrap_or_default();
             run_plan(&plan, args, cli.log_format)
@@ -300,6 +305,7 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
         worker: args.worker,
         console: console.clone(),
         resume: args.resume,
+        follow: args.follow,
     };
     match local.block_on(&runtime, runner::run(options)) {
         Ok(summary) => {

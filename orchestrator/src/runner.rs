@@ -42,6 +42,8 @@ pub struct RunOptions {
     pub console: Console,
     /// Continue the run already in `run_dir`: keep the stages that finished and still verify.
     pub resume: bool,
+    /// Echo stages' output on the console.
+    pub follow: bool,
 }
 
 /// How a run ended.
@@ -137,6 +139,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         worker,
         console,
         resume,
+        follow,
     } = opts;
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
@@ -241,6 +244,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         tolerance_bytes: settings.gpu_tolerance_mib.saturating_mul(1 << 20),
         reclaim_timeout: settings.reclaim_timeout.get(),
         console: console.clone(),
+        follow,
     });
     let max_parallel = settings
         .max_parallel

@@ -72,6 +72,8 @@ pub struct Services {
     pub reclaim_timeout: Duration,
     /// Progress display.
     pub console: Console,
+    /// Echo every stage's output lines on the console (`--follow`).
+    pub follow: bool,
 }
 
 /// Why an attempt failed.
@@ -212,6 +214,7 @@ impl AttemptResult {
 pub struct Launched {
     plan: AttemptPlan,
     child: supervisor::StageProcess,
+    copiers: Vec<tokio::task::JoinHandle<()>>,
     spawned_unix: f64,
     channel: EventChannel,
     rx: mpsc::UnboundedReceiver<ChannelItem>,
@@ -266,12 +269,23 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
         plan.name,
         crate::timefmt::unix_ms()
     );
+    let (out, err) = if services.follow {
+        let fail =
+            |e: std::io::Error| Failure::SpawnFailed(format!("cannot create an output pipe: {e}"));
+        (
+            crate::echo::echoed(stdout, &plan.name, false).map_err(fail)?,
+            crate::echo::echoed(stderr, &plan.name, true).map_err(fail)?,
+        )
+    } else {
+        (crate::echo::direct(stdout), crate::echo::direct(stderr))
+    };
+    let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
     let launch = Launch {
         argv: plan.argv.clone(),
         env: plan.env.clone(),
         cwd: plan.cwd.clone(),
-        stdout,
-        stderr,
+        stdout: out.stdio,
+        stderr: err.stdio,
         token,
     };
     let child = supervisor::spawn(launch, &services.reaper).map_err(|e| {
@@ -296,6 +310,7 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
     Ok(Launched {
         plan,
         child,
+        copiers,
         spawned_unix,
         channel,
         rx,
@@ -313,6 +328,7 @@ pub async fn supervise(
     let Launched {
         plan,
         mut child,
+        copiers,
         spawned_unix,
         channel,
         mut rx,
@@ -468,6 +484,11 @@ pub async fn supervise(
     }
 
     let verified_unix = crate::timefmt::unix_secs_f64();
+    // With --follow, the log files are complete once the copiers have seen end of file, which
+    // they do now that no process of the stage holds the pipes.
+    for copier in copiers {
+        let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
+    }
     let stderr_tail = read_tail(&plan.stage_dir.join("stderr.log"), stderr_offset);
     let mut outcome = classify(
         plan,

@@ -13,7 +13,6 @@ use crate::proctree::{self, TOKEN_VAR};
 use crate::reaper::{Reaped, Reaper};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use std::fs::File;
 use std::io;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -31,9 +30,9 @@ pub struct Launch {
     /// Working directory.
     pub cwd: PathBuf,
     /// Where stdout goes.
-    pub stdout: File,
+    pub stdout: Stdio,
     /// Where stderr goes.
-    pub stderr: File,
+    pub stderr: Stdio,
     /// Unique token of this attempt, exported to every process of the tree.
     pub token: String,
 }

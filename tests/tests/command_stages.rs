@@ -463,3 +463,33 @@ fn gpu_check_required_without_nvml_stops_before_the_first_stage() {
     );
     assert!(!marker.exists(), "no stage ran");
 }
+
+#[test]
+fn follow_echoes_stage_output_and_still_logs_it() {
+    let s = Scratch::new("follow");
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"talker\"\ncommand = [\"sh\", \"-c\", \"echo hello from stage; echo oops >&2; printf 'no newline'\"]\n",
+    );
+    let run = run_plan(&s, &plan, &["--follow"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("[talker] hello from stage\n"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("[talker stderr] oops\n"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("[talker] no newline\n"),
+        "{}",
+        run.stderr
+    );
+    let out = std::fs::read_to_string(run.run_dir.join("stages/talker/stdout.log")).unwrap();
+    assert!(out.ends_with("hello from stage\nno newline"), "{out:?}");
+    let err = std::fs::read_to_string(run.run_dir.join("stages/talker/stderr.log")).unwrap();
+    assert!(err.ends_with("oops\n"), "{err:?}");
+}
