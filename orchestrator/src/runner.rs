@@ -397,20 +397,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         pool.usable(),
                         pool.all().len() - pool.usable()
                     );
-                    console.stage_finished(&stage.name, "failed", &msg, Duration::ZERO);
-                    journal.append(&JournalRecord::StageFinished {
-                        stage: stage.name.clone(),
-                        attempt: states[i].attempts,
-                        status: "failed".into(),
-                        error: Some(msg.clone()),
-                        checkpoints: Vec::new(),
-                        plan_hash: fingerprints[i].clone(),
-                        metrics: BTreeMap::new(),
-                        wall_s: None,
-                    })?;
-                    states[i].status = Status::Failed;
-                    states[i].failure = Some(("no_gpu".into(), msg));
-                    skip_downstream(i, &plan, &mut states, &mut journal)?;
+                    fail_before_start(
+                        i,
+                        "no_gpu",
+                        msg,
+                        &plan,
+                        &fingerprints,
+                        &mut states,
+                        &mut journal,
+                        &console,
+                    )?;
                     continue;
                 }
                 let Some(given) = pool.take(want) else {
@@ -433,21 +429,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     Ok(p) => p,
                     Err(failure) => {
                         pool.give_back(&given);
-                        let msg = failure.describe();
-                        console.stage_finished(&stage.name, "failed", &msg, Duration::ZERO);
-                        journal.append(&JournalRecord::StageFinished {
-                            stage: stage.name.clone(),
-                            attempt,
-                            status: "failed".into(),
-                            error: Some(msg.clone()),
-                            checkpoints: Vec::new(),
-                            plan_hash: fingerprints[i].clone(),
-                            metrics: BTreeMap::new(),
-                            wall_s: None,
-                        })?;
-                        states[i].status = Status::Failed;
-                        states[i].failure = Some((failure.class().into(), msg));
-                        skip_downstream(i, &plan, &mut states, &mut journal)?;
+                        fail_before_start(
+                            i,
+                            failure.class(),
+                            failure.describe(),
+                            &plan,
+                            &fingerprints,
+                            &mut states,
+                            &mut journal,
+                            &console,
+                        )?;
                         continue;
                     }
                 };
@@ -636,6 +627,36 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         }
     }
     Ok(RunSummary { exit_code, report })
+}
+
+/// Records a stage that failed before any of its processes started (no usable GPU, an input
+/// that no longer verifies), and skips everything downstream of it.
+#[allow(clippy::too_many_arguments)]
+fn fail_before_start(
+    i: usize,
+    class: &str,
+    msg: String,
+    plan: &LoadedPlan,
+    fingerprints: &[String],
+    states: &mut [StageState],
+    journal: &mut Journal,
+    console: &Console,
+) -> std::io::Result<()> {
+    let name = &plan.plan.stages[i].name;
+    console.stage_finished(name, "failed", &msg, Duration::ZERO);
+    journal.append(&JournalRecord::StageFinished {
+        stage: name.clone(),
+        attempt: states[i].attempts,
+        status: "failed".into(),
+        error: Some(msg.clone()),
+        checkpoints: Vec::new(),
+        plan_hash: fingerprints[i].clone(),
+        metrics: BTreeMap::new(),
+        wall_s: None,
+    })?;
+    states[i].status = Status::Failed;
+    states[i].failure = Some((class.into(), msg));
+    skip_downstream(i, plan, states, journal)
 }
 
 /// Marks every stage downstream of `failed` (transitively) as skipped, journaling each once.
