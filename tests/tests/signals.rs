@@ -123,3 +123,49 @@ fn kill_9_of_orchestrate_leaves_no_stage_process_after_one_second() {
         serde_json::from_str::<serde_json::Value>(line).expect("journal line parses");
     }
 }
+
+#[test]
+fn a_second_sigint_kills_stages_that_ignore_sigterm_without_waiting_for_the_grace() {
+    let s = Scratch::new("sigint2");
+    let marker = format!("sigint2-{}", std::process::id());
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[run]
+grace = "60s"
+[[stage]]
+name = "stubborn"
+command = ["sh", "-c", "trap '' TERM; echo up > {{output}}/up; while true; do sleep 0.05; done"]
+env = {{ MARKER = "{marker}" }}
+"#
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let mut child = Command::new(orchestrate())
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = run_dir.join("stages/stubborn/output/up");
+    assert!(wait_for(Duration::from_secs(20), || up.exists()));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first SIGINT waits for the 60 s grace"
+    );
+    let second = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        second.elapsed() < Duration::from_secs(5),
+        "the second SIGINT kills at once"
+    );
+    assert!(processes_with_env(&format!("MARKER={marker}")).is_empty());
+}
