@@ -1,0 +1,111 @@
+"""Helpers for a Python program that runs as an `orchestrate` stage. Standard library only:
+copy this file next to your script, or put this directory on PYTHONPATH.
+
+    import orchestrate_stage as stage
+
+    out = stage.output_dir()              # where to write what downstream stages receive
+    base = stage.input_dir("pretrain")    # an upstream stage's output directory
+    resume = stage.resume_dir()           # an earlier attempt's files, or None
+    for step in range(steps):
+        ...
+        stage.progress(step + 1, total_steps=steps, loss=loss, tokens_per_s=rate)
+    stage.checkpoint(out / "model.pt", step=steps)   # hashes the file, reports it
+    stage.metrics(loss=final_loss, accuracy=acc)
+
+Run outside `orchestrate` (no ORCHESTRATE_EVENTS), reporting does nothing and the paths fall
+back to the current directory, so the same script also runs on its own. Call the reporting
+functions from any process of the stage (under torchrun/accelerate, typically rank 0 only).
+The wire format is docs/worker-contract.md: one JSON object per line on a Unix socket.
+"""
+
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+PROTOCOL_VERSION = 1
+_sock = None
+
+
+def _send(event, **fields):
+    global _sock
+    path = os.environ.get("ORCHESTRATE_EVENTS")
+    if not path:
+        return
+    line = (json.dumps({"v": PROTOCOL_VERSION, "event": event, **fields}) + "\n").encode()
+    for _ in range(2):  # reconnect once if the connection was lost (e.g. after a fork)
+        try:
+            if _sock is None:
+                _sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                _sock.connect(path)
+            _sock.sendall(line)
+            return
+        except OSError:
+            _sock = None
+
+
+def stage_name():
+    """The stage's name (ORCHESTRATE_STAGE), or None outside orchestrate."""
+    return os.environ.get("ORCHESTRATE_STAGE")
+
+
+def output_dir():
+    """The directory to write outputs to (ORCHESTRATE_OUTPUT_DIR; the current directory
+    outside orchestrate)."""
+    return Path(os.environ.get("ORCHESTRATE_OUTPUT_DIR", "."))
+
+
+def input_dir(stage):
+    """Upstream stage `stage`'s output directory (ORCHESTRATE_INPUT_<STAGE>)."""
+    var = "ORCHESTRATE_INPUT_" + "".join(c.upper() if c.isalnum() and c.isascii() else "_" for c in stage)
+    value = os.environ.get(var)
+    if value is None:
+        raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
+    return Path(value)
+
+
+def resume_dir():
+    """The output directory when it holds an earlier attempt's files (ORCHESTRATE_RESUME_DIR),
+    else None."""
+    value = os.environ.get("ORCHESTRATE_RESUME_DIR")
+    return Path(value) if value else None
+
+
+def attempt():
+    """Which attempt this is, from 1."""
+    return int(os.environ.get("ORCHESTRATE_ATTEMPT", "1"))
+
+
+def started(device=None):
+    """Reports that the work began."""
+    _send("started", pid=os.getpid(), device=device)
+
+
+def progress(step, total_steps=None, loss=None, tokens_per_s=None):
+    """Reports progress; shown on the orchestrator's console."""
+    _send("progress", step=int(step), total_steps=total_steps,
+          loss=None if loss is None else float(loss),
+          tokens_per_s=None if tokens_per_s is None else float(tokens_per_s))
+
+
+def checkpoint(path, step=None):
+    """Reports a checkpoint file that is completely written (write it to a temporary name and
+    rename it into place first). Its SHA-256 and size are computed here."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    _send("checkpoint", path=str(path.resolve()), sha256=digest.hexdigest(),
+          bytes=path.stat().st_size, step=step)
+
+
+def metrics(**values):
+    """Reports named figures; the last ones go into report.json."""
+    _send("metrics", metrics={k: float(v) for k, v in values.items()})
+
+
+def failed(error, reason=None):
+    """Reports a failure (then exit non-zero). `reason` may be "cuda_oom" or "bad_input"."""
+    _send("failed", error=str(error), reason=reason)

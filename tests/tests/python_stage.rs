@@ -1,0 +1,58 @@
+//! A real PyTorch script as a stage (the worked example in examples/python-stage), reporting
+//! through the stdlib-only helper python/orchestrate_stage.py.
+
+use e2e_tests::{repo_root, run_plan, Scratch};
+use std::process::Command;
+
+#[test]
+fn a_python_training_script_reports_metrics_and_a_verified_checkpoint() {
+    let s = Scratch::new("python-stage");
+    let plan = repo_root().join("examples/python-stage/plan.toml");
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let loss = run.metric("train", "final_loss");
+    assert!(loss < 1.0, "the tiny regression trained: {loss}");
+    assert_eq!(run.metric("train", "steps"), 300.0);
+    // The checkpoint the script reported is the one on disk.
+    let events = std::fs::read_to_string(run.run_dir.join("stages/train/events.jsonl")).unwrap();
+    let reported = events
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"]["event"] == "checkpoint")
+        .expect("a checkpoint event");
+    let recorded = run.stage("train")["checkpoints"][0].clone();
+    assert_eq!(
+        reported["event"]["sha256"], recorded["sha256"],
+        "{reported} vs {recorded}"
+    );
+    assert!(
+        run.stderr.contains("train: step 300/300"),
+        "progress reached the console"
+    );
+    let inspect = std::fs::read_to_string(run.run_dir.join("stages/inspect/stdout.log")).unwrap();
+    assert!(inspect.contains("trained for 300 steps"), "{inspect}");
+}
+
+#[test]
+fn the_helper_is_inert_outside_orchestrate() {
+    let s = Scratch::new("python-alone");
+    let out = Command::new("python3")
+        .arg(repo_root().join("examples/python-stage/train_tiny.py"))
+        .arg("20")
+        .current_dir(s.path())
+        .env("PYTHONPATH", repo_root().join(".libtorch"))
+        .env("PYTHONWARNINGS", "ignore")
+        .env_remove("ORCHESTRATE_EVENTS")
+        .env_remove("ORCHESTRATE_OUTPUT_DIR")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        s.path().join("model.pt").is_file(),
+        "outputs land in the current directory"
+    );
+}
