@@ -78,6 +78,8 @@ pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
                 out.push_str(&paths.run_dir.display().to_string())
             }
             Piece::Placeholder(Placeholder::Stage) => out.push_str(paths.stage),
+            // Matrix values are substituted when the plan is expanded; none is left here.
+            Piece::Placeholder(Placeholder::Matrix(_)) => return arg.to_string(),
             Piece::Placeholder(Placeholder::Input(name)) => match paths.inputs.get(name) {
                 Some(dir) => out.push_str(&dir.display().to_string()),
                 None => return arg.to_string(),

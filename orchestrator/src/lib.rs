@@ -25,6 +25,7 @@ pub mod plan;
 pub mod proctree;
 pub mod reaper;
 pub mod report;
+pub mod results;
 pub mod resume;
 pub mod rundir;
 pub mod runner;

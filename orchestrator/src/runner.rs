@@ -313,6 +313,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let mut running = 0usize;
     let mut interrupted = false;
     let mut leak_stop = false;
+    let mut fail_stop = false;
     let mut leaked_any = false;
     let started = Instant::now();
     let started_unix = crate::timefmt::unix_secs_f64();
@@ -367,7 +368,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
 
     loop {
-        let stopping = interrupted || leak_stop;
+        let stopping = interrupted || leak_stop || fail_stop;
         let now = Instant::now();
         retry_queue.retain(|&(t, i)| {
             if t <= now {
@@ -547,6 +548,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         } else {
                             states[i].status = Status::Failed;
                             skip_downstream(i, &plan, &mut states, &mut journal)?;
+                            if settings.fail_fast && !fail_stop {
+                                fail_stop = true;
+                                console.warn("a stage failed and fail_fast = true: no further stage starts");
+                            }
                         }
                     }
                     Outcome::Cancelled => {
@@ -583,6 +588,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
             let reason = if interrupted {
                 "not started: the run was interrupted".to_string()
+            } else if fail_stop {
+                "not started: a stage failed and fail_fast = true".to_string()
             } else {
                 "not started: a GPU leaked and on_leak = \"fail\"".to_string()
             };
@@ -611,6 +618,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     })?;
     let report = build_report(&plan, &states, &run_dir, &gpu_check, started, status);
     crate::report::write_or_warn(&report_path, &report, &console);
+    if let Some(rows) = crate::results::rows(&plan, &report) {
+        let csv = crate::results::to_csv(&rows);
+        let json = serde_json::to_vec_pretty(&crate::results::to_json(&rows))?;
+        write_atomic(&run_dir.root().join("results.csv"), csv.as_bytes())?;
+        write_atomic(&run_dir.root().join("results.json"), &json)?;
+        console.block(&crate::results::to_table(&rows));
+        console.note(&format!(
+            "results: {}",
+            run_dir.root().join("results.csv").display()
+        ));
+    }
     if let Some(sampler) = sampler {
         sampler.abort();
         let samples = gpu::timeline::read_samples(&timeline_csv);

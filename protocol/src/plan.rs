@@ -46,6 +46,10 @@ pub struct RunSettings {
     /// What a leak verdict does (default "fail").
     #[serde(default)]
     pub on_leak: OnLeak,
+    /// Stop starting stages after the first stage fails for good (default false: independent
+    /// stages, such as the other instances of a matrix, run to their end).
+    #[serde(default)]
+    pub fail_fast: bool,
     /// Path of the `stage-worker` binary for built-in stages (default: beside `orchestrate`).
     #[serde(default)]
     pub worker: Option<String>,
@@ -71,6 +75,7 @@ impl Default for RunSettings {
             gpu_tolerance_mib: default_tolerance_mib(),
             reclaim_timeout: default_reclaim_timeout(),
             on_leak: OnLeak::default(),
+            fail_fast: false,
             worker: None,
         }
     }
@@ -138,6 +143,57 @@ pub struct Stage {
     /// Files (relative to the output directory) a command stage must leave behind to succeed.
     #[serde(default)]
     pub outputs: Vec<String>,
+    /// Fan-out: one instance of the stage per combination of these values (several keys give
+    /// the product). Each instance is named `name[key=value,…]`, gets its own output
+    /// directory, `{matrix.KEY}` in its command and string params, and
+    /// `ORCHESTRATE_MATRIX_<KEY>` in its environment.
+    #[serde(default)]
+    pub matrix: BTreeMap<String, MatrixAxis>,
+}
+
+/// The values of one matrix key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum MatrixAxis {
+    /// The values, written out.
+    Values(Vec<MatrixValue>),
+    /// One value per non-empty line of a file (lines starting with `#` skipped); the path is
+    /// relative to the plan's directory.
+    Lines {
+        /// The file.
+        lines: String,
+    },
+    /// One value per file matching a pattern (`*` and `?` in the last path component),
+    /// relative to the plan's directory, in sorted order.
+    Glob {
+        /// The pattern.
+        glob: String,
+    },
+}
+
+/// One matrix value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum MatrixValue {
+    /// A whole number.
+    Int(i64),
+    /// A number.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// Text.
+    Text(String),
+}
+
+impl std::fmt::Display for MatrixValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MatrixValue::Int(v) => write!(f, "{v}"),
+            MatrixValue::Float(v) => write!(f, "{v}"),
+            MatrixValue::Bool(v) => write!(f, "{v}"),
+            MatrixValue::Text(v) => f.write_str(v),
+        }
+    }
 }
 
 /// The tasks `stage-worker` runs.

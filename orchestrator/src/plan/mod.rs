@@ -15,6 +15,7 @@ mod expect;
 mod explain;
 mod graph;
 mod json_tree;
+pub mod matrix;
 mod params;
 pub mod placeholder;
 mod process;
@@ -52,12 +53,15 @@ pub struct LoadedPlan {
     pub upstream: Vec<Vec<usize>>,
     /// Per stage: the indices of the stages that name it in `after`, in increasing order.
     pub downstream: Vec<Vec<usize>>,
+    /// Per stage: the matrix stage and values it is an instance of (`None`: no matrix).
+    pub instances: Vec<Option<matrix::Instance>>,
+    names: std::collections::HashMap<String, usize>,
 }
 
 impl LoadedPlan {
     /// The index of the stage called `name` (names are unique in a loaded plan).
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.plan.stages.iter().position(|s| s.name == name)
+        self.names.get(name).copied()
     }
 }
 
@@ -177,14 +181,47 @@ fn finish(
         });
     };
     let base_dir = std::path::absolute(base_dir).unwrap_or_else(|_| base_dir.to_path_buf());
-    let downstream = graph::invert(&graph.upstream);
+    let (plan, instances, order, upstream) = if plan.stages.iter().all(|s| s.matrix.is_empty()) {
+        let n = plan.stages.len();
+        (plan, vec![None; n], graph.order, graph.upstream)
+    } else {
+        let (plan, instances) = matrix::expand(plan, &base_dir, source_name)
+            .map_err(|diagnostics| PlanError { diagnostics })?;
+        let index: std::collections::HashMap<&str, usize> = plan
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_str(), i))
+            .collect();
+        let upstream: Vec<Vec<usize>> = plan
+            .stages
+            .iter()
+            .map(|s| {
+                s.after
+                    .iter()
+                    .filter_map(|a| index.get(a.as_str()).copied())
+                    .collect()
+            })
+            .collect();
+        let order = graph::topological_order(&upstream).unwrap_or_default();
+        (plan, instances, order, upstream)
+    };
+    let downstream = graph::invert(&upstream);
+    let names = plan
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.clone(), i))
+        .collect();
     Ok(LoadedPlan {
         plan,
         source_name: source_name.to_string(),
         base_dir,
-        order: graph.order,
-        upstream: graph.upstream,
+        order,
+        upstream,
         downstream,
+        instances,
+        names,
     })
 }
 

@@ -28,6 +28,8 @@ pub enum Placeholder<'a> {
     RunDir,
     /// `{stage}`: the stage's name.
     Stage,
+    /// `{matrix.KEY}`: this instance's value of matrix key `KEY`.
+    Matrix(&'a str),
 }
 
 /// Why an argument's braces could not be read, phrased for the user.
@@ -55,7 +57,7 @@ impl fmt::Display for TemplateError {
 }
 
 /// The help shared by all template errors.
-pub const TEMPLATE_HELP: &str = "placeholders are {output}, {input.NAME}, {run_dir} and {stage}; write {{ and }} for literal braces";
+pub const TEMPLATE_HELP: &str = "placeholders are {output}, {input.NAME}, {run_dir}, {stage} and {matrix.KEY}; write {{ and }} for literal braces";
 
 /// Splits one argument into text and placeholders.
 pub fn parse(arg: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
@@ -83,10 +85,11 @@ pub fn parse(arg: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
             "output" => Placeholder::Output,
             "run_dir" => Placeholder::RunDir,
             "stage" => Placeholder::Stage,
-            _ => match name.strip_prefix("input.") {
-                Some("") => return Err(TemplateError::EmptyInput),
-                Some(stage) => Placeholder::Input(stage),
-                None => return Err(TemplateError::Unknown(name.to_string())),
+            _ => match (name.strip_prefix("input."), name.strip_prefix("matrix.")) {
+                (Some(""), _) => return Err(TemplateError::EmptyInput),
+                (Some(stage), _) => Placeholder::Input(stage),
+                (_, Some(key)) if !key.is_empty() => Placeholder::Matrix(key),
+                _ => return Err(TemplateError::Unknown(name.to_string())),
             },
         };
         if !text.is_empty() {
@@ -109,6 +112,7 @@ impl fmt::Display for Placeholder<'_> {
             Placeholder::Input(name) => write!(f, "{{input.{name}}}"),
             Placeholder::RunDir => f.write_str("{run_dir}"),
             Placeholder::Stage => f.write_str("{stage}"),
+            Placeholder::Matrix(key) => write!(f, "{{matrix.{key}}}"),
         }
     }
 }

@@ -92,8 +92,26 @@ impl Validator<'_, '_, '_> {
                 ),
                 Ok(pieces) => {
                     for piece in pieces {
-                        if let Piece::Placeholder(Placeholder::Input(name)) = piece {
-                            self.check_input(i, j, name, upstream);
+                        match piece {
+                            Piece::Placeholder(Placeholder::Input(name)) => {
+                                self.check_input(i, j, name, upstream)
+                            }
+                            Piece::Placeholder(Placeholder::Matrix(key))
+                                if !self.stage(i).matrix.contains_key(key) =>
+                            {
+                                let keys = self.stage(i).matrix.keys().cloned().collect::<Vec<_>>();
+                                self.error(
+                                    self.item(i, "command", j),
+                                    i,
+                                    format!("`command[{j}]` uses `{{matrix.{key}}}`, but the stage's `matrix` has no key `{key}`"),
+                                    Some(if keys.is_empty() {
+                                        "add a `matrix` table to the stage, like matrix = { sample = [\"a\", \"b\"] }".into()
+                                    } else {
+                                        format!("its keys are: {}", keys.join(", "))
+                                    }),
+                                );
+                            }
+                            _ => {}
                         }
                     }
                 }

@@ -1,0 +1,125 @@
+//! The results table of a sweep: one row per matrix instance with its values, status and final
+//! metrics, written as `results.csv` and `results.json` in the run directory and shown at the
+//! end of the run.
+
+use crate::plan::LoadedPlan;
+use protocol::report::Report;
+use std::collections::BTreeSet;
+
+/// One row: column name and value, in column order.
+pub type Row = Vec<(String, serde_json::Value)>;
+
+/// The rows: `stage`, `instance`, each matrix key, `status`, `error`, then every metric.
+/// `None` when the plan has no matrix stage.
+pub fn rows(plan: &LoadedPlan, report: &Report) -> Option<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (i, origin) in plan.instances.iter().enumerate() {
+        let (Some(origin), Some(stage)) = (origin, report.stages.get(i)) else {
+            continue;
+        };
+        let mut row: Row = vec![
+            ("stage".into(), origin.base.clone().into()),
+            ("instance".into(), stage.name.clone().into()),
+        ];
+        for (k, v) in &origin.values {
+            row.push((k.clone(), v.clone().into()));
+        }
+        row.push(("status".into(), stage.status.clone().into()));
+        row.push((
+            "error".into(),
+            stage.error.clone().unwrap_or_default().into(),
+        ));
+        for (k, v) in &stage.metrics {
+            row.push((k.clone(), (*v).into()));
+        }
+        rows.push(row);
+    }
+    (!rows.is_empty()).then_some(rows)
+}
+
+fn csv_field(value: &serde_json::Value) -> String {
+    let text = match value {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    if text.contains([',', '"', '\n']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
+    }
+}
+
+/// The rows as JSON objects.
+pub fn to_json(rows: &[Row]) -> serde_json::Value {
+    rows.iter()
+        .map(|row| serde_json::Value::Object(row.iter().cloned().collect()))
+        .collect()
+}
+
+fn get<'a>(row: &'a Row, key: &str) -> Option<&'a serde_json::Value> {
+    row.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// The rows as CSV, with the union of all columns in the order they first appear.
+pub fn to_csv(rows: &[Row]) -> String {
+    let mut columns: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    for row in rows {
+        for (key, _) in row {
+            if seen.insert(key.clone()) {
+                columns.push(key.clone());
+            }
+        }
+    }
+    let mut out = columns.join(",");
+    out.push('\n');
+    for row in rows {
+        let line: Vec<String> = columns
+            .iter()
+            .map(|c| get(row, c).map(csv_field).unwrap_or_default())
+            .collect();
+        out.push_str(&line.join(","));
+        out.push('\n');
+    }
+    out
+}
+
+/// A console table: instance, status, and the metrics that matter most.
+pub fn to_table(rows: &[Row]) -> String {
+    let shown = ["accuracy", "loss", "final_loss", "perplexity"];
+    let width = rows
+        .iter()
+        .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()).map(str::len))
+        .max()
+        .unwrap_or(8)
+        .max(8);
+    let mut out = format!("\n{:<width$}  {:<10} results\n", "instance", "status");
+    for row in rows {
+        let text = |k: &str| {
+            get(row, k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let metrics: Vec<String> = shown
+            .iter()
+            .filter_map(|k| {
+                get(row, k)
+                    .and_then(|v| v.as_f64())
+                    .map(|v| format!("{k}={v:.4}"))
+            })
+            .collect();
+        let detail = if text("error").is_empty() {
+            metrics.join(" ")
+        } else {
+            text("error")
+        };
+        out.push_str(&format!(
+            "{:<width$}  {:<10} {detail}\n",
+            text("instance"),
+            text("status")
+        ));
+    }
+    out
+}

@@ -1,0 +1,120 @@
+//! Fan-out stages: a 50-instance matrix, dependencies that follow the matrix, an aggregate
+//! stage after all instances, the results table, and fail_fast.
+
+use e2e_tests::{run_plan, Scratch};
+
+#[test]
+fn a_50_instance_matrix_with_aligned_dependencies_and_an_aggregate() {
+    let s = Scratch::new("matrix");
+    let values: Vec<String> = (0..50).map(|i| i.to_string()).collect();
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[run]
+max_parallel = 8
+
+[[stage]]
+name = "work"
+matrix = {{ i = [{list}] }}
+command = ["sh", "-c", "test \"$ORCHESTRATE_MATRIX_I\" = {{matrix.i}} && echo {{matrix.i}} > {{output}}/value"]
+outputs = ["value"]
+
+[[stage]]
+name = "check"
+after = ["work"]
+matrix = {{ i = [{list}] }}
+command = ["sh", "-c", "v=$(cat {{input.work}}/value); echo $((v * 2)) > {{output}}/double; [ $v = {{matrix.i}} ] && printf '{{{{\"v\":1,\"event\":\"metrics\",\"metrics\":{{{{\"double\":%s}}}}}}}}\\n' $((v * 2)) | python3 -c 'import os,socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(os.environ[\"ORCHESTRATE_EVENTS\"]); s.sendall(sys.stdin.buffer.read())'"]
+outputs = ["double"]
+
+[[stage]]
+name = "total"
+after = ["check"]
+command = ["sh", "-c", "cat $ORCHESTRATE_RUN_DIR/stages/check*/output/double | awk '{{{{s+=$1}}}} END {{{{print s}}}}' > {{output}}/sum; env | grep -c '^ORCHESTRATE_INPUT_CHECK' > {{output}}/inputs"]
+outputs = ["sum"]
+"#,
+            list = values.join(", ")
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(
+        report["stages"].as_array().unwrap().len(),
+        101,
+        "50 + 50 instances + 1 aggregate"
+    );
+    assert_eq!(run.stage("work[i=7]")["status"], "succeeded");
+    assert_eq!(run.metric("check[i=7]", "double"), 14.0);
+    let read = |p: &str| {
+        std::fs::read_to_string(run.run_dir.join(p))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        read("stages/total/output/sum"),
+        (0..50).map(|i| 2 * i).sum::<i32>().to_string()
+    );
+    assert_eq!(
+        read("stages/total/output/inputs"),
+        "50",
+        "the aggregate gets every instance as input"
+    );
+    // Each check ran after its own work instance: the journal orders them.
+    let journal = std::fs::read_to_string(run.run_dir.join("journal.jsonl")).unwrap();
+    let pos = |needle: &str| journal.find(needle).unwrap_or_else(|| panic!("{needle}"));
+    for i in [0, 17, 49] {
+        assert!(
+            pos(&format!("\"stage_finished\",\"stage\":\"work[i={i}]\""))
+                < pos(&format!("\"stage_started\",\"stage\":\"check[i={i}]\""))
+        );
+    }
+    let csv = read("results.csv");
+    assert_eq!(
+        csv.lines().count(),
+        101,
+        "a header and one row per instance"
+    );
+    assert!(
+        csv.lines()
+            .next()
+            .unwrap()
+            .starts_with("stage,instance,i,status,error"),
+        "{csv}"
+    );
+    assert!(csv.contains("check,check[i=7],7,succeeded,,14"), "{csv}");
+    let json: serde_json::Value = serde_json::from_str(&read("results.json")).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 100);
+}
+
+#[test]
+fn failed_instances_are_listed_and_fail_fast_stops_the_rest() {
+    for fail_fast in [false, true] {
+        let s = Scratch::new("matrix-fail");
+        let plan = s.write(
+            "plan.toml",
+            &format!(
+                "[run]\nmax_parallel = 1\nfail_fast = {fail_fast}\n[[stage]]\nname = \"job\"\nmatrix = {{ n = [1, 2, 3, 4] }}\ncommand = [\"sh\", \"-c\", \"test {{matrix.n}} -ne 2\"]\n"
+            ),
+        );
+        let run = run_plan(&s, &plan, &[]);
+        assert_eq!(run.code, Some(1), "{}", run.stderr);
+        assert_eq!(run.stage("job[n=2]")["failure"], "exit_code");
+        let csv = std::fs::read_to_string(run.run_dir.join("results.csv")).unwrap();
+        assert!(
+            csv.contains("job[n=2],2,failed,exited with code 1"),
+            "{csv}"
+        );
+        let later = run.stage("job[n=4]")["status"].clone();
+        if fail_fast {
+            assert_eq!(
+                later, "skipped",
+                "fail_fast: nothing starts after the failure"
+            );
+        } else {
+            assert_eq!(later, "succeeded", "the other instances finish");
+            assert_eq!(run.stage("job[n=3]")["status"], "succeeded");
+        }
+    }
+}
