@@ -61,6 +61,8 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--stray-reference", action="store_true")
+    p.add_argument("--eval-batches", type=int, default=0,
+                   help="after each stage's training, this many no-grad forward passes (an eval)")
     args = p.parse_args()
 
     pynvml.nvmlInit()
@@ -82,6 +84,11 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        with torch.no_grad():
+            for _ in range(args.eval_batches):
+                x = torch.randint(0, 256, (args.batch, args.seq + 1), device="cuda")
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(x[:, :-1])
         torch.cuda.synchronize()
         wall = time.time() - t0
         torch.save(model.state_dict(), f"/tmp/one_process_stage{stage}.pt")

@@ -16,6 +16,13 @@ log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$W/bench.log"; }
 { date -u +%Y-%m-%dT%H:%M:%SZ; nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader; python3 -c 'import torch;print("torch", torch.__version__)'; } > "$W/machine.txt" 2>&1
 cat "$W/machine.txt"
 
+# PARTS selects what runs (default: all): core = quickstart, headline, reclaim, handoff, leaks;
+# sweep = seed 001's loop against one Python process; seed000 = the Accelerate pipeline.
+PARTS=${PARTS:-core sweep seed000}
+want() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+python3 "$HERE/make_plans.py" "$W/plans"
+
+if want core; then
 log "quickstart"
 orchestrate --plan configs/quickstart.toml --run-dir "$W/quickstart" -q; echo "exit $?" > "$W/quickstart.exit"
 
@@ -24,7 +31,6 @@ python3 "$HERE/one_process_stages.py" --stray-reference --d-model 1024 --layers 
 log "headline: the same 5 stages under orchestrate"
 orchestrate --plan "$HERE/plans/five-stages.toml" --run-dir "$W/five" -q; echo "exit $?" > "$W/five.exit"
 
-python3 "$HERE/make_plans.py" "$W/plans"
 log "reclaim after 1, 8, 64 GiB"
 orchestrate --plan "$W/plans/reclaim.toml" --run-dir "$W/reclaim" -q; echo "exit $?" > "$W/reclaim.exit"
 log "handoff over 20 stages"
@@ -40,11 +46,23 @@ stage-worker hold --gib 4 --seconds 20 > "$W/outside-holder.log" 2>&1 & HOLDER=$
 echo "$HOLDER" > "$W/outside-holder.pid"
 wait $ORCH; echo "exit $?" > "$W/leak-outside.exit"
 kill $HOLDER 2>/dev/null; wait $HOLDER 2>/dev/null
+fi
+
+if want sweep; then
+log "seed 001's loop: 20 fine-tune + eval instances under orchestrate"
+orchestrate --plan "$W/plans/sweep20.toml" --run-dir "$W/sweep20" -q; echo "exit $?" > "$W/sweep20.exit"
+log "seed 001's loop: the same 20 in one Python process keeping its references"
+python3 "$HERE/one_process_stages.py" --stray-reference --stages 20 --d-model 512 --layers 4 --heads 8 --batch 32 --seq 128 --steps 50 --eval-batches 4 > "$W/one_process20.json" 2> "$W/one_process20.err"
+fi
+
+if want seed000; then
+log "seed 000: pretrain → SFT with Accelerate, as two stages"
+orchestrate --plan configs/seed000-accelerate.toml --run-dir "$W/seed000" -q; echo "exit $?" > "$W/seed000.exit"
+fi
 
 log "summary"
 python3 "$HERE/summarize.py" "$W" > "$OUT/summary.md"
 cp "$W/summary.json" "$OUT/" 2>/dev/null
-cp "$W/quickstart/gpu-memory.svg" "$OUT/quickstart-gpu-memory.svg" 2>/dev/null
-cp "$W/five/gpu-memory.svg" "$OUT/five-stages-gpu-memory.svg" 2>/dev/null
+for r in quickstart five sweep20 seed000; do cp "$W/$r/gpu-memory.svg" "$OUT/$r-gpu-memory.svg" 2>/dev/null; done
 tar -C "$W" --exclude='*.safetensors' -czf "$OUT/results.tar.gz" . 2>/dev/null
 cat "$OUT/summary.md"

@@ -120,10 +120,41 @@ if ho:
     out.append("")
     summary["handoff"] = {"exit_to_next_spawn_ms": handoff, "exit_to_verified_ms": verify}
 
+# Seed 001's loop
+sw = load("sweep20/report.json")
+py20 = load("one_process20.json")
+if sw:
+    inst = [s for s in sw["stages"] if s["gpu"]]
+    after = [(s["name"], s["gpu"][0]["after_bytes"] / MIB, s["gpu"][0]["baseline_bytes"] / MIB, s["gpu"][0]["verdict"]) for s in inst]
+    ft = [a for a in after if a[0].startswith("finetune[")]
+    out.append(f"## Seed 001's loop: fine-tune + eval per sample, 20 samples ({exit_of('sweep20')}, run {sw['status']}, {sw['wall_s']:.1f} s)\n")
+    out.append(f"Under orchestrate: {len(inst)} stages on the GPU, verdicts: {sorted({a[3] for a in after})}; device memory after every stage: "
+               f"min {min(a[1] for a in after):.0f} MiB, max {max(a[1] for a in after):.0f} MiB (baselines {min(a[2] for a in after):.0f}–{max(a[2] for a in after):.0f} MiB).\n")
+    if py20:
+        out.append("| after sample | one Python process (references kept), MiB | orchestrate, after fine-tune, MiB |")
+        out.append("|---|---|---|")
+        for k, (a, b) in enumerate(zip(py20["after_stage_mib"], ft), 1):
+            out.append(f"| {k} | {a:.0f} | {b[1]:.0f} |")
+        out.append("")
+    summary["sweep20"] = {"exit": exit_of("sweep20"), "after_mib": after, "python_after_mib": py20["after_stage_mib"] if py20 else None}
+s0 = load("seed000/report.json")
+if s0:
+    out.append(f"## Seed 000 with Accelerate as two stages ({exit_of('seed000')}, run {s0['status']})\n")
+    out.append("| stage | status | wall s | first loss | final loss | GPU after − baseline MiB | reclaim ms | verdict |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for s in s0["stages"]:
+        g = s["gpu"][0] if s["gpu"] else {}
+        m = s["metrics"]
+        out.append(f"| {s['name']} | {s['status']} | {s['wall_s'] or 0:.1f} | {m.get('first_loss', float('nan')):.3f} | {m.get('final_loss', float('nan')):.3f} | "
+                   f"{(g.get('after_bytes', 0) - g.get('baseline_bytes', 0)) / MIB:.0f} | {g.get('reclaim_ms', float('nan')):.2f} | {g.get('verdict')} |")
+    out.append("")
+    summary["seed000"] = {"exit": exit_of("seed000"), "stages": s0["stages"]}
+
 # Leak fixtures
 lg = load("leak-grandchild/report.json")
 lo = load("leak-outside/report.json")
-out.append("## Leak fixtures\n")
+if lg or lo:
+    out.append("## Leak fixtures\n")
 if lg:
     s = lg["stages"][0]
     g = s["gpu"][0] if s["gpu"] else {}
