@@ -6,7 +6,12 @@ SFT. Reports through python/orchestrate_stage.py (rank 0 only).
 
     python3 train_accelerate.py --phase pretrain --out DIR [--steps N]
     python3 train_accelerate.py --phase sft --init PRETRAIN_DIR --out DIR [--steps N]
+    python3 train_accelerate.py --phase sft --init DIR --data SAMPLE.jsonl --out DIR
+
+With --data, SFT trains on a JSONL file of {"prompt": ..., "completion": ...} lines (one
+dataset sample of seed 001's loop) instead of generated pairs.
 """
+import json
 import argparse
 import os
 import random
@@ -22,11 +27,15 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 WORDS = "cat dog frog bird fish duck red blue green old small big sees likes finds hears".split()
 
 
-def batch(rng, phase, size, seq):
+def batch(rng, phase, size, seq, pairs=None):
     rows = []
     for _ in range(size):
         text = ""
         while len(text) < seq:
+            if pairs:
+                prompt, completion = rng.choice(pairs)
+                text += prompt + completion
+                continue
             ws = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4)))
             text += f"upper: {ws}\n{ws.upper()}\n" if phase == "sft" else f"the {ws}. "
         rows.append(list(text.encode()[:seq]))
@@ -38,6 +47,7 @@ def main():
     p.add_argument("--phase", choices=["pretrain", "sft"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--init")
+    p.add_argument("--data", help="JSONL prompt/completion file to fine-tune on")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
@@ -53,12 +63,16 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
     rng = random.Random(0 if args.phase == "pretrain" else 1)
+    pairs = None
+    if args.data:
+        with open(args.data) as f:
+            pairs = [(r["prompt"], r["completion"]) for r in map(json.loads, f) if r]
     if accelerator.is_main_process:
         stage.started(device=str(accelerator.device))
     t0 = time.time()
     first = None
     for step in range(1, args.steps + 1):
-        x = batch(rng, args.phase, args.batch, args.seq).to(accelerator.device)
+        x = batch(rng, args.phase, args.batch, args.seq, pairs).to(accelerator.device)
         loss = model(input_ids=x, labels=x).loss
         accelerator.backward(loss)
         optimizer.step()

@@ -9,7 +9,8 @@ use std::collections::BTreeSet;
 /// One row: column name and value, in column order.
 pub type Row = Vec<(String, serde_json::Value)>;
 
-/// The rows: `stage`, `instance`, each matrix key, `status`, `error`, then every metric.
+/// The rows: `stage`, `instance`, each matrix key, `status`, `error`, then every metric (as
+/// `metric.NAME` when a column of that name already exists).
 /// `None` when the plan has no matrix stage.
 pub fn rows(plan: &LoadedPlan, report: &Report) -> Option<Vec<Row>> {
     let mut rows = Vec::new();
@@ -30,7 +31,13 @@ pub fn rows(plan: &LoadedPlan, report: &Report) -> Option<Vec<Row>> {
             stage.error.clone().unwrap_or_default().into(),
         ));
         for (k, v) in &stage.metrics {
-            row.push((k.clone(), (*v).into()));
+            // A metric named like a matrix key (or a fixed column) keeps both apart.
+            let name = if row.iter().any(|(c, _)| c == k) {
+                format!("metric.{k}")
+            } else {
+                k.clone()
+            };
+            row.push((name, (*v).into()));
         }
         rows.push(row);
     }

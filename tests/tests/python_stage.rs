@@ -56,3 +56,39 @@ fn the_helper_is_inert_outside_orchestrate() {
         "outputs land in the current directory"
     );
 }
+
+#[test]
+fn python_stages_in_a_matrix_land_in_the_results_table() {
+    let s = Scratch::new("python-matrix");
+    let script = repo_root().join("examples/python-stage/train_tiny.py");
+    let libtorch = repo_root().join(".libtorch");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[[stage]]\nname = \"fit\"\nmatrix = {{ steps = [100, 300] }}\ncommand = [\"python3\", \"{}\", \"{{matrix.steps}}\"]\noutputs = [\"model.pt\"]\nenv = {{ PYTHONPATH = \"{}\", PYTHONWARNINGS = \"ignore\" }}\n",
+            script.display(),
+            libtorch.display()
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.run_dir.join("results.json")).unwrap())
+            .unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        let steps: f64 = row["steps"].as_str().unwrap().parse().unwrap();
+        assert_eq!(row["status"], "succeeded");
+        assert_eq!(row["instance"], format!("fit[steps={steps}]"));
+        assert_eq!(
+            row["metric.steps"].as_f64(),
+            Some(steps),
+            "the metric keeps its own column"
+        );
+    }
+    let loss = |i: usize| rows[i]["final_loss"].as_f64().unwrap();
+    assert!(loss(1) < loss(0), "more steps, lower loss: {rows:?}");
+    let csv = std::fs::read_to_string(run.run_dir.join("results.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains("final_loss"), "{csv}");
+}
