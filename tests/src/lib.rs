@@ -149,6 +149,22 @@ pub fn run_plan(scratch: &Scratch, plan: &Path, extra: &[&str]) -> RunResult {
     }
 }
 
+/// Starts `orchestrate --plan <plan> --run-dir <dir>/run` in the background (output discarded)
+/// and returns it with its run directory, for tests that signal it.
+pub fn spawn_plan(scratch: &Scratch, plan: &Path) -> (std::process::Child, PathBuf) {
+    let run_dir = scratch.path().join("run");
+    let child = Command::new(orchestrate())
+        .arg("--plan")
+        .arg(plan)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("orchestrate starts");
+    (child, run_dir)
+}
+
 /// PIDs of live (non-zombie) processes whose environment contains `needle` (`KEY=VALUE`).
 pub fn processes_with_env(needle: &str) -> Vec<i32> {
     let mut found = Vec::new();

@@ -1,8 +1,7 @@
 //! Stopping `orchestrate`: Ctrl-C stops stages gracefully; `kill -9` of the orchestrator
 //! leaves no stage process behind.
 
-use e2e_tests::{orchestrate, processes_with_env, Scratch};
-use std::process::{Command, Stdio};
+use e2e_tests::{processes_with_env, spawn_plan, Scratch};
 use std::time::{Duration, Instant};
 
 fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
@@ -41,15 +40,7 @@ fn sigint_stops_running_stages_and_exits_130() {
     let s = Scratch::new("sigint");
     let marker = format!("sigint-{}", std::process::id());
     let plan = plan_with_tree(&s, &marker);
-    let run_dir = s.path().join("run");
-    let mut child = Command::new(orchestrate())
-        .arg("--plan")
-        .arg(&plan)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (mut child, run_dir) = spawn_plan(&s, &plan);
     let started = run_dir.join("stages/tree/output/started");
     assert!(
         wait_for(Duration::from_secs(20), || started.exists()),
@@ -84,15 +75,7 @@ fn kill_9_of_orchestrate_leaves_no_stage_process_after_one_second() {
     let s = Scratch::new("kill9");
     let marker = format!("kill9-{}", std::process::id());
     let plan = plan_with_tree(&s, &marker);
-    let run_dir = s.path().join("run");
-    let mut child = Command::new(orchestrate())
-        .arg("--plan")
-        .arg(&plan)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, run_dir) = spawn_plan(&s, &plan);
     let started = run_dir.join("stages/tree/output/started");
     assert!(
         wait_for(Duration::from_secs(20), || started.exists()),
@@ -141,15 +124,7 @@ env = {{ MARKER = "{marker}" }}
 "#
         ),
     );
-    let run_dir = s.path().join("run");
-    let mut child = Command::new(orchestrate())
-        .arg("--plan")
-        .arg(&plan)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, run_dir) = spawn_plan(&s, &plan);
     let up = run_dir.join("stages/stubborn/output/up");
     assert!(wait_for(Duration::from_secs(20), || up.exists()));
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
