@@ -314,6 +314,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let mut interrupted = false;
     let mut leak_stop = false;
     let mut fail_stop = false;
+    let mut running_cpu_builtin = 0usize;
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mut leaked_any = false;
     let started = Instant::now();
     let started_unix = crate::timefmt::unix_secs_f64();
@@ -416,6 +420,21 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 ready.remove(&(position[i], i));
                 states[i].attempts += 1;
                 let attempt = states[i].attempts;
+                // Built-in CPU stages that run side by side share the cores instead of each
+                // starting a thread per core.
+                let cpu_threads = (stage.kind.is_some() && given.is_empty()).then(|| {
+                    let ready_cpu = ready
+                        .iter()
+                        .filter(|&&(_, j)| {
+                            stages[j].kind.is_some()
+                                && (stages[j].gpus_wanted() == 0 || !machine_has_gpus)
+                        })
+                        .count();
+                    let sharing = (running_cpu_builtin + ready_cpu + 1)
+                        .min(max_parallel)
+                        .max(1);
+                    (cpus / sharing).max(1)
+                });
                 let attempt_plan = match prepare_attempt(
                     &plan,
                     i,
@@ -426,6 +445,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     &given,
                     machine_has_gpus,
                     &sockets.0,
+                    cpu_threads,
                 ) {
                     Ok(p) => p,
                     Err(failure) => {
@@ -445,6 +465,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 };
                 states[i].status = Status::Running;
                 running += 1;
+                if cpu_threads.is_some() {
+                    running_cpu_builtin += 1;
+                }
                 match stage::start_attempt(attempt_plan, &services) {
                     Ok(launched) => {
                         journal.append(&JournalRecord::StageStarted {
@@ -475,6 +498,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         tokio::select! {
             Some((i, result, given)) = done_rx.recv() => {
                 running -= 1;
+                if stages[i].kind.is_some() && given.is_empty() {
+                    running_cpu_builtin -= 1;
+                }
                 pool.give_back(&given);
                 let name = stages[i].name.clone();
                 if let Some(t) = result.timing {
@@ -734,6 +760,7 @@ fn prepare_attempt(
     gpus: &[GpuInfo],
     machine_has_gpus: bool,
     socket_dir: &Path,
+    cpu_threads: Option<usize>,
 ) -> Result<AttemptPlan, Failure> {
     let stage = &plan.plan.stages[i];
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
@@ -802,6 +829,13 @@ fn prepare_attempt(
         resumable: std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
     };
     let mut env = contract::environment(&paths, &stage.env);
+    if let Some(n) = cpu_threads {
+        if !stage.env.contains_key("OMP_NUM_THREADS")
+            && std::env::var_os("OMP_NUM_THREADS").is_none()
+        {
+            env.push(("OMP_NUM_THREADS".into(), n.to_string()));
+        }
+    }
     if machine_has_gpus {
         let visible = gpus
             .iter()

@@ -114,3 +114,25 @@ samples = 4
         "{error}"
     );
 }
+
+#[test]
+fn built_in_cpu_stages_side_by_side_share_the_cores() {
+    let s = Scratch::new("threads");
+    let tiny = "[stage.params]\nsteps = 2\nbatch_size = 2\nseq_len = 16\nmodel = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }\n";
+    let plan = s.write(
+        "plan.toml",
+        &format!("[run]\nmax_parallel = 2\n[[stage]]\nname = \"a\"\nkind = \"train\"\n{tiny}[[stage]]\nname = \"b\"\nkind = \"train\"\n{tiny}"),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    if std::env::var_os("OMP_NUM_THREADS").is_some() {
+        return; // the user's setting wins; nothing to check
+    }
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    // The first stage launched sees both ready (2 sharing); so does the second.
+    let expected = (cpus / 2).max(1);
+    for stage in ["a", "b"] {
+        let log = std::fs::read_to_string(run.run_dir.join(format!("stages/{stage}/stderr.log"))).unwrap();
+        assert!(log.contains(&format!("{expected} threads")), "{stage}: {log}");
+    }
+}
