@@ -132,7 +132,11 @@ fn built_in_cpu_stages_side_by_side_share_the_cores() {
     // The first stage launched sees both ready (2 sharing); so does the second.
     let expected = (cpus / 2).max(1);
     for stage in ["a", "b"] {
-        let log = std::fs::read_to_string(run.run_dir.join(format!("stages/{stage}/stderr.log"))).unwrap();
-        assert!(log.contains(&format!("{expected} threads")), "{stage}: {log}");
+        let log = std::fs::read_to_string(run.run_dir.join(format!("stages/{stage}/stderr.log")))
+            .unwrap();
+        assert!(
+            log.contains(&format!("{expected} threads")),
+            "{stage}: {log}"
+        );
     }
 }
