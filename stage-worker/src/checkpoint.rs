@@ -118,15 +118,7 @@ pub fn write_with_manifest(
     remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
     let mut written = Vec::new();
     for (name, bytes) in files {
-        write_atomic(dir, name, &bytes).map_err(|e| io_failure(&dir.join(name), e))?;
-        written.push(WrittenFile {
-            path: dir.join(name),
-            entry: ManifestFile {
-                path: name.to_string(),
-                bytes: bytes.len() as u64,
-                sha256: sha256_hex(&bytes),
-            },
-        });
+        written.push(write_listed(dir, name, &bytes)?);
     }
     let manifest = CheckpointManifest {
         v: PROTOCOL_VERSION,
@@ -136,16 +128,21 @@ pub fn write_with_manifest(
     };
     let mut text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     text.push(b'\n');
-    write_atomic(dir, MANIFEST_FILE, &text).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
-    written.push(WrittenFile {
-        path: dir.join(MANIFEST_FILE),
-        entry: ManifestFile {
-            path: MANIFEST_FILE.to_string(),
-            bytes: text.len() as u64,
-            sha256: sha256_hex(&text),
-        },
-    });
+    written.push(write_listed(dir, MANIFEST_FILE, &text)?);
     Ok((manifest, written))
+}
+
+/// Writes one file atomically and describes it as a manifest entry.
+fn write_listed(dir: &Path, name: &str, bytes: &[u8]) -> StageResult<WrittenFile> {
+    write_atomic(dir, name, bytes).map_err(|e| io_failure(&dir.join(name), e))?;
+    Ok(WrittenFile {
+        path: dir.join(name),
+        entry: ManifestFile {
+            path: name.to_string(),
+            bytes: bytes.len() as u64,
+            sha256: sha256_hex(bytes),
+        },
+    })
 }
 
 /// Writes a complete checkpoint of `model` and `opt` at `step` into `dir`: the two tensor

@@ -59,6 +59,15 @@ fn metrics(events: &[Value]) -> &Value {
         .expect("a metrics event")["metrics"]
 }
 
+/// Many cheap steps (2 sequences of 16 bytes), for tests that interrupt a run part-way.
+fn long_tiny_train(steps: u64) -> Value {
+    let mut params = tiny_train("synthetic:pretrain", steps);
+    params["progress_every_s"] = json!(0.02);
+    params["seq_len"] = json!(16);
+    params["batch_size"] = json!(2);
+    params
+}
+
 fn tiny_train(data: &str, steps: u64) -> Value {
     json!({
         "data": data, "steps": steps, "batch_size": 8, "seq_len": 48, "lr": 1e-2,
@@ -218,10 +227,7 @@ fn unusable_specs_exit_65_with_bad_input() {
 fn sigterm_saves_a_checkpoint_and_a_retry_resumes_it() {
     let dir = scratch("sigterm");
     let out_dir = dir.join("train");
-    let mut params = tiny_train("synthetic:pretrain", 800);
-    params["progress_every_s"] = json!(0.02);
-    params["seq_len"] = json!(16);
-    params["batch_size"] = json!(2);
+    let params = long_tiny_train(800);
     let spec = write_spec(&dir, "train", "train", params, &out_dir, None);
 
     let mut child = command(&spec)
@@ -272,10 +278,7 @@ fn sigterm_saves_a_checkpoint_and_a_retry_resumes_it() {
     // The same stage run without interruption reaches the same loss at the final step: the
     // resumed run restored weights, optimizer moments, step, data position and RNG state.
     let straight_dir = dir.join("straight");
-    let mut params = tiny_train("synthetic:pretrain", 800);
-    params["progress_every_s"] = json!(0.02);
-    params["seq_len"] = json!(16);
-    params["batch_size"] = json!(2);
+    let params = long_tiny_train(800);
     let spec = write_spec(&dir, "straight", "train", params, &straight_dir, None);
     let out = command(&spec).output().unwrap();
     assert!(out.status.success());
@@ -311,10 +314,8 @@ fn help_documents_the_contract() {
 fn periodic_checkpoints_survive_sigkill_and_the_rerun_resumes_from_the_last_one() {
     let dir = scratch("periodic");
     let out_dir = dir.join("train");
-    let mut params = tiny_train("synthetic:pretrain", 600);
+    let mut params = long_tiny_train(600);
     params["checkpoint_every"] = json!(50);
-    params["seq_len"] = json!(16);
-    params["batch_size"] = json!(2);
     let spec = write_spec(&dir, "train", "train", params, &out_dir, None);
     let mut child = command(&spec)
         .stdout(Stdio::piped())
