@@ -56,12 +56,26 @@ def output_dir():
     return Path(os.environ.get("ORCHESTRATE_OUTPUT_DIR", "."))
 
 
+def inputs():
+    """Every upstream stage's output directory, by stage name (from ORCHESTRATE_INPUTS_FILE,
+    which is always set; a stage with more than 64 inputs gets no per-input variables)."""
+    path = os.environ.get("ORCHESTRATE_INPUTS_FILE")
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return {name: Path(d) for name, d in json.load(f).items()}
+
+
 def input_dir(stage):
-    """Upstream stage `stage`'s output directory (ORCHESTRATE_INPUT_<STAGE>)."""
+    """Upstream stage `stage`'s output directory (ORCHESTRATE_INPUT_<STAGE>, or the inputs
+    file when there are too many inputs for one variable each)."""
     var = "ORCHESTRATE_INPUT_" + "".join(c.upper() if c.isalnum() and c.isascii() else "_" for c in stage)
     value = os.environ.get(var)
     if value is None:
-        raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
+        found = inputs().get(stage)
+        if found is None:
+            raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
+        return found
     return Path(value)
 
 

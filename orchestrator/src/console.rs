@@ -18,7 +18,12 @@ pub struct Console {
     json: bool,
     quiet: bool,
     start: Instant,
+    /// When each stage's last progress line was shown.
+    last_progress: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
+
+/// A stage's progress is shown at most this often (a stage may report every step).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 fn human_rate(rate: f64) -> String {
     if rate >= 1e6 {
@@ -53,6 +58,7 @@ impl Console {
             json,
             quiet,
             start: Instant::now(),
+            last_progress: Default::default(),
         }
     }
 
@@ -109,6 +115,18 @@ impl Console {
         rate: Option<f64>,
         elapsed: Duration,
     ) {
+        let last_step = total.is_some_and(|t| step >= t);
+        if !last_step {
+            let mut shown = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            match shown.get_mut(stage) {
+                Some(t) if now.duration_since(*t) < PROGRESS_EVERY => return,
+                Some(t) => *t = now,
+                None => {
+                    shown.insert(stage.to_string(), now);
+                }
+            }
+        }
         if self.json {
             tracing::info!(target: "orchestrate::progress", stage, step, total, loss, tokens_per_s = rate, elapsed_s = elapsed.as_secs_f64(), "progress");
             return;
@@ -141,7 +159,21 @@ impl Console {
         }
     }
 
-    /// Prints a block of text as is (the final summary), unless in JSON mode.
+    /// Prints a block of text as is (a resume plan, a results table, a failed stage's stderr),
+    /// unless quiet or in JSON mode.
+    pub fn detail(&self, text: &str) {
+        if self.quiet {
+            return;
+        }
+        if self.json {
+            tracing::info!(target: "orchestrate::run", detail = text, "detail");
+        } else {
+            write_stderr(text);
+        }
+    }
+
+    /// Prints a block of text as is (the final summary), even when quiet; in JSON mode as a
+    /// tracing event.
     pub fn block(&self, text: &str) {
         if self.json {
             tracing::info!(target: "orchestrate::run", summary = text, "run finished");

@@ -3,7 +3,8 @@
 
 use protocol::plan::input_env_var;
 use protocol::worker::{
-    ENV_ATTEMPT, ENV_EVENTS, ENV_OUTPUT_DIR, ENV_RESUME_DIR, ENV_RUN_DIR, ENV_SPEC, ENV_STAGE,
+    ENV_ATTEMPT, ENV_EVENTS, ENV_INPUTS_FILE, ENV_OUTPUT_DIR, ENV_RESUME_DIR, ENV_RUN_DIR,
+    ENV_SPEC, ENV_STAGE, MAX_INPUT_VARS,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,13 +24,16 @@ pub struct ContractPaths<'a> {
     pub events: &'a Path,
     /// The spec file.
     pub spec: &'a Path,
+    /// `inputs.json`: every input, by upstream stage name.
+    pub inputs_file: &'a Path,
     /// Attempt number.
     pub attempt: u32,
     /// Whether the output directory holds an earlier attempt's files.
     pub resumable: bool,
 }
 
-/// The `ORCHESTRATE_*` variables of an attempt, then the plan's own `env` entries.
+/// The `ORCHESTRATE_*` variables of an attempt, then the plan's own `env` entries. Inputs
+/// get one variable each up to [`MAX_INPUT_VARS`]; beyond that only the inputs file.
 pub fn environment(
     paths: &ContractPaths<'_>,
     plan_env: &BTreeMap<String, String>,
@@ -43,6 +47,10 @@ pub fn environment(
         ),
         (ENV_EVENTS.to_string(), paths.events.display().to_string()),
         (ENV_SPEC.to_string(), paths.spec.display().to_string()),
+        (
+            ENV_INPUTS_FILE.to_string(),
+            paths.inputs_file.display().to_string(),
+        ),
         (ENV_ATTEMPT.to_string(), paths.attempt.to_string()),
     ];
     if paths.resumable {
@@ -51,7 +59,11 @@ pub fn environment(
             paths.output_dir.display().to_string(),
         ));
     }
-    for (name, dir) in paths.inputs {
+    for (name, dir) in paths
+        .inputs
+        .iter()
+        .filter(|_| paths.inputs.len() <= MAX_INPUT_VARS)
+    {
         env.push((input_env_var(name), dir.display().to_string()));
     }
     env.extend(plan_env.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -107,6 +119,7 @@ mod tests {
             inputs: &inputs,
             events: Path::new("/tmp/e.sock"),
             spec: Path::new("/r/stages/sft/spec.json"),
+            inputs_file: Path::new("/r/stages/sft/inputs.json"),
             attempt: 2,
             resumable: true,
         };
@@ -135,5 +148,35 @@ mod tests {
             "/r/stages/sft/output".into()
         )));
         assert_eq!(env.last().unwrap(), &("A".to_string(), "1".to_string()));
+        assert!(env.contains(&(
+            "ORCHESTRATE_INPUTS_FILE".into(),
+            "/r/stages/sft/inputs.json".into()
+        )));
+    }
+
+    #[test]
+    fn many_inputs_go_through_the_file_only() {
+        let inputs: BTreeMap<String, PathBuf> = (0..=MAX_INPUT_VARS)
+            .map(|i| {
+                (
+                    format!("ft-{i}"),
+                    PathBuf::from(format!("/r/stages/ft-{i}/output")),
+                )
+            })
+            .collect();
+        let paths = ContractPaths {
+            stage: "agg",
+            run_dir: Path::new("/r"),
+            output_dir: Path::new("/r/stages/agg/output"),
+            inputs: &inputs,
+            events: Path::new("/tmp/e.sock"),
+            spec: Path::new("/r/stages/agg/spec.json"),
+            inputs_file: Path::new("/r/stages/agg/inputs.json"),
+            attempt: 1,
+            resumable: false,
+        };
+        let env = environment(&paths, &BTreeMap::new());
+        assert!(!env.iter().any(|(k, _)| k.starts_with("ORCHESTRATE_INPUT_")));
+        assert!(env.iter().any(|(k, _)| k == "ORCHESTRATE_INPUTS_FILE"));
     }
 }

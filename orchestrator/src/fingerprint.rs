@@ -3,7 +3,9 @@
 //! A stage's fingerprint is the SHA-256 of its definition as the run uses it (the stage's
 //! table from the plan, defaults applied) followed by its upstream stages' fingerprints. So
 //! editing a stage changes its fingerprint and that of everything downstream of it, and
-//! nothing else: like a build system.
+//! nothing else: like a build system. Settings that govern how a stage is run but not what it
+//! computes (`timeout`, `retries`; `grace` is run-wide) are left out: raising a timeout does
+//! not throw away finished work.
 
 use crate::plan::LoadedPlan;
 use sha2::{Digest, Sha256};
@@ -14,7 +16,13 @@ pub fn stage_fingerprints(plan: &LoadedPlan) -> Vec<String> {
     for &i in &plan.order {
         let stage = &plan.plan.stages[i];
         let mut hasher = Sha256::new();
-        hasher.update(serde_json::to_vec(stage).unwrap_or_default());
+        let mut definition = serde_json::to_value(stage).unwrap_or_default();
+        if let Some(fields) = definition.as_object_mut() {
+            for how_not_what in ["timeout", "retries"] {
+                fields.remove(how_not_what);
+            }
+        }
+        hasher.update(serde_json::to_vec(&definition).unwrap_or_default());
         for &u in &plan.upstream[i] {
             hasher.update(prints[u].as_bytes());
         }
@@ -50,5 +58,13 @@ mod tests {
         assert_ne!(p[0], q[0]);
         assert_ne!(p[1], q[1], "downstream follows");
         assert_eq!(p[2], q[2], "unrelated stage unchanged");
+    }
+
+    #[test]
+    fn timeout_and_retries_are_not_part_of_what_a_stage_computes() {
+        let base = "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n";
+        let edited =
+            "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ntimeout = \"2h\"\nretries = 3\n";
+        assert_eq!(prints(base), prints(edited));
     }
 }

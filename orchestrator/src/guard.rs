@@ -5,7 +5,8 @@
 //! orchestrator. The guard is `orchestrate` itself, started with a hidden subcommand and a pipe
 //! on its stdin whose other end only the orchestrator holds. When that pipe reaches end of
 //! file, the orchestrator is gone (or finished): the guard SIGKILLs every process whose
-//! environment carries a stage token of that orchestrator, until none is left, and exits.
+//! environment carries a stage token of that orchestrator, until none is left, removes the
+//! orchestrator's event-socket directory, and exits.
 
 use crate::proctree::TOKEN_VAR;
 use std::io::Read;
@@ -20,13 +21,16 @@ pub struct Guard {
     _child: Child,
 }
 
-/// Starts the guard for this process.
-pub fn start() -> std::io::Result<Guard> {
+/// Starts the guard for this process; `cleanup` is a directory it removes after its sweep.
+pub fn start(cleanup: Option<&std::path::Path>) -> std::io::Result<Guard> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.arg(GUARD_SUBCOMMAND)
-        .arg(std::process::id().to_string())
-        .stdin(Stdio::piped())
+        .arg(std::process::id().to_string());
+    if let Some(dir) = cleanup {
+        cmd.arg(dir);
+    }
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     // Its own process group: a Ctrl-C at the terminal is for the orchestrator, not the guard.
@@ -41,8 +45,17 @@ pub fn token_prefix(orchestrator_pid: u32) -> String {
     format!("{TOKEN_VAR}={orchestrator_pid}-")
 }
 
-/// Runs the guard: waits for end of file on stdin, then sweeps. Returns the exit status.
-pub fn run(orchestrator_pid: u32) -> i32 {
+/// Runs the guard: waits for end of file on stdin, then sweeps and removes `cleanup`.
+/// Returns the exit status.
+pub fn run(orchestrator_pid: u32, cleanup: Option<std::path::PathBuf>) -> i32 {
+    let status = sweep_after_eof(orchestrator_pid);
+    if let Some(dir) = cleanup.filter(|d| d.is_absolute()) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    status
+}
+
+fn sweep_after_eof(orchestrator_pid: u32) -> i32 {
     // SAFETY: ignoring terminal signals with SIG_IGN is always sound.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);

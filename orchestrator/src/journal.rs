@@ -90,20 +90,53 @@ struct Line<'a> {
 #[derive(Debug)]
 pub struct Journal {
     file: File,
+    path: std::path::PathBuf,
+    root: std::path::PathBuf,
+}
+
+/// Adds the path an I/O error is about to its message.
+fn at(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
 impl Journal {
-    /// Opens (creating) the journal at `path` for appending.
+    /// Opens (creating) the journal at `path` for appending. Output paths inside the
+    /// journal's directory are recorded relative to it.
     pub fn open(path: &Path) -> io::Result<Journal> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        if let Some(dir) = path.parent() {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(Journal { file })
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| at(path, e))?;
+        let root = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        File::open(&root)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| at(&root, e))?;
+        Ok(Journal {
+            file,
+            path: path.to_path_buf(),
+            root,
+        })
     }
 
-    /// Appends `record` as one line and fsyncs before returning.
+    /// Appends `record` as one line and fsyncs before returning. An error names the journal.
     pub fn append(&mut self, record: &JournalRecord) -> io::Result<()> {
+        let relative;
+        let record = match record {
+            JournalRecord::StageFinished { checkpoints, .. } if !checkpoints.is_empty() => {
+                let mut r = record.clone();
+                if let JournalRecord::StageFinished { checkpoints, .. } = &mut r {
+                    for c in checkpoints {
+                        if let Ok(rest) = Path::new(&c.path).strip_prefix(&self.root) {
+                            c.path = rest.display().to_string();
+                        }
+                    }
+                }
+                relative = r;
+                &relative
+            }
+            _ => record,
+        };
         let line = Line {
             v: protocol::PROTOCOL_VERSION,
             t: crate::timefmt::unix_ms(),
@@ -111,9 +144,30 @@ impl Journal {
         };
         let mut bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
         bytes.push(b'\n');
-        self.file.write_all(&bytes)?;
-        self.file.sync_data()
+        self.file
+            .write_all(&bytes)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| at(&self.path, e))
     }
+}
+
+/// Reads the journal of the run in `root` with every recorded output path resolved against
+/// `root` (they are stored relative to it; older journals hold absolute paths, kept as they
+/// are).
+pub fn read_run_journal(root: &Path) -> io::Result<Vec<JournalRecord>> {
+    let path = root.join(crate::rundir::JOURNAL_FILE);
+    let mut records = read_journal(&path).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => e, // names the file already
+        _ => at(&path, e),
+    })?;
+    for record in &mut records {
+        if let JournalRecord::StageFinished { checkpoints, .. } = record {
+            for c in checkpoints {
+                c.path = root.join(&c.path).display().to_string();
+            }
+        }
+    }
+    Ok(records)
 }
 
 /// Cuts a torn last line (a write that never finished) off the journal, so appends after it

@@ -4,8 +4,9 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use orchestrator::console::Console;
 use orchestrator::exit;
+use orchestrator::plan::PlanFormat;
 use orchestrator::plan::{load_plan, LoadedPlan};
-use orchestrator::rundir::RunDir;
+use orchestrator::rundir::{RunDir, RunDirError};
 use orchestrator::runner::{self, RunOptions};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -72,8 +73,9 @@ enum Command {
     },
     /// Print the plan format's JSON Schema (for editor completion and validation).
     Schema,
-    /// Continue an interrupted run from its directory (its own copy of the plan):
-    /// the same as `--plan DIR/plan.toml --run-dir DIR --resume`.
+    /// Continue an interrupted run from its directory, with its own copy of the plan
+    /// (plan.toml or plan.json); relative paths in it mean what they meant where the plan was.
+    /// To resume with an edited plan: `--plan P --run-dir DIR --resume`.
     Resume {
         /// The run directory.
         run_dir: PathBuf,
@@ -95,7 +97,7 @@ enum Command {
     Status {
         /// The run directory.
         run_dir: PathBuf,
-        /// The plan to compare with (default: the run's own copy, DIR/plan.toml).
+        /// The plan to compare with (default: the run's own copy in DIR).
         #[arg(long, value_name = "PLAN")]
         plan: Option<PathBuf>,
         /// Print JSON.
@@ -155,7 +157,8 @@ fn main() -> ExitCode {
     let mut args = std::env::args();
     if args.nth(1).as_deref() == Some(orchestrator::guard::GUARD_SUBCOMMAND) {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        return ExitCode::from(orchestrator::guard::run(pid) as u8);
+        let cleanup = args.next().map(PathBuf::from);
+        return ExitCode::from(orchestrator::guard::run(pid, cleanup) as u8);
     }
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -211,21 +214,32 @@ fn main() -> ExitCode {
                 }
             }
             Err(why) => {
-                eprintln!("error: {why}");
+                if json {
+                    // Machine-readable output stays machine-readable when NVML is missing.
+                    let out = serde_json::json!({
+                        "v": protocol::PROTOCOL_VERSION,
+                        "available": false,
+                        "error": why.to_string(),
+                        "clean": false,
+                        "gpus": [],
+                    });
+                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                } else {
+                    eprintln!("error: {why}");
+                }
                 ExitCode::from(exit::RUN_ERROR as u8)
             }
         },
         Some(Command::Resume { run_dir, quiet }) => {
             let args = RunArgs {
-                plan: Some(run_dir.join("plan.toml")),
+                plan: None,
                 run_dir: Some(run_dir),
                 worker: cli.run.worker,
                 quiet,
                 resume: true,
                 follow: cli.run.follow,
             };
-            let plan = args.plan.clone().unwrap_or_default();
-            run_plan(&plan, args, cli.log_format)
+            run_plan(args, cli.log_format)
         }
         Some(Command::Report { run_dir, json }) => {
             match orchestrator::report::load_for_display(&run_dir) {
@@ -242,7 +256,7 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("error: {e}");
-                    ExitCode::from(exit::RUN_ERROR as u8)
+                    ExitCode::from(e.exit_code() as u8)
                 }
             }
         }
@@ -252,7 +266,7 @@ fn main() -> ExitCode {
             json,
         }) => status(&run_dir, plan.as_deref(), json),
         None => match cli.run.plan.clone() {
-            Some(plan) => run_plan(&plan, cli.run, cli.log_format),
+            Some(_) => run_plan(cli.run, cli.log_format),
             None => {
                 eprintln!("error: nothing to do: give --plan PLAN, or a subcommand (see --help)");
                 ExitCode::from(exit::INVALID_INPUT as u8)
@@ -261,17 +275,49 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
-    let loaded = match load_or_report(path) {
-        Ok(l) => l,
-        Err(code) => return code,
+fn run_dir_error(e: &RunDirError) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::from(e.exit_code() as u8)
+}
+
+/// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
+/// or `resume D` (no plan: the run's own copy, with its recorded base directory).
+fn run_plan(args: RunArgs, format: LogFormat) -> ExitCode {
+    // A resumed run's directory is taken (locked) first: a live owner is refused before
+    // anything else happens.
+    let resumed_dir = match (&args.run_dir, args.resume) {
+        (Some(dir), true) => match RunDir::open_existing(dir) {
+            Ok(d) => Some(d),
+            Err(e) => return run_dir_error(&e),
+        },
+        _ => None,
     };
-    let source = std::fs::read_to_string(path).unwrap_or_default();
+    let (path, plan_format, loaded) = match (&args.plan, &resumed_dir) {
+        (Some(path), _) => match load_or_report(path) {
+            Ok(l) => (path.clone(), orchestrator::plan::format_of(path), l),
+            Err(code) => return code,
+        },
+        (None, Some(dir)) => match load_run_plan(dir.root()) {
+            Ok((path, fmt, l)) => (path, fmt, l),
+            Err(code) => return code,
+        },
+        (None, None) => {
+            eprintln!("error: nothing to do: give --plan PLAN, or a subcommand (see --help)");
+            return ExitCode::from(exit::INVALID_INPUT as u8);
+        }
+    };
+    let source = match std::fs::read_to_string(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", path.display());
+            return ExitCode::from(exit::INVALID_INPUT as u8);
+        }
+    };
     let console = Console::new(format == LogFormat::Json, args.quiet);
-    let run_dir = match &args.run_dir {
-        Some(dir) if args.resume => RunDir::open_existing(dir),
-        Some(dir) => RunDir::create(dir),
-        None => {
+    let run_dir = match (resumed_dir, &args.run_dir) {
+        (Some(d), _) => Ok(d),
+        (None, Some(dir)) => RunDir::create(dir),
+        (None, None) => {
             let name = loaded.plan.run.name.clone().unwrap_or_else(|| {
                 path.file_stem()
                     .map(|s| s.to_string_lossy().into_owned())
@@ -282,10 +328,7 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
     };
     let run_dir = match run_dir {
         Ok(d) => d,
-        Err(e) => {
-            eprintln!("error: cannot create the run directory: {e}");
-            return ExitCode::from(exit::RUN_ERROR as u8);
-        }
+        Err(e) => return run_dir_error(&e),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -301,6 +344,7 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
     let options = RunOptions {
         plan: loaded,
         plan_source: source,
+        plan_format,
         run_dir,
         worker: args.worker,
         console: console.clone(),
@@ -319,22 +363,54 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
     }
 }
 
+/// Loads the plan copy kept in the run directory `root`, based where the original plan was.
+fn load_run_plan(root: &Path) -> Result<(PathBuf, PlanFormat, LoadedPlan), ExitCode> {
+    let (path, format, base) = orchestrator::rundir::run_plan_location(root).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(e.exit_code() as u8)
+    })?;
+    if !base.is_dir() {
+        eprintln!(
+            "error: the plan of the run in {} refers to paths relative to {}, which no longer exists; resume it with the plan from its new place: `orchestrate --plan PLAN --run-dir {} --resume`",
+            root.display(),
+            base.display(),
+            root.display()
+        );
+        return Err(ExitCode::from(exit::INVALID_INPUT as u8));
+    }
+    let loaded = orchestrator::plan::load_plan_based(&path, format, &base).map_err(|e| {
+        eprint!("{e}");
+        if !e.to_string().ends_with('\n') {
+            eprintln!();
+        }
+        ExitCode::from(exit::INVALID_INPUT as u8)
+    })?;
+    Ok((path, format, loaded))
+}
+
 fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
-    let plan_path = plan
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| run_dir.join("plan.toml"));
-    let loaded = match load_or_report(&plan_path) {
-        Ok(l) => l,
-        Err(code) => return code,
+    let root = match orchestrator::rundir::existing_run(run_dir) {
+        Ok(r) => r,
+        Err(e) => return run_dir_error(&e),
     };
-    let journal = run_dir.join("journal.jsonl");
-    let records = match orchestrator::journal::read_journal(&journal) {
+    let loaded = match plan {
+        Some(p) => match load_or_report(p) {
+            Ok(l) => l,
+            Err(code) => return code,
+        },
+        None => match load_run_plan(&root) {
+            Ok((_, _, l)) => l,
+            Err(code) => return code,
+        },
+    };
+    let records = match orchestrator::journal::read_run_journal(&root) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot read {}: {e}", journal.display());
+            eprintln!("error: cannot read the journal: {e}");
             return ExitCode::from(exit::RUN_ERROR as u8);
         }
     };
+    let owner = orchestrator::rundir::live_owner(&root);
     let prints = orchestrator::fingerprint::stage_fingerprints(&loaded);
     let decisions = orchestrator::resume::decide(&loaded, &prints, &records);
     if json {
@@ -345,11 +421,19 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             .zip(&decisions)
             .map(|(s, d)| serde_json::json!({"stage": s.name, "resume": d}))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&rows).unwrap_or_default()
-        );
+        let out = serde_json::json!({
+            "run_dir": root.display().to_string(),
+            "live": owner.as_ref().map(|o| serde_json::json!({"pid": o.pid, "host": o.host})),
+            "stages": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
+        if let Some(owner) = &owner {
+            println!(
+                "{} is running now ({owner}); if it stopped here, a resume would do this:",
+                root.display()
+            );
+        }
         print!("{}", orchestrator::resume::render(&loaded, &decisions));
     }
     ExitCode::SUCCESS

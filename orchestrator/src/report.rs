@@ -1,7 +1,9 @@
 //! Building `report.json` and the end-of-run summary from the runner's state.
 
 use crate::console::human_duration;
-use protocol::report::Report;
+use crate::rundir::RunDirError;
+use protocol::report::{Report, StageReport};
+use std::path::Path;
 use std::time::Duration;
 
 /// Writes the report atomically (readers never see half a report).
@@ -11,24 +13,52 @@ pub fn write(path: &std::path::Path, report: &Report) -> std::io::Result<()> {
     crate::rundir::write_atomic(path, &bytes)
 }
 
-/// The report of a run directory, for `orchestrate report`. `report.json` is rewritten as the
-/// run goes; when the journal shows the run never finished (a crash or `kill -9` stopped it
-/// between rewrites), the stages' states are brought up to date from the journal and the run is
-/// marked interrupted.
-pub fn load_for_display(run_dir: &std::path::Path) -> Result<Report, String> {
-    use crate::journal::{read_journal, JournalRecord};
-    let path = run_dir.join("report.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut report: Report = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a report: {e}", path.display()))?;
-    let records = read_journal(&run_dir.join("journal.jsonl")).unwrap_or_default();
-    if matches!(records.last(), Some(JournalRecord::RunFinished { .. })) {
-        return Ok(report);
+/// The report of a run directory, for `orchestrate report`. The journal is the truth:
+/// `report.json` is rewritten as the run goes (and its rewrite can fail, on a full disk), so
+/// every stage's state is brought up to date from the journal, a missing or unreadable
+/// report is rebuilt from it, and the run is shown as running (its directory's lock is held),
+/// finished, or interrupted (neither).
+pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
+    use crate::journal::{read_run_journal, JournalRecord};
+    let root = crate::rundir::existing_run(run_dir)?;
+    let records = read_run_journal(&root).map_err(crate::rundir::io_at(&root))?;
+    let path = root.join("report.json");
+    let mut report: Report = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_else(|| Report {
+            v: protocol::PROTOCOL_VERSION,
+            run_dir: root.display().to_string(),
+            status: "running".into(),
+            gpu_check: "unknown (report.json could not be read; rebuilt from the journal)".into(),
+            wall_s: 0.0,
+            stages: Vec::new(),
+        });
+    // A moved or copied run directory: show where its files are now.
+    let recorded_root = std::mem::replace(&mut report.run_dir, root.display().to_string());
+    if recorded_root != report.run_dir {
+        for s in &mut report.stages {
+            if let Some(rest) = s.output_dir.strip_prefix(&recorded_root) {
+                s.output_dir = format!("{}{rest}", report.run_dir);
+            }
+            for c in &mut s.checkpoints {
+                if let Some(rest) = c.path.strip_prefix(&recorded_root) {
+                    c.path = format!("{}{rest}", report.run_dir);
+                }
+            }
+        }
     }
-    report.status = "interrupted".into();
+    let mut finished: Option<String> = None;
     for record in &records {
-        let (stage, status, attempts) = match record {
+        let (name, status, attempt) = match record {
+            JournalRecord::RunStarted { .. } => {
+                finished = None;
+                continue;
+            }
+            JournalRecord::RunFinished { status, .. } => {
+                finished = Some(status.clone());
+                continue;
+            }
             JournalRecord::StageStarted { stage, attempt, .. } => {
                 (stage, "running", Some(*attempt))
             }
@@ -39,20 +69,84 @@ pub fn load_for_display(run_dir: &std::path::Path) -> Result<Report, String> {
                 ..
             } => (stage, status.as_str(), Some(*attempt)),
             JournalRecord::StageSkipped { stage, .. } => (stage, "skipped", None),
-            _ => continue,
         };
-        if let Some(s) = report.stages.iter_mut().find(|s| &s.name == stage) {
-            s.status = if status == "running" {
-                "interrupted".into()
-            } else {
-                status.into()
-            };
-            if let Some(a) = attempts {
-                s.attempts = a;
+        let idx = match report.stages.iter().position(|s| &s.name == name) {
+            Some(i) => i,
+            None => {
+                report.stages.push(empty_stage(name, &root));
+                report.stages.len() - 1
+            }
+        };
+        let s = &mut report.stages[idx];
+        let stale = s.status != status || attempt.is_some_and(|a| a != s.attempts);
+        s.status = status.to_string();
+        if let Some(a) = attempt {
+            s.attempts = a;
+        }
+        if !stale {
+            continue;
+        }
+        match record {
+            JournalRecord::StageFinished {
+                error,
+                checkpoints,
+                metrics,
+                wall_s,
+                ..
+            } => {
+                s.error = error.clone();
+                s.checkpoints = checkpoints.clone();
+                s.metrics = metrics.clone();
+                s.wall_s = *wall_s;
+            }
+            JournalRecord::StageSkipped { reason, .. } => s.error = Some(reason.clone()),
+            _ => {
+                s.error = None;
+                s.wall_s = None;
+            }
+        }
+    }
+    let live = crate::rundir::live_owner(&root);
+    report.status = match (finished, &live) {
+        (Some(status), _) => status,
+        (None, Some(_)) => "running".into(),
+        (None, None) => "interrupted".into(),
+    };
+    if report.status != "running" {
+        for s in &mut report.stages {
+            if s.status == "running" {
+                s.status = "interrupted".into();
             }
         }
     }
     Ok(report)
+}
+
+fn empty_stage(name: &str, root: &Path) -> StageReport {
+    StageReport {
+        name: name.to_string(),
+        status: "pending".into(),
+        attempts: 0,
+        exit_code: None,
+        signal: None,
+        error: None,
+        failure: None,
+        stderr_tail: None,
+        output_dir: root
+            .join("stages")
+            .join(name)
+            .join("output")
+            .display()
+            .to_string(),
+        checkpoints: Vec::new(),
+        wall_s: None,
+        metrics: Default::default(),
+        gpu: Vec::new(),
+        leftover_processes: Vec::new(),
+        protocol_violations: Vec::new(),
+        timing: None,
+        host: None,
+    }
 }
 
 /// Writes the report, or tells the user on the console why it could not.
@@ -91,24 +185,7 @@ pub fn summary(report: &Report) -> String {
             .unwrap_or_else(|| "-".into());
         let mut result = match &s.error {
             Some(e) => e.clone(),
-            None => s
-                .metrics
-                .iter()
-                .filter(|(k, _)| {
-                    matches!(
-                        k.as_str(),
-                        "final_loss" | "loss" | "accuracy" | "perplexity" | "tokens_per_s"
-                    )
-                })
-                .map(|(k, v)| {
-                    if k == "tokens_per_s" {
-                        format!("{k}={v:.0}")
-                    } else {
-                        format!("{k}={v:.4}")
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
+            None => metrics_text(&s.metrics),
         };
         for g in &s.gpu {
             result.push_str(&format!(
@@ -136,5 +213,41 @@ pub fn summary(report: &Report) -> String {
         report.gpu_check,
         report.run_dir
     ));
+    if report.status == "interrupted" {
+        out.push_str(&format!(
+            "continue it with: orchestrate resume {}\n",
+            report.run_dir
+        ));
+    }
     out
+}
+
+/// The metrics a stage reported, as `name=value` pairs: the usual ones first (loss,
+/// accuracy, …), then every other one the stage chose to report, at most 8 in all.
+pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String {
+    const FIRST: [&str; 5] = [
+        "final_loss",
+        "loss",
+        "accuracy",
+        "perplexity",
+        "tokens_per_s",
+    ];
+    let mut keys: Vec<&String> = metrics.keys().collect();
+    keys.sort_by_key(|k| FIRST.iter().position(|f| f == k).unwrap_or(FIRST.len()));
+    let mut parts: Vec<String> = keys
+        .iter()
+        .take(8)
+        .map(|k| {
+            let v = metrics[*k];
+            if k.as_str() == "tokens_per_s" || (v.fract() == 0.0 && v.abs() < 1e15) {
+                format!("{k}={v:.0}")
+            } else {
+                format!("{k}={v:.4}")
+            }
+        })
+        .collect();
+    if keys.len() > 8 {
+        parts.push(format!("(+{} more)", keys.len() - 8));
+    }
+    parts.join(" ")
 }

@@ -92,9 +92,15 @@ pub fn to_csv(rows: &[Row]) -> String {
     out
 }
 
-/// A console table: instance, status, and the metrics that matter most.
+/// Rows shown in full on the console; past this, only the rows that did not succeed are
+/// listed (results.csv has every row).
+pub const TABLE_ROWS: usize = 40;
+
+/// A console table: instance, status, and the metrics each instance reported (the usual ones
+/// first). A sweep of more than [`TABLE_ROWS`] instances shows only those that did not
+/// succeed, and a count of the rest.
 pub fn to_table(rows: &[Row]) -> String {
-    let shown = ["accuracy", "loss", "final_loss", "perplexity"];
+    let long = rows.len() > TABLE_ROWS;
     let width = rows
         .iter()
         .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()).map(str::len))
@@ -102,6 +108,7 @@ pub fn to_table(rows: &[Row]) -> String {
         .unwrap_or(8)
         .max(8);
     let mut out = format!("\n{:<width$}  {:<10} results\n", "instance", "status");
+    let mut hidden = 0usize;
     for row in rows {
         let text = |k: &str| {
             get(row, k)
@@ -109,16 +116,19 @@ pub fn to_table(rows: &[Row]) -> String {
                 .unwrap_or("")
                 .to_string()
         };
-        let metrics: Vec<String> = shown
+        if long && text("status") == "succeeded" {
+            hidden += 1;
+            continue;
+        }
+        // Metric columns come after `error`.
+        let metrics: std::collections::BTreeMap<String, f64> = row
             .iter()
-            .filter_map(|k| {
-                get(row, k)
-                    .and_then(|v| v.as_f64())
-                    .map(|v| format!("{k}={v:.4}"))
-            })
+            .skip_while(|(k, _)| k != "error")
+            .skip(1)
+            .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
             .collect();
         let detail = if text("error").is_empty() {
-            metrics.join(" ")
+            crate::report::metrics_text(&metrics)
         } else {
             text("error")
         };
@@ -126,6 +136,11 @@ pub fn to_table(rows: &[Row]) -> String {
             "{:<width$}  {:<10} {detail}\n",
             text("instance"),
             text("status")
+        ));
+    }
+    if hidden > 0 {
+        out.push_str(&format!(
+            "… and {hidden} more instances that succeeded (every row is in results.csv)\n"
         ));
     }
     out

@@ -34,6 +34,8 @@ pub struct RunOptions {
     pub plan: LoadedPlan,
     /// The plan's source text, copied into the run directory.
     pub plan_source: String,
+    /// The format of that text (kept as it is: `plan.toml` or `plan.json`).
+    pub plan_format: crate::plan::PlanFormat,
     /// Where the run writes.
     pub run_dir: RunDir,
     /// Explicit `stage-worker` path (else the plan's `run.worker`, else beside `orchestrate`).
@@ -72,19 +74,43 @@ struct StageState {
     failure: Option<(String, String)>, // class, message
 }
 
-/// A private directory for event sockets (socket paths are limited to about 107 bytes, so
-/// they cannot live in an arbitrarily deep run directory). Removed on drop.
-struct SocketDir(PathBuf);
+/// A private directory for event sockets (socket paths are limited to 107 bytes, so they
+/// cannot live in an arbitrarily deep run directory). Removed on drop; if this process dies
+/// first, the guard removes it, and a later run removes any left by a dead orchestrator.
+pub struct SocketDir(PathBuf);
+
+/// The longest socket file name put in a [`SocketDir`] (`<stage index>-<attempt>.sock`).
+const SOCKET_NAME_MAX: usize = 24;
+/// `sun_path` holds 108 bytes with the terminating NUL.
+const SUN_PATH_MAX: usize = 107;
 
 impl SocketDir {
-    fn create() -> std::io::Result<SocketDir> {
+    /// Creates the directory (mode 0700) under the first of `$XDG_RUNTIME_DIR`, `$TMPDIR` and
+    /// `/tmp` where a socket path fits.
+    pub fn create() -> std::io::Result<SocketDir> {
         use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::var_os("XDG_RUNTIME_DIR")
-            .map(PathBuf::from)
-            .filter(|p| p.is_dir())
-            .unwrap_or_else(std::env::temp_dir);
+        let mut bases: Vec<PathBuf> = Vec::new();
+        if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR") {
+            bases.push(PathBuf::from(p));
+        }
+        bases.push(std::env::temp_dir());
+        bases.push(PathBuf::from("/tmp"));
+        let pid = std::process::id();
+        let base = bases
+            .into_iter()
+            .filter(|b| b.is_dir())
+            .find(|b| {
+                let probe = b.join(format!("orchestrate-{pid}-99"));
+                probe.as_os_str().len() + 1 + SOCKET_NAME_MAX <= SUN_PATH_MAX
+            })
+            .ok_or_else(|| {
+                std::io::Error::other(
+                    "no directory with a path short enough for Unix sockets ($XDG_RUNTIME_DIR, $TMPDIR and /tmp are too long or missing)",
+                )
+            })?;
+        remove_stale(&base);
         for n in 0..100u32 {
-            let dir = base.join(format!("orchestrate-{}-{n}", std::process::id()));
+            let dir = base.join(format!("orchestrate-{pid}-{n}"));
             match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => return Ok(SocketDir(dir)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -92,6 +118,37 @@ impl SocketDir {
             }
         }
         Err(std::io::Error::other("no free socket directory name"))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// Removes socket directories under `base` left by orchestrators of this user that are no
+/// longer alive (killed before they could clean up).
+fn remove_stale(base: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    let uid = nix::unistd::getuid().as_raw();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("orchestrate-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let ours = entry.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        if ours && !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -135,6 +192,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let RunOptions {
         plan,
         plan_source,
+        plan_format,
         run_dir,
         worker,
         console,
@@ -197,15 +255,20 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         }
     }
     if !machine_has_gpus && stages.iter().any(|s| s.gpus_wanted() > 0) {
-        console.note("no GPU found: stages that ask for GPUs run on the CPU");
+        console.note(&format!(
+            "GPU check: {gpu_check}; no GPU found: stages that ask for GPUs run on the CPU"
+        ));
+    } else {
+        console.note(&format!("GPU check: {gpu_check}"));
     }
-    console.note(&format!("GPU check: {gpu_check}"));
     let mut pool = GpuPool::new(gpus);
 
     // The run directory's fixed files.
-    write_atomic(&run_dir.root().join("plan.toml"), plan_source.as_bytes())?;
+    run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
     let resolved = serde_json::to_vec_pretty(&plan.plan)?;
-    write_atomic(&run_dir.root().join("plan.resolved.json"), &resolved)?;
+    let resolved_path = run_dir.root().join("plan.resolved.json");
+    write_atomic(&resolved_path, &resolved)
+        .with_context(|| format!("cannot write {}", resolved_path.display()))?;
     let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
     let decisions = if resume {
         let path = run_dir.journal_path();
@@ -214,10 +277,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         {
             console.warn("the journal's last line was torn (a crash mid-write); it was cut off");
         }
-        let records = crate::journal::read_journal(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let records = crate::journal::read_run_journal(run_dir.root())?;
         let decisions = crate::resume::decide(&plan, &fingerprints, &records);
-        console.block(&format!(
+        console.detail(&format!(
             "resuming {}:\n{}",
             run_dir.root().display(),
             crate::resume::render(&plan, &decisions)
@@ -236,8 +298,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
 
-    let _guard = crate::guard::start().context("cannot start the guard process")?;
     let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
+    let _guard =
+        crate::guard::start(Some(sockets.path())).context("cannot start the guard process")?;
     let services = Rc::new(Services {
         reaper: Reaper::start().context("cannot become a child subreaper")?,
         probe,
@@ -310,6 +373,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    // A closed terminal (an SSH disconnect) is a request to stop like any other: stages get
+    // SIGTERM and their grace, built-in ones write their resumable checkpoints.
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut running = 0usize;
     let mut interrupted = false;
     let mut leak_stop = false;
@@ -444,7 +510,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     worker.as_deref(),
                     &given,
                     machine_has_gpus,
-                    &sockets.0,
+                    sockets.path(),
                     cpu_threads,
                 ) {
                     Ok(p) => p,
@@ -557,7 +623,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         let note = if retry { format!("{msg}; retrying in {}", crate::console::human_duration(retry_backoff(attempt))) } else { msg.clone() };
                         console.stage_finished(&name, "failed", &note, result.wall);
                         if let Some(tail) = result.stderr_tail.as_deref().filter(|t| !t.trim().is_empty() && !retry) {
-                            console.block(&format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n"));
+                            console.detail(&format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n"));
                         }
                         journal.append(&JournalRecord::StageFinished {
                             stage: name, attempt, status: "failed".into(), error: Some(msg.clone()),
@@ -606,6 +672,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
             }
             _ = sigint.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
             _ = sigterm.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
+            _ = sighup.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next_retry.unwrap_or(far))), if next_retry.is_some() => {}
         }
     }
@@ -647,9 +714,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     if let Some(rows) = crate::results::rows(&plan, &report) {
         let csv = crate::results::to_csv(&rows);
         let json = serde_json::to_vec_pretty(&crate::results::to_json(&rows))?;
-        write_atomic(&run_dir.root().join("results.csv"), csv.as_bytes())?;
-        write_atomic(&run_dir.root().join("results.json"), &json)?;
-        console.block(&crate::results::to_table(&rows));
+        for (name, bytes) in [("results.csv", csv.as_bytes()), ("results.json", &json[..])] {
+            let path = run_dir.root().join(name);
+            if let Err(e) = write_atomic(&path, bytes) {
+                console.warn(&format!("cannot write {}: {e}", path.display()));
+            }
+        }
+        console.detail(&crate::results::to_table(&rows));
         console.note(&format!(
             "results: {}",
             run_dir.root().join("results.csv").display()
@@ -797,6 +868,11 @@ fn prepare_attempt(
     }
     let init = stage.init.as_ref().map(|name| run_dir.output_dir(name));
     let spec_path = stage_dir.join("spec.json");
+    let inputs_path = stage_dir.join("inputs.json");
+    let inputs_bytes =
+        serde_json::to_vec_pretty(&inputs).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
+    std::fs::write(&inputs_path, &inputs_bytes)
+        .map_err(|e| io_fail(&format!("cannot write {}", inputs_path.display()), e))?;
     let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
     let spec = StageSpec {
         v: protocol::PROTOCOL_VERSION,
@@ -816,7 +892,8 @@ fn prepare_attempt(
     let spec_bytes =
         serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
     // Rewritten for every attempt before it starts: no need for a durable, atomic write.
-    std::fs::write(&spec_path, &spec_bytes).map_err(|e| io_fail("cannot write spec.json", e))?;
+    std::fs::write(&spec_path, &spec_bytes)
+        .map_err(|e| io_fail(&format!("cannot write {}", spec_path.display()), e))?;
 
     let paths = ContractPaths {
         stage: &stage.name,
@@ -825,6 +902,7 @@ fn prepare_attempt(
         inputs: &inputs,
         events: &socket,
         spec: &spec_path,
+        inputs_file: &inputs_path,
         attempt,
         resumable: std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
     };

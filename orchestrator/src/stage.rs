@@ -413,12 +413,21 @@ pub async fn supervise(
     };
     let summary = supervisor::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
     if !summary.found.is_empty() {
-        let list = summary
+        // A fork bomb's worth of pids on one line helps nobody: the first few, then a count
+        // (the report lists every one).
+        let mut list = summary
             .found
             .iter()
+            .take(8)
             .map(|p| format!("pid {} ({})", p.pid, p.name))
             .collect::<Vec<_>>()
             .join(", ");
+        if summary.found.len() > 8 {
+            list.push_str(&format!(
+                ", and {} more (see report.json)",
+                summary.found.len() - 8
+            ));
+        }
         if !stopping {
             console.warn(&format!(
                 "{}: {} process(es) outlived the stage's main process and were stopped: {list}",

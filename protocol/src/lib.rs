@@ -6,6 +6,7 @@
 //!   gets, and the JSON-lines events any process of a stage may send back.
 //! - [`checkpoint`]: the manifest that makes a stage's output directory verifiable.
 //! - [`report`]: the per-run `report.json`.
+//! - [`run`]: the per-run `run.json` (plan format and base directory).
 //!
 //! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
 //! not know with a message saying which side to upgrade.
@@ -14,6 +15,7 @@ pub mod checkpoint;
 pub mod duration;
 pub mod plan;
 pub mod report;
+pub mod run;
 pub mod worker;
 
 /// Version of every JSON message and file format defined here. Bumped on incompatible change.

@@ -38,6 +38,13 @@ pub const ENV_RESUME_DIR: &str = "ORCHESTRATE_RESUME_DIR";
 pub const ENV_SPEC: &str = "ORCHESTRATE_SPEC";
 /// Prefix of the per-upstream variables; see [`crate::plan::input_env_var`].
 pub const ENV_INPUT_PREFIX: &str = "ORCHESTRATE_INPUT_";
+/// Path of `inputs.json`: a JSON object, upstream stage name → its output directory. Always
+/// set; the only way to find the inputs of a stage with more than [`MAX_INPUT_VARS`] of them.
+pub const ENV_INPUTS_FILE: &str = "ORCHESTRATE_INPUTS_FILE";
+/// A stage with more upstream stages than this gets no `ORCHESTRATE_INPUT_<X>` variables (an
+/// aggregate after a 10,000-instance matrix would exceed the kernel's limit on a new process's
+/// environment): it reads [`ENV_INPUTS_FILE`] instead.
+pub const MAX_INPUT_VARS: usize = 64;
 
 /// Everything a worker needs to run one stage, written as `spec.json` in the stage directory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -110,6 +110,52 @@ fn resumable(dir: &Path, p: &TrainParams, config: &ModelConfig) -> Option<Verifi
     same.then_some(v)
 }
 
+/// File, beside the checkpoint, holding the final metrics of a completed training: a stage
+/// killed after its final checkpoint was durable reports them again instead of retraining.
+const FINAL_METRICS_FILE: &str = "final_metrics.json";
+
+/// This stage's own *completed* checkpoint in `dir` (same training, all steps done, every file
+/// verified), if any: the previous attempt finished its work but was stopped before it could
+/// report (a kill between the final checkpoint and the process's exit).
+fn completed(dir: &Path, p: &TrainParams, config: &ModelConfig) -> Option<Verified> {
+    if !checkpoint::exists(dir) || !dir.join(FINAL_METRICS_FILE).is_file() {
+        return None;
+    }
+    let v = checkpoint::open_verified(dir).ok()?;
+    let same = v.training() == Some(training_state(p, true))
+        && v.model_config().ok().as_ref() == Some(config)
+        && v.manifest.step == Some(p.steps);
+    same.then_some(v)
+}
+
+/// Reports the completed checkpoint `v` (its files and final metrics) as this attempt's result.
+fn report_completed(v: &Verified, sink: &mut EventSink) -> StageResult<()> {
+    let metrics_path = v.dir.join(FINAL_METRICS_FILE);
+    let metrics: BTreeMap<String, f64> = std::fs::read(&metrics_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| Failure::other(format!("cannot read {}", metrics_path.display())))?;
+    let step = v.manifest.step.unwrap_or(0);
+    for f in &v.manifest.files {
+        sink.checkpoint(v.dir.join(&f.path), f.sha256.clone(), f.bytes, step);
+    }
+    let manifest = v.dir.join(protocol::checkpoint::MANIFEST_FILE);
+    let bytes = std::fs::read(&manifest)
+        .map_err(|e| Failure::other(format!("cannot read {}: {e}", manifest.display())))?;
+    sink.checkpoint(
+        manifest,
+        crate::fsio::sha256_hex(&bytes),
+        bytes.len() as u64,
+        step,
+    );
+    crate::log!(
+        "the final checkpoint of this training is already complete in {} (step {step}); kept, not retrained",
+        v.dir.display()
+    );
+    sink.metrics(&metrics);
+    Ok(())
+}
+
 /// Removes the manifest of an output directory's checkpoint that this run will not resume, so
 /// that until this run writes its own, the directory cannot pass for this run's output.
 fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
@@ -153,6 +199,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         .map(checkpoint::open_verified)
         .transpose()?;
     let config = model_config(spec, &p, init.as_ref())?;
+    if let Some(done) = completed(&spec.output_dir, &p, &config) {
+        return report_completed(&done, sink);
+    }
     let data = data::load(&p.data, p.seed, Split::Train, 0)?;
     let sampler = Sampler::new(&data, p.seed, p.batch_size as usize, p.seq_len as usize)
         .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
@@ -207,6 +256,21 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &spec.output_dir,
     )?;
     let complete = !stats.interrupted;
+    let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
+    if complete {
+        // Before the checkpoint's manifest: once the manifest says "complete", the metrics
+        // that go with it are on disk too.
+        let mut text = serde_json::to_vec_pretty(&metrics).expect("metrics serialize");
+        text.push(b'\n');
+        std::fs::create_dir_all(&spec.output_dir)
+            .and_then(|()| crate::fsio::write_atomic(&spec.output_dir, FINAL_METRICS_FILE, &text))
+            .map_err(|e| {
+                Failure::other(format!(
+                    "cannot write {}: {e}",
+                    spec.output_dir.join(FINAL_METRICS_FILE).display()
+                ))
+            })?;
+    }
     let (_, files) = checkpoint::write(
         &spec.output_dir,
         &model,
@@ -225,7 +289,6 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
             spec.output_dir.display()
         )));
     }
-    let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
     crate::log!("metrics {metrics:?}");
     sink.metrics(&metrics);
     Ok(())

@@ -7,7 +7,7 @@ use super::diagnostic::Reporter;
 use super::expect::{node_text, shape_mistake, stage_of};
 use super::explain::data_error;
 use super::tree::{Node, Seg, Value};
-use protocol::plan::Plan;
+use protocol::plan::{Plan, Stage};
 
 /// Decodes TOML text, reporting the first syntax or type error.
 pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -> Option<Plan> {
@@ -36,9 +36,61 @@ pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
             .then(|| "write `[[stage]]` (double brackets) before each stage".to_string());
         rep.error(span, None, message, help);
     } else {
-        data_error(error.message(), span, tree, rep);
+        data_error(error.message(), span.clone(), tree, rep);
+        if let Ok(table) = toml::from_str::<toml::Table>(source) {
+            let stages: Vec<Result<Stage, String>> = match table.get("stage") {
+                Some(toml::Value::Array(items)) => items
+                    .iter()
+                    .map(|v| {
+                        v.clone()
+                            .try_into::<Stage>()
+                            .map_err(|e| e.message().to_string())
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let names = stage_names(table.get("stage").and_then(|s| s.as_array()).map(|a| {
+                a.iter()
+                    .map(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
+                    .collect()
+            }));
+            report_other_stages(&stages, &names, span, tree, rep);
+        }
     }
     None
+}
+
+fn stage_names(names: Option<Vec<Option<String>>>) -> Vec<Option<String>> {
+    names.unwrap_or_default()
+}
+
+/// After the first type error (which the decoder stops at), every other stage is decoded on
+/// its own, so that one `validate` lists the problems of all of them; they are named by stage
+/// (their positions are not known this way).
+fn report_other_stages(
+    stages: &[Result<Stage, String>],
+    names: &[Option<String>],
+    first: Option<std::ops::Range<usize>>,
+    tree: Option<&Node>,
+    rep: &mut Reporter,
+) {
+    let first_stage = tree
+        .zip(first.as_ref())
+        .and_then(|(t, s)| t.locate(s))
+        .and_then(|location| stage_of(tree, &location.path).map(|(i, _)| i));
+    for (i, decoded) in stages.iter().enumerate() {
+        if Some(i) == first_stage {
+            continue;
+        }
+        if let Err(why) = decoded {
+            let label = names
+                .get(i)
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| format!("#{}", i + 1));
+            rep.error(None, Some(&label), why.clone(), None);
+        }
+    }
 }
 
 /// Decodes JSON text, reporting the first syntax or type error.
@@ -70,8 +122,30 @@ pub(crate) fn json_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
     }
     let span = offset.map(|o| o..(o + 1).min(source.len()).max(o));
     let valid_json = || serde_json::from_str::<serde::de::IgnoredAny>(source).is_ok();
+    let other_stages = |span: Option<std::ops::Range<usize>>, rep: &mut Reporter| {
+        let Ok(doc) = serde_json::from_str::<serde_json::Value>(source) else {
+            return;
+        };
+        let items = doc
+            .get("stage")
+            .and_then(|s| s.as_array())
+            .cloned()
+            .unwrap_or_default();
+        let stages: Vec<Result<Stage, String>> = items
+            .iter()
+            .map(|v| serde_json::from_value::<Stage>(v.clone()).map_err(|e| e.to_string()))
+            .collect();
+        let names: Vec<Option<String>> = items
+            .iter()
+            .map(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
+            .collect();
+        report_other_stages(&stages, &names, span, tree, rep);
+    };
     match error.classify() {
-        serde_json::error::Category::Data => data_error(&message, span, tree, rep),
+        serde_json::error::Category::Data => {
+            data_error(&message, span.clone(), tree, rep);
+            other_stages(span, rep);
+        }
         // serde_json calls some type errors syntax errors ("expected value" for `"kind": {}`).
         serde_json::error::Category::Syntax if tree.is_some() && valid_json() => {
             data_error(&message, span, tree, rep)

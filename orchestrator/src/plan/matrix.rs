@@ -66,7 +66,7 @@ fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
 }
 
 /// The values of one axis; `Err` says why they could not be read.
-fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<String>, String> {
+pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<String>, String> {
     match axis {
         MatrixAxis::Values(values) => Ok(values.iter().map(ToString::to_string).collect()),
         MatrixAxis::Lines { lines } => {

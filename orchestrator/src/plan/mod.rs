@@ -13,6 +13,7 @@ mod decode;
 mod diagnostic;
 mod expect;
 mod explain;
+mod files;
 mod graph;
 mod json_tree;
 pub mod matrix;
@@ -31,6 +32,7 @@ pub use validate::{MAX_GPUS, MAX_NAME_LEN, RESERVED_ENV_PREFIX};
 
 use diagnostic::Reporter;
 use protocol::plan::Plan;
+pub use protocol::run::PlanFormat;
 use std::path::{Path, PathBuf};
 
 /// Plans larger than this are refused before parsing.
@@ -70,20 +72,38 @@ impl LoadedPlan {
 /// A file that cannot be read (missing, a directory, not UTF-8, over [`MAX_PLAN_BYTES`])
 /// gives a single diagnostic that names it.
 pub fn load_plan(path: &Path) -> Result<LoadedPlan, PlanError> {
-    let source_name = path.display().to_string();
-    let source = read_source(path, &source_name)?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let base_dir = std::fs::canonicalize(&dir).unwrap_or(dir);
-    let is_json = path
+    load_plan_based(path, format_of(path), &base_dir)
+}
+
+/// The format of the plan file at `path`: JSON if its extension is `.json`, else TOML.
+pub fn format_of(path: &Path) -> PlanFormat {
+    if path
         .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    if is_json {
-        parse_plan_json(&source, &source_name, &base_dir)
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        PlanFormat::Json
     } else {
-        parse_plan_toml(&source, &source_name, &base_dir)
+        PlanFormat::Toml
+    }
+}
+
+/// Reads and validates the plan file at `path` in `format`, its relative paths meaning paths
+/// under `base_dir` (a run directory's copy of a plan is based where the original was).
+pub fn load_plan_based(
+    path: &Path,
+    format: PlanFormat,
+    base_dir: &Path,
+) -> Result<LoadedPlan, PlanError> {
+    let source_name = path.display().to_string();
+    let source = read_source(path, &source_name)?;
+    match format {
+        PlanFormat::Json => parse_plan_json(&source, &source_name, base_dir),
+        PlanFormat::Toml => parse_plan_toml(&source, &source_name, base_dir),
     }
 }
 
@@ -164,6 +184,10 @@ fn finish(
     let graph = plan
         .as_ref()
         .and_then(|plan| validate::check(plan, tree, &mut rep));
+    let absolute = std::path::absolute(base_dir).unwrap_or_else(|_| base_dir.to_path_buf());
+    if let Some(plan) = &plan {
+        files::check(plan, &absolute, &mut rep);
+    }
     if let Some(error) = rep.finish() {
         return Err(error);
     }
