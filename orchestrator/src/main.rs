@@ -165,6 +165,9 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Validate { plan }) => match load_or_report(&plan) {
             Ok(loaded) => {
+                for warning in orchestrator::plan::launch_size_warnings(&loaded) {
+                    eprintln!("{}: warning: {warning}", plan.display());
+                }
                 println!(
                     "{}: ok ({} stage{}; order: {})",
                     plan.display(),

@@ -251,3 +251,18 @@ pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String
     }
     parts.join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_reported_metric_is_shown_the_usual_ones_first() {
+        let metrics = [("bleu", 31.25), ("rouge_l", 0.5), ("loss", 1.5)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(
+            super::metrics_text(&metrics),
+            "loss=1.5000 bleu=31.2500 rouge_l=0.5000"
+        );
+    }
+}

@@ -122,3 +122,74 @@ fn schema_is_json_describing_stages() {
         );
     }
 }
+
+#[test]
+fn one_validate_lists_the_problems_of_every_stage_and_missing_files() {
+    let s = e2e_tests::Scratch::new("validate-all");
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\nretries = \"x\"\n[[stage]]\nname = \"b\"\ncommand = [\"true\"]\nbogus = 1\n[[stage]]\nname = \"c\"\ncommand = [\"true\"]\ntimeout = 5\n",
+    );
+    let out = Command::new(orchestrate())
+        .arg("validate")
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["`retries`", "bogus", "stage `c`"] {
+        assert!(err.contains(needle), "{needle} in one pass: {err}");
+    }
+    let plan = s.write(
+        "files.toml",
+        "[[stage]]\nname = \"t\"\nkind = \"train\"\n[stage.params]\ndata = \"missing.txt\"\n[[stage]]\nname = \"m\"\nmatrix = { f = { glob = \"nothere/*.jsonl\" } }\ncommand = [\"true\"]\n[[stage]]\nname = \"n\"\nafter = [\"nope\"]\ncommand = [\"true\"]\n",
+    );
+    let out = Command::new(orchestrate())
+        .arg("validate")
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in ["missing.txt", "nothere", "nope"] {
+        assert!(err.contains(needle), "{needle} in one pass: {err}");
+    }
+}
+
+#[test]
+fn validate_warns_before_a_stage_would_be_too_big_to_start() {
+    let s = e2e_tests::Scratch::new("validate-argmax");
+    let big = "x".repeat(100 << 10);
+    let plan = s.write(
+        "plan.toml",
+        &format!("[[stage]]\nname = \"a\"\ncommand = [\"echo\", \"{big}\"]\n"),
+    );
+    let out = Command::new(orchestrate())
+        .arg("validate")
+        .arg(&plan)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning: stage `a`"), "{err}");
+}
+
+#[test]
+fn gpu_check_json_stays_json_without_nvml() {
+    let out = Command::new(orchestrate())
+        .args(["gpu-check", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "JSON on stdout ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    if out.status.code() == Some(4) {
+        assert_eq!(v["available"], false);
+        assert!(v["error"].as_str().unwrap().contains("NVML"));
+    } else {
+        assert!(v["gpus"].is_array(), "with NVML: the inventory");
+    }
+}

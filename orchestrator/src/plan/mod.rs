@@ -253,3 +253,55 @@ fn finish(
 pub fn json_schema() -> serde_json::Value {
     serde_json::to_value(schemars::schema_for!(Plan)).unwrap_or(serde_json::Value::Null)
 }
+
+/// Linux refuses to start a program whose arguments and environment together exceed this
+/// (`ARG_MAX`, "Argument list too long").
+const ARG_MAX: usize = 2 << 20;
+/// ... or any one of whose arguments or variables exceeds this (`MAX_ARG_STRLEN`).
+const ARG_STRLEN_MAX: usize = 128 << 10;
+
+/// Stages whose command line and environment would come near the kernel's limits on a new
+/// process (counting the environment `orchestrate` itself runs with, the contract's variables
+/// and about 200 bytes per path it hands over): a warning each, so `validate` says so before
+/// a run fails to start them.
+pub fn launch_size_warnings(plan: &LoadedPlan) -> Vec<String> {
+    let inherited: usize = std::env::vars_os()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum();
+    let mut warnings = Vec::new();
+    for (i, stage) in plan.plan.stages.iter().enumerate() {
+        let inputs = plan.upstream[i].len().min(protocol::worker::MAX_INPUT_VARS);
+        let argv: usize = stage
+            .command
+            .iter()
+            .flatten()
+            .map(|a| a.len() + 200 * a.matches('{').count() + 1)
+            .sum();
+        let env: usize = stage.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        let total = inherited + argv + env + 2048 + 200 * inputs;
+        let longest = stage
+            .command
+            .iter()
+            .flatten()
+            .map(String::len)
+            .chain(stage.env.values().map(String::len))
+            .max()
+            .unwrap_or(0);
+        if total > ARG_MAX / 2 {
+            warnings.push(format!(
+                "stage `{}`: its command line and environment take about {} KiB; Linux refuses to start a program with more than {} KiB (\"Argument list too long\")",
+                stage.name,
+                total >> 10,
+                ARG_MAX >> 10
+            ));
+        } else if longest > ARG_STRLEN_MAX / 2 {
+            warnings.push(format!(
+                "stage `{}`: one of its arguments or variables is {} KiB; Linux refuses any longer than {} KiB",
+                stage.name,
+                longest >> 10,
+                ARG_STRLEN_MAX >> 10
+            ));
+        }
+    }
+    warnings
+}
