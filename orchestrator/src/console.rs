@@ -1,9 +1,13 @@
 //! What the user sees while a run goes: one line per stage event, on stderr.
 //!
 //! In `--log-format json` mode the same facts go out as structured tracing events instead,
-//! for cluster log collectors.
+//! for cluster log collectors. Every fact is also a timestamped [`RunEvent`] sent to the
+//! console's tap when it has one: the daemon's per-run event log and its watchers read the
+//! same stream the terminal shows.
 
+use protocol::daemon::{RunEvent, RunEventKind};
 use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
 
 /// Writes to stderr, ignoring failure: a closed terminal or pipe (`orchestrate … | head`) must
 /// not stop a run whose stages are running.
@@ -20,6 +24,10 @@ pub struct Console {
     start: Instant,
     /// When each stage's last progress line was shown.
     last_progress: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+    /// Nothing on stderr at all (a daemon's runs): events go to the tap only.
+    silent: bool,
+    /// Where every event also goes.
+    tap: Option<UnboundedSender<RunEvent>>,
 }
 
 /// A stage's progress is shown at most this often (a stage may report every step).
@@ -59,11 +67,50 @@ impl Console {
             quiet,
             start: Instant::now(),
             last_progress: Default::default(),
+            silent: false,
+            tap: None,
         }
     }
 
+    /// A console that prints nothing and sends every event to `tap`.
+    pub fn silent(tap: UnboundedSender<RunEvent>) -> Console {
+        Console {
+            silent: true,
+            tap: Some(tap),
+            ..Console::new(false, true)
+        }
+    }
+
+    fn emit(&self, kind: RunEventKind) {
+        if let Some(tap) = &self.tap {
+            let _ = tap.send(RunEvent {
+                t_ms: crate::timefmt::unix_ms(),
+                kind,
+            });
+        }
+    }
+
+    /// A stage waits for GPUs (to the tap; on the terminal as a note).
+    pub fn waiting(&self, stage: &str, reason: &str) {
+        self.emit(RunEventKind::StageWaiting {
+            stage: stage.to_string(),
+            reason: reason.to_string(),
+        });
+        if !self.silent {
+            self.note(&format!("{stage}: {reason}"));
+        }
+    }
+
+    /// The run ended (to the tap only; the summary is a [`Console::block`]).
+    pub fn run_finished(&self, status: &str, exit_code: i32) {
+        self.emit(RunEventKind::RunFinished {
+            status: status.to_string(),
+            exit_code,
+        });
+    }
+
     fn line(&self, text: &str) {
-        if !self.quiet {
+        if !self.quiet && !self.silent {
             write_stderr(&format!(
                 "[{:>7}] {text}\n",
                 human_duration(self.start.elapsed())
@@ -73,6 +120,12 @@ impl Console {
 
     /// A general note about the run.
     pub fn note(&self, text: &str) {
+        self.emit(RunEventKind::Note {
+            text: text.to_string(),
+        });
+        if self.silent {
+            return;
+        }
         if self.json {
             tracing::info!(target: "orchestrate::run", "{text}");
         } else {
@@ -82,6 +135,12 @@ impl Console {
 
     /// A warning the user should read.
     pub fn warn(&self, text: &str) {
+        self.emit(RunEventKind::Warning {
+            text: text.to_string(),
+        });
+        if self.silent {
+            return;
+        }
         if self.json {
             tracing::warn!(target: "orchestrate::run", "{text}");
         } else {
@@ -91,6 +150,15 @@ impl Console {
 
     /// A stage attempt started.
     pub fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
+        self.emit(RunEventKind::StageStarted {
+            stage: stage.to_string(),
+            attempt,
+            pid,
+            placement: placement.to_string(),
+        });
+        if self.silent {
+            return;
+        }
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, attempt, pid, placement, "stage started");
         } else {
@@ -127,6 +195,16 @@ impl Console {
                 }
             }
         }
+        self.emit(RunEventKind::Progress {
+            stage: stage.to_string(),
+            step,
+            total,
+            loss,
+            tokens_per_s: rate,
+        });
+        if self.silent {
+            return;
+        }
         if self.json {
             tracing::info!(target: "orchestrate::progress", stage, step, total, loss, tokens_per_s = rate, elapsed_s = elapsed.as_secs_f64(), "progress");
             return;
@@ -147,6 +225,15 @@ impl Console {
 
     /// A stage attempt ended.
     pub fn stage_finished(&self, stage: &str, status: &str, detail: &str, wall: Duration) {
+        self.emit(RunEventKind::StageFinished {
+            stage: stage.to_string(),
+            status: status.to_string(),
+            detail: detail.to_string(),
+            wall_s: wall.as_secs_f64(),
+        });
+        if self.silent {
+            return;
+        }
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, status, detail, wall_s = wall.as_secs_f64(), "stage finished");
         } else if detail.is_empty() {
@@ -162,7 +249,10 @@ impl Console {
     /// Prints a block of text as is (a resume plan, a results table, a failed stage's stderr),
     /// unless quiet or in JSON mode.
     pub fn detail(&self, text: &str) {
-        if self.quiet {
+        self.emit(RunEventKind::Text {
+            text: text.to_string(),
+        });
+        if self.quiet || self.silent {
             return;
         }
         if self.json {
@@ -175,6 +265,12 @@ impl Console {
     /// Prints a block of text as is (the final summary), even when quiet; in JSON mode as a
     /// tracing event.
     pub fn block(&self, text: &str) {
+        self.emit(RunEventKind::Text {
+            text: text.to_string(),
+        });
+        if self.silent {
+            return;
+        }
         if self.json {
             tracing::info!(target: "orchestrate::run", summary = text, "run finished");
         } else {

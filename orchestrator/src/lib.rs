@@ -3,23 +3,28 @@
 //!
 //! The binary (`src/main.rs`) is a thin shell over this library:
 //! - [`plan`] loads and validates plans;
-//! - [`runner`] schedules stages and drives each through [`stage`];
+//! - [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget), shared by
+//!   every run; [`runner`] runs one plan on it and drives each stage through [`stage`];
 //! - [`supervisor`], [`reaper`] and [`proctree`] own processes: spawn, signal, reap, find
 //!   every descendant;
 //! - [`channel`] receives the JSON-lines events stages send;
 //! - [`gpu`] is the NVML inventory and the reclaim verdict;
 //! - [`journal`], [`rundir`] and [`report`] make a run durable and readable;
-//! - [`console`] shows progress.
+//! - [`console`] shows progress and is the tap of a run's event stream;
+//! - [`daemon`] serves plans over a Unix socket, many runs on one host; [`client`] talks to it.
 
 pub mod channel;
 pub mod checksum;
+pub mod client;
 pub mod console;
 pub mod contract;
+pub mod daemon;
 pub mod echo;
 pub mod exit;
 pub mod fingerprint;
 pub mod gpu;
 pub mod guard;
+pub mod host;
 pub mod journal;
 pub mod plan;
 pub mod proctree;

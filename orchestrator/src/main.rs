@@ -8,8 +8,11 @@ use orchestrator::plan::PlanFormat;
 use orchestrator::plan::{load_plan, LoadedPlan};
 use orchestrator::rundir::{RunDir, RunDirError};
 use orchestrator::runner::{self, RunOptions};
+use orchestrator::stage::CancelLevel;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+mod client_cmd;
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -20,6 +23,9 @@ Examples:
   orchestrate status runs/exp1                        what a resume would keep or rerun, and why
   orchestrate resume runs/exp1                        continue an interrupted run
   orchestrate report runs/exp1 [--json]               the per-stage report of a run
+  orchestrate daemon &                                serve plans over a Unix socket
+  orchestrate submit p.toml --watch                   run a plan in the daemon, follow it
+  orchestrate runs | watch ID | cancel ID | shutdown  the daemon's runs
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
 2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
@@ -104,6 +110,94 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve plans submitted over a Unix socket: many runs at once on this machine's GPUs, one
+    /// stage per GPU at a time, each stage in a fresh process (see docs/protocol.md).
+    Daemon {
+        /// The socket (default: $XDG_RUNTIME_DIR/orchestrate/daemon.sock, or
+        /// /tmp/orchestrate-<uid>/daemon.sock).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Where run directories go, and are recovered from on start (default:
+        /// $XDG_STATE_HOME/orchestrate/runs, or ~/.local/state/orchestrate/runs).
+        #[arg(long, value_name = "DIR")]
+        runs_dir: Option<PathBuf>,
+        /// Close a connection that sends no complete request for this long.
+        #[arg(long, value_name = "DURATION", default_value = "60s")]
+        idle_timeout: protocol::duration::HumanDuration,
+    },
+    /// Submit a plan to the daemon; prints the run's id (exit 0 only if the run succeeded,
+    /// with --watch or --wait).
+    Submit {
+        /// The plan file (TOML, or JSON by extension).
+        plan: PathBuf,
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// Stream the run's events until it ends.
+        #[arg(long, conflicts_with = "wait")]
+        watch: bool,
+        /// Wait for the run to end.
+        #[arg(long)]
+        wait: bool,
+        /// Print the daemon's answers as JSON lines.
+        #[arg(long)]
+        json: bool,
+        /// A client-chosen id: submitting again with the same id returns the same run.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Higher runs get GPUs first (default 0).
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+    },
+    /// List the daemon's runs.
+    Runs {
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stream a run's events (from its start, or from --from) until it ends.
+    Watch {
+        /// The run's id.
+        id: String,
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// First event to show (its sequence number).
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait for a run to end; exit with its exit status.
+    Wait {
+        /// The run's id.
+        id: String,
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a run: its stages get SIGTERM and their grace (--kill: SIGKILL now).
+    Cancel {
+        /// The run's id.
+        id: String,
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// Kill its stages at once.
+        #[arg(long)]
+        kill: bool,
+    },
+    /// Stop the daemon once its runs have finished (--cancel: stop them gracefully first;
+    /// they resume when the daemon starts again).
+    Shutdown {
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// Stop running runs gracefully instead of waiting for them.
+        #[arg(long)]
+        cancel: bool,
+    },
     /// Inventory and memory of this machine's GPUs (NVML); with --wait, wait until each is
     /// clean (no compute process, used memory under the threshold). Exit 0 clean, 3 not
     /// clean, 4 NVML unavailable. For Slurm prolog/epilog scripts.
@@ -118,6 +212,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Where the daemon listens.
+#[derive(clap::Args, Debug)]
+struct SocketArg {
+    /// The daemon's socket (default: the per-user path `orchestrate daemon` uses).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+}
+
+impl SocketArg {
+    fn path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(orchestrator::daemon::socket::default_path)
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -268,6 +378,55 @@ fn main() -> ExitCode {
             plan,
             json,
         }) => status(&run_dir, plan.as_deref(), json),
+        Some(Command::Daemon {
+            socket,
+            runs_dir,
+            idle_timeout,
+        }) => {
+            let config = orchestrator::daemon::DaemonConfig {
+                socket: socket.unwrap_or_else(orchestrator::daemon::socket::default_path),
+                runs_dir: runs_dir.unwrap_or_else(orchestrator::daemon::default_runs_dir),
+                idle_timeout: idle_timeout.get(),
+                worker: cli.run.worker,
+            };
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::from(exit::RUN_ERROR as u8);
+                }
+            };
+            let local = tokio::task::LocalSet::new();
+            match local.block_on(&runtime, orchestrator::daemon::serve(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(exit::RUN_ERROR as u8)
+                }
+            }
+        }
+        Some(Command::Submit {
+            plan,
+            daemon,
+            watch,
+            wait,
+            json,
+            id,
+            priority,
+        }) => client_cmd::submit(&daemon.path(), &plan, watch, wait, json, id, priority),
+        Some(Command::Runs { daemon, json }) => client_cmd::runs(&daemon.path(), json),
+        Some(Command::Watch {
+            id,
+            daemon,
+            from,
+            json,
+        }) => client_cmd::watch(&daemon.path(), &id, from, json),
+        Some(Command::Wait { id, daemon, json }) => client_cmd::wait(&daemon.path(), &id, json),
+        Some(Command::Cancel { id, daemon, kill }) => client_cmd::cancel(&daemon.path(), &id, kill),
+        Some(Command::Shutdown { daemon, cancel }) => client_cmd::shutdown(&daemon.path(), cancel),
         None => match cli.run.plan.clone() {
             Some(_) => run_plan(cli.run, cli.log_format),
             None => {
@@ -276,6 +435,44 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// The CLI's shape: one host, one run, and the terminal's signals mapped to cancellation:
+/// SIGINT, SIGTERM or SIGHUP stop the run gracefully, a second one kills its stages.
+async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunSummary> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut signals = [
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+        // A closed terminal (an SSH disconnect) is a request to stop like any other.
+        signal(SignalKind::hangup())?,
+    ];
+    let host = orchestrator::host::Host::start()?;
+    options.run_id = options
+        .run_dir
+        .root()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    options.ticket = host.ticket(0);
+    let (cancel, cancelled) = tokio::sync::watch::channel(CancelLevel::None);
+    tokio::task::spawn_local(async move {
+        let [a, b, c] = &mut signals;
+        loop {
+            tokio::select! {
+                _ = a.recv() => {}
+                _ = b.recv() => {}
+                _ = c.recv() => {}
+            }
+            let next = if *cancel.borrow() == CancelLevel::None {
+                CancelLevel::Graceful
+            } else {
+                CancelLevel::Kill
+            };
+            let _ = cancel.send(next);
+        }
+    });
+    runner::run(options, &host, cancelled).await
 }
 
 fn run_dir_error(e: &RunDirError) -> ExitCode {
@@ -353,8 +550,10 @@ fn run_plan(args: RunArgs, format: LogFormat) -> ExitCode {
         console: console.clone(),
         resume: args.resume,
         follow: args.follow,
+        run_id: String::new(),
+        ticket: (0, 0),
     };
-    match local.block_on(&runtime, runner::run(options)) {
+    match local.block_on(&runtime, run_on_own_host(options)) {
         Ok(summary) => {
             console.block(&orchestrator::report::summary(&summary.report));
             ExitCode::from(summary.exit_code as u8)

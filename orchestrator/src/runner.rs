@@ -11,10 +11,11 @@
 use crate::console::Console;
 use crate::contract::{self, ContractPaths};
 use crate::exit;
-use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
+use crate::gpu::{self, GpuInfo, MemoryProbe};
+use crate::host::Host;
 use crate::journal::{Journal, JournalRecord};
 use crate::plan::LoadedPlan;
-use crate::reaper::{ExitStatus, Reaper};
+use crate::reaper::ExitStatus;
 use crate::rundir::{write_atomic, RunDir};
 use crate::stage::{self, AttemptPlan, AttemptResult, CancelLevel, Failure, Outcome, Services};
 use anyhow::{bail, Context};
@@ -25,7 +26,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
 /// What to run and where.
@@ -46,6 +46,10 @@ pub struct RunOptions {
     pub resume: bool,
     /// Echo stages' output on the console.
     pub follow: bool,
+    /// The run's id among the host's runs (in stage tokens and GPU owner labels).
+    pub run_id: String,
+    /// Its place in the host's queue for GPUs.
+    pub ticket: crate::host::Ticket,
 }
 
 /// How a run ended.
@@ -185,10 +189,16 @@ fn retry_backoff(attempt: u32) -> Duration {
         .min(Duration::from_secs(30))
 }
 
-/// Runs the plan to its end. Must be called inside a tokio `LocalSet` on a current-thread
-/// runtime (the reaper and the stage tasks share the thread that spawns stage processes, which
-/// `PR_SET_PDEATHSIG` ties the children's lives to).
-pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
+/// Runs the plan to its end on `host`. `cancel` stops it: [`CancelLevel::Graceful`] gives
+/// running stages SIGTERM and their grace, [`CancelLevel::Kill`] kills them now; no further
+/// stage starts, and the run ends interrupted. Must be called inside the host's tokio
+/// `LocalSet` on a current-thread runtime (the reaper and the stage tasks share the thread
+/// that spawns stage processes, which `PR_SET_PDEATHSIG` ties the children's lives to).
+pub async fn run(
+    opts: RunOptions,
+    host: &Rc<Host>,
+    mut cancel: watch::Receiver<CancelLevel>,
+) -> anyhow::Result<RunSummary> {
     let RunOptions {
         plan,
         plan_source,
@@ -198,6 +208,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         console,
         resume,
         follow,
+        run_id,
+        ticket,
     } = opts;
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
@@ -208,38 +220,26 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         None
     };
 
-    // GPUs: inventory always (for assignment by UUID); the probe only when checking.
-    let (gpus, probe, gpu_check): (Vec<GpuInfo>, Option<Rc<dyn MemoryProbe>>, String) =
-        match gpu::discover() {
-            Inventory::Available {
-                gpus,
-                probe,
-                driver,
-            } => {
-                let text = match settings.gpu_check {
-                    GpuCheck::Off => "off (gpu_check = \"off\")".to_string(),
-                    _ => format!(
-                        "verified with NVML (driver {driver}, {} GPU(s))",
-                        gpus.len()
-                    ),
-                };
-                let probe: Option<Rc<dyn MemoryProbe>> = match settings.gpu_check {
-                    GpuCheck::Off => None,
-                    _ => Some(Rc::from(probe as Box<dyn MemoryProbe>)),
-                };
-                (gpus, probe, text)
-            }
-            Inventory::Unavailable(why) => {
-                if settings.gpu_check == GpuCheck::Required {
-                    bail!("the plan sets gpu_check = \"required\" but {why}; run on a machine with an NVIDIA driver, or set gpu_check = \"auto\"");
-                }
-                let text = match settings.gpu_check {
-                    GpuCheck::Off => "off (gpu_check = \"off\")".to_string(),
-                    _ => format!("unavailable: {why}"),
-                };
-                (Vec::new(), None, text)
-            }
-        };
+    // GPUs: the host's inventory always (for assignment by UUID); the probe only when
+    // checking.
+    let gpus: Vec<GpuInfo> = host.gpus().to_vec();
+    let (probe, gpu_check): (Option<Rc<dyn MemoryProbe>>, String) = match (
+        &host.inventory.status,
+        settings.gpu_check,
+    ) {
+        (_, GpuCheck::Off) => (None, "off (gpu_check = \"off\")".to_string()),
+        (Ok(driver), _) => (
+            host.inventory.probe.clone(),
+            format!(
+                "verified with NVML (driver {driver}, {} GPU(s))",
+                gpus.len()
+            ),
+        ),
+        (Err(why), GpuCheck::Required) => {
+            bail!("the plan sets gpu_check = \"required\" but {why}; run on a machine with an NVIDIA driver, or set gpu_check = \"auto\"")
+        }
+        (Err(why), _) => (None, format!("unavailable: {why}")),
+    };
     if settings.gpu_check == GpuCheck::Required && gpus.is_empty() {
         bail!("the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine");
     }
@@ -261,7 +261,6 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     } else {
         console.note(&format!("GPU check: {gpu_check}"));
     }
-    let mut pool = GpuPool::new(gpus);
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
@@ -298,16 +297,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
 
-    let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
-    let _guard =
-        crate::guard::start(Some(sockets.path())).context("cannot start the guard process")?;
     let services = Rc::new(Services {
-        reaper: Reaper::start().context("cannot become a child subreaper")?,
+        reaper: host.reaper.clone(),
         probe,
         tolerance_bytes: settings.gpu_tolerance_mib.saturating_mul(1 << 20),
         reclaim_timeout: settings.reclaim_timeout.get(),
         console: console.clone(),
         follow,
+        run_id: run_id.clone(),
     });
     let max_parallel = settings
         .max_parallel
@@ -370,30 +367,37 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         states.push(state);
     }
     let (cancel_tx, _) = watch::channel(CancelLevel::None);
+    let mut cancel_closed = false;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    // A closed terminal (an SSH disconnect) is a request to stop like any other: stages get
-    // SIGTERM and their grace, built-in ones write their resumable checkpoints.
-    let mut sighup = signal(SignalKind::hangup())?;
     let mut running = 0usize;
     let mut interrupted = false;
+    // A cancel that came before the run started applies at once.
+    let early = *cancel.borrow_and_update();
+    if early != CancelLevel::None {
+        escalate(
+            &cancel_tx,
+            early,
+            &mut interrupted,
+            &console,
+            settings.grace.get(),
+        );
+    }
     let mut leak_stop = false;
     let mut fail_stop = false;
-    let mut running_cpu_builtin = 0usize;
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = host.cpus;
+    let tolerance = settings.gpu_tolerance_mib.saturating_mul(1 << 20);
+    // Per stage: why it waits for GPUs (told once per change).
+    let mut waiting_why: BTreeMap<usize, String> = BTreeMap::new();
     let mut leaked_any = false;
     let started = Instant::now();
     let started_unix = crate::timefmt::unix_secs_f64();
     let report_path = run_dir.report_path();
     let timeline_csv = run_dir.root().join("gpu-timeline.csv");
     let sampler = match &services.probe {
-        Some(probe) if !pool.all().is_empty() => Some(
+        Some(probe) if !gpus.is_empty() => Some(
             gpu::timeline::start_sampler(
                 probe.clone(),
-                pool.all().to_vec(),
+                gpus.clone(),
                 timeline_csv.clone(),
                 started,
                 Duration::from_millis(50),
@@ -449,6 +453,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
             }
         });
         let next_retry = retry_queue.iter().map(|&(t, _)| t).min();
+        let mut gpu_waiting = false;
         if !stopping {
             let candidates: Vec<usize> = ready.iter().map(|&(_, i)| i).collect();
             for i in candidates {
@@ -461,12 +466,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 } else {
                     0
                 };
-                if want > pool.usable() {
+                if want > host.usable_gpus() {
                     ready.remove(&(position[i], i));
                     let msg = format!(
                         "needs {want} GPU(s) but only {} are usable ({} quarantined after leaks)",
-                        pool.usable(),
-                        pool.all().len() - pool.usable()
+                        host.usable_gpus(),
+                        gpus.len() - host.usable_gpus()
                     );
                     fail_before_start(
                         i,
@@ -480,8 +485,24 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     )?;
                     continue;
                 }
-                let Some(given) = pool.take(want) else {
-                    continue; // wait for GPUs to come free
+                let given = if want == 0 {
+                    Vec::new()
+                } else {
+                    let owner = format!("run {run_id}, stage `{}`", stage.name);
+                    match host.take_gpus(want, ticket, &owner, tolerance) {
+                        Ok(given) => {
+                            waiting_why.remove(&i);
+                            given
+                        }
+                        Err(why) => {
+                            gpu_waiting = true;
+                            if waiting_why.get(&i) != Some(&why) {
+                                console.waiting(&stage.name, &why);
+                                waiting_why.insert(i, why);
+                            }
+                            continue; // wait for GPUs to come free
+                        }
+                    }
                 };
                 ready.remove(&(position[i], i));
                 states[i].attempts += 1;
@@ -496,7 +517,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                                 && (stages[j].gpus_wanted() == 0 || !machine_has_gpus)
                         })
                         .count();
-                    let sharing = (running_cpu_builtin + ready_cpu + 1)
+                    let sharing = (host.cpu_builtin_running.get() + ready_cpu + 1)
                         .min(max_parallel)
                         .max(1);
                     (cpus / sharing).max(1)
@@ -510,12 +531,12 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     worker.as_deref(),
                     &given,
                     machine_has_gpus,
-                    sockets.path(),
+                    host.sockets.path(),
                     cpu_threads,
                 ) {
                     Ok(p) => p,
                     Err(failure) => {
-                        pool.give_back(&given);
+                        host.give_back_gpus(&given);
                         fail_before_start(
                             i,
                             failure.class(),
@@ -532,7 +553,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 states[i].status = Status::Running;
                 running += 1;
                 if cpu_threads.is_some() {
-                    running_cpu_builtin += 1;
+                    host.cpu_builtin_running
+                        .set(host.cpu_builtin_running.get() + 1);
                 }
                 match stage::start_attempt(attempt_plan, &services) {
                     Ok(launched) => {
@@ -557,6 +579,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 }
             }
         }
+        if !gpu_waiting {
+            host.stop_waiting(ticket);
+        }
         if running == 0 && (stopping || (ready.is_empty() && next_retry.is_none())) {
             break;
         }
@@ -565,9 +590,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
             Some((i, result, given)) = done_rx.recv() => {
                 running -= 1;
                 if stages[i].kind.is_some() && given.is_empty() {
-                    running_cpu_builtin -= 1;
+                    host.cpu_builtin_running.set(host.cpu_builtin_running.get().saturating_sub(1));
                 }
-                pool.give_back(&given);
+                host.give_back_gpus(&given);
                 let name = stages[i].name.clone();
                 if let Some(t) = result.timing {
                     for g in &result.gpu {
@@ -585,7 +610,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     leaked_any = true;
                     match settings.on_leak {
                         OnLeak::Quarantine => {
-                            pool.quarantine(&g.uuid);
+                            host.quarantine(&g.uuid);
                             console.warn(&format!("GPU {} quarantined: no further stage will run on it", g.uuid));
                         }
                         OnLeak::Fail => {
@@ -670,9 +695,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     last_report = Instant::now();
                 }
             }
-            _ = sigint.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
-            _ = sigterm.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
-            _ = sighup.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
+            changed = cancel.changed(), if !cancel_closed => {
+                if changed.is_err() {
+                    cancel_closed = true; // nobody can cancel any more
+                } else {
+                    let level = *cancel.borrow_and_update();
+                    escalate(&cancel_tx, level, &mut interrupted, &console, settings.grace.get());
+                }
+            }
+            _ = host.gpus_freed.notified(), if gpu_waiting => {}
+            // A GPU held by a process that is not ours frees without telling anyone.
+            _ = tokio::time::sleep(Duration::from_millis(500)), if gpu_waiting => {}
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next_retry.unwrap_or(far))), if next_retry.is_some() => {}
         }
     }
@@ -709,6 +742,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         status: status.into(),
         exit_code,
     })?;
+    host.stop_waiting(ticket);
     let report = build_report(&plan, &states, &run_dir, &gpu_check, started, status);
     crate::report::write_or_warn(&report_path, &report, &console);
     if let Some(rows) = crate::results::rows(&plan, &report) {
@@ -729,18 +763,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     if let Some(sampler) = sampler {
         sampler.abort();
         let samples = gpu::timeline::read_samples(&timeline_csv);
-        let picture = gpu::svg::render(
-            pool.all(),
-            &samples,
-            &spans,
-            started.elapsed().as_secs_f64(),
-        );
+        let picture = gpu::svg::render(&gpus, &samples, &spans, started.elapsed().as_secs_f64());
         let svg_path = run_dir.root().join("gpu-memory.svg");
         match write_atomic(&svg_path, picture.as_bytes()) {
             Ok(()) => console.note(&format!("GPU memory picture: {}", svg_path.display())),
             Err(e) => console.warn(&format!("cannot write {}: {e}", svg_path.display())),
         }
     }
+    console.run_finished(status, exit_code);
     Ok(RunSummary { exit_code, report })
 }
 
@@ -801,22 +831,30 @@ fn skip_downstream(
     Ok(())
 }
 
+/// Passes a cancel on to the running stages, saying so once per level.
 fn escalate(
-    cancel: &watch::Sender<CancelLevel>,
+    stages: &watch::Sender<CancelLevel>,
+    level: CancelLevel,
     interrupted: &mut bool,
     console: &Console,
     grace: Duration,
 ) {
-    if !*interrupted {
-        *interrupted = true;
-        console.warn(&format!(
-            "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
-            crate::console::human_duration(grace)
-        ));
-        let _ = cancel.send(CancelLevel::Graceful);
-    } else {
-        console.warn("killing running stages now");
-        let _ = cancel.send(CancelLevel::Kill);
+    match level {
+        CancelLevel::None => {}
+        CancelLevel::Graceful if !*interrupted => {
+            *interrupted = true;
+            console.warn(&format!(
+                "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
+                crate::console::human_duration(grace)
+            ));
+            let _ = stages.send(CancelLevel::Graceful);
+        }
+        CancelLevel::Graceful => {}
+        CancelLevel::Kill => {
+            *interrupted = true;
+            console.warn("killing running stages now");
+            let _ = stages.send(CancelLevel::Kill);
+        }
     }
 }
 

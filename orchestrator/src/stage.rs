@@ -74,6 +74,8 @@ pub struct Services {
     pub console: Console,
     /// Echo every stage's output lines on the console (`--follow`).
     pub follow: bool,
+    /// The run's id: stage tokens are scoped by it.
+    pub run_id: String,
 }
 
 /// Why an attempt failed.
@@ -264,8 +266,9 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
             ))
         })?;
     let token = format!(
-        "{}-{}-{}",
+        "{}-{}-{}-{}",
         std::process::id(),
+        services.run_id,
         plan.name,
         crate::timefmt::unix_ms()
     );

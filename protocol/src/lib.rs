@@ -7,11 +7,13 @@
 //! - [`checkpoint`]: the manifest that makes a stage's output directory verifiable.
 //! - [`report`]: the per-run `report.json`.
 //! - [`run`]: the per-run `run.json` (plan format and base directory).
+//! - [`daemon`]: the requests, answers and run events of `orchestrate daemon`'s socket.
 //!
 //! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
 //! not know with a message saying which side to upgrade.
 
 pub mod checkpoint;
+pub mod daemon;
 pub mod duration;
 pub mod plan;
 pub mod report;

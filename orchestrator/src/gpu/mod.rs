@@ -7,6 +7,7 @@
 //! recorded samples; [`NvmlProbe`] is the only production probe.
 
 pub mod check;
+pub mod fake;
 mod nvml;
 mod pool;
 mod reclaim;

@@ -1,14 +1,15 @@
 //! Exclusive assignment of whole GPUs to stages, and quarantine.
 
 use super::GpuInfo;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The GPUs of the machine and who holds each. A GPU belongs to at most one stage at a time,
 /// so that its memory check measures that stage alone.
 #[derive(Debug, Clone)]
 pub struct GpuPool {
     gpus: Vec<GpuInfo>,
-    busy: BTreeSet<String>,
+    /// Busy GPUs, with who holds them ("run X, stage Y").
+    busy: BTreeMap<String, String>,
     quarantined: BTreeSet<String>,
 }
 
@@ -17,7 +18,7 @@ impl GpuPool {
     pub fn new(gpus: Vec<GpuInfo>) -> GpuPool {
         GpuPool {
             gpus,
-            busy: BTreeSet::new(),
+            busy: BTreeMap::new(),
             quarantined: BTreeSet::new(),
         }
     }
@@ -32,20 +33,39 @@ impl GpuPool {
         self.gpus.len() - self.quarantined.len()
     }
 
-    /// Takes `n` free GPUs (lowest index first), or `None` if fewer are free now.
-    pub fn take(&mut self, n: usize) -> Option<Vec<GpuInfo>> {
-        let free: Vec<GpuInfo> = self
-            .gpus
-            .iter()
-            .filter(|g| !self.busy.contains(&g.uuid) && !self.quarantined.contains(&g.uuid))
-            .take(n)
-            .cloned()
-            .collect();
+    /// Who holds `uuid` now, if one of our stages does.
+    pub fn holder(&self, uuid: &str) -> Option<&str> {
+        self.busy.get(uuid).map(String::as_str)
+    }
+
+    /// Whether `uuid` is quarantined.
+    pub fn quarantined(&self, uuid: &str) -> bool {
+        self.quarantined.contains(uuid)
+    }
+
+    /// Takes `n` free, unquarantined GPUs for which `usable` says yes (lowest index first), or
+    /// `None` if fewer are available now.
+    pub fn take(
+        &mut self,
+        n: usize,
+        owner: &str,
+        mut usable: impl FnMut(&GpuInfo) -> bool,
+    ) -> Option<Vec<GpuInfo>> {
+        let mut free = Vec::with_capacity(n);
+        for g in &self.gpus {
+            if free.len() == n {
+                break;
+            }
+            if !self.busy.contains_key(&g.uuid) && !self.quarantined.contains(&g.uuid) && usable(g)
+            {
+                free.push(g.clone());
+            }
+        }
         if free.len() < n {
             return None;
         }
         for g in &free {
-            self.busy.insert(g.uuid.clone());
+            self.busy.insert(g.uuid.clone(), owner.to_string());
         }
         Some(free)
     }
@@ -60,11 +80,6 @@ impl GpuPool {
     /// No further stage will be placed on `uuid`.
     pub fn quarantine(&mut self, uuid: &str) {
         self.quarantined.insert(uuid.to_string());
-    }
-
-    /// Whether `uuid` is quarantined.
-    pub fn is_quarantined(&self, uuid: &str) -> bool {
-        self.quarantined.contains(uuid)
     }
 }
 
@@ -84,17 +99,30 @@ mod tests {
     #[test]
     fn exclusive_and_quarantine() {
         let mut pool = GpuPool::new(vec![gpu(0), gpu(1)]);
-        let a = pool.take(1).unwrap();
+        let any = |_: &GpuInfo| true;
+        let a = pool.take(1, "a", any).unwrap();
         assert_eq!(a[0].uuid, "GPU-0");
-        let b = pool.take(1).unwrap();
+        assert_eq!(pool.holder("GPU-0"), Some("a"));
+        let b = pool.take(1, "b", any).unwrap();
         assert_eq!(b[0].uuid, "GPU-1");
-        assert!(pool.take(1).is_none(), "both busy");
+        assert!(pool.take(1, "c", any).is_none(), "both busy");
         pool.give_back(&a);
         pool.quarantine("GPU-0");
-        assert!(pool.take(1).is_none(), "GPU-0 is quarantined, GPU-1 busy");
+        assert!(
+            pool.take(1, "c", any).is_none(),
+            "GPU-0 is quarantined, GPU-1 busy"
+        );
         pool.give_back(&b);
-        assert_eq!(pool.take(1).unwrap()[0].uuid, "GPU-1");
+        assert_eq!(pool.take(1, "c", any).unwrap()[0].uuid, "GPU-1");
         assert_eq!(pool.usable(), 1);
-        assert!(pool.take(2).is_none());
+        assert!(pool.take(2, "d", any).is_none());
+    }
+
+    #[test]
+    fn a_gpu_that_is_not_usable_is_skipped() {
+        let mut pool = GpuPool::new(vec![gpu(0), gpu(1)]);
+        let got = pool.take(1, "a", |g| g.uuid != "GPU-0").unwrap();
+        assert_eq!(got[0].uuid, "GPU-1");
+        assert!(pool.take(1, "b", |g| g.uuid != "GPU-0").is_none());
     }
 }

@@ -1,0 +1,374 @@
+//! One client connection: newline-delimited JSON requests in, answers out.
+//!
+//! Promises: a peer of another user (not root) is refused before anything else; a line longer
+//! than [`MAX_REQUEST_BYTES`] is refused and the connection closed (the stream cannot be
+//! resynced); a connection that sends no complete request for the idle timeout is closed (a
+//! half line that stalls, a half-open peer); an answer that cannot be written within
+//! [`WRITE_TIMEOUT`] closes the connection (a client that does not read). A bad request gets
+//! an error answer naming the problem and the connection goes on. Each connection is its own
+//! task, so none of this touches running stages or other clients.
+
+use super::Daemon;
+use crate::stage::CancelLevel;
+use protocol::daemon::{
+    ErrorCode, Request, Response, RunInfo, DAEMON_PROTOCOL_VERSION, MAX_REQUEST_BYTES,
+};
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// An answer that cannot be written in this time closes the connection.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once; more are refused.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+const V: u32 = DAEMON_PROTOCOL_VERSION;
+
+fn error(code: ErrorCode, text: impl Into<String>) -> Response {
+    Response::Error {
+        v: V,
+        code,
+        error: text.into(),
+    }
+}
+
+/// Writes one answer line; `false` when the peer is gone or too slow.
+async fn send(stream: &mut UnixStream, response: &Response) -> bool {
+    let Ok(mut line) = serde_json::to_vec(response) else {
+        return false;
+    };
+    line.push(b'\n');
+    matches!(
+        tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&line)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Serves one connection to its end.
+pub async fn serve(daemon: Rc<Daemon>, mut stream: UnixStream) {
+    let uid = stream.peer_cred().map(|c| c.uid()).unwrap_or(u32::MAX);
+    if !super::socket::peer_allowed(uid) {
+        tracing::warn!(uid, "refused a connection from another user");
+        let _ = send(
+            &mut stream,
+            &error(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "permission denied: uid {uid} may not use this daemon (it serves uid {} and root)",
+                    nix::unistd::getuid().as_raw()
+                ),
+            ),
+        )
+        .await;
+        return;
+    }
+    if daemon.connections.get() >= MAX_CONNECTIONS {
+        let _ = send(
+            &mut stream,
+            &error(
+                ErrorCode::Internal,
+                format!("too many connections (at most {MAX_CONNECTIONS}); try again"),
+            ),
+        )
+        .await;
+        return;
+    }
+    daemon.connections.set(daemon.connections.get() + 1);
+    let hello = Response::Hello {
+        v: V,
+        server: format!("orchestrate {}", env!("CARGO_PKG_VERSION")),
+        pid: std::process::id(),
+    };
+    if send(&mut stream, &hello).await {
+        requests(&daemon, &mut stream).await;
+    }
+    daemon.connections.set(daemon.connections.get() - 1);
+}
+
+async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        // Serve every complete line in the buffer.
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let line = &line[..line.len() - 1];
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if !handle(daemon, stream, line).await {
+                return;
+            }
+        }
+        if buf.len() > MAX_REQUEST_BYTES {
+            let _ = send(
+                stream,
+                &error(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
+                    ),
+                ),
+            )
+            .await;
+            return;
+        }
+        let read = tokio::time::timeout(daemon.config.idle_timeout, stream.read(&mut chunk)).await;
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => {
+                let _ = send(
+                    stream,
+                    &error(
+                        ErrorCode::Malformed,
+                        format!(
+                            "no complete request for {}s: closing the connection",
+                            daemon.config.idle_timeout.as_secs_f64()
+                        ),
+                    ),
+                )
+                .await;
+                return;
+            }
+        }
+    }
+}
+
+const KNOWN: [&str; 7] = [
+    "submit", "status", "list", "watch", "wait", "cancel", "shutdown",
+];
+
+/// Parses a line into a request, or the error answer that says why it is not one.
+fn parse(line: &[u8]) -> Result<Request, Box<Response>> {
+    let value: serde_json::Value = serde_json::from_slice(line)
+        .map_err(|e| Box::new(error(ErrorCode::Malformed, format!("not JSON: {e}"))))?;
+    let Some(object) = value.as_object() else {
+        return Err(Box::new(error(
+            ErrorCode::Malformed,
+            "a request is a JSON object with \"v\" and \"type\"",
+        )));
+    };
+    match object.get("v").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(V) => {}
+        Some(v) => {
+            return Err(Box::new(error(
+                ErrorCode::Version,
+                format!("protocol version {v} is not spoken here: this daemon speaks version {V}"),
+            )))
+        }
+        None => {
+            return Err(Box::new(error(
+                ErrorCode::Version,
+                format!(
+                    "the request has no \"v\" (protocol version); this daemon speaks version {V}"
+                ),
+            )))
+        }
+    }
+    let kind = object
+        .get("type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .to_string();
+    if !KNOWN.contains(&kind.as_str()) {
+        return Err(Box::new(error(
+            ErrorCode::UnknownType,
+            format!(
+                "unknown request type {:?}; known: {}",
+                kind,
+                KNOWN.join(", ")
+            ),
+        )));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        Box::new(error(
+            ErrorCode::Malformed,
+            format!("bad `{kind}` request: {e}"),
+        ))
+    })
+}
+
+fn not_found(id: &str) -> Response {
+    error(ErrorCode::NotFound, format!("no run with id {id:?}"))
+}
+
+/// Handles one request line; `false` ends the connection.
+async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bool {
+    let request = match parse(line) {
+        Ok(r) => r,
+        Err(answer) => return send(stream, &answer).await,
+    };
+    let answer = match request {
+        Request::Submit {
+            plan,
+            base_dir,
+            client_id,
+            priority,
+            ..
+        } => {
+            if let Some(existing) = client_id
+                .as_deref()
+                .and_then(|c| daemon.registry.borrow().by_client(c).map(|r| r.info()))
+            {
+                Response::Submitted {
+                    v: V,
+                    id: existing.id,
+                    run_dir: existing.run_dir,
+                    existing: true,
+                }
+            } else if daemon.shutting_down.get() {
+                error(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down and takes no new runs",
+                )
+            } else {
+                match super::accept_plan(plan, base_dir).await {
+                    Err(report) => error(ErrorCode::InvalidPlan, report),
+                    Ok(accepted) => {
+                        // Another submit with the same id may have won while this one was
+                        // being validated.
+                        let raced = client_id
+                            .as_deref()
+                            .and_then(|c| daemon.registry.borrow().by_client(c).map(|r| r.info()));
+                        match raced {
+                            Some(existing) => Response::Submitted {
+                                v: V,
+                                id: existing.id,
+                                run_dir: existing.run_dir,
+                                existing: true,
+                            },
+                            None => match daemon.start_run(accepted, client_id, priority) {
+                                Ok((id, dir)) => Response::Submitted {
+                                    v: V,
+                                    id,
+                                    run_dir: dir.display().to_string(),
+                                    existing: false,
+                                },
+                                Err(why) => error(ErrorCode::Internal, why),
+                            },
+                        }
+                    }
+                }
+            }
+        }
+        Request::Status { id: Some(id), .. } => match daemon.registry.borrow().get(&id) {
+            Some(run) => Response::Runs {
+                v: V,
+                runs: vec![run.info()],
+            },
+            None => not_found(&id),
+        },
+        Request::Status { id: None, .. } | Request::List { .. } => Response::Runs {
+            v: V,
+            runs: daemon.registry.borrow().all().map(|r| r.info()).collect(),
+        },
+        Request::Cancel { id, kill, .. } => match daemon.registry.borrow().get(&id) {
+            Some(run) => {
+                let level = if kill {
+                    CancelLevel::Kill
+                } else {
+                    CancelLevel::Graceful
+                };
+                run.cancel.send_replace(level);
+                Response::Cancelling { v: V, id }
+            }
+            None => not_found(&id),
+        },
+        Request::Shutdown { mode, .. } => {
+            let running = daemon.shutdown(mode);
+            Response::ShuttingDown { v: V, running }
+        }
+        Request::Wait { id, .. } => match finished(daemon, &id).await {
+            Some(run) => Response::Finished { v: V, id, run },
+            None => not_found(&id),
+        },
+        Request::Watch { id, from, .. } => return watch(daemon, stream, &id, from).await,
+    };
+    send(stream, &answer).await
+}
+
+/// Waits for run `id` to end; its final state (None: no such run).
+async fn finished(daemon: &Rc<Daemon>, id: &str) -> Option<RunInfo> {
+    let mut done = daemon.registry.borrow().get(id)?.done.subscribe();
+    let _ = done.wait_for(|d| *d).await;
+    daemon.registry.borrow().get(id).map(|r| r.info())
+}
+
+/// Streams run `id`'s events from `from`, then its outcome.
+async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64) -> bool {
+    let Some((backlog, mut live)) = daemon.registry.borrow().get(id).map(|r| r.subscribe(from))
+    else {
+        return send(stream, &not_found(id)).await;
+    };
+    let mut next = from;
+    for (seq, event) in backlog {
+        next = seq + 1;
+        let answer = Response::Event {
+            v: V,
+            id: id.to_string(),
+            seq,
+            event,
+        };
+        if !send(stream, &answer).await {
+            return false;
+        }
+    }
+    if let Some(live) = live.as_mut() {
+        loop {
+            match live.recv().await {
+                Ok((seq, event)) => {
+                    if seq < next {
+                        continue;
+                    }
+                    next = seq + 1;
+                    let answer = Response::Event {
+                        v: V,
+                        id: id.to_string(),
+                        seq,
+                        event,
+                    };
+                    if !send(stream, &answer).await {
+                        return false;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    // This watcher fell behind: catch up from the log.
+                    let Some((missed, _)) =
+                        daemon.registry.borrow().get(id).map(|r| r.subscribe(next))
+                    else {
+                        break;
+                    };
+                    for (seq, event) in missed {
+                        next = seq + 1;
+                        let answer = Response::Event {
+                            v: V,
+                            id: id.to_string(),
+                            seq,
+                            event,
+                        };
+                        if !send(stream, &answer).await {
+                            return false;
+                        }
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    }
+    match finished(daemon, id).await {
+        Some(run) => {
+            send(
+                stream,
+                &Response::Finished {
+                    v: V,
+                    id: id.to_string(),
+                    run,
+                },
+            )
+            .await
+        }
+        None => send(stream, &not_found(id)).await,
+    }
+}

@@ -1,0 +1,377 @@
+//! `orchestrate daemon`: one [`Host`] and many runs, plans submitted over a Unix socket.
+//!
+//! - [`socket`]: where the socket is, how it is created (0600, stale socket replaced, a live
+//!   daemon refused), who may connect (`SO_PEERCRED`: the same user or root);
+//! - [`registry`]: the runs, their event logs and watchers;
+//! - [`connection`]: one client's requests, with a size cap and an idle timeout, so a slow or
+//!   hostile client costs the others nothing.
+//!
+//! Runs share the host's GPU pool and CPU budget; each is driven by
+//! [`runner::run`](crate::runner::run) like a CLI run, its console a silent tap into the
+//! registry. On start the daemon recovers its runs from their directories under `--runs-dir`:
+//! finished ones as history, interrupted ones (the daemon died under them) resumed by the
+//! resume rules.
+
+pub mod connection;
+pub mod registry;
+pub mod socket;
+
+use crate::console::Console;
+use crate::host::Host;
+use crate::plan::{LoadedPlan, PlanFormat};
+use crate::rundir::RunDir;
+use crate::stage::CancelLevel;
+use protocol::daemon::{PlanInput, ShutdownMode};
+use registry::{Registry, RunEntry, Submission, SUBMISSION_FILE};
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How the daemon is set up.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// The socket.
+    pub socket: PathBuf,
+    /// Where run directories go (and are recovered from).
+    pub runs_dir: PathBuf,
+    /// A connection that sends no complete request for this long is closed.
+    pub idle_timeout: Duration,
+    /// The stage-worker binary, if not the default.
+    pub worker: Option<PathBuf>,
+}
+
+/// The per-user default directory of the daemon's runs: `$XDG_STATE_HOME/orchestrate/runs`,
+/// or `~/.local/state/orchestrate/runs`.
+pub fn default_runs_dir() -> PathBuf {
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
+        return PathBuf::from(state).join("orchestrate").join("runs");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".local/state/orchestrate/runs")
+}
+
+/// What every connection shares.
+pub struct Daemon {
+    /// The host.
+    pub host: Rc<Host>,
+    /// The runs.
+    pub registry: RefCell<Registry>,
+    /// The set-up.
+    pub config: DaemonConfig,
+    /// No new runs are taken.
+    pub shutting_down: Cell<bool>,
+    /// Woken when a run ends or a shutdown is asked for.
+    pub changed: tokio::sync::Notify,
+    /// Open connections.
+    pub connections: Cell<usize>,
+}
+
+/// A plan ready to run: validated, with the text and format the run directory keeps.
+pub struct Accepted {
+    loaded: LoadedPlan,
+    source: String,
+    format: PlanFormat,
+}
+
+/// Reads and validates a submitted plan (on a blocking thread: a big plan must not stall the
+/// runs). `Err` is the validation report, for the client.
+pub async fn accept_plan(input: PlanInput, base_dir: Option<String>) -> Result<Accepted, String> {
+    tokio::task::spawn_blocking(move || {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let base = base_dir.map(PathBuf::from).unwrap_or_else(|| cwd.clone());
+        let base = cwd.join(base);
+        let (loaded, source, format) = match input {
+            PlanInput::Toml(text) => (
+                crate::plan::parse_plan_toml(&text, "<submitted plan>", &base),
+                text,
+                PlanFormat::Toml,
+            ),
+            PlanInput::Json(value) => {
+                let text = serde_json::to_string_pretty(&value).unwrap_or_default();
+                (
+                    crate::plan::parse_plan_json(&text, "<submitted plan>", &base),
+                    text,
+                    PlanFormat::Json,
+                )
+            }
+            PlanInput::Path(path) => {
+                let path = cwd.join(path);
+                let source = std::fs::read_to_string(&path).unwrap_or_default();
+                (
+                    crate::plan::load_plan(&path),
+                    source,
+                    crate::plan::format_of(&path),
+                )
+            }
+        };
+        loaded
+            .map(|loaded| Accepted {
+                loaded,
+                source,
+                format,
+            })
+            .map_err(|e| e.to_string().trim_end().to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the plan could not be read: {e}")))
+}
+
+impl Daemon {
+    /// Starts a validated plan as a new run; returns its id and directory.
+    pub fn start_run(
+        self: &Rc<Self>,
+        plan: Accepted,
+        client_id: Option<String>,
+        priority: i32,
+    ) -> Result<(String, PathBuf), String> {
+        let name = plan
+            .loaded
+            .plan
+            .run
+            .name
+            .clone()
+            .unwrap_or_else(|| "run".into());
+        let run_dir =
+            RunDir::create_fresh(&self.config.runs_dir, &name).map_err(|e| e.to_string())?;
+        let id = run_dir
+            .root()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let submission = Submission {
+            id: id.clone(),
+            client_id,
+            priority,
+            submitted_unix: crate::timefmt::unix_secs_f64(),
+            stages: plan.loaded.plan.stages.len(),
+        };
+        let path = run_dir.root().join(SUBMISSION_FILE);
+        let bytes = serde_json::to_vec_pretty(&submission).map_err(|e| e.to_string())?;
+        crate::rundir::write_atomic(&path, &bytes)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let root = run_dir.root().to_path_buf();
+        self.registry
+            .borrow_mut()
+            .insert(RunEntry::new(submission, root.clone()));
+        self.spawn_run(id.clone(), plan, run_dir, false, priority);
+        tracing::info!(run = %id, dir = %root.display(), "run submitted");
+        Ok((id, root))
+    }
+
+    fn spawn_run(
+        self: &Rc<Self>,
+        id: String,
+        plan: Accepted,
+        run_dir: RunDir,
+        resume: bool,
+        priority: i32,
+    ) {
+        let daemon = self.clone();
+        let cancel = self
+            .registry
+            .borrow()
+            .get(&id)
+            .map(|e| e.cancel.subscribe())
+            .expect("the run was just registered");
+        let (tap, mut events) = tokio::sync::mpsc::unbounded_channel();
+        let options = crate::runner::RunOptions {
+            plan: plan.loaded,
+            plan_source: plan.source,
+            plan_format: plan.format,
+            run_dir,
+            worker: self.config.worker.clone(),
+            console: Console::silent(tap),
+            resume,
+            follow: false,
+            run_id: id.clone(),
+            ticket: self.host.ticket(priority),
+        };
+        tokio::task::spawn_local(async move {
+            let pump = {
+                let daemon = daemon.clone();
+                let id = id.clone();
+                async move {
+                    while let Some(event) = events.recv().await {
+                        if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
+                            entry.push(event);
+                        }
+                    }
+                }
+            };
+            let (result, ()) =
+                tokio::join!(crate::runner::run(options, &daemon.host, cancel), pump);
+            let (state, code) = match result {
+                Ok(summary) => (summary.report.status.clone(), summary.exit_code),
+                Err(e) => {
+                    tracing::warn!(run = %id, "the run could not be carried on: {e:#}");
+                    if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
+                        entry.push(protocol::daemon::RunEvent {
+                            t_ms: crate::timefmt::unix_ms(),
+                            kind: protocol::daemon::RunEventKind::Warning {
+                                text: format!("error: {e:#}"),
+                            },
+                        });
+                    }
+                    ("failed".to_string(), crate::exit::RUN_ERROR)
+                }
+            };
+            if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
+                entry.finish(&state, code);
+            }
+            tracing::info!(run = %id, state = %state, exit_code = code, "run finished");
+            daemon.changed.notify_waiters();
+        });
+    }
+
+    /// Recovers the runs under the runs directory: finished ones as history, interrupted ones
+    /// resumed.
+    pub fn recover(self: &Rc<Self>) {
+        let Ok(entries) = std::fs::read_dir(&self.config.runs_dir) else {
+            return;
+        };
+        let mut found: Vec<(Submission, PathBuf)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let dir = e.path();
+                let text = std::fs::read_to_string(dir.join(SUBMISSION_FILE)).ok()?;
+                let sub: Submission = serde_json::from_str(&text).ok()?;
+                Some((sub, dir))
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.submitted_unix.total_cmp(&b.0.submitted_unix));
+        for (sub, dir) in found {
+            let id = sub.id.clone();
+            let priority = sub.priority;
+            let records = crate::journal::read_run_journal(&dir).unwrap_or_default();
+            let finished = records.iter().rev().find_map(|r| match r {
+                crate::journal::JournalRecord::RunFinished { status, exit_code } => {
+                    Some((status.clone(), *exit_code))
+                }
+                crate::journal::JournalRecord::RunStarted { .. } => Some((String::new(), -1)),
+                _ => None,
+            });
+            let mut entry = RunEntry::new(sub, dir.clone());
+            match finished {
+                Some((status, code)) if !status.is_empty() => {
+                    entry.finish(&status, code);
+                    self.registry.borrow_mut().insert(entry);
+                }
+                _ => {
+                    self.registry.borrow_mut().insert(entry);
+                    match self.resume_run(&dir) {
+                        Ok((plan, run_dir)) => {
+                            tracing::info!(run = %id, "resuming a run interrupted by the daemon's end");
+                            self.spawn_run(id, plan, run_dir, true, priority);
+                        }
+                        Err(why) => {
+                            tracing::warn!(run = %id, "cannot resume: {why}");
+                            if let Some(e) = self.registry.borrow_mut().get_mut(&id) {
+                                e.finish("interrupted", crate::exit::INTERRUPTED);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn resume_run(&self, dir: &Path) -> Result<(Accepted, RunDir), String> {
+        let run_dir = RunDir::open_existing(dir).map_err(|e| e.to_string())?;
+        let (path, format, base) =
+            crate::rundir::run_plan_location(run_dir.root()).map_err(|e| e.to_string())?;
+        let loaded = crate::plan::load_plan_based(&path, format, &base)
+            .map_err(|e| e.to_string().trim_end().to_string())?;
+        let source = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Ok((
+            Accepted {
+                loaded,
+                source,
+                format,
+            },
+            run_dir,
+        ))
+    }
+
+    /// Stops taking runs; `Cancel` also stops the running ones gracefully.
+    pub fn shutdown(&self, mode: ShutdownMode) -> usize {
+        self.shutting_down.set(true);
+        let registry = self.registry.borrow();
+        if mode == ShutdownMode::Cancel {
+            for run in registry.all().filter(|r| !r.finished()) {
+                run.cancel.send_replace(CancelLevel::Graceful);
+            }
+        }
+        drop(registry);
+        self.changed.notify_waiters();
+        self.registry.borrow().running()
+    }
+}
+
+/// Runs the daemon until it is shut down (a `shutdown` request, SIGINT or SIGTERM, which
+/// stop running runs gracefully: they resume when the daemon starts again).
+pub async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    // A daemon is not tied to a terminal: a hangup does not stop it.
+    let mut sighup = signal(SignalKind::hangup())?;
+    std::fs::create_dir_all(&config.runs_dir)
+        .with_context(|| format!("cannot create {}", config.runs_dir.display()))?;
+    let config = DaemonConfig {
+        runs_dir: std::fs::canonicalize(&config.runs_dir)
+            .with_context(|| format!("cannot resolve {}", config.runs_dir.display()))?,
+        ..config
+    };
+    let listening = socket::listen(&config.socket)?;
+    let listener = tokio::net::UnixListener::from_std(listening.listener.try_clone()?)?;
+    let host = Host::start()?;
+    let daemon = Rc::new(Daemon {
+        host,
+        registry: RefCell::new(Registry::default()),
+        config,
+        shutting_down: Cell::new(false),
+        changed: tokio::sync::Notify::new(),
+        connections: Cell::new(0),
+    });
+    daemon.recover();
+    tracing::info!(
+        socket = %listening.path.display(),
+        runs_dir = %daemon.config.runs_dir.display(),
+        pid = std::process::id(),
+        "daemon listening"
+    );
+    eprintln!(
+        "orchestrate daemon: listening on {} (runs in {})",
+        listening.path.display(),
+        daemon.config.runs_dir.display()
+    );
+    loop {
+        if daemon.shutting_down.get() && daemon.registry.borrow().running() == 0 {
+            break;
+        }
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let daemon = daemon.clone();
+                    tokio::task::spawn_local(connection::serve(daemon, stream));
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = daemon.changed.notified() => {}
+            _ = sigint.recv() => { daemon.shutdown(ShutdownMode::Cancel); }
+            _ = sigterm.recv() => { daemon.shutdown(ShutdownMode::Cancel); }
+            _ = sighup.recv() => {}
+        }
+    }
+    tracing::info!("daemon stopped");
+    drop(listening);
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! The daemon's runs: each one's state, its event log and watchers, its cancel handle.
+//!
+//! Every event of a run gets a sequence number (from 0, no gaps), is appended to
+//! `<run>/events.jsonl` and, while the run goes, kept in memory and broadcast to watchers; a
+//! finished run keeps only its summary in memory (watchers of it read the file), so the
+//! daemon's memory does not grow with the events of finished runs.
+
+use crate::stage::CancelLevel;
+use protocol::daemon::{RunEvent, RunEventKind, RunInfo};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tokio::sync::{broadcast, watch};
+
+/// An event with its sequence number.
+pub type Numbered = (u64, RunEvent);
+
+/// File, in a run directory, of what the daemon knows about the submission.
+pub const SUBMISSION_FILE: &str = "submission.json";
+/// File, in a run directory, of the run's events (one JSON object per line).
+pub const EVENTS_FILE: &str = "events.jsonl";
+
+/// What a submission recorded, so a restarted daemon knows the run again.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Submission {
+    /// The run's id.
+    pub id: String,
+    /// The client's id.
+    pub client_id: Option<String>,
+    /// Priority.
+    pub priority: i32,
+    /// When (Unix seconds).
+    pub submitted_unix: f64,
+    /// Stages in the plan.
+    pub stages: usize,
+}
+
+/// One run.
+pub struct RunEntry {
+    /// Its submission.
+    pub submission: Submission,
+    /// Its directory.
+    pub run_dir: PathBuf,
+    /// "queued", "running", or how it ended.
+    pub state: String,
+    /// Exit status once finished.
+    pub exit_code: Option<i32>,
+    /// When it finished.
+    pub finished_unix: Option<f64>,
+    succeeded: usize,
+    running: usize,
+    waiting: BTreeMap<String, String>,
+    /// Events while running (dropped when it ends).
+    events: Vec<RunEvent>,
+    event_count: u64,
+    events_file: Option<std::io::BufWriter<std::fs::File>>,
+    live: Option<broadcast::Sender<(u64, RunEvent)>>,
+    /// Set to true when the run has ended.
+    pub done: watch::Sender<bool>,
+    /// Cancels the run.
+    pub cancel: watch::Sender<CancelLevel>,
+}
+
+impl RunEntry {
+    /// A run about to start (or a finished one read back, with `finished` set).
+    pub fn new(submission: Submission, run_dir: PathBuf) -> RunEntry {
+        let events_path = run_dir.join(EVENTS_FILE);
+        let event_count = count_lines(&events_path);
+        let events_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&events_path)
+            .ok()
+            .map(std::io::BufWriter::new);
+        RunEntry {
+            submission,
+            run_dir,
+            state: "queued".into(),
+            exit_code: None,
+            finished_unix: None,
+            succeeded: 0,
+            running: 0,
+            waiting: BTreeMap::new(),
+            events: Vec::new(),
+            event_count,
+            events_file,
+            live: Some(broadcast::channel(1024).0),
+            done: watch::channel(false).0,
+            cancel: watch::channel(CancelLevel::None).0,
+        }
+    }
+
+    /// The entry's public view.
+    pub fn info(&self) -> RunInfo {
+        RunInfo {
+            id: self.submission.id.clone(),
+            run_dir: self.run_dir.display().to_string(),
+            state: self.state.clone(),
+            exit_code: self.exit_code,
+            client_id: self.submission.client_id.clone(),
+            priority: self.submission.priority,
+            submitted_unix: self.submission.submitted_unix,
+            finished_unix: self.finished_unix,
+            stages: self.submission.stages,
+            succeeded: self.succeeded,
+            running: self.running,
+            waiting: self
+                .waiting
+                .iter()
+                .map(|(stage, why)| format!("{stage}: {why}"))
+                .collect(),
+            events: self.event_count,
+        }
+    }
+
+    /// Whether it has ended.
+    pub fn finished(&self) -> bool {
+        self.finished_unix.is_some()
+    }
+
+    /// Records one event of the run.
+    pub fn push(&mut self, event: RunEvent) {
+        self.state = "running".into();
+        match &event.kind {
+            RunEventKind::StageStarted { stage, .. } => {
+                self.running += 1;
+                self.waiting.remove(stage);
+            }
+            RunEventKind::StageFinished { status, .. } => {
+                self.running = self.running.saturating_sub(1);
+                if status == "succeeded" {
+                    self.succeeded += 1;
+                }
+            }
+            RunEventKind::StageWaiting { stage, reason } => {
+                self.waiting.insert(stage.clone(), reason.clone());
+            }
+            _ => {}
+        }
+        if let Some(file) = &mut self.events_file {
+            if let Ok(mut line) = serde_json::to_vec(&event) {
+                line.push(b'\n');
+                let _ = file.write_all(&line).and_then(|()| file.flush());
+            }
+        }
+        let seq = self.event_count;
+        self.event_count += 1;
+        if let Some(live) = &self.live {
+            let _ = live.send((seq, event.clone()));
+        }
+        self.events.push(event);
+    }
+
+    /// The run ended: its outcome recorded, its watchers told, its in-memory events dropped.
+    pub fn finish(&mut self, state: &str, exit_code: i32) {
+        self.state = state.to_string();
+        self.exit_code = Some(exit_code);
+        self.finished_unix = Some(crate::timefmt::unix_secs_f64());
+        self.running = 0;
+        self.waiting.clear();
+        self.events = Vec::new();
+        self.events_file = None;
+        self.live = None;
+        self.done.send_replace(true);
+    }
+
+    /// Events from `from` that exist now, and a receiver for later ones (None once finished).
+    pub fn subscribe(&self, from: u64) -> (Vec<Numbered>, Option<broadcast::Receiver<Numbered>>) {
+        let backlog = if self.finished() {
+            read_events(&self.run_dir.join(EVENTS_FILE), from)
+        } else {
+            // Events from before a daemon restart are only in the file.
+            let base = self.event_count - self.events.len() as u64;
+            let mut backlog: Vec<(u64, RunEvent)> = if from < base {
+                read_events(&self.run_dir.join(EVENTS_FILE), from)
+                    .into_iter()
+                    .filter(|(seq, _)| *seq < base)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            backlog.extend(
+                self.events
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| (base + i as u64, e.clone()))
+                    .filter(|(seq, _)| *seq >= from),
+            );
+            backlog
+        };
+        let live = self.live.as_ref().map(broadcast::Sender::subscribe);
+        (backlog, live)
+    }
+}
+
+fn count_lines(path: &Path) -> u64 {
+    std::fs::read(path)
+        .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
+        .unwrap_or(0)
+}
+
+/// Events `from` onwards from a run's event file.
+pub fn read_events(path: &Path, from: u64) -> Vec<(u64, RunEvent)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .enumerate()
+        .skip(from as usize)
+        .filter_map(|(i, line)| serde_json::from_str(line).ok().map(|e| (i as u64, e)))
+        .collect()
+}
+
+/// Every run of the daemon.
+#[derive(Default)]
+pub struct Registry {
+    runs: HashMap<String, RunEntry>,
+    order: Vec<String>,
+    by_client: HashMap<String, String>,
+}
+
+impl Registry {
+    /// Adds a run.
+    pub fn insert(&mut self, entry: RunEntry) {
+        let id = entry.submission.id.clone();
+        if let Some(client) = &entry.submission.client_id {
+            self.by_client.insert(client.clone(), id.clone());
+        }
+        self.order.push(id.clone());
+        self.runs.insert(id, entry);
+    }
+
+    /// The run with `id`.
+    pub fn get(&self, id: &str) -> Option<&RunEntry> {
+        self.runs.get(id)
+    }
+
+    /// The run with `id`, to change.
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut RunEntry> {
+        self.runs.get_mut(id)
+    }
+
+    /// The run a client submitted under `client_id`.
+    pub fn by_client(&self, client_id: &str) -> Option<&RunEntry> {
+        self.by_client
+            .get(client_id)
+            .and_then(|id| self.runs.get(id))
+    }
+
+    /// Every run, in submission order.
+    pub fn all(&self) -> impl Iterator<Item = &RunEntry> {
+        self.order.iter().filter_map(|id| self.runs.get(id))
+    }
+
+    /// Runs not finished.
+    pub fn running(&self) -> usize {
+        self.runs.values().filter(|r| !r.finished()).count()
+    }
+}

@@ -1,0 +1,57 @@
+//! Stand-in GPUs for tests on machines without NVML: `ORCHESTRATE_FAKE_GPUS=N` makes the
+//! inventory N GPUs named `GPU-fake-<i>` whose memory is read from files, so scheduling and
+//! the "held by someone else" rules can be exercised on a CPU machine by real processes.
+//!
+//! A foreign holder of GPU `GPU-fake-<i>` is a line `PID NAME BYTES` in the file
+//! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>`; its used memory is the sum of the lines' bytes.
+//! Not for production: stages placed on fake GPUs get their UUIDs in `CUDA_VISIBLE_DEVICES`.
+
+use super::{GpuInfo, Holder, MemoryProbe};
+use std::path::PathBuf;
+
+/// The variable that turns fake GPUs on.
+pub const FAKE_GPUS_VAR: &str = "ORCHESTRATE_FAKE_GPUS";
+/// The directory of holder files.
+pub const FAKE_GPU_DIR_VAR: &str = "ORCHESTRATE_FAKE_GPU_DIR";
+
+/// Fake GPUs and their probe, when [`FAKE_GPUS_VAR`] asks for them.
+pub fn from_env() -> Option<(Vec<GpuInfo>, FakeProbe)> {
+    let n: u32 = std::env::var(FAKE_GPUS_VAR).ok()?.parse().ok()?;
+    let gpus = (0..n)
+        .map(|index| GpuInfo {
+            index,
+            uuid: format!("GPU-fake-{index}"),
+            name: "fake GPU".into(),
+            total_bytes: 80 << 30,
+        })
+        .collect();
+    let dir = std::env::var_os(FAKE_GPU_DIR_VAR).map(PathBuf::from);
+    Some((gpus, FakeProbe { dir }))
+}
+
+/// Reads holder files.
+pub struct FakeProbe {
+    dir: Option<PathBuf>,
+}
+
+impl MemoryProbe for FakeProbe {
+    fn used_bytes(&self, uuid: &str) -> Result<u64, String> {
+        Ok(self.holders(uuid).iter().filter_map(|h| h.bytes).sum())
+    }
+
+    fn holders(&self, uuid: &str) -> Vec<Holder> {
+        let Some(dir) = &self.dir else {
+            return Vec::new();
+        };
+        let text = std::fs::read_to_string(dir.join(uuid)).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let mut parts = line.split_whitespace();
+                let pid = parts.next()?.parse().ok()?;
+                let name = parts.next()?.to_string();
+                let bytes = parts.next().and_then(|b| b.parse().ok());
+                Some(Holder { pid, name, bytes })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,239 @@
+//! The host: everything that exists once per `orchestrate` process, shared by every run in it.
+//!
+//! The CLI is one host with one run; the daemon is one host with many. A [`Host`] owns:
+//! - the child-subreaper status and the only `wait4(-1)` reaper ([`Reaper`]): every process any
+//!   run spawns goes through it, so no run collects another's exit statuses;
+//! - one guard process, which kills every stage process of this host if the process dies;
+//! - the directory of event sockets;
+//! - NVML (or its absence), one GPU pool for all runs, and the idle baseline of each GPU;
+//! - the CPU budget that built-in CPU stages share.
+//!
+//! Promises: a GPU is given to one stage of one run at a time; it is given only when the
+//! driver lists no process on it and its memory is at its idle baseline (a GPU held by a
+//! process that is not ours is not assigned, and the waiting stage is told who holds it);
+//! runs waiting for GPUs are served in ticket order (higher priority first, then submission
+//! order), so a run never waits behind a later one of the same priority.
+
+use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
+use crate::guard::Guard;
+use crate::reaper::Reaper;
+use crate::runner::SocketDir;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
+
+/// A run's place in the queue for GPUs: lower is served first.
+pub type Ticket = (i64, u64);
+
+/// What the machine's GPUs are and how they are read.
+pub struct GpuInventory {
+    /// Every GPU (empty without NVML).
+    pub gpus: Vec<GpuInfo>,
+    /// The probe, when NVML (or the test stand-in) answered.
+    pub probe: Option<Rc<dyn MemoryProbe>>,
+    /// The driver version, or why there is no NVML.
+    pub status: Result<String, String>,
+}
+
+/// Process-wide machinery shared by every run of this process. Lives on one thread.
+pub struct Host {
+    /// The only reaper of this process.
+    pub reaper: Reaper,
+    _guard: Guard,
+    /// Event sockets of every run's stages.
+    pub sockets: SocketDir,
+    /// The GPUs.
+    pub inventory: GpuInventory,
+    pool: RefCell<GpuPool>,
+    /// Lowest used memory seen on each GPU with no process on it.
+    idle: RefCell<HashMap<String, u64>>,
+    /// Runs waiting for GPUs.
+    waiting: RefCell<BTreeSet<Ticket>>,
+    /// Woken whenever GPUs are given back.
+    pub gpus_freed: tokio::sync::Notify,
+    /// Cores of the machine.
+    pub cpus: usize,
+    /// Built-in stages running on the CPU, across runs.
+    pub cpu_builtin_running: Cell<usize>,
+    next_run: Cell<u64>,
+}
+
+impl Host {
+    /// Becomes a child subreaper, starts the reaper and the guard, creates the socket
+    /// directory and reads the GPU inventory. Call once per process, inside a tokio
+    /// `LocalSet` on a current-thread runtime.
+    pub fn start() -> anyhow::Result<Rc<Host>> {
+        use anyhow::Context;
+        let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
+        let guard =
+            crate::guard::start(Some(sockets.path())).context("cannot start the guard process")?;
+        let reaper = Reaper::start().context("cannot become a child subreaper")?;
+        let inventory = match gpu::fake::from_env() {
+            Some((gpus, probe)) => GpuInventory {
+                gpus,
+                probe: Some(Rc::new(probe)),
+                status: Ok("fake GPUs (ORCHESTRATE_FAKE_GPUS)".into()),
+            },
+            None => match gpu::discover() {
+                Inventory::Available {
+                    gpus,
+                    probe,
+                    driver,
+                } => GpuInventory {
+                    gpus,
+                    probe: Some(Rc::from(probe as Box<dyn MemoryProbe>)),
+                    status: Ok(driver),
+                },
+                Inventory::Unavailable(why) => GpuInventory {
+                    gpus: Vec::new(),
+                    probe: None,
+                    status: Err(why),
+                },
+            },
+        };
+        let mut idle = HashMap::new();
+        if let Some(probe) = &inventory.probe {
+            for g in &inventory.gpus {
+                if probe.holders(&g.uuid).is_empty() {
+                    if let Ok(used) = probe.used_bytes(&g.uuid) {
+                        idle.insert(g.uuid.clone(), used);
+                    }
+                }
+            }
+        }
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Ok(Rc::new(Host {
+            reaper,
+            _guard: guard,
+            sockets,
+            pool: RefCell::new(GpuPool::new(inventory.gpus.clone())),
+            inventory,
+            idle: RefCell::new(idle),
+            waiting: RefCell::new(BTreeSet::new()),
+            gpus_freed: tokio::sync::Notify::new(),
+            cpus,
+            cpu_builtin_running: Cell::new(0),
+            next_run: Cell::new(0),
+        }))
+    }
+
+    /// A ticket for a new run of `priority`: after every run ticketed before at that priority.
+    pub fn ticket(&self, priority: i32) -> Ticket {
+        let n = self.next_run.get();
+        self.next_run.set(n + 1);
+        (-i64::from(priority), n)
+    }
+
+    /// Whether the machine has GPUs to give.
+    pub fn has_gpus(&self) -> bool {
+        !self.inventory.gpus.is_empty()
+    }
+
+    /// GPUs that can still be given (not quarantined).
+    pub fn usable_gpus(&self) -> usize {
+        self.pool.borrow().usable()
+    }
+
+    /// Takes `n` GPUs for `owner` of the run holding `ticket`, each clean (no process on it,
+    /// memory within `tolerance` of its idle baseline), or says why the stage must wait. A run
+    /// whose ticket is not the first among the waiting runs waits for them.
+    pub fn take_gpus(
+        &self,
+        n: usize,
+        ticket: Ticket,
+        owner: &str,
+        tolerance: u64,
+    ) -> Result<Vec<GpuInfo>, String> {
+        if let Some(first) = self.waiting.borrow().first() {
+            if *first < ticket {
+                return Err(format!(
+                    "waiting for {n} GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first"
+                ));
+            }
+        }
+        let mut reasons: Vec<String> = Vec::new();
+        let probe = self.inventory.probe.clone();
+        let mut idle = self.idle.borrow_mut();
+        let mut pool = self.pool.borrow_mut();
+        let busy: Vec<String> = self
+            .inventory
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                pool.holder(&g.uuid)
+                    .map(|h| format!("GPU {} busy with {h}", g.index))
+            })
+            .collect();
+        let got = pool.take(n, owner, |g| {
+            let Some(probe) = &probe else { return true };
+            let holders = probe.holders(&g.uuid);
+            let used = probe.used_bytes(&g.uuid).ok();
+            if !holders.is_empty() {
+                let list: Vec<String> = holders.iter().take(3).map(|h| h.to_string()).collect();
+                reasons.push(format!("GPU {} held by {}", g.index, list.join(", ")));
+                return false;
+            }
+            let Some(used) = used else {
+                reasons.push(format!("GPU {} cannot be read", g.index));
+                return false;
+            };
+            let base = idle.entry(g.uuid.clone()).or_insert(used);
+            if used < *base {
+                *base = used;
+            }
+            if used > base.saturating_add(tolerance) {
+                reasons.push(format!(
+                    "GPU {} has {} MiB in use by something the driver does not list (idle: {} MiB)",
+                    g.index,
+                    used >> 20,
+                    *base >> 20
+                ));
+                return false;
+            }
+            true
+        });
+        match got {
+            Some(gpus) => {
+                self.waiting.borrow_mut().remove(&ticket);
+                Ok(gpus)
+            }
+            None => {
+                self.waiting.borrow_mut().insert(ticket);
+                reasons.extend(busy);
+                if reasons.is_empty() {
+                    reasons.push("not enough free GPUs".into());
+                }
+                Err(format!("waiting for {n} GPU(s): {}", reasons.join("; ")))
+            }
+        }
+    }
+
+    /// Gives GPUs back and wakes waiting runs.
+    pub fn give_back_gpus(&self, gpus: &[GpuInfo]) {
+        if gpus.is_empty() {
+            return;
+        }
+        self.pool.borrow_mut().give_back(gpus);
+        self.gpus_freed.notify_waiters();
+    }
+
+    /// No further stage of any run is placed on `uuid`.
+    pub fn quarantine(&self, uuid: &str) {
+        self.pool.borrow_mut().quarantine(uuid);
+        self.gpus_freed.notify_waiters();
+    }
+
+    /// The run holding `ticket` no longer waits for GPUs (it ended or has nothing ready).
+    pub fn stop_waiting(&self, ticket: Ticket) {
+        if self.waiting.borrow_mut().remove(&ticket) {
+            self.gpus_freed.notify_waiters();
+        }
+    }
+
+    /// The GPUs (all of them).
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.inventory.gpus
+    }
+}

@@ -1,0 +1,343 @@
+//! The daemon's socket protocol: newline-delimited JSON over a Unix stream socket.
+//!
+//! On connect the daemon sends one [`Response::Hello`] line. Every request is one JSON object
+//! on one line with `"v": 1` and a `"type"`; every answer is one line (a `watch` streams
+//! several, ending with [`Response::Finished`]). A request the daemon cannot take (malformed
+//! JSON, an unknown type, a wrong version, a line over [`MAX_REQUEST_BYTES`]) gets an
+//! [`Response::Error`] naming the problem; the connection and the daemon go on (except after
+//! an over-long line, where the connection is closed because the stream cannot be resynced).
+//! `docs/protocol.md` has every message with an example.
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol; requests carry it in `v`.
+pub const DAEMON_PROTOCOL_VERSION: u32 = 1;
+
+/// Longest request line the daemon reads (a plan sent inline must fit; send a `path` for
+/// bigger plans).
+pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+
+/// A client's request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Run a plan.
+    Submit {
+        /// Protocol version.
+        v: u32,
+        /// The plan.
+        plan: PlanInput,
+        /// Directory the plan's relative paths mean, for an inline plan (default: the
+        /// daemon's working directory; a `path` plan is based at its own directory).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        base_dir: Option<String>,
+        /// A client-chosen id: a second submit with the same id returns the first run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_id: Option<String>,
+        /// Higher runs first when stages wait for GPUs (default 0).
+        #[serde(default)]
+        priority: i32,
+    },
+    /// One run's state, or every run's.
+    Status {
+        /// Protocol version.
+        v: u32,
+        /// The run (all runs when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+    },
+    /// Every run the daemon knows, newest last.
+    List {
+        /// Protocol version.
+        v: u32,
+    },
+    /// A run's events from `from` (0: its start), then live, ending with its outcome.
+    Watch {
+        /// Protocol version.
+        v: u32,
+        /// The run.
+        id: String,
+        /// First event sequence number to send.
+        #[serde(default)]
+        from: u64,
+    },
+    /// Answers once the run has finished, with its outcome.
+    Wait {
+        /// Protocol version.
+        v: u32,
+        /// The run.
+        id: String,
+    },
+    /// Stops a run: running stages get SIGTERM and their grace (`kill`: SIGKILL now).
+    Cancel {
+        /// Protocol version.
+        v: u32,
+        /// The run.
+        id: String,
+        /// Kill at once instead of a graceful stop.
+        #[serde(default)]
+        kill: bool,
+    },
+    /// Stops the daemon: `drain` lets running runs finish (no new submissions), `cancel`
+    /// stops them gracefully first.
+    Shutdown {
+        /// Protocol version.
+        v: u32,
+        /// How.
+        #[serde(default)]
+        mode: ShutdownMode,
+    },
+}
+
+impl Request {
+    /// The version the request declares.
+    pub fn version(&self) -> u32 {
+        match self {
+            Request::Submit { v, .. }
+            | Request::Status { v, .. }
+            | Request::List { v }
+            | Request::Watch { v, .. }
+            | Request::Wait { v, .. }
+            | Request::Cancel { v, .. }
+            | Request::Shutdown { v, .. } => *v,
+        }
+    }
+}
+
+/// A plan as a client sends it: TOML text, a JSON object, or a path the daemon reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum PlanInput {
+    /// TOML text.
+    Toml(String),
+    /// The plan as a JSON object.
+    Json(serde_json::Value),
+    /// A plan file (TOML, or JSON by extension), absolute or relative to the daemon's
+    /// working directory.
+    Path(String),
+}
+
+/// How [`Request::Shutdown`] treats running runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShutdownMode {
+    /// Let them finish.
+    #[default]
+    Drain,
+    /// Stop them gracefully, then exit.
+    Cancel,
+}
+
+/// The daemon's answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response {
+    /// Sent once, on connect.
+    Hello {
+        /// Protocol version of the daemon.
+        v: u32,
+        /// `orchestrate` version.
+        server: String,
+        /// The daemon's pid.
+        pid: u32,
+    },
+    /// A run was accepted (or, with a known `client_id`, found).
+    Submitted {
+        /// Protocol version.
+        v: u32,
+        /// The run's id.
+        id: String,
+        /// Its directory.
+        run_dir: String,
+        /// Whether the run already existed (an idempotent resubmit).
+        existing: bool,
+    },
+    /// Runs and their states.
+    Runs {
+        /// Protocol version.
+        v: u32,
+        /// The runs asked for.
+        runs: Vec<RunInfo>,
+    },
+    /// One event of a watched run.
+    Event {
+        /// Protocol version.
+        v: u32,
+        /// The run.
+        id: String,
+        /// Its sequence number in the run (from 0, no gaps).
+        seq: u64,
+        /// The event.
+        event: RunEvent,
+    },
+    /// The run has finished: the end of a `watch`, the answer to a `wait`.
+    Finished {
+        /// Protocol version.
+        v: u32,
+        /// The run.
+        id: String,
+        /// How it ended.
+        run: RunInfo,
+    },
+    /// A cancel was passed on to the run.
+    Cancelling {
+        /// Protocol version.
+        v: u32,
+        /// The run.
+        id: String,
+    },
+    /// The daemon is shutting down.
+    ShuttingDown {
+        /// Protocol version.
+        v: u32,
+        /// Runs still running.
+        running: usize,
+    },
+    /// The request could not be served.
+    Error {
+        /// Protocol version.
+        v: u32,
+        /// What kind of problem.
+        code: ErrorCode,
+        /// What is wrong, for a human.
+        error: String,
+    },
+}
+
+/// The kinds of [`Response::Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Not JSON, or not a request object.
+    Malformed,
+    /// An unknown `type`.
+    UnknownType,
+    /// A `v` this daemon does not speak.
+    Version,
+    /// The line is longer than [`MAX_REQUEST_BYTES`].
+    TooLarge,
+    /// The plan does not validate.
+    InvalidPlan,
+    /// No run with that id.
+    NotFound,
+    /// The daemon is shutting down and takes no new runs.
+    ShuttingDown,
+    /// The peer's user may not use this daemon.
+    PermissionDenied,
+    /// Anything else (I/O).
+    Internal,
+}
+
+/// A run as the daemon sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Its id.
+    pub id: String,
+    /// Its directory.
+    pub run_dir: String,
+    /// "queued", "running", "succeeded", "failed", "leaked", "interrupted".
+    pub state: String,
+    /// `orchestrate`'s exit status for it, once finished.
+    pub exit_code: Option<i32>,
+    /// The client's id for it.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// Its priority.
+    #[serde(default)]
+    pub priority: i32,
+    /// When it was submitted (Unix seconds).
+    pub submitted_unix: f64,
+    /// When it finished.
+    pub finished_unix: Option<f64>,
+    /// Stages in the plan.
+    pub stages: usize,
+    /// Stages that succeeded.
+    pub succeeded: usize,
+    /// Stages running now.
+    pub running: usize,
+    /// Why its stages are waiting, when they are ("waiting: GPU 1 held by pid 4242 …").
+    #[serde(default)]
+    pub waiting: Vec<String>,
+    /// Events so far (the next `watch` sequence number).
+    pub events: u64,
+}
+
+/// Something that happened in a run: what the console prints, what watchers receive.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEvent {
+    /// Unix time, milliseconds.
+    pub t_ms: u64,
+    /// What.
+    #[serde(flatten)]
+    pub kind: RunEventKind,
+}
+
+/// The kinds of [`RunEvent`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum RunEventKind {
+    /// A general note.
+    Note {
+        /// Text.
+        text: String,
+    },
+    /// A warning.
+    Warning {
+        /// Text.
+        text: String,
+    },
+    /// A stage attempt started.
+    StageStarted {
+        /// Stage.
+        stage: String,
+        /// Attempt, from 1.
+        attempt: u32,
+        /// Its first process.
+        pid: i32,
+        /// "cpu" or the GPUs.
+        placement: String,
+    },
+    /// A stage's progress (rate-limited).
+    Progress {
+        /// Stage.
+        stage: String,
+        /// Step.
+        step: u64,
+        /// Total steps.
+        total: Option<u64>,
+        /// Loss.
+        loss: Option<f64>,
+        /// Tokens per second.
+        tokens_per_s: Option<f64>,
+    },
+    /// A stage waits for GPUs, and why.
+    StageWaiting {
+        /// Stage.
+        stage: String,
+        /// Why.
+        reason: String,
+    },
+    /// A stage attempt ended.
+    StageFinished {
+        /// Stage.
+        stage: String,
+        /// "succeeded", "failed", "cancelled".
+        status: String,
+        /// Details (the error).
+        detail: String,
+        /// Wall time, seconds.
+        wall_s: f64,
+    },
+    /// A block of text (a results table, the final summary).
+    Text {
+        /// Text.
+        text: String,
+    },
+    /// The run ended.
+    RunFinished {
+        /// "succeeded", "failed", "leaked", "interrupted".
+        status: String,
+        /// `orchestrate`'s exit status.
+        exit_code: i32,
+    },
+}
