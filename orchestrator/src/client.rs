@@ -22,6 +22,9 @@ pub enum ClientError {
     /// The connection broke.
     #[error("the connection to the daemon broke: {0}")]
     Io(#[from] std::io::Error),
+    /// The daemon refused the connection (another user, too many connections).
+    #[error("the daemon refused the connection: {0}")]
+    Refused(String),
     /// The daemon said something that is not an answer.
     #[error("the daemon sent something that is not an answer: {0}")]
     Protocol(String),
@@ -45,7 +48,7 @@ impl Client {
         let mut reader = BufReader::new(writer.try_clone()?);
         let hello = read(&mut reader)?;
         if let Response::Error { error, .. } = &hello {
-            return Err(ClientError::Protocol(error.clone()));
+            return Err(ClientError::Refused(error.clone()));
         }
         Ok(Client {
             reader,
