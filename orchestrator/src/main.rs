@@ -236,9 +236,12 @@ enum LogFormat {
     Json,
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, daemon: bool) {
     use tracing_subscriber::EnvFilter;
-    let default = if format == LogFormat::Json {
+    let default = if daemon {
+        // The daemon's own log: what it serves and refuses.
+        "orchestrator=info,orchestrate=info,warn"
+    } else if format == LogFormat::Json {
         "orchestrate=info,warn"
     } else {
         "warn"
@@ -271,7 +274,10 @@ fn main() -> ExitCode {
         return ExitCode::from(orchestrator::guard::run(pid, cleanup) as u8);
     }
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(
+        cli.log_format,
+        matches!(cli.command, Some(Command::Daemon { .. })),
+    );
     match cli.command {
         Some(Command::Validate { plan }) => match load_or_report(&plan) {
             Ok(loaded) => {

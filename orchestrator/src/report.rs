@@ -6,11 +6,12 @@ use protocol::report::{Report, StageReport};
 use std::path::Path;
 use std::time::Duration;
 
-/// Writes the report atomically (readers never see half a report).
+/// Writes the report atomically (readers never see half a report); not fsynced: the journal
+/// is the durable record and `orchestrate report` rebuilds from it.
 pub fn write(path: &std::path::Path, report: &Report) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
-    crate::rundir::write_atomic(path, &bytes)
+    crate::rundir::write_replace(path, &bytes)
 }
 
 /// The report of a run directory, for `orchestrate report`. The journal is the truth:

@@ -16,7 +16,7 @@ use crate::host::Host;
 use crate::journal::{Journal, JournalRecord};
 use crate::plan::LoadedPlan;
 use crate::reaper::ExitStatus;
-use crate::rundir::{write_atomic, RunDir};
+use crate::rundir::{write_replace, RunDir};
 use crate::stage::{self, AttemptPlan, AttemptResult, CancelLevel, Failure, Outcome, Services};
 use anyhow::{bail, Context};
 use protocol::plan::{GpuCheck, OnLeak};
@@ -266,7 +266,7 @@ pub async fn run(
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
     let resolved = serde_json::to_vec_pretty(&plan.plan)?;
     let resolved_path = run_dir.root().join("plan.resolved.json");
-    write_atomic(&resolved_path, &resolved)
+    write_replace(&resolved_path, &resolved)
         .with_context(|| format!("cannot write {}", resolved_path.display()))?;
     let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
     let decisions = if resume {
@@ -277,7 +277,15 @@ pub async fn run(
             console.warn("the journal's last line was torn (a crash mid-write); it was cut off");
         }
         let records = crate::journal::read_run_journal(run_dir.root())?;
-        let decisions = crate::resume::decide(&plan, &fingerprints, &records);
+        // Verifying kept outputs re-reads every checkpoint: off this thread, which other runs
+        // of the same host (the daemon's) share.
+        let decisions = {
+            let plan = plan.clone();
+            let prints = fingerprints.clone();
+            tokio::task::spawn_blocking(move || crate::resume::decide(&plan, &prints, &records))
+                .await
+                .context("the resume check stopped")?
+        };
         console.detail(&format!(
             "resuming {}:\n{}",
             run_dir.root().display(),
@@ -750,7 +758,7 @@ pub async fn run(
         let json = serde_json::to_vec_pretty(&crate::results::to_json(&rows))?;
         for (name, bytes) in [("results.csv", csv.as_bytes()), ("results.json", &json[..])] {
             let path = run_dir.root().join(name);
-            if let Err(e) = write_atomic(&path, bytes) {
+            if let Err(e) = write_replace(&path, bytes) {
                 console.warn(&format!("cannot write {}: {e}", path.display()));
             }
         }
@@ -765,7 +773,7 @@ pub async fn run(
         let samples = gpu::timeline::read_samples(&timeline_csv);
         let picture = gpu::svg::render(&gpus, &samples, &spans, started.elapsed().as_secs_f64());
         let svg_path = run_dir.root().join("gpu-memory.svg");
-        match write_atomic(&svg_path, picture.as_bytes()) {
+        match write_replace(&svg_path, picture.as_bytes()) {
             Ok(()) => console.note(&format!("GPU memory picture: {}", svg_path.display())),
             Err(e) => console.warn(&format!("cannot write {}: {e}", svg_path.display())),
         }
