@@ -9,7 +9,8 @@
 //! - [`channel`] receives the JSON-lines events stages send;
 //! - [`gpu`] is the NVML inventory and the reclaim verdict;
 //! - [`journal`], [`rundir`] and [`report`] make a run durable and readable;
-//! - [`console`] shows progress.
+//! - [`console`] shows progress;
+//! - [`slurm`] makes a run a good citizen of a Slurm allocation (requeue, srun stages).
 
 pub mod channel;
 pub mod checksum;
@@ -29,6 +30,7 @@ pub mod results;
 pub mod resume;
 pub mod rundir;
 pub mod runner;
+pub mod slurm;
 pub mod stage;
 pub mod supervisor;
 pub mod timefmt;

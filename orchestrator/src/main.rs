@@ -22,6 +22,7 @@ Examples:
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
 2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
+75 inside a Slurm job: stopped by the warning signal (USR1/USR2) or SIGTERM and requeued;
 130 interrupted by SIGINT/SIGTERM.
 Logs: RUST_LOG (e.g. RUST_LOG=debug) sets the log level; --log-format json for log collectors.";
 
@@ -44,7 +45,8 @@ struct RunArgs {
     /// The plan to run (TOML, or JSON by extension).
     #[arg(long, value_name = "PLAN")]
     plan: Option<PathBuf>,
-    /// Run directory (default: runs/<name>-<UTC time> under the current directory).
+    /// Run directory (default: runs/<name>-<UTC time> under the current directory; inside a
+    /// Slurm job runs/<name>-slurm-<job id>, resumed when the job is requeued).
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
     /// Path of the stage-worker binary (default: beside orchestrate).
@@ -157,6 +159,10 @@ fn main() -> ExitCode {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
         return ExitCode::from(orchestrator::guard::run(pid) as u8);
     }
+    if std::env::args().nth(1).as_deref() == Some(orchestrator::slurm::task::TASK_SUBCOMMAND) {
+        let rest = std::env::args().skip(2).collect();
+        return ExitCode::from(orchestrator::slurm::task::run(rest) as u8);
+    }
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
@@ -268,17 +274,31 @@ fn run_plan(path: &Path, args: RunArgs, format: LogFormat) -> ExitCode {
     };
     let source = std::fs::read_to_string(path).unwrap_or_default();
     let console = Console::new(format == LogFormat::Json, args.quiet);
+    let name = loaded.plan.run.name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "run".into())
+    });
+    // Inside a Slurm job: a run directory that stays the same across requeues, resumed after one.
+    let mut args = args;
+    let slurm = orchestrator::slurm::Allocation::detect();
+    match orchestrator::slurm::choose_run_dir(
+        slurm.as_ref(),
+        args.run_dir.as_deref(),
+        args.resume,
+        &name,
+    ) {
+        Some(Ok(choice)) => (args.run_dir, args.resume) = (Some(choice.dir), choice.resume),
+        Some(Err(why)) => {
+            eprintln!("error: {why}");
+            return ExitCode::from(exit::RUN_ERROR as u8);
+        }
+        None => {}
+    }
     let run_dir = match &args.run_dir {
         Some(dir) if args.resume => RunDir::open_existing(dir),
         Some(dir) => RunDir::create(dir),
-        None => {
-            let name = loaded.plan.run.name.clone().unwrap_or_else(|| {
-                path.file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "run".into())
-            });
-            RunDir::create_fresh(Path::new("runs"), &name)
-        }
+        None => RunDir::create_fresh(Path::new("runs"), &name),
     };
     let run_dir = match run_dir {
         Ok(d) => d,

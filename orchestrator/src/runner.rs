@@ -143,6 +143,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     } = opts;
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
+    // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
+    let slurm = crate::slurm::Allocation::detect();
+    if let Err(why) = crate::slurm::srun::check_plan(stages, slurm.as_ref()) {
+        bail!(why);
+    }
     let needs_worker = stages.iter().any(|s| s.kind.is_some());
     let worker = if needs_worker {
         Some(resolve_worker(worker.as_deref(), &plan)?)
@@ -235,6 +240,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         resumed: resume,
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
+    if let Some(job) = &slurm {
+        crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
+    }
 
     let _guard = crate::guard::start().context("cannot start the guard process")?;
     let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
@@ -310,6 +318,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let mut warning = crate::slurm::WarningSignals::listen(slurm.is_some())?;
+    let mut stop_signal: Option<(&'static str, f64)> = None;
     let mut running = 0usize;
     let mut interrupted = false;
     let mut leak_stop = false;
@@ -447,7 +457,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     &sockets.0,
                     cpu_threads,
                 ) {
-                    Ok(p) => p,
+                    Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
                     Err(failure) => {
                         pool.give_back(&given);
                         fail_before_start(
@@ -480,8 +490,23 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         let services = services.clone();
                         let cancel = cancel_tx.subscribe();
                         let done_tx = done_tx.clone();
+                        let node_check = stage
+                            .task_layout()
+                            .filter(|_| slurm.is_some())
+                            .map(|l| (l, run_dir.stage_dir(&stage.name)));
                         tokio::task::spawn_local(async move {
                             let result = stage::supervise(launched, &services, cancel).await;
+                            // srun stages: the GPU check of every node of the stage.
+                            if let Some((layout, dir)) =
+                                node_check.filter(|_| result.outcome != Outcome::Cancelled)
+                            {
+                                crate::slurm::node_check::after_stage(
+                                    layout,
+                                    &dir,
+                                    &services.reaper,
+                                )
+                                .await;
+                            }
                             let _ = done_tx.send((i, result, given));
                         });
                     }
@@ -604,8 +629,24 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                     last_report = Instant::now();
                 }
             }
-            _ = sigint.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
-            _ = sigterm.recv() => escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get()),
+            _ = sigint.recv() => {
+                crate::slurm::note_signal(&mut stop_signal, "SIGINT");
+                escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get())
+            }
+            // In a Slurm job a repeated TERM or warning signal does not kill the stages being
+            // checkpointed: Slurm's own SIGKILL after KillWait is the escalation.
+            _ = sigterm.recv() => {
+                crate::slurm::note_signal(&mut stop_signal, "SIGTERM");
+                if !(slurm.is_some() && interrupted) {
+                    escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get())
+                }
+            }
+            sig = warning.recv() => {
+                crate::slurm::note_signal(&mut stop_signal, sig);
+                if !interrupted {
+                    escalate(&cancel_tx, &mut interrupted, &console, settings.grace.get())
+                }
+            }
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next_retry.unwrap_or(far))), if next_retry.is_some() => {}
         }
     }
@@ -637,6 +678,23 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         ("leaked", exit::GPU_LEAK)
     } else {
         ("succeeded", exit::SUCCESS)
+    };
+    // Slurm: why the job stopped (from Slurm's job state), journaled, and the requeue asked for.
+    let (status, exit_code) = match (&slurm, stop_signal) {
+        (Some(job), Some((signal, at))) if interrupted => {
+            let verdict = crate::slurm::stop::after_stop(
+                job,
+                signal,
+                at,
+                &services.reaper,
+                &mut journal,
+                &console,
+                run_dir.root(),
+            )
+            .await;
+            (verdict.status, verdict.exit_code)
+        }
+        _ => (status, exit_code),
     };
     journal.append(&JournalRecord::RunFinished {
         status: status.into(),
@@ -935,6 +993,18 @@ fn build_report(
                 protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
                 timing: last.and_then(|r| r.timing),
                 host: last.and_then(|r| r.host),
+                tasks: stage
+                    .task_layout()
+                    .map(|_| {
+                        crate::slurm::task::load_records(&crate::slurm::srun::records_dir(
+                            &run_dir.stage_dir(&stage.name),
+                        ))
+                    })
+                    .unwrap_or_default(),
+                nodes: stage
+                    .task_layout()
+                    .map(|_| crate::slurm::node_check::load(&run_dir.stage_dir(&stage.name)))
+                    .unwrap_or_default(),
             }
         })
         .collect();
@@ -945,5 +1015,6 @@ fn build_report(
         gpu_check: gpu_check.into(),
         wall_s: started.elapsed().as_secs_f64(),
         stages,
+        slurm: crate::slurm::history::load(run_dir.root()),
     }
 }

@@ -15,6 +15,7 @@ mod expect;
 mod explain;
 mod graph;
 mod json_tree;
+mod layout;
 pub mod matrix;
 mod params;
 pub mod placeholder;
