@@ -128,6 +128,7 @@ pub fn summary(report: &Report) -> String {
             "… and {hidden} more stages that succeeded (see report.json)\n"
         ));
     }
+    out.push_str(&crate::slurm::history::render(report));
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
         report.status,

@@ -77,3 +77,52 @@ pub fn record_stop(
     report.stops.push(stop);
     save(run_dir, &report)
 }
+
+/// Lines for the end-of-run summary: each srun stage's tasks and node checks, and the job's
+/// stops and requeues. Empty for a run outside Slurm.
+pub fn render(report: &protocol::report::Report) -> String {
+    let mut out = String::new();
+    for s in report
+        .stages
+        .iter()
+        .filter(|s| !s.tasks.is_empty() || !s.nodes.is_empty())
+    {
+        let tasks: Vec<String> = s
+            .tasks
+            .iter()
+            .map(|t| {
+                let how = match (&t.signal, t.exit_code) {
+                    (Some(sig), _) => sig.clone(),
+                    (None, Some(c)) => format!("exit {c}"),
+                    (None, None) => "?".into(),
+                };
+                format!("rank {} on {}: {how}", t.rank, t.node)
+            })
+            .collect();
+        out.push_str(&format!("{}: tasks: {}\n", s.name, tasks.join(", ")));
+        for n in &s.nodes {
+            out.push_str(&format!(
+                "{}: GPU check of node {}: {} ({})\n",
+                s.name, n.node, n.verdict, n.detail
+            ));
+        }
+    }
+    if let Some(job) = &report.slurm {
+        out.push_str(&format!(
+            "Slurm job {}: {} start(s), {} requeue(s) so far\n",
+            job.job_id,
+            job.starts.len(),
+            job.restart_count
+        ));
+        for stop in &job.stops {
+            out.push_str(&format!(
+                "  start {} stopped by {}: {}; requeue: {}\n",
+                stop.restart_count + 1,
+                stop.signal,
+                stop.cause,
+                stop.requeue
+            ));
+        }
+    }
+    out
+}
