@@ -365,6 +365,44 @@ fn sigterm_mid_train_requeues_and_the_next_start_resumes() {
 }
 
 #[test]
+fn the_time_limit_warning_is_told_from_slurms_end_time_and_requeues() {
+    if !slurm_up("the_time_limit_warning_is_told_from_slurms_end_time_and_requeues") {
+        return;
+    }
+    let s = Scratch::new("slurm-timelimit");
+    let plan = s.path().join("plan.toml");
+    // The first start waits for the warning; the start after the requeue finishes at once.
+    std::fs::write(
+        &plan,
+        "[run]\nname = \"limit\"\ngrace = \"5s\"\n[[stage]]\nname = \"wait\"\ncommand = [\"sh\", \"-c\", \"if [ \\\"${{SLURM_RESTART_COUNT:-0}}\\\" -ge 1 ]; then touch {output}/done; else exec sleep 300; fi\"]\n",
+    )
+    .unwrap();
+    // A one-minute limit with the warning 45 s before it: the controller's 30 s timer sends it
+    // 15–45 s after the start, well before the end.
+    let id = sbatch(
+        s.path(),
+        &["--time=1", "--signal=B:USR2@45"],
+        "configs/slurm/pipeline.sbatch",
+        &[plan.to_str().unwrap()],
+    );
+    let end = wait_for_end(&id, Duration::from_secs(300), &job_log(s.path(), &id));
+    let why = context(s.path(), &id);
+    assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
+    assert_eq!(field(&end, "Restarts"), "1", "{why}");
+    let run_dir = s.path().join(format!("runs/limit-slurm-{id}"));
+    let stops: Vec<Value> = journal(&run_dir)
+        .into_iter()
+        .filter(|r| r["rec"] == "slurm_stopped")
+        .collect();
+    assert_eq!(stops.len(), 1, "{why}");
+    assert_eq!(stops[0]["signal"], "SIGUSR2");
+    assert_eq!(stops[0]["cause"], "time_limit", "{}", stops[0]);
+    assert_eq!(stops[0]["requeue"], "requested");
+    assert!(run_dir.join("stages/wait/output/done").exists(), "{why}");
+    assert_eq!(report(&run_dir)["status"], "succeeded", "{why}");
+}
+
+#[test]
 fn a_cancelled_job_is_not_requeued() {
     if !slurm_up("a_cancelled_job_is_not_requeued") {
         return;
