@@ -490,22 +490,16 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                         let services = services.clone();
                         let cancel = cancel_tx.subscribe();
                         let done_tx = done_tx.clone();
-                        let node_check = stage
-                            .task_layout()
-                            .filter(|_| slurm.is_some())
-                            .map(|l| (l, run_dir.stage_dir(&stage.name)));
+                        let node_check = crate::slurm::node_check::NodeCheck::for_stage(
+                            stage,
+                            slurm.as_ref(),
+                            &run_dir.stage_dir(&stage.name),
+                        );
                         tokio::task::spawn_local(async move {
                             let result = stage::supervise(launched, &services, cancel).await;
                             // srun stages: the GPU check of every node of the stage.
-                            if let Some((layout, dir)) =
-                                node_check.filter(|_| result.outcome != Outcome::Cancelled)
-                            {
-                                crate::slurm::node_check::after_stage(
-                                    layout,
-                                    &dir,
-                                    &services.reaper,
-                                )
-                                .await;
+                            if let Some(check) = node_check {
+                                check.run(&result, &services.reaper).await;
                             }
                             let _ = done_tx.send((i, result, given));
                         });
@@ -946,6 +940,9 @@ fn build_report(
         .zip(states)
         .map(|(stage, state)| {
             let last = state.last.as_ref();
+            // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
+            let (tasks, nodes) =
+                crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
             let (status, failure, error) = match &state.status {
                 Status::Succeeded => ("succeeded", None, None),
                 Status::Failed => (
@@ -993,18 +990,8 @@ fn build_report(
                 protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
                 timing: last.and_then(|r| r.timing),
                 host: last.and_then(|r| r.host),
-                tasks: stage
-                    .task_layout()
-                    .map(|_| {
-                        crate::slurm::task::load_records(&crate::slurm::srun::records_dir(
-                            &run_dir.stage_dir(&stage.name),
-                        ))
-                    })
-                    .unwrap_or_default(),
-                nodes: stage
-                    .task_layout()
-                    .map(|_| crate::slurm::node_check::load(&run_dir.stage_dir(&stage.name)))
-                    .unwrap_or_default(),
+                tasks,
+                nodes,
             }
         })
         .collect();

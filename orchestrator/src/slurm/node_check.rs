@@ -3,9 +3,10 @@
 //! answer lands in its own file, and every node gets a verdict in the report. A node without
 //! NVML says "unavailable"; a check that could not run at all says "failed" and why.
 
-use super::{helper, srun};
+use super::{helper, srun, Allocation};
 use crate::reaper::{ExitStatus, Reaper};
-use protocol::plan::TaskLayout;
+use crate::stage::{AttemptResult, Outcome};
+use protocol::plan::{Stage, TaskLayout};
 use protocol::report::NodeGpuCheck;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,6 +24,36 @@ pub fn load(stage_dir: &Path) -> Vec<NodeGpuCheck> {
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
+}
+
+/// The check due after one attempt of a stage that runs through srun inside a job.
+#[derive(Debug, Clone)]
+pub struct NodeCheck {
+    layout: TaskLayout,
+    stage_dir: PathBuf,
+}
+
+impl NodeCheck {
+    /// The check for `stage`, or `None` when it does not run through srun (or not in a job).
+    pub fn for_stage(
+        stage: &Stage,
+        job: Option<&Allocation>,
+        stage_dir: &Path,
+    ) -> Option<NodeCheck> {
+        job?;
+        Some(NodeCheck {
+            layout: stage.task_layout()?,
+            stage_dir: stage_dir.to_path_buf(),
+        })
+    }
+
+    /// Runs it after the attempt that ended as `result` (not after one stopped by a signal:
+    /// the job is on its way out). Must run on the reaper's thread.
+    pub async fn run(self, result: &AttemptResult, reaper: &Reaper) {
+        if result.outcome != Outcome::Cancelled {
+            after_stage(self.layout, &self.stage_dir, reaper).await;
+        }
+    }
 }
 
 /// Runs the check on the stage's nodes and saves every node's verdict beside the stage's

@@ -10,6 +10,7 @@
 use super::{task, Allocation};
 use crate::stage::AttemptPlan;
 use protocol::plan::{Stage, TaskLayout};
+use protocol::report::{NodeGpuCheck, TaskRecord};
 use std::path::{Path, PathBuf};
 
 /// The directory where the tasks of a stage's last attempt leave their records.
@@ -88,6 +89,18 @@ pub fn wrap_attempt(
         ));
     }
     plan
+}
+
+/// The task records and node checks of a stage's last attempt, for its report; empty for a
+/// stage that does not run through srun.
+pub fn stage_records(stage: &Stage, stage_dir: &Path) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
+    if stage.task_layout().is_none() {
+        return (Vec::new(), Vec::new());
+    }
+    (
+        task::load_records(&records_dir(stage_dir)),
+        super::node_check::load(stage_dir),
+    )
 }
 
 /// Refuses, with what to do, a plan whose srun stages cannot run here: outside a Slurm
