@@ -49,6 +49,26 @@ fn slurm_up(test: &str) -> bool {
     false
 }
 
+/// Slurm tests share the one node; the preemption test needs it alone (its urgent job would
+/// preempt the others' jobs too). Every test holds this lock, shared or exclusive, while its
+/// jobs exist.
+fn node_lock(exclusive: bool) -> nix::fcntl::Flock<std::fs::File> {
+    let path = std::env::temp_dir().join("orchestrate-slurm-tests.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .expect("open the lock file");
+    let how = if exclusive {
+        nix::fcntl::FlockArg::LockExclusive
+    } else {
+        nix::fcntl::FlockArg::LockShared
+    };
+    nix::fcntl::Flock::lock(file, how)
+        .unwrap_or_else(|(_, e)| panic!("lock {}: {e}", path.display()))
+}
+
 /// Submits `script` with `args` from `dir` (the job's working directory) and returns the job id.
 fn sbatch(dir: &Path, sbatch_args: &[&str], script: &str, args: &[&str]) -> String {
     let out = Command::new("sbatch")
@@ -179,6 +199,7 @@ fn quickstart_through_sbatch_succeeds() {
     if !slurm_up("quickstart_through_sbatch_succeeds") {
         return;
     }
+    let _node = node_lock(false);
     let s = Scratch::new("slurm-quickstart");
     let plan = repo_root().join("configs/quickstart.toml");
     let id = sbatch(
@@ -252,6 +273,7 @@ fn train_step(run_dir: &Path) -> u64 {
 }
 
 fn signalled_mid_train_requeues_and_resumes(signal: &str) {
+    let _node = node_lock(false);
     let s = Scratch::new(&format!("slurm-requeue-{signal}"));
     let marker = format!("slurm-requeue-{signal}-{}", std::process::id());
     let plan = requeue_plan(s.path(), &marker);
@@ -369,6 +391,7 @@ fn the_time_limit_warning_is_told_from_slurms_end_time_and_requeues() {
     if !slurm_up("the_time_limit_warning_is_told_from_slurms_end_time_and_requeues") {
         return;
     }
+    let _node = node_lock(false);
     let s = Scratch::new("slurm-timelimit");
     let plan = s.path().join("plan.toml");
     // The first start waits for the warning; the start after the requeue finishes at once.
@@ -403,10 +426,88 @@ fn the_time_limit_warning_is_told_from_slurms_end_time_and_requeues() {
 }
 
 #[test]
+fn preemption_is_told_from_slurms_preempt_time_and_the_job_resumes() {
+    if !slurm_up("preemption_is_told_from_slurms_preempt_time_and_the_job_resumes") {
+        return;
+    }
+    let _node = node_lock(true);
+    let s = Scratch::new("slurm-preempt");
+    let plan = s.path().join("plan.toml");
+    // The first start waits to be preempted; the start after the requeue finishes at once.
+    std::fs::write(
+        &plan,
+        format!(
+            "[run]\nname = \"preempt\"\ngrace = \"5s\"\n[[stage]]\nname = \"prep\"\ncommand = [\"sh\", \"-c\", \"echo run >> {dir}/prep-runs\"]\n[[stage]]\nname = \"wait\"\nafter = [\"prep\"]\ncommand = [\"sh\", \"-c\", \"if [ \\\"${{{{SLURM_RESTART_COUNT:-0}}}}\\\" -ge 1 ]; then touch {{output}}/done; else touch {{output}}/started; exec sleep 300; fi\"]\n",
+            dir = s.path().display()
+        ),
+    )
+    .unwrap();
+    // The whole node, in the default partition (PriorityTier 1, GraceTime 60 s)…
+    let id = sbatch(
+        s.path(),
+        &["--exclusive"],
+        "configs/slurm/pipeline.sbatch",
+        &[plan.to_str().unwrap()],
+    );
+    let run_dir = s.path().join(format!("runs/preempt-slurm-{id}"));
+    wait_until(Duration::from_secs(120), "the stage to start", || {
+        run_dir.join("stages/wait/output/started").exists()
+    });
+    // …until a job of the higher-tier partition wants it.
+    let urgent = Command::new("sbatch")
+        .args([
+            "--parsable",
+            "-p",
+            "urgent",
+            "--exclusive",
+            "-o",
+            "/dev/null",
+        ])
+        .args(["--wrap", "sleep 1"])
+        .output()
+        .unwrap();
+    assert!(
+        urgent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&urgent.stderr)
+    );
+    let end = wait_for_end(&id, Duration::from_secs(180), &job_log(s.path(), &id));
+    let why = context(s.path(), &id);
+    assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
+    assert_eq!(field(&end, "Restarts"), "1", "{why}");
+    let records = journal(&run_dir);
+    let stops: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["rec"] == "slurm_stopped")
+        .collect();
+    assert_eq!(stops.len(), 1, "{why}");
+    assert_eq!(
+        stops[0]["signal"], "SIGUSR2",
+        "preempt_send_user_signal: {}",
+        stops[0]
+    );
+    assert_eq!(stops[0]["cause"], "preemption", "{}", stops[0]);
+    assert!(
+        stops[0]["job_state"]
+            .as_str()
+            .unwrap()
+            .contains("PreemptTime=2"),
+        "{}",
+        stops[0]
+    );
+    assert_eq!(stops[0]["requeue"], "requested");
+    assert_eq!(count(&records, "stage_started", "prep"), 1, "{why}");
+    assert_eq!(count(&records, "stage_started", "wait"), 2, "{why}");
+    assert!(run_dir.join("stages/wait/output/done").exists(), "{why}");
+    assert_eq!(report(&run_dir)["status"], "succeeded", "{why}");
+}
+
+#[test]
 fn a_cancelled_job_is_not_requeued() {
     if !slurm_up("a_cancelled_job_is_not_requeued") {
         return;
     }
+    let _node = node_lock(false);
     let s = Scratch::new("slurm-cancel");
     let plan = s.path().join("plan.toml");
     std::fs::write(
@@ -451,6 +552,7 @@ fn two_task_srun_stage_runs_both_tasks_and_checks_the_node() {
     if !slurm_up("two_task_srun_stage_runs_both_tasks_and_checks_the_node") {
         return;
     }
+    let _node = node_lock(false);
     let s = Scratch::new("slurm-srun");
     let plan = s.path().join("plan.toml");
     std::fs::write(
