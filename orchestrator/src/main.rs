@@ -159,9 +159,9 @@ fn main() -> ExitCode {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
         return ExitCode::from(orchestrator::guard::run(pid) as u8);
     }
-    if std::env::args().nth(1).as_deref() == Some(orchestrator::slurm::task::TASK_SUBCOMMAND) {
-        let rest = std::env::args().skip(2).collect();
-        return ExitCode::from(orchestrator::slurm::task::run(rest) as u8);
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(code) = orchestrator::slurm::launch::hidden_subcommand(&argv) {
+        return ExitCode::from(code as u8);
     }
     let cli = Cli::parse();
     init_logging(cli.log_format);

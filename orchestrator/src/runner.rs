@@ -922,6 +922,7 @@ fn prepare_attempt(
         timeout: stage.timeout(),
         grace: plan.plan.run.grace.get(),
         socket,
+        graceful_to_leader: false,
     })
 }
 

@@ -637,6 +637,70 @@ command = ["true"]
     assert!(summary.contains("GPU check of node"), "{summary}");
 }
 
+#[test]
+fn a_stop_reaches_every_srun_task_as_sigterm_and_the_stage_resumes() {
+    if !slurm_up("a_stop_reaches_every_srun_task_as_sigterm_and_the_stage_resumes") {
+        return;
+    }
+    let _node = node_lock(false);
+    let s = Scratch::new("slurm-srun-stop");
+    let plan = s.path().join("plan.toml");
+    // First start: each rank waits, and on SIGTERM leaves a checkpoint and exits 7. After the
+    // requeue: each rank finds its checkpoint and succeeds.
+    std::fs::write(
+        &plan,
+        r#"
+[run]
+name = "srunstop"
+grace = "20s"
+[[stage]]
+name = "dist"
+tasks_per_node = 2
+command = ["sh", "-c", "if [ -f {output}/ckpt-$RANK ]; then echo resumed > {output}/resumed-$RANK; exit 0; fi; trap 'echo $RANK > {output}/ckpt-$RANK; exit 7' TERM; touch {output}/started-$RANK; sleep 300 & wait"]
+"#,
+    )
+    .unwrap();
+    let id = sbatch(
+        s.path(),
+        &["--ntasks=2", "--overcommit"],
+        "configs/slurm/pipeline.sbatch",
+        &[plan.to_str().unwrap()],
+    );
+    let run_dir = s.path().join(format!("runs/srunstop-slurm-{id}"));
+    let out = run_dir.join("stages/dist/output");
+    wait_until(Duration::from_secs(120), "both ranks to start", || {
+        out.join("started-0").exists() && out.join("started-1").exists()
+    });
+    let status = Command::new("scancel")
+        .args([&format!("--signal={WARNING_SIGNAL}"), "--batch", &id])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let end = wait_for_end(&id, Duration::from_secs(180), &job_log(s.path(), &id));
+    let why = context(s.path(), &id);
+    assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
+    assert_eq!(field(&end, "Restarts"), "1", "{why}");
+    for rank in 0..2 {
+        assert!(
+            out.join(format!("ckpt-{rank}")).exists(),
+            "rank {rank} got SIGTERM (not srun's SIGKILL) and checkpointed: {why}"
+        );
+        assert!(out.join(format!("resumed-{rank}")).exists(), "{why}");
+    }
+    let records = journal(&run_dir);
+    let first = records
+        .iter()
+        .find(|r| r["rec"] == "stage_finished" && r["stage"] == "dist")
+        .unwrap();
+    assert_eq!(first["status"], "cancelled", "{first}");
+    let r = report(&run_dir);
+    assert_eq!(stage(&r, "dist")["status"], "succeeded", "{why}");
+    assert!(
+        why.contains("rank 0 on") && why.contains("exit 7"),
+        "the stopped tasks' exits are reported: {why}"
+    );
+}
+
 /// A fake allocation: the environment of a job with this id, without a cluster.
 fn fake_job(cmd: &mut Command, id: &str) {
     for (k, _) in std::env::vars_os() {

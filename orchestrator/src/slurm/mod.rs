@@ -6,8 +6,9 @@
 //! - [`stop`] is the stop sequence: read why the job is stopping from Slurm's own job state
 //!   ([`jobstate`]), journal it, and ask for the requeue;
 //! - [`srun`] launches stages that set `nodes`/`tasks_per_node`/`gpus_per_task` as a job
-//!   step, through the per-task wrapper in [`task`], and checks every node's GPUs after them
-//!   ([`node_check`]);
+//!   step, started by the launcher in [`launch`] (which turns the orchestrator's SIGTERM into
+//!   SIGTERM for every process of the step, not srun's SIGKILL) through the per-task wrapper
+//!   in [`task`], and checks every node's GPUs after them ([`node_check`]);
 //! - [`history`] is the job's record in the run directory (`slurm.json`) and in the report;
 //! - every helper program (`scontrol`, `squeue`, `srun`) is started through [`helper`], which
 //!   registers it with the orchestrator's reaper so its exit status is not lost.
@@ -15,6 +16,7 @@
 pub mod helper;
 pub mod history;
 pub mod jobstate;
+pub mod launch;
 pub mod node_check;
 pub mod srun;
 pub mod stop;

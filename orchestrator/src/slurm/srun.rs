@@ -2,10 +2,11 @@
 //! allocation: `srun` starts the per-task wrapper ([`super::task`]) on every task, which
 //! starts the stage's command with the torch.distributed environment.
 //!
-//! The rest of the stage's life is the same as for any stage: `srun` is the stage's first
-//! process, its output goes to the stage's logs (each line prefixed with its rank, `--label`),
-//! a stop sends SIGTERM to `srun`, which passes it to every task, and the stage succeeds when
-//! `srun` exits 0 (every task exited 0) with the declared outputs present.
+//! The rest of the stage's life is the same as for any stage: the launcher in front of `srun`
+//! is the stage's first process, the output goes to the stage's logs (each line prefixed with
+//! its rank, `--label`), a stop (SIGTERM) reaches every task's program as SIGTERM with the
+//! stage's grace period to act on it, and the stage succeeds when `srun` exits 0 (every task
+//! exited 0) with the declared outputs present.
 
 use super::{task, Allocation};
 use crate::stage::AttemptPlan;
@@ -67,6 +68,11 @@ pub fn wrap_attempt(
     let _ = std::fs::remove_dir_all(&records);
     let _ = std::fs::create_dir_all(&records);
     let mut argv = vec![
+        orchestrate_exe(),
+        super::launch::LAUNCH_SUBCOMMAND.into(),
+        "--records".into(),
+        records.display().to_string(),
+        "--".into(),
         "srun".to_string(),
         format!("--job-name={}", stage.name),
         "--kill-on-bad-exit=1".into(),
@@ -82,6 +88,8 @@ pub fn wrap_attempt(
     ]);
     argv.append(&mut plan.argv);
     plan.argv = argv;
+    // srun kills the step's tasks when it gets SIGTERM: only the launcher gets it.
+    plan.graceful_to_leader = true;
     if !stage.env.contains_key("MASTER_PORT") {
         plan.env.push((
             "MASTER_PORT".into(),

@@ -6,15 +6,15 @@
 //! (`SLURM_NTASKS`), `LOCAL_WORLD_SIZE`, `NODE_RANK` (`SLURM_NODEID`), `MASTER_ADDR` (the first
 //! node of the step) and `MASTER_PORT` (chosen by the orchestrator); variables already set
 //! are kept. Only rank 0 keeps the orchestrator's event channel, so events come from rank 0.
-//! The wrapper runs the program as its child, passes on SIGTERM, SIGINT, SIGHUP, SIGUSR1 and
-//! SIGUSR2, writes `DIR/rank-<RANK>.json` (a [`protocol::report::TaskRecord`]) when the
+//! The wrapper runs the program as its child (Slurm's signals to the step reach both; the
+//! wrapper outlives them), names the job step in `DIR/step` for the launcher
+//! ([`super::launch`]), writes `DIR/rank-<RANK>.json` (a [`protocol::report::TaskRecord`]) when the
 //! program ends, and exits as the program did.
 
 use protocol::report::TaskRecord;
 use protocol::worker::ENV_EVENTS;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
 
 /// The hidden subcommand that runs the wrapper.
 pub const TASK_SUBCOMMAND: &str = "__slurm-task";
@@ -61,15 +61,7 @@ pub fn first_host(list: &str) -> Option<String> {
     }
 }
 
-static CHILD: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn forward(signal: libc::c_int) {
-    let pid = CHILD.load(Ordering::SeqCst);
-    if pid > 0 {
-        // SAFETY: kill is async-signal-safe.
-        unsafe { libc::kill(pid, signal) };
-    }
-}
+extern "C" fn outlive(_: libc::c_int) {}
 
 /// Runs the wrapper with its arguments (after the subcommand) and returns the exit status.
 pub fn run(args: Vec<String>) -> i32 {
@@ -128,6 +120,17 @@ pub fn run(args: Vec<String>) -> i32 {
     if rank != 0 {
         cmd.env_remove(ENV_EVENTS);
     }
+    if let (Some(dir), Some(job), Some(step)) =
+        (&records, var("SLURM_JOB_ID"), var("SLURM_STEP_ID"))
+    {
+        // The launcher stops the step by this name (see `launch`).
+        let _ = std::fs::create_dir_all(dir).and_then(|()| {
+            std::fs::write(
+                dir.join(super::launch::STEP_FILE),
+                format!("{job}.{step}\n"),
+            )
+        });
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -136,7 +139,8 @@ pub fn run(args: Vec<String>) -> i32 {
             return 127;
         }
     };
-    CHILD.store(child.id() as i32, Ordering::SeqCst);
+    // Slurm signals every process of the step, the program included; the wrapper only has to
+    // outlive it to record how it ended.
     for signal in [
         libc::SIGTERM,
         libc::SIGINT,
@@ -144,8 +148,8 @@ pub fn run(args: Vec<String>) -> i32 {
         libc::SIGUSR1,
         libc::SIGUSR2,
     ] {
-        // SAFETY: `forward` only calls the async-signal-safe kill.
-        unsafe { libc::signal(signal, forward as *const () as libc::sighandler_t) };
+        // SAFETY: `outlive` does nothing; a caught signal is reset to default in the child at exec.
+        unsafe { libc::signal(signal, outlive as *const () as libc::sighandler_t) };
     }
     let status = loop {
         match child.wait() {
