@@ -380,7 +380,7 @@ pub async fn supervise(
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
                 timed_out = true;
                 console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
-                graceful_stop(&plan, child.pid, &child.token);
+                graceful_stop(plan, child.pid, &child.token);
                 kill_at = Some(tokio::time::Instant::now() + plan.grace);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && !sent_kill => {
@@ -394,7 +394,7 @@ pub async fn supervise(
                     CancelLevel::None => {}
                     CancelLevel::Graceful => if kill_at.is_none() {
                         cancelled = true;
-                        graceful_stop(&plan, child.pid, &child.token);
+                        graceful_stop(plan, child.pid, &child.token);
                         kill_at = Some(tokio::time::Instant::now() + plan.grace);
                     },
                     CancelLevel::Kill => {
