@@ -98,7 +98,7 @@ pub enum JournalRecord {
     },
     /// The run ended.
     RunFinished {
-        /// "succeeded", "failed", "interrupted" or "leaked".
+        /// "succeeded", "failed", "interrupted", "requeued" (a Slurm job) or "leaked".
         status: String,
         /// Exit status of `orchestrate`.
         exit_code: i32,

@@ -645,6 +645,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
         }
     }
 
+    if slurm.is_some() && !interrupted {
+        interrupted = crate::slurm::late_stop(&mut sigterm, &mut warning, &mut stop_signal).await;
+    }
     for (i, state) in states.iter_mut().enumerate() {
         if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
             let reason = if interrupted {

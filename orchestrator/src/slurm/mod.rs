@@ -161,6 +161,23 @@ impl WarningSignals {
     }
 }
 
+/// After the last stage ended inside a Slurm job: whether a stop signal arrived with it and was
+/// not read yet (`scancel` and the time limit signal every process of the job at once, so the
+/// stage can die of it first). Waits at most 100 ms; notes the signal in `first`.
+pub async fn late_stop(
+    sigterm: &mut tokio::signal::unix::Signal,
+    warning: &mut WarningSignals,
+    first: &mut Option<(&'static str, f64)>,
+) -> bool {
+    tokio::select! {
+        biased;
+        _ = sigterm.recv() => note_signal(first, "SIGTERM"),
+        sig = warning.recv() => note_signal(first, sig),
+        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => return false,
+    }
+    true
+}
+
 /// Remembers the first signal that stopped the run, and when (Unix time).
 pub fn note_signal(first: &mut Option<(&'static str, f64)>, signal: &'static str) {
     first.get_or_insert((signal, crate::timefmt::unix_secs_f64()));
