@@ -12,3 +12,6 @@ pub const GPU_LEAK: i32 = 3;
 pub const RUN_ERROR: i32 = 4;
 /// Stopped by SIGINT or SIGTERM; running stages were stopped and the journal says where.
 pub const INTERRUPTED: i32 = 130;
+/// Inside a Slurm job: stopped by the warning signal or SIGTERM, running stages stopped and
+/// checkpointed, and the job requeued (`scontrol requeue`); its next start resumes the run.
+pub const REQUEUED: i32 = 75;

@@ -69,9 +69,36 @@ pub enum JournalRecord {
         /// Why.
         reason: String,
     },
+    /// A start of the run inside a Slurm job: the first, or one after a requeue.
+    SlurmStarted {
+        /// `SLURM_JOB_ID`.
+        job_id: String,
+        /// `SLURM_RESTART_COUNT` (0 for the first start).
+        restart_count: u32,
+        /// The node the batch script runs on.
+        host: String,
+        /// The job's nodes.
+        nodelist: String,
+    },
+    /// The Slurm job is stopping: the signal, the cause read from Slurm's job state, and
+    /// whether a requeue was asked for (see `slurm::stop`).
+    SlurmStopped {
+        /// `SLURM_JOB_ID`.
+        job_id: String,
+        /// `SLURM_RESTART_COUNT` of the start that stopped.
+        restart_count: u32,
+        /// The signal ("SIGUSR2", "SIGTERM").
+        signal: String,
+        /// "preemption", "time_limit", "cancel", "requeue", "signal" or "unknown".
+        cause: String,
+        /// The job's state as Slurm reported it, or why it could not be read.
+        job_state: String,
+        /// "requested", or why the job was not requeued.
+        requeue: String,
+    },
     /// The run ended.
     RunFinished {
-        /// "succeeded", "failed", "interrupted" or "leaked".
+        /// "succeeded", "failed", "interrupted", "requeued" (a Slurm job) or "leaked".
         status: String,
         /// Exit status of `orchestrate`.
         exit_code: i32,

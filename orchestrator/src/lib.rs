@@ -12,6 +12,7 @@
 //! - [`journal`], [`rundir`] and [`report`] make a run durable and readable;
 //! - [`console`] shows progress and is the tap of a run's event stream;
 //! - [`daemon`] serves plans over a Unix socket, many runs on one host; [`client`] talks to it.
+//! - [`slurm`] makes a run a good citizen of a Slurm allocation (requeue, srun stages).
 
 pub mod channel;
 pub mod checksum;
@@ -34,6 +35,7 @@ pub mod results;
 pub mod resume;
 pub mod rundir;
 pub mod runner;
+pub mod slurm;
 pub mod stage;
 pub mod supervisor;
 pub mod timefmt;

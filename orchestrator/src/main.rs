@@ -29,6 +29,7 @@ Examples:
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
 2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
+75 inside a Slurm job: stopped by the warning signal (USR1/USR2) or SIGTERM and requeued;
 130 interrupted by SIGINT/SIGTERM.
 Logs: RUST_LOG (e.g. RUST_LOG=debug) sets the log level; --log-format json for log collectors.";
 
@@ -51,7 +52,8 @@ struct RunArgs {
     /// The plan to run (TOML, or JSON by extension).
     #[arg(long, value_name = "PLAN")]
     plan: Option<PathBuf>,
-    /// Run directory (default: runs/<name>-<UTC time> under the current directory).
+    /// Run directory (default: runs/<name>-<UTC time> under the current directory; inside a
+    /// Slurm job runs/<name>-slurm-<job id>, resumed when the job is requeued).
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
     /// Path of the stage-worker binary (default: beside orchestrate).
@@ -273,6 +275,10 @@ fn main() -> ExitCode {
         let cleanup = args.next().map(PathBuf::from);
         return ExitCode::from(orchestrator::guard::run(pid, cleanup) as u8);
     }
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(code) = orchestrator::slurm::launch::hidden_subcommand(&argv) {
+        return ExitCode::from(code as u8);
+    }
     let cli = Cli::parse();
     init_logging(
         cli.log_format,
@@ -447,12 +453,13 @@ fn main() -> ExitCode {
 /// SIGINT, SIGTERM or SIGHUP stop the run gracefully, a second one kills its stages.
 async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunSummary> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut signals = [
-        signal(SignalKind::interrupt())?,
-        signal(SignalKind::terminate())?,
-        // A closed terminal (an SSH disconnect) is a request to stop like any other.
-        signal(SignalKind::hangup())?,
-    ];
+    let in_slurm = orchestrator::slurm::Allocation::detect().is_some();
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    // A closed terminal (an SSH disconnect) is a request to stop like any other.
+    let mut sighup = signal(SignalKind::hangup())?;
+    // Inside Slurm, the job's warning signal (`#SBATCH --signal=B:USR2@N`) too.
+    let mut warning = orchestrator::slurm::WarningSignals::listen(in_slurm)?;
     let host = orchestrator::host::Host::start()?;
     options.run_id = options
         .run_dir
@@ -461,21 +468,27 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunS
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     options.ticket = host.ticket(0);
+    let first_signal = options.stop_signal.clone();
     let (cancel, cancelled) = tokio::sync::watch::channel(CancelLevel::None);
     tokio::task::spawn_local(async move {
-        let [a, b, c] = &mut signals;
         loop {
-            tokio::select! {
-                _ = a.recv() => {}
-                _ = b.recv() => {}
-                _ = c.recv() => {}
-            }
-            let next = if *cancel.borrow() == CancelLevel::None {
-                CancelLevel::Graceful
-            } else {
-                CancelLevel::Kill
+            let name: &'static str = tokio::select! {
+                _ = sigint.recv() => "SIGINT",
+                _ = sigterm.recv() => "SIGTERM",
+                _ = sighup.recv() => "SIGHUP",
+                sig = warning.recv() => sig,
             };
-            let _ = cancel.send(next);
+            if first_signal.get().is_none() {
+                first_signal.set(Some((name, orchestrator::timefmt::unix_secs_f64())));
+            }
+            let next = match *cancel.borrow() {
+                CancelLevel::None => CancelLevel::Graceful,
+                // In a Slurm job a repeated TERM or warning signal does not kill the stages
+                // being checkpointed: Slurm's own SIGKILL after KillWait is the escalation.
+                _ if in_slurm && name != "SIGINT" => CancelLevel::Graceful,
+                _ => CancelLevel::Kill,
+            };
+            cancel.send_replace(next);
         }
     });
     runner::run(options, &host, cancelled).await
@@ -488,7 +501,32 @@ fn run_dir_error(e: &RunDirError) -> ExitCode {
 
 /// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
 /// or `resume D` (no plan: the run's own copy, with its recorded base directory).
-fn run_plan(args: RunArgs, format: LogFormat) -> ExitCode {
+fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
+    // Inside a Slurm job: a run directory that stays the same across requeues of the job,
+    // resumed after one.
+    if let (Some(plan), Some(job)) = (&args.plan, orchestrator::slurm::Allocation::detect()) {
+        let name = orchestrator::plan::load_plan(plan)
+            .ok()
+            .and_then(|l| l.plan.run.name)
+            .unwrap_or_else(|| {
+                plan.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "run".into())
+            });
+        match orchestrator::slurm::choose_run_dir(
+            Some(&job),
+            args.run_dir.as_deref(),
+            args.resume,
+            &name,
+        ) {
+            Some(Ok(choice)) => (args.run_dir, args.resume) = (Some(choice.dir), choice.resume),
+            Some(Err(why)) => {
+                eprintln!("error: {why}");
+                return ExitCode::from(exit::RUN_ERROR as u8);
+            }
+            None => {}
+        }
+    }
     // A resumed run's directory is taken (locked) first: a live owner is refused before
     // anything else happens.
     let resumed_dir = match (&args.run_dir, args.resume) {
@@ -558,6 +596,7 @@ fn run_plan(args: RunArgs, format: LogFormat) -> ExitCode {
         follow: args.follow,
         run_id: String::new(),
         ticket: (0, 0),
+        stop_signal: Default::default(),
     };
     match local.block_on(&runtime, run_on_own_host(options)) {
         Ok(summary) => {

@@ -34,6 +34,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
             gpu_check: "unknown (report.json could not be read; rebuilt from the journal)".into(),
             wall_s: 0.0,
             stages: Vec::new(),
+            slurm: crate::slurm::history::load(&root),
         });
     // A moved or copied run directory: show where its files are now.
     let recorded_root = std::mem::replace(&mut report.run_dir, root.display().to_string());
@@ -70,6 +71,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
                 ..
             } => (stage, status.as_str(), Some(*attempt)),
             JournalRecord::StageSkipped { stage, .. } => (stage, "skipped", None),
+            JournalRecord::SlurmStarted { .. } | JournalRecord::SlurmStopped { .. } => continue,
         };
         let idx = match report.stages.iter().position(|s| &s.name == name) {
             Some(i) => i,
@@ -147,6 +149,8 @@ fn empty_stage(name: &str, root: &Path) -> StageReport {
         protocol_violations: Vec::new(),
         timing: None,
         host: None,
+        tasks: Vec::new(),
+        nodes: Vec::new(),
     }
 }
 
@@ -206,6 +210,7 @@ pub fn summary(report: &Report) -> String {
             "… and {hidden} more stages that succeeded (see report.json)\n"
         ));
     }
+    out.push_str(&crate::slurm::history::render(report));
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
         report.status,

@@ -50,7 +50,13 @@ pub struct RunOptions {
     pub run_id: String,
     /// Its place in the host's queue for GPUs.
     pub ticket: crate::host::Ticket,
+    /// The first signal that asked the run to stop, and when (Unix time), as whoever maps
+    /// signals to cancellation noted it: inside Slurm it decides the requeue.
+    pub stop_signal: StopSignal,
 }
+
+/// Where the CLI notes the first stop signal (see [`RunOptions::stop_signal`]).
+pub type StopSignal = Rc<std::cell::Cell<Option<(&'static str, f64)>>>;
 
 /// How a run ended.
 pub struct RunSummary {
@@ -210,9 +216,15 @@ pub async fn run(
         follow,
         run_id,
         ticket,
+        stop_signal,
     } = opts;
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
+    // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
+    let slurm = crate::slurm::Allocation::detect();
+    if let Err(why) = crate::slurm::srun::check_plan(stages, slurm.as_ref()) {
+        bail!(why);
+    }
     let needs_worker = stages.iter().any(|s| s.kind.is_some());
     let worker = if needs_worker {
         Some(resolve_worker(worker.as_deref(), &plan)?)
@@ -304,6 +316,9 @@ pub async fn run(
         resumed: resume,
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
+    if let Some(job) = &slurm {
+        crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
+    }
 
     let services = Rc::new(Services {
         reaper: host.reaper.clone(),
@@ -542,7 +557,7 @@ pub async fn run(
                     host.sockets.path(),
                     cpu_threads,
                 ) {
-                    Ok(p) => p,
+                    Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
                     Err(failure) => {
                         host.give_back_gpus(&given);
                         fail_before_start(
@@ -576,8 +591,17 @@ pub async fn run(
                         let services = services.clone();
                         let cancel = cancel_tx.subscribe();
                         let done_tx = done_tx.clone();
+                        let node_check = crate::slurm::node_check::NodeCheck::for_stage(
+                            stage,
+                            slurm.as_ref(),
+                            &run_dir.stage_dir(&stage.name),
+                        );
                         tokio::task::spawn_local(async move {
                             let result = stage::supervise(launched, &services, cancel).await;
+                            // srun stages: the GPU check of every node of the stage.
+                            if let Some(check) = node_check {
+                                check.run(&result, &services.reaper).await;
+                            }
                             let _ = done_tx.send((i, result, given));
                         });
                     }
@@ -718,6 +742,20 @@ pub async fn run(
         }
     }
 
+    if slurm.is_some() && !interrupted && !cancel_closed {
+        // `scancel` and the time limit signal every process of the job at once: the stop can
+        // arrive with the last stage's end. Wait a moment for it.
+        tokio::select! {
+            biased;
+            changed = cancel.changed() => {
+                if changed.is_ok() && *cancel.borrow() != CancelLevel::None {
+                    interrupted = true;
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    let stop_signal = stop_signal.get();
     for (i, state) in states.iter_mut().enumerate() {
         if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
             let reason = if interrupted {
@@ -745,6 +783,23 @@ pub async fn run(
         ("leaked", exit::GPU_LEAK)
     } else {
         ("succeeded", exit::SUCCESS)
+    };
+    // Slurm: why the job stopped (from Slurm's job state), journaled, and the requeue asked for.
+    let (status, exit_code) = match (&slurm, stop_signal) {
+        (Some(job), Some((signal, at))) if interrupted => {
+            let verdict = crate::slurm::stop::after_stop(
+                job,
+                signal,
+                at,
+                &services.reaper,
+                &mut journal,
+                &console,
+                run_dir.root(),
+            )
+            .await;
+            (verdict.status, verdict.exit_code)
+        }
+        _ => (status, exit_code),
     };
     journal.append(&JournalRecord::RunFinished {
         status: status.into(),
@@ -994,6 +1049,7 @@ fn prepare_attempt(
         timeout: stage.timeout(),
         grace: plan.plan.run.grace.get(),
         socket,
+        graceful_to_leader: false,
     })
 }
 
@@ -1012,6 +1068,9 @@ fn build_report(
         .zip(states)
         .map(|(stage, state)| {
             let last = state.last.as_ref();
+            // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
+            let (tasks, nodes) =
+                crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
             let (status, failure, error) = match &state.status {
                 Status::Succeeded => ("succeeded", None, None),
                 Status::Failed => (
@@ -1059,6 +1118,8 @@ fn build_report(
                 protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
                 timing: last.and_then(|r| r.timing),
                 host: last.and_then(|r| r.host),
+                tasks,
+                nodes,
             }
         })
         .collect();
@@ -1069,5 +1130,6 @@ fn build_report(
         gpu_check: gpu_check.into(),
         wall_s: started.elapsed().as_secs_f64(),
         stages,
+        slurm: crate::slurm::history::load(run_dir.root()),
     }
 }

@@ -58,6 +58,10 @@ pub struct AttemptPlan {
     pub grace: Duration,
     /// Event socket path.
     pub socket: PathBuf,
+    /// Graceful stops (timeout, cancel) send SIGTERM to the first process only, which passes
+    /// the stop on its own way (the srun launcher of `slurm::launch`); SIGKILL after the grace
+    /// period still goes to every process of the tree.
+    pub graceful_to_leader: bool,
 }
 
 /// Shared services of the run.
@@ -209,6 +213,15 @@ impl AttemptResult {
     /// Whether any GPU of the attempt ended with a leak verdict.
     pub fn leaked(&self) -> bool {
         self.gpu.iter().any(|g| g.verdict != "clean")
+    }
+}
+
+/// SIGTERM to the attempt's tree, or to its first process only when the plan says so.
+fn graceful_stop(plan: &AttemptPlan, leader: i32, token: &str) {
+    if plan.graceful_to_leader {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(leader), Signal::SIGTERM);
+    } else {
+        supervisor::signal_tree(leader, token, Signal::SIGTERM);
     }
 }
 
@@ -370,7 +383,7 @@ pub async fn supervise(
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
                 timed_out = true;
                 console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
-                supervisor::signal_tree(child.pid, &child.token, Signal::SIGTERM);
+                graceful_stop(plan, child.pid, &child.token);
                 kill_at = Some(tokio::time::Instant::now() + plan.grace);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && !sent_kill => {
@@ -384,7 +397,7 @@ pub async fn supervise(
                     CancelLevel::None => {}
                     CancelLevel::Graceful => if kill_at.is_none() {
                         cancelled = true;
-                        supervisor::signal_tree(child.pid, &child.token, Signal::SIGTERM);
+                        graceful_stop(plan, child.pid, &child.token);
                         kill_at = Some(tokio::time::Instant::now() + plan.grace);
                     },
                     CancelLevel::Kill => {

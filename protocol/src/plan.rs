@@ -149,6 +149,36 @@ pub struct Stage {
     /// `ORCHESTRATE_MATRIX_<KEY>` in its environment.
     #[serde(default)]
     pub matrix: BTreeMap<String, MatrixAxis>,
+    /// Slurm: run the stage through `srun` on this many nodes of the allocation (default 1
+    /// when `tasks_per_node` or `gpus_per_task` is given). Command stages only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    /// Slurm: tasks (processes) `srun` starts on each node (default 1); each gets `RANK`,
+    /// `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_per_node: Option<u32>,
+    /// Slurm: GPUs `srun` binds to each task (`--gpus-per-task`); Slurm, not the
+    /// orchestrator, assigns them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_per_task: Option<u32>,
+}
+
+/// How a stage that runs through `srun` is laid out over the allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLayout {
+    /// Nodes.
+    pub nodes: u32,
+    /// Tasks on each node.
+    pub tasks_per_node: u32,
+    /// GPUs bound to each task, when asked for.
+    pub gpus_per_task: Option<u32>,
+}
+
+impl TaskLayout {
+    /// Tasks in all.
+    pub fn world_size(&self) -> u32 {
+        self.nodes.saturating_mul(self.tasks_per_node)
+    }
 }
 
 /// The values of one matrix key.
@@ -220,6 +250,19 @@ impl Stage {
     /// GPUs the stage asks for, with the defaults applied.
     pub fn gpus_wanted(&self) -> u32 {
         self.gpus.unwrap_or(if self.kind.is_some() { 1 } else { 0 })
+    }
+
+    /// The `srun` layout of a stage that sets `nodes`, `tasks_per_node` or `gpus_per_task`;
+    /// `None` for a stage that runs as one local process tree.
+    pub fn task_layout(&self) -> Option<TaskLayout> {
+        if self.nodes.is_none() && self.tasks_per_node.is_none() && self.gpus_per_task.is_none() {
+            return None;
+        }
+        Some(TaskLayout {
+            nodes: self.nodes.unwrap_or(1),
+            tasks_per_node: self.tasks_per_node.unwrap_or(1),
+            gpus_per_task: self.gpus_per_task,
+        })
     }
 
     /// The stage's timeout, if it has one.

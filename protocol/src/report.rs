@@ -11,7 +11,8 @@ pub struct Report {
     pub v: u32,
     /// The run directory.
     pub run_dir: String,
-    /// Overall outcome: "succeeded", "failed", "interrupted" or "leaked".
+    /// Overall outcome: "succeeded", "failed", "interrupted", "requeued" (a Slurm job that
+    /// stopped and was requeued) or "leaked".
     pub status: String,
     /// Whether GPU memory was verified, and if not why.
     pub gpu_check: String,
@@ -19,6 +20,79 @@ pub struct Report {
     pub wall_s: f64,
     /// One record per stage, in plan order.
     pub stages: Vec<StageReport>,
+    /// The Slurm job the run belongs to, with every stop and requeue (absent outside Slurm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmJobReport>,
+}
+
+/// A run inside a Slurm job: the job and each time it stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmJobReport {
+    /// `SLURM_JOB_ID`.
+    pub job_id: String,
+    /// The job's nodes (`SLURM_JOB_NODELIST`, as Slurm writes it).
+    pub nodelist: String,
+    /// How many times the job has been requeued so far (`SLURM_RESTART_COUNT` of the latest start).
+    pub restart_count: u32,
+    /// Every start of the job in this run directory, in order.
+    pub starts: Vec<SlurmStart>,
+    /// Every stop of the job (signal, cause, requeue), in order.
+    pub stops: Vec<SlurmStop>,
+}
+
+/// One start of the job (the first, or one after a requeue).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmStart {
+    /// Unix time, seconds.
+    pub at: f64,
+    /// `SLURM_RESTART_COUNT` (0 for the first start).
+    pub restart_count: u32,
+    /// The host the batch script ran on.
+    pub host: String,
+}
+
+/// One stop of the job: what signalled it, why (from Slurm's job state), and the requeue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SlurmStop {
+    /// Unix time of the signal, seconds.
+    pub at: f64,
+    /// `SLURM_RESTART_COUNT` of the start that stopped.
+    pub restart_count: u32,
+    /// The signal that stopped the run ("SIGUSR2", "SIGTERM").
+    pub signal: String,
+    /// "preemption", "time_limit", "cancel", "requeue" (asked from outside) or "signal" (sent
+    /// with the job running normally: `scancel --signal`, a node being drained).
+    pub cause: String,
+    /// The job's state as Slurm reported it (`JobState`, `Reason`, …), or why it could not be read.
+    pub job_state: String,
+    /// "requested" (`scontrol requeue` accepted), or why the job was not requeued.
+    pub requeue: String,
+}
+
+/// The outcome of one task of a stage that ran through `srun`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TaskRecord {
+    /// Global rank (`SLURM_PROCID`).
+    pub rank: u32,
+    /// Rank on its node (`SLURM_LOCALID`).
+    pub local_rank: u32,
+    /// The node it ran on.
+    pub node: String,
+    /// Its exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, when one did ("SIGTERM").
+    pub signal: Option<String>,
+}
+
+/// The GPU check of one node after a stage that ran through `srun`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeGpuCheck {
+    /// The node.
+    pub node: String,
+    /// "clean", "not_clean", "unavailable" (no NVML there) or "failed" (the check did not run).
+    pub verdict: String,
+    /// What `orchestrate gpu-check` said: GPUs and their memory, or why it could not look.
+    pub detail: String,
 }
 
 /// What happened to one stage.
@@ -64,6 +138,12 @@ pub struct StageReport {
     /// CPU time and memory of the last attempt's processes.
     #[serde(default)]
     pub host: Option<HostUsage>,
+    /// Stages run through `srun`: every task of the last attempt, by rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskRecord>,
+    /// Stages run through `srun`: the GPU check of every node of the stage, after it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeGpuCheck>,
 }
 
 /// Host resources of one attempt.

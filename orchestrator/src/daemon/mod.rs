@@ -188,6 +188,7 @@ impl Daemon {
             follow: false,
             run_id: id.clone(),
             ticket: self.host.ticket(priority),
+            stop_signal: Default::default(),
         };
         tokio::task::spawn_local(async move {
             let pump = {

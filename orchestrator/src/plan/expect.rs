@@ -7,8 +7,20 @@ use super::tree::{Node, Seg, Value};
 
 /// Keys of a stage table, for hints about misplaced keys.
 pub(crate) const STAGE_KEYS: &[&str] = &[
-    "name", "after", "kind", "command", "params", "init", "timeout", "retries", "gpus", "env",
+    "name",
+    "after",
+    "kind",
+    "command",
+    "params",
+    "init",
+    "timeout",
+    "retries",
+    "gpus",
+    "env",
     "outputs",
+    "nodes",
+    "tasks_per_node",
+    "gpus_per_task",
 ];
 
 /// What the value at a plan path must be, in words; `None` for paths this module does not know.
@@ -48,6 +60,7 @@ pub(crate) fn describe(path: &[Seg]) -> Option<&'static str> {
             "init" => "a stage name (a string)",
             "timeout" => duration,
             "retries" | "gpus" => "a whole number ≥ 0",
+            "nodes" | "tasks_per_node" | "gpus_per_task" => "a whole number ≥ 1",
             "env" => "a table of NAME = \"value\" strings",
             "outputs" => "a list of paths relative to the output directory",
             _ => return None,

@@ -16,6 +16,7 @@ mod explain;
 mod files;
 mod graph;
 mod json_tree;
+mod layout;
 pub mod matrix;
 mod params;
 pub mod placeholder;

@@ -309,6 +309,7 @@ impl<'p> Validator<'p, '_, '_> {
         }
         self.check_env(i);
         self.check_outputs(i);
+        self.check_task_layout(i);
     }
 
     /// `init`: an existing stage upstream of this one (directly or not) that writes a checkpoint.

@@ -1,0 +1,128 @@
+//! The job's record in the run directory: `slurm.json`, rewritten atomically at every start
+//! and stop of the job (the journal has the same facts as records), and shown in the report.
+
+use super::Allocation;
+use crate::journal::{Journal, JournalRecord};
+use protocol::report::{SlurmJobReport, SlurmStart, SlurmStop};
+use std::path::{Path, PathBuf};
+
+fn path(run_dir: &Path) -> PathBuf {
+    run_dir.join("slurm.json")
+}
+
+/// The job's record of a run directory, when the run ran inside Slurm.
+pub fn load(run_dir: &Path) -> Option<SlurmJobReport> {
+    let bytes = std::fs::read(path(run_dir)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn save(run_dir: &Path, report: &SlurmJobReport) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
+    crate::rundir::write_atomic(&path(run_dir), &bytes)
+}
+
+/// Journals this start of the job and adds it to `slurm.json`.
+pub fn record_start(
+    run_dir: &Path,
+    job: &Allocation,
+    journal: &mut Journal,
+) -> std::io::Result<()> {
+    journal.append(&JournalRecord::SlurmStarted {
+        job_id: job.job_id.clone(),
+        restart_count: job.restart_count,
+        host: job.host.clone(),
+        nodelist: job.nodelist.clone(),
+    })?;
+    let mut report = load(run_dir)
+        .filter(|r| r.job_id == job.job_id)
+        .unwrap_or_else(|| SlurmJobReport {
+            job_id: job.job_id.clone(),
+            nodelist: job.nodelist.clone(),
+            restart_count: job.restart_count,
+            starts: Vec::new(),
+            stops: Vec::new(),
+        });
+    report.restart_count = job.restart_count;
+    report.nodelist = job.nodelist.clone();
+    report.starts.push(SlurmStart {
+        at: crate::timefmt::unix_secs_f64(),
+        restart_count: job.restart_count,
+        host: job.host.clone(),
+    });
+    save(run_dir, &report)
+}
+
+/// Journals a stop of the job and adds it to `slurm.json`.
+pub fn record_stop(
+    run_dir: &Path,
+    job: &Allocation,
+    stop: SlurmStop,
+    journal: &mut Journal,
+) -> std::io::Result<()> {
+    journal.append(&JournalRecord::SlurmStopped {
+        job_id: job.job_id.clone(),
+        restart_count: stop.restart_count,
+        signal: stop.signal.clone(),
+        cause: stop.cause.clone(),
+        job_state: stop.job_state.clone(),
+        requeue: stop.requeue.clone(),
+    })?;
+    let mut report = load(run_dir).unwrap_or_else(|| SlurmJobReport {
+        job_id: job.job_id.clone(),
+        nodelist: job.nodelist.clone(),
+        restart_count: job.restart_count,
+        starts: Vec::new(),
+        stops: Vec::new(),
+    });
+    report.stops.push(stop);
+    save(run_dir, &report)
+}
+
+/// Lines for the end-of-run summary: each srun stage's tasks and node checks, and the job's
+/// stops and requeues. Empty for a run outside Slurm.
+pub fn render(report: &protocol::report::Report) -> String {
+    let mut out = String::new();
+    for s in report
+        .stages
+        .iter()
+        .filter(|s| !s.tasks.is_empty() || !s.nodes.is_empty())
+    {
+        let tasks: Vec<String> = s
+            .tasks
+            .iter()
+            .map(|t| {
+                let how = match (&t.signal, t.exit_code) {
+                    (Some(sig), _) => sig.clone(),
+                    (None, Some(c)) => format!("exit {c}"),
+                    (None, None) => "?".into(),
+                };
+                format!("rank {} on {}: {how}", t.rank, t.node)
+            })
+            .collect();
+        out.push_str(&format!("{}: tasks: {}\n", s.name, tasks.join(", ")));
+        for n in &s.nodes {
+            out.push_str(&format!(
+                "{}: GPU check of node {}: {} ({})\n",
+                s.name, n.node, n.verdict, n.detail
+            ));
+        }
+    }
+    if let Some(job) = &report.slurm {
+        out.push_str(&format!(
+            "Slurm job {}: {} start(s), {} requeue(s) so far\n",
+            job.job_id,
+            job.starts.len(),
+            job.restart_count
+        ));
+        for stop in &job.stops {
+            out.push_str(&format!(
+                "  start {} stopped by {}: {}; requeue: {}\n",
+                stop.restart_count + 1,
+                stop.signal,
+                stop.cause,
+                stop.requeue
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,141 @@
+//! The first process of a stage run through srun: `orchestrate __slurm-srun --records DIR --
+//! srun …`.
+//!
+//! srun answers SIGTERM by killing the job step's tasks at once (SIGKILL), which leaves a
+//! distributed program no chance to checkpoint. So the orchestrator's graceful stop goes to
+//! this launcher alone (the stage is marked `graceful_to_leader`), and the launcher asks Slurm
+//! to send SIGTERM to every process of the step (`scancel --signal=TERM JOB.STEP`, the step
+//! named by the tasks in `DIR/step`); srun then ends when the tasks do. Before the tasks have
+//! started, or without `scancel`, srun itself gets the SIGTERM. The orchestrator's SIGKILL
+//! after the grace period, or its death, still ends srun (SIGTERM through `PR_SET_PDEATHSIG`)
+//! and with it the step.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The hidden subcommand that runs the launcher.
+pub const LAUNCH_SUBCOMMAND: &str = "__slurm-srun";
+
+/// The file in the records directory where the tasks name their job step (`JOB.STEP`).
+pub const STEP_FILE: &str = "step";
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn note_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Runs the launcher with its arguments (after the subcommand): `--records DIR -- srun ARGS…`.
+/// Returns srun's exit status (128 + signal when a signal ended it).
+pub fn run(args: Vec<String>) -> i32 {
+    let mut records: Option<PathBuf> = None;
+    let mut rest = args.into_iter();
+    let mut program: Vec<String> = Vec::new();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--records" => records = rest.next().map(PathBuf::from),
+            "--" => {
+                program = rest.by_ref().collect();
+                break;
+            }
+            other => {
+                eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: unexpected argument `{other}`");
+                return 2;
+            }
+        }
+    }
+    let Some((exe, exe_args)) = program.split_first() else {
+        eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: no program after `--`");
+        return 2;
+    };
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: `note_stop` only stores to an atomic.
+        unsafe { libc::signal(signal, note_stop as *const () as libc::sighandler_t) };
+    }
+    let mut cmd = Command::new(exe);
+    cmd.args(exe_args);
+    // SAFETY: the closure runs between fork and exec and calls only prctl.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            // If the launcher dies, srun ends the step (its answer to SIGTERM).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: cannot start `{exe}`: {e}");
+            return 127;
+        }
+    };
+    let mut stop_sent = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                use std::os::unix::process::ExitStatusExt;
+                return match (status.code(), status.signal()) {
+                    (Some(code), _) => code,
+                    (None, Some(sig)) => 128 + sig,
+                    _ => 1,
+                };
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: cannot wait for `{exe}`: {e}");
+                return 1;
+            }
+        }
+        if STOP.load(Ordering::SeqCst) && !stop_sent {
+            stop_sent = true;
+            if !stop_step(records.as_deref()) {
+                // SAFETY: signalling the child we spawned and have not reaped.
+                unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `scancel --signal=TERM JOB.STEP` for the step the tasks named; false when it could not.
+fn stop_step(records: Option<&Path>) -> bool {
+    let Some(step) = records
+        .and_then(|d| std::fs::read_to_string(d.join(STEP_FILE)).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+    else {
+        return false;
+    };
+    let done = Command::new("scancel")
+        .args(["--signal=TERM", &step])
+        .stdin(Stdio::null())
+        .status();
+    match done {
+        Ok(status) if status.success() => true,
+        Ok(status) => {
+            eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: `scancel --signal=TERM {step}` {status}: stopping srun instead");
+            false
+        }
+        Err(e) => {
+            eprintln!(
+                "orchestrate {LAUNCH_SUBCOMMAND}: cannot run scancel ({e}): stopping srun instead"
+            );
+            false
+        }
+    }
+}
+
+/// Runs a hidden subcommand of `orchestrate` (the srun launcher or the per-task wrapper) when
+/// `args` (the whole argv) names one; returns its exit status.
+pub fn hidden_subcommand(args: &[String]) -> Option<i32> {
+    let rest = args.get(2..).unwrap_or_default().to_vec();
+    match args.get(1).map(String::as_str) {
+        Some(LAUNCH_SUBCOMMAND) => Some(run(rest)),
+        Some(super::task::TASK_SUBCOMMAND) => Some(super::task::run(rest)),
+        _ => None,
+    }
+}

@@ -1,0 +1,254 @@
+//! Slurm: being a good citizen of an allocation.
+//!
+//! - [`Allocation`] is the job this process runs in, read from the environment;
+//! - [`choose_run_dir`] keeps a run directory that stays the same across requeues of a job,
+//!   and resumes the run in it after a requeue;
+//! - [`stop`] is the stop sequence: read why the job is stopping from Slurm's own job state
+//!   ([`jobstate`]), journal it, and ask for the requeue;
+//! - [`srun`] launches stages that set `nodes`/`tasks_per_node`/`gpus_per_task` as a job
+//!   step, started by the launcher in [`launch`] (which turns the orchestrator's SIGTERM into
+//!   SIGTERM for every process of the step, not srun's SIGKILL) through the per-task wrapper
+//!   in [`task`], and checks every node's GPUs after them ([`node_check`]);
+//! - [`history`] is the job's record in the run directory (`slurm.json`) and in the report;
+//! - every helper program (`scontrol`, `squeue`, `srun`) is started through [`helper`], which
+//!   registers it with the orchestrator's reaper so its exit status is not lost.
+
+pub mod helper;
+pub mod history;
+pub mod jobstate;
+pub mod launch;
+pub mod node_check;
+pub mod srun;
+pub mod stop;
+pub mod task;
+
+use std::path::{Path, PathBuf};
+
+/// The Slurm job this process runs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// `SLURM_JOB_ID`.
+    pub job_id: String,
+    /// `SLURM_RESTART_COUNT`: how many times the job was requeued before this start (0 when
+    /// unset: the first start).
+    pub restart_count: u32,
+    /// `SLURM_JOB_NUM_NODES` (1 when unset).
+    pub num_nodes: u32,
+    /// `SLURM_JOB_NODELIST`, as Slurm writes it (`node[01-04]`).
+    pub nodelist: String,
+    /// GPUs of the allocation on this node (`SLURM_GPUS_ON_NODE`, else the count in
+    /// `SLURM_JOB_GPUS`), when Slurm says.
+    pub gpus_on_node: Option<u32>,
+    /// The node this process runs on (`SLURMD_NODENAME`, else the host name).
+    pub host: String,
+}
+
+impl Allocation {
+    /// The job of this process, or `None` outside Slurm (no `SLURM_JOB_ID`).
+    pub fn detect() -> Option<Allocation> {
+        Allocation::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// The job described by these variables (`get` returns a variable's value), or `None`
+    /// without a `SLURM_JOB_ID`.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Option<Allocation> {
+        let job_id = get("SLURM_JOB_ID")
+            .or_else(|| get("SLURM_JOBID"))
+            .filter(|v| !v.trim().is_empty())?
+            .trim()
+            .to_string();
+        let number = |k: &str| get(k).and_then(|v| v.trim().parse::<u32>().ok());
+        let gpus_on_node = number("SLURM_GPUS_ON_NODE").or_else(|| {
+            get("SLURM_JOB_GPUS")
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| v.split(',').count() as u32)
+        });
+        Some(Allocation {
+            job_id,
+            restart_count: number("SLURM_RESTART_COUNT").unwrap_or(0),
+            num_nodes: number("SLURM_JOB_NUM_NODES")
+                .or_else(|| number("SLURM_NNODES"))
+                .unwrap_or(1),
+            nodelist: get("SLURM_JOB_NODELIST")
+                .or_else(|| get("SLURM_NODELIST"))
+                .unwrap_or_default(),
+            gpus_on_node,
+            host: get("SLURMD_NODENAME")
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(crate::slurm::task::host_name),
+        })
+    }
+}
+
+/// Where a run goes inside a Slurm job, and whether it resumes the run already there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDirChoice {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Continue the run in it (the job was requeued and the directory holds its run).
+    pub resume: bool,
+}
+
+/// The default run directory of plan `name` in job `job_id`: `runs/<name>-slurm-<job id>`
+/// under the current directory (the job's working directory), the same at every start of the
+/// job.
+pub fn default_run_dir(name: &str, job_id: &str) -> PathBuf {
+    Path::new("runs").join(format!("{name}-slurm-{job_id}"))
+}
+
+/// Inside a Slurm job, the run directory (the explicit one, else [`default_run_dir`]) and
+/// whether to resume: after a requeue (`SLURM_RESTART_COUNT` ≥ 1) the run already in that
+/// directory is continued, so finished stages are not run again. `None` outside Slurm.
+///
+/// A first start (restart count 0) that finds the default directory already holding a run is
+/// an error that says what to do: that is another run of the same plan in this job (or a job
+/// id reused after the controller's state was reset), never this job's own.
+pub fn choose_run_dir(
+    job: Option<&Allocation>,
+    explicit: Option<&Path>,
+    resume_asked: bool,
+    name: &str,
+) -> Option<Result<RunDirChoice, String>> {
+    let job = job?;
+    let dir = explicit
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| default_run_dir(name, &job.job_id));
+    let holds_run = dir.join("journal.jsonl").is_file();
+    if resume_asked || (holds_run && job.restart_count > 0) {
+        return Some(Ok(RunDirChoice { dir, resume: true }));
+    }
+    if holds_run && explicit.is_none() {
+        return Some(Err(format!(
+            "{} already holds a run, but this start of Slurm job {} is not a requeue (SLURM_RESTART_COUNT is 0): the plan was run twice in one job, or the job id was reused. Move that directory away, or pass --run-dir",
+            dir.display(),
+            job.job_id
+        )));
+    }
+    Some(Ok(RunDirChoice { dir, resume: false }))
+}
+
+/// The signals that stop a run inside a Slurm job besides SIGINT and SIGTERM: SIGUSR1 and
+/// SIGUSR2, whichever the job script declared with `#SBATCH --signal=B:SIG@SECONDS` (our
+/// scripts use SIGUSR2). Outside Slurm nothing is listened to and they keep their default.
+pub struct WarningSignals {
+    streams: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl WarningSignals {
+    /// Listens for SIGUSR1 and SIGUSR2 when `in_slurm`.
+    pub fn listen(in_slurm: bool) -> std::io::Result<WarningSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let streams = if in_slurm {
+            Some((
+                signal(SignalKind::user_defined1())?,
+                signal(SignalKind::user_defined2())?,
+            ))
+        } else {
+            None
+        };
+        Ok(WarningSignals { streams })
+    }
+
+    /// The next warning signal's name ("SIGUSR1", "SIGUSR2"); never resolves outside Slurm.
+    pub async fn recv(&mut self) -> &'static str {
+        match &mut self.streams {
+            Some((usr1, usr2)) => tokio::select! {
+                _ = usr1.recv() => "SIGUSR1",
+                _ = usr2.recv() => "SIGUSR2",
+            },
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// After the last stage ended inside a Slurm job: whether a stop signal arrived with it and was
+/// not read yet (`scancel` and the time limit signal every process of the job at once, so the
+/// stage can die of it first). Waits at most 100 ms; notes the signal in `first`.
+pub async fn late_stop(
+    sigterm: &mut tokio::signal::unix::Signal,
+    warning: &mut WarningSignals,
+    first: &mut Option<(&'static str, f64)>,
+) -> bool {
+    tokio::select! {
+        biased;
+        _ = sigterm.recv() => note_signal(first, "SIGTERM"),
+        sig = warning.recv() => note_signal(first, sig),
+        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => return false,
+    }
+    true
+}
+
+/// Remembers the first signal that stopped the run, and when (Unix time).
+pub fn note_signal(first: &mut Option<(&'static str, f64)>, signal: &'static str) {
+    first.get_or_insert((signal, crate::timefmt::unix_secs_f64()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn detects_a_job_from_its_variables() {
+        assert_eq!(Allocation::from_vars(vars(&[])), None);
+        assert_eq!(Allocation::from_vars(vars(&[("SLURM_JOB_ID", " ")])), None);
+        let a = Allocation::from_vars(vars(&[
+            ("SLURM_JOB_ID", "42"),
+            ("SLURM_RESTART_COUNT", "2"),
+            ("SLURM_JOB_NUM_NODES", "4"),
+            ("SLURM_JOB_NODELIST", "gpu[01-04]"),
+            ("SLURM_JOB_GPUS", "0,1,2,3"),
+            ("SLURMD_NODENAME", "gpu01"),
+        ]))
+        .unwrap();
+        assert_eq!(a.job_id, "42");
+        assert_eq!(a.restart_count, 2);
+        assert_eq!(a.num_nodes, 4);
+        assert_eq!(a.nodelist, "gpu[01-04]");
+        assert_eq!(a.gpus_on_node, Some(4));
+        assert_eq!(a.host, "gpu01");
+        let first = Allocation::from_vars(vars(&[("SLURM_JOB_ID", "7")])).unwrap();
+        assert_eq!((first.restart_count, first.num_nodes), (0, 1));
+    }
+
+    #[test]
+    fn the_run_directory_is_resumed_only_after_a_requeue() {
+        let base = std::env::temp_dir().join(format!("slurm-rundir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dir = base.join("run");
+        let mut job = Allocation::from_vars(vars(&[("SLURM_JOB_ID", "9")])).unwrap();
+        assert_eq!(choose_run_dir(None, Some(&dir), false, "p"), None);
+        let fresh = choose_run_dir(Some(&job), Some(&dir), false, "p").unwrap();
+        assert_eq!(
+            fresh,
+            Ok(RunDirChoice {
+                dir: dir.clone(),
+                resume: false
+            })
+        );
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("journal.jsonl"), "").unwrap();
+        job.restart_count = 1;
+        let again = choose_run_dir(Some(&job), Some(&dir), false, "p").unwrap();
+        assert_eq!(
+            again,
+            Ok(RunDirChoice {
+                dir: dir.clone(),
+                resume: true
+            })
+        );
+        let default = choose_run_dir(Some(&job), None, false, "quick")
+            .unwrap()
+            .unwrap();
+        assert_eq!(default.dir, Path::new("runs/quick-slurm-9"));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

@@ -1,0 +1,173 @@
+//! Stages that set `nodes`, `tasks_per_node` or `gpus_per_task` run as a job step of the
+//! allocation: `srun` starts the per-task wrapper ([`super::task`]) on every task, which
+//! starts the stage's command with the torch.distributed environment.
+//!
+//! The rest of the stage's life is the same as for any stage: the launcher in front of `srun`
+//! is the stage's first process, the output goes to the stage's logs (each line prefixed with
+//! its rank, `--label`), a stop (SIGTERM) reaches every task's program as SIGTERM with the
+//! stage's grace period to act on it, and the stage succeeds when `srun` exits 0 (every task
+//! exited 0) with the declared outputs present.
+
+use super::{task, Allocation};
+use crate::stage::AttemptPlan;
+use protocol::plan::{Stage, TaskLayout};
+use protocol::report::{NodeGpuCheck, TaskRecord};
+use std::path::{Path, PathBuf};
+
+/// The directory where the tasks of a stage's last attempt leave their records.
+pub fn records_dir(stage_dir: &Path) -> PathBuf {
+    stage_dir.join("tasks")
+}
+
+/// Where `orchestrate` itself is, for srun to start the wrapper and the GPU check with.
+pub fn orchestrate_exe() -> String {
+    std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "orchestrate".into())
+}
+
+/// The `srun` options that place `layout` on the allocation.
+pub fn layout_args(layout: TaskLayout) -> Vec<String> {
+    let mut args = vec![
+        format!("--nodes={}", layout.nodes),
+        format!("--ntasks={}", layout.world_size()),
+        format!("--ntasks-per-node={}", layout.tasks_per_node),
+    ];
+    if let Some(g) = layout.gpus_per_task {
+        args.push(format!("--gpus-per-task={g}"));
+    }
+    args
+}
+
+/// A port for the stage's rendezvous (`MASTER_PORT`), from the job, the stage and the
+/// attempt, in 20000–49999: stages running side by side in one job get different ports.
+pub fn master_port(job_id: &str, stage_index: usize, attempt: u32) -> u16 {
+    let mut h: u64 = 1469598103934665603;
+    for b in job_id
+        .bytes()
+        .chain(stage_index.to_le_bytes())
+        .chain(attempt.to_le_bytes())
+    {
+        h = (h ^ u64::from(b)).wrapping_mul(1099511628211);
+    }
+    20000 + (h % 30000) as u16
+}
+
+/// Turns the attempt of a stage with an srun layout into an `srun` job step; other stages come
+/// back unchanged. Clears the task records of earlier attempts.
+pub fn wrap_attempt(
+    mut plan: AttemptPlan,
+    stage: &Stage,
+    stage_index: usize,
+    job: Option<&Allocation>,
+) -> AttemptPlan {
+    let (Some(layout), Some(job)) = (stage.task_layout(), job) else {
+        return plan;
+    };
+    let records = records_dir(&plan.stage_dir);
+    let _ = std::fs::remove_dir_all(&records);
+    let _ = std::fs::create_dir_all(&records);
+    let mut argv = vec![
+        orchestrate_exe(),
+        super::launch::LAUNCH_SUBCOMMAND.into(),
+        "--records".into(),
+        records.display().to_string(),
+        "--".into(),
+        "srun".to_string(),
+        format!("--job-name={}", stage.name),
+        "--kill-on-bad-exit=1".into(),
+        "--label".into(),
+    ];
+    argv.extend(layout_args(layout));
+    argv.extend([
+        orchestrate_exe(),
+        task::TASK_SUBCOMMAND.into(),
+        "--records".into(),
+        records.display().to_string(),
+        "--".into(),
+    ]);
+    argv.append(&mut plan.argv);
+    plan.argv = argv;
+    // srun kills the step's tasks when it gets SIGTERM: only the launcher gets it.
+    plan.graceful_to_leader = true;
+    if !stage.env.contains_key("MASTER_PORT") {
+        plan.env.push((
+            "MASTER_PORT".into(),
+            master_port(&job.job_id, stage_index, plan.attempt).to_string(),
+        ));
+    }
+    plan
+}
+
+/// The task records and node checks of a stage's last attempt, for its report; empty for a
+/// stage that does not run through srun.
+pub fn stage_records(stage: &Stage, stage_dir: &Path) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
+    if stage.task_layout().is_none() {
+        return (Vec::new(), Vec::new());
+    }
+    (
+        task::load_records(&records_dir(stage_dir)),
+        super::node_check::load(stage_dir),
+    )
+}
+
+/// Refuses, with what to do, a plan whose srun stages cannot run here: outside a Slurm
+/// allocation, or asking for more nodes than the allocation has.
+pub fn check_plan(stages: &[Stage], job: Option<&Allocation>) -> Result<(), String> {
+    for stage in stages {
+        let Some(layout) = stage.task_layout() else {
+            continue;
+        };
+        match job {
+            None => {
+                return Err(format!(
+                    "stage `{}` runs {} task(s) on {} node(s) through srun, which needs a Slurm allocation, and this is not one (no SLURM_JOB_ID): submit the plan with `sbatch configs/slurm/pipeline.sbatch PLAN` (or run it inside `salloc`), or remove `nodes`/`tasks_per_node`/`gpus_per_task` from the stage",
+                    stage.name,
+                    layout.world_size(),
+                    layout.nodes
+                ))
+            }
+            Some(job) if layout.nodes > job.num_nodes => {
+                return Err(format!(
+                    "stage `{}` asks for {} nodes but Slurm job {} has {}: submit with `sbatch --nodes={}`, or lower `nodes`",
+                    stage.name, layout.nodes, job.job_id, job.num_nodes, layout.nodes
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_becomes_srun_options() {
+        let layout = TaskLayout {
+            nodes: 2,
+            tasks_per_node: 4,
+            gpus_per_task: Some(1),
+        };
+        assert_eq!(
+            layout_args(layout),
+            [
+                "--nodes=2",
+                "--ntasks=8",
+                "--ntasks-per-node=4",
+                "--gpus-per-task=1"
+            ]
+        );
+    }
+
+    #[test]
+    fn ports_differ_between_stages_and_stay_in_range() {
+        let a = master_port("42", 0, 1);
+        assert_eq!(a, master_port("42", 0, 1));
+        assert_ne!(a, master_port("42", 1, 1));
+        for i in 0..1000 {
+            assert!((20000..50000).contains(&master_port("7", i, 1)));
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The per-task wrapper of a stage run through `srun`: `orchestrate __slurm-task --records DIR
+//! -- PROGRAM ARGS…`, started by srun once per task.
+//!
+//! It gives the program the environment torch.distributed launchers expect, from what srun
+//! set: `RANK` (`SLURM_PROCID`), `LOCAL_RANK` (`SLURM_LOCALID`), `WORLD_SIZE`
+//! (`SLURM_NTASKS`), `LOCAL_WORLD_SIZE`, `NODE_RANK` (`SLURM_NODEID`), `MASTER_ADDR` (the first
+//! node of the step) and `MASTER_PORT` (chosen by the orchestrator); variables already set
+//! are kept. Only rank 0 keeps the orchestrator's event channel, so events come from rank 0.
+//! The wrapper runs the program as its child (Slurm's signals to the step reach both; the
+//! wrapper outlives them), names the job step in `DIR/step` for the launcher
+//! ([`super::launch`]), writes `DIR/rank-<RANK>.json` (a [`protocol::report::TaskRecord`]) when the
+//! program ends, and exits as the program did.
+
+use protocol::report::TaskRecord;
+use protocol::worker::ENV_EVENTS;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The hidden subcommand that runs the wrapper.
+pub const TASK_SUBCOMMAND: &str = "__slurm-task";
+
+/// This machine's short host name (what Slurm calls the node), or "localhost".
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+    name.split('.').next().unwrap_or("localhost").to_string()
+}
+
+/// The first host of a Slurm host list (`gpu[01-04,07],cpu1` → `gpu01`).
+pub fn first_host(list: &str) -> Option<String> {
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                ',' if depth == 0 => return true,
+                _ => {}
+            }
+            false
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let first = list[..end].trim();
+    if first.is_empty() {
+        return None;
+    }
+    match (first.find('['), first.find(']')) {
+        (Some(open), Some(close)) if open < close => {
+            let inner = &first[open + 1..close];
+            let lowest = inner.split([',', '-']).next().unwrap_or("");
+            Some(format!("{}{lowest}{}", &first[..open], &first[close + 1..]))
+        }
+        _ => Some(first.to_string()),
+    }
+}
+
+extern "C" fn outlive(_: libc::c_int) {}
+
+/// Runs the wrapper with its arguments (after the subcommand) and returns the exit status.
+pub fn run(args: Vec<String>) -> i32 {
+    let mut records: Option<PathBuf> = None;
+    let mut rest = args.into_iter();
+    let mut program: Vec<String> = Vec::new();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--records" => records = rest.next().map(PathBuf::from),
+            "--" => {
+                program = rest.by_ref().collect();
+                break;
+            }
+            other => {
+                eprintln!("orchestrate {TASK_SUBCOMMAND}: unexpected argument `{other}`");
+                return 2;
+            }
+        }
+    }
+    let Some((exe, exe_args)) = program.split_first() else {
+        eprintln!("orchestrate {TASK_SUBCOMMAND}: no program after `--`");
+        return 2;
+    };
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let num = |k: &str| var(k).and_then(|v| v.parse::<u32>().ok());
+    let rank = num("SLURM_PROCID").unwrap_or(0);
+    let local_rank = num("SLURM_LOCALID").unwrap_or(0);
+    let world = num("SLURM_NTASKS")
+        .or_else(|| num("SLURM_NPROCS"))
+        .unwrap_or(1);
+    let nodes = num("SLURM_STEP_NUM_NODES")
+        .or_else(|| num("SLURM_NNODES"))
+        .unwrap_or(1);
+    let node = var("SLURMD_NODENAME").unwrap_or_else(host_name);
+    let mut cmd = Command::new(exe);
+    cmd.args(exe_args);
+    let mut set_default = |k: &str, v: String| {
+        if var(k).is_none() {
+            cmd.env(k, v);
+        }
+    };
+    set_default("RANK", rank.to_string());
+    set_default("LOCAL_RANK", local_rank.to_string());
+    set_default("WORLD_SIZE", world.to_string());
+    set_default(
+        "LOCAL_WORLD_SIZE",
+        (world / nodes.max(1)).max(1).to_string(),
+    );
+    set_default("NODE_RANK", num("SLURM_NODEID").unwrap_or(0).to_string());
+    let master = var("SLURM_STEP_NODELIST")
+        .or_else(|| var("SLURM_JOB_NODELIST"))
+        .and_then(|l| first_host(&l))
+        .unwrap_or_else(|| node.clone());
+    set_default("MASTER_ADDR", master);
+    set_default("MASTER_PORT", "29500".into());
+    if rank != 0 {
+        cmd.env_remove(ENV_EVENTS);
+    }
+    if let (Some(dir), Some(job), Some(step)) =
+        (&records, var("SLURM_JOB_ID"), var("SLURM_STEP_ID"))
+    {
+        // The launcher stops the step by this name (see `launch`).
+        let _ = std::fs::create_dir_all(dir).and_then(|()| {
+            std::fs::write(
+                dir.join(super::launch::STEP_FILE),
+                format!("{job}.{step}\n"),
+            )
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("orchestrate {TASK_SUBCOMMAND}: cannot start `{exe}`: {e}");
+            write_record(&records, rank, local_rank, &node, Some(127), None);
+            return 127;
+        }
+    };
+    // Slurm signals every process of the step, the program included; the wrapper only has to
+    // outlive it to record how it ended.
+    for signal in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
+        // SAFETY: `outlive` does nothing; a caught signal is reset to default in the child at exec.
+        unsafe { libc::signal(signal, outlive as *const () as libc::sighandler_t) };
+    }
+    let status = loop {
+        match child.wait() {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("orchestrate {TASK_SUBCOMMAND}: cannot wait for `{exe}`: {e}");
+                return 1;
+            }
+        }
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let signal = status.signal();
+    write_record(&records, rank, local_rank, &node, status.code(), signal);
+    match (status.code(), signal) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        _ => 1,
+    }
+}
+
+fn write_record(
+    dir: &Option<PathBuf>,
+    rank: u32,
+    local_rank: u32,
+    node: &str,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+) {
+    let Some(dir) = dir else { return };
+    let record = TaskRecord {
+        rank,
+        local_rank,
+        node: node.to_string(),
+        exit_code,
+        signal: signal.map(crate::supervisor::signal_name),
+    };
+    let written = std::fs::create_dir_all(dir).and_then(|()| {
+        let bytes = serde_json::to_vec_pretty(&record).map_err(std::io::Error::other)?;
+        crate::rundir::write_atomic(&dir.join(format!("rank-{rank}.json")), &bytes)
+    });
+    if let Err(e) = written {
+        eprintln!(
+            "orchestrate {TASK_SUBCOMMAND}: cannot record rank {rank} in {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+/// The task records of a stage's last attempt (`DIR/rank-*.json`), by rank.
+pub fn load_records(dir: &std::path::Path) -> Vec<TaskRecord> {
+    let mut records: Vec<TaskRecord> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rank-"))
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect();
+    records.sort_by_key(|r| r.rank);
+    records
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_host_of_slurm_host_lists() {
+        assert_eq!(first_host("vm").as_deref(), Some("vm"));
+        assert_eq!(first_host("a,b").as_deref(), Some("a"));
+        assert_eq!(first_host("gpu[01-04,07],cpu1").as_deref(), Some("gpu01"));
+        assert_eq!(first_host("n[3,5]-ib").as_deref(), Some("n3-ib"));
+        assert_eq!(first_host(""), None);
+    }
+}
