@@ -139,12 +139,16 @@ fn host_name() -> String {
         .unwrap_or_default()
 }
 
-/// Whether `root` has any entry besides a lock file.
+/// Whether `root` has any entry besides what a run killed while setting up leaves: its lock
+/// file and the temporary files of its atomic writes (`.NAME.tmp-PID`).
 fn has_entries(root: &Path) -> Result<bool, RunDirError> {
     let entries = fs::read_dir(root).map_err(io_at(root))?;
     for entry in entries {
         let entry = entry.map_err(io_at(root))?;
-        if entry.file_name() != LOCK_FILE {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let leftover = name == LOCK_FILE || (name.starts_with('.') && name.contains(".tmp-"));
+        if !leftover {
             return Ok(true);
         }
     }
