@@ -1,6 +1,6 @@
 //! SHA-256 of files and the verification of checkpoint manifests.
 
-use protocol::checkpoint::{CheckpointManifest, MANIFEST_FILE};
+use protocol::checkpoint::{CheckpointManifest, FileIdentity, MANIFEST_FILE};
 use protocol::report::CheckpointRecord;
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -26,11 +26,45 @@ pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
     Ok((hex, total))
 }
 
+/// A file a stage reported writing (a `checkpoint` event): its checksum, computed by the
+/// writer while writing, and its identity once it was in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedFile {
+    /// SHA-256, lower-case hex.
+    pub sha256: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Device, inode and modification time.
+    pub identity: FileIdentity,
+}
+
+/// The identity of a file from its metadata (same fields as the stage worker reports).
+pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
+    use std::os::unix::fs::MetadataExt;
+    FileIdentity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+    }
+}
+
 /// Reads `dir/manifest.json` and checks every file it lists (size, then SHA-256).
 ///
 /// Returns `Ok(None)` when the directory has no manifest; `Err` with a sentence for the user
 /// when the manifest is unreadable or a file is missing, truncated or altered.
 pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, String> {
+    verify_manifest_dir_reported(dir, &[])
+}
+
+/// Like [`verify_manifest_dir`], but a listed file that is, by its identity (device, inode,
+/// modification time) and size, the very file a stage reported in `reported` with the
+/// manifest's checksum, is accepted without being read: its writer hashed those bytes as it
+/// wrote them. Every other file is read and hashed. This keeps a whole re-read of a large
+/// checkpoint off the path between two stages; resume still re-hashes everything.
+pub fn verify_manifest_dir_reported(
+    dir: &Path,
+    reported: &[ReportedFile],
+) -> Result<Option<Vec<CheckpointRecord>>, String> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = match std::fs::read_to_string(&manifest_path) {
         Ok(text) => text,
@@ -52,8 +86,17 @@ pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, 
                 entry.bytes
             ));
         }
-        let (sha, _) = sha256_file(&path)
-            .map_err(|e| format!("cannot read checkpoint file {}: {e}", path.display()))?;
+        let identity = identity_of(&meta);
+        let known = reported
+            .iter()
+            .any(|r| r.identity == identity && r.bytes == entry.bytes && r.sha256 == entry.sha256);
+        let sha = if known {
+            entry.sha256.clone()
+        } else {
+            sha256_file(&path)
+                .map_err(|e| format!("cannot read checkpoint file {}: {e}", path.display()))?
+                .0
+        };
         if sha != entry.sha256 {
             return Err(format!(
                 "checkpoint file {} does not match its manifest checksum (sha256 {sha}, expected {}): it is corrupted",

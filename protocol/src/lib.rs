@@ -6,12 +6,14 @@
 //!   gets, and the JSON-lines events any process of a stage may send back.
 //! - [`checkpoint`]: the manifest that makes a stage's output directory verifiable.
 //! - [`report`]: the per-run `report.json`.
+//! - [`fork`]: the fork server's requests and replies.
 //!
 //! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
 //! not know with a message saying which side to upgrade.
 
 pub mod checkpoint;
 pub mod duration;
+pub mod fork;
 pub mod plan;
 pub mod report;
 pub mod worker;

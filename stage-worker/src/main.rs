@@ -8,6 +8,7 @@ mod device;
 mod eval;
 mod events;
 mod failure;
+mod forkserver;
 mod fsio;
 mod hold;
 mod log;
@@ -19,6 +20,7 @@ mod rng;
 mod signals;
 mod spec;
 mod stage;
+mod stream;
 #[cfg(test)]
 mod testutil;
 mod train;
@@ -31,13 +33,27 @@ use std::path::Path;
 
 fn main() {
     log::start();
-    let cli = cli::Cli::parse();
+    dispatch(cli::Cli::parse());
+}
+
+/// Runs `argv` as if it were this process's command line (a worker forked by the fork
+/// server), then exits.
+pub fn run_command_line(argv: &[String]) -> ! {
+    let cli = cli::Cli::try_parse_from(argv).unwrap_or_else(|e| e.exit());
+    dispatch(cli);
+    std::process::exit(0)
+}
+
+fn dispatch(cli: cli::Cli) {
     match (&cli.command, &cli.spec) {
         (Some(cli::Command::Hold(args)), _) => {
             if let Err(e) = hold::run(args) {
                 log!("hold: {e}");
                 std::process::exit(1);
             }
+        }
+        (Some(cli::Command::ForkServer(args)), _) => {
+            std::process::exit(forkserver::serve(args.fd));
         }
         (None, Some(spec)) => run_stage(spec),
         (None, None) => {

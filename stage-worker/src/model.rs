@@ -51,8 +51,9 @@ pub struct ByteGpt {
 }
 
 impl ByteGpt {
-    /// A freshly initialised model on `device`; the weights are a function of `seed` alone
-    /// (not of the device). `config` must pass [`validate_config`].
+    /// A freshly initialised model on `device`; the weights are a function of `seed` and of
+    /// the kind of device (CPU or CUDA, see [`ParamSpecs::build`]). `config` must pass
+    /// [`validate_config`].
     pub fn new(config: &ModelConfig, device: Device, seed: u64) -> Self {
         let d = config.d_model;
         let std = 0.02;

@@ -128,6 +128,32 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
     Ok(())
 }
 
+/// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
+/// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
+/// device work done), `t_model_ready`, `t_first_step`, `t_last_step` (the device idle after
+/// the last step), `t_checkpoint_durable` (every file fsynced and in place).
+struct Milestones(BTreeMap<String, f64>);
+
+impl Default for Milestones {
+    fn default() -> Self {
+        Milestones(BTreeMap::from([(
+            "t_worker_start".to_string(),
+            crate::log::started_unix(),
+        )]))
+    }
+}
+
+impl Milestones {
+    fn mark(&mut self, name: &str) {
+        self.0.insert(name.into(), crate::log::unix_now());
+    }
+
+    fn at(&mut self, name: &str, when: Instant) {
+        let ago = when.elapsed().as_secs_f64();
+        self.0.insert(name.into(), crate::log::unix_now() - ago);
+    }
+}
+
 /// Figures gathered during the loop.
 struct LoopStats {
     first_loss: Option<f64>,
@@ -144,13 +170,15 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let p: TrainParams = parse_params(spec)?;
     validate(&p)?;
     let compute = device::prepare(spec.device, &p.precision)?;
+    let mut milestones = Milestones::default();
+    milestones.mark("t_device_ready");
     crate::log!("stage `{}`: train on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
     let init = spec
         .init
         .as_deref()
-        .map(checkpoint::open_verified)
+        .map(checkpoint::open_for_weights)
         .transpose()?;
     let config = model_config(spec, &p, init.as_ref())?;
     let data = data::load(&p.data, p.seed, Split::Train, 0)?;
@@ -189,6 +217,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         }
     }
     let resumed_from = opt.step;
+    milestones.mark("t_model_ready");
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
         model.params.numel(),
@@ -207,6 +236,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &spec.output_dir,
     )?;
     let complete = !stats.interrupted;
+    let checkpoint_started = Instant::now();
     let (_, files) = checkpoint::write(
         &spec.output_dir,
         &model,
@@ -215,7 +245,13 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &training_state(&p, complete),
     )?;
     for f in files {
-        sink.checkpoint(f.path, f.entry.sha256, f.entry.bytes, opt.step);
+        sink.checkpoint(
+            f.path,
+            f.entry.sha256,
+            f.entry.bytes,
+            Some(opt.step),
+            f.identity,
+        );
     }
     if stats.interrupted {
         return Err(Failure::interrupted(format!(
@@ -225,7 +261,17 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
             spec.output_dir.display()
         )));
     }
-    let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
+    milestones.mark("t_checkpoint_durable");
+    let mut metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
+    metrics.insert(
+        "checkpoint_write_s".into(),
+        checkpoint_started.elapsed().as_secs_f64(),
+    );
+    if let Some(t) = stats.after_first {
+        milestones.at("t_first_step", t);
+    }
+    milestones.at("t_last_step", stats.finished);
+    metrics.extend(milestones.0);
     crate::log!("metrics {metrics:?}");
     sink.metrics(&metrics);
     Ok(())
@@ -296,7 +342,13 @@ fn train_loop(
             let (_, files) =
                 checkpoint::write(output_dir, model, opt, step, &training_state(p, false))?;
             for f in files {
-                sink.checkpoint(f.path, f.entry.sha256, f.entry.bytes, step);
+                sink.checkpoint(
+                    f.path,
+                    f.entry.sha256,
+                    f.entry.bytes,
+                    Some(step),
+                    f.identity,
+                );
             }
             crate::log!("periodic checkpoint at step {step}");
         }
