@@ -4,8 +4,8 @@
 //! The binary (`src/main.rs`) is a thin shell over this library:
 //! - [`plan`] loads and validates plans;
 //! - [`runner`] schedules stages and drives each through [`stage`];
-//! - [`supervisor`], [`reaper`] and [`proctree`] own processes: spawn, signal, reap, find
-//!   every descendant;
+//! - [`supervisor`], [`forkserver`], [`reaper`] and [`proctree`] own processes: spawn (exec or
+//!   fork server), signal, reap, find every descendant;
 //! - [`channel`] receives the JSON-lines events stages send;
 //! - [`gpu`] is the NVML inventory and the reclaim verdict;
 //! - [`journal`], [`rundir`] and [`report`] make a run durable and readable;
@@ -18,6 +18,7 @@ pub mod contract;
 pub mod echo;
 pub mod exit;
 pub mod fingerprint;
+pub mod forkserver;
 pub mod gpu;
 pub mod guard;
 pub mod journal;

@@ -76,6 +76,14 @@ pub struct Services {
     pub follow: bool,
 }
 
+impl Drop for Services {
+    /// The run is over: its fork servers go with it (stopped and reaped, so that nothing of
+    /// the run outlives it).
+    fn drop(&mut self) {
+        crate::forkserver::shutdown();
+    }
+}
+
 /// Why an attempt failed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
@@ -280,6 +288,15 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
         (crate::echo::direct(stdout), crate::echo::direct(stderr))
     };
     let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
+    let gpu_holders = match &services.probe {
+        Some(probe) if plan.builtin => plan
+            .gpus
+            .iter()
+            .flat_map(|g| probe.holders(&g.uuid))
+            .map(|h| h.pid)
+            .collect(),
+        _ => Vec::new(),
+    };
     let launch = Launch {
         argv: plan.argv.clone(),
         env: plan.env.clone(),
@@ -287,14 +304,17 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
         stdout: out.stdio,
         stderr: err.stdio,
         token,
+        fork_server: plan.builtin,
+        gpu_holders,
     };
+    // Taken before the spawn, so that start-up figures include the spawn itself.
+    let spawned_unix = crate::timefmt::unix_secs_f64();
     let child = supervisor::spawn(launch, &services.reaper).map_err(|e| {
         Failure::SpawnFailed(format!(
             "`{}`: {e}",
             plan.argv.first().map(String::as_str).unwrap_or("")
         ))
     })?;
-    let spawned_unix = crate::timefmt::unix_secs_f64();
     let placement = if plan.gpus.is_empty() {
         "cpu".to_string()
     } else {

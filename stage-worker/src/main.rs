@@ -98,7 +98,7 @@ fn run_stage(spec: &Path) -> ! {
     let failure = match outcome {
         Ok(Ok(())) => {
             sink.done();
-            std::process::exit(0);
+            exit_now(0);
         }
         Ok(Err(failure)) => failure,
         Err(payload) => Failure::from_torch(panic_text(payload.as_ref())),
@@ -106,7 +106,18 @@ fn run_stage(spec: &Path) -> ! {
     let message = readable_message(&failure.message);
     log!("failed ({}): {message}", failure.kind.reason());
     sink.failed(&message, failure.kind.reason());
-    std::process::exit(failure.kind.exit_code());
+    exit_now(failure.kind.exit_code());
+}
+
+/// Ends the process with `code` without running libtorch's exit-time destructors (tearing
+/// down its thread pools and allocators took about 0.4 s): every output is already durable
+/// and every event sent, and the OS reclaims the rest, device memory included.
+fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit has no preconditions; nothing after this point needs to run.
+    unsafe { libc::_exit(code) }
 }
 
 /// The text of a panic payload.
