@@ -112,3 +112,62 @@ pub fn verify_manifest_dir_reported(
     }
     Ok(Some(records))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_checkpoint(dir: &Path, content: &[u8]) -> CheckpointManifest {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("w.bin"), content).unwrap();
+        let (sha256, bytes) = sha256_file(&dir.join("w.bin")).unwrap();
+        let manifest = CheckpointManifest {
+            v: protocol::PROTOCOL_VERSION,
+            files: vec![protocol::checkpoint::ManifestFile {
+                path: "w.bin".into(),
+                bytes,
+                sha256,
+            }],
+            step: None,
+            model: serde_json::Value::Null,
+        };
+        std::fs::write(
+            dir.join(MANIFEST_FILE),
+            serde_json::to_vec(&manifest).unwrap(),
+        )
+        .unwrap();
+        manifest
+    }
+
+    #[test]
+    fn a_reported_file_is_taken_on_its_identity_and_anything_else_is_hashed() {
+        let dir = std::env::temp_dir().join(format!("checksum-reported-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let manifest = write_checkpoint(&dir, b"weights!");
+        let path = dir.join("w.bin");
+        let entry = &manifest.files[0];
+        let reported = ReportedFile {
+            sha256: entry.sha256.clone(),
+            bytes: entry.bytes,
+            identity: identity_of(&std::fs::metadata(&path).unwrap()),
+        };
+        // Same size, same inode, same modification time, other bytes: the writer's word is
+        // taken (no read), while a full verification sees the corruption.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::fs::write(&path, b"weights?").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        let records = verify_manifest_dir_reported(&dir, std::slice::from_ref(&reported))
+            .unwrap()
+            .unwrap();
+        assert_eq!(records[0].sha256, entry.sha256);
+        let err = verify_manifest_dir(&dir).unwrap_err();
+        assert!(err.contains("corrupted"), "{err}");
+        // A file that is not the reported one (here: a new modification time) is hashed.
+        std::fs::write(&path, b"weights?").unwrap();
+        let err = verify_manifest_dir_reported(&dir, &[reported]).unwrap_err();
+        assert!(err.contains("corrupted"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
