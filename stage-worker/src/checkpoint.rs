@@ -18,6 +18,7 @@ use safetensors::tensor::SafeTensors;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tch::Tensor;
 
 /// The weights (fp32, named as in [`crate::model`]).
@@ -215,7 +216,23 @@ pub struct Verified {
     pub dir: PathBuf,
     /// Its manifest.
     pub manifest: CheckpointManifest,
-    contents: BTreeMap<String, Vec<u8>>,
+    contents: BTreeMap<String, Arc<Vec<u8>>>,
+    /// Checksums still being computed ([`open_for_weights_deferred`]), then their verdict.
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    running: Vec<std::thread::JoinHandle<StageResult<()>>>,
+    failed: Option<Failure>,
+}
+
+/// The model shape recorded in the manifest in `dir` (the manifest alone is read; nothing is
+/// verified).
+pub fn peek_model_config(dir: &Path) -> Result<ModelConfig, String> {
+    let text = std::fs::read(dir.join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
+    let manifest: CheckpointManifest = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    config_from_manifest(&manifest.model)
 }
 
 /// Whether a checkpoint directory has a manifest at all.
@@ -227,17 +244,26 @@ pub fn exists(dir: &Path) -> bool {
 /// SHA-256) before anything is parsed. Every refusal is a bad-input failure naming the file
 /// and what is wrong with it.
 pub fn open_verified(dir: &Path) -> StageResult<Verified> {
-    open_checked(dir, None)
+    open_checked(dir, None, false)
 }
 
 /// Like [`open_verified`] for a stage that only needs the weights (an `init` checkpoint):
 /// every listed file must be present with its listed size, and `model.safetensors` is read and
 /// its SHA-256 checked; the optimizer state, which such a stage never uses, is not read.
 pub fn open_for_weights(dir: &Path) -> StageResult<Verified> {
-    open_checked(dir, Some(&[MODEL_FILE]))
+    open_checked(dir, Some(&[MODEL_FILE]), false)
 }
 
-fn open_checked(dir: &Path, only: Option<&[&str]>) -> StageResult<Verified> {
+/// Like [`open_for_weights`], but the SHA-256 of `model.safetensors` is computed on a thread
+/// of its own while the stage goes on (building the model, loading these weights, training):
+/// hashing a large checkpoint takes longer than everything else before the first step. The
+/// caller must call [`Verified::finish`] before it writes or reports anything derived from
+/// the weights; until then they are unverified. Sizes are checked at once.
+pub fn open_for_weights_deferred(dir: &Path) -> StageResult<Verified> {
+    open_checked(dir, Some(&[MODEL_FILE]), true)
+}
+
+fn open_checked(dir: &Path, only: Option<&[&str]>, deferred: bool) -> StageResult<Verified> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = std::fs::read(&manifest_path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
@@ -289,29 +315,49 @@ fn open_checked(dir: &Path, only: Option<&[&str]>) -> StageResult<Verified> {
             to_read.push((f, path));
         }
     }
-    // Each file is read and hashed on its own thread.
-    let read: Vec<StageResult<(String, Vec<u8>)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = to_read
-            .iter()
-            .map(|(f, path)| s.spawn(move || read_checked(path, f).map(|b| (f.path.clone(), b))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::other("checkpoint reader panicked")))
-            })
-            .collect()
-    });
     let mut contents = BTreeMap::new();
-    for r in read {
-        let (name, bytes) = r?;
-        contents.insert(name, bytes);
+    let mut pending = Pending::default();
+    if deferred {
+        for (f, path) in to_read {
+            let bytes = Arc::new(read_sized(&path, f)?);
+            let name = f.path.clone();
+            let (entry, shared) = (f.clone(), bytes.clone());
+            pending.running.push(std::thread::spawn(move || {
+                check_hash(&path, &entry, &shared)
+            }));
+            contents.insert(name, bytes);
+        }
+    } else {
+        // Each file is read and hashed on its own thread.
+        let read: Vec<StageResult<(String, Vec<u8>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = to_read
+                .iter()
+                .map(|(f, path)| {
+                    s.spawn(move || {
+                        let bytes = read_sized(path, f)?;
+                        check_hash(path, f, &bytes)?;
+                        Ok((f.path.clone(), bytes))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Failure::other("checkpoint reader panicked")))
+                })
+                .collect()
+        });
+        for r in read {
+            let (name, bytes) = r?;
+            contents.insert(name, Arc::new(bytes));
+        }
     }
     Ok(Verified {
         dir: dir.to_path_buf(),
         manifest,
         contents,
+        pending: Mutex::new(pending),
     })
 }
 
@@ -331,8 +377,8 @@ fn check_size(path: &Path, len: u64, listed: u64) -> StageResult<()> {
     Ok(())
 }
 
-/// Reads one listed file and checks its size and SHA-256.
-fn read_checked(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
+/// Reads one listed file and checks its size.
+fn read_sized(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
     let bytes = std::fs::read(path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
             format!("checkpoint {} is missing", path.display())
@@ -341,7 +387,12 @@ fn read_checked(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
         })
     })?;
     check_size(path, bytes.len() as u64, f.bytes)?;
-    let sha = sha256_hex(&bytes);
+    Ok(bytes)
+}
+
+/// Checks the SHA-256 of a listed file's bytes.
+fn check_hash(path: &Path, f: &ManifestFile, bytes: &[u8]) -> StageResult<()> {
+    let sha = sha256_hex(bytes);
     if !sha.eq_ignore_ascii_case(&f.sha256) {
         return Err(Failure::bad_input(format!(
             "checkpoint {} is corrupted: its SHA-256 is {sha}, its manifest says {}",
@@ -349,7 +400,52 @@ fn read_checked(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
             f.sha256
         )));
     }
-    Ok(bytes)
+    Ok(())
+}
+
+/// Copies a safetensors file's data into `params.flat` in one transfer when the file holds
+/// exactly the parameters, as fp32, laid out in buffer order; false (nothing done) otherwise.
+fn load_in_buffer_order(bytes: &[u8], params: &crate::params::ParamStore) -> bool {
+    let Ok((header_len, metadata)) = SafeTensors::read_metadata(bytes) else {
+        return false;
+    };
+    let infos = metadata.tensors();
+    if infos.len() != params.params.len() {
+        return false;
+    }
+    let in_order = params.params.iter().all(|p| {
+        infos.get(&p.name).is_some_and(|info| {
+            info.dtype == safetensors::Dtype::F32
+                && info
+                    .shape
+                    .iter()
+                    .map(|&d| d as i64)
+                    .eq(p.shape.iter().copied())
+                && info.data_offsets == (p.offset as usize * 4, (p.offset + p.numel) as usize * 4)
+        })
+    });
+    let start = 8 + header_len;
+    let total = params.numel() as usize;
+    if !in_order || bytes.len() != start + total * 4 {
+        return false;
+    }
+    let data = &bytes[start..];
+    tch::no_grad(|| {
+        // SAFETY: `data` holds `total` f32s and outlives `host`, dropped after the synchronous
+        // copy below.
+        let host = unsafe {
+            Tensor::from_blob(
+                data.as_ptr(),
+                &[total as i64],
+                &[1],
+                tch::Kind::Float,
+                tch::Device::Cpu,
+            )
+        };
+        let mut flat = params.flat.shallow_clone();
+        flat.copy_(&host);
+    });
+    true
 }
 
 impl Verified {
@@ -384,14 +480,43 @@ impl Verified {
         decode_tensors(bytes, &what).map_err(Failure::bad_input)
     }
 
-    /// Loads the verified weights into `model`, whose shape must match.
+    /// Waits for the checksums still being computed (see [`open_for_weights_deferred`]) and
+    /// says whether every file read matched its manifest. The same answer every time.
+    pub fn finish(&self) -> StageResult<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for handle in std::mem::take(&mut pending.running) {
+            let verdict = handle
+                .join()
+                .unwrap_or_else(|_| Err(Failure::other("checkpoint hashing panicked")));
+            if let Err(e) = verdict {
+                pending.failed.get_or_insert(e);
+            }
+        }
+        match &pending.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Loads the weights into `model`, whose shape must match. A file written in buffer order
+    /// (as [`write`] does) is copied into the flat parameter buffer in one transfer; any other
+    /// layout tensor by tensor. If the file cannot be loaded, a checksum mismatch found by
+    /// [`Verified::finish`] is the error reported.
     pub fn load_model(&self, model: &ByteGpt) -> StageResult<()> {
         let what = self.dir.join(MODEL_FILE).display().to_string();
-        let tensors = self.tensors(MODEL_FILE)?;
-        model
-            .params
-            .load(&tensors, &what)
-            .map_err(Failure::bad_input)
+        let loaded = match self.contents.get(MODEL_FILE) {
+            Some(bytes) if load_in_buffer_order(bytes, &model.params) => Ok(()),
+            _ => self.tensors(MODEL_FILE).and_then(|tensors| {
+                model
+                    .params
+                    .load(&tensors, &what)
+                    .map_err(Failure::bad_input)
+            }),
+        };
+        if loaded.is_err() {
+            self.finish()?;
+        }
+        loaded
     }
 
     /// Loads the verified optimizer state into `opt`.

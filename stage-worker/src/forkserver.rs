@@ -26,13 +26,20 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 /// Why this process must not fork workers, if it must not: a device was initialised in it
-/// (the CUDA driver library is loaded, or the simulated flag file exists), or it has more than
-/// one thread (a fork would copy locks that other threads hold).
+/// (it holds a handle on the NVIDIA driver, or the CUDA driver says it was initialised, or
+/// the simulated flag file exists), or it has more than one thread (a fork would copy locks
+/// that other threads hold).
 pub fn unfit_to_fork() -> Option<String> {
-    if cuda_driver_loaded() {
+    if let Some(handle) = nvidia_device_handle() {
+        return Some(format!(
+            "the fork server holds {handle}: CUDA (or NVML) was initialised in it, and a CUDA \
+             context does not survive fork"
+        ));
+    }
+    if cuda_driver_initialised() {
         return Some(
-            "the CUDA driver (libcuda.so.1) is loaded in the fork server: CUDA may have been \
-             initialised, and a CUDA context does not survive fork"
+            "the CUDA driver reports it was initialised in the fork server, and a CUDA context \
+             does not survive fork"
                 .into(),
         );
     }
@@ -53,17 +60,49 @@ pub fn unfit_to_fork() -> Option<String> {
     None
 }
 
-/// Whether `libcuda.so.1` is mapped into this process. Nothing in libtorch loads it before
-/// the first CUDA call, so a process where it is absent has never initialised CUDA.
-fn cuda_driver_loaded() -> bool {
-    // SAFETY: RTLD_NOLOAD only looks the library up; the handle is released at once.
+/// An open descriptor or a mapping of an NVIDIA device file (`/dev/nvidiactl`, `/dev/nvidia0`,
+/// `/dev/nvidia-uvm`…), which `cuInit` (and NVML) open: a process that never initialised CUDA
+/// has none. (Merely loading `libcuda.so.1`, which libtorch's CUDA libraries do at load time,
+/// opens none.)
+fn nvidia_device_handle() -> Option<String> {
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                if target.to_string_lossy().starts_with("/dev/nvidia") {
+                    return Some(format!("an open {}", target.display()));
+                }
+            }
+        }
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| path.starts_with("/dev/nvidia"))
+        .map(|path| format!("a mapping of {path}"))
+}
+
+/// Whether the CUDA driver, if it is loaded, has been initialised in this process: any driver
+/// call but `cuInit` answers `CUDA_ERROR_NOT_INITIALIZED` (3) before `cuInit`, and asking
+/// does not initialise it.
+fn cuda_driver_initialised() -> bool {
+    type GetCount = unsafe extern "C" fn(*mut i32) -> i32;
+    // SAFETY: RTLD_NOLOAD only looks the library up; `cuDeviceGetCount` has this signature in
+    // the CUDA driver API and writes one int.
     unsafe {
         let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
         if h.is_null() {
             return false;
         }
+        let f = libc::dlsym(h, c"cuDeviceGetCount".as_ptr());
+        let initialised = if f.is_null() {
+            true
+        } else {
+            let get_count: GetCount = std::mem::transmute(f);
+            let mut n = 0;
+            get_count(&mut n) != 3
+        };
         libc::dlclose(h);
-        true
+        initialised
     }
 }
 

@@ -24,6 +24,7 @@ mod stream;
 #[cfg(test)]
 mod testutil;
 mod train;
+mod warmup;
 
 use clap::{CommandFactory, Parser};
 use events::EventSink;

@@ -68,6 +68,15 @@ impl ParamSpecs {
     /// whatever other threads do (CPU and CUDA draws differ from each other). In the flat
     /// buffer the decayed parameters come first, so decay is one operation on a prefix.
     pub fn build(self, device: Device, seed: u64) -> ParamStore {
+        self.build_inner(device, Some(seed))
+    }
+
+    /// Allocates the parameters on `device`, all zero.
+    pub fn build_zeroed(self, device: Device) -> ParamStore {
+        self.build_inner(device, None)
+    }
+
+    fn build_inner(self, device: Device, seed: Option<u64>) -> ParamStore {
         // Layout: decayed parameters first, each group in declaration order.
         let mut order: Vec<usize> = (0..self.specs.len()).collect();
         order.sort_by_key(|&i| (!self.specs[i].decay, i));
@@ -85,6 +94,7 @@ impl ParamSpecs {
         // The device buffer first: a model too large for the device fails here, at once.
         let flat = Tensor::zeros([offset], (Kind::Float, device));
         tch::no_grad(|| {
+            let Some(seed) = seed else { return };
             let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
             if device.is_cuda() {
                 tch::Cuda::manual_seed(seed);

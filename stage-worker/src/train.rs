@@ -12,6 +12,7 @@ use crate::optim::{AdamW, Schedule};
 use crate::progress::ProgressClock;
 use crate::signals;
 use crate::spec::parse_params;
+use crate::warmup;
 use protocol::worker::{ModelConfig, StageSpec, TrainParams};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -175,10 +176,28 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     crate::log!("stage `{}`: train on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
+    // Warm the device up (on its own thread) while the inputs are read and the model built.
+    let warm_shape = match spec.init.as_deref() {
+        Some(dir) => checkpoint::peek_model_config(dir).ok(),
+        None => Some(p.model.clone()),
+    };
+    let warm_up = warm_shape
+        .filter(|c| validate_config(c).is_ok() && i64::from(p.seq_len) <= c.max_seq_len)
+        .and_then(|c| {
+            warmup::start(
+                &c,
+                p.batch_size as usize,
+                p.seq_len as usize,
+                compute.kind,
+                compute.device,
+            )
+        });
+    // The init checkpoint's checksum is computed alongside; it is checked before anything
+    // derived from it is written (see `Verified::finish`).
     let init = spec
         .init
         .as_deref()
-        .map(checkpoint::open_for_weights)
+        .map(checkpoint::open_for_weights_deferred)
         .transpose()?;
     let config = model_config(spec, &p, init.as_ref())?;
     let data = data::load(&p.data, p.seed, Split::Train, 0)?;
@@ -217,6 +236,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         }
     }
     let resumed_from = opt.step;
+    if let Some(w) = warm_up {
+        w.finish();
+    }
     milestones.mark("t_model_ready");
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
@@ -234,7 +256,11 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &compute,
         sink,
         &spec.output_dir,
+        init.as_ref(),
     )?;
+    if let Some(v) = &init {
+        v.finish()?;
+    }
     let complete = !stats.interrupted;
     let checkpoint_started = Instant::now();
     let (_, files) = checkpoint::write(
@@ -277,6 +303,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     Ok(())
 }
 
+/// Trains; `input` (the init checkpoint, if any) is verified before a periodic checkpoint is
+/// written.
+#[allow(clippy::too_many_arguments)]
 fn train_loop(
     model: &mut ByteGpt,
     opt: &mut AdamW,
@@ -285,6 +314,7 @@ fn train_loop(
     compute: &Compute,
     sink: &mut EventSink,
     output_dir: &std::path::Path,
+    input: Option<&Verified>,
 ) -> StageResult<LoopStats> {
     let schedule = Schedule {
         peak: p.lr,
@@ -339,6 +369,9 @@ fn train_loop(
             break;
         }
         if p.checkpoint_every > 0 && step % p.checkpoint_every == 0 && step < p.steps {
+            if let Some(v) = input {
+                v.finish()?;
+            }
             let (_, files) =
                 checkpoint::write(output_dir, model, opt, step, &training_state(p, false))?;
             for f in files {

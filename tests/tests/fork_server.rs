@@ -311,3 +311,35 @@ fn a_checkpoint_corrupted_after_its_stage_finished_is_caught_on_resume() {
     assert_eq!(stage(&r, "a")["status"], "succeeded");
     assert_ne!(std::fs::read(&path).unwrap(), bytes);
 }
+
+#[test]
+fn a_train_stage_from_a_corrupted_init_fails_before_writing_a_checkpoint() {
+    // The init checkpoint's checksum is computed while the stage builds and trains; a byte
+    // flipped in the weights (after orchestrate verified them) must still stop the stage
+    // before it writes anything derived from them.
+    let s = Scratch::new("fork-corrupt-init");
+    let plan = s.write(
+        "plan.toml",
+        &(tiny_train("a", 3, None)
+            + "[[stage]]\nname = \"vandal\"\nafter = [\"a\"]\ncommand = [\"sh\", \"-c\", \
+               \"f={input.a}/model.safetensors; printf Z | dd of=$f bs=1 seek=$(($(stat -c %s $f) - 9)) conv=notrunc\"]\n\n"
+            + &tiny_train("b", 3, Some("a")).replace("after = [\"a\"]", "after = [\"vandal\"]")),
+    );
+    let run_dir = s.path().join("run");
+    let out = run_with_env(&plan, &run_dir, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = report(&run_dir);
+    let b = stage(&r, "b");
+    assert_eq!(b["failure"], "bad_input", "{b}");
+    let error = b["error"].as_str().unwrap();
+    assert!(error.contains("model.safetensors is corrupted"), "{error}");
+    assert!(
+        !run_dir.join("stages/b/output/manifest.json").exists(),
+        "no checkpoint from corrupted weights"
+    );
+}
