@@ -170,6 +170,11 @@ struct LoopStats {
 pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let p: TrainParams = parse_params(spec)?;
     validate(&p)?;
+    // The init checkpoint is read (and its checksum started) while the device starts up.
+    let init_reader = spec
+        .init
+        .clone()
+        .map(|dir| std::thread::spawn(move || checkpoint::open_for_weights_deferred(&dir)));
     let compute = device::prepare(spec.device, &p.precision)?;
     let mut milestones = Milestones::default();
     milestones.mark("t_device_ready");
@@ -194,10 +199,12 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         });
     // The init checkpoint's checksum is computed alongside; it is checked before anything
     // derived from it is written (see `Verified::finish`).
-    let init = spec
-        .init
-        .as_deref()
-        .map(checkpoint::open_for_weights_deferred)
+    let init = init_reader
+        .map(|reader| {
+            reader
+                .join()
+                .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
+        })
         .transpose()?;
     let config = model_config(spec, &p, init.as_ref())?;
     let data = data::load(&p.data, p.seed, Split::Train, 0)?;
