@@ -209,12 +209,6 @@ impl ParamStore {
         }
     }
 
-    /// Named CPU copies of the parameters, for saving.
-    #[cfg(test)]
-    pub fn named_cpu(&self) -> Vec<(String, Tensor)> {
-        slices_cpu(&self.flat, &self.params, "")
-    }
-
     /// Replaces every parameter's values from `tensors`, which must hold exactly these names
     /// with these shapes (any kind convertible to fp32). The error says which name is missing,
     /// unexpected or misshapen.
