@@ -1,6 +1,6 @@
 //! SHA-256 of files and the verification of checkpoint manifests.
 
-use protocol::checkpoint::{CheckpointManifest, MANIFEST_FILE};
+use protocol::checkpoint::{CheckpointManifest, FileIdentity, MANIFEST_FILE};
 use protocol::report::CheckpointRecord;
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -26,11 +26,45 @@ pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
     Ok((hex, total))
 }
 
+/// A file a stage reported writing (a `checkpoint` event): its checksum, computed by the
+/// writer while writing, and its identity once it was in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedFile {
+    /// SHA-256, lower-case hex.
+    pub sha256: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Device, inode and modification time.
+    pub identity: FileIdentity,
+}
+
+/// The identity of a file from its metadata (same fields as the stage worker reports).
+pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
+    use std::os::unix::fs::MetadataExt;
+    FileIdentity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+    }
+}
+
 /// Reads `dir/manifest.json` and checks every file it lists (size, then SHA-256).
 ///
 /// Returns `Ok(None)` when the directory has no manifest; `Err` with a sentence for the user
 /// when the manifest is unreadable or a file is missing, truncated or altered.
 pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, String> {
+    verify_manifest_dir_reported(dir, &[])
+}
+
+/// Like [`verify_manifest_dir`], but a listed file that is, by its identity (device, inode,
+/// modification time) and size, the very file a stage reported in `reported` with the
+/// manifest's checksum, is accepted without being read: its writer hashed those bytes as it
+/// wrote them. Every other file is read and hashed. This keeps a whole re-read of a large
+/// checkpoint off the path between two stages; resume still re-hashes everything.
+pub fn verify_manifest_dir_reported(
+    dir: &Path,
+    reported: &[ReportedFile],
+) -> Result<Option<Vec<CheckpointRecord>>, String> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = match std::fs::read_to_string(&manifest_path) {
         Ok(text) => text,
@@ -52,8 +86,17 @@ pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, 
                 entry.bytes
             ));
         }
-        let (sha, _) = sha256_file(&path)
-            .map_err(|e| format!("cannot read checkpoint file {}: {e}", path.display()))?;
+        let identity = identity_of(&meta);
+        let known = reported
+            .iter()
+            .any(|r| r.identity == identity && r.bytes == entry.bytes && r.sha256 == entry.sha256);
+        let sha = if known {
+            entry.sha256.clone()
+        } else {
+            sha256_file(&path)
+                .map_err(|e| format!("cannot read checkpoint file {}: {e}", path.display()))?
+                .0
+        };
         if sha != entry.sha256 {
             return Err(format!(
                 "checkpoint file {} does not match its manifest checksum (sha256 {sha}, expected {}): it is corrupted",
@@ -68,4 +111,63 @@ pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, 
         });
     }
     Ok(Some(records))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_checkpoint(dir: &Path, content: &[u8]) -> CheckpointManifest {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("w.bin"), content).unwrap();
+        let (sha256, bytes) = sha256_file(&dir.join("w.bin")).unwrap();
+        let manifest = CheckpointManifest {
+            v: protocol::PROTOCOL_VERSION,
+            files: vec![protocol::checkpoint::ManifestFile {
+                path: "w.bin".into(),
+                bytes,
+                sha256,
+            }],
+            step: None,
+            model: serde_json::Value::Null,
+        };
+        std::fs::write(
+            dir.join(MANIFEST_FILE),
+            serde_json::to_vec(&manifest).unwrap(),
+        )
+        .unwrap();
+        manifest
+    }
+
+    #[test]
+    fn a_reported_file_is_taken_on_its_identity_and_anything_else_is_hashed() {
+        let dir = std::env::temp_dir().join(format!("checksum-reported-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let manifest = write_checkpoint(&dir, b"weights!");
+        let path = dir.join("w.bin");
+        let entry = &manifest.files[0];
+        let reported = ReportedFile {
+            sha256: entry.sha256.clone(),
+            bytes: entry.bytes,
+            identity: identity_of(&std::fs::metadata(&path).unwrap()),
+        };
+        // Same size, same inode, same modification time, other bytes: the writer's word is
+        // taken (no read), while a full verification sees the corruption.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::fs::write(&path, b"weights?").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        let records = verify_manifest_dir_reported(&dir, std::slice::from_ref(&reported))
+            .unwrap()
+            .unwrap();
+        assert_eq!(records[0].sha256, entry.sha256);
+        let err = verify_manifest_dir(&dir).unwrap_err();
+        assert!(err.contains("corrupted"), "{err}");
+        // A file that is not the reported one (here: a new modification time) is hashed.
+        std::fs::write(&path, b"weights?").unwrap();
+        let err = verify_manifest_dir_reported(&dir, &[reported]).unwrap_err();
+        assert!(err.contains("corrupted"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -8,13 +8,12 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::process::Stdio;
 use tokio::task::JoinHandle;
 
 /// One stream of a stage: where the child writes, and the task that copies it (if echoing).
 pub struct Stream {
     /// Give this to the child.
-    pub stdio: Stdio,
+    pub stdio: OwnedFd,
     /// Ends once every process holding the stream's write end has closed it.
     pub copier: Option<JoinHandle<()>>,
 }
@@ -22,7 +21,7 @@ pub struct Stream {
 /// Sends the stream straight to `log` (no echo).
 pub fn direct(log: File) -> Stream {
     Stream {
-        stdio: Stdio::from(log),
+        stdio: OwnedFd::from(log),
         copier: None,
     }
 }
@@ -110,7 +109,7 @@ pub fn echoed(log: File, stage: &str, is_stderr: bool) -> std::io::Result<Stream
         }
     });
     Ok(Stream {
-        stdio: Stdio::from(OwnedFd::from(writer)),
+        stdio: OwnedFd::from(writer),
         copier: Some(copier),
     })
 }

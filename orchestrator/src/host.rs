@@ -6,7 +6,8 @@
 //! - one guard process, which kills every stage process of this host if the process dies;
 //! - the directory of event sockets;
 //! - NVML (or its absence), one GPU pool for all runs, and the idle baseline of each GPU;
-//! - the CPU budget that built-in CPU stages share.
+//! - the CPU budget that built-in CPU stages share;
+//! - the fork servers of built-in workers (see [`crate::forkserver`]), stopped with it.
 //!
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
 //! driver lists no process on it and its memory is at its idle baseline (a GPU held by a
@@ -56,6 +57,14 @@ pub struct Host {
     /// Built-in stages running on the CPU, across runs.
     pub cpu_builtin_running: Cell<usize>,
     next_run: Cell<u64>,
+}
+
+impl Drop for Host {
+    /// The host is done (the CLI's run ended, the daemon stops): the fork servers its runs
+    /// shared go with it, stopped and reaped, so that nothing of it outlives it.
+    fn drop(&mut self) {
+        crate::forkserver::shutdown();
+    }
 }
 
 impl Host {

@@ -5,8 +5,8 @@
 //! - [`plan`] loads and validates plans;
 //! - [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget), shared by
 //!   every run; [`runner`] runs one plan on it and drives each stage through [`stage`];
-//! - [`supervisor`], [`reaper`] and [`proctree`] own processes: spawn, signal, reap, find
-//!   every descendant;
+//! - [`supervisor`], [`forkserver`], [`reaper`] and [`proctree`] own processes: spawn (exec or
+//!   fork server), signal, reap, find every descendant;
 //! - [`channel`] receives the JSON-lines events stages send;
 //! - [`gpu`] is the NVML inventory and the reclaim verdict;
 //! - [`journal`], [`rundir`] and [`report`] make a run durable and readable;
@@ -23,6 +23,7 @@ pub mod daemon;
 pub mod echo;
 pub mod exit;
 pub mod fingerprint;
+pub mod forkserver;
 pub mod gpu;
 pub mod guard;
 pub mod host;

@@ -296,6 +296,15 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
         (crate::echo::direct(stdout), crate::echo::direct(stderr))
     };
     let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
+    let gpu_holders = match &services.probe {
+        Some(probe) if plan.builtin => plan
+            .gpus
+            .iter()
+            .flat_map(|g| probe.holders(&g.uuid))
+            .map(|h| h.pid)
+            .collect(),
+        _ => Vec::new(),
+    };
     let launch = Launch {
         argv: plan.argv.clone(),
         env: plan.env.clone(),
@@ -303,14 +312,17 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
         stdout: out.stdio,
         stderr: err.stdio,
         token,
+        fork_server: plan.builtin,
+        gpu_holders,
     };
+    // Taken before the spawn, so that start-up figures include the spawn itself.
+    let spawned_unix = crate::timefmt::unix_secs_f64();
     let child = supervisor::spawn(launch, &services.reaper).map_err(|e| {
         Failure::SpawnFailed(format!(
             "`{}`: {e}",
             plan.argv.first().map(String::as_str).unwrap_or("")
         ))
     })?;
-    let spawned_unix = crate::timefmt::unix_secs_f64();
     let placement = if plan.gpus.is_empty() {
         "cpu".to_string()
     } else {
@@ -526,7 +538,7 @@ pub async fn supervise(
     );
     let mut checkpoints = Vec::new();
     if outcome == Outcome::Succeeded {
-        match verify_outputs(plan).await {
+        match verify_outputs(plan, std::mem::take(&mut state.reported)).await {
             Ok(records) => checkpoints = records,
             Err(failure) => outcome = Outcome::Failed(failure),
         }
@@ -563,6 +575,8 @@ struct EventState {
     failed: Option<(String, Option<String>)>,
     done: bool,
     violations: Vec<String>,
+    /// Files the stage reported writing, with the checksums it computed while writing.
+    reported: Vec<crate::checksum::ReportedFile>,
 }
 
 impl EventState {
@@ -587,8 +601,23 @@ impl EventState {
             }
             ChannelItem::Event(WorkerEvent::Done {}) => self.done = true,
             ChannelItem::Event(WorkerEvent::Started { .. }) => {}
-            ChannelItem::Event(WorkerEvent::Checkpoint { path, step, .. }) => {
-                tracing::debug!(stage, path = %path.display(), ?step, "checkpoint reported")
+            ChannelItem::Event(WorkerEvent::Checkpoint {
+                path,
+                step,
+                sha256,
+                bytes,
+                identity,
+            }) => {
+                tracing::debug!(stage, path = %path.display(), ?step, "checkpoint reported");
+                if let (Some(sha256), Some(bytes), Some(identity)) = (sha256, bytes, identity) {
+                    if self.reported.len() < 10_000 {
+                        self.reported.push(crate::checksum::ReportedFile {
+                            sha256,
+                            bytes,
+                            identity,
+                        });
+                    }
+                }
             }
             ChannelItem::Violation(why) => {
                 if self.violations.len() < 20 {
@@ -657,23 +686,31 @@ fn classify(
     }
 }
 
-async fn verify_outputs(plan: &AttemptPlan) -> Result<Vec<CheckpointRecord>, Failure> {
+/// Verifies a finished attempt's outputs. Files the stage reported writing (checksum and
+/// identity) are checked by size and identity only; anything else is read and hashed.
+async fn verify_outputs(
+    plan: &AttemptPlan,
+    reported: Vec<crate::checksum::ReportedFile>,
+) -> Result<Vec<CheckpointRecord>, Failure> {
     let dir = plan.output_dir.clone();
     let declared = plan.declared_outputs.clone();
     let builtin = plan.builtin;
-    tokio::task::spawn_blocking(move || verify_outputs_blocking(&dir, &declared, builtin))
-        .await
-        .unwrap_or_else(|e| {
-            Err(Failure::CorruptOutput(format!(
-                "verification panicked: {e}"
-            )))
-        })
+    tokio::task::spawn_blocking(move || {
+        verify_outputs_blocking(&dir, &declared, builtin, &reported)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(Failure::CorruptOutput(format!(
+            "verification panicked: {e}"
+        )))
+    })
 }
 
 fn verify_outputs_blocking(
     dir: &Path,
     declared: &[String],
     builtin: bool,
+    reported: &[crate::checksum::ReportedFile],
 ) -> Result<Vec<CheckpointRecord>, Failure> {
     let missing: Vec<String> = declared
         .iter()
@@ -683,7 +720,7 @@ fn verify_outputs_blocking(
     if !missing.is_empty() {
         return Err(Failure::MissingOutputs(missing));
     }
-    let mut records = match crate::checksum::verify_manifest_dir(dir) {
+    let mut records = match crate::checksum::verify_manifest_dir_reported(dir, reported) {
         Ok(Some(records)) => records,
         Ok(None) if builtin => {
             return Err(Failure::MissingOutputs(vec![dir

@@ -1,5 +1,6 @@
 //! Starting and stopping a stage's process tree. [`spawn`] is the one spawn path of the
-//! orchestrator, so another start strategy (a fork server) can slot in here.
+//! orchestrator: a built-in worker is forked by the fork server ([`crate::forkserver`]) when
+//! it can be, and exec'd otherwise; both give the same process, as promised below.
 //!
 //! Promises:
 //! - every stage starts in a new session and process group, with stdin closed and its output
@@ -14,6 +15,7 @@ use crate::reaper::{Reaped, Reaper};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -30,11 +32,16 @@ pub struct Launch {
     /// Working directory.
     pub cwd: PathBuf,
     /// Where stdout goes.
-    pub stdout: Stdio,
+    pub stdout: OwnedFd,
     /// Where stderr goes.
-    pub stderr: Stdio,
+    pub stderr: OwnedFd,
     /// Unique token of this attempt, exported to every process of the tree.
     pub token: String,
+    /// A built-in worker that may be forked by the fork server instead of exec'd.
+    pub fork_server: bool,
+    /// PIDs that NVML lists on the stage's GPUs right now (a fork server among them has a
+    /// CUDA context and is not used).
+    pub gpu_holders: Vec<u32>,
 }
 
 /// A running stage tree.
@@ -50,8 +57,49 @@ pub struct StageProcess {
     pub exit: oneshot::Receiver<Reaped>,
 }
 
+/// The whole environment a stage process gets: the orchestrator's without its own
+/// `ORCHESTRATE_*` variables, then `launch.env`, then the token.
+fn stage_environment(launch: &Launch) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| !k.starts_with("ORCHESTRATE_"))
+        .collect();
+    for (key, value) in launch.env.iter().chain(std::iter::once(&(
+        TOKEN_VAR.to_string(),
+        launch.token.clone(),
+    ))) {
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
+    env
+}
+
 /// Starts `launch` in a new session. The child is registered with `reaper` before returning.
 pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
+    if launch.argv.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    }
+    if launch.fork_server && crate::forkserver::enabled() {
+        match crate::forkserver::spawn(
+            &launch.argv,
+            &stage_environment(&launch),
+            &launch.cwd,
+            &launch.stdout,
+            &launch.stderr,
+            &launch.gpu_holders,
+            reaper,
+        ) {
+            Ok(pid) => {
+                return Ok(StageProcess {
+                    pid,
+                    token: launch.token,
+                    started: Instant::now(),
+                    exit: reaper.watch(pid),
+                })
+            }
+            Err(why) => tracing::debug!("not through the fork server: {why}"),
+        }
+    }
     let Some((program, args)) = launch.argv.split_first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     };
@@ -59,8 +107,8 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
     cmd.args(args)
         .current_dir(&launch.cwd)
         .stdin(Stdio::null())
-        .stdout(launch.stdout)
-        .stderr(launch.stderr);
+        .stdout(Stdio::from(launch.stdout))
+        .stderr(Stdio::from(launch.stderr));
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("ORCHESTRATE_") {
             cmd.env_remove(key);

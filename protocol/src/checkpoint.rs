@@ -35,3 +35,21 @@ pub struct ManifestFile {
     /// SHA-256, lower-case hex.
     pub sha256: String,
 }
+
+/// Which file on disk a writer produced: enough to tell, without reading it, that a file is
+/// still the very one whose checksum the writer computed while writing it.
+///
+/// A reader that finds a file with the same device, inode, size and modification time as a
+/// writer reported may take the writer's checksum for it; anything else (a rewrite, a copy, a
+/// truncation) changes at least one of them. Corruption that keeps all four (a bit flipped on
+/// disk, an edit that restores the time) is caught by a full re-hash, which resume and every
+/// built-in stage that reads the checkpoint still do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FileIdentity {
+    /// `st_dev` of the file system holding it.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+}

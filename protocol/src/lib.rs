@@ -8,6 +8,7 @@
 //! - [`report`]: the per-run `report.json`.
 //! - [`run`]: the per-run `run.json` (plan format and base directory).
 //! - [`daemon`]: the requests, answers and run events of `orchestrate daemon`'s socket.
+//! - [`fork`]: the fork server's requests and replies.
 //!
 //! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
 //! not know with a message saying which side to upgrade.
@@ -15,6 +16,7 @@
 pub mod checkpoint;
 pub mod daemon;
 pub mod duration;
+pub mod fork;
 pub mod plan;
 pub mod report;
 pub mod run;

@@ -129,6 +129,10 @@ pub enum WorkerEvent {
         /// Training step it holds.
         #[serde(default)]
         step: Option<u64>,
+        /// The file's identity once it was in place, when the path is a file: lets the
+        /// orchestrator accept `sha256` for it without reading the file again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        identity: Option<crate::checkpoint::FileIdentity>,
     },
     /// Final (or intermediate) named figures: loss, perplexity, accuracy, tokens/s.
     Metrics {

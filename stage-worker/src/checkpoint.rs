@@ -10,14 +10,15 @@ use crate::failure::{Failure, StageResult};
 use crate::fsio::{remove_durably, sha256_hex, write_atomic};
 use crate::model::{config_from_manifest, manifest_model, ByteGpt};
 use crate::optim::AdamW;
-use protocol::checkpoint::{CheckpointManifest, ManifestFile, MANIFEST_FILE};
+use crate::stream::{self, FileSpec, HeaderEntry, Run};
+use protocol::checkpoint::{CheckpointManifest, FileIdentity, ManifestFile, MANIFEST_FILE};
 use protocol::worker::ModelConfig;
 use protocol::PROTOCOL_VERSION;
-use safetensors::tensor::{Dtype, SafeTensors, View};
+use safetensors::tensor::SafeTensors;
 use serde::{Deserialize, Serialize};
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tch::Tensor;
 
 /// The weights (fp32, named as in [`crate::model`]).
@@ -46,45 +47,8 @@ pub struct WrittenFile {
     pub path: PathBuf,
     /// Size and checksum.
     pub entry: ManifestFile,
-}
-
-struct TensorBytes {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl View for &TensorBytes {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-/// The safetensors encoding of named tensors. A function of names, kinds, shapes and values
-/// only: the same tensors always give the same bytes.
-pub fn encode_tensors(tensors: &[(String, Tensor)]) -> StageResult<Vec<u8>> {
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let t = t.to_device(tch::Device::Cpu).contiguous();
-        let dtype = Dtype::try_from(t.kind())?;
-        let numel = t.numel();
-        let mut data = vec![0u8; numel * t.kind().elt_size_in_bytes()];
-        t.f_copy_data_u8(&mut data, numel)?;
-        let shape = t.size().iter().map(|&d| d as usize).collect();
-        views.push((name.clone(), TensorBytes { dtype, shape, data }));
-    }
-    let refs: Vec<(&str, &TensorBytes)> = views.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    safetensors::tensor::serialize(refs, &None)
-        .map_err(|e| Failure::other(format!("cannot encode tensors: {e:?}")))
+    /// Which file it is on disk, once in place (for the orchestrator to recognise it).
+    pub identity: Option<FileIdentity>,
 }
 
 /// Parses safetensors bytes into named CPU tensors; `what` names the source in errors.
@@ -134,19 +98,51 @@ pub fn write_with_manifest(
 
 /// Writes one file atomically and describes it as a manifest entry.
 fn write_listed(dir: &Path, name: &str, bytes: &[u8]) -> StageResult<WrittenFile> {
-    write_atomic(dir, name, bytes).map_err(|e| io_failure(&dir.join(name), e))?;
+    let path = dir.join(name);
+    write_atomic(dir, name, bytes).map_err(|e| io_failure(&path, e))?;
+    let identity = std::fs::metadata(&path).ok().map(|m| identity_of(&m));
     Ok(WrittenFile {
-        path: dir.join(name),
+        path,
         entry: ManifestFile {
             path: name.to_string(),
             bytes: bytes.len() as u64,
             sha256: sha256_hex(bytes),
         },
+        identity,
     })
 }
 
+/// The identity of a file from its metadata.
+pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
+    use std::os::unix::fs::MetadataExt;
+    FileIdentity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+    }
+}
+
+/// Header entries of the slices of a flat buffer, names prefixed, in buffer order.
+fn flat_entries(params: &crate::params::ParamStore, prefix: &str) -> Vec<HeaderEntry> {
+    params
+        .params
+        .iter()
+        .map(|p| HeaderEntry {
+            name: format!("{prefix}{}", p.name),
+            dtype: "F32",
+            shape: p.shape.clone(),
+            bytes: p.numel as usize * 4,
+        })
+        .collect()
+}
+
 /// Writes a complete checkpoint of `model` and `opt` at `step` into `dir`: the two tensor
-/// files, then the manifest (see [`write_with_manifest`]).
+/// files (in parallel, each in one pass, see [`crate::stream`]), then the manifest. As with
+/// [`write_with_manifest`], the old manifest is removed first.
+///
+/// Layout: in `model.safetensors` the parameters follow each other in buffer order, so its
+/// data is [`crate::params::ParamStore::flat`] verbatim; `optimizer.safetensors` holds the
+/// step (int64) and then both moments in the same order.
 pub fn write(
     dir: &Path,
     model: &ByteGpt,
@@ -154,19 +150,64 @@ pub fn write(
     step: u64,
     training: &TrainingState,
 ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
-    let weights = encode_tensors(&model.params.named_cpu())?;
-    let moments = encode_tensors(&opt.named_cpu(&model.params))?;
+    std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
+    remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
+    let params = &model.params;
+    let total = params.numel();
+    let model_file = FileSpec {
+        name: MODEL_FILE.into(),
+        runs: vec![
+            Run::Bytes(stream::header(&flat_entries(params, ""))),
+            Run::Floats {
+                tensor: params.flat.shallow_clone(),
+                offset: 0,
+                numel: total,
+            },
+        ],
+    };
+    let mut entries = vec![HeaderEntry {
+        name: crate::optim::STEP_TENSOR.into(),
+        dtype: "I64",
+        shape: vec![1],
+        bytes: 8,
+    }];
+    entries.extend(flat_entries(params, crate::optim::EXP_AVG));
+    entries.extend(flat_entries(params, crate::optim::EXP_AVG_SQ));
+    let mut head = stream::header(&entries);
+    head.extend_from_slice(&(opt.step as i64).to_le_bytes());
+    let optimizer_file = FileSpec {
+        name: OPTIMIZER_FILE.into(),
+        runs: vec![
+            Run::Bytes(head),
+            Run::Floats {
+                tensor: opt.exp_avg.shallow_clone(),
+                offset: 0,
+                numel: total,
+            },
+            Run::Floats {
+                tensor: opt.exp_avg_sq.shallow_clone(),
+                offset: 0,
+                numel: total,
+            },
+        ],
+    };
+    let mut written = tch::no_grad(|| stream::write_files(dir, vec![model_file, optimizer_file]))
+        .map_err(|e| io_failure(dir, e))?;
     let mut model_json = manifest_model(&model.config);
     model_json.insert(
         "training".into(),
         serde_json::to_value(training).expect("training state serializes"),
     );
-    write_with_manifest(
-        dir,
-        vec![(MODEL_FILE, weights), (OPTIMIZER_FILE, moments)],
-        Some(step),
-        serde_json::Value::Object(model_json),
-    )
+    let manifest = CheckpointManifest {
+        v: PROTOCOL_VERSION,
+        files: written.iter().map(|w| w.entry.clone()).collect(),
+        step: Some(step),
+        model: serde_json::Value::Object(model_json),
+    };
+    let mut text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    text.push(b'\n');
+    written.push(write_listed(dir, MANIFEST_FILE, &text)?);
+    Ok((manifest, written))
 }
 
 /// A checkpoint whose listed files all matched their manifest entries when read.
@@ -175,7 +216,23 @@ pub struct Verified {
     pub dir: PathBuf,
     /// Its manifest.
     pub manifest: CheckpointManifest,
-    contents: BTreeMap<String, Vec<u8>>,
+    contents: BTreeMap<String, Arc<Vec<u8>>>,
+    /// Checksums still being computed ([`open_for_weights_deferred`]), then their verdict.
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    running: Vec<std::thread::JoinHandle<StageResult<()>>>,
+    failed: Option<Failure>,
+}
+
+/// The model shape recorded in the manifest in `dir` (the manifest alone is read; nothing is
+/// verified).
+pub fn peek_model_config(dir: &Path) -> Result<ModelConfig, String> {
+    let text = std::fs::read(dir.join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
+    let manifest: CheckpointManifest = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    config_from_manifest(&manifest.model)
 }
 
 /// Whether a checkpoint directory has a manifest at all.
@@ -187,6 +244,26 @@ pub fn exists(dir: &Path) -> bool {
 /// SHA-256) before anything is parsed. Every refusal is a bad-input failure naming the file
 /// and what is wrong with it.
 pub fn open_verified(dir: &Path) -> StageResult<Verified> {
+    open_checked(dir, None, false)
+}
+
+/// Like [`open_verified`] for a stage that only needs the weights (an `init` checkpoint):
+/// every listed file must be present with its listed size, and `model.safetensors` is read and
+/// its SHA-256 checked; the optimizer state, which such a stage never uses, is not read.
+pub fn open_for_weights(dir: &Path) -> StageResult<Verified> {
+    open_checked(dir, Some(&[MODEL_FILE]), false)
+}
+
+/// Like [`open_for_weights`], but the SHA-256 of `model.safetensors` is computed on a thread
+/// of its own while the stage goes on (building the model, loading these weights, training):
+/// hashing a large checkpoint takes longer than everything else before the first step. The
+/// caller must call [`Verified::finish`] before it writes or reports anything derived from
+/// the weights; until then they are unverified. Sizes are checked at once.
+pub fn open_for_weights_deferred(dir: &Path) -> StageResult<Verified> {
+    open_checked(dir, Some(&[MODEL_FILE]), true)
+}
+
+fn open_checked(dir: &Path, only: Option<&[&str]>, deferred: bool) -> StageResult<Verified> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = std::fs::read(&manifest_path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
@@ -211,7 +288,7 @@ pub fn open_verified(dir: &Path) -> StageResult<Verified> {
             manifest.v
         )));
     }
-    let mut contents = BTreeMap::new();
+    let mut to_read = Vec::new();
     for f in &manifest.files {
         let relative = Path::new(&f.path);
         let safe = !f.path.is_empty()
@@ -226,43 +303,149 @@ pub fn open_verified(dir: &Path) -> StageResult<Verified> {
             )));
         }
         let path = dir.join(relative);
-        let bytes = std::fs::read(&path).map_err(|e| {
+        let meta = std::fs::metadata(&path).map_err(|e| {
             Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
                 format!("checkpoint {} is missing", path.display())
             } else {
                 format!("checkpoint {} cannot be read: {e}", path.display())
             })
         })?;
-        let len = bytes.len() as u64;
-        if len < f.bytes {
-            return Err(Failure::bad_input(format!(
-                "checkpoint {} is truncated: {len} of {} bytes",
-                path.display(),
-                f.bytes
-            )));
+        check_size(&path, meta.len(), f.bytes)?;
+        if only.is_none_or(|names| names.contains(&f.path.as_str())) {
+            to_read.push((f, path));
         }
-        if len > f.bytes {
-            return Err(Failure::bad_input(format!(
-                "checkpoint {} has {len} bytes, its manifest says {}",
-                path.display(),
-                f.bytes
-            )));
+    }
+    let mut contents = BTreeMap::new();
+    let mut pending = Pending::default();
+    if deferred {
+        for (f, path) in to_read {
+            let bytes = Arc::new(read_sized(&path, f)?);
+            let name = f.path.clone();
+            let (entry, shared) = (f.clone(), bytes.clone());
+            pending.running.push(std::thread::spawn(move || {
+                check_hash(&path, &entry, &shared)
+            }));
+            contents.insert(name, bytes);
         }
-        let sha = sha256_hex(&bytes);
-        if !sha.eq_ignore_ascii_case(&f.sha256) {
-            return Err(Failure::bad_input(format!(
-                "checkpoint {} is corrupted: its SHA-256 is {sha}, its manifest says {}",
-                path.display(),
-                f.sha256
-            )));
+    } else {
+        // Each file is read and hashed on its own thread.
+        let read: Vec<StageResult<(String, Vec<u8>)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = to_read
+                .iter()
+                .map(|(f, path)| {
+                    s.spawn(move || {
+                        let bytes = read_sized(path, f)?;
+                        check_hash(path, f, &bytes)?;
+                        Ok((f.path.clone(), bytes))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Failure::other("checkpoint reader panicked")))
+                })
+                .collect()
+        });
+        for r in read {
+            let (name, bytes) = r?;
+            contents.insert(name, Arc::new(bytes));
         }
-        contents.insert(f.path.clone(), bytes);
     }
     Ok(Verified {
         dir: dir.to_path_buf(),
         manifest,
         contents,
+        pending: Mutex::new(pending),
     })
+}
+
+fn check_size(path: &Path, len: u64, listed: u64) -> StageResult<()> {
+    if len < listed {
+        return Err(Failure::bad_input(format!(
+            "checkpoint {} is truncated: {len} of {listed} bytes",
+            path.display()
+        )));
+    }
+    if len > listed {
+        return Err(Failure::bad_input(format!(
+            "checkpoint {} has {len} bytes, its manifest says {listed}",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Reads one listed file and checks its size.
+fn read_sized(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
+            format!("checkpoint {} is missing", path.display())
+        } else {
+            format!("checkpoint {} cannot be read: {e}", path.display())
+        })
+    })?;
+    check_size(path, bytes.len() as u64, f.bytes)?;
+    Ok(bytes)
+}
+
+/// Checks the SHA-256 of a listed file's bytes.
+fn check_hash(path: &Path, f: &ManifestFile, bytes: &[u8]) -> StageResult<()> {
+    let sha = sha256_hex(bytes);
+    if !sha.eq_ignore_ascii_case(&f.sha256) {
+        return Err(Failure::bad_input(format!(
+            "checkpoint {} is corrupted: its SHA-256 is {sha}, its manifest says {}",
+            path.display(),
+            f.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// Copies a safetensors file's data into `params.flat` in one transfer when the file holds
+/// exactly the parameters, as fp32, laid out in buffer order; false (nothing done) otherwise.
+fn load_in_buffer_order(bytes: &[u8], params: &crate::params::ParamStore) -> bool {
+    let Ok((header_len, metadata)) = SafeTensors::read_metadata(bytes) else {
+        return false;
+    };
+    let infos = metadata.tensors();
+    if infos.len() != params.params.len() {
+        return false;
+    }
+    let in_order = params.params.iter().all(|p| {
+        infos.get(&p.name).is_some_and(|info| {
+            info.dtype == safetensors::Dtype::F32
+                && info
+                    .shape
+                    .iter()
+                    .map(|&d| d as i64)
+                    .eq(p.shape.iter().copied())
+                && info.data_offsets == (p.offset as usize * 4, (p.offset + p.numel) as usize * 4)
+        })
+    });
+    let start = 8 + header_len;
+    let total = params.numel() as usize;
+    if !in_order || bytes.len() != start + total * 4 {
+        return false;
+    }
+    let data = &bytes[start..];
+    tch::no_grad(|| {
+        // SAFETY: `data` holds `total` f32s and outlives `host`, dropped after the synchronous
+        // copy below.
+        let host = unsafe {
+            Tensor::from_blob(
+                data.as_ptr(),
+                &[total as i64],
+                &[1],
+                tch::Kind::Float,
+                tch::Device::Cpu,
+            )
+        };
+        let mut flat = params.flat.shallow_clone();
+        flat.copy_(&host);
+    });
+    true
 }
 
 impl Verified {
@@ -282,22 +465,58 @@ impl Verified {
     pub fn tensors(&self, file: &str) -> StageResult<Vec<(String, Tensor)>> {
         let what = self.dir.join(file).display().to_string();
         let bytes = self.contents.get(file).ok_or_else(|| {
-            Failure::bad_input(format!(
-                "checkpoint {} has no {file} in its manifest",
-                self.dir.display()
-            ))
+            if self.manifest.files.iter().any(|f| f.path == file) {
+                Failure::other(format!(
+                    "checkpoint {}: {file} was not read (opened for its weights only)",
+                    self.dir.display()
+                ))
+            } else {
+                Failure::bad_input(format!(
+                    "checkpoint {} has no {file} in its manifest",
+                    self.dir.display()
+                ))
+            }
         })?;
         decode_tensors(bytes, &what).map_err(Failure::bad_input)
     }
 
-    /// Loads the verified weights into `model`, whose shape must match.
+    /// Waits for the checksums still being computed (see [`open_for_weights_deferred`]) and
+    /// says whether every file read matched its manifest. The same answer every time.
+    pub fn finish(&self) -> StageResult<()> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for handle in std::mem::take(&mut pending.running) {
+            let verdict = handle
+                .join()
+                .unwrap_or_else(|_| Err(Failure::other("checkpoint hashing panicked")));
+            if let Err(e) = verdict {
+                pending.failed.get_or_insert(e);
+            }
+        }
+        match &pending.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Loads the weights into `model`, whose shape must match. A file written in buffer order
+    /// (as [`write`] does) is copied into the flat parameter buffer in one transfer; any other
+    /// layout tensor by tensor. If the file cannot be loaded, a checksum mismatch found by
+    /// [`Verified::finish`] is the error reported.
     pub fn load_model(&self, model: &ByteGpt) -> StageResult<()> {
         let what = self.dir.join(MODEL_FILE).display().to_string();
-        let tensors = self.tensors(MODEL_FILE)?;
-        model
-            .params
-            .load(&tensors, &what)
-            .map_err(Failure::bad_input)
+        let loaded = match self.contents.get(MODEL_FILE) {
+            Some(bytes) if load_in_buffer_order(bytes, &model.params) => Ok(()),
+            _ => self.tensors(MODEL_FILE).and_then(|tensors| {
+                model
+                    .params
+                    .load(&tensors, &what)
+                    .map_err(Failure::bad_input)
+            }),
+        };
+        if loaded.is_err() {
+            self.finish()?;
+        }
+        loaded
     }
 
     /// Loads the verified optimizer state into `opt`.

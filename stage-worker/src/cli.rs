@@ -83,6 +83,17 @@ pub struct Cli {
 pub enum Command {
     /// Take GPU memory on cuda:0, hold it, exit: a fixture for benchmarks and leak tests.
     Hold(crate::hold::HoldArgs),
+    /// Serve forks of fresh workers to orchestrate (started by orchestrate itself).
+    #[command(name = "fork-server", hide = true)]
+    ForkServer(ForkServerArgs),
+}
+
+/// Arguments of `stage-worker fork-server`.
+#[derive(Debug, clap::Args)]
+pub struct ForkServerArgs {
+    /// The inherited Unix socket to serve on.
+    #[arg(long)]
+    pub fd: i32,
 }
 
 #[cfg(test)]

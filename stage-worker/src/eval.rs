@@ -123,7 +123,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     crate::log!("stage `{}`: eval on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
-    let verified = checkpoint::open_verified(init)?;
+    let verified = checkpoint::open_for_weights(init)?;
     let config = verified.model_config()?;
     let seq_len = p.seq_len as usize;
     if seq_len as i64 > config.max_seq_len {
@@ -159,12 +159,21 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     });
     let mut bytes = serde_json::to_vec_pretty(&results).expect("results serialize");
     bytes.push(b'\n');
-    checkpoint::write_with_manifest(
+    let (_, files) = checkpoint::write_with_manifest(
         &spec.output_dir,
         vec![(RESULTS_FILE, bytes)],
         verified.manifest.step,
         verified.manifest.model.clone(),
     )?;
+    for f in files {
+        sink.checkpoint(
+            f.path,
+            f.entry.sha256,
+            f.entry.bytes,
+            verified.manifest.step,
+            f.identity,
+        );
+    }
     sink.metrics(&metrics);
     Ok(())
 }

@@ -130,12 +130,20 @@ impl EventSink {
     }
 
     /// `checkpoint`: a file of a complete checkpoint is durably in place.
-    pub fn checkpoint(&mut self, path: PathBuf, sha256: String, bytes: u64, step: u64) {
+    pub fn checkpoint(
+        &mut self,
+        path: PathBuf,
+        sha256: String,
+        bytes: u64,
+        step: Option<u64>,
+        identity: Option<protocol::checkpoint::FileIdentity>,
+    ) {
         self.send(WorkerEvent::Checkpoint {
             path,
             sha256: Some(sha256),
             bytes: Some(bytes),
-            step: Some(step),
+            step,
+            identity,
         });
     }
 

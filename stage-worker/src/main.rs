@@ -8,6 +8,7 @@ mod device;
 mod eval;
 mod events;
 mod failure;
+mod forkserver;
 mod fsio;
 mod hold;
 mod log;
@@ -19,9 +20,11 @@ mod rng;
 mod signals;
 mod spec;
 mod stage;
+mod stream;
 #[cfg(test)]
 mod testutil;
 mod train;
+mod warmup;
 
 use clap::{CommandFactory, Parser};
 use events::EventSink;
@@ -31,13 +34,27 @@ use std::path::Path;
 
 fn main() {
     log::start();
-    let cli = cli::Cli::parse();
+    dispatch(cli::Cli::parse());
+}
+
+/// Runs `argv` as if it were this process's command line (a worker forked by the fork
+/// server), then exits.
+pub fn run_command_line(argv: &[String]) -> ! {
+    let cli = cli::Cli::try_parse_from(argv).unwrap_or_else(|e| e.exit());
+    dispatch(cli);
+    std::process::exit(0)
+}
+
+fn dispatch(cli: cli::Cli) {
     match (&cli.command, &cli.spec) {
         (Some(cli::Command::Hold(args)), _) => {
             if let Err(e) = hold::run(args) {
                 log!("hold: {e}");
                 std::process::exit(1);
             }
+        }
+        (Some(cli::Command::ForkServer(args)), _) => {
+            std::process::exit(forkserver::serve(args.fd));
         }
         (None, Some(spec)) => run_stage(spec),
         (None, None) => {
@@ -82,7 +99,7 @@ fn run_stage(spec: &Path) -> ! {
     let failure = match outcome {
         Ok(Ok(())) => {
             sink.done();
-            std::process::exit(0);
+            exit_now(0);
         }
         Ok(Err(failure)) => failure,
         Err(payload) => Failure::from_torch(panic_text(payload.as_ref())),
@@ -90,7 +107,18 @@ fn run_stage(spec: &Path) -> ! {
     let message = readable_message(&failure.message);
     log!("failed ({}): {message}", failure.kind.reason());
     sink.failed(&message, failure.kind.reason());
-    std::process::exit(failure.kind.exit_code());
+    exit_now(failure.kind.exit_code());
+}
+
+/// Ends the process with `code` without running libtorch's exit-time destructors (tearing
+/// down its thread pools and allocators took about 0.4 s): every output is already durable
+/// and every event sent, and the OS reclaims the rest, device memory included.
+fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit has no preconditions; nothing after this point needs to run.
+    unsafe { libc::_exit(code) }
 }
 
 /// The text of a panic payload.

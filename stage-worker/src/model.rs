@@ -51,9 +51,20 @@ pub struct ByteGpt {
 }
 
 impl ByteGpt {
-    /// A freshly initialised model on `device`; the weights are a function of `seed` alone
-    /// (not of the device). `config` must pass [`validate_config`].
+    /// A freshly initialised model on `device`; the weights are a function of `seed` and of
+    /// the kind of device (CPU or CUDA, see [`ParamSpecs::build`]). `config` must pass
+    /// [`validate_config`].
     pub fn new(config: &ModelConfig, device: Device, seed: u64) -> Self {
+        Self::build(config, device, Some(seed))
+    }
+
+    /// A model of this shape whose parameters are all zero (a warm-up, or weights about to be
+    /// loaded): no random draw at all.
+    pub fn zeroed(config: &ModelConfig, device: Device) -> Self {
+        Self::build(config, device, None)
+    }
+
+    fn build(config: &ModelConfig, device: Device, seed: Option<u64>) -> Self {
         let d = config.d_model;
         let std = 0.02;
         // Output projections feed the residual stream once per layer; scale them down so its
@@ -101,7 +112,10 @@ impl ByteGpt {
         p.add("ln_f.bias", &[d], Init::Zeros, false);
         ByteGpt {
             config: config.clone(),
-            params: p.build(device, seed),
+            params: match seed {
+                Some(seed) => p.build(device, seed),
+                None => p.build_zeroed(device),
+            },
         }
     }
 

@@ -4,8 +4,10 @@
 //! whole update is a few whole-buffer operations, and they save and load as named tensors
 //! (one pair per parameter) next to the step count.
 
-use crate::params::{load_slices, slices_cpu, ParamStore};
-use tch::{Kind, Tensor};
+#[cfg(test)]
+use crate::params::slices_cpu;
+use crate::params::{load_slices, ParamStore};
+use tch::Tensor;
 
 /// Largest global gradient norm; larger gradients are scaled down to it.
 pub const CLIP_NORM: f64 = 1.0;
@@ -13,8 +15,9 @@ pub const CLIP_NORM: f64 = 1.0;
 pub const MIN_LR_RATIO: f64 = 0.1;
 
 /// Name prefixes of the first and second moments in `optimizer.safetensors`.
-const EXP_AVG: &str = "exp_avg.";
-const EXP_AVG_SQ: &str = "exp_avg_sq.";
+pub const EXP_AVG: &str = "exp_avg.";
+/// See [`EXP_AVG`].
+pub const EXP_AVG_SQ: &str = "exp_avg_sq.";
 /// Name of the step count (int64, shape `[1]`) in `optimizer.safetensors`.
 pub const STEP_TENSOR: &str = "step";
 
@@ -110,17 +113,18 @@ impl AdamW {
 
     /// Named CPU tensors for `optimizer.safetensors`: `exp_avg.NAME`, `exp_avg_sq.NAME` for
     /// every parameter, and `step`.
+    #[cfg(test)]
     pub fn named_cpu(&self, params: &ParamStore) -> Vec<(String, Tensor)> {
         let mut out = slices_cpu(&self.exp_avg, &params.params, EXP_AVG);
         out.extend(slices_cpu(&self.exp_avg_sq, &params.params, EXP_AVG_SQ));
         out.push((
             STEP_TENSOR.into(),
-            Tensor::from_slice(&[self.step as i64]).to_kind(Kind::Int64),
+            Tensor::from_slice(&[self.step as i64]).to_kind(tch::Kind::Int64),
         ));
         out
     }
 
-    /// Restores moments and step from tensors saved by [`AdamW::named_cpu`].
+    /// Restores moments and step from the tensors of `optimizer.safetensors`.
     pub fn load(
         &mut self,
         params: &ParamStore,
@@ -166,7 +170,7 @@ impl AdamW {
 mod tests {
     use super::*;
     use crate::params::{Init, ParamSpecs};
-    use tch::Device;
+    use tch::{Device, Kind};
 
     #[test]
     fn schedule_warms_up_then_decays_to_a_tenth() {

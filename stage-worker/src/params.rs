@@ -60,11 +60,23 @@ impl ParamSpecs {
         });
     }
 
-    /// Allocates the parameters on `device` and initialises them from `seed`. Values are drawn
-    /// on the CPU from torch's generator, seeded and held under a lock for the whole draw, so a
-    /// seed gives the same weights on every device and whatever other threads do. In the flat
+    /// Allocates the parameters on `device` and initialises them from `seed`. On the CPU,
+    /// values are drawn from torch's CPU generator; on a CUDA device they are drawn on the
+    /// device itself from its generator (no host-side draw, no copies: building a large model
+    /// takes milliseconds). Either generator is seeded and held under a lock for the whole
+    /// draw, so a seed gives the same weights on every run on the same kind of device,
+    /// whatever other threads do (CPU and CUDA draws differ from each other). In the flat
     /// buffer the decayed parameters come first, so decay is one operation on a prefix.
     pub fn build(self, device: Device, seed: u64) -> ParamStore {
+        self.build_inner(device, Some(seed))
+    }
+
+    /// Allocates the parameters on `device`, all zero.
+    pub fn build_zeroed(self, device: Device) -> ParamStore {
+        self.build_inner(device, None)
+    }
+
+    fn build_inner(self, device: Device, seed: Option<u64>) -> ParamStore {
         // Layout: decayed parameters first, each group in declaration order.
         let mut order: Vec<usize> = (0..self.specs.len()).collect();
         order.sort_by_key(|&i| (!self.specs[i].decay, i));
@@ -82,7 +94,24 @@ impl ParamSpecs {
         // The device buffer first: a model too large for the device fails here, at once.
         let flat = Tensor::zeros([offset], (Kind::Float, device));
         tch::no_grad(|| {
+            let Some(seed) = seed else { return };
             let _rng = TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner());
+            if device.is_cuda() {
+                tch::Cuda::manual_seed(seed);
+                for (spec, &at) in self.specs.iter().zip(&offsets) {
+                    let mut dst = flat.narrow(0, at, numel(spec));
+                    match spec.init {
+                        Init::Normal(std) => {
+                            let _ = dst.normal_(0.0, std);
+                        }
+                        Init::Ones => {
+                            let _ = dst.fill_(1.0);
+                        }
+                        Init::Zeros => {}
+                    }
+                }
+                return;
+            }
             tch::manual_seed(seed as i64);
             let cpu = (Kind::Float, Device::Cpu);
             for (spec, &at) in self.specs.iter().zip(&offsets) {
@@ -180,11 +209,6 @@ impl ParamStore {
         }
     }
 
-    /// Named CPU copies of the parameters, for saving.
-    pub fn named_cpu(&self) -> Vec<(String, Tensor)> {
-        slices_cpu(&self.flat, &self.params, "")
-    }
-
     /// Replaces every parameter's values from `tensors`, which must hold exactly these names
     /// with these shapes (any kind convertible to fp32). The error says which name is missing,
     /// unexpected or misshapen.
@@ -194,6 +218,7 @@ impl ParamStore {
 }
 
 /// Named CPU copies of the slices of `flat` that `params` describe, names prefixed.
+#[cfg(test)]
 pub fn slices_cpu(flat: &Tensor, params: &[Param], prefix: &str) -> Vec<(String, Tensor)> {
     tch::no_grad(|| {
         params

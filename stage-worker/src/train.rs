@@ -12,6 +12,7 @@ use crate::optim::{AdamW, Schedule};
 use crate::progress::ProgressClock;
 use crate::signals;
 use crate::spec::parse_params;
+use crate::warmup;
 use protocol::worker::{ModelConfig, StageSpec, TrainParams};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -137,16 +138,24 @@ fn report_completed(v: &Verified, sink: &mut EventSink) -> StageResult<()> {
         .ok_or_else(|| Failure::other(format!("cannot read {}", metrics_path.display())))?;
     let step = v.manifest.step.unwrap_or(0);
     for f in &v.manifest.files {
-        sink.checkpoint(v.dir.join(&f.path), f.sha256.clone(), f.bytes, step);
+        let path = v.dir.join(&f.path);
+        let identity = std::fs::metadata(&path)
+            .ok()
+            .map(|m| checkpoint::identity_of(&m));
+        sink.checkpoint(path, f.sha256.clone(), f.bytes, Some(step), identity);
     }
     let manifest = v.dir.join(protocol::checkpoint::MANIFEST_FILE);
     let bytes = std::fs::read(&manifest)
         .map_err(|e| Failure::other(format!("cannot read {}: {e}", manifest.display())))?;
+    let identity = std::fs::metadata(&manifest)
+        .ok()
+        .map(|m| checkpoint::identity_of(&m));
     sink.checkpoint(
         manifest,
         crate::fsio::sha256_hex(&bytes),
         bytes.len() as u64,
-        step,
+        Some(step),
+        identity,
     );
     crate::log!(
         "the final checkpoint of this training is already complete in {} (step {step}); kept, not retrained",
@@ -174,6 +183,32 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
     Ok(())
 }
 
+/// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
+/// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
+/// device work done), `t_model_ready`, `t_first_step`, `t_last_step` (the device idle after
+/// the last step), `t_checkpoint_durable` (every file fsynced and in place).
+struct Milestones(BTreeMap<String, f64>);
+
+impl Default for Milestones {
+    fn default() -> Self {
+        Milestones(BTreeMap::from([(
+            "t_worker_start".to_string(),
+            crate::log::started_unix(),
+        )]))
+    }
+}
+
+impl Milestones {
+    fn mark(&mut self, name: &str) {
+        self.0.insert(name.into(), crate::log::unix_now());
+    }
+
+    fn at(&mut self, name: &str, when: Instant) {
+        let ago = when.elapsed().as_secs_f64();
+        self.0.insert(name.into(), crate::log::unix_now() - ago);
+    }
+}
+
 /// Figures gathered during the loop.
 struct LoopStats {
     first_loss: Option<f64>,
@@ -189,14 +224,41 @@ struct LoopStats {
 pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let p: TrainParams = parse_params(spec)?;
     validate(&p)?;
+    // The init checkpoint is read (and its checksum started) while the device starts up.
+    let init_reader = spec
+        .init
+        .clone()
+        .map(|dir| std::thread::spawn(move || checkpoint::open_for_weights_deferred(&dir)));
     let compute = device::prepare(spec.device, &p.precision)?;
+    let mut milestones = Milestones::default();
+    milestones.mark("t_device_ready");
     crate::log!("stage `{}`: train on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
-    let init = spec
-        .init
-        .as_deref()
-        .map(checkpoint::open_verified)
+    // Warm the device up (on its own thread) while the inputs are read and the model built.
+    let warm_shape = match spec.init.as_deref() {
+        Some(dir) => checkpoint::peek_model_config(dir).ok(),
+        None => Some(p.model.clone()),
+    };
+    let warm_up = warm_shape
+        .filter(|c| validate_config(c).is_ok() && i64::from(p.seq_len) <= c.max_seq_len)
+        .and_then(|c| {
+            warmup::start(
+                &c,
+                p.batch_size as usize,
+                p.seq_len as usize,
+                compute.kind,
+                compute.device,
+            )
+        });
+    // The init checkpoint's checksum is computed alongside; it is checked before anything
+    // derived from it is written (see `Verified::finish`).
+    let init = init_reader
+        .map(|reader| {
+            reader
+                .join()
+                .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
+        })
         .transpose()?;
     let config = model_config(spec, &p, init.as_ref())?;
     if let Some(done) = completed(&spec.output_dir, &p, &config) {
@@ -238,6 +300,10 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         }
     }
     let resumed_from = opt.step;
+    if let Some(w) = warm_up {
+        w.finish();
+    }
+    milestones.mark("t_model_ready");
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
         model.params.numel(),
@@ -254,7 +320,11 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &compute,
         sink,
         &spec.output_dir,
+        init.as_ref(),
     )?;
+    if let Some(v) = &init {
+        v.finish()?;
+    }
     let complete = !stats.interrupted;
     let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
     if complete {
@@ -271,6 +341,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
                 ))
             })?;
     }
+    let checkpoint_started = Instant::now();
     let (_, files) = checkpoint::write(
         &spec.output_dir,
         &model,
@@ -279,7 +350,13 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &training_state(&p, complete),
     )?;
     for f in files {
-        sink.checkpoint(f.path, f.entry.sha256, f.entry.bytes, opt.step);
+        sink.checkpoint(
+            f.path,
+            f.entry.sha256,
+            f.entry.bytes,
+            Some(opt.step),
+            f.identity,
+        );
     }
     if stats.interrupted {
         return Err(Failure::interrupted(format!(
@@ -289,11 +366,25 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
             spec.output_dir.display()
         )));
     }
+    milestones.mark("t_checkpoint_durable");
+    let mut metrics = metrics;
+    metrics.insert(
+        "checkpoint_write_s".into(),
+        checkpoint_started.elapsed().as_secs_f64(),
+    );
+    if let Some(t) = stats.after_first {
+        milestones.at("t_first_step", t);
+    }
+    milestones.at("t_last_step", stats.finished);
+    metrics.extend(milestones.0);
     crate::log!("metrics {metrics:?}");
     sink.metrics(&metrics);
     Ok(())
 }
 
+/// Trains; `input` (the init checkpoint, if any) is verified before a periodic checkpoint is
+/// written.
+#[allow(clippy::too_many_arguments)]
 fn train_loop(
     model: &mut ByteGpt,
     opt: &mut AdamW,
@@ -302,6 +393,7 @@ fn train_loop(
     compute: &Compute,
     sink: &mut EventSink,
     output_dir: &std::path::Path,
+    input: Option<&Verified>,
 ) -> StageResult<LoopStats> {
     let schedule = Schedule {
         peak: p.lr,
@@ -356,10 +448,19 @@ fn train_loop(
             break;
         }
         if p.checkpoint_every > 0 && step % p.checkpoint_every == 0 && step < p.steps {
+            if let Some(v) = input {
+                v.finish()?;
+            }
             let (_, files) =
                 checkpoint::write(output_dir, model, opt, step, &training_state(p, false))?;
             for f in files {
-                sink.checkpoint(f.path, f.entry.sha256, f.entry.bytes, step);
+                sink.checkpoint(
+                    f.path,
+                    f.entry.sha256,
+                    f.entry.bytes,
+                    Some(step),
+                    f.identity,
+                );
             }
             crate::log!("periodic checkpoint at step {step}");
         }

@@ -33,15 +33,17 @@ pub struct Batch {
 }
 
 impl HostBatch {
-    /// Copies the batch to `device`. On CUDA the copy goes through pinned memory and does not
-    /// wait for the device, so building a batch never stalls the GPU's queue.
+    /// Copies the batch to `device`. On CUDA the copy is asynchronous (the few KiB of a batch
+    /// are staged by the driver and the call does not wait for the device), so building a
+    /// batch never stalls the GPU's queue.
     pub fn to_device(&self, device: Device) -> Batch {
         let shape = [self.rows as i64, self.cols as i64];
         let upload = |v: &[i64]| {
             let t = Tensor::from_slice(v).view(shape);
             if device.is_cuda() {
-                t.pin_memory(device)
-                    .to_device_(device, Kind::Int64, true, false)
+                // Not through `pin_memory`: tch passes it a device, which libtorch 2.11
+                // answers with a deprecation warning on every call.
+                t.to_device_(device, Kind::Int64, true, false)
             } else {
                 t
             }

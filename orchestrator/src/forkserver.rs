@@ -1,0 +1,311 @@
+//! Starting built-in workers through a fork server (see `stage-worker fork-server`).
+//!
+//! One server per `stage-worker` binary, started on first use as a child of this process
+//! (so a worker it forks through an intermediate process is re-parented to us, a child
+//! subreaper). The worker is then our child like an exec'd one: the [`Reaper`] collects its
+//! exit status and resource usage, [`crate::proctree`] finds it as a session leader, and
+//! `stop_tree` stops it. The server never holds a stage's process; killing it leaves every
+//! running stage alone.
+//!
+//! Every failure falls back to `exec`: the server cannot start, refuses (it has initialised
+//! a device, or NVML lists it on the stage's GPUs), dies, or answers wrongly. After the first
+//! failure this process stops using that binary's server.
+//!
+//! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
+
+use crate::reaper::{Reaped, Reaper};
+use protocol::fork::{ForkReply, ForkRequest, FORK_SERVER_SUBCOMMAND};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Environment variable that turns the fork server off (`0`, `off`, `false`, `no`).
+pub const ENV_FORK_SERVER: &str = "ORCHESTRATE_FORK_SERVER";
+
+/// How long a new server may take to load libtorch and say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a fork may take.
+const FORK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether built-in workers should be started through a fork server.
+pub fn enabled() -> bool {
+    !matches!(
+        std::env::var(ENV_FORK_SERVER).as_deref().map(str::trim),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+struct Server {
+    pid: i32,
+    sock: UnixStream,
+    exit: oneshot::Receiver<Reaped>,
+    reaper: Reaper,
+}
+
+enum State {
+    Serving(Server),
+    /// Not used again in this process, and why.
+    Failed(String),
+}
+
+thread_local! {
+    static SERVERS: RefCell<HashMap<PathBuf, State>> = RefCell::new(HashMap::new());
+}
+
+/// Starts a worker running `argv` (a `stage-worker` command line) with exactly `env`, in
+/// `cwd`, with `stdout` and `stderr`, through the fork server of `argv[0]`. Returns its PID:
+/// a child of this process, in its own session, not yet registered with `reaper` (register it
+/// before the next `.await`). `gpu_holders` are the PIDs NVML lists on the stage's GPUs; a
+/// server among them is refused. An error says why the caller should exec instead.
+pub fn spawn(
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &std::path::Path,
+    stdout: &OwnedFd,
+    stderr: &OwnedFd,
+    gpu_holders: &[u32],
+    reaper: &Reaper,
+) -> Result<i32, String> {
+    let program = PathBuf::from(argv.first().ok_or("empty command")?);
+    SERVERS.with(|servers| {
+        let mut servers = servers.borrow_mut();
+        if let Some(State::Failed(why)) = servers.get(&program) {
+            return Err(why.clone());
+        }
+        if !servers.contains_key(&program) {
+            let state = match start(&program, reaper) {
+                Ok(server) => State::Serving(server),
+                Err(why) => {
+                    tracing::warn!(program = %program.display(), "fork server unavailable: {why}; workers are exec'd");
+                    State::Failed(why)
+                }
+            };
+            servers.insert(program.clone(), state);
+        }
+        let Some(State::Serving(server)) = servers.get_mut(&program) else {
+            let Some(State::Failed(why)) = servers.get(&program) else {
+                unreachable!("a server is serving or failed")
+            };
+            return Err(why.clone());
+        };
+        match fork(server, argv, env, cwd, stdout, stderr, gpu_holders) {
+            Ok(pid) => Ok(pid),
+            Err(why) => {
+                tracing::warn!(program = %program.display(), "fork server stopped: {why}; workers are exec'd from now on");
+                if let Some(State::Serving(server)) = servers.remove(&program) {
+                    stop(server);
+                }
+                servers.insert(program, State::Failed(why.clone()));
+                Err(why)
+            }
+        }
+    })
+}
+
+/// The PIDs of the fork servers this process runs (for tests and reports).
+pub fn server_pids() -> Vec<i32> {
+    SERVERS.with(|s| {
+        s.borrow()
+            .values()
+            .filter_map(|st| match st {
+                State::Serving(server) => Some(server.pid),
+                State::Failed(_) => None,
+            })
+            .collect()
+    })
+}
+
+/// Stops every fork server of this process and waits until they are gone.
+pub fn shutdown() {
+    SERVERS.with(|s| {
+        for (_, state) in s.borrow_mut().drain() {
+            if let State::Serving(server) = state {
+                stop(server);
+            }
+        }
+    });
+}
+
+/// Kills a server and waits (up to a second) until it has been reaped.
+fn stop(server: Server) {
+    let Server {
+        pid,
+        sock,
+        mut exit,
+        reaper,
+    } = server;
+    drop(sock);
+    // SAFETY: signalling a child of ours that the reaper has not collected (it holds `exit`).
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while std::time::Instant::now() < deadline {
+        reaper.reap_now();
+        if !matches!(exit.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether this process is a child subreaper (required: the worker must be re-parented here).
+fn is_subreaper() -> bool {
+    let mut flag: libc::c_int = 0;
+    // SAFETY: PR_GET_CHILD_SUBREAPER writes one int.
+    let rc = unsafe { libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut flag as *mut libc::c_int) };
+    rc == 0 && flag != 0
+}
+
+fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, String> {
+    if !is_subreaper() {
+        return Err("orchestrate is not a child subreaper here".into());
+    }
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|e| format!("cannot create a socket pair: {e}"))?;
+    let theirs_fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(program);
+    cmd.arg(FORK_SERVER_SUBCOMMAND)
+        .arg("--fd")
+        .arg("3")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("ORCHESTRATE_") {
+            cmd.env_remove(key);
+        }
+    }
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(theirs_fd, 3) < 0 || libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| {
+        format!(
+            "cannot start `{} {FORK_SERVER_SUBCOMMAND}`: {e}",
+            program.display()
+        )
+    })?;
+    let pid = child.id() as i32;
+    drop(child);
+    let exit = reaper.watch(pid);
+    drop(theirs);
+    let mut server = Server {
+        pid,
+        sock: ours,
+        exit,
+        reaper: reaper.clone(),
+    };
+    let ready = server
+        .sock
+        .set_read_timeout(Some(READY_TIMEOUT))
+        .map_err(|e| e.to_string())
+        .and_then(|()| read_reply(&mut server.sock));
+    match ready {
+        Ok(ForkReply::Ready { .. }) => Ok(server),
+        Ok(ForkReply::Refused { reason }) => {
+            stop(server);
+            Err(format!("the fork server refused: {reason}"))
+        }
+        Ok(other) => {
+            stop(server);
+            Err(format!(
+                "the fork server answered {other:?} instead of ready"
+            ))
+        }
+        Err(e) => {
+            stop(server);
+            Err(format!("the fork server did not start: {e}"))
+        }
+    }
+}
+
+fn fork(
+    server: &mut Server,
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &std::path::Path,
+    stdout: &OwnedFd,
+    stderr: &OwnedFd,
+    gpu_holders: &[u32],
+) -> Result<i32, String> {
+    if !matches!(
+        server.exit.try_recv(),
+        Err(oneshot::error::TryRecvError::Empty)
+    ) {
+        return Err("the fork server exited".into());
+    }
+    if gpu_holders.contains(&(server.pid as u32)) {
+        return Err(format!(
+            "NVML lists the fork server (pid {}) on a GPU: it has a CUDA context",
+            server.pid
+        ));
+    }
+    let request = ForkRequest {
+        v: protocol::PROTOCOL_VERSION,
+        argv: argv.to_vec(),
+        env: env.to_vec(),
+        cwd: cwd.to_path_buf(),
+        parent: std::process::id(),
+    };
+    let body = serde_json::to_vec(&request).expect("request serializes");
+    send_with_fds(
+        &server.sock,
+        &body,
+        [stdout.as_raw_fd(), stderr.as_raw_fd()],
+    )
+    .map_err(|e| format!("cannot send to the fork server: {e}"))?;
+    server
+        .sock
+        .set_read_timeout(Some(FORK_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    match read_reply(&mut server.sock)? {
+        ForkReply::Forked { pid } => Ok(pid as i32),
+        ForkReply::Failed { error } => Err(format!("the fork server could not fork: {error}")),
+        ForkReply::Refused { reason } => Err(format!("the fork server refused: {reason}")),
+        other => Err(format!("unexpected reply from the fork server: {other:?}")),
+    }
+}
+
+fn send_with_fds(sock: &UnixStream, body: &[u8], fds: [i32; 2]) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let len = (body.len() as u32).to_le_bytes();
+    let iov = [IoSlice::new(&len)];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
+        .map_err(io::Error::from)?;
+    let mut writer = sock;
+    if sent < len.len() {
+        writer.write_all(&len[sent..])?;
+    }
+    writer.write_all(body)
+}
+
+fn read_reply(sock: &mut UnixStream) -> Result<ForkReply, String> {
+    let mut len = [0u8; 4];
+    sock.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > 1 << 20 {
+        return Err(format!("a reply of {n} bytes"));
+    }
+    let mut body = vec![0u8; n];
+    sock.read_exact(&mut body).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&body).map_err(|e| format!("unreadable reply: {e}"))
+}

@@ -1,0 +1,64 @@
+//! The fork server's protocol: how the orchestrator asks a long-lived `stage-worker` process
+//! (which has loaded libtorch but never touched CUDA) for a fresh worker process.
+//!
+//! Transport: one end of a Unix stream socket pair, inherited by the server as a file
+//! descriptor named on its command line (`stage-worker fork-server --fd N`). Every message is a
+//! 4-byte little-endian length followed by that many bytes of JSON. A [`ForkRequest`]'s length
+//! prefix carries, as `SCM_RIGHTS`, exactly two descriptors: the new worker's stdout and
+//! stderr. The server speaks first ([`ForkReply::Ready`] or [`ForkReply::Refused`]), then
+//! answers each request with one reply. End of file on the socket stops the server.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The `stage-worker` subcommand that runs the fork server.
+pub const FORK_SERVER_SUBCOMMAND: &str = "fork-server";
+
+/// Environment variable naming a file whose existence the fork server treats as "a device was
+/// initialised in this process" (tests: the refusal path on machines without a GPU).
+pub const ENV_SIMULATED_DEVICE_FLAG: &str = "STAGE_WORKER_SIMULATED_DEVICE_FLAG";
+
+/// Start one worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkRequest {
+    /// Protocol version ([`crate::PROTOCOL_VERSION`]).
+    pub v: u32,
+    /// The worker's command line, as it would be exec'd (`stage-worker --spec PATH`).
+    pub argv: Vec<String>,
+    /// Its whole environment (replaces the server's).
+    pub env: Vec<(String, String)>,
+    /// Its working directory.
+    pub cwd: PathBuf,
+    /// PID of the process that must become the worker's parent (the orchestrator, a child
+    /// subreaper and the server's parent): the worker waits to be re-parented to it, ties its
+    /// `PR_SET_PDEATHSIG` to it, and exits at once if it is gone.
+    pub parent: u32,
+}
+
+/// What the server says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum ForkReply {
+    /// The server is up and may fork (sent once, first).
+    Ready {
+        /// The server's PID.
+        pid: u32,
+        /// Threads in the server (forking is only safe with one).
+        threads: u32,
+    },
+    /// The server will not fork (sent instead of `Ready`, or to a request); it exits next.
+    Refused {
+        /// Why, for the user.
+        reason: String,
+    },
+    /// A worker was started: it is now a child of the request's `parent`.
+    Forked {
+        /// The worker's PID.
+        pid: u32,
+    },
+    /// This request failed (the server may serve the next one).
+    Failed {
+        /// Why.
+        error: String,
+    },
+}

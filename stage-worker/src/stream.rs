@@ -1,0 +1,325 @@
+//! Writing safetensors files at disk speed: one pass over the bytes.
+//!
+//! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
+//! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
+//! file's data is one or two runs). Each file is written by two threads: a producer that copies
+//! the next chunk from the device into a recycled host buffer (on the CPU the tensor's memory
+//! is used in place) and feeds it to SHA-256, and a writer that appends it to a temporary file
+//! and starts its write-back at once. The bytes are never read back; the checksum in the
+//! manifest is the one computed on the way out. Several files are written in parallel.
+//!
+//! Promises: a file is complete on disk (fsynced, renamed into place, directory fsynced) when
+//! [`write_files`] returns; its manifest entry's size and SHA-256 are those of the bytes
+//! written; the same tensors always give the same bytes.
+
+use crate::checkpoint::WrittenFile;
+use crate::fsio::{fsync_dir, hex};
+use protocol::checkpoint::{FileIdentity, ManifestFile};
+use sha2::{Digest, Sha256};
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::mpsc;
+use tch::{Device, Kind, Tensor};
+
+/// Bytes per chunk: large enough that each write is one big system call, small enough that a
+/// few chunks in flight per file stay cheap.
+const CHUNK: usize = 32 << 20;
+/// Host buffers per file (device copies only).
+const BUFFERS: usize = 3;
+
+/// Part of a file's data.
+pub enum Run {
+    /// These bytes.
+    Bytes(Vec<u8>),
+    /// Elements `offset..offset + numel` of a contiguous one-dimensional fp32 tensor, as
+    /// little-endian bytes.
+    Floats {
+        /// The flat tensor (on any device).
+        tensor: Tensor,
+        /// First element.
+        offset: i64,
+        /// Element count.
+        numel: i64,
+    },
+}
+
+impl Run {
+    fn len(&self) -> usize {
+        match self {
+            Run::Bytes(b) => b.len(),
+            Run::Floats { numel, .. } => *numel as usize * 4,
+        }
+    }
+}
+
+/// One tensor's entry in a safetensors header.
+pub struct HeaderEntry {
+    /// Tensor name.
+    pub name: String,
+    /// Safetensors dtype name ("F32", "I64").
+    pub dtype: &'static str,
+    /// Shape.
+    pub shape: Vec<i64>,
+    /// Size of its data in bytes.
+    pub bytes: usize,
+}
+
+/// The safetensors header (length prefix, JSON, space padding to 8 bytes) for tensors laid out
+/// back to back in `entries` order.
+pub fn header(entries: &[HeaderEntry]) -> Vec<u8> {
+    let mut map = serde_json::Map::new();
+    let mut at = 0usize;
+    for e in entries {
+        map.insert(
+            e.name.clone(),
+            serde_json::json!({"dtype": e.dtype, "shape": e.shape, "data_offsets": [at, at + e.bytes]}),
+        );
+        at += e.bytes;
+    }
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(map)).expect("header serializes");
+    while (8 + json.len()) % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    out
+}
+
+/// A file to write: its name in the directory and its contents in order.
+pub struct FileSpec {
+    /// File name.
+    pub name: String,
+    /// Contents, in order.
+    pub runs: Vec<Run>,
+}
+
+/// Writes every file into `dir` in parallel, each atomically (temporary file, fsync, rename),
+/// then fsyncs the directory once. Returns them in the order given.
+pub fn write_files(dir: &Path, files: Vec<FileSpec>) -> io::Result<Vec<WrittenFile>> {
+    let results: Vec<io::Result<WrittenFile>> = std::thread::scope(|s| {
+        let handles: Vec<_> = files
+            .into_iter()
+            .map(|f| s.spawn(move || write_one(dir, f)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer panicked")))
+            })
+            .collect()
+    });
+    let written = results.into_iter().collect::<io::Result<Vec<_>>>()?;
+    fsync_dir(dir)?;
+    Ok(written)
+}
+
+/// A chunk on its way from the producer to the writer.
+enum Chunk<'a> {
+    Borrowed(&'a [u8]),
+    Owned(Vec<f32>, usize),
+}
+
+impl Chunk<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Chunk::Borrowed(b) => b,
+            Chunk::Owned(v, len) => {
+                // SAFETY: a Vec<f32> of at least `len / 4` elements is `len` initialised bytes.
+                unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), *len) }
+            }
+        }
+    }
+}
+
+fn write_one(dir: &Path, spec: FileSpec) -> io::Result<WrittenFile> {
+    let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
+    let result = stream_to(&tmp, &spec.runs).and_then(|(sha, bytes, identity)| {
+        let path = dir.join(&spec.name);
+        fs::rename(&tmp, &path)?;
+        Ok(WrittenFile {
+            path,
+            entry: ManifestFile {
+                path: spec.name.clone(),
+                bytes,
+                sha256: sha,
+            },
+            identity: Some(identity),
+        })
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size and
+/// the file's identity.
+fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity)> {
+    let mut file = File::create(path)?;
+    let total: usize = runs.iter().map(Run::len).sum();
+    let (to_writer, from_producer) = mpsc::sync_channel::<Chunk>(BUFFERS);
+    let (recycle, recycled) = mpsc::channel::<Vec<f32>>();
+    let file_ref = &mut file;
+    let (hash, write_result) = std::thread::scope(|s| {
+        let writer = s.spawn(move || -> io::Result<()> {
+            let fd = file_ref.as_raw_fd();
+            let mut at = 0i64;
+            for chunk in from_producer {
+                let bytes = chunk.bytes();
+                file_ref.write_all(bytes)?;
+                // Start write-back of what was just written, so the disk works while the
+                // next chunks are copied and hashed; fsync then has little left to do.
+                // SAFETY: a plain system call on an open descriptor.
+                unsafe {
+                    libc::sync_file_range(fd, at, bytes.len() as i64, libc::SYNC_FILE_RANGE_WRITE);
+                }
+                at += bytes.len() as i64;
+                if let Chunk::Owned(v, _) = chunk {
+                    let _ = recycle.send(v);
+                }
+            }
+            Ok(())
+        });
+        let mut hasher = Sha256::new();
+        let mut made = 0usize;
+        'runs: for run in runs {
+            match run {
+                Run::Bytes(b) => {
+                    hasher.update(b);
+                    if to_writer.send(Chunk::Borrowed(b)).is_err() {
+                        break 'runs;
+                    }
+                }
+                Run::Floats {
+                    tensor,
+                    offset,
+                    numel,
+                } => {
+                    let per_chunk = (CHUNK / 4) as i64;
+                    let mut done = 0i64;
+                    while done < *numel {
+                        let n = per_chunk.min(numel - done);
+                        let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
+                        hasher.update(chunk.bytes());
+                        if to_writer.send(chunk).is_err() {
+                            break 'runs;
+                        }
+                        done += n;
+                    }
+                }
+            }
+        }
+        drop(to_writer);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
+        (hasher.finalize(), written)
+    });
+    write_result?;
+    file.sync_all()?;
+    let meta = file.metadata()?;
+    if meta.len() != total as u64 {
+        return Err(io::Error::other(format!(
+            "wrote {} bytes of {total}",
+            meta.len()
+        )));
+    }
+    let identity = FileIdentity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+    };
+    Ok((hex(&hash), total as u64, identity))
+}
+
+/// Elements `offset..offset + n` of the flat fp32 `tensor` as a chunk: borrowed in place on
+/// the CPU, copied into a recycled host buffer from a device.
+fn float_chunk<'a>(
+    tensor: &'a Tensor,
+    offset: i64,
+    n: i64,
+    recycled: &mpsc::Receiver<Vec<f32>>,
+    made: &mut usize,
+) -> Chunk<'a> {
+    assert_eq!(tensor.kind(), Kind::Float, "checkpoint runs are fp32");
+    assert!(tensor.is_contiguous() && tensor.dim() == 1);
+    assert!(offset >= 0 && offset + n <= tensor.numel() as i64);
+    if tensor.device() == Device::Cpu {
+        // SAFETY: the tensor is a contiguous fp32 CPU tensor of at least offset + n elements,
+        // alive and unmodified for the lifetime of the borrow (the caller holds it while the
+        // file is written).
+        let bytes = unsafe {
+            let base = tensor.data_ptr().cast::<u8>().add(offset as usize * 4);
+            std::slice::from_raw_parts(base, n as usize * 4)
+        };
+        return Chunk::Borrowed(bytes);
+    }
+    let mut buf = if *made < BUFFERS {
+        *made += 1;
+        vec![0f32; CHUNK / 4]
+    } else {
+        recycled.recv().unwrap_or_else(|_| vec![0f32; CHUNK / 4])
+    };
+    // SAFETY: `buf` holds at least `n` f32s and outlives `host`, which is dropped at the end
+    // of this block, after the synchronous copy.
+    unsafe {
+        let mut host = Tensor::from_blob(
+            buf.as_mut_ptr().cast::<u8>(),
+            &[n],
+            &[1],
+            Kind::Float,
+            Device::Cpu,
+        );
+        host.copy_(&tensor.narrow(0, offset, n));
+    }
+    Chunk::Owned(buf, n as usize * 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_file_is_header_then_runs_and_its_checksum_is_of_those_bytes() {
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("stream");
+        // More than one chunk, and an offset that is not a chunk boundary.
+        let n = (CHUNK / 4) as i64 + 1000;
+        let t = Tensor::arange(n + 7, (Kind::Float, Device::Cpu));
+        let head = header(&[HeaderEntry {
+            name: "x".into(),
+            dtype: "F32",
+            shape: vec![n],
+            bytes: n as usize * 4,
+        }]);
+        let files = vec![FileSpec {
+            name: "a.safetensors".into(),
+            runs: vec![
+                Run::Bytes(head.clone()),
+                Run::Floats {
+                    tensor: t.shallow_clone(),
+                    offset: 7,
+                    numel: n,
+                },
+            ],
+        }];
+        let written = write_files(&dir, files).unwrap();
+        let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
+        assert_eq!(written[0].entry.bytes, bytes.len() as u64);
+        assert_eq!(written[0].entry.sha256, crate::fsio::sha256_hex(&bytes));
+        let meta = std::fs::metadata(dir.join("a.safetensors")).unwrap();
+        let id = written[0].identity.unwrap();
+        assert_eq!((id.dev, id.ino), (meta.dev(), meta.ino()));
+        assert_eq!(&bytes[..head.len()], &head[..]);
+        let back = crate::checkpoint::decode_tensors(&bytes, "a").unwrap();
+        assert_eq!(back.len(), 1);
+        assert!(back[0].1.equal(&t.narrow(0, 7, n)));
+        // No temporary file is left.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    }
+}
