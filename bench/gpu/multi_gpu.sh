@@ -157,12 +157,17 @@ out["ddp"] = {"status": d["status"], "gpu": [{"uuid": g["uuid"], "verdict": g["v
               "metrics": d["stages"][0]["metrics"]}
 f = rep("sweep-foreign")
 g0 = out["machine"][1].split(", ")[2]
-t0, t1 = float(open(os.path.join(w, "foreign.start")).read()), float(open(os.path.join(w, "foreign.end")).read())
+# When the foreign process let go of GPU 0: its memory back under 2 GiB in the run's timeline.
+import csv
+jr = [json.loads(l) for l in open(os.path.join(w, "sweep-foreign", "journal.jsonl"))]
+run_t0 = next(r["t"] for r in jr if r["rec"] == "run_started") / 1000
+released = next((run_t0 + float(r["t_s"]) for r in csv.DictReader(open(os.path.join(w, "sweep-foreign", "gpu-timeline.csv")))
+                 if r["uuid"] == g0 and int(r["used_bytes"]) < (2 << 30)), None)
 on_g0_while_held = [s["name"] for s in f["stages"] if s.get("timing") and any(g["uuid"] == g0 for g in s["gpu"])
-                    and s["timing"]["spawned"] < t1 and s["timing"]["spawned"] > t0]
+                    and (released is None or s["timing"]["spawned"] < released)]
 text = open(os.path.join(w, "sweep-foreign.out")).read()
 foreign = int(open(os.path.join(w, "foreign.pid")).read())
-out["foreign"] = {"status": f["status"], "pid": foreign, "stages_started_on_gpu0_while_held": on_g0_while_held,
+out["foreign"] = {"status": f["status"], "pid": foreign, "released_s_after_run_start": released and released - run_t0, "stages_started_on_gpu0_while_held": on_g0_while_held,
                   "waiting_lines": [l.strip() for l in text.splitlines() if "waiting for" in l][:5],
                   "reason_names_holder": f"pid {foreign}" in text,
                   "verdicts": sorted({g["verdict"] for s in f["stages"] for g in s["gpu"]})}
