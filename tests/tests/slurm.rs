@@ -208,7 +208,7 @@ fn quickstart_through_sbatch_succeeds() {
         "configs/slurm/pipeline.sbatch",
         &[plan.to_str().unwrap()],
     );
-    let end = wait_for_end(&id, Duration::from_secs(420), &job_log(s.path(), &id));
+    let end = wait_for_end(&id, Duration::from_secs(540), &job_log(s.path(), &id));
     let why = context(s.path(), &id);
     assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
     assert_eq!(field(&end, "ExitCode"), "0:0", "{why}");
