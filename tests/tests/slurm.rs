@@ -818,6 +818,13 @@ fn without_scontrol_the_stop_says_so_and_exits_130() {
             .starts_with("not possible"),
         "{stop}"
     );
+    assert!(
+        stop["requeue"].as_str().unwrap().contains(&format!(
+            "--run-dir {} --resume",
+            run_dir.canonicalize().unwrap().display()
+        )),
+        "{stop}"
+    );
     let r = report(&run_dir);
     assert_eq!(r["status"], "interrupted");
     assert_eq!(stage(&r, "wait")["status"], "cancelled");
