@@ -187,6 +187,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
                 (Vec::new(), None, text)
             }
         };
+    // Slurm: only the GPUs the job was given on this node.
+    let (gpus, note) = crate::slurm::allowed_gpus(gpus, slurm.as_ref());
+    if let Some(note) = note {
+        console.note(&note);
+    }
     if settings.gpu_check == GpuCheck::Required && gpus.is_empty() {
         bail!("the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine");
     }
@@ -241,6 +246,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<RunSummary> {
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
     if let Some(job) = &slurm {
+        console.note(&job.describe());
         crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
     }
 
