@@ -43,8 +43,10 @@ pub struct Host {
     _guard: Guard,
     /// Event sockets of every run's stages.
     pub sockets: SocketDir,
-    /// The GPUs.
+    /// The GPUs (inside a Slurm job: only those the job was given on this node).
     pub inventory: GpuInventory,
+    /// Why the inventory is smaller than the machine's, when it is.
+    pub gpu_note: Option<String>,
     pool: RefCell<GpuPool>,
     /// Lowest used memory seen on each GPU with no process on it.
     idle: RefCell<HashMap<String, u64>>,
@@ -77,7 +79,7 @@ impl Host {
         let guard =
             crate::guard::start(Some(sockets.path())).context("cannot start the guard process")?;
         let reaper = Reaper::start().context("cannot become a child subreaper")?;
-        let inventory = match gpu::fake::from_env() {
+        let mut inventory = match gpu::fake::from_env() {
             Some((gpus, probe)) => GpuInventory {
                 gpus,
                 probe: Some(Rc::new(probe)),
@@ -100,6 +102,11 @@ impl Host {
                 },
             },
         };
+        let (gpus, gpu_note) = crate::slurm::allowed_gpus(
+            std::mem::take(&mut inventory.gpus),
+            crate::slurm::Allocation::detect().as_ref(),
+        );
+        inventory.gpus = gpus;
         let mut idle = HashMap::new();
         if let Some(probe) = &inventory.probe {
             for g in &inventory.gpus {
@@ -119,6 +126,7 @@ impl Host {
             sockets,
             pool: RefCell::new(GpuPool::new(inventory.gpus.clone())),
             inventory,
+            gpu_note,
             idle: RefCell::new(idle),
             waiting: RefCell::new(BTreeSet::new()),
             gpus_freed: tokio::sync::Notify::new(),

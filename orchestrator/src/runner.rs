@@ -252,6 +252,9 @@ pub async fn run(
         }
         (Err(why), _) => (None, format!("unavailable: {why}")),
     };
+    if let Some(note) = &host.gpu_note {
+        console.note(note);
+    }
     if settings.gpu_check == GpuCheck::Required && gpus.is_empty() {
         bail!("the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine");
     }
@@ -317,6 +320,7 @@ pub async fn run(
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
     if let Some(job) = &slurm {
+        console.note(&job.describe());
         crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
     }
 

@@ -151,7 +151,7 @@ fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -208,7 +208,7 @@ fn quickstart_through_sbatch_succeeds() {
         "configs/slurm/pipeline.sbatch",
         &[plan.to_str().unwrap()],
     );
-    let end = wait_for_end(&id, Duration::from_secs(420), &job_log(s.path(), &id));
+    let end = wait_for_end(&id, Duration::from_secs(540), &job_log(s.path(), &id));
     let why = context(s.path(), &id);
     assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
     assert_eq!(field(&end, "ExitCode"), "0:0", "{why}");
@@ -223,7 +223,8 @@ fn quickstart_through_sbatch_succeeds() {
     assert_eq!(r["slurm"]["stops"].as_array().unwrap().len(), 0);
 }
 
-/// prep (command) → train (built-in, long enough to be signalled mid-stage) → after (command).
+/// prep (command) → train (built-in; 1500 tiny steps, about 2 s on an idle 2-core machine,
+/// long enough to be signalled mid-stage right after its first progress) → after (command).
 fn requeue_plan(dir: &Path, marker: &str) -> PathBuf {
     let plan = format!(
         r#"
@@ -242,7 +243,7 @@ after = ["prep"]
 env = {{ MARKER = "{marker}" }}
 [stage.params]
 data = "synthetic:pretrain"
-steps = 300
+steps = 1500
 batch_size = 2
 seq_len = 16
 lr = 1e-2
@@ -284,8 +285,8 @@ fn signalled_mid_train_requeues_and_resumes(signal: &str) {
         &[plan.to_str().unwrap()],
     );
     let run_dir = s.path().join(format!("runs/requeue-slurm-{id}"));
-    wait_until(Duration::from_secs(180), "train to reach step 10", || {
-        train_step(&run_dir) >= 10
+    wait_until(Duration::from_secs(180), "train to report progress", || {
+        train_step(&run_dir) >= 2
     });
     let status = Command::new("scancel")
         .args([&format!("--signal={signal}"), "--batch", &id])
@@ -365,7 +366,8 @@ fn signalled_mid_train_requeues_and_resumes(signal: &str) {
         "train resumed from its in-stage checkpoint: {}",
         stage(&r, "train")
     );
-    assert_eq!(stage(&r, "train")["metrics"]["steps"], 300.0);
+    assert_eq!(stage(&r, "train")["metrics"]["steps"], 1500.0);
+    eprintln!("train stopped at step {resumed_from} of 1500 and resumed there");
     assert_eq!(r["slurm"]["restart_count"], 1);
     assert_eq!(r["slurm"]["stops"][0]["requeue"], "requested");
     // No process of the first start survived it.
@@ -816,6 +818,13 @@ fn without_scontrol_the_stop_says_so_and_exits_130() {
             .as_str()
             .unwrap()
             .starts_with("not possible"),
+        "{stop}"
+    );
+    assert!(
+        stop["requeue"].as_str().unwrap().contains(&format!(
+            "--run-dir {} --resume",
+            run_dir.canonicalize().unwrap().display()
+        )),
         "{stop}"
     );
     let r = report(&run_dir);

@@ -150,8 +150,8 @@ pub fn classify(
     }
 }
 
-/// Asks Slurm for job `job_id`'s state: `scontrol show job -o`, else `squeue`. `Err` says why
-/// neither could answer.
+/// Asks Slurm for job `job_id`'s state: `scontrol show job -o`, else `squeue`, else `sacct`
+/// (where accounting runs). `Err` says why none could answer.
 pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
     let limit = Duration::from_secs(20);
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -174,35 +174,52 @@ pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
         }
         Err(e) => e,
     };
-    match helper::run_for_output(
-        reaper,
-        &argv(&["squeue", "-h", "-j", job_id, "-o", "%T|%r|%e"]),
-        limit,
-    )
-    .await
-    {
-        Ok(out) => {
-            let line = out.lines().next().unwrap_or("").trim().to_string();
-            let mut parts = line.split('|');
-            let mut fields = BTreeMap::new();
-            for key in ["JobState", "Reason", "EndTime"] {
-                if let Some(v) = parts.next().filter(|v| !v.is_empty()) {
-                    fields.insert(key.to_string(), v.to_string());
-                }
-            }
-            if fields.contains_key("JobState") {
-                Ok(JobState {
-                    fields,
-                    source: "squeue",
-                })
-            } else {
-                Err(format!(
-                    "{scontrol_error}; squeue does not list job {job_id}"
-                ))
-            }
+    let mut why = vec![scontrol_error];
+    let tries: [(&'static str, Vec<String>); 2] = [
+        (
+            "squeue",
+            argv(&["squeue", "-h", "-j", job_id, "-o", "%T|%r|%e"]),
+        ),
+        (
+            "sacct",
+            argv(&[
+                "sacct",
+                "-n",
+                "-P",
+                "-X",
+                "-j",
+                job_id,
+                "-o",
+                "State,Reason,End",
+            ]),
+        ),
+    ];
+    for (source, command) in tries {
+        match helper::run_for_output(reaper, &command, limit).await {
+            Ok(out) => match parse_columns(&out) {
+                Some(fields) => return Ok(JobState { fields, source }),
+                None => why.push(format!("{source} does not list job {job_id}")),
+            },
+            Err(e) => why.push(e),
         }
-        Err(e) => Err(format!("{scontrol_error}; {e}")),
     }
+    Err(why.join("; "))
+}
+
+/// `JobState|Reason|EndTime` (the first line of `squeue -o %T|%r|%e` or `sacct -P -o
+/// State,Reason,End`) as fields; `None` without a state.
+pub fn parse_columns(out: &str) -> Option<BTreeMap<String, String>> {
+    let line = out.lines().next().unwrap_or("").trim();
+    let mut fields = BTreeMap::new();
+    for (key, value) in ["JobState", "Reason", "EndTime"]
+        .iter()
+        .zip(line.split('|'))
+    {
+        if !value.is_empty() {
+            fields.insert(key.to_string(), value.to_string());
+        }
+    }
+    fields.contains_key("JobState").then_some(fields)
 }
 
 /// Parses Slurm's local time stamps (`2026-11-30T01:55:05`) into Unix time, using the
@@ -307,6 +324,19 @@ mod tests {
             classify(&state("JobState=RUNNING Restarts=1"), 1, now, None),
             StopCause::Signal
         );
+    }
+
+    #[test]
+    fn squeue_and_sacct_columns() {
+        let f = parse_columns("CANCELLED by 0|None|2026-11-30T01:00:00\n").unwrap();
+        let s = JobState {
+            fields: f,
+            source: "sacct",
+        };
+        assert_eq!(classify(&s, 0, 0, None), StopCause::Cancel);
+        assert_eq!(parse_columns(""), None);
+        let f = parse_columns("RUNNING|None|Unknown").unwrap();
+        assert_eq!(f["EndTime"], "Unknown");
     }
 
     #[test]

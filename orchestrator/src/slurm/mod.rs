@@ -41,6 +41,9 @@ pub struct Allocation {
     pub gpus_on_node: Option<u32>,
     /// The node this process runs on (`SLURMD_NODENAME`, else the host name).
     pub host: String,
+    /// The GPUs Slurm gave the job on this node, as device indices (`SLURM_JOB_GPUS`, else
+    /// `SLURM_STEP_GPUS`), when it says.
+    pub gpu_indices: Option<Vec<u32>>,
 }
 
 impl Allocation {
@@ -63,7 +66,16 @@ impl Allocation {
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| v.split(',').count() as u32)
         });
+        let gpu_indices = get("SLURM_JOB_GPUS")
+            .or_else(|| get("SLURM_STEP_GPUS"))
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|i| i.trim().parse::<u32>().ok())
+                    .collect::<Vec<u32>>()
+            });
         Some(Allocation {
+            gpu_indices,
             job_id,
             restart_count: number("SLURM_RESTART_COUNT").unwrap_or(0),
             num_nodes: number("SLURM_JOB_NUM_NODES")
@@ -78,6 +90,58 @@ impl Allocation {
                 .unwrap_or_else(crate::slurm::task::host_name),
         })
     }
+}
+
+impl Allocation {
+    /// One line for the console: the job, which start this is, its nodes and GPUs.
+    pub fn describe(&self) -> String {
+        let start = if self.restart_count == 0 {
+            "first start".to_string()
+        } else {
+            format!(
+                "start {} (requeued {} time(s))",
+                self.restart_count + 1,
+                self.restart_count
+            )
+        };
+        let gpus = match (&self.gpu_indices, self.gpus_on_node) {
+            (Some(ids), _) => format!(
+                "GPUs {} on this node",
+                ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            ),
+            (None, Some(n)) => format!("{n} GPU(s) on this node"),
+            (None, None) => "no GPUs given by Slurm".to_string(),
+        };
+        format!(
+            "Slurm job {}, {start}, on {} node(s) ({}) from {}; {gpus}",
+            self.job_id, self.num_nodes, self.nodelist, self.host
+        )
+    }
+}
+
+/// The GPUs of this machine (as NVML lists them: every GPU of the node) that Slurm gave this
+/// job: those whose index is in `SLURM_JOB_GPUS` (Slurm's device numbers, `/dev/nvidiaN`,
+/// which follow the PCI order NVML's indices use). Without that variable, or outside Slurm, all
+/// of them. A stage is never handed a GPU another job on the node was given.
+pub fn allowed_gpus(
+    gpus: Vec<crate::gpu::GpuInfo>,
+    job: Option<&Allocation>,
+) -> (Vec<crate::gpu::GpuInfo>, Option<String>) {
+    let Some(ids) = job.and_then(|j| j.gpu_indices.as_ref()) else {
+        return (gpus, None);
+    };
+    let total = gpus.len();
+    let kept: Vec<_> = gpus
+        .into_iter()
+        .filter(|g| ids.contains(&g.index))
+        .collect();
+    let note = (kept.len() != total).then(|| {
+        format!(
+            "Slurm gave this job GPU(s) {:?} of the {total} on this node: stages use only those",
+            ids
+        )
+    });
+    (kept, note)
 }
 
 /// Where a run goes inside a Slurm job, and whether it resumes the run already there.
@@ -161,28 +225,6 @@ impl WarningSignals {
     }
 }
 
-/// After the last stage ended inside a Slurm job: whether a stop signal arrived with it and was
-/// not read yet (`scancel` and the time limit signal every process of the job at once, so the
-/// stage can die of it first). Waits at most 100 ms; notes the signal in `first`.
-pub async fn late_stop(
-    sigterm: &mut tokio::signal::unix::Signal,
-    warning: &mut WarningSignals,
-    first: &mut Option<(&'static str, f64)>,
-) -> bool {
-    tokio::select! {
-        biased;
-        _ = sigterm.recv() => note_signal(first, "SIGTERM"),
-        sig = warning.recv() => note_signal(first, sig),
-        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => return false,
-    }
-    true
-}
-
-/// Remembers the first signal that stopped the run, and when (Unix time).
-pub fn note_signal(first: &mut Option<(&'static str, f64)>, signal: &'static str) {
-    first.get_or_insert((signal, crate::timefmt::unix_secs_f64()));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,9 +256,34 @@ mod tests {
         assert_eq!(a.num_nodes, 4);
         assert_eq!(a.nodelist, "gpu[01-04]");
         assert_eq!(a.gpus_on_node, Some(4));
+        assert_eq!(a.gpu_indices, Some(vec![0, 1, 2, 3]));
+        assert!(
+            a.describe().contains("start 3 (requeued 2 time(s))"),
+            "{}",
+            a.describe()
+        );
         assert_eq!(a.host, "gpu01");
         let first = Allocation::from_vars(vars(&[("SLURM_JOB_ID", "7")])).unwrap();
         assert_eq!((first.restart_count, first.num_nodes), (0, 1));
+    }
+
+    #[test]
+    fn stages_get_only_the_gpus_slurm_gave_the_job() {
+        let gpu = |index: u32| crate::gpu::GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "H200".into(),
+            total_bytes: 1,
+        };
+        let all: Vec<_> = (0..8).map(gpu).collect();
+        let job = Allocation::from_vars(vars(&[("SLURM_JOB_ID", "1"), ("SLURM_JOB_GPUS", "2,5")]))
+            .unwrap();
+        let (kept, note) = allowed_gpus(all.clone(), Some(&job));
+        assert_eq!(kept.iter().map(|g| g.index).collect::<Vec<_>>(), vec![2, 5]);
+        assert!(note.unwrap().contains("of the 8"));
+        let plain = Allocation::from_vars(vars(&[("SLURM_JOB_ID", "1")])).unwrap();
+        assert_eq!(allowed_gpus(all.clone(), Some(&plain)).0.len(), 8);
+        assert_eq!(allowed_gpus(all, None).0.len(), 8);
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub async fn after_stop(
                     .to_string()
             }
             StopCause::Requeue => "not needed: Slurm is already requeuing the job".to_string(),
-            _ => request_requeue(reaper, &job.job_id).await,
+            _ => request_requeue(reaper, &job.job_id, run_dir).await,
         }
     };
     let requeued = requeue == "requested" || cause == StopCause::Requeue;
@@ -108,7 +108,7 @@ pub async fn after_stop(
 }
 
 /// `scontrol requeue JOB`: "requested", or why not, with what to do.
-async fn request_requeue(reaper: &Reaper, job_id: &str) -> String {
+async fn request_requeue(reaper: &Reaper, job_id: &str, run_dir: &Path) -> String {
     let argv: Vec<String> = ["scontrol", "requeue", job_id]
         .iter()
         .map(|s| s.to_string())
@@ -116,7 +116,8 @@ async fn request_requeue(reaper: &Reaper, job_id: &str) -> String {
     match helper::run_for_output(reaper, &argv, REQUEUE_TIMEOUT).await {
         Ok(_) => "requested".to_string(),
         Err(why) => format!(
-            "not possible: {why}; the run directory resumes when the job is started again (`sbatch` the same script, or `orchestrate resume DIR`)"
+            "not possible: {why}; continue the run with `sbatch configs/slurm/pipeline.sbatch PLAN --run-dir {dir} --resume` (or `orchestrate resume {dir}`)",
+            dir = run_dir.display()
         ),
     }
 }
