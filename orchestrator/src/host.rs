@@ -18,7 +18,7 @@
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
 use crate::guard::Guard;
 use crate::reaper::Reaper;
-use crate::runner::SocketDir;
+use crate::sockets::SocketDir;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;

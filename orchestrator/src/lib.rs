@@ -3,8 +3,9 @@
 //!
 //! The binary (`src/main.rs`) is a thin shell over this library:
 //! - [`plan`] loads and validates plans;
-//! - [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget), shared by
-//!   every run; [`runner`] runs one plan on it and drives each stage through [`stage`];
+//! - [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget, the event
+//!   sockets' directory in [`sockets`]), shared by every run; [`runner`] schedules one plan's
+//!   stages on it, [`attempt`] prepares each attempt and [`stage`] drives it;
 //! - [`supervisor`], [`forkserver`], [`reaper`] and [`proctree`] own processes: spawn (exec or
 //!   fork server), signal, reap, find every descendant;
 //! - [`channel`] receives the JSON-lines events stages send;
@@ -14,6 +15,7 @@
 //! - [`daemon`] serves plans over a Unix socket, many runs on one host; [`client`] talks to it.
 //! - [`slurm`] makes a run a good citizen of a Slurm allocation (requeue, srun stages).
 
+pub mod attempt;
 pub mod channel;
 pub mod checksum;
 pub mod client;
@@ -37,6 +39,7 @@ pub mod resume;
 pub mod rundir;
 pub mod runner;
 pub mod slurm;
+pub mod sockets;
 pub mod stage;
 pub mod supervisor;
 pub mod timefmt;

@@ -1,10 +1,14 @@
 //! Building `report.json` and the end-of-run summary from the runner's state.
 
 use crate::console::human_duration;
-use crate::rundir::RunDirError;
+use crate::plan::LoadedPlan;
+use crate::reaper::ExitStatus;
+use crate::rundir::{RunDir, RunDirError};
+use crate::runner::{StageState, Status};
 use protocol::report::{Report, StageReport};
 use std::path::Path;
 use std::time::Duration;
+use std::time::Instant;
 
 /// Writes the report atomically (readers never see half a report); not fsynced: the journal
 /// is the durable record and `orchestrate report` rebuilds from it.
@@ -256,6 +260,88 @@ pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String
         parts.push(format!("(+{} more)", keys.len() - 8));
     }
     parts.join(" ")
+}
+
+/// The report of a run from its stages' states (`status`: the run's, so far).
+pub(crate) fn build(
+    plan: &LoadedPlan,
+    states: &[StageState],
+    run_dir: &RunDir,
+    gpu_check: &str,
+    started: Instant,
+    status: &str,
+) -> Report {
+    let stages = plan
+        .plan
+        .stages
+        .iter()
+        .zip(states)
+        .map(|(stage, state)| {
+            let last = state.last.as_ref();
+            // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
+            let (tasks, nodes) =
+                crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
+            let (status, failure, error) = match &state.status {
+                Status::Succeeded => ("succeeded", None, None),
+                Status::Failed => (
+                    "failed",
+                    state.failure.as_ref().map(|f| f.0.clone()),
+                    state.failure.as_ref().map(|f| f.1.clone()),
+                ),
+                Status::Skipped(reason) => (
+                    "skipped",
+                    Some("upstream_failed".to_string()),
+                    Some(reason.clone()),
+                ),
+                Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
+                Status::Running => ("running", None, None),
+                Status::Pending | Status::RetryAt(_) => ("pending", None, None),
+            };
+            StageReport {
+                name: stage.name.clone(),
+                status: status.into(),
+                attempts: state.attempts,
+                exit_code: last.and_then(|r| match r.exit {
+                    Some(ExitStatus::Code(c)) => Some(c),
+                    _ => None,
+                }),
+                signal: last.and_then(|r| match r.exit {
+                    Some(ExitStatus::Signal(s)) => Some(crate::supervisor::signal_name(s)),
+                    _ => None,
+                }),
+                error,
+                failure,
+                stderr_tail: last.and_then(|r| r.stderr_tail.clone()),
+                output_dir: run_dir.output_dir(&stage.name).display().to_string(),
+                checkpoints: last.map(|r| r.checkpoints.clone()).unwrap_or_default(),
+                wall_s: last.map(|r| r.wall.as_secs_f64()),
+                metrics: last.map(|r| r.metrics.clone()).unwrap_or_default(),
+                gpu: last.map(|r| r.gpu.clone()).unwrap_or_default(),
+                leftover_processes: last
+                    .map(|r| {
+                        r.leftovers
+                            .iter()
+                            .map(|p| format!("pid {} ({})", p.pid, p.name))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
+                timing: last.and_then(|r| r.timing),
+                host: last.and_then(|r| r.host),
+                tasks,
+                nodes,
+            }
+        })
+        .collect();
+    Report {
+        v: protocol::PROTOCOL_VERSION,
+        run_dir: run_dir.root().display().to_string(),
+        status: status.into(),
+        gpu_check: gpu_check.into(),
+        wall_s: started.elapsed().as_secs_f64(),
+        stages,
+        slurm: crate::slurm::history::load(run_dir.root()),
+    }
 }
 
 #[cfg(test)]

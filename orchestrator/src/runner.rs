@@ -9,7 +9,6 @@
 //! alive.
 
 use crate::console::Console;
-use crate::contract::{self, ContractPaths};
 use crate::exit;
 use crate::gpu::{self, GpuInfo, MemoryProbe};
 use crate::host::Host;
@@ -17,13 +16,12 @@ use crate::journal::{Journal, JournalRecord};
 use crate::plan::LoadedPlan;
 use crate::reaper::ExitStatus;
 use crate::rundir::{write_replace, RunDir};
-use crate::stage::{self, AttemptPlan, AttemptResult, CancelLevel, Failure, Outcome, Services};
+use crate::stage::{self, AttemptResult, CancelLevel, Failure, Outcome, Services};
 use anyhow::{bail, Context};
 use protocol::plan::{GpuCheck, OnLeak};
-use protocol::report::{Report, StageReport};
-use protocol::worker::{Device, StageSpec};
+use protocol::report::Report;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -66,128 +64,35 @@ pub struct RunSummary {
     pub report: Report,
 }
 
+/// Where a stage is in this run.
 #[derive(Debug, Clone, PartialEq)]
-enum Status {
+pub(crate) enum Status {
+    /// Not started (or waiting for its upstream stages or GPUs).
     Pending,
+    /// Failed; retried at this instant.
     RetryAt(Instant),
+    /// An attempt is running.
     Running,
+    /// Done, outputs verified.
     Succeeded,
+    /// Failed after its retries.
     Failed,
+    /// Will not run, and why.
     Skipped(String),
+    /// Stopped by a cancel.
     Cancelled,
 }
 
-struct StageState {
-    status: Status,
-    attempts: u32,
-    last: Option<AttemptResult>,
-    failure: Option<(String, String)>, // class, message
-}
-
-/// A private directory for event sockets (socket paths are limited to 107 bytes, so they
-/// cannot live in an arbitrarily deep run directory). Removed on drop; if this process dies
-/// first, the guard removes it, and a later run removes any left by a dead orchestrator.
-pub struct SocketDir(PathBuf);
-
-/// The longest socket file name put in a [`SocketDir`] (`<stage index>-<attempt>.sock`).
-const SOCKET_NAME_MAX: usize = 24;
-/// `sun_path` holds 108 bytes with the terminating NUL.
-const SUN_PATH_MAX: usize = 107;
-
-impl SocketDir {
-    /// Creates the directory (mode 0700) under the first of `$XDG_RUNTIME_DIR`, `$TMPDIR` and
-    /// `/tmp` where a socket path fits.
-    pub fn create() -> std::io::Result<SocketDir> {
-        use std::os::unix::fs::DirBuilderExt;
-        let mut bases: Vec<PathBuf> = Vec::new();
-        if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR") {
-            bases.push(PathBuf::from(p));
-        }
-        bases.push(std::env::temp_dir());
-        bases.push(PathBuf::from("/tmp"));
-        let pid = std::process::id();
-        let base = bases
-            .into_iter()
-            .filter(|b| b.is_dir())
-            .find(|b| {
-                let probe = b.join(format!("orchestrate-{pid}-99"));
-                probe.as_os_str().len() + 1 + SOCKET_NAME_MAX <= SUN_PATH_MAX
-            })
-            .ok_or_else(|| {
-                std::io::Error::other(
-                    "no directory with a path short enough for Unix sockets ($XDG_RUNTIME_DIR, $TMPDIR and /tmp are too long or missing)",
-                )
-            })?;
-        remove_stale(&base);
-        for n in 0..100u32 {
-            let dir = base.join(format!("orchestrate-{pid}-{n}"));
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => return Ok(SocketDir(dir)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(std::io::Error::other("no free socket directory name"))
-    }
-
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-/// Removes socket directories under `base` left by orchestrators of this user that are no
-/// longer alive (killed before they could clean up).
-fn remove_stale(base: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return;
-    };
-    let uid = nix::unistd::getuid().as_raw();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("orchestrate-"))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let ours = entry.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid);
-        let alive = Path::new(&format!("/proc/{pid}")).exists();
-        if ours && !alive {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
-impl Drop for SocketDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Finds the `stage-worker` binary: the explicit path, the plan's `run.worker` (relative to
-/// the plan's directory), `$ORCHESTRATE_WORKER`, or the file beside this executable.
-pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> anyhow::Result<PathBuf> {
-    let candidate = if let Some(p) = explicit {
-        p.to_path_buf()
-    } else if let Some(p) = &plan.plan.run.worker {
-        plan.base_dir.join(p)
-    } else if let Some(p) = std::env::var_os("ORCHESTRATE_WORKER") {
-        PathBuf::from(p)
-    } else {
-        let exe = std::env::current_exe().context("cannot find this executable's path")?;
-        exe.with_file_name("stage-worker")
-    };
-    if !candidate.is_file() {
-        bail!(
-            "the built-in stage worker was not found at {}: build it (`cargo build --release -p stage-worker`), or point `run.worker` in the plan or --worker at it",
-            candidate.display()
-        );
-    }
-    Ok(candidate)
+/// A stage's state in this run.
+pub(crate) struct StageState {
+    /// Where it is.
+    pub(crate) status: Status,
+    /// Attempts so far (earlier runs' included).
+    pub(crate) attempts: u32,
+    /// The last attempt's result.
+    pub(crate) last: Option<AttemptResult>,
+    /// The last failure: class and message.
+    pub(crate) failure: Option<(String, String)>,
 }
 
 fn retry_backoff(attempt: u32) -> Duration {
@@ -227,7 +132,7 @@ pub async fn run(
     }
     let needs_worker = stages.iter().any(|s| s.kind.is_some());
     let worker = if needs_worker {
-        Some(resolve_worker(worker.as_deref(), &plan)?)
+        Some(crate::attempt::resolve_worker(worker.as_deref(), &plan)?)
     } else {
         None
     };
@@ -438,7 +343,7 @@ pub async fn run(
     // this process is killed before the first stage ends.
     crate::report::write_or_warn(
         &report_path,
-        &build_report(&plan, &states, &run_dir, &gpu_check, started, "running"),
+        &crate::report::build(&plan, &states, &run_dir, &gpu_check, started, "running"),
         &console,
     );
     let mut last_report = Instant::now();
@@ -549,7 +454,7 @@ pub async fn run(
                         .max(1);
                     (cpus / sharing).max(1)
                 });
-                let attempt_plan = match prepare_attempt(
+                let attempt_plan = match crate::attempt::prepare_attempt(
                     &plan,
                     i,
                     attempt,
@@ -725,7 +630,7 @@ pub async fn run(
                 // more than 5% of the time (a 10,000-stage sweep's report is megabytes).
                 if last_report.elapsed() >= report_every {
                     let t = Instant::now();
-                    let report = build_report(&plan, &states, &run_dir, &gpu_check, started, "running");
+                    let report = crate::report::build(&plan, &states, &run_dir, &gpu_check, started, "running");
                     crate::report::write_or_warn(&report_path, &report, &console);
                     report_every = (t.elapsed() * 20).max(Duration::from_secs(1));
                     last_report = Instant::now();
@@ -810,7 +715,7 @@ pub async fn run(
         exit_code,
     })?;
     host.stop_waiting(ticket);
-    let report = build_report(&plan, &states, &run_dir, &gpu_check, started, status);
+    let report = crate::report::build(&plan, &states, &run_dir, &gpu_check, started, status);
     crate::report::write_or_warn(&report_path, &report, &console);
     if let Some(rows) = crate::results::rows(&plan, &report) {
         let csv = crate::results::to_csv(&rows);
@@ -922,218 +827,5 @@ fn escalate(
             console.warn("killing running stages now");
             let _ = stages.send(CancelLevel::Kill);
         }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn prepare_attempt(
-    plan: &LoadedPlan,
-    i: usize,
-    attempt: u32,
-    run_dir: &RunDir,
-    states: &[StageState],
-    worker: Option<&Path>,
-    gpus: &[GpuInfo],
-    machine_has_gpus: bool,
-    socket_dir: &Path,
-    cpu_threads: Option<usize>,
-) -> Result<AttemptPlan, Failure> {
-    let stage = &plan.plan.stages[i];
-    let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
-    run_dir
-        .prepare_stage(&stage.name)
-        .map_err(|e| io_fail("cannot create the stage directory", e))?;
-    let stage_dir = run_dir.stage_dir(&stage.name);
-    let output_dir = run_dir.output_dir(&stage.name);
-
-    // Inputs: every upstream's output directory, whose recorded files must still be there.
-    let mut inputs = BTreeMap::new();
-    for &u in &plan.upstream[i] {
-        let up = &plan.plan.stages[u];
-        let dir = run_dir.output_dir(&up.name);
-        if let Some(result) = &states[u].last {
-            for record in &result.checkpoints {
-                let actual = std::fs::metadata(&record.path).map(|m| m.len()).ok();
-                if actual != Some(record.bytes) {
-                    return Err(Failure::BadInput(format!(
-                        "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
-                        stage.name,
-                        up.name,
-                        record.path,
-                        if actual.is_none() {
-                            "missing"
-                        } else {
-                            "changed since it was verified"
-                        }
-                    )));
-                }
-            }
-        }
-        inputs.insert(up.name.clone(), dir);
-    }
-    let init = stage.init.as_ref().map(|name| run_dir.output_dir(name));
-    let spec_path = stage_dir.join("spec.json");
-    let inputs_path = stage_dir.join("inputs.json");
-    let inputs_bytes =
-        serde_json::to_vec_pretty(&inputs).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
-    std::fs::write(&inputs_path, &inputs_bytes)
-        .map_err(|e| io_fail(&format!("cannot write {}", inputs_path.display()), e))?;
-    let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
-    let spec = StageSpec {
-        v: protocol::PROTOCOL_VERSION,
-        stage: stage.name.clone(),
-        kind: stage.kind,
-        params: stage.params.clone(),
-        output_dir: output_dir.clone(),
-        inputs: inputs.clone(),
-        init,
-        device: if gpus.is_empty() {
-            Device::Cpu
-        } else {
-            Device::Cuda
-        },
-        attempt,
-    };
-    let spec_bytes =
-        serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
-    // Rewritten for every attempt before it starts: no need for a durable, atomic write.
-    std::fs::write(&spec_path, &spec_bytes)
-        .map_err(|e| io_fail(&format!("cannot write {}", spec_path.display()), e))?;
-
-    let paths = ContractPaths {
-        stage: &stage.name,
-        run_dir: run_dir.root(),
-        output_dir: &output_dir,
-        inputs: &inputs,
-        events: &socket,
-        spec: &spec_path,
-        inputs_file: &inputs_path,
-        attempt,
-        resumable: std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
-    };
-    let mut env = contract::environment(&paths, &stage.env);
-    if let Some(n) = cpu_threads {
-        if !stage.env.contains_key("OMP_NUM_THREADS")
-            && std::env::var_os("OMP_NUM_THREADS").is_none()
-        {
-            env.push(("OMP_NUM_THREADS".into(), n.to_string()));
-        }
-    }
-    if machine_has_gpus {
-        let visible = gpus
-            .iter()
-            .map(|g| g.uuid.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
-    }
-    let argv = match (&stage.command, worker) {
-        (Some(command), _) => command
-            .iter()
-            .map(|a| contract::expand(a, &paths))
-            .collect(),
-        (None, Some(worker)) => vec![
-            worker.display().to_string(),
-            "--spec".into(),
-            spec_path.display().to_string(),
-        ],
-        (None, None) => return Err(Failure::SpawnFailed("no stage-worker binary".into())),
-    };
-    Ok(AttemptPlan {
-        name: stage.name.clone(),
-        attempt,
-        argv,
-        env,
-        cwd: plan.base_dir.clone(),
-        stage_dir,
-        output_dir,
-        builtin: stage.kind.is_some(),
-        declared_outputs: stage.outputs.clone(),
-        gpus: gpus.to_vec(),
-        timeout: stage.timeout(),
-        grace: plan.plan.run.grace.get(),
-        socket,
-        graceful_to_leader: false,
-    })
-}
-
-fn build_report(
-    plan: &LoadedPlan,
-    states: &[StageState],
-    run_dir: &RunDir,
-    gpu_check: &str,
-    started: Instant,
-    status: &str,
-) -> Report {
-    let stages = plan
-        .plan
-        .stages
-        .iter()
-        .zip(states)
-        .map(|(stage, state)| {
-            let last = state.last.as_ref();
-            // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
-            let (tasks, nodes) =
-                crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
-            let (status, failure, error) = match &state.status {
-                Status::Succeeded => ("succeeded", None, None),
-                Status::Failed => (
-                    "failed",
-                    state.failure.as_ref().map(|f| f.0.clone()),
-                    state.failure.as_ref().map(|f| f.1.clone()),
-                ),
-                Status::Skipped(reason) => (
-                    "skipped",
-                    Some("upstream_failed".to_string()),
-                    Some(reason.clone()),
-                ),
-                Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
-                Status::Running => ("running", None, None),
-                Status::Pending | Status::RetryAt(_) => ("pending", None, None),
-            };
-            StageReport {
-                name: stage.name.clone(),
-                status: status.into(),
-                attempts: state.attempts,
-                exit_code: last.and_then(|r| match r.exit {
-                    Some(ExitStatus::Code(c)) => Some(c),
-                    _ => None,
-                }),
-                signal: last.and_then(|r| match r.exit {
-                    Some(ExitStatus::Signal(s)) => Some(crate::supervisor::signal_name(s)),
-                    _ => None,
-                }),
-                error,
-                failure,
-                stderr_tail: last.and_then(|r| r.stderr_tail.clone()),
-                output_dir: run_dir.output_dir(&stage.name).display().to_string(),
-                checkpoints: last.map(|r| r.checkpoints.clone()).unwrap_or_default(),
-                wall_s: last.map(|r| r.wall.as_secs_f64()),
-                metrics: last.map(|r| r.metrics.clone()).unwrap_or_default(),
-                gpu: last.map(|r| r.gpu.clone()).unwrap_or_default(),
-                leftover_processes: last
-                    .map(|r| {
-                        r.leftovers
-                            .iter()
-                            .map(|p| format!("pid {} ({})", p.pid, p.name))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
-                timing: last.and_then(|r| r.timing),
-                host: last.and_then(|r| r.host),
-                tasks,
-                nodes,
-            }
-        })
-        .collect();
-    Report {
-        v: protocol::PROTOCOL_VERSION,
-        run_dir: run_dir.root().display().to_string(),
-        status: status.into(),
-        gpu_check: gpu_check.into(),
-        wall_s: started.elapsed().as_secs_f64(),
-        stages,
-        slurm: crate::slurm::history::load(run_dir.root()),
     }
 }

@@ -156,6 +156,17 @@ pub fn verdict(node: String, stdout: &str, stderr: &str, srun: Option<ExitStatus
             },
         };
     };
+    if result["available"] == serde_json::Value::Bool(false) {
+        // `gpu-check --json` without NVML says so in JSON.
+        return NodeGpuCheck {
+            node,
+            verdict: "unavailable".into(),
+            detail: result["error"]
+                .as_str()
+                .unwrap_or("NVML unavailable")
+                .to_string(),
+        };
+    }
     let clean = result["clean"].as_bool().unwrap_or(false);
     let gpus: Vec<String> = result["gpus"]
         .as_array()
@@ -204,6 +215,14 @@ mod tests {
             Some(ExitStatus::Code(4)),
         );
         assert_eq!(v.verdict, "unavailable");
+        let json = verdict(
+            "n1".into(),
+            r#"{"v":1,"available":false,"error":"NVML is not available (x)","clean":false,"gpus":[]}"#,
+            "",
+            Some(ExitStatus::Code(4)),
+        );
+        assert_eq!(json.verdict, "unavailable");
+        assert_eq!(json.detail, "NVML is not available (x)");
         assert!(
             v.detail.starts_with("NVML is not available"),
             "{}",
