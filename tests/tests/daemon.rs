@@ -603,3 +603,46 @@ fn the_cli_client_and_the_python_client_drive_the_daemon() {
             .contains(") Z")));
     assert!(!d.socket.exists(), "the socket is removed on shutdown");
 }
+
+#[test]
+fn a_higher_priority_run_gets_the_gpu_first_and_equal_ones_keep_submission_order() {
+    let s = Scratch::new("daemon-priority");
+    let d = Daemon::start(&s, &[("ORCHESTRATE_FAKE_GPUS", "1")]);
+    let rec = |n: &str| s.path().join(format!("{n}.txt"));
+    let mut c = d.connect();
+    let submit = |c: &mut Conn, name: &str, priority: i32| -> String {
+        // The first run holds the GPU long enough for the others to queue behind it.
+        let secs = if name == "first" { "2" } else { "0.3" };
+        let answer = c.call(json!({
+            "v": 1, "type": "submit", "priority": priority, "base_dir": s.path(),
+            "plan": {"toml": gpu_plan(name, &rec(name), secs)},
+        }));
+        assert_eq!(answer["type"], "submitted", "{answer}");
+        answer["id"].as_str().unwrap().to_string()
+    };
+    let first = submit(&mut c, "first", 0);
+    assert!(wait_for(Duration::from_secs(10), || rec("first").exists()));
+    let low1 = submit(&mut c, "low1", 0);
+    let low2 = submit(&mut c, "low2", 0);
+    let high = submit(&mut c, "high", 5);
+    for id in [&first, &low1, &low2, &high] {
+        assert_eq!(c.wait(id)["state"], "succeeded");
+    }
+    let start = |n: &str| -> f64 {
+        std::fs::read_to_string(rec(n))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        start("high") < start("low1"),
+        "priority 5 went before the earlier priority-0 runs"
+    );
+    assert!(
+        start("low1") < start("low2"),
+        "equal priorities in submission order"
+    );
+}
