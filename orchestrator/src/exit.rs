@@ -1,4 +1,5 @@
-//! Exit statuses of `orchestrate`, in one place. `docs/exit-codes.md` lists them for users.
+//! Exit statuses of `orchestrate`, in one place; the README ("Exit status") and
+//! `orchestrate --help` list them for users.
 
 /// Every stage succeeded and every GPU check passed.
 pub const SUCCESS: i32 = 0;
@@ -10,7 +11,7 @@ pub const INVALID_INPUT: i32 = 2;
 pub const GPU_LEAK: i32 = 3;
 /// The run could not be set up or carried on (run directory, NVML required but absent, I/O).
 pub const RUN_ERROR: i32 = 4;
-/// Stopped by SIGINT or SIGTERM; running stages were stopped and the journal says where.
+/// Stopped by SIGINT, SIGTERM or SIGHUP; running stages were stopped and the journal says where.
 pub const INTERRUPTED: i32 = 130;
 /// Inside a Slurm job: stopped by the warning signal or SIGTERM, running stages stopped and
 /// checkpointed, and the job requeued (`scontrol requeue`); its next start resumes the run.

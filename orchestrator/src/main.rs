@@ -28,9 +28,12 @@ Examples:
   orchestrate runs | watch ID | cancel ID | shutdown  the daemon's runs
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
-2 invalid plan or arguments; 3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up;
+2 invalid plan or arguments (or a --run-dir that is not empty and not a run directory);
+3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up or carried on (the run
+directory is in use by another live orchestrate, a journal write failed, ...);
 75 inside a Slurm job: stopped by the warning signal (USR1/USR2) or SIGTERM and requeued;
-130 interrupted by SIGINT/SIGTERM.
+130 interrupted by SIGINT, SIGTERM or SIGHUP (a closed terminal: use nohup or setsid for runs
+that must outlive the session).
 Logs: RUST_LOG (e.g. RUST_LOG=debug) sets the log level; --log-format json for log collectors.";
 
 /// Runs training pipelines stage by stage, every stage in a fresh process, and verifies that
