@@ -1,30 +1,9 @@
 //! "Did you mean …?": the closest known name to a misspelt one.
 
 /// Edit distance between two strings, counting an insertion, a deletion, a substitution or a
-/// swap of two neighbouring characters as one edit (optimal string alignment).
+/// swap of two neighbouring characters as one edit (optimal string alignment, from `strsim`).
 pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    // Three rows of the dynamic programme: i-2, i-1, i.
-    let mut before: Vec<usize> = vec![0; b.len() + 1];
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    let mut current: Vec<usize> = vec![0; b.len() + 1];
-    for i in 1..=a.len() {
-        current[0] = i;
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (previous[j] + 1)
-                .min(current[j - 1] + 1)
-                .min(previous[j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(before[j - 2] + 1);
-            }
-            current[j] = best;
-        }
-        std::mem::swap(&mut before, &mut previous);
-        std::mem::swap(&mut previous, &mut current);
-    }
-    previous[b.len()]
+    strsim::osa_distance(a, b)
 }
 
 /// The candidate closest to `wrong`, if one is close enough to be a plausible typo: a
