@@ -343,7 +343,11 @@ mod tests {
         let t = std::time::Instant::now();
         assert!(!wildcard(b"a*a*a*a*a*a*a*a*a*a*a*a*b", &name));
         assert!(wildcard(b"a*a*a*a*a*a*a*a*a*a*a*a*", &name));
-        assert!(t.elapsed() < std::time::Duration::from_secs(1), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     #[test]
