@@ -233,7 +233,8 @@ pub fn summary(report: &Report) -> String {
 }
 
 /// The metrics a stage reported, as `name=value` pairs: the usual ones first (loss,
-/// accuracy, …), then every other one the stage chose to report, at most 8 in all.
+/// accuracy, …), then every other one the stage chose to report (milestone timestamps `t_*`
+/// aside), at most 8 in all.
 pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String {
     const FIRST: [&str; 5] = [
         "final_loss",
@@ -242,7 +243,8 @@ pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String
         "perplexity",
         "tokens_per_s",
     ];
-    let mut keys: Vec<&String> = metrics.keys().collect();
+    // `t_*` are milestone timestamps of the attempt (in report.json), not results.
+    let mut keys: Vec<&String> = metrics.keys().filter(|k| !k.starts_with("t_")).collect();
     keys.sort_by_key(|k| FIRST.iter().position(|f| f == k).unwrap_or(FIRST.len()));
     let mut parts: Vec<String> = keys
         .iter()
@@ -348,10 +350,15 @@ pub(crate) fn build(
 mod tests {
     #[test]
     fn every_reported_metric_is_shown_the_usual_ones_first() {
-        let metrics = [("bleu", 31.25), ("rouge_l", 0.5), ("loss", 1.5)]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
+        let metrics = [
+            ("bleu", 31.25),
+            ("rouge_l", 0.5),
+            ("loss", 1.5),
+            ("t_first_step", 1e9),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
         assert_eq!(
             super::metrics_text(&metrics),
             "loss=1.5000 bleu=31.2500 rouge_l=0.5000"
