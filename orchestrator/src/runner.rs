@@ -543,11 +543,15 @@ pub async fn run(
                             start_s: t.spawned - started_unix,
                             end_s: t.verified - started_unix,
                             baseline_bytes: g.baseline_bytes,
-                            clean: g.verdict == "clean",
+                            clean: g.verdict == protocol::report::GpuVerdict::Clean,
                         });
                     }
                 }
-                for g in result.gpu.iter().filter(|g| g.verdict != "clean") {
+                for g in result
+                    .gpu
+                    .iter()
+                    .filter(|g| g.verdict != protocol::report::GpuVerdict::Clean)
+                {
                     leaked_any = true;
                     match settings.on_leak {
                         OnLeak::Quarantine => {

@@ -10,7 +10,7 @@ use crate::gpu::{await_reclaim, GpuInfo, MemoryProbe};
 use crate::reaper::{ExitStatus, Reaper, ResourceUsage};
 use crate::supervisor::{self, Launch, StoppedProcess};
 use nix::sys::signal::Signal;
-use protocol::report::{CheckpointRecord, GpuRecord};
+use protocol::report::{CheckpointRecord, GpuRecord, GpuVerdict};
 use protocol::worker::{WorkerEvent, EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -212,7 +212,7 @@ impl AttemptResult {
 
     /// Whether any GPU of the attempt ended with a leak verdict.
     pub fn leaked(&self) -> bool {
-        self.gpu.iter().any(|g| g.verdict != "clean")
+        self.gpu.iter().any(|g| g.verdict != GpuVerdict::Clean)
     }
 }
 
@@ -511,9 +511,9 @@ pub async fn supervise(
                 after_bytes: v.after_bytes,
                 reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
                 verdict: if v.clean {
-                    "clean".into()
+                    GpuVerdict::Clean
                 } else {
-                    "leaked".into()
+                    GpuVerdict::Leaked
                 },
                 holders: v.holders.iter().map(|h| h.to_string()).collect(),
             });

@@ -195,9 +195,35 @@ pub struct GpuRecord {
     pub after_bytes: u64,
     /// From the stage's last process gone to the first clean reading, milliseconds.
     pub reclaim_ms: f64,
-    /// "clean" or "leaked".
-    pub verdict: String,
+    /// Whether the memory came back.
+    pub verdict: GpuVerdict,
     /// Processes still holding memory at a leak verdict ("pid name bytes").
     #[serde(default)]
     pub holders: Vec<String>,
+}
+
+/// Whether a GPU's memory came back after a stage (serialised as `"clean"` / `"leaked"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuVerdict {
+    /// Back at the baseline, within the tolerance, with no process of the stage left on it.
+    Clean,
+    /// Still above the baseline when the reclaim timeout ran out.
+    Leaked,
+}
+
+impl GpuVerdict {
+    /// The verdict as the report writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuVerdict::Clean => "clean",
+            GpuVerdict::Leaked => "leaked",
+        }
+    }
+}
+
+impl std::fmt::Display for GpuVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
