@@ -290,11 +290,9 @@ pub(crate) fn build(
                     state.failure.as_ref().map(|f| f.0.clone()),
                     state.failure.as_ref().map(|f| f.1.clone()),
                 ),
-                Status::Skipped(reason) => (
-                    "skipped",
-                    Some("upstream_failed".to_string()),
-                    Some(reason.clone()),
-                ),
+                Status::Skipped(class, reason) => {
+                    ("skipped", Some(class.to_string()), Some(reason.clone()))
+                }
                 Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
                 Status::Running => ("running", None, None),
                 Status::Pending | Status::RetryAt(_) => ("pending", None, None),

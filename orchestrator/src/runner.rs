@@ -77,8 +77,9 @@ pub(crate) enum Status {
     Succeeded,
     /// Failed after its retries.
     Failed,
-    /// Will not run, and why.
-    Skipped(String),
+    /// Will not run: the class of the reason (`upstream_failed`, `interrupted`, `fail_fast`,
+    /// `gpu_leaked`, as the report's `failure`) and the reason, for the user.
+    Skipped(&'static str, String),
     /// Stopped by a cancel.
     Cancelled,
 }
@@ -625,8 +626,9 @@ pub async fn run(
                             metrics: result.metrics.clone(),
                             wall_s: Some(result.wall.as_secs_f64()),
                         })?;
+                        // Its downstream stages are skipped as interrupted when the run ends
+                        // (a cancel is what stops a stage here).
                         states[i].status = Status::Cancelled;
-                        skip_downstream(i, &plan, &mut states, &mut journal)?;
                     }
                 }
                 states[i].last = Some(result);
@@ -671,23 +673,32 @@ pub async fn run(
     let stop_signal = stop_signal.get();
     for (i, state) in states.iter_mut().enumerate() {
         if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
-            let reason = if interrupted {
-                "not started: the run was interrupted".to_string()
+            let (class, reason) = if interrupted {
+                (
+                    "interrupted",
+                    "not started: the run was interrupted".to_string(),
+                )
             } else if fail_stop {
-                "not started: a stage failed and fail_fast = true".to_string()
+                (
+                    "fail_fast",
+                    "not started: a stage failed and fail_fast = true".to_string(),
+                )
             } else {
-                "not started: a GPU leaked and on_leak = \"fail\"".to_string()
+                (
+                    "gpu_leaked",
+                    "not started: a GPU leaked and on_leak = \"fail\"".to_string(),
+                )
             };
             journal.append(&JournalRecord::StageSkipped {
                 stage: stages[i].name.clone(),
                 reason: reason.clone(),
             })?;
-            state.status = Status::Skipped(reason);
+            state.status = Status::Skipped(class, reason);
         }
     }
     let any_failed = states
         .iter()
-        .any(|s| matches!(s.status, Status::Failed | Status::Skipped(_)));
+        .any(|s| matches!(s.status, Status::Failed | Status::Skipped(..)));
     let (status, exit_code) = if interrupted {
         ("interrupted", exit::INTERRUPTED)
     } else if any_failed && !leak_stop {
@@ -799,7 +810,7 @@ fn skip_downstream(
                     stage: plan.plan.stages[d].name.clone(),
                     reason: reason.clone(),
                 })?;
-                states[d].status = Status::Skipped(reason);
+                states[d].status = Status::Skipped("upstream_failed", reason);
                 stack.push(d);
             }
         }

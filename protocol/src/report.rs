@@ -112,7 +112,8 @@ pub struct StageReport {
     pub error: Option<String>,
     /// The class of failure: "exit_code", "signal", "killed_externally", "timeout",
     /// "cuda_oom", "reported", "bad_input", "protocol_violation", "missing_outputs",
-    /// "corrupt_output", "spawn_failed", "upstream_failed", "no_gpu".
+    /// "corrupt_output", "spawn_failed", "no_gpu"; for a skipped stage why it did not run:
+    /// "upstream_failed", "interrupted", "fail_fast", "gpu_leaked".
     pub failure: Option<String>,
     /// The last lines of the last attempt's stderr, when it failed.
     pub stderr_tail: Option<String>,

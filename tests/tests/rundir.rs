@@ -433,6 +433,12 @@ fn sighup_stops_like_sigterm_and_leaves_a_resumable_run() {
     );
     assert!(err.contains("orchestrate resume"), "{err}");
     assert_eq!(report(&run_dir)["stages"][0]["status"], "cancelled");
+    let next = &report(&run_dir)["stages"][1];
+    assert_eq!(next["status"], "skipped");
+    assert_eq!(
+        next["failure"], "interrupted",
+        "skipped because of the stop, not an upstream failure"
+    );
     assert!(processes_with_env(&format!("MARKER={marker}")).is_empty());
 }
 
