@@ -174,15 +174,6 @@ impl Host {
         let probe = self.inventory.probe.clone();
         let mut idle = self.idle.borrow_mut();
         let mut pool = self.pool.borrow_mut();
-        let busy: Vec<String> = self
-            .inventory
-            .gpus
-            .iter()
-            .filter_map(|g| {
-                pool.holder(&g.uuid)
-                    .map(|h| format!("GPU {} busy with {h}", g.index))
-            })
-            .collect();
         let got = pool.take(n, owner, |g| {
             let Some(probe) = &probe else { return true };
             let holders = probe.holders(&g.uuid);
@@ -218,7 +209,11 @@ impl Host {
             }
             None => {
                 self.waiting.borrow_mut().insert(ticket);
-                reasons.extend(busy);
+                // Only when the stage waits: which of our stages hold the other GPUs.
+                reasons.extend(self.inventory.gpus.iter().filter_map(|g| {
+                    pool.holder(&g.uuid)
+                        .map(|h| format!("GPU {} busy with {h}", g.index))
+                }));
                 if reasons.is_empty() {
                     reasons.push("not enough free GPUs".into());
                 }

@@ -261,14 +261,17 @@ fn init_logging(format: LogFormat, daemon: bool) {
     }
 }
 
+/// Prints a plan's problems; the exit status for them.
+fn plan_error(e: orchestrator::plan::PlanError) -> ExitCode {
+    eprint!("{e}");
+    if !e.to_string().ends_with('\n') {
+        eprintln!();
+    }
+    ExitCode::from(exit::INVALID_INPUT as u8)
+}
+
 fn load_or_report(path: &Path) -> Result<LoadedPlan, ExitCode> {
-    load_plan(path).map_err(|e| {
-        eprint!("{e}");
-        if !e.to_string().ends_with('\n') {
-            eprintln!();
-        }
-        ExitCode::from(exit::INVALID_INPUT as u8)
-    })
+    load_plan(path).map_err(plan_error)
 }
 
 fn main() -> ExitCode {
@@ -497,6 +500,15 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunS
     runner::run(options, &host, cancelled).await
 }
 
+/// A run's name: the plan's `run.name`, else the plan file's stem.
+fn run_name(loaded: &LoadedPlan, path: &Path) -> String {
+    loaded.plan.run.name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "run".into())
+    })
+}
+
 fn run_dir_error(e: &RunDirError) -> ExitCode {
     eprintln!("error: {e}");
     ExitCode::from(e.exit_code() as u8)
@@ -505,22 +517,24 @@ fn run_dir_error(e: &RunDirError) -> ExitCode {
 /// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
 /// or `resume D` (no plan: the run's own copy, with its recorded base directory).
 fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
+    // A plan given on the command line is read once, first.
+    let given: Option<PlanToRun> = match &args.plan {
+        Some(path) => match orchestrator::plan::read_plan(path) {
+            Ok((l, source)) => Some((path.clone(), orchestrator::plan::format_of(path), l, source)),
+            Err(e) => return plan_error(e),
+        },
+        None => None,
+    };
     // Inside a Slurm job: a run directory that stays the same across requeues of the job,
     // resumed after one.
-    if let (Some(plan), Some(job)) = (&args.plan, orchestrator::slurm::Allocation::detect()) {
-        let name = orchestrator::plan::load_plan(plan)
-            .ok()
-            .and_then(|l| l.plan.run.name)
-            .unwrap_or_else(|| {
-                plan.file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "run".into())
-            });
+    if let (Some((path, _, loaded, _)), Some(job)) =
+        (&given, orchestrator::slurm::Allocation::detect())
+    {
         match orchestrator::slurm::choose_run_dir(
             Some(&job),
             args.run_dir.as_deref(),
             args.resume,
-            &name,
+            &run_name(loaded, path),
         ) {
             Some(Ok(choice)) => (args.run_dir, args.resume) = (Some(choice.dir), choice.resume),
             Some(Err(why)) => {
@@ -530,8 +544,8 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
             None => {}
         }
     }
-    // A resumed run's directory is taken (locked) first: a live owner is refused before
-    // anything else happens.
+    // A resumed run's directory is taken (locked) before it is touched: a live owner is
+    // refused before anything else happens.
     let resumed_dir = match (&args.run_dir, args.resume) {
         (Some(dir), true) => match RunDir::open_existing(dir) {
             Ok(d) => Some(d),
@@ -539,13 +553,10 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         },
         _ => None,
     };
-    let (path, plan_format, loaded) = match (&args.plan, &resumed_dir) {
-        (Some(path), _) => match load_or_report(path) {
-            Ok(l) => (path.clone(), orchestrator::plan::format_of(path), l),
-            Err(code) => return code,
-        },
+    let (path, plan_format, loaded, source) = match (given, &resumed_dir) {
+        (Some(given), _) => given,
         (None, Some(dir)) => match load_run_plan(dir.root()) {
-            Ok((path, fmt, l)) => (path, fmt, l),
+            Ok(found) => found,
             Err(code) => return code,
         },
         (None, None) => {
@@ -553,25 +564,11 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
             return ExitCode::from(exit::INVALID_INPUT as u8);
         }
     };
-    let source = match std::fs::read_to_string(&path) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: cannot read {}: {e}", path.display());
-            return ExitCode::from(exit::INVALID_INPUT as u8);
-        }
-    };
     let console = Console::new(format == LogFormat::Json, args.quiet);
     let run_dir = match (resumed_dir, &args.run_dir) {
         (Some(d), _) => Ok(d),
         (None, Some(dir)) => RunDir::create(dir),
-        (None, None) => {
-            let name = loaded.plan.run.name.clone().unwrap_or_else(|| {
-                path.file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "run".into())
-            });
-            RunDir::create_fresh(Path::new("runs"), &name)
-        }
+        (None, None) => RunDir::create_fresh(Path::new("runs"), &run_name(&loaded, &path)),
     };
     let run_dir = match run_dir {
         Ok(d) => d,
@@ -613,8 +610,11 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
     }
 }
 
+/// A plan ready to run: its file, format, the plan, and the text the run directory keeps.
+type PlanToRun = (PathBuf, PlanFormat, LoadedPlan, String);
+
 /// Loads the plan copy kept in the run directory `root`, based where the original plan was.
-fn load_run_plan(root: &Path) -> Result<(PathBuf, PlanFormat, LoadedPlan), ExitCode> {
+fn load_run_plan(root: &Path) -> Result<PlanToRun, ExitCode> {
     let (path, format, base) = orchestrator::rundir::run_plan_location(root).map_err(|e| {
         eprintln!("error: {e}");
         ExitCode::from(e.exit_code() as u8)
@@ -628,14 +628,9 @@ fn load_run_plan(root: &Path) -> Result<(PathBuf, PlanFormat, LoadedPlan), ExitC
         );
         return Err(ExitCode::from(exit::INVALID_INPUT as u8));
     }
-    let loaded = orchestrator::plan::load_plan_based(&path, format, &base).map_err(|e| {
-        eprint!("{e}");
-        if !e.to_string().ends_with('\n') {
-            eprintln!();
-        }
-        ExitCode::from(exit::INVALID_INPUT as u8)
-    })?;
-    Ok((path, format, loaded))
+    let (loaded, source) =
+        orchestrator::plan::load_plan_based(&path, format, &base).map_err(plan_error)?;
+    Ok((path, format, loaded, source))
 }
 
 fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
@@ -649,7 +644,7 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             Err(code) => return code,
         },
         None => match load_run_plan(&root) {
-            Ok((_, _, l)) => l,
+            Ok((_, _, l, _)) => l,
             Err(code) => return code,
         },
     };

@@ -453,23 +453,17 @@ pub fn run_plan_location(root: &Path) -> Result<(PathBuf, PlanFormat, PathBuf), 
 /// journal can rebuild (`report.json`, `plan.resolved.json`, results), which a crash may leave
 /// at their previous version. On failure the temporary file is removed.
 pub fn write_replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let written = fs::write(&tmp, bytes).and_then(|()| fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    written
+    replace(path, bytes, false)
 }
 
 /// Writes `bytes` to `path` so that readers see the old content or the new, never a mix,
 /// durably: a temporary file beside it, fsync, rename, fsync of the directory. On failure
 /// the temporary file is removed and the old content stays.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, true)
+}
+
+fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     let file_name = path
         .file_name()
@@ -479,14 +473,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let written = (|| {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         fs::rename(&tmp, path)
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
         return Err(e);
     }
-    File::open(dir)?.sync_all()
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -318,7 +318,6 @@ pub async fn run(
     let mut leak_stop = false;
     let mut fail_stop = false;
     let cpus = host.cpus;
-    let tolerance = settings.gpu_tolerance_mib.saturating_mul(1 << 20);
     // Per stage: why it waits for GPUs (told once per change).
     let mut waiting_why: BTreeMap<usize, String> = BTreeMap::new();
     let mut leaked_any = false;
@@ -422,7 +421,7 @@ pub async fn run(
                     Vec::new()
                 } else {
                     let owner = format!("run {run_id}, stage `{}`", stage.name);
-                    match host.take_gpus(want, ticket, &owner, tolerance) {
+                    match host.take_gpus(want, ticket, &owner, services.tolerance_bytes) {
                         Ok(given) => {
                             waiting_why.remove(&i);
                             given

@@ -194,3 +194,32 @@ pub fn processes_with_env(needle: &str) -> Vec<i32> {
     }
     found
 }
+
+/// Polls `cond` every 10 ms until it holds or `limit` has passed; whether it held.
+pub fn wait_for(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    cond()
+}
+
+/// Every complete record of a run's journal (none when it does not exist yet).
+pub fn journal_records(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("journal.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// How many attempts of `stage` the run's journal records as started.
+pub fn stage_starts(run_dir: &Path, stage: &str) -> usize {
+    journal_records(run_dir)
+        .iter()
+        .filter(|r| r["rec"] == "stage_started" && r["stage"] == stage)
+        .count()
+}

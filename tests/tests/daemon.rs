@@ -2,7 +2,10 @@
 //! other clients are served; several runs at once sharing processes and GPUs (stand-in GPUs
 //! on CPU machines); restart recovery; the Python client.
 
-use e2e_tests::{orchestrate, processes_with_env, repo_root, Scratch};
+use e2e_tests::{
+    journal_records as journal, orchestrate, processes_with_env, repo_root, stage_starts as starts,
+    wait_for, Scratch,
+};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -10,17 +13,6 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
 
 /// A daemon started for one test, stopped (SIGTERM) when dropped.
 struct Daemon {
@@ -156,21 +148,6 @@ impl Conn {
         assert_eq!(answer["type"], "finished", "{answer}");
         answer["run"].clone()
     }
-}
-
-fn journal(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn starts(run_dir: &Path, stage: &str) -> usize {
-    journal(run_dir)
-        .iter()
-        .filter(|r| r["rec"] == "stage_started" && r["stage"] == stage)
-        .count()
 }
 
 #[test]

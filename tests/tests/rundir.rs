@@ -3,22 +3,14 @@
 //! SIGHUP, long TMPDIR, huge fan-ins, and a full disk. Each test reproduces a way a run
 //! directory was once damaged or a run lost.
 
-use e2e_tests::{orchestrate, processes_with_env, spawn_plan, Scratch};
+use e2e_tests::{
+    journal_records as journal, orchestrate, processes_with_env, spawn_plan,
+    stage_starts as starts, wait_for, Scratch,
+};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    cond()
-}
+use std::time::Duration;
 
 fn orch(args: &[&str], cwd: &Path) -> Output {
     Command::new(orchestrate())
@@ -29,27 +21,26 @@ fn orch(args: &[&str], cwd: &Path) -> Output {
         .expect("orchestrate runs")
 }
 
+/// `orchestrate --plan PLAN --run-dir RUN_DIR -q`, run in `cwd`.
+fn run_quiet(plan: &Path, run_dir: &Path, cwd: &Path) -> Output {
+    orch(
+        &[
+            "--plan",
+            plan.to_str().unwrap(),
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "-q",
+        ],
+        cwd,
+    )
+}
+
 fn text(out: &Output) -> String {
     format!(
         "stdout:\n{}\nstderr:\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-fn journal(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
-fn starts(run_dir: &Path, stage: &str) -> usize {
-    journal(run_dir)
-        .iter()
-        .filter(|r| r["rec"] == "stage_started" && r["stage"] == stage)
-        .count()
 }
 
 fn report(run_dir: &Path) -> Value {
@@ -97,16 +88,7 @@ fn resume_and_status_resolve_relative_paths_against_the_plans_directory() {
     let elsewhere = s.path().join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();
     let run_dir = s.path().join("run");
-    let out = orch(
-        &[
-            "--plan",
-            plan.to_str().unwrap(),
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "-q",
-        ],
-        &elsewhere,
-    );
+    let out = run_quiet(&plan, &run_dir, &elsewhere);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -157,16 +139,7 @@ fn a_json_plan_is_kept_as_json_and_its_run_resumes() {
         .to_string(),
     );
     let run_dir = s.path().join("run");
-    let out = orch(
-        &[
-            "--plan",
-            plan.to_str().unwrap(),
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "-q",
-        ],
-        s.path(),
-    );
+    let out = run_quiet(&plan, &run_dir, s.path());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         run_dir.join("plan.json").is_file(),
@@ -352,16 +325,7 @@ fn a_moved_or_copied_run_directory_resumes_where_it_is() {
     let s = Scratch::new("moved");
     let plan = project(&s);
     let run_dir = s.path().join("run");
-    let out = orch(
-        &[
-            "--plan",
-            plan.to_str().unwrap(),
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "-q",
-        ],
-        s.path(),
-    );
+    let out = run_quiet(&plan, &run_dir, s.path());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let moved = s.path().join("moved");
     std::fs::rename(&run_dir, &moved).unwrap();
@@ -538,16 +502,7 @@ outputs = ["sum"]
         ),
     );
     let run_dir = s.path().join("run");
-    let out = orch(
-        &[
-            "--plan",
-            plan.to_str().unwrap(),
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "-q",
-        ],
-        s.path(),
-    );
+    let out = run_quiet(&plan, &run_dir, s.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(
         std::fs::read_to_string(run_dir.join("stages/sum/output/sum")).unwrap(),
@@ -675,16 +630,7 @@ fn a_complete_final_checkpoint_survives_a_kill_between_done_and_exit() {
         "[[stage]]\nname = \"train\"\nkind = \"train\"\n[stage.params]\nsteps = 6\nbatch_size = 2\nseq_len = 16\nmodel = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }\n",
     );
     let run_dir = s.path().join("run");
-    let out = orch(
-        &[
-            "--plan",
-            plan.to_str().unwrap(),
-            "--run-dir",
-            run_dir.to_str().unwrap(),
-            "-q",
-        ],
-        s.path(),
-    );
+    let out = run_quiet(&plan, &run_dir, s.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let first = report(&run_dir)["stages"][0]["metrics"].clone();
     // What a kill -9 of orchestrate after the worker's `done` but before its exit leaves: the

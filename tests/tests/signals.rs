@@ -1,19 +1,8 @@
 //! Stopping `orchestrate`: Ctrl-C stops stages gracefully; `kill -9` of the orchestrator
 //! leaves no stage process behind.
 
-use e2e_tests::{processes_with_env, spawn_plan, Scratch};
+use e2e_tests::{processes_with_env, spawn_plan, wait_for, Scratch};
 use std::time::{Duration, Instant};
-
-fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    cond()
-}
 
 fn plan_with_tree(s: &Scratch, marker: &str) -> std::path::PathBuf {
     s.write(

@@ -8,7 +8,7 @@
 //! and elsewhere say loudly that they did not run. The tests that need no cluster (a stage
 //! for srun outside Slurm, `scontrol` missing) always run.
 
-use e2e_tests::{orchestrate, repo_root, Scratch};
+use e2e_tests::{journal_records as journal, orchestrate, repo_root, Scratch};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -153,14 +153,6 @@ fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn journal(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 fn count(records: &[Value], rec: &str, stage: &str) -> usize {

@@ -15,6 +15,15 @@ fn fixtures(kind: &str) -> Vec<std::path::PathBuf> {
     files
 }
 
+/// `orchestrate validate PLAN`.
+fn validate(plan: &std::path::Path) -> std::process::Output {
+    Command::new(orchestrate())
+        .arg("validate")
+        .arg(plan)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn invalid_plans_exit_2_with_the_expected_message() {
     let files = fixtures("invalid");
@@ -38,11 +47,7 @@ fn invalid_plans_exit_2_with_the_expected_message() {
             .lines()
             .find_map(|l| l.strip_prefix("# at: "))
             .map(|s| s.trim().to_string());
-        let out = Command::new(orchestrate())
-            .arg("validate")
-            .arg(&file)
-            .output()
-            .unwrap();
+        let out = validate(&file);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{}: {stderr}", file.display());
         assert!(
@@ -75,11 +80,7 @@ fn valid_plans_and_shipped_configs_validate() {
             .filter(|p| p.extension().is_some_and(|e| e == "toml")),
     );
     for file in files {
-        let out = Command::new(orchestrate())
-            .arg("validate")
-            .arg(&file)
-            .output()
-            .unwrap();
+        let out = validate(&file);
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -130,11 +131,7 @@ fn one_validate_lists_the_problems_of_every_stage_and_missing_files() {
         "plan.toml",
         "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\nretries = \"x\"\n[[stage]]\nname = \"b\"\ncommand = [\"true\"]\nbogus = 1\n[[stage]]\nname = \"c\"\ncommand = [\"true\"]\ntimeout = 5\n",
     );
-    let out = Command::new(orchestrate())
-        .arg("validate")
-        .arg(&plan)
-        .output()
-        .unwrap();
+    let out = validate(&plan);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     for needle in ["`retries`", "bogus", "stage `c`"] {
@@ -144,11 +141,7 @@ fn one_validate_lists_the_problems_of_every_stage_and_missing_files() {
         "files.toml",
         "[[stage]]\nname = \"t\"\nkind = \"train\"\n[stage.params]\ndata = \"missing.txt\"\n[[stage]]\nname = \"m\"\nmatrix = { f = { glob = \"nothere/*.jsonl\" } }\ncommand = [\"true\"]\n[[stage]]\nname = \"n\"\nafter = [\"nope\"]\ncommand = [\"true\"]\n",
     );
-    let out = Command::new(orchestrate())
-        .arg("validate")
-        .arg(&plan)
-        .output()
-        .unwrap();
+    let out = validate(&plan);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     for needle in ["missing.txt", "nothere", "nope"] {
@@ -164,11 +157,7 @@ fn validate_warns_before_a_stage_would_be_too_big_to_start() {
         "plan.toml",
         &format!("[[stage]]\nname = \"a\"\ncommand = [\"echo\", \"{big}\"]\n"),
     );
-    let out = Command::new(orchestrate())
-        .arg("validate")
-        .arg(&plan)
-        .output()
-        .unwrap();
+    let out = validate(&plan);
     assert_eq!(out.status.code(), Some(0));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("warning: stage `a`"), "{err}");

@@ -296,15 +296,18 @@ async fn finished(daemon: &Rc<Daemon>, id: &str) -> Option<RunInfo> {
     daemon.registry.borrow().get(id).map(|r| r.info())
 }
 
-/// Streams run `id`'s events from `from`, then its outcome.
-async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64) -> bool {
-    let Some((backlog, mut live)) = daemon.registry.borrow().get(id).map(|r| r.subscribe(from))
-    else {
-        return send(stream, &not_found(id)).await;
-    };
-    let mut next = from;
-    for (seq, event) in backlog {
-        next = seq + 1;
+/// Sends the events numbered `next` and later, in order; `false` when the client is gone.
+async fn send_events(
+    stream: &mut UnixStream,
+    id: &str,
+    events: Vec<super::registry::Numbered>,
+    next: &mut u64,
+) -> bool {
+    for (seq, event) in events {
+        if seq < *next {
+            continue; // already sent
+        }
+        *next = seq + 1;
         let answer = Response::Event {
             v: V,
             id: id.to_string(),
@@ -315,45 +318,34 @@ async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64
             return false;
         }
     }
+    true
+}
+
+/// Streams run `id`'s events from `from`, then its outcome.
+async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64) -> bool {
+    let Some((backlog, mut live)) = daemon.registry.borrow().get(id).map(|r| r.subscribe(from))
+    else {
+        return send(stream, &not_found(id)).await;
+    };
+    let mut next = from;
+    if !send_events(stream, id, backlog, &mut next).await {
+        return false;
+    }
     if let Some(live) = live.as_mut() {
         loop {
-            match live.recv().await {
-                Ok((seq, event)) => {
-                    if seq < next {
-                        continue;
-                    }
-                    next = seq + 1;
-                    let answer = Response::Event {
-                        v: V,
-                        id: id.to_string(),
-                        seq,
-                        event,
-                    };
-                    if !send(stream, &answer).await {
-                        return false;
-                    }
-                }
+            let events = match live.recv().await {
+                Ok(numbered) => vec![numbered],
+                // This watcher fell behind: catch up from the log.
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    // This watcher fell behind: catch up from the log.
-                    let Some((missed, _)) =
-                        daemon.registry.borrow().get(id).map(|r| r.subscribe(next))
-                    else {
-                        break;
-                    };
-                    for (seq, event) in missed {
-                        next = seq + 1;
-                        let answer = Response::Event {
-                            v: V,
-                            id: id.to_string(),
-                            seq,
-                            event,
-                        };
-                        if !send(stream, &answer).await {
-                            return false;
-                        }
+                    match daemon.registry.borrow().get(id) {
+                        Some(run) => run.backlog(next),
+                        None => break,
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
+            if !send_events(stream, id, events, &mut next).await {
+                return false;
             }
         }
     }

@@ -99,12 +99,14 @@ pub async fn accept_plan(input: PlanInput, base_dir: Option<String>) -> Result<A
             }
             PlanInput::Path(path) => {
                 let path = cwd.join(path);
-                let source = std::fs::read_to_string(&path).unwrap_or_default();
-                (
-                    crate::plan::load_plan(&path),
-                    source,
-                    crate::plan::format_of(&path),
-                )
+                let format = crate::plan::format_of(&path);
+                return crate::plan::read_plan(&path)
+                    .map(|(loaded, source)| Accepted {
+                        loaded,
+                        source,
+                        format,
+                    })
+                    .map_err(|e| e.to_string().trim_end().to_string());
             }
         };
         loaded
@@ -283,10 +285,8 @@ impl Daemon {
         let run_dir = RunDir::open_existing(dir).map_err(|e| e.to_string())?;
         let (path, format, base) =
             crate::rundir::run_plan_location(run_dir.root()).map_err(|e| e.to_string())?;
-        let loaded = crate::plan::load_plan_based(&path, format, &base)
+        let (loaded, source) = crate::plan::load_plan_based(&path, format, &base)
             .map_err(|e| e.to_string().trim_end().to_string())?;
-        let source = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         Ok((
             Accepted {
                 loaded,

@@ -166,30 +166,32 @@ impl RunEntry {
 
     /// Events from `from` that exist now, and a receiver for later ones (None once finished).
     pub fn subscribe(&self, from: u64) -> (Vec<Numbered>, Option<broadcast::Receiver<Numbered>>) {
-        let backlog = if self.finished() {
+        (
+            self.backlog(from),
+            self.live.as_ref().map(broadcast::Sender::subscribe),
+        )
+    }
+
+    /// Events from `from` that exist now: from memory while the run goes, from its event file
+    /// for what is not in memory (a finished run, events from before a daemon restart).
+    pub fn backlog(&self, from: u64) -> Vec<Numbered> {
+        let base = self.event_count - self.events.len() as u64;
+        let mut backlog: Vec<Numbered> = if from < base {
             read_events(&self.run_dir.join(EVENTS_FILE), from)
+                .into_iter()
+                .filter(|(seq, _)| *seq < base)
+                .collect()
         } else {
-            // Events from before a daemon restart are only in the file.
-            let base = self.event_count - self.events.len() as u64;
-            let mut backlog: Vec<(u64, RunEvent)> = if from < base {
-                read_events(&self.run_dir.join(EVENTS_FILE), from)
-                    .into_iter()
-                    .filter(|(seq, _)| *seq < base)
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            backlog.extend(
-                self.events
-                    .iter()
-                    .enumerate()
-                    .map(|(i, e)| (base + i as u64, e.clone()))
-                    .filter(|(seq, _)| *seq >= from),
-            );
-            backlog
+            Vec::new()
         };
-        let live = self.live.as_ref().map(broadcast::Sender::subscribe);
-        (backlog, live)
+        backlog.extend(
+            self.events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (base + i as u64, e.clone()))
+                .filter(|(seq, _)| *seq >= from),
+        );
+        backlog
     }
 }
 

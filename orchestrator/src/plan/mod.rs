@@ -73,6 +73,11 @@ impl LoadedPlan {
 /// A file that cannot be read (missing, a directory, not UTF-8, over [`MAX_PLAN_BYTES`])
 /// gives a single diagnostic that names it.
 pub fn load_plan(path: &Path) -> Result<LoadedPlan, PlanError> {
+    read_plan(path).map(|(plan, _)| plan)
+}
+
+/// [`load_plan`], also returning the text it read (what a run directory keeps).
+pub fn read_plan(path: &Path) -> Result<(LoadedPlan, String), PlanError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -95,17 +100,19 @@ pub fn format_of(path: &Path) -> PlanFormat {
 
 /// Reads and validates the plan file at `path` in `format`, its relative paths meaning paths
 /// under `base_dir` (a run directory's copy of a plan is based where the original was).
+/// Returns the plan and the text it was read from.
 pub fn load_plan_based(
     path: &Path,
     format: PlanFormat,
     base_dir: &Path,
-) -> Result<LoadedPlan, PlanError> {
+) -> Result<(LoadedPlan, String), PlanError> {
     let source_name = path.display().to_string();
     let source = read_source(path, &source_name)?;
-    match format {
+    let plan = match format {
         PlanFormat::Json => parse_plan_json(&source, &source_name, base_dir),
         PlanFormat::Toml => parse_plan_toml(&source, &source_name, base_dir),
-    }
+    }?;
+    Ok((plan, source))
 }
 
 fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {

@@ -30,26 +30,11 @@ extern "C" fn note_stop(_: libc::c_int) {
 /// Runs the launcher with its arguments (after the subcommand): `--records DIR -- srun ARGS…`.
 /// Returns srun's exit status (128 + signal when a signal ended it).
 pub fn run(args: Vec<String>) -> i32 {
-    let mut records: Option<PathBuf> = None;
-    let mut rest = args.into_iter();
-    let mut program: Vec<String> = Vec::new();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--records" => records = rest.next().map(PathBuf::from),
-            "--" => {
-                program = rest.by_ref().collect();
-                break;
-            }
-            other => {
-                eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: unexpected argument `{other}`");
-                return 2;
-            }
-        }
-    }
-    let Some((exe, exe_args)) = program.split_first() else {
-        eprintln!("orchestrate {LAUNCH_SUBCOMMAND}: no program after `--`");
-        return 2;
+    let (records, program) = match parse_hidden_args(LAUNCH_SUBCOMMAND, args) {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
     };
+    let (exe, exe_args) = program.split_first().expect("parse_hidden_args checks it");
     for signal in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: `note_stop` only stores to an atomic.
         unsafe { libc::signal(signal, note_stop as *const () as libc::sighandler_t) };
@@ -127,6 +112,35 @@ fn stop_step(records: Option<&Path>) -> bool {
             false
         }
     }
+}
+
+/// The arguments of both hidden subcommands: `[--records DIR] -- PROGRAM ARGS…`. `Err` is the
+/// exit status after saying what is wrong.
+pub(crate) fn parse_hidden_args(
+    subcommand: &str,
+    args: Vec<String>,
+) -> Result<(Option<PathBuf>, Vec<String>), i32> {
+    let mut records: Option<PathBuf> = None;
+    let mut rest = args.into_iter();
+    let mut program: Vec<String> = Vec::new();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--records" => records = rest.next().map(PathBuf::from),
+            "--" => {
+                program = rest.by_ref().collect();
+                break;
+            }
+            other => {
+                eprintln!("orchestrate {subcommand}: unexpected argument `{other}`");
+                return Err(2);
+            }
+        }
+    }
+    if program.is_empty() {
+        eprintln!("orchestrate {subcommand}: no program after `--`");
+        return Err(2);
+    }
+    Ok((records, program))
 }
 
 /// Runs a hidden subcommand of `orchestrate` (the srun launcher or the per-task wrapper) when

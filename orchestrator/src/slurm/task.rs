@@ -65,26 +65,11 @@ extern "C" fn outlive(_: libc::c_int) {}
 
 /// Runs the wrapper with its arguments (after the subcommand) and returns the exit status.
 pub fn run(args: Vec<String>) -> i32 {
-    let mut records: Option<PathBuf> = None;
-    let mut rest = args.into_iter();
-    let mut program: Vec<String> = Vec::new();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--records" => records = rest.next().map(PathBuf::from),
-            "--" => {
-                program = rest.by_ref().collect();
-                break;
-            }
-            other => {
-                eprintln!("orchestrate {TASK_SUBCOMMAND}: unexpected argument `{other}`");
-                return 2;
-            }
-        }
-    }
-    let Some((exe, exe_args)) = program.split_first() else {
-        eprintln!("orchestrate {TASK_SUBCOMMAND}: no program after `--`");
-        return 2;
+    let (records, program) = match super::launch::parse_hidden_args(TASK_SUBCOMMAND, args) {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
     };
+    let (exe, exe_args) = program.split_first().expect("parse_hidden_args checks it");
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let num = |k: &str| var(k).and_then(|v| v.parse::<u32>().ok());
     let rank = num("SLURM_PROCID").unwrap_or(0);
