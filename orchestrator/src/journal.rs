@@ -1,12 +1,29 @@
-//! The run journal: an append-only JSON-lines file, fsynced at every state change.
+//! The run journal: an append-only JSON-lines file, the durable record of every state change.
 //!
 //! Each line is one [`JournalRecord`] with the protocol version and a timestamp. A crash at any
 //! instant leaves every line but possibly the last complete; readers skip a torn last line.
+//!
+//! Durability: every record is written to the file (the kernel's page cache) before
+//! [`Journal::append`] returns, so a killed `orchestrate` (`kill -9`, OOM) loses nothing. What
+//! a machine crash may lose is bounded by when records reach the disk:
+//! - the run's start and end, Slurm records, and every record appended with
+//!   [`Journal::append_durable`] are fsynced before the call returns;
+//! - a stage's end (finished or skipped) is fsynced within [`GROUP_COMMIT`]: finishes that
+//!   come close together share one fsync (group commit), so a sweep of short stages does not
+//!   pay one disk flush per stage; a crash can lose only the last [`GROUP_COMMIT`] of them,
+//!   and those stages run again on resume;
+//! - a stage's start is not fsynced on its own (losing it means the stage counts as not
+//!   started, and runs again on resume); the next fsync covers it.
 
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// How long a stage's end record may wait for the fsync it shares with the ends around it.
+pub const GROUP_COMMIT: Duration = Duration::from_millis(20);
 
 /// One state change of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,6 +136,111 @@ pub struct Journal {
     file: File,
     path: std::path::PathBuf,
     root: std::path::PathBuf,
+    flusher: Flusher,
+}
+
+/// The group-commit thread: fsyncs the journal within [`GROUP_COMMIT`] of a record that asked
+/// for it, once for all the records written meanwhile.
+#[derive(Debug)]
+struct Flusher {
+    shared: Arc<(Mutex<FlushState>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct FlushState {
+    /// Records written since the last fsync that must reach the disk.
+    dirty: bool,
+    /// The journal is being closed: flush what is dirty and stop.
+    closing: bool,
+    /// The last background fsync's failure, reported by the next append.
+    error: Option<io::Error>,
+}
+
+impl Flusher {
+    fn start(file: &File) -> io::Result<Flusher> {
+        let file = file.try_clone()?;
+        let shared = Arc::new((Mutex::new(FlushState::default()), Condvar::new()));
+        let theirs = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("journal-sync".into())
+            .spawn(move || {
+                let (lock, cv) = &*theirs;
+                let mut state = lock.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    while !state.dirty && !state.closing {
+                        state = cv.wait(state).unwrap_or_else(|p| p.into_inner());
+                    }
+                    if !state.dirty {
+                        return; // closing, nothing to flush
+                    }
+                    if !state.closing {
+                        // Let the records of the next few milliseconds share this fsync.
+                        drop(state);
+                        std::thread::sleep(GROUP_COMMIT / 2);
+                        state = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    }
+                    state.dirty = false;
+                    drop(state);
+                    let result = file.sync_data();
+                    state = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Err(e) = result {
+                        state.error = Some(e);
+                    }
+                }
+            })?;
+        Ok(Flusher {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for an fsync within [`GROUP_COMMIT`]; returns a failure of an earlier one.
+    fn request(&self) -> io::Result<()> {
+        let (lock, cv) = &*self.shared;
+        let mut state = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = state.error.take() {
+            return Err(e);
+        }
+        state.dirty = true;
+        cv.notify_one();
+        Ok(())
+    }
+
+    /// Notes that an fsync is about to cover everything written so far.
+    fn covered(&self) -> io::Result<()> {
+        let (lock, _) = &*self.shared;
+        let mut state = lock.lock().unwrap_or_else(|p| p.into_inner());
+        state.dirty = false;
+        match state.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        {
+            let (lock, cv) = &*self.shared;
+            let mut state = lock.lock().unwrap_or_else(|p| p.into_inner());
+            state.closing = true;
+            cv.notify_one();
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// When a record must reach the disk.
+enum Durability {
+    /// Before `append` returns.
+    Now,
+    /// Within [`GROUP_COMMIT`], sharing an fsync with its neighbours.
+    Grouped,
+    /// With the next fsync, whenever that is.
+    Lazy,
 }
 
 /// Adds the path an I/O error is about to its message.
@@ -139,15 +261,42 @@ impl Journal {
         File::open(&root)
             .and_then(|d| d.sync_all())
             .map_err(|e| at(&root, e))?;
+        let flusher = Flusher::start(&file).map_err(|e| at(path, e))?;
         Ok(Journal {
             file,
             path: path.to_path_buf(),
             root,
+            flusher,
         })
     }
 
-    /// Appends `record` as one line and fsyncs before returning. An error names the journal.
+    /// Appends `record` as one line, written before returning and fsynced as the module
+    /// documentation says for its kind. An error names the journal.
     pub fn append(&mut self, record: &JournalRecord) -> io::Result<()> {
+        let durability = match record {
+            JournalRecord::StageStarted { .. } => Durability::Lazy,
+            JournalRecord::StageFinished { .. } | JournalRecord::StageSkipped { .. } => {
+                Durability::Grouped
+            }
+            _ => Durability::Now,
+        };
+        self.write(record, durability)
+    }
+
+    /// Appends `record` and fsyncs it (with everything before it) before returning.
+    pub fn append_durable(&mut self, record: &JournalRecord) -> io::Result<()> {
+        self.write(record, Durability::Now)
+    }
+
+    /// Fsyncs everything appended so far before returning.
+    pub fn sync(&mut self) -> io::Result<()> {
+        self.flusher
+            .covered()
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| at(&self.path, e))
+    }
+
+    fn write(&mut self, record: &JournalRecord, durability: Durability) -> io::Result<()> {
         let relative;
         let record = match record {
             JournalRecord::StageFinished { checkpoints, .. } if !checkpoints.is_empty() => {
@@ -173,8 +322,12 @@ impl Journal {
         bytes.push(b'\n');
         self.file
             .write_all(&bytes)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| at(&self.path, e))
+            .map_err(|e| at(&self.path, e))?;
+        match durability {
+            Durability::Now => self.sync(),
+            Durability::Grouped => self.flusher.request().map_err(|e| at(&self.path, e)),
+            Durability::Lazy => Ok(()),
+        }
     }
 }
 

@@ -40,6 +40,7 @@ pub mod rundir;
 pub mod runner;
 pub mod slurm;
 pub mod sockets;
+pub mod spawn;
 pub mod stage;
 pub mod supervisor;
 pub mod timefmt;

@@ -15,10 +15,8 @@ use crate::reaper::{Reaped, Reaper};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -100,43 +98,16 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             Err(why) => tracing::debug!("not through the fork server: {why}"),
         }
     }
-    let Some((program, args)) = launch.argv.split_first() else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(&launch.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(launch.stdout))
-        .stderr(Stdio::from(launch.stderr));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("ORCHESTRATE_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .env(TOKEN_VAR, &launch.token);
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died before the flag was set: then nobody would kill us.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn()?;
-    let pid = child.id() as i32;
-    // Dropping `child` neither waits nor kills; the reaper owns the exit status from here on.
-    drop(child);
+    let env = stage_environment(&launch);
+    let stdin = std::fs::File::open("/dev/null")?;
+    let pid = crate::spawn::spawn(&crate::spawn::Request {
+        argv: &launch.argv,
+        env: &env,
+        cwd: &launch.cwd,
+        stdin: stdin.as_fd(),
+        stdout: launch.stdout.as_fd(),
+        stderr: launch.stderr.as_fd(),
+    })?;
     Ok(StageProcess {
         pid,
         token: launch.token,

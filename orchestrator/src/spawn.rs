@@ -1,0 +1,330 @@
+//! Starting a stage's first process at a cost that does not grow with the orchestrator.
+//!
+//! `fork()` copies the parent's page tables, so its cost grows with the orchestrator's memory
+//! (a 100,000-stage sweep's state made every spawn slower, and `std::process::Command` forks
+//! whenever a `pre_exec` hook is set). [`spawn`] instead clones the calling thread with
+//! `CLONE_VM | CLONE_VFORK` (what `posix_spawn` does inside glibc): the child runs on a small
+//! stack of its own in the parent's memory, does only system calls, and the parent resumes
+//! when the child has called `execve` (or failed to).
+//!
+//! Promises, the same as the fork path's:
+//! - the child is in a new session and process group (`setsid`), with the given stdin, stdout
+//!   and stderr and working directory, and exactly the given environment;
+//! - it gets SIGKILL when the spawning thread dies (`PR_SET_PDEATHSIG`), and exits at once if
+//!   the parent died before that was set;
+//! - every signal it inherits is at its default disposition and unblocked, SIGPIPE included
+//!   (the orchestrator ignores SIGPIPE; programs expect the default);
+//! - nothing it does before `execve` allocates or takes a lock: all it needs is prepared here,
+//!   before the clone, and a failure to start comes back as the `errno` of the failing call.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// What to start.
+pub struct Request<'a> {
+    /// Program (a path, or a name looked up in the environment's `PATH`) and arguments.
+    pub argv: &'a [String],
+    /// The child's whole environment.
+    pub env: &'a [(String, String)],
+    /// Its working directory.
+    pub cwd: &'a Path,
+    /// Its standard input, output and error.
+    pub stdin: BorrowedFd<'a>,
+    /// See `stdin`.
+    pub stdout: BorrowedFd<'a>,
+    /// See `stdin`.
+    pub stderr: BorrowedFd<'a>,
+}
+
+/// Everything the child touches, prepared before the clone; the child only reads it, except
+/// `error`, where it leaves the `errno` of a failed step.
+struct Prepared {
+    path: CString,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    cwd: CString,
+    fds: [libc::c_int; 3],
+    parent: libc::pid_t,
+    /// The signal mask to restore in the child (the parent's, before everything was blocked).
+    mask: libc::sigset_t,
+    error: libc::c_int,
+}
+
+/// Starts the program of `req` as described in the module documentation; returns its pid.
+/// Must be called on the thread whose life the child's should be tied to.
+pub fn spawn(req: &Request<'_>) -> io::Result<i32> {
+    let Some(program) = req.argv.first() else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
+    };
+    let path = resolve(program, req.env, req.cwd)?;
+    let cstr = |s: &[u8]| {
+        CString::new(s).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an argument or variable holds a NUL byte",
+            )
+        })
+    };
+    let args: Vec<CString> = req
+        .argv
+        .iter()
+        .map(|a| cstr(a.as_bytes()))
+        .collect::<io::Result<_>>()?;
+    let vars: Vec<CString> = req
+        .env
+        .iter()
+        .map(|(k, v)| cstr(format!("{k}={v}").as_bytes()))
+        .collect::<io::Result<_>>()?;
+    let mut prepared = Prepared {
+        path: cstr(path.as_os_str().as_bytes())?,
+        argv: args
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect(),
+        envp: vars
+            .iter()
+            .map(|v| v.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect(),
+        cwd: cstr(req.cwd.as_os_str().as_bytes())?,
+        fds: [
+            req.stdin.as_raw_fd(),
+            req.stdout.as_raw_fd(),
+            req.stderr.as_raw_fd(),
+        ],
+        // SAFETY: getpid has no preconditions.
+        parent: unsafe { libc::getpid() },
+        // SAFETY: an all-zero sigset_t is a valid (empty) set; it is overwritten below.
+        mask: unsafe { std::mem::zeroed() },
+        error: 0,
+    };
+    // The child's stack: a few system calls need little, but leave room for the vDSO and
+    // for signal frames, of which there are none (every signal is blocked until exec).
+    let mut stack = vec![0u8; 64 * 1024];
+    // SAFETY: all-zero is a valid sigset_t; sigfillset initialises it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: plain libc calls on valid pointers. Blocking every signal before the clone
+    // means no handler of the orchestrator ever runs on the child's side of the shared memory.
+    let pid = unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut prepared.mask);
+        let top = stack.as_mut_ptr().add(stack.len());
+        // 16-byte alignment of the initial stack pointer, as the ABI asks.
+        let top = (top as usize & !15) as *mut libc::c_void;
+        let pid = libc::clone(
+            child,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &mut prepared as *mut Prepared as *mut libc::c_void,
+        );
+        let clone_error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &prepared.mask, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        pid
+    };
+    // CLONE_VFORK: the child has exec'd or exited by now, and `error` says which.
+    drop(stack);
+    drop(args);
+    drop(vars);
+    if prepared.error != 0 {
+        // It exited with 127 without running anything; the reaper collects it.
+        return Err(io::Error::from_raw_os_error(prepared.error));
+    }
+    Ok(pid)
+}
+
+/// The child's side: system calls only, on the prepared data.
+extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Prepared` of `spawn`, alive (the parent is suspended) and written
+    // by nobody else until this child execs or exits.
+    unsafe {
+        let p = &mut *(arg as *mut Prepared);
+        let fail = |p: &mut Prepared| -> ! {
+            p.error = *libc::__errno_location();
+            if p.error == 0 {
+                p.error = libc::EINVAL;
+            }
+            libc::_exit(127)
+        };
+        // Default dispositions for every signal that has a handler (exec would reset those
+        // anyway; this is for the instants before it) and for SIGPIPE, which is ignored here.
+        for signal in 1..libc::SIGRTMAX() {
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            if old.sa_sigaction != libc::SIG_DFL
+                && (old.sa_sigaction != libc::SIG_IGN || signal == libc::SIGPIPE)
+            {
+                let mut dfl: libc::sigaction = std::mem::zeroed();
+                dfl.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(signal, &dfl, std::ptr::null_mut());
+            }
+        }
+        for (target, &fd) in p.fds.iter().enumerate() {
+            let target = target as libc::c_int;
+            if fd == target {
+                // dup2 onto itself would keep close-on-exec set: clear it.
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    fail(p);
+                }
+            } else if libc::dup2(fd, target) < 0 {
+                fail(p);
+            }
+        }
+        if libc::chdir(p.cwd.as_ptr()) != 0 {
+            fail(p);
+        }
+        if libc::setsid() < 0 {
+            fail(p);
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+            fail(p);
+        }
+        // The parent may have died before the flag was set: then nobody would kill us.
+        if libc::getppid() != p.parent {
+            libc::_exit(1);
+        }
+        // Programs start with no signal blocked.
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::execve(p.path.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
+        fail(p)
+    }
+}
+
+/// The file `program` names: itself when it holds a `/`, else the first executable regular
+/// file called so in the directories of the environment's `PATH` (the orchestrator's when the
+/// environment has none), as `execvp` would find it. Relative results are made absolute
+/// against `cwd`, where the child will run.
+fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<PathBuf> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
+    }
+    let path_var = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var("PATH").ok())
+        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_string());
+    let mut denied = false;
+    for dir in path_var.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let mut candidate = PathBuf::from(dir).join(program);
+        if candidate.is_relative() {
+            candidate = cwd.join(candidate);
+        }
+        let Ok(meta) = std::fs::metadata(&candidate) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        if executable(&candidate) {
+            return Ok(candidate);
+        }
+        denied = true;
+    }
+    Err(if denied {
+        io::Error::from_raw_os_error(libc::EACCES)
+    } else {
+        io::Error::from_raw_os_error(libc::ENOENT)
+    })
+}
+
+fn executable(path: &Path) -> bool {
+    let Ok(c) = CString::new(OsStr::as_bytes(path.as_os_str())) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// A fresh directory of its own under the system's temporary directory.
+    fn scratch() -> PathBuf {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("spawn-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> (io::Result<i32>, String) {
+        let out_path = scratch().join("out");
+        let out = std::fs::File::create(&out_path).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let pid = spawn(&Request {
+            argv: &argv,
+            env: &env,
+            cwd,
+            stdin: null.as_fd(),
+            stdout: out.as_fd(),
+            stderr: out.as_fd(),
+        });
+        if let Ok(pid) = pid {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        }
+        (pid, std::fs::read_to_string(&out_path).unwrap())
+    }
+
+    #[test]
+    fn the_child_gets_its_environment_directory_session_and_default_signals() {
+        let dir = scratch();
+        let script = "echo \"$FOO $(pwd)\"; \
+                      [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo session-leader; \
+                      grep -E '^(SigBlk|SigIgn)' /proc/$$/status";
+        let (pid, out) = run(
+            &["sh", "-c", script],
+            &[("FOO", "bar"), ("PATH", "/usr/bin:/bin")],
+            &dir,
+        );
+        assert!(pid.is_ok());
+        let cwd = std::fs::canonicalize(&dir).unwrap();
+        assert!(
+            out.starts_with(&format!("bar {}\n", cwd.display())),
+            "{out}"
+        );
+        assert!(out.contains("session-leader"), "{out}");
+        assert!(out.contains("SigBlk:\t0000000000000000"), "{out}");
+        // SIGPIPE (bit 13) is not ignored in the child although the test harness may ignore it.
+        let ign = out
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:\t"))
+            .unwrap();
+        let ign = u64::from_str_radix(ign.trim(), 16).unwrap();
+        assert_eq!(ign & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
+    }
+
+    #[test]
+    fn a_missing_program_or_directory_is_an_error_not_a_child() {
+        let dir = scratch();
+        let (pid, _) = run(&["no-such-program-here"], &[("PATH", "/usr/bin")], &dir);
+        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
+        let (pid, _) = run(&["/bin/true"], &[], &dir.join("missing"));
+        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    }
+}
