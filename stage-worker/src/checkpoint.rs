@@ -114,12 +114,7 @@ fn write_listed(dir: &Path, name: &str, bytes: &[u8]) -> StageResult<WrittenFile
 
 /// The identity of a file from its metadata.
 pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
-    use std::os::unix::fs::MetadataExt;
-    FileIdentity {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-    }
+    FileIdentity::of(meta)
 }
 
 /// Header entries of the slices of a flat buffer, names prefixed, in buffer order.
