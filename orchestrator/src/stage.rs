@@ -209,11 +209,6 @@ impl AttemptResult {
             host: None,
         }
     }
-
-    /// Whether any GPU of the attempt ended with a leak verdict.
-    pub fn leaked(&self) -> bool {
-        self.gpu.iter().any(|g| g.verdict != GpuVerdict::Clean)
-    }
 }
 
 /// SIGTERM to the attempt's tree, or to its first process only when the plan says so.
