@@ -262,6 +262,14 @@ fn init_logging(format: LogFormat, daemon: bool) {
 }
 
 /// Prints a plan's problems; the exit status for them.
+/// Prints `value` as indented JSON on stdout: what every `--json` output and `schema` print.
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
 fn plan_error(e: orchestrator::plan::PlanError) -> ExitCode {
     eprint!("{e}");
     if !e.to_string().ends_with('\n') {
@@ -318,10 +326,7 @@ fn main() -> ExitCode {
         },
         Some(Command::Schema) => {
             let schema = orchestrator::plan::json_schema();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&schema).unwrap_or_default()
-            );
+            print_json(&schema);
             ExitCode::SUCCESS
         }
         Some(Command::GpuCheck {
@@ -331,10 +336,7 @@ fn main() -> ExitCode {
         }) => match orchestrator::gpu::check::run(max_used_mib << 20, wait.map(|w| w.get())) {
             Ok(result) => {
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&result).unwrap_or_default()
-                    );
+                    print_json(&result);
                 } else {
                     print!("{}", orchestrator::gpu::check::render_text(&result));
                 }
@@ -354,7 +356,7 @@ fn main() -> ExitCode {
                         "clean": false,
                         "gpus": [],
                     });
-                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                    print_json(&out);
                 } else {
                     eprintln!("error: {why}");
                 }
@@ -376,10 +378,7 @@ fn main() -> ExitCode {
             match orchestrator::report::load_for_display(&run_dir) {
                 Ok(report) => {
                     if json {
-                        println!(
-                            "{}",
-                            serde_json::to_string_pretty(&report).unwrap_or_default()
-                        );
+                        print_json(&report);
                     } else {
                         print!("{}", orchestrator::report::summary(&report));
                     }
@@ -671,7 +670,7 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             "live": owner.as_ref().map(|o| serde_json::json!({"pid": o.pid, "host": o.host})),
             "stages": rows,
         });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        print_json(&out);
     } else {
         if let Some(owner) = &owner {
             println!(
