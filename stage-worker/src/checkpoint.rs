@@ -494,7 +494,7 @@ impl Verified {
     }
 
     /// Loads the weights into `model`, whose shape must match. A file written in buffer order
-    /// (as [`write`] does) is copied into the flat parameter buffer in one transfer; any other
+    /// (as [`write()`] does) is copied into the flat parameter buffer in one transfer; any other
     /// layout tensor by tensor. If the file cannot be loaded, a checksum mismatch found by
     /// [`Verified::finish`] is the error reported.
     pub fn load_model(&self, model: &ByteGpt) -> StageResult<()> {
