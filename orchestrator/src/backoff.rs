@@ -7,60 +7,59 @@
 
 use std::time::{Duration, Instant};
 
-/// The pauses between looks: 1 ms, then doubling, never above the ceiling.
+/// The pauses between looks until a deadline: 1 ms, then doubling, never above the ceiling.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
     ceiling: Duration,
+    deadline: Instant,
 }
 
 impl Backoff {
-    /// Pauses from 1 ms up to `ceiling`.
-    pub fn new(ceiling: Duration) -> Self {
+    /// Pauses from 1 ms up to `ceiling`, for `limit` from now.
+    pub fn new(limit: Duration, ceiling: Duration) -> Self {
         Backoff {
             next: Duration::from_millis(1).min(ceiling),
             ceiling,
+            deadline: Instant::now() + limit,
         }
     }
 
-    /// The pause to take now; the next one is twice as long, up to the ceiling.
-    pub fn pause(&mut self) -> Duration {
+    /// The pause to take before the next look, or `None` once the limit has passed (no more
+    /// looks); each pause is twice the one before, up to the ceiling.
+    pub fn pause(&mut self) -> Option<Duration> {
+        if Instant::now() >= self.deadline {
+            return None;
+        }
         let pause = self.next;
         self.next = (self.next * 2).min(self.ceiling);
-        pause
+        Some(pause)
     }
 }
 
-/// Calls `done` until it returns true, or until `limit` has passed since the call (then one
-/// last look is not taken: the answer is false). Sleeps on the async runtime between looks,
-/// pausing at most `ceiling`.
+/// Calls `done` until it returns true (then true), or until `limit` has passed since the call
+/// (then false). Sleeps on the async runtime between looks, pausing at most `ceiling`.
 pub async fn poll(limit: Duration, ceiling: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    let mut backoff = Backoff::new(ceiling);
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
+    let mut backoff = Backoff::new(limit, ceiling);
+    while !done() {
+        let Some(pause) = backoff.pause() else {
             return false;
-        }
-        tokio::time::sleep(backoff.pause()).await;
+        };
+        tokio::time::sleep(pause).await;
     }
+    true
 }
 
 /// [`poll`] for a caller outside the async runtime: the thread sleeps between looks.
 pub fn poll_blocking(limit: Duration, ceiling: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    let mut backoff = Backoff::new(ceiling);
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
+    let mut backoff = Backoff::new(limit, ceiling);
+    while !done() {
+        let Some(pause) = backoff.pause() else {
             return false;
-        }
-        std::thread::sleep(backoff.pause());
+        };
+        std::thread::sleep(pause);
     }
+    true
 }
 
 #[cfg(test)]
@@ -69,9 +68,13 @@ mod tests {
 
     #[test]
     fn pauses_double_up_to_the_ceiling() {
-        let mut b = Backoff::new(Duration::from_millis(5));
-        let ms: Vec<u128> = (0..5).map(|_| b.pause().as_millis()).collect();
+        let mut b = Backoff::new(Duration::from_secs(60), Duration::from_millis(5));
+        let ms: Vec<u128> = (0..5).map(|_| b.pause().unwrap().as_millis()).collect();
         assert_eq!(ms, [1, 2, 4, 5, 5]);
+        assert_eq!(
+            Backoff::new(Duration::ZERO, Duration::from_millis(5)).pause(),
+            None
+        );
     }
 
     #[test]

@@ -262,6 +262,18 @@ fn init_logging(format: LogFormat, daemon: bool) {
 }
 
 /// Prints a plan's problems; the exit status for them.
+/// The single-threaded async runtime a run or the daemon runs on; the exit status to end with
+/// (after saying why) when it cannot start.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the runtime: {e}");
+            ExitCode::from(exit::RUN_ERROR as u8)
+        })
+}
+
 /// Prints `value` as indented JSON on stdout: what every `--json` output and `schema` print.
 fn print_json(value: &impl serde::Serialize) {
     println!(
@@ -406,15 +418,9 @@ fn main() -> ExitCode {
                 idle_timeout: idle_timeout.get(),
                 worker: cli.run.worker,
             };
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime() {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return ExitCode::from(exit::RUN_ERROR as u8);
-                }
+                Err(code) => return code,
             };
             let local = tokio::task::LocalSet::new();
             match local.block_on(&runtime, orchestrator::daemon::serve(config)) {
@@ -573,15 +579,9 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         Ok(d) => d,
         Err(e) => return run_dir_error(&e),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(exit::RUN_ERROR as u8);
-        }
+        Err(code) => return code,
     };
     let local = tokio::task::LocalSet::new();
     let options = RunOptions {

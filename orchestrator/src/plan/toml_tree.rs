@@ -27,7 +27,7 @@ fn item(item: &Item) -> Node {
         Item::None => Value::Other,
         Item::Value(v) => return value(v),
         Item::Table(t) => table(t),
-        Item::ArrayOfTables(tables) => Value::Array(tables.iter().map(|t| item_of(t)).collect()),
+        Item::ArrayOfTables(tables) => Value::Array(tables.iter().map(item_of).collect()),
     };
     spanned(value, item.span())
 }
