@@ -57,23 +57,27 @@ pub(crate) fn prepare_attempt(
     let output_dir = run_dir.output_dir(&stage.name);
 
     // Inputs: every upstream's output directory, whose recorded files must still be there.
+    // Their contents were hashed when the upstream finished (and a built-in stage hashes its
+    // inputs again as it reads them), so a look at the sizes suffices here.
     let mut inputs = BTreeMap::new();
     for &u in &plan.upstream[i] {
         let up = &plan.plan.stages[u];
         let dir = run_dir.output_dir(&up.name);
         if let Some(result) = &states[u].last {
             for record in &result.checkpoints {
-                let actual = std::fs::metadata(&record.path).map(|m| m.len()).ok();
-                if actual != Some(record.bytes) {
+                let path = Path::new(&record.path);
+                let depth = crate::checksum::Depth::Size;
+                if let Err(mismatch) =
+                    crate::checksum::check_file(path, record.bytes, &record.sha256, depth)
+                {
                     return Err(Failure::BadInput(format!(
                         "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
                         stage.name,
                         up.name,
                         record.path,
-                        if actual.is_none() {
-                            "missing"
-                        } else {
-                            "changed since it was verified"
+                        match mismatch {
+                            crate::checksum::FileMismatch::Missing(_) => "missing",
+                            _ => "changed since it was verified",
                         }
                     )));
                 }

@@ -21,9 +21,7 @@ pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
         hasher.update(&buf[..n]);
         total += n as u64;
     }
-    let digest = hasher.finalize();
-    let hex = digest.iter().map(|b| format!("{b:02x}")).collect();
-    Ok((hex, total))
+    Ok((protocol::checkpoint::hex(&hasher.finalize()), total))
 }
 
 /// A file a stage reported writing (a `checkpoint` event): its checksum, computed by the
@@ -38,14 +36,66 @@ pub struct ReportedFile {
     pub identity: FileIdentity,
 }
 
-/// The identity of a file from its metadata (same fields as the stage worker reports).
-pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
-    use std::os::unix::fs::MetadataExt;
-    FileIdentity {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+/// How closely [`check_file`] looks at a file.
+#[derive(Debug, Clone, Copy)]
+pub enum Depth<'a> {
+    /// Its size only: a cheap look, for a file whose contents were verified moments ago.
+    Size,
+    /// Its size, then its SHA-256; a file that is, by its identity and size, one the stage
+    /// reported writing with the recorded checksum is taken on the writer's word (it hashed
+    /// those bytes as it wrote them). Pass no reported files to hash every file.
+    Content {
+        /// Files a stage reported writing.
+        reported: &'a [ReportedFile],
+    },
+}
+
+/// Why a file is not the one recorded (its size and SHA-256).
+#[derive(Debug)]
+pub enum FileMismatch {
+    /// It cannot be found (or its metadata read).
+    Missing(std::io::Error),
+    /// It has another size.
+    Size {
+        /// Its size now, in bytes.
+        actual: u64,
+    },
+    /// It could not be read to hash it.
+    Unreadable(std::io::Error),
+    /// Its bytes hash to another SHA-256.
+    Checksum {
+        /// Its SHA-256 now, lower-case hex.
+        actual: String,
+    },
+}
+
+/// Checks the file at `path` against the size and SHA-256 recorded for it, as closely as
+/// `depth` says: the one check behind manifests, resume and a stage's inputs.
+pub fn check_file(
+    path: &Path,
+    bytes: u64,
+    sha256: &str,
+    depth: Depth<'_>,
+) -> Result<(), FileMismatch> {
+    let meta = std::fs::metadata(path).map_err(FileMismatch::Missing)?;
+    if meta.len() != bytes {
+        return Err(FileMismatch::Size { actual: meta.len() });
     }
+    let Depth::Content { reported } = depth else {
+        return Ok(());
+    };
+    let identity = FileIdentity::of(&meta);
+    if reported
+        .iter()
+        .any(|r| r.identity == identity && r.bytes == bytes && r.sha256 == sha256)
+    {
+        return Ok(());
+    }
+    let (actual, _) = sha256_file(path).map_err(FileMismatch::Unreadable)?;
+    if actual != sha256 {
+        return Err(FileMismatch::Checksum { actual });
+    }
+    Ok(())
 }
 
 /// Reads `dir/manifest.json` and checks every file it lists (size, then SHA-256).
@@ -76,34 +126,23 @@ pub fn verify_manifest_dir_reported(
     let mut records = Vec::with_capacity(manifest.files.len() + 1);
     for entry in &manifest.files {
         let path = dir.join(&entry.path);
-        let meta = std::fs::metadata(&path)
-            .map_err(|e| format!("checkpoint file {} is missing: {e}", path.display()))?;
-        if meta.len() != entry.bytes {
-            return Err(format!(
-                "checkpoint file {} is {} bytes, the manifest says {}: it is truncated or was overwritten",
+        let depth = Depth::Content { reported };
+        check_file(&path, entry.bytes, &entry.sha256, depth).map_err(|m| match m {
+            FileMismatch::Missing(e) => format!("checkpoint file {} is missing: {e}", path.display()),
+            FileMismatch::Size { actual } => format!(
+                "checkpoint file {} is {actual} bytes, the manifest says {}: it is truncated or was overwritten",
                 path.display(),
-                meta.len(),
                 entry.bytes
-            ));
-        }
-        let identity = identity_of(&meta);
-        let known = reported
-            .iter()
-            .any(|r| r.identity == identity && r.bytes == entry.bytes && r.sha256 == entry.sha256);
-        let sha = if known {
-            entry.sha256.clone()
-        } else {
-            sha256_file(&path)
-                .map_err(|e| format!("cannot read checkpoint file {}: {e}", path.display()))?
-                .0
-        };
-        if sha != entry.sha256 {
-            return Err(format!(
-                "checkpoint file {} does not match its manifest checksum (sha256 {sha}, expected {}): it is corrupted",
+            ),
+            FileMismatch::Unreadable(e) => {
+                format!("cannot read checkpoint file {}: {e}", path.display())
+            }
+            FileMismatch::Checksum { actual } => format!(
+                "checkpoint file {} does not match its manifest checksum (sha256 {actual}, expected {}): it is corrupted",
                 path.display(),
                 entry.sha256
-            ));
-        }
+            ),
+        })?;
         records.push(CheckpointRecord {
             path: path.display().to_string(),
             bytes: entry.bytes,
@@ -149,7 +188,7 @@ mod tests {
         let reported = ReportedFile {
             sha256: entry.sha256.clone(),
             bytes: entry.bytes,
-            identity: identity_of(&std::fs::metadata(&path).unwrap()),
+            identity: FileIdentity::of(&std::fs::metadata(&path).unwrap()),
         };
         // Same size, same inode, same modification time, other bytes: the writer's word is
         // taken (no read), while a full verification sees the corruption.

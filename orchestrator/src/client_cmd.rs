@@ -187,7 +187,7 @@ pub fn runs(socket: &Path, json: bool) -> ExitCode {
             let Response::Runs { runs, .. } = response else {
                 unreachable!()
             };
-            let width = runs.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
+            let width = orchestrator::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
             println!(
                 "{:<width$}  {:<11} {:>9}  waiting / directory",
                 "id", "state", "stages"

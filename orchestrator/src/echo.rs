@@ -30,7 +30,7 @@ pub fn direct(log: File) -> Stream {
 /// size, so a stage writing megabytes without a newline costs no more memory than this.
 pub const MAX_LINE: usize = 64 << 10;
 /// `\r`-terminated updates (progress bars redrawing one line) are shown at most this often.
-const CR_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+pub const CR_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Turns a stream of bytes into console lines: `\n` ends a line; `\r` ends an update of the
 /// current line (shown, at most once per [`CR_EVERY`]); a line longer than [`MAX_LINE`] is

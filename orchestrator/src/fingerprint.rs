@@ -26,11 +26,7 @@ pub fn stage_fingerprints(plan: &LoadedPlan) -> Vec<String> {
         for &u in &plan.upstream[i] {
             hasher.update(prints[u].as_bytes());
         }
-        prints[i] = hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        prints[i] = protocol::checkpoint::hex(&hasher.finalize());
     }
     prints
 }

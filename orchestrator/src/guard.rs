@@ -86,11 +86,7 @@ fn processes_with_env_prefix(prefix: &[u8]) -> Vec<i32> {
     crate::proctree::snapshot()
         .into_iter()
         .filter(|p| p.pid != me && p.state != 'Z')
-        .filter(|p| {
-            std::fs::read(format!("/proc/{}/environ", p.pid))
-                .map(|env| env.split(|b| *b == 0).any(|e| e.starts_with(prefix)))
-                .unwrap_or(false)
-        })
+        .filter(|p| crate::proctree::environ_any(p.pid, |e| e.starts_with(prefix)))
         .map(|p| p.pid)
         .collect()
 }

@@ -16,6 +16,7 @@
 //! - [`slurm`] makes a run a good citizen of a Slurm allocation (requeue, srun stages).
 
 pub mod attempt;
+pub mod backoff;
 pub mod channel;
 pub mod checksum;
 pub mod client;
@@ -43,4 +44,5 @@ pub mod sockets;
 pub mod spawn;
 pub mod stage;
 pub mod supervisor;
+pub mod table;
 pub mod timefmt;

@@ -262,6 +262,26 @@ fn init_logging(format: LogFormat, daemon: bool) {
 }
 
 /// Prints a plan's problems; the exit status for them.
+/// The single-threaded async runtime a run or the daemon runs on; the exit status to end with
+/// (after saying why) when it cannot start.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the runtime: {e}");
+            ExitCode::from(exit::RUN_ERROR as u8)
+        })
+}
+
+/// Prints `value` as indented JSON on stdout: what every `--json` output and `schema` print.
+fn print_json(value: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
 fn plan_error(e: orchestrator::plan::PlanError) -> ExitCode {
     eprint!("{e}");
     if !e.to_string().ends_with('\n') {
@@ -318,10 +338,7 @@ fn main() -> ExitCode {
         },
         Some(Command::Schema) => {
             let schema = orchestrator::plan::json_schema();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&schema).unwrap_or_default()
-            );
+            print_json(&schema);
             ExitCode::SUCCESS
         }
         Some(Command::GpuCheck {
@@ -331,10 +348,7 @@ fn main() -> ExitCode {
         }) => match orchestrator::gpu::check::run(max_used_mib << 20, wait.map(|w| w.get())) {
             Ok(result) => {
                 if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&result).unwrap_or_default()
-                    );
+                    print_json(&result);
                 } else {
                     print!("{}", orchestrator::gpu::check::render_text(&result));
                 }
@@ -354,7 +368,7 @@ fn main() -> ExitCode {
                         "clean": false,
                         "gpus": [],
                     });
-                    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+                    print_json(&out);
                 } else {
                     eprintln!("error: {why}");
                 }
@@ -376,10 +390,7 @@ fn main() -> ExitCode {
             match orchestrator::report::load_for_display(&run_dir) {
                 Ok(report) => {
                     if json {
-                        println!(
-                            "{}",
-                            serde_json::to_string_pretty(&report).unwrap_or_default()
-                        );
+                        print_json(&report);
                     } else {
                         print!("{}", orchestrator::report::summary(&report));
                     }
@@ -407,15 +418,9 @@ fn main() -> ExitCode {
                 idle_timeout: idle_timeout.get(),
                 worker: cli.run.worker,
             };
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime() {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return ExitCode::from(exit::RUN_ERROR as u8);
-                }
+                Err(code) => return code,
             };
             let local = tokio::task::LocalSet::new();
             match local.block_on(&runtime, orchestrator::daemon::serve(config)) {
@@ -574,15 +579,9 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         Ok(d) => d,
         Err(e) => return run_dir_error(&e),
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(exit::RUN_ERROR as u8);
-        }
+        Err(code) => return code,
     };
     let local = tokio::task::LocalSet::new();
     let options = RunOptions {
@@ -671,7 +670,7 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             "live": owner.as_ref().map(|o| serde_json::json!({"pid": o.pid, "host": o.host})),
             "stages": rows,
         });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        print_json(&out);
     } else {
         if let Some(owner) = &owner {
             println!(

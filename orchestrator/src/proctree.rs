@@ -58,11 +58,17 @@ pub fn snapshot() -> Vec<ProcStat> {
         .collect()
 }
 
-fn environ_has(pid: i32, needle: &[u8]) -> bool {
+/// Whether an entry (`KEY=VALUE`) of the environment process `pid` started with passes
+/// `matches`; false when it cannot be read (gone, or another user's).
+pub fn environ_any(pid: i32, matches: impl Fn(&[u8]) -> bool) -> bool {
     match fs::read(format!("/proc/{pid}/environ")) {
-        Ok(env) => env.split(|b| *b == 0).any(|entry| entry == needle),
+        Ok(env) => env.split(|b| *b == 0).any(matches),
         Err(_) => false,
     }
+}
+
+fn environ_has(pid: i32, needle: &[u8]) -> bool {
+    environ_any(pid, |entry| entry == needle)
 }
 
 /// The calling process's children (every thread's), from `/proc/self/task/*/children`.

@@ -101,12 +101,10 @@ pub const TABLE_ROWS: usize = 40;
 /// succeed, and a count of the rest.
 pub fn to_table(rows: &[Row]) -> String {
     let long = rows.len() > TABLE_ROWS;
-    let width = rows
+    let instances = rows
         .iter()
-        .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()).map(str::len))
-        .max()
-        .unwrap_or(8)
-        .max(8);
+        .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()));
+    let width = crate::table::column_width("instance", instances);
     let mut out = format!("\n{:<width$}  {:<10} results\n", "instance", "status");
     let mut hidden = 0usize;
     for row in rows {

@@ -5,6 +5,7 @@
 //! the plan gives it now, every output recorded for it still verifies (size and SHA-256), and
 //! every upstream stage is kept. Otherwise it runs again, with the reason said.
 
+use crate::checksum::{check_file, Depth, FileMismatch};
 use crate::journal::JournalRecord;
 use crate::plan::LoadedPlan;
 use protocol::report::CheckpointRecord;
@@ -48,26 +49,21 @@ impl Decision {
 
 /// Checks a recorded output against the file now.
 pub fn verify_record(record: &CheckpointRecord) -> Result<(), String> {
-    let path = Path::new(&record.path);
-    let meta =
-        std::fs::metadata(path).map_err(|_| format!("its output {} is missing", record.path))?;
-    if meta.len() != record.bytes {
-        return Err(format!(
-            "its output {} changed size ({} bytes, {} recorded)",
-            record.path,
-            meta.len(),
-            record.bytes
-        ));
-    }
-    let (sha, _) = crate::checksum::sha256_file(path)
-        .map_err(|e| format!("its output {} cannot be read: {e}", record.path))?;
-    if sha != record.sha256 {
-        return Err(format!(
-            "its output {} is corrupted (checksum differs)",
-            record.path
-        ));
-    }
-    Ok(())
+    let depth = Depth::Content { reported: &[] };
+    check_file(Path::new(&record.path), record.bytes, &record.sha256, depth).map_err(|m| {
+        let path = &record.path;
+        match m {
+            FileMismatch::Missing(_) => format!("its output {path} is missing"),
+            FileMismatch::Size { actual } => format!(
+                "its output {path} changed size ({actual} bytes, {} recorded)",
+                record.bytes
+            ),
+            FileMismatch::Unreadable(e) => format!("its output {path} cannot be read: {e}"),
+            FileMismatch::Checksum { .. } => {
+                format!("its output {path} is corrupted (checksum differs)")
+            }
+        }
+    })
 }
 
 /// One decision per stage, in plan order.
@@ -162,14 +158,8 @@ pub fn decide(
 
 /// A table of the decisions, for `orchestrate status` and the start of a resumed run.
 pub fn render(plan: &LoadedPlan, decisions: &[Decision]) -> String {
-    let width = plan
-        .plan
-        .stages
-        .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(5)
-        .max(5);
+    let names = plan.plan.stages.iter().map(|s| s.name.as_str());
+    let width = crate::table::column_width("stage", names);
     let mut out = String::new();
     for (stage, d) in plan.plan.stages.iter().zip(decisions) {
         let line = match d {

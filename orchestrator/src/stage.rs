@@ -1,6 +1,7 @@
 //! One attempt of one stage, from spawn to verdict.
 //!
-//! Promises of [`run_attempt`]: when it returns, no process of the attempt is alive; the GPUs
+//! An attempt is started by [`start_attempt`] and seen to its end by [`supervise`]. Promises
+//! of [`supervise`]: when it returns, no process of the attempt is alive; the GPUs
 //! it used have a reclaim verdict (when the check runs); the outputs of a successful attempt
 //! are verified and checksummed; a failed attempt has a [`Failure`] that names what happened.
 
@@ -208,11 +209,6 @@ impl AttemptResult {
             timing: None,
             host: None,
         }
-    }
-
-    /// Whether any GPU of the attempt ended with a leak verdict.
-    pub fn leaked(&self) -> bool {
-        self.gpu.iter().any(|g| g.verdict != GpuVerdict::Clean)
     }
 }
 

@@ -138,8 +138,6 @@ pub struct StoppedProcess {
 pub struct StopSummary {
     /// Processes found alive when stopping began.
     pub found: Vec<StoppedProcess>,
-    /// Whether SIGKILL was needed (the grace period ran out).
-    pub escalated: bool,
     /// Processes still alive after SIGKILL and a wait (uninterruptible sleep): should be empty.
     pub survivors: Vec<StoppedProcess>,
 }
@@ -171,7 +169,6 @@ pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reape
             return summary;
         }
     }
-    summary.escalated = true;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         signal_tree(leader, token, Signal::SIGKILL);
@@ -187,19 +184,11 @@ pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reape
 
 /// Polls until no process of the stage is alive; false if `limit` passed first.
 pub async fn wait_until_gone(leader: i32, token: &str, limit: Duration, reaper: &Reaper) -> bool {
-    let deadline = Instant::now() + limit;
-    let mut pause = Duration::from_millis(1);
-    loop {
+    crate::backoff::poll(limit, Duration::from_millis(25), || {
         reaper.reap_now();
-        if proctree::stage_members(leader, token).is_empty() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(25));
-    }
+        proctree::stage_members(leader, token).is_empty()
+    })
+    .await
 }
 
 /// The name of a signal number ("SIGSEGV"), or "signal N".

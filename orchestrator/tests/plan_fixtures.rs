@@ -2,49 +2,9 @@
 //! (`# expect: TEXT`), at the position its second line gives (`# at: LINE:COL`) if it has one;
 //! every plan under `tests/plans/valid/` loads, with a topological order.
 
+use e2e_tests::fixtures::{expectation, plans as fixtures};
 use orchestrator::plan::{load_plan, LoadedPlan};
-use std::path::{Path, PathBuf};
-
-fn fixtures(kind: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/plans")
-        .join(kind);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|p| {
-            matches!(
-                p.extension().and_then(|e| e.to_str()),
-                Some("toml" | "json")
-            )
-        })
-        .collect();
-    files.sort();
-    files
-}
-
-struct Expectation {
-    message: String,
-    at: Option<(usize, usize)>,
-}
-
-fn expectation(path: &Path) -> Expectation {
-    let text = String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned();
-    let mut lines = text.lines();
-    let message = lines
-        .next()
-        .and_then(|l| l.strip_prefix("# expect: "))
-        .unwrap_or_else(|| panic!("{}: first line must be `# expect: …`", path.display()))
-        .to_string();
-    let at = lines
-        .next()
-        .and_then(|l| l.strip_prefix("# at: "))
-        .map(|pos| {
-            let (line, col) = pos.trim().split_once(':').expect("`# at: LINE:COL`");
-            (line.parse().unwrap(), col.parse().unwrap())
-        });
-    Expectation { message, at }
-}
+use std::path::Path;
 
 #[test]
 fn invalid_plans_are_refused_with_the_expected_message_and_position() {

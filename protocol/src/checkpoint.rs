@@ -32,8 +32,21 @@ pub struct ManifestFile {
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
-    /// SHA-256, lower-case hex.
+    /// SHA-256, lower-case hex (see [`hex`]).
     pub sha256: String,
+}
+
+/// `bytes` as lower-case hex, two digits a byte: how every SHA-256 in a manifest, a worker's
+/// events, the journal and the report is written, so checksums from any writer compare equal
+/// as strings.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    out
 }
 
 /// Which file on disk a writer produced: enough to tell, without reading it, that a file is
@@ -52,4 +65,28 @@ pub struct FileIdentity {
     pub ino: u64,
     /// Modification time, nanoseconds since the Unix epoch.
     pub mtime_ns: i64,
+}
+
+impl FileIdentity {
+    /// The identity of the file `meta` describes; writer and reader call this same function,
+    /// so the two agree field for field.
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_is_lower_case_two_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
+        assert_eq!(hex(&[]), "");
+    }
 }

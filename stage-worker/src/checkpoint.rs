@@ -114,12 +114,7 @@ fn write_listed(dir: &Path, name: &str, bytes: &[u8]) -> StageResult<WrittenFile
 
 /// The identity of a file from its metadata.
 pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
-    use std::os::unix::fs::MetadataExt;
-    FileIdentity {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-    }
+    FileIdentity::of(meta)
 }
 
 /// Header entries of the slices of a flat buffer, names prefixed, in buffer order.
@@ -499,7 +494,7 @@ impl Verified {
     }
 
     /// Loads the weights into `model`, whose shape must match. A file written in buffer order
-    /// (as [`write`] does) is copied into the flat parameter buffer in one transfer; any other
+    /// (as [`write()`] does) is copied into the flat parameter buffer in one transfer; any other
     /// layout tensor by tensor. If the file cannot be loaded, a checksum mismatch found by
     /// [`Verified::finish`] is the error reported.
     pub fn load_model(&self, model: &ByteGpt) -> StageResult<()> {

@@ -10,15 +10,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-/// Lower-case hex of `bytes`.
+/// Lower-case hex of `bytes` ([`protocol::checkpoint::hex`]).
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    out
+    protocol::checkpoint::hex(bytes)
 }
 
 /// Flushes a directory's entries (renames, removals) to disk.

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod fixtures;
+
 /// The directory holding the workspace's built binaries (`target/debug` for `cargo test`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -165,34 +167,49 @@ pub fn spawn_plan(scratch: &Scratch, plan: &Path) -> (std::process::Child, PathB
     (child, run_dir)
 }
 
+// The tests read `/proc` with these helpers of their own rather than the orchestrator's
+// `proctree`, so that a bug there cannot hide itself from the tests that check its outcome.
+
+/// Whether process `pid` exists and is not a zombie (from `/proc/<pid>/stat`, whose state
+/// letter follows the last `)`: the command name may hold any character).
+pub fn alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    !matches!(state, Some("Z") | Some("X") | None)
+}
+
+/// The children of process `pid` (every thread's), from `/proc/<pid>/task/*/children`.
+pub fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
 /// PIDs of live (non-zombie) processes whose environment contains `needle` (`KEY=VALUE`).
 pub fn processes_with_env(needle: &str) -> Vec<i32> {
-    let mut found = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return found;
+        return Vec::new();
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next());
-        if matches!(state, Some("Z") | Some("X") | None) {
-            continue;
-        }
-        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
-            if env.split(|b| *b == 0).any(|e| e == needle.as_bytes()) {
-                found.push(pid);
-            }
-        }
-    }
-    found
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| alive(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|e| e == needle.as_bytes()))
+        })
+        .collect()
 }
 
 /// Polls `cond` every 10 ms until it holds or `limit` has passed; whether it held.

@@ -3,8 +3,8 @@
 //! on CPU machines); restart recovery; the Python client.
 
 use e2e_tests::{
-    journal_records as journal, orchestrate, processes_with_env, repo_root, stage_starts as starts,
-    wait_for, Scratch,
+    alive, journal_records as journal, orchestrate, processes_with_env, repo_root,
+    stage_starts as starts, wait_for, Scratch,
 };
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -571,13 +571,7 @@ fn the_cli_client_and_the_python_client_drive_the_daemon() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    assert!(wait_for(Duration::from_secs(10), || !Path::new(&format!(
-        "/proc/{pid}"
-    ))
-    .exists()
-        || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z")));
+    assert!(wait_for(Duration::from_secs(10), || !alive(pid as i32)));
     assert!(!d.socket.exists(), "the socket is removed on shutdown");
 }
 

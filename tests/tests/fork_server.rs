@@ -3,7 +3,7 @@
 //! leaves nothing behind; a server that has initialised a device is refused; and a checkpoint
 //! that orchestrate accepted on the writer's word is still re-hashed on resume.
 
-use e2e_tests::{orchestrate, Scratch};
+use e2e_tests::{alive, children, orchestrate, Scratch};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -57,32 +57,6 @@ fn stage_pids(run_dir: &Path) -> Vec<i32> {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|r| r["rec"] == "stage_started")
         .filter_map(|r| r["pid"].as_i64().map(|p| p as i32))
-        .collect()
-}
-
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(
-            stat.rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().next()),
-            Some("Z") | Some("X")
-        ),
-        Err(_) => false,
-    }
-}
-
-fn children(pid: i32) -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
         .collect()
 }
 
@@ -152,10 +126,7 @@ fn a_forked_worker_is_supervised_and_verified_like_an_exec_d_one() {
                 .join(file);
             let bytes = std::fs::read(&path).unwrap();
             use sha2::Digest;
-            let actual: String = sha2::Sha256::digest(&bytes)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            let actual = protocol::checkpoint::hex(&sha2::Sha256::digest(&bytes));
             assert_eq!(&actual, sha, "{}", path.display());
         }
     }

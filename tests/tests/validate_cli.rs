@@ -1,19 +1,9 @@
 //! `orchestrate validate` on every fixture plan: invalid ones exit 2 with the expected message
 //! (and position), never a panic; valid ones exit 0. Also `orchestrate schema`.
 
+use e2e_tests::fixtures::{expectation, plans as fixtures};
 use e2e_tests::{orchestrate, repo_root};
 use std::process::Command;
-
-fn fixtures(kind: &str) -> Vec<std::path::PathBuf> {
-    let dir = repo_root().join("tests/plans").join(kind);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "toml" || e == "json"))
-        .collect();
-    files.sort();
-    files
-}
 
 /// `orchestrate validate PLAN`.
 fn validate(plan: &std::path::Path) -> std::process::Output {
@@ -33,33 +23,21 @@ fn invalid_plans_exit_2_with_the_expected_message() {
         files.len()
     );
     for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        let expect = text
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("# expect: ")
-                    .or_else(|| l.strip_prefix("// expect: "))
-            })
-            .unwrap_or_else(|| panic!("{} has no `# expect:` line", file.display()))
-            .trim()
-            .to_string();
-        let at = text
-            .lines()
-            .find_map(|l| l.strip_prefix("# at: "))
-            .map(|s| s.trim().to_string());
+        let expect = expectation(&file);
         let out = validate(&file);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{}: {stderr}", file.display());
         assert!(
-            stderr.contains(&expect),
-            "{}: expected `{expect}` in:\n{stderr}",
-            file.display()
+            stderr.contains(&expect.message),
+            "{}: expected `{}` in:\n{stderr}",
+            file.display(),
+            expect.message
         );
-        if let Some(at) = at {
+        if let Some((line, col)) = expect.at {
             let name = file.display().to_string();
             assert!(
-                stderr.contains(&format!("{name}:{at}:")),
-                "{}: expected position {at} in:\n{stderr}",
+                stderr.contains(&format!("{name}:{line}:{col}:")),
+                "{}: expected position {line}:{col} in:\n{stderr}",
                 file.display()
             );
         }

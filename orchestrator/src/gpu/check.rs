@@ -73,15 +73,15 @@ pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, S
         Inventory::Unavailable(why) => return Err(why),
     };
     let start = Instant::now();
-    let mut states = read(probe.as_ref(), &gpus, max_used_bytes);
-    if let Some(timeout) = wait {
-        let mut pause = Duration::from_millis(1);
-        while !states.iter().all(|s| s.clean) && start.elapsed() < timeout {
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(100));
+    let mut states = Vec::new();
+    crate::backoff::poll_blocking(
+        wait.unwrap_or(Duration::ZERO),
+        Duration::from_millis(100),
+        || {
             states = read(probe.as_ref(), &gpus, max_used_bytes);
-        }
-    }
+            states.iter().all(|s| s.clean)
+        },
+    );
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default();

@@ -40,41 +40,33 @@ pub async fn await_reclaim(
     timeout: Duration,
 ) -> ReclaimVerdict {
     let start = Instant::now();
-    let mut pause = Duration::from_millis(1);
     let mut last = baseline;
-    let mut error: Option<String>;
-    loop {
+    let mut error: Option<String> = None;
+    let clean = crate::backoff::poll(timeout, Duration::from_millis(20), || {
         match probe.used_bytes(uuid) {
             Ok(used) => {
-                last = used;
-                error = None;
-                if used <= baseline.saturating_add(tolerance) {
-                    return ReclaimVerdict {
-                        uuid: uuid.to_string(),
-                        baseline_bytes: baseline,
-                        after_bytes: used,
-                        reclaim: start.elapsed(),
-                        clean: true,
-                        holders: Vec::new(),
-                        error: None,
-                    };
-                }
+                (last, error) = (used, None);
+                used <= baseline.saturating_add(tolerance)
             }
-            Err(e) => error = Some(e),
+            Err(e) => {
+                error = Some(e);
+                false
+            }
         }
-        if start.elapsed() >= timeout {
-            return ReclaimVerdict {
-                uuid: uuid.to_string(),
-                baseline_bytes: baseline,
-                after_bytes: last,
-                reclaim: start.elapsed(),
-                clean: false,
-                holders: probe.holders(uuid),
-                error,
-            };
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(20));
+    })
+    .await;
+    ReclaimVerdict {
+        uuid: uuid.to_string(),
+        baseline_bytes: baseline,
+        after_bytes: last,
+        reclaim: start.elapsed(),
+        clean,
+        holders: if clean {
+            Vec::new()
+        } else {
+            probe.holders(uuid)
+        },
+        error,
     }
 }
 

@@ -1,5 +1,16 @@
 //! Reading serde's error messages ("invalid value: integer `-1`, expected u32") apart, so
 //! that they can be said again in the plan's own words.
+//!
+//! Kept on purpose, rather than replaced by `serde_path_to_error`: that crate tells *where* a
+//! decoding error happened (a path of keys) and hands back the decoder's error unchanged, so
+//! *what* went wrong (which field, which variants were expected, what was found) would still
+//! have to be read from this same English text. Where is already known here, more precisely,
+//! from the byte span `toml` and `serde_json` put on their errors (see `explain`). The texts
+//! read are serde's own (`serde::de::Error`'s provided `unknown_field`, `invalid_type`, …),
+//! not a decoder's, and a message this module does not recognise is passed on verbatim
+//! ([`Problem::Other`]), so a change of wording loses the plain rewording, never the error.
+//! Doing without the text would take a decoder whose own error type receives those calls
+//! structurally (a deserializer over the spanned tree), a larger change than this module.
 
 /// What a serde error message says, taken apart.
 #[derive(Debug, PartialEq)]

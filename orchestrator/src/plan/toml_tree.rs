@@ -1,181 +1,76 @@
 //! Reads a TOML document into a [`Node`] tree with byte spans.
+//!
+//! The spans are `toml_edit`'s, read through its public `span()` methods on a parsed
+//! [`toml_edit::ImDocument`]: the same spans `toml`'s decoder puts on its errors, since it
+//! decodes from that very document.
 
 use super::tree::{Entry, Node, Value};
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
-use std::fmt;
 use std::ops::Range;
+use toml_edit::{ImDocument, Item, TableLike};
 
 /// Reads a TOML document into a tree, or `None` when it is not valid TOML.
+///
+/// Every value, key and table written out in the text has its span; a table TOML creates
+/// implicitly (`[stage.params.model]` without `[stage.params]`, dotted keys) has the extent of
+/// what it holds; the root spans the whole text.
 pub(crate) fn from_toml(source: &str) -> Option<Node> {
-    let Bare(value) = toml::from_str(source).ok()?;
+    let document = ImDocument::parse(source).ok()?;
     Some(Node {
         span: Some(0..source.len()),
-        value,
+        value: table(document.as_table()),
     })
 }
 
-// `toml::Spanned<T>` fails outright on a value that has no span of its own, which is the case
-// of the tables TOML creates implicitly (`[stage.params.model]` without `[stage.params]`,
-// dotted keys) and of the parts of a date-time. So this module speaks the protocol that
-// `Spanned` speaks (these names are serde_spanned 0.6's, which toml 0.8 answers to) and reads
-// a value without a span when the deserializer offers none. Were the protocol ever to change,
-// values would come back without spans: messages would lose positions, nothing would fail.
-const SPANNED: &str = "$__serde_spanned_private_Spanned";
-const START: &str = "$__serde_spanned_private_start";
-const END: &str = "$__serde_spanned_private_end";
-const VALUE: &str = "$__serde_spanned_private_value";
-const SPANNED_FIELDS: &[&str] = &[START, END, VALUE];
-/// The key under which toml hands over a date-time.
-const DATETIME: &str = "$__toml_private_datetime";
-
-/// A value whose span, if any, its container knows.
-struct Bare(Value);
-
-/// A value with its span when the deserializer has one.
-struct WithSpan(Node);
-
-/// A table key with its span when the deserializer has one.
-struct Key {
-    text: String,
-    span: Option<Range<usize>>,
+/// An item: its own span when the text has one, else the extent of what it holds.
+fn item(item: &Item) -> Node {
+    let value = match item {
+        Item::None => Value::Other,
+        Item::Value(v) => return value(v),
+        Item::Table(t) => table(t),
+        Item::ArrayOfTables(tables) => Value::Array(tables.iter().map(item_of).collect()),
+    };
+    spanned(value, item.span())
 }
 
-impl<'de> Deserialize<'de> for Bare {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_any(ValueVisitor { spanned: false })
-            .map(|node| Bare(node.value))
-    }
+/// A table of an array of tables, which is not an [`Item`] of its own.
+fn item_of(table: &toml_edit::Table) -> Node {
+    spanned(self::table(table), table.span())
 }
 
-impl<'de> Deserialize<'de> for WithSpan {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_struct(SPANNED, SPANNED_FIELDS, ValueVisitor { spanned: true })
-            .map(WithSpan)
-    }
+fn value(value: &toml_edit::Value) -> Node {
+    use toml_edit::Value as V;
+    let shape = match value {
+        V::String(s) => Value::String(s.value().clone()),
+        V::Datetime(_) => Value::DateTime,
+        V::Integer(_) | V::Float(_) | V::Boolean(_) => Value::Other,
+        V::Array(items) => Value::Array(items.iter().map(self::value).collect()),
+        V::InlineTable(t) => table(t),
+    };
+    spanned(shape, value.span())
 }
 
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_struct(SPANNED, SPANNED_FIELDS, KeyVisitor)
-    }
+/// A table's entries in the order written, each key with its span.
+fn table(table: &dyn TableLike) -> Value {
+    Value::Table(
+        table
+            .iter()
+            .map(|(key, node)| Entry {
+                key: key.to_string(),
+                key_span: table.key(key).and_then(|k| k.span()),
+                node: item(node),
+            })
+            .collect(),
+    )
 }
 
-/// Reads the rest of the spanned protocol after its first key: end, then the value.
-fn spanned_rest<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
-    map: &mut A,
-) -> Result<(Range<usize>, T), A::Error> {
-    let start: usize = map.next_value()?;
-    map.next_key::<de::IgnoredAny>()?;
-    let end: usize = map.next_value()?;
-    map.next_key::<de::IgnoredAny>()?;
-    let value: T = map.next_value()?;
-    Ok((start..end, value))
-}
-
-struct KeyVisitor;
-
-impl<'de> Visitor<'de> for KeyVisitor {
-    type Value = Key;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a key")
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
-        Ok(Key {
-            text: v.to_string(),
-            span: None,
-        })
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Key, A::Error> {
-        match map.next_key::<String>()?.as_deref() {
-            Some(START) => {
-                let (span, text) = spanned_rest::<A, String>(&mut map)?;
-                Ok(Key {
-                    text,
-                    span: Some(span),
-                })
-            }
-            _ => Err(de::Error::custom("a key that is a table")),
-        }
-    }
-}
-
-/// Reads any TOML value; with `spanned`, it was asked for through the spanned protocol and may
-/// receive it.
-struct ValueVisitor {
-    spanned: bool,
-}
-
-fn unspanned(value: Value) -> Node {
-    Node { span: None, value }
-}
-
-impl<'de> Visitor<'de> for ValueVisitor {
-    type Value = Node;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any TOML value")
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Node, E> {
-        Ok(unspanned(Value::Other))
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Node, E> {
-        Ok(unspanned(Value::Other))
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Node, E> {
-        Ok(unspanned(Value::Other))
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Node, E> {
-        Ok(unspanned(Value::Other))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Node, E> {
-        Ok(unspanned(Value::String(v.to_string())))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
-        let mut items = Vec::new();
-        while let Some(WithSpan(item)) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(with_children_span(Value::Array(items)))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
-        let Some(first) = map.next_key::<Key>()? else {
-            return Ok(unspanned(Value::Table(Vec::new())));
-        };
-        if self.spanned && first.text == START {
-            let (span, Bare(value)) = spanned_rest::<A, Bare>(&mut map)?;
-            return Ok(Node {
-                span: Some(span),
-                value,
-            });
-        }
-        if first.text == DATETIME {
-            map.next_value::<de::IgnoredAny>()?;
-            return Ok(unspanned(Value::DateTime));
-        }
-        let mut entries = Vec::new();
-        let mut key = Some(first);
-        while let Some(Key { text, span }) = key {
-            let WithSpan(node) = map.next_value()?;
-            entries.push(Entry {
-                key: text,
-                key_span: span,
-                node,
-            });
-            key = map.next_key()?;
-        }
-        Ok(with_children_span(Value::Table(entries)))
+/// `value` with `span`, or, for a container without one, the extent of what it holds.
+fn spanned(value: Value, span: Option<Range<usize>>) -> Node {
+    match span {
+        Some(span) => Node {
+            span: Some(span),
+            value,
+        },
+        None => with_children_span(value),
     }
 }
 
