@@ -6,8 +6,8 @@ use crate::contract::{self, ContractPaths};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
 use crate::rundir::RunDir;
-use crate::runner::StageState;
 use crate::stage::{AttemptPlan, Failure};
+use crate::state::StageState;
 use anyhow::{bail, Context};
 use protocol::worker::{Device, StageSpec};
 use std::collections::BTreeMap;
@@ -48,7 +48,7 @@ pub(crate) fn prepare_attempt(
     socket_dir: &Path,
     cpu_threads: Option<usize>,
 ) -> Result<AttemptPlan, Failure> {
-    let stage = &plan.plan.stages[i];
+    let stage = plan.stage_as_run(i);
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
     run_dir
         .prepare_stage(&stage.name)
@@ -64,7 +64,7 @@ pub(crate) fn prepare_attempt(
         let up = &plan.plan.stages[u];
         let dir = run_dir.output_dir(&up.name);
         if let Some(result) = &states[u].last {
-            for record in &result.checkpoints {
+            for record in result.checkpoints() {
                 let path = Path::new(&record.path);
                 let depth = crate::checksum::Depth::Size;
                 if let Err(mismatch) =

@@ -14,9 +14,9 @@ use sha2::{Digest, Sha256};
 pub fn stage_fingerprints(plan: &LoadedPlan) -> Vec<String> {
     let mut prints = vec![String::new(); plan.plan.stages.len()];
     for &i in &plan.order {
-        let stage = &plan.plan.stages[i];
+        let stage = plan.stage_as_run(i);
         let mut hasher = Sha256::new();
-        let mut definition = serde_json::to_value(stage).unwrap_or_default();
+        let mut definition = serde_json::to_value(&*stage).unwrap_or_default();
         if let Some(fields) = definition.as_object_mut() {
             for how_not_what in ["timeout", "retries"] {
                 fields.remove(how_not_what);

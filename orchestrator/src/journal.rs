@@ -320,9 +320,7 @@ impl Journal {
         };
         let mut bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
         bytes.push(b'\n');
-        self.file
-            .write_all(&bytes)
-            .map_err(|e| at(&self.path, e))?;
+        self.file.write_all(&bytes).map_err(|e| at(&self.path, e))?;
         match durability {
             Durability::Now => self.sync(),
             Durability::Grouped => self.flusher.request().map_err(|e| at(&self.path, e)),

@@ -43,6 +43,7 @@ pub mod slurm;
 pub mod sockets;
 pub mod spawn;
 pub mod stage;
+pub mod state;
 pub mod supervisor;
 pub mod table;
 pub mod timefmt;

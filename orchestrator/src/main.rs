@@ -294,6 +294,25 @@ fn load_or_report(path: &Path) -> Result<LoadedPlan, ExitCode> {
     load_plan(path).map_err(plan_error)
 }
 
+/// The order stages would start in, for `validate`: every stage of a small plan; the first
+/// and last few of a sweep, with a count of those between.
+fn order_text(loaded: &orchestrator::plan::LoadedPlan) -> String {
+    const ENDS: usize = 5;
+    let name = |i: &usize| loaded.plan.stages[*i].name.as_str();
+    let order = &loaded.order;
+    if order.len() <= 4 * ENDS {
+        return order.iter().map(name).collect::<Vec<_>>().join(" → ");
+    }
+    let head: Vec<&str> = order[..ENDS].iter().map(name).collect();
+    let tail: Vec<&str> = order[order.len() - ENDS..].iter().map(name).collect();
+    format!(
+        "{} → … {} more … → {}",
+        head.join(" → "),
+        order.len() - 2 * ENDS,
+        tail.join(" → ")
+    )
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args();
     if args.nth(1).as_deref() == Some(orchestrator::guard::GUARD_SUBCOMMAND) {
@@ -325,12 +344,7 @@ fn main() -> ExitCode {
                     } else {
                         "s"
                     },
-                    loaded
-                        .order
-                        .iter()
-                        .map(|&i| loaded.plan.stages[i].name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" → ")
+                    order_text(&loaded)
                 );
                 ExitCode::SUCCESS
             }
@@ -599,7 +613,7 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
     };
     match local.block_on(&runtime, run_on_own_host(options)) {
         Ok(summary) => {
-            console.block(&orchestrator::report::summary(&summary.report));
+            console.block(&summary.summary);
             ExitCode::from(summary.exit_code as u8)
         }
         Err(e) => {

@@ -4,7 +4,7 @@ use crate::console::human_duration;
 use crate::plan::LoadedPlan;
 use crate::reaper::ExitStatus;
 use crate::rundir::{RunDir, RunDirError};
-use crate::runner::{StageState, Status};
+use crate::state::{StageState, Status};
 use protocol::report::{Report, StageReport};
 use std::path::Path;
 use std::time::Duration;
@@ -167,27 +167,38 @@ pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::c
 
 /// A human table of the run: one row per stage, then where to look.
 pub fn summary(report: &Report) -> String {
-    let name_w = report
-        .stages
-        .iter()
-        .map(|s| s.name.len())
-        .max()
-        .unwrap_or(5)
-        .max(5);
+    render_summary(report, report.stages.iter().cloned())
+}
+
+/// [`summary`] of `header` (a report whose stages are not used) and `stages`, taken one at a
+/// time: past 40 stages only those that did not succeed are kept for the table.
+fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) -> String {
+    let report = header;
+    let mut total = 0usize;
+    let mut shown: Vec<StageReport> = Vec::new();
+    let mut hidden = 0usize;
+    for s in stages {
+        total += 1;
+        if total > 40 && s.status == "succeeded" {
+            hidden += 1;
+            continue;
+        }
+        shown.push(s);
+    }
+    // A sweep's table would bury what matters: past 40 stages, show only those that did not
+    // succeed, and a count of the rest.
+    if total > 40 {
+        let before = shown.len();
+        shown.retain(|s| s.status != "succeeded");
+        hidden += before - shown.len();
+    }
+    let name_w = crate::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
     let mut out = String::new();
     out.push_str(&format!(
         "\n{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
         "stage", "status", "try", "wall", "result"
     ));
-    // A sweep's table would bury what matters: past 40 stages, show only those that did not
-    // succeed, and a count of the rest.
-    let long = report.stages.len() > 40;
-    let mut hidden = 0usize;
-    for s in &report.stages {
-        if long && s.status == "succeeded" {
-            hidden += 1;
-            continue;
-        }
+    for s in &shown {
         let wall = s
             .wall_s
             .map(|w| human_duration(Duration::from_secs_f64(w)))
@@ -264,83 +275,154 @@ pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String
     parts.join(" ")
 }
 
-/// The report of a run from its stages' states (`status`: the run's, so far).
-pub(crate) fn build(
-    plan: &LoadedPlan,
-    states: &[StageState],
-    run_dir: &RunDir,
-    gpu_check: &str,
-    started: Instant,
-    status: &str,
-) -> Report {
-    let stages = plan
-        .plan
-        .stages
-        .iter()
-        .zip(states)
-        .map(|(stage, state)| {
-            let last = state.last.as_ref();
-            // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
-            let (tasks, nodes) =
-                crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
-            let (status, failure, error) = match &state.status {
-                Status::Succeeded => ("succeeded", None, None),
-                Status::Failed => (
-                    "failed",
-                    state.failure.as_ref().map(|f| f.0.clone()),
-                    state.failure.as_ref().map(|f| f.1.clone()),
-                ),
-                Status::Skipped(class, reason) => {
-                    ("skipped", Some(class.to_string()), Some(reason.clone()))
-                }
-                Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
-                Status::Running => ("running", None, None),
-                Status::Pending | Status::RetryAt(_) => ("pending", None, None),
-            };
-            StageReport {
-                name: stage.name.clone(),
+/// A run's report as of now, built one stage at a time from the runner's state as it is
+/// written or summarised: never held whole (a 100,000-stage sweep's report is tens of
+/// megabytes of JSON). Serializes exactly as [`Report`] does.
+pub(crate) struct Snapshot<'a> {
+    plan: &'a LoadedPlan,
+    states: &'a [StageState],
+    run_dir: &'a RunDir,
+    /// The report without its stages.
+    header: Report,
+}
+
+impl<'a> Snapshot<'a> {
+    /// The report of a run from its stages' states (`status`: the run's, so far).
+    pub(crate) fn new(
+        plan: &'a LoadedPlan,
+        states: &'a [StageState],
+        run_dir: &'a RunDir,
+        gpu_check: &str,
+        started: Instant,
+        status: &str,
+    ) -> Snapshot<'a> {
+        Snapshot {
+            plan,
+            states,
+            run_dir,
+            header: Report {
+                v: protocol::PROTOCOL_VERSION,
+                run_dir: run_dir.root().display().to_string(),
                 status: status.into(),
-                attempts: state.attempts,
-                exit_code: last.and_then(|r| match r.exit {
-                    Some(ExitStatus::Code(c)) => Some(c),
-                    _ => None,
-                }),
-                signal: last.and_then(|r| match r.exit {
-                    Some(ExitStatus::Signal(s)) => Some(crate::supervisor::signal_name(s)),
-                    _ => None,
-                }),
-                error,
-                failure,
-                stderr_tail: last.and_then(|r| r.stderr_tail.clone()),
-                output_dir: run_dir.output_dir(&stage.name).display().to_string(),
-                checkpoints: last.map(|r| r.checkpoints.clone()).unwrap_or_default(),
-                wall_s: last.map(|r| r.wall.as_secs_f64()),
-                metrics: last.map(|r| r.metrics.clone()).unwrap_or_default(),
-                gpu: last.map(|r| r.gpu.clone()).unwrap_or_default(),
-                leftover_processes: last
-                    .map(|r| {
-                        r.leftovers
-                            .iter()
-                            .map(|p| format!("pid {} ({})", p.pid, p.name))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                protocol_violations: last.map(|r| r.violations.clone()).unwrap_or_default(),
-                timing: last.and_then(|r| r.timing),
-                host: last.and_then(|r| r.host),
-                tasks,
-                nodes,
+                gpu_check: gpu_check.into(),
+                wall_s: started.elapsed().as_secs_f64(),
+                stages: Vec::new(),
+                slurm: crate::slurm::history::load(run_dir.root()),
+            },
+        }
+    }
+
+    /// The run's status as this snapshot gives it.
+    pub(crate) fn status(&self) -> &str {
+        &self.header.status
+    }
+
+    /// How many stages the plan has.
+    pub(crate) fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// Stage `i`'s record.
+    pub(crate) fn stage(&self, i: usize) -> StageReport {
+        let stage = &self.plan.plan.stages[i];
+        let state = &self.states[i];
+        let run_dir = self.run_dir;
+        let last = state.last.as_ref();
+        // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
+        let (tasks, nodes) =
+            crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
+        let failure = state.failure.as_deref();
+        let (status, failure, error) = match &state.status {
+            Status::Succeeded => ("succeeded", None, None),
+            Status::Failed => (
+                "failed",
+                failure.map(|f| f.0.clone()),
+                failure.map(|f| f.1.clone()),
+            ),
+            Status::Skipped(class, reason) => {
+                ("skipped", Some(class.to_string()), Some(reason.clone()))
             }
-        })
-        .collect();
-    Report {
-        v: protocol::PROTOCOL_VERSION,
-        run_dir: run_dir.root().display().to_string(),
-        status: status.into(),
-        gpu_check: gpu_check.into(),
-        wall_s: started.elapsed().as_secs_f64(),
-        stages,
-        slurm: crate::slurm::history::load(run_dir.root()),
+            Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
+            Status::Running => ("running", None, None),
+            Status::Pending | Status::RetryAt(_) => ("pending", None, None),
+        };
+        StageReport {
+            name: stage.name.clone(),
+            status: status.into(),
+            attempts: state.attempts,
+            exit_code: last.and_then(|r| match r.exit {
+                Some(ExitStatus::Code(c)) => Some(c),
+                _ => None,
+            }),
+            signal: last.and_then(|r| match r.exit {
+                Some(ExitStatus::Signal(s)) => Some(crate::supervisor::signal_name(s)),
+                _ => None,
+            }),
+            error,
+            failure,
+            stderr_tail: last.and_then(|r| r.stderr_tail().map(String::from)),
+            output_dir: run_dir.output_dir(&stage.name).display().to_string(),
+            checkpoints: last.map(|r| r.checkpoints().to_vec()).unwrap_or_default(),
+            wall_s: last.map(|r| r.wall.as_secs_f64()),
+            metrics: last.and_then(|r| r.metrics().cloned()).unwrap_or_default(),
+            gpu: last.map(|r| r.gpu().to_vec()).unwrap_or_default(),
+            leftover_processes: last
+                .map(|r| {
+                    r.leftovers()
+                        .iter()
+                        .map(|p| format!("pid {} ({})", p.pid, p.name))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            protocol_violations: last.map(|r| r.violations().to_vec()).unwrap_or_default(),
+            timing: last.and_then(|r| r.timing),
+            host: last.and_then(|r| r.host),
+            tasks,
+            nodes,
+        }
+    }
+
+    /// Every stage's record, in plan order, built as it is taken.
+    pub(crate) fn stages(&self) -> impl Iterator<Item = StageReport> + '_ {
+        (0..self.len()).map(|i| self.stage(i))
+    }
+
+    /// Writes `report.json` (streamed; see [`write`] for the promises), or tells the user on
+    /// the console why it could not.
+    pub(crate) fn write_or_warn(&self, path: &Path, console: &crate::console::Console) {
+        if let Err(e) = crate::rundir::write_json_replace(path, self) {
+            console.warn(&format!("cannot write {}: {e}", path.display()));
+        }
+    }
+
+    /// The human summary (see [`summary`]).
+    pub(crate) fn summary(&self) -> String {
+        render_summary(&self.header, self.stages())
+    }
+}
+
+impl serde::Serialize for Snapshot<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Stages<'s, 'a>(&'s Snapshot<'a>);
+        impl serde::Serialize for Stages<'_, '_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.stages())
+            }
+        }
+        let h = &self.header;
+        let fields = if h.slurm.is_some() { 7 } else { 6 };
+        let mut report = serializer.serialize_struct("Report", fields)?;
+        report.serialize_field("v", &h.v)?;
+        report.serialize_field("run_dir", &h.run_dir)?;
+        report.serialize_field("status", &h.status)?;
+        report.serialize_field("gpu_check", &h.gpu_check)?;
+        report.serialize_field("wall_s", &h.wall_s)?;
+        report.serialize_field("stages", &Stages(self))?;
+        if let Some(slurm) = &h.slurm {
+            report.serialize_field("slurm", slurm)?;
+        }
+        report.end()
     }
 }
 

@@ -3,45 +3,102 @@
 //! end of the run.
 
 use crate::plan::LoadedPlan;
-use protocol::report::Report;
+use protocol::report::StageReport;
 use std::collections::BTreeSet;
 
 /// One row: column name and value, in column order.
 pub type Row = Vec<(String, serde_json::Value)>;
 
-/// The rows: `stage`, `instance`, each matrix key, `status`, `error`, then every metric (as
-/// `metric.NAME` when a column of that name already exists).
-/// `None` when the plan has no matrix stage.
-pub fn rows(plan: &LoadedPlan, report: &Report) -> Option<Vec<Row>> {
-    let mut rows = Vec::new();
-    for (i, origin) in plan.instances.iter().enumerate() {
-        let (Some(origin), Some(stage)) = (origin, report.stages.get(i)) else {
-            continue;
-        };
-        let mut row: Row = vec![
-            ("stage".into(), origin.base.clone().into()),
-            ("instance".into(), stage.name.clone().into()),
-        ];
-        for (k, v) in &origin.values {
-            row.push((k.clone(), v.clone().into()));
-        }
-        row.push(("status".into(), stage.status.clone().into()));
-        row.push((
-            "error".into(),
-            stage.error.clone().unwrap_or_default().into(),
-        ));
-        for (k, v) in &stage.metrics {
-            // A metric named like a matrix key (or a fixed column) keeps both apart.
-            let name = if row.iter().any(|(c, _)| c == k) {
-                format!("metric.{k}")
-            } else {
-                k.clone()
-            };
-            row.push((name, (*v).into()));
-        }
-        rows.push(row);
+/// Instance `i`'s row: `stage`, `instance`, each matrix key, `status`, `error`, then every
+/// metric (as `metric.NAME` when a column of that name already exists). `None` for a stage
+/// that is not a matrix instance.
+pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
+    let origin = plan.instances.get(i)?.as_ref()?;
+    let mut row: Row = vec![
+        ("stage".into(), origin.base.to_string().into()),
+        ("instance".into(), stage.name.clone().into()),
+    ];
+    for (k, v) in &origin.values {
+        row.push((k.to_string(), v.clone().into()));
     }
-    (!rows.is_empty()).then_some(rows)
+    row.push(("status".into(), stage.status.clone().into()));
+    row.push((
+        "error".into(),
+        stage.error.clone().unwrap_or_default().into(),
+    ));
+    for (k, v) in &stage.metrics {
+        // A metric named like a matrix key (or a fixed column) keeps both apart.
+        let name = if row.iter().any(|(c, _)| c == k) {
+            format!("metric.{k}")
+        } else {
+            k.clone()
+        };
+        row.push((name, (*v).into()));
+    }
+    Some(row)
+}
+
+/// Whether the plan has matrix instances (and so a results table).
+pub fn has_rows(plan: &LoadedPlan) -> bool {
+    plan.instances.iter().any(Option::is_some)
+}
+
+/// Writes `results.csv` and `results.json` into `dir` and returns the console table, taking
+/// the rows one at a time from `report` (stage index → record): memory stays flat however
+/// many instances there are. Each file is replaced atomically (see
+/// [`crate::rundir::write_replace`]).
+pub fn write(
+    plan: &LoadedPlan,
+    report: &dyn Fn(usize) -> StageReport,
+    dir: &std::path::Path,
+) -> std::io::Result<String> {
+    let rows = || {
+        (0..plan.plan.stages.len()).filter_map(|i| {
+            plan.instances[i].as_ref()?;
+            row(plan, i, &report(i))
+        })
+    };
+    // The CSV's columns: the union of every row's, in the order they first appear.
+    let mut columns: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut total = 0usize;
+    let mut shown: Vec<Row> = Vec::new();
+    for row in rows() {
+        total += 1;
+        for (key, _) in &row {
+            if seen.insert(key.clone()) {
+                columns.push(key.clone());
+            }
+        }
+        if shown.len() < TABLE_ROWS || text(&row, "status") != "succeeded" {
+            shown.push(row);
+        }
+    }
+    crate::rundir::write_replace_with(&dir.join("results.csv"), |out| {
+        writeln!(out, "{}", columns.join(","))?;
+        for row in rows() {
+            let line: Vec<String> = columns
+                .iter()
+                .map(|c| get(&row, c).map(csv_field).unwrap_or_default())
+                .collect();
+            writeln!(out, "{}", line.join(","))?;
+        }
+        Ok(())
+    })?;
+    struct Rows<'r, I: Fn() -> R, R: Iterator<Item = Row>>(&'r I);
+    impl<I: Fn() -> R, R: Iterator<Item = Row>> serde::Serialize for Rows<'_, I, R> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_seq((self.0)().map(|row| {
+                serde_json::Value::Object(row.into_iter().collect::<serde_json::Map<_, _>>())
+            }))
+        }
+    }
+    crate::rundir::write_json_replace(&dir.join("results.json"), &Rows(&rows))?;
+    Ok(to_table(&shown, total))
+}
+
+fn text<'a>(row: &'a Row, key: &str) -> &'a str {
+    get(row, key).and_then(|v| v.as_str()).unwrap_or("")
 }
 
 fn csv_field(value: &serde_json::Value) -> String {
@@ -57,39 +114,8 @@ fn csv_field(value: &serde_json::Value) -> String {
     }
 }
 
-/// The rows as JSON objects.
-pub fn to_json(rows: &[Row]) -> serde_json::Value {
-    rows.iter()
-        .map(|row| serde_json::Value::Object(row.iter().cloned().collect()))
-        .collect()
-}
-
 fn get<'a>(row: &'a Row, key: &str) -> Option<&'a serde_json::Value> {
     row.iter().find(|(k, _)| k == key).map(|(_, v)| v)
-}
-
-/// The rows as CSV, with the union of all columns in the order they first appear.
-pub fn to_csv(rows: &[Row]) -> String {
-    let mut columns: Vec<String> = Vec::new();
-    let mut seen = BTreeSet::new();
-    for row in rows {
-        for (key, _) in row {
-            if seen.insert(key.clone()) {
-                columns.push(key.clone());
-            }
-        }
-    }
-    let mut out = columns.join(",");
-    out.push('\n');
-    for row in rows {
-        let line: Vec<String> = columns
-            .iter()
-            .map(|c| get(row, c).map(csv_field).unwrap_or_default())
-            .collect();
-        out.push_str(&line.join(","));
-        out.push('\n');
-    }
-    out
 }
 
 /// Rows shown in full on the console; past this, only the rows that did not succeed are
@@ -99,14 +125,16 @@ pub const TABLE_ROWS: usize = 40;
 /// A console table: instance, status, and the metrics each instance reported (the usual ones
 /// first). A sweep of more than [`TABLE_ROWS`] instances shows only those that did not
 /// succeed, and a count of the rest.
-pub fn to_table(rows: &[Row]) -> String {
-    let long = rows.len() > TABLE_ROWS;
+/// `rows` are the first [`TABLE_ROWS`] rows and every later one that did not succeed, of
+/// `total` in all.
+fn to_table(rows: &[Row], total: usize) -> String {
+    let long = total > TABLE_ROWS;
     let instances = rows
         .iter()
         .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()));
     let width = crate::table::column_width("instance", instances);
     let mut out = format!("\n{:<width$}  {:<10} results\n", "instance", "status");
-    let mut hidden = 0usize;
+    let mut hidden = total - rows.len();
     for row in rows {
         let text = |k: &str| {
             get(row, k)

@@ -453,17 +453,46 @@ pub fn run_plan_location(root: &Path) -> Result<(PathBuf, PlanFormat, PathBuf), 
 /// journal can rebuild (`report.json`, `plan.resolved.json`, results), which a crash may leave
 /// at their previous version. On failure the temporary file is removed.
 pub fn write_replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    replace(path, bytes, false)
+    replace(path, |file| file.write_all(bytes), false)
+}
+
+/// [`write_replace`] of what `fill` writes, streamed through a buffer: a large file (the
+/// report of a 100,000-stage sweep) is never held in memory whole.
+pub fn write_replace_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
+    replace(
+        path,
+        |file| {
+            let mut out = io::BufWriter::with_capacity(256 << 10, file);
+            fill(&mut out)?;
+            out.flush()
+        },
+        false,
+    )
+}
+
+/// [`write_replace_with`] of `value` as pretty JSON and a newline.
+pub fn write_json_replace(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
+    write_replace_with(path, |out| {
+        serde_json::to_writer_pretty(&mut *out, value).map_err(io::Error::other)?;
+        out.write_all(b"\n")
+    })
 }
 
 /// Writes `bytes` to `path` so that readers see the old content or the new, never a mix,
 /// durably: a temporary file beside it, fsync, rename, fsync of the directory. On failure
 /// the temporary file is removed and the old content stays.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    replace(path, bytes, true)
+    replace(path, |file| file.write_all(bytes), true)
 }
 
-fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+fn replace(
+    path: &Path,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+    durable: bool,
+) -> io::Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
     let file_name = path
         .file_name()
@@ -472,7 +501,7 @@ fn replace(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
     let written = (|| {
         let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
+        fill(&mut file)?;
         if durable {
             file.sync_all()?;
         }

@@ -14,12 +14,12 @@ use crate::gpu::{self, GpuInfo, MemoryProbe};
 use crate::host::Host;
 use crate::journal::{Journal, JournalRecord};
 use crate::plan::LoadedPlan;
-use crate::reaper::ExitStatus;
+use crate::report::Snapshot;
 use crate::rundir::{write_replace, RunDir};
-use crate::stage::{self, AttemptResult, CancelLevel, Failure, Outcome, Services};
+use crate::stage::{self, AttemptResult, CancelLevel, Outcome, Services};
+use crate::state::{LastAttempt, StageState, Status};
 use anyhow::{bail, Context};
 use protocol::plan::{GpuCheck, OnLeak};
-use protocol::report::Report;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -60,40 +60,10 @@ pub type StopSignal = Rc<std::cell::Cell<Option<(&'static str, f64)>>>;
 pub struct RunSummary {
     /// The exit status `orchestrate` should return.
     pub exit_code: i32,
-    /// The final report (also in the run directory).
-    pub report: Report,
-}
-
-/// Where a stage is in this run.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Status {
-    /// Not started (or waiting for its upstream stages or GPUs).
-    Pending,
-    /// Failed; retried at this instant.
-    RetryAt(Instant),
-    /// An attempt is running.
-    Running,
-    /// Done, outputs verified.
-    Succeeded,
-    /// Failed after its retries.
-    Failed,
-    /// Will not run: the class of the reason (`upstream_failed`, `interrupted`, `fail_fast`,
-    /// `gpu_leaked`, as the report's `failure`) and the reason, for the user.
-    Skipped(&'static str, String),
-    /// Stopped by a cancel.
-    Cancelled,
-}
-
-/// A stage's state in this run.
-pub(crate) struct StageState {
-    /// Where it is.
-    pub(crate) status: Status,
-    /// Attempts so far (earlier runs' included).
-    pub(crate) attempts: u32,
-    /// The last attempt's result.
-    pub(crate) last: Option<AttemptResult>,
-    /// The last failure: class and message.
-    pub(crate) failure: Option<(String, String)>,
+    /// The run's status, as in its report: "succeeded", "failed", "interrupted", …
+    pub status: String,
+    /// The human summary of the final report (which is in the run directory).
+    pub summary: String,
 }
 
 fn retry_backoff(attempt: u32) -> Duration {
@@ -185,9 +155,8 @@ pub async fn run(
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
-    let resolved = serde_json::to_vec_pretty(&plan.plan)?;
     let resolved_path = run_dir.root().join("plan.resolved.json");
-    write_replace(&resolved_path, &resolved)
+    crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
         .with_context(|| format!("cannot write {}", resolved_path.display()))?;
     let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
     let decisions = if resume {
@@ -257,20 +226,16 @@ pub async fn run(
                 checkpoints,
                 metrics,
                 wall_s,
-            }) => {
-                let mut last = AttemptResult::early_failure(Failure::Exit(0));
-                last.outcome = Outcome::Succeeded;
-                last.exit = Some(ExitStatus::Code(0));
-                last.checkpoints = checkpoints.clone();
-                last.metrics = metrics.clone();
-                last.wall = Duration::from_secs_f64(wall_s.unwrap_or(0.0).max(0.0));
-                StageState {
-                    status: Status::Succeeded,
-                    attempts: *attempts,
-                    last: Some(last),
-                    failure: None,
-                }
-            }
+            }) => StageState {
+                status: Status::Succeeded,
+                attempts: *attempts,
+                last: Some(LastAttempt::kept(
+                    checkpoints.clone(),
+                    metrics.clone(),
+                    Duration::from_secs_f64(wall_s.unwrap_or(0.0).max(0.0)),
+                )),
+                failure: None,
+            },
             Some(crate::resume::Decision::Run {
                 attempts,
                 clear_output,
@@ -283,19 +248,9 @@ pub async fn run(
                             .with_context(|| format!("cannot clear {}", dir.display()))?;
                     }
                 }
-                StageState {
-                    status: Status::Pending,
-                    attempts: *attempts,
-                    last: None,
-                    failure: None,
-                }
+                StageState::pending(*attempts)
             }
-            None => StageState {
-                status: Status::Pending,
-                attempts: 0,
-                last: None,
-                failure: None,
-            },
+            None => StageState::pending(0),
         };
         states.push(state);
     }
@@ -341,11 +296,8 @@ pub async fn run(
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     // A report exists from the start, so `orchestrate report` has something to show even if
     // this process is killed before the first stage ends.
-    crate::report::write_or_warn(
-        &report_path,
-        &crate::report::build(&plan, &states, &run_dir, &gpu_check, started, "running"),
-        &console,
-    );
+    Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, "running")
+        .write_or_warn(&report_path, &console);
     let mut last_report = Instant::now();
     let mut report_every = Duration::from_secs(1);
 
@@ -602,7 +554,7 @@ pub async fn run(
                             metrics: result.metrics.clone(),
                             wall_s: Some(result.wall.as_secs_f64()),
                         })?;
-                        states[i].failure = Some((failure.class().into(), msg));
+                        states[i].failure = Some(Box::new((failure.class().into(), msg)));
                         if retry {
                             let at = Instant::now() + retry_backoff(attempt);
                             states[i].status = Status::RetryAt(at);
@@ -630,13 +582,13 @@ pub async fn run(
                         states[i].status = Status::Cancelled;
                     }
                 }
-                states[i].last = Some(result);
+                states[i].last = Some(LastAttempt::of(result));
                 // Rewriting the whole report costs O(stages): at most once a second, and never
                 // more than 5% of the time (a 10,000-stage sweep's report is megabytes).
                 if last_report.elapsed() >= report_every {
                     let t = Instant::now();
-                    let report = crate::report::build(&plan, &states, &run_dir, &gpu_check, started, "running");
-                    crate::report::write_or_warn(&report_path, &report, &console);
+                    Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, "running")
+                        .write_or_warn(&report_path, &console);
                     report_every = (t.elapsed() * 20).max(Duration::from_secs(1));
                     last_report = Instant::now();
                 }
@@ -729,22 +681,22 @@ pub async fn run(
         exit_code,
     })?;
     host.stop_waiting(ticket);
-    let report = crate::report::build(&plan, &states, &run_dir, &gpu_check, started, status);
-    crate::report::write_or_warn(&report_path, &report, &console);
-    if let Some(rows) = crate::results::rows(&plan, &report) {
-        let csv = crate::results::to_csv(&rows);
-        let json = serde_json::to_vec_pretty(&crate::results::to_json(&rows))?;
-        for (name, bytes) in [("results.csv", csv.as_bytes()), ("results.json", &json[..])] {
-            let path = run_dir.root().join(name);
-            if let Err(e) = write_replace(&path, bytes) {
-                console.warn(&format!("cannot write {}: {e}", path.display()));
+    let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
+    report.write_or_warn(&report_path, &console);
+    if crate::results::has_rows(&plan) {
+        match crate::results::write(&plan, &|i| report.stage(i), run_dir.root()) {
+            Ok(table) => {
+                console.detail(&table);
+                console.note(&format!(
+                    "results: {}",
+                    run_dir.root().join("results.csv").display()
+                ));
             }
+            Err(e) => console.warn(&format!(
+                "cannot write the results in {}: {e}",
+                run_dir.root().display()
+            )),
         }
-        console.detail(&crate::results::to_table(&rows));
-        console.note(&format!(
-            "results: {}",
-            run_dir.root().join("results.csv").display()
-        ));
     }
     if let Some(sampler) = sampler {
         sampler.abort();
@@ -757,7 +709,11 @@ pub async fn run(
         }
     }
     console.run_finished(status, exit_code);
-    Ok(RunSummary { exit_code, report })
+    Ok(RunSummary {
+        exit_code,
+        status: report.status().to_string(),
+        summary: report.summary(),
+    })
 }
 
 /// Records a stage that failed before any of its processes started (no usable GPU, an input
@@ -786,7 +742,7 @@ fn fail_before_start(
         wall_s: None,
     })?;
     states[i].status = Status::Failed;
-    states[i].failure = Some((class.into(), msg));
+    states[i].failure = Some(Box::new((class.into(), msg)));
     skip_downstream(i, plan, states, journal)
 }
 

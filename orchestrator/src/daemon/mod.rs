@@ -207,7 +207,7 @@ impl Daemon {
             let (result, ()) =
                 tokio::join!(crate::runner::run(options, &daemon.host, cancel), pump);
             let (state, code) = match result {
-                Ok(summary) => (summary.report.status.clone(), summary.exit_code),
+                Ok(summary) => (summary.status.clone(), summary.exit_code),
                 Err(e) => {
                     tracing::warn!(run = %id, "the run could not be carried on: {e:#}");
                     if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {

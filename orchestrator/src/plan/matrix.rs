@@ -11,14 +11,15 @@ use super::diagnostic::Diagnostic;
 use protocol::plan::{MatrixAxis, Plan, Stage};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 /// What an expanded stage came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
-    /// The stage's name in the plan.
-    pub base: String,
-    /// Its value of each matrix key.
-    pub values: BTreeMap<String, String>,
+    /// The stage's name in the plan (shared by its instances).
+    pub base: Arc<str>,
+    /// Its value of each matrix key, in key order (keys shared by the stage's instances).
+    pub values: Vec<(Arc<str>, String)>,
 }
 
 fn valid_key(key: &str) -> bool {
@@ -134,19 +135,21 @@ pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<Stri
     }
 }
 
-/// An instance's name and values.
-type Named = (String, BTreeMap<String, String>);
+/// An instance's values, in key order: the keys shared by every instance of its stage.
+type Values = Vec<(Arc<str>, String)>;
 
 /// Every combination of the axes, keys in order.
-fn combinations(axes: &[(String, Vec<String>)]) -> Vec<BTreeMap<String, String>> {
-    let mut combos = vec![BTreeMap::new()];
+fn combinations(axes: &[(Arc<str>, Vec<String>)]) -> Vec<Values> {
+    let total: usize = axes.iter().map(|(_, v)| v.len()).product();
+    let mut combos: Vec<Values> = Vec::with_capacity(total);
+    combos.push(Vec::with_capacity(axes.len()));
     for (key, values) in axes {
         combos = combos
             .into_iter()
             .flat_map(|c| {
                 values.iter().map(move |v| {
                     let mut c = c.clone();
-                    c.insert(key.clone(), v.clone());
+                    c.push((key.clone(), v.clone()));
                     c
                 })
             })
@@ -155,11 +158,18 @@ fn combinations(axes: &[(String, Vec<String>)]) -> Vec<BTreeMap<String, String>>
     combos
 }
 
-fn agree(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> bool {
-    a.iter().all(|(k, v)| b.get(k).is_none_or(|w| w == v))
+/// The value of `key` in `values`, if it has one.
+fn value_of<'a>(values: &'a [(Arc<str>, String)], key: &str) -> Option<&'a str> {
+    values
+        .iter()
+        .find(|(k, _)| &**k == key)
+        .map(|(_, v)| v.as_str())
 }
 
-fn substitute(text: &str, values: &BTreeMap<String, String>, escape: bool) -> String {
+fn substitute(text: &str, values: &[(Arc<str>, String)], escape: bool) -> String {
+    if !text.contains("{matrix.") {
+        return text.to_string();
+    }
     let mut out = text.to_string();
     for (k, v) in values {
         let v = if escape {
@@ -172,7 +182,7 @@ fn substitute(text: &str, values: &BTreeMap<String, String>, escape: bool) -> St
     out
 }
 
-fn substitute_json(value: &mut serde_json::Value, values: &BTreeMap<String, String>) {
+fn substitute_json(value: &mut serde_json::Value, values: &[(Arc<str>, String)]) {
     match value {
         serde_json::Value::String(s) => *s = substitute(s, values, false),
         serde_json::Value::Array(items) => {
@@ -183,8 +193,59 @@ fn substitute_json(value: &mut serde_json::Value, values: &BTreeMap<String, Stri
     }
 }
 
+/// The instances of one upstream stage, found by the values of the keys it shares with a
+/// downstream stage: each lookup costs O(keys), not O(instances).
+struct Aligner<'a> {
+    /// The shared keys.
+    keys: Vec<Arc<str>>,
+    /// Instance names by their values of `keys`, joined by NUL (no value holds one: every
+    /// instance under the empty key when nothing is shared, an aggregate waits for all).
+    by_values: HashMap<String, Vec<&'a str>>,
+}
+
+/// `values`' values of `keys`, joined by NUL.
+fn projection(keys: &[Arc<str>], values: &[(Arc<str>, String)]) -> String {
+    let parts: Vec<&str> = keys
+        .iter()
+        .map(|k| value_of(values, k).unwrap_or_default())
+        .collect();
+    parts.join("\0")
+}
+
+impl<'a> Aligner<'a> {
+    fn new(upstream: &'a [(String, Values)], downstream_keys: &[Arc<str>]) -> Aligner<'a> {
+        let keys: Vec<Arc<str>> = upstream
+            .first()
+            .map(|(_, values)| {
+                values
+                    .iter()
+                    .map(|(k, _)| k.clone())
+                    .filter(|k| downstream_keys.contains(k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut by_values: HashMap<String, Vec<&str>> = HashMap::new();
+        for (name, values) in upstream {
+            by_values
+                .entry(projection(&keys, values))
+                .or_default()
+                .push(name.as_str());
+        }
+        Aligner { keys, by_values }
+    }
+
+    /// The upstream instances whose values agree with `values` on the shared keys.
+    fn aligned(&self, values: &[(Arc<str>, String)]) -> &[&'a str] {
+        self.by_values
+            .get(&projection(&self.keys, values))
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+}
+
 /// Expands every matrix stage. Returns the plan of instances and, per instance, what it came
-/// from (`None` for a stage without a matrix), or the problems found.
+/// from (`None` for a stage without a matrix), or the problems found. Linear in the number of
+/// instances and their dependencies.
 pub fn expand(
     plan: Plan,
     base_dir: &Path,
@@ -204,7 +265,8 @@ pub fn expand(
         help,
     };
     // Instances of every stage: (name, values).
-    let mut instances: HashMap<&str, Vec<Named>> = HashMap::new();
+    let mut instances: HashMap<&str, Vec<(String, Values)>> = HashMap::new();
+    let mut keys_of: HashMap<&str, Vec<Arc<str>>> = HashMap::new();
     for stage in &plan.stages {
         let mut axes = Vec::new();
         for (key, axis) in &stage.matrix {
@@ -222,7 +284,7 @@ pub fn expand(
                     format!("matrix key `{key}` has no values"),
                     None,
                 )),
-                Ok(values) => axes.push((key.clone(), values)),
+                Ok(values) => axes.push((Arc::<str>::from(key.as_str()), values)),
                 Err(why) => problems.push(problem(
                     &stage.name,
                     format!("matrix key `{key}`: {why}"),
@@ -230,6 +292,10 @@ pub fn expand(
                 )),
             }
         }
+        keys_of.insert(
+            stage.name.as_str(),
+            axes.iter().map(|(k, _)| k.clone()).collect(),
+        );
         let list = combinations(&axes)
             .into_iter()
             .map(|values| {
@@ -250,32 +316,42 @@ pub fn expand(
     if !problems.is_empty() {
         return Err(problems);
     }
-    let mut seen = HashMap::new();
-    let mut stages: Vec<Stage> = Vec::new();
-    let mut origins = Vec::new();
+    let total: usize = instances.values().map(Vec::len).sum();
+    let mut seen: HashMap<&str, &str> = HashMap::with_capacity(total);
     for stage in &plan.stages {
-        for (name, values) in &instances[stage.name.as_str()] {
-            if let Some(first) = seen.insert(name.clone(), stage.name.clone()) {
+        for (name, _) in &instances[stage.name.as_str()] {
+            if let Some(first) = seen.insert(name.as_str(), stage.name.as_str()) {
                 problems.push(problem(&stage.name, format!("two instances are both named `{name}` (also from `{first}`): their values differ only in characters a name cannot hold"), None));
             }
-            let aligned = |up: &str| -> Vec<&str> {
-                instances[up]
-                    .iter()
-                    .filter(|(_, v)| agree(v, values))
-                    .map(|(n, _)| n.as_str())
-                    .collect()
-            };
-            let mut inst = stage.clone();
+        }
+    }
+    drop(seen);
+    let mut stages: Vec<Stage> = Vec::with_capacity(total);
+    let mut origins = Vec::with_capacity(total);
+    let base_names: HashMap<&str, Arc<str>> = plan
+        .stages
+        .iter()
+        .map(|s| (s.name.as_str(), Arc::<str>::from(s.name.as_str())))
+        .collect();
+    for stage in &plan.stages {
+        let own_keys = &keys_of[stage.name.as_str()];
+        let aligners: HashMap<&str, Aligner> = stage
+            .after
+            .iter()
+            .chain(stage.init.iter())
+            .map(|up| (up.as_str(), Aligner::new(&instances[up.as_str()], own_keys)))
+            .collect();
+        for (name, values) in &instances[stage.name.as_str()] {
+            let aligned = |up: &str| aligners[up].aligned(values);
+            let mut inst = skeleton(stage);
             inst.name = name.clone();
-            inst.matrix = BTreeMap::new();
             inst.after = stage
                 .after
                 .iter()
-                .flat_map(|u| aligned(u))
-                .map(String::from)
+                .flat_map(|u| aligned(u).iter().map(|n| n.to_string()))
                 .collect();
             if let Some(init) = &stage.init {
-                match aligned(init).as_slice() {
+                match aligned(init) {
                     [one] => inst.init = Some(one.to_string()),
                     many => problems.push(problem(&stage.name, format!("`init = \"{init}\"` matches {} instances of `{init}` for `{name}`; it must match exactly one", many.len()), Some("give both stages the same matrix key, so that each instance starts from its own".into()))),
                 }
@@ -292,7 +368,7 @@ pub fn expand(
                         {
                             continue;
                         }
-                        match aligned(up).as_slice() {
+                        match aligned(up) {
                             [one] => arg = arg.replace(&placeholder, &format!("{{input.{one}}}")),
                             many => problems.push(problem(&stage.name, format!("`{placeholder}` matches {} instances of `{up}` for `{name}`", many.len()), Some("an aggregate stage finds every input in $ORCHESTRATE_SPEC (`inputs`) or the ORCHESTRATE_INPUT_* variables".into()))),
                         }
@@ -301,21 +377,18 @@ pub fn expand(
                 }
                 inst.command = Some(args);
             }
-            for v in inst.params.values_mut() {
-                substitute_json(v, values);
-            }
-            for (k, v) in values {
-                inst.env.insert(
-                    format!("ORCHESTRATE_MATRIX_{}", k.to_ascii_uppercase()),
-                    v.clone(),
-                );
+            inst.params = stage.params.clone();
+            if !values.is_empty() {
+                for v in inst.params.values_mut() {
+                    substitute_json(v, values);
+                }
             }
             stages.push(inst);
             origins.push(if values.is_empty() {
                 None
             } else {
                 Some(Instance {
-                    base: stage.name.clone(),
+                    base: base_names[stage.name.as_str()].clone(),
                     values: values.clone(),
                 })
             });
@@ -333,9 +406,45 @@ pub fn expand(
     ))
 }
 
+/// `stage` without its name, dependencies, command, parameters and matrix, which each
+/// instance has of its own (cloning a stage's matrix per instance would cost the square of
+/// the number of instances).
+fn skeleton(stage: &Stage) -> Stage {
+    Stage {
+        name: String::new(),
+        after: Vec::new(),
+        kind: stage.kind,
+        command: None,
+        params: serde_json::Map::new(),
+        init: stage.init.clone(),
+        timeout: stage.timeout,
+        retries: stage.retries,
+        gpus: stage.gpus,
+        env: stage.env.clone(),
+        outputs: stage.outputs.clone(),
+        matrix: BTreeMap::new(),
+        nodes: stage.nodes,
+        tasks_per_node: stage.tasks_per_node,
+        gpus_per_task: stage.gpus_per_task,
+    }
+}
+
+/// The variables an instance's processes get for its matrix values: `ORCHESTRATE_MATRIX_<KEY>`
+/// (kept out of the stage's own `env` so that a 100,000-instance sweep does not hold a map per
+/// instance; [`super::LoadedPlan::stage_as_run`] puts them back).
+pub fn matrix_env(instance: &Instance) -> impl Iterator<Item = (String, String)> + '_ {
+    instance.values.iter().map(|(k, v)| {
+        (
+            format!("ORCHESTRATE_MATRIX_{}", k.to_ascii_uppercase()),
+            v.clone(),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::plan::MatrixValue;
 
     #[test]
     fn a_pathological_pattern_returns_at_once() {
@@ -366,14 +475,55 @@ mod tests {
     #[test]
     fn product_and_labels() {
         let axes = vec![
-            ("a".to_string(), vec!["1".into(), "2".into()]),
-            ("b".to_string(), vec!["x/y".into()]),
+            (Arc::from("a"), vec!["1".into(), "2".into()]),
+            (Arc::from("b"), vec!["x/y".into()]),
         ];
         let c = combinations(&axes);
         assert_eq!(c.len(), 2);
+        assert_eq!(value_of(&c[1], "a"), Some("2"));
+        assert_eq!(value_of(&c[1], "b"), Some("x/y"));
         assert_eq!(label("data/x.jsonl"), "x");
         assert_eq!(label("a b"), "a_b");
-        assert!(agree(&c[0], &BTreeMap::from([("a".into(), "1".into())])));
-        assert!(!agree(&c[1], &BTreeMap::from([("a".into(), "1".into())])));
+    }
+
+    #[test]
+    fn instances_align_by_shared_keys_in_linear_time() {
+        let n = 20_000;
+        let ids: Vec<MatrixValue> = (0..n).map(MatrixValue::Int).collect();
+        let stage = |name: &str, after: &[&str]| Stage {
+            name: name.into(),
+            after: after.iter().map(|s| s.to_string()).collect(),
+            command: Some(vec!["true".into()]),
+            matrix: BTreeMap::from([("i".to_string(), MatrixAxis::Values(ids.clone()))]),
+            ..serde_json::from_str(&format!("{{\"name\": \"{name}\"}}")).unwrap()
+        };
+        let mut summary: Stage = serde_json::from_str("{\"name\": \"summary\"}").unwrap();
+        summary.after = vec!["b".into()];
+        let plan = Plan {
+            run: Default::default(),
+            stages: vec![stage("a", &[]), stage("b", &["a"]), summary],
+        };
+        let t = std::time::Instant::now();
+        let (plan, origins) = expand(plan, Path::new("/"), "t.toml").unwrap();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(plan.stages.len(), 2 * n as usize + 1);
+        let b7 = &plan.stages[n as usize + 7];
+        assert_eq!(b7.name, "b[i=7]");
+        assert_eq!(b7.after, vec!["a[i=7]".to_string()]);
+        assert_eq!(plan.stages.last().unwrap().after.len(), n as usize);
+        let origin = origins[n as usize + 7].as_ref().unwrap();
+        assert_eq!(&*origin.base, "b");
+        assert_eq!(
+            matrix_env(origin).collect::<Vec<_>>(),
+            vec![("ORCHESTRATE_MATRIX_I".to_string(), "7".to_string())]
+        );
+        assert!(
+            b7.env.is_empty(),
+            "matrix variables are not stored per instance"
+        );
     }
 }

@@ -32,7 +32,7 @@ pub use params::SYNTHETIC_DATA;
 pub use validate::{MAX_GPUS, MAX_NAME_LEN, RESERVED_ENV_PREFIX};
 
 use diagnostic::Reporter;
-use protocol::plan::Plan;
+use protocol::plan::{Plan, Stage};
 pub use protocol::run::PlanFormat;
 use std::path::{Path, PathBuf};
 
@@ -65,6 +65,45 @@ impl LoadedPlan {
     /// The index of the stage called `name` (names are unique in a loaded plan).
     pub fn index_of(&self, name: &str) -> Option<usize> {
         self.names.get(name).copied()
+    }
+
+    /// Stage `i` as it runs: a matrix instance with its `ORCHESTRATE_MATRIX_*` variables in
+    /// its `env` (stored apart, see [`matrix::matrix_env`]); other stages as they are.
+    pub fn stage_as_run(&self, i: usize) -> std::borrow::Cow<'_, Stage> {
+        let stage = &self.plan.stages[i];
+        match self.instances.get(i).and_then(Option::as_ref) {
+            Some(instance) if !instance.values.is_empty() => {
+                let mut stage = stage.clone();
+                stage.env.extend(matrix::matrix_env(instance));
+                std::borrow::Cow::Owned(stage)
+            }
+            _ => std::borrow::Cow::Borrowed(stage),
+        }
+    }
+
+    /// The plan as run (every stage as [`Self::stage_as_run`] gives it), serialized one stage
+    /// at a time.
+    pub fn as_run(&self) -> impl serde::Serialize + '_ {
+        AsRun(self)
+    }
+}
+
+struct AsRun<'a>(&'a LoadedPlan);
+
+impl serde::Serialize for AsRun<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Stages<'a>(&'a LoadedPlan);
+        impl serde::Serialize for Stages<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer
+                    .collect_seq((0..self.0.plan.stages.len()).map(|i| self.0.stage_as_run(i)))
+            }
+        }
+        let mut plan = serializer.serialize_struct("Plan", 2)?;
+        plan.serialize_field("run", &self.0.plan.run)?;
+        plan.serialize_field("stage", &Stages(self.0))?;
+        plan.end()
     }
 }
 
@@ -277,7 +316,8 @@ pub fn launch_size_warnings(plan: &LoadedPlan) -> Vec<String> {
         .map(|(k, v)| k.len() + v.len() + 2)
         .sum();
     let mut warnings = Vec::new();
-    for (i, stage) in plan.plan.stages.iter().enumerate() {
+    for i in 0..plan.plan.stages.len() {
+        let stage = plan.stage_as_run(i);
         let inputs = plan.upstream[i].len().min(protocol::worker::MAX_INPUT_VARS);
         let argv: usize = stage
             .command

@@ -1,0 +1,185 @@
+//! Where each stage of a run stands, kept compactly: a sweep holds one [`StageState`] per
+//! instance for the whole run (100,000 of them in a large one), so what a finished attempt
+//! leaves for the report is a few fixed fields, and everything that is usually empty
+//! (checkpoints, metrics, GPU records, leftovers, protocol violations, a stderr tail) sits
+//! behind one pointer that is absent when it is all empty.
+
+use crate::reaper::ExitStatus;
+use crate::stage::{AttemptResult, Outcome};
+use crate::supervisor::StoppedProcess;
+use protocol::report::{CheckpointRecord, GpuRecord, HostUsage, StageTiming};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Where a stage is in this run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Status {
+    /// Not started (or waiting for its upstream stages or GPUs).
+    Pending,
+    /// Failed; retried at this instant.
+    RetryAt(Instant),
+    /// An attempt is running.
+    Running,
+    /// Done, outputs verified.
+    Succeeded,
+    /// Failed after its retries.
+    Failed,
+    /// Will not run: the class of the reason (`upstream_failed`, `interrupted`, `fail_fast`,
+    /// `gpu_leaked`, as the report's `failure`) and the reason, for the user.
+    Skipped(&'static str, String),
+    /// Stopped by a cancel.
+    Cancelled,
+}
+
+/// A stage's state in this run.
+pub(crate) struct StageState {
+    /// Where it is.
+    pub(crate) status: Status,
+    /// Attempts so far (earlier runs' included).
+    pub(crate) attempts: u32,
+    /// What the last attempt left for the report.
+    pub(crate) last: Option<LastAttempt>,
+    /// The last failure: class and message.
+    pub(crate) failure: Option<Box<(String, String)>>,
+}
+
+impl StageState {
+    /// A stage that has not run in this run (after `attempts` earlier attempts).
+    pub(crate) fn pending(attempts: u32) -> StageState {
+        StageState {
+            status: Status::Pending,
+            attempts,
+            last: None,
+            failure: None,
+        }
+    }
+}
+
+/// What the report needs of a finished attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LastAttempt {
+    /// The first process's exit status.
+    pub(crate) exit: Option<ExitStatus>,
+    /// Wall time from spawn to the last process gone.
+    pub(crate) wall: Duration,
+    /// Milestones (absent for an attempt that never started).
+    pub(crate) timing: Option<StageTiming>,
+    /// CPU time and memory of the stage's processes.
+    pub(crate) host: Option<HostUsage>,
+    /// The rest, absent when all of it is empty.
+    details: Option<Box<Details>>,
+}
+
+/// The parts of an attempt's result that most stages of a sweep leave empty.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Details {
+    checkpoints: Vec<CheckpointRecord>,
+    metrics: BTreeMap<String, f64>,
+    gpu: Vec<GpuRecord>,
+    leftovers: Vec<StoppedProcess>,
+    violations: Vec<String>,
+    stderr_tail: Option<String>,
+}
+
+impl Details {
+    fn is_empty(&self) -> bool {
+        self.checkpoints.is_empty()
+            && self.metrics.is_empty()
+            && self.gpu.is_empty()
+            && self.leftovers.is_empty()
+            && self.violations.is_empty()
+            && self.stderr_tail.is_none()
+    }
+}
+
+impl LastAttempt {
+    /// Keeps what the report needs of `result`.
+    pub(crate) fn of(result: AttemptResult) -> LastAttempt {
+        let details = Details {
+            checkpoints: result.checkpoints,
+            metrics: result.metrics,
+            gpu: result.gpu,
+            leftovers: result.leftovers,
+            violations: result.violations,
+            stderr_tail: result.stderr_tail,
+        };
+        LastAttempt {
+            exit: result.exit,
+            wall: result.wall,
+            timing: result.timing,
+            host: result.host,
+            details: (!details.is_empty()).then(|| Box::new(details)),
+        }
+    }
+
+    /// A stage kept from an earlier run (resume): succeeded, with its outputs and metrics.
+    pub(crate) fn kept(
+        checkpoints: Vec<CheckpointRecord>,
+        metrics: BTreeMap<String, f64>,
+        wall: Duration,
+    ) -> LastAttempt {
+        LastAttempt::of(AttemptResult {
+            outcome: Outcome::Succeeded,
+            exit: Some(ExitStatus::Code(0)),
+            wall,
+            checkpoints,
+            metrics,
+            ..AttemptResult::early_failure(crate::stage::Failure::Exit(0))
+        })
+    }
+
+    /// Verified outputs.
+    pub(crate) fn checkpoints(&self) -> &[CheckpointRecord] {
+        self.details.as_deref().map_or(&[], |d| &d.checkpoints)
+    }
+
+    /// The last metrics reported.
+    pub(crate) fn metrics(&self) -> Option<&BTreeMap<String, f64>> {
+        self.details.as_deref().map(|d| &d.metrics)
+    }
+
+    /// Per-GPU verification.
+    pub(crate) fn gpu(&self) -> &[GpuRecord] {
+        self.details.as_deref().map_or(&[], |d| &d.gpu)
+    }
+
+    /// Processes that outlived the first process and had to be stopped.
+    pub(crate) fn leftovers(&self) -> &[StoppedProcess] {
+        self.details.as_deref().map_or(&[], |d| &d.leftovers)
+    }
+
+    /// Malformed messages received.
+    pub(crate) fn violations(&self) -> &[String] {
+        self.details.as_deref().map_or(&[], |d| &d.violations)
+    }
+
+    /// Last lines of stderr, when it failed.
+    pub(crate) fn stderr_tail(&self) -> Option<&str> {
+        self.details
+            .as_deref()
+            .and_then(|d| d.stderr_tail.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quiet_success_keeps_no_details_and_stays_small() {
+        let mut result = AttemptResult::early_failure(crate::stage::Failure::Exit(0));
+        result.outcome = Outcome::Succeeded;
+        result.exit = Some(ExitStatus::Code(0));
+        let last = LastAttempt::of(result);
+        assert!(last.details.is_none());
+        assert!(last.checkpoints().is_empty() && last.metrics().is_none());
+        // The per-stage budget of a 100,000-stage sweep (1 KiB in all) leaves this part little.
+        assert!(std::mem::size_of::<StageState>() <= 160);
+        let kept = LastAttempt::kept(
+            Vec::new(),
+            BTreeMap::from([("loss".into(), 1.0)]),
+            Duration::ZERO,
+        );
+        assert_eq!(kept.metrics().unwrap()["loss"], 1.0);
+    }
+}
