@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Orchestration overhead at sweep scale: no-op command stages (`true`) through `orchestrate`
+(journal, report.json, results and every isolation check on) against a bare Python
+`subprocess.run(["true"])` loop, measured in the same run, alternating, several repetitions.
+
+Plans (every stage runs `true`; N stages in all):
+  chain-explicit  N stages written out, each `after` the previous (N <= 10,000: a written-out
+                  100,000-stage TOML costs the TOML parser itself ~300 MB)
+  chain           two matrix stages over N/2 values, b[i] after a[i] (seed 001's
+                  fine-tune -> evaluate pairs), max_parallel = 1
+  independent     one matrix stage over N values, max_parallel = 1
+  independent-parallel  the same with max_parallel unset (one per core): does parallel work,
+                  so its ratio to the one-at-a-time loop is not like for like
+For each: wall from spawn to exit, stages/s, peak RSS (ru_maxrss), the time until the first
+stage started (from the journal), and, once per size, `orchestrate validate` wall and RSS.
+
+  bench/overhead/bench.py --bin target/release/orchestrate --sizes 1000,10000,100000 --reps 3 \
+      --out bench/overhead/results-DATE.json
+"""
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
+
+
+def write_plans(n, d):
+    plans = {}
+    ids = os.path.join(d, f"ids-{n}.txt")
+    with open(ids, "w") as f:
+        f.writelines(f"{i}\n" for i in range(n))
+    half = os.path.join(d, f"ids-{n // 2}.txt")
+    with open(half, "w") as f:
+        f.writelines(f"{i}\n" for i in range(n // 2))
+    if n <= 10_000:
+        p = os.path.join(d, f"chain-explicit-{n}.toml")
+        with open(p, "w") as f:
+            f.write('[run]\nname = "chain-explicit"\n')
+            for i in range(n):
+                f.write(f'[[stage]]\nname = "s{i}"\ncommand = ["true"]\n')
+                if i:
+                    f.write(f'after = ["s{i-1}"]\n')
+        plans["chain-explicit"] = p
+    p = os.path.join(d, f"chain-{n}.toml")
+    with open(p, "w") as f:
+        f.write('[run]\nname = "chain"\nmax_parallel = 1\n'
+                f'[[stage]]\nname = "a"\ncommand = ["true"]\nmatrix = {{ i = {{ lines = "{half}" }} }}\n'
+                f'[[stage]]\nname = "b"\ncommand = ["true"]\nafter = ["a"]\nmatrix = {{ i = {{ lines = "{half}" }} }}\n')
+    plans["chain"] = p
+    for name, extra in [("independent", "max_parallel = 1\n"), ("independent-parallel", "")]:
+        p = os.path.join(d, f"{name}-{n}.toml")
+        with open(p, "w") as f:
+            f.write(f'[run]\nname = "{name}"\n{extra}'
+                    f'[[stage]]\nname = "t"\ncommand = ["true"]\nmatrix = {{ i = {{ lines = "{ids}" }} }}\n')
+        plans[name] = p
+    return plans
+
+
+def first_start(journal, t0, done, out):
+    """Polls the journal for its first stage_started record; notes when it appeared."""
+    while not done.is_set():
+        try:
+            with open(journal, "rb") as f:
+                if b'"stage_started"' in f.read(1 << 16):
+                    out.append(time.perf_counter() - t0)
+                    return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.002)
+
+
+def run_orchestrate(binary, plan, run_dir, n):
+    t0 = time.perf_counter()
+    p = subprocess.Popen([binary, "--plan", plan, "--run-dir", run_dir, "-q"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done, seen = threading.Event(), []
+    watcher = threading.Thread(target=first_start,
+                               args=(os.path.join(run_dir, "journal.jsonl"), t0, done, seen))
+    watcher.start()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    done.set()
+    watcher.join()
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"orchestrate failed on {plan}: {err[-2000:]}")
+    return {"wall_s": wall, "stages_per_s": n / wall, "peak_rss_kib": usage.ru_maxrss,
+            "first_stage_started_s": seen[0] if seen else None}
+
+
+def run_loop(n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        subprocess.run(["true"], check=True)
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "stages_per_s": n / wall}
+
+
+def validate(binary, plan):
+    t0 = time.perf_counter()
+    p = subprocess.Popen([binary, "validate", plan], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, plan
+    return {"wall_s": time.perf_counter() - t0, "peak_rss_kib": usage.ru_maxrss}
+
+
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/orchestrate")
+    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    binary = os.path.abspath(args.bin)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    result = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "commit": commit + ("+uncommitted" if dirty else ""),
+        "what": "no-op `true` stages; orchestrate with journal, report.json, results.csv/json, "
+                "process-tree and leftover checks; peer: subprocess.run(['true']) loop, one at a time",
+        "sizes": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="overhead-") as d:
+        for n in [int(s) for s in args.sizes.split(",")]:
+            plans = write_plans(n, d)
+            size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": []}
+            for name, plan in plans.items():
+                size["validate"][name] = validate(binary, plan)
+            for rep in range(args.reps):
+                size["subprocess_run_loop"].append(run_loop(n))
+                for name, plan in plans.items():
+                    run_dir = os.path.join(d, f"run-{name}-{n}-{rep}")
+                    size["plans"][name].append(run_orchestrate(binary, plan, run_dir, n))
+                    subprocess.run(["rm", "-rf", run_dir], check=True)
+                print(f"{n}: rep {rep + 1}/{args.reps} done", file=sys.stderr)
+            loop = spread([r["stages_per_s"] for r in size["subprocess_run_loop"]])
+            summary = {"subprocess_run_loop_stages_per_s": loop,
+                       "rss_bound_mib": 10 + n / 1024}
+            for name, runs in size["plans"].items():
+                rates = [r["stages_per_s"] for r in runs]
+                # Ratio per repetition: orchestrate's rate over the loop's in the same repetition.
+                ratios = [r["stages_per_s"] / l["stages_per_s"] for r, l in zip(runs, size["subprocess_run_loop"])]
+                summary[name] = {
+                    "stages_per_s": spread(rates),
+                    "ratio_to_subprocess_run_loop": spread(ratios),
+                    "peak_rss_mib": spread([r["peak_rss_kib"] / 1024 for r in runs]),
+                    "first_stage_started_s": spread([r["first_stage_started_s"] for r in runs if r["first_stage_started_s"] is not None] or [float("nan")]),
+                }
+            size["summary"] = summary
+            result["sizes"][str(n)] = size
+            print(json.dumps({n: summary}, indent=1), file=sys.stderr)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
