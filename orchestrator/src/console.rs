@@ -28,6 +28,24 @@ pub struct Console {
     silent: bool,
     /// Where every event also goes.
     tap: Option<UnboundedSender<RunEvent>>,
+    /// A sweep's running count, when the plan is too large for a line per stage.
+    sweep: std::sync::Arc<std::sync::Mutex<Option<Sweep>>>,
+}
+
+/// Past this many stages, the terminal shows a count every [`PROGRESS_EVERY`] and the stages
+/// that did not succeed, not a line for every start and end (events and JSON logs still have
+/// every one).
+pub const SWEEP_STAGES: usize = 100;
+
+/// The running count of a sweep.
+#[derive(Debug)]
+struct Sweep {
+    total: usize,
+    finished: usize,
+    succeeded: usize,
+    running: usize,
+    last_shown: Instant,
+    started: Instant,
 }
 
 /// A stage's progress is shown at most this often (a stage may report every step).
@@ -69,7 +87,64 @@ impl Console {
             last_progress: Default::default(),
             silent: false,
             tap: None,
+            sweep: Default::default(),
         }
+    }
+
+    /// Tells the console how many stages the run has: past [`SWEEP_STAGES`] it counts instead
+    /// of listing every start and success.
+    pub fn plan_size(&self, stages: usize) {
+        if stages > SWEEP_STAGES {
+            let now = Instant::now();
+            *self.sweep.lock().unwrap_or_else(|e| e.into_inner()) = Some(Sweep {
+                total: stages,
+                finished: 0,
+                succeeded: 0,
+                running: 0,
+                last_shown: now,
+                started: now,
+            });
+        }
+    }
+
+    /// Counts a start or an end in a sweep; returns whether the event is to be shown on its
+    /// own line (everything outside a sweep; in one, ends that did not succeed), and shows the
+    /// count when it is due.
+    fn count(&self, started: bool, status: Option<&str>) -> bool {
+        let mut sweep = self.sweep.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(sweep) = sweep.as_mut() else {
+            return true;
+        };
+        if started {
+            sweep.running += 1;
+        } else {
+            sweep.running = sweep.running.saturating_sub(1);
+            sweep.finished += 1;
+            if status == Some("succeeded") {
+                sweep.succeeded += 1;
+            }
+        }
+        let now = Instant::now();
+        let last = sweep.finished == sweep.total;
+        if now.duration_since(sweep.last_shown) >= PROGRESS_EVERY || last && !started {
+            sweep.last_shown = now;
+            let rate = sweep.finished as f64 / now.duration_since(sweep.started).as_secs_f64();
+            let others = sweep.finished - sweep.succeeded;
+            self.line(&format!(
+                "{} of {} stages finished ({} succeeded{}), {} running, {} stages/s",
+                sweep.finished,
+                sweep.total,
+                sweep.succeeded,
+                if others > 0 {
+                    format!(", {others} did not")
+                } else {
+                    String::new()
+                },
+                sweep.running,
+                human_rate(rate)
+            ));
+        }
+        !started && status != Some("succeeded")
     }
 
     /// A console that prints nothing and sends every event to `tap`.
@@ -161,7 +236,7 @@ impl Console {
         }
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, attempt, pid, placement, "stage started");
-        } else {
+        } else if self.count(true, None) {
             let again = if attempt > 1 {
                 format!(" (attempt {attempt})")
             } else {
@@ -231,18 +306,25 @@ impl Console {
             detail: detail.to_string(),
             wall_s: wall.as_secs_f64(),
         });
+        // The progress map keeps stages that report progress, until they end.
+        self.last_progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(stage);
         if self.silent {
             return;
         }
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, status, detail, wall_s = wall.as_secs_f64(), "stage finished");
-        } else if detail.is_empty() {
-            self.line(&format!("{stage}: {status} in {}", human_duration(wall)));
-        } else {
-            self.line(&format!(
-                "{stage}: {status} in {}: {detail}",
-                human_duration(wall)
-            ));
+        } else if self.count(false, Some(status)) {
+            if detail.is_empty() {
+                self.line(&format!("{stage}: {status} in {}", human_duration(wall)));
+            } else {
+                self.line(&format!(
+                    "{stage}: {status} in {}: {detail}",
+                    human_duration(wall)
+                ));
+            }
         }
     }
 

@@ -194,6 +194,7 @@ pub async fn run(
         resumed: resume,
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
+    console.plan_size(stages.len());
     if let Some(job) = &slurm {
         console.note(&job.describe());
         crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;

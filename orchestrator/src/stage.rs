@@ -243,19 +243,22 @@ impl Launched {
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
 /// cannot start comes back as its [`Failure`].
 pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched, Failure> {
-    let header = format!(
-        "==== orchestrate: {} attempt {} ====\n",
-        plan.name, plan.attempt
-    );
-    let (stdout, stderr) = open_logs(&plan.stage_dir, &header).map_err(|e| {
-        Failure::SpawnFailed(format!(
-            "cannot open log files in {}: {e}",
-            plan.stage_dir.display()
-        ))
-    })?;
-    let stderr_offset = std::fs::metadata(plan.stage_dir.join("stderr.log"))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    // A first attempt's output starts its logs; later attempts (retries, resumes) are
+    // marked where they begin. (No header on the first keeps an attempt that writes nothing
+    // from costing its stage two disk blocks: a 100,000-stage sweep has 200,000 logs.)
+    let header = (plan.attempt > 1).then(|| {
+        format!(
+            "==== orchestrate: {} attempt {} ====\n",
+            plan.name, plan.attempt
+        )
+    });
+    let (stdout, stderr, stderr_offset) = open_logs(&plan.stage_dir, header.as_deref())
+        .map_err(|e| {
+            Failure::SpawnFailed(format!(
+                "cannot open log files in {}: {e}",
+                plan.stage_dir.display()
+            ))
+        })?;
 
     // Baselines come before anything of the stage exists.
     let mut baselines: Vec<(String, u64, u64)> = Vec::new(); // uuid, baseline, peak
@@ -743,9 +746,14 @@ fn verify_outputs_blocking(
     Ok(records)
 }
 
-fn open_logs(stage_dir: &Path, header: &str) -> std::io::Result<(std::fs::File, std::fs::File)> {
-    use std::io::Write;
-    std::fs::create_dir_all(stage_dir)?;
+/// Opens the stage's logs for appending (its directory exists: see
+/// [`crate::rundir::RunDir::prepare_stage`]), writes `header` to both, and returns them with
+/// the length of stderr after the header (where this attempt's stderr begins).
+fn open_logs(
+    stage_dir: &Path,
+    header: Option<&str>,
+) -> std::io::Result<(std::fs::File, std::fs::File, u64)> {
+    use std::io::{Seek, Write};
     let open = |name: &str| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -754,9 +762,12 @@ fn open_logs(stage_dir: &Path, header: &str) -> std::io::Result<(std::fs::File, 
     };
     let mut out = open("stdout.log")?;
     let mut err = open("stderr.log")?;
-    out.write_all(header.as_bytes())?;
-    err.write_all(header.as_bytes())?;
-    Ok((out, err))
+    if let Some(header) = header {
+        out.write_all(header.as_bytes())?;
+        err.write_all(header.as_bytes())?;
+    }
+    let offset = err.seek(std::io::SeekFrom::End(0))?;
+    Ok((out, err, offset))
 }
 
 /// The last 20 lines (at most 4 KiB) that the attempt wrote to `path` after `offset`.
