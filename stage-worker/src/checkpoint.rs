@@ -143,12 +143,17 @@ fn flat_entries(params: &crate::params::ParamStore, prefix: &str) -> Vec<HeaderE
 /// Layout: in `model.safetensors` the parameters follow each other in buffer order, so its
 /// data is [`crate::params::ParamStore::flat`] verbatim; `optimizer.safetensors` holds the
 /// step (int64) and then both moments in the same order.
+///
+/// With `release_device`, the process's CUDA context is destroyed as soon as every byte has
+/// been copied to the host, while the disk finishes (see [`crate::device::release`]): the
+/// caller must then make no further device call, not even dropping a device tensor.
 pub fn write(
     dir: &Path,
     model: &ByteGpt,
     opt: &AdamW,
     step: u64,
     training: &TrainingState,
+    release_device: bool,
 ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
     std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
     remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
@@ -191,8 +196,15 @@ pub fn write(
             },
         ],
     };
-    let mut written = tch::no_grad(|| stream::write_files(dir, vec![model_file, optimizer_file]))
-        .map_err(|e| io_failure(dir, e))?;
+    let release = || {
+        crate::device::release();
+    };
+    let after_copies: Option<&(dyn Fn() + Sync)> =
+        if release_device { Some(&release) } else { None };
+    let mut written = tch::no_grad(|| {
+        stream::write_files_then(dir, vec![model_file, optimizer_file], after_copies)
+    })
+    .map_err(|e| io_failure(dir, e))?;
     let mut model_json = manifest_model(&model.config);
     model_json.insert(
         "training".into(),

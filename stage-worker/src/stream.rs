@@ -9,7 +9,7 @@
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
 //! Promises: a file is complete on disk (fsynced, renamed into place, directory fsynced) when
-//! [`write_files`] returns; its manifest entry's size and SHA-256 are those of the bytes
+//! [`write_files_then`] returns; its manifest entry's size and SHA-256 are those of the bytes
 //! written; the same tensors always give the same bytes.
 
 use crate::checkpoint::WrittenFile;
@@ -21,14 +21,16 @@ use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use tch::{Device, Kind, Tensor};
 
 /// Bytes per chunk: large enough that each write is one big system call, small enough that a
 /// few chunks in flight per file stay cheap.
 const CHUNK: usize = 32 << 20;
-/// Host buffers per file (device copies only).
-const BUFFERS: usize = 3;
+/// Host buffers per file (device copies only): enough that the device's part (the copies) ends
+/// well before the disk's, so that a stage can give its device back while the disk finishes.
+const BUFFERS: usize = 6;
 
 /// Part of a file's data.
 pub enum Run {
@@ -98,12 +100,27 @@ pub struct FileSpec {
 }
 
 /// Writes every file into `dir` in parallel, each atomically (temporary file, fsync, rename),
-/// then fsyncs the directory once. Returns them in the order given.
-pub fn write_files(dir: &Path, files: Vec<FileSpec>) -> io::Result<Vec<WrittenFile>> {
+/// then fsyncs the directory once. Returns them in the order given. Calls `after_copies` (once, on one of the writing threads) as soon as
+/// every byte of every file has been copied off the device, while the files are still being
+/// written: the caller can give the device back then. Not called if a file fails before that.
+pub fn write_files_then(
+    dir: &Path,
+    files: Vec<FileSpec>,
+    after_copies: Option<&(dyn Fn() + Sync)>,
+) -> io::Result<Vec<WrittenFile>> {
+    let copying = AtomicUsize::new(files.len());
+    let copied = || {
+        if copying.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(f) = after_copies {
+                f();
+            }
+        }
+    };
+    let copied = &copied;
     let results: Vec<io::Result<WrittenFile>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .into_iter()
-            .map(|f| s.spawn(move || write_one(dir, f)))
+            .map(|f| s.spawn(move || write_one(dir, f, copied)))
             .collect();
         handles
             .into_iter()
@@ -136,9 +153,9 @@ impl Chunk<'_> {
     }
 }
 
-fn write_one(dir: &Path, spec: FileSpec) -> io::Result<WrittenFile> {
+fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<WrittenFile> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result = stream_to(&tmp, &spec.runs).and_then(|(sha, bytes, identity)| {
+    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity)| {
         let path = dir.join(&spec.name);
         fs::rename(&tmp, &path)?;
         Ok(WrittenFile {
@@ -158,8 +175,12 @@ fn write_one(dir: &Path, spec: FileSpec) -> io::Result<WrittenFile> {
 }
 
 /// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size and
-/// the file's identity.
-fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity)> {
+/// the file's identity. `copied` is called once every run has been copied off the device.
+fn stream_to(
+    path: &Path,
+    runs: &[Run],
+    copied: &dyn Fn(),
+) -> io::Result<(String, u64, FileIdentity)> {
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
     let (to_writer, from_producer) = mpsc::sync_channel::<Chunk>(BUFFERS);
@@ -187,11 +208,13 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
         });
         let mut hasher = Sha256::new();
         let mut made = 0usize;
+        let mut complete = true;
         'runs: for run in runs {
             match run {
                 Run::Bytes(b) => {
                     hasher.update(b);
                     if to_writer.send(Chunk::Borrowed(b)).is_err() {
+                        complete = false;
                         break 'runs;
                     }
                 }
@@ -207,6 +230,7 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
                         let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
                         hasher.update(chunk.bytes());
                         if to_writer.send(chunk).is_err() {
+                            complete = false;
                             break 'runs;
                         }
                         done += n;
@@ -215,6 +239,9 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
             }
         }
         drop(to_writer);
+        if complete {
+            copied();
+        }
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
@@ -308,7 +335,7 @@ mod tests {
                 },
             ],
         }];
-        let written = write_files(&dir, files).unwrap();
+        let written = write_files_then(&dir, files, None).unwrap();
         let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
         assert_eq!(written[0].entry.bytes, bytes.len() as u64);
         assert_eq!(written[0].entry.sha256, crate::fsio::sha256_hex(&bytes));
