@@ -196,15 +196,23 @@ pub fn write(
             },
         ],
     };
+    // The release runs on a thread of its own, so that the copier that calls it goes on at
+    // once; it is waited for before returning.
+    let releasing = std::sync::Mutex::new(None);
     let release = || {
-        crate::device::release();
+        let handle = std::thread::spawn(crate::device::release);
+        *releasing.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
     };
     let after_copies: Option<&(dyn Fn() + Sync)> =
         if release_device { Some(&release) } else { None };
-    let mut written = tch::no_grad(|| {
+    let written = tch::no_grad(|| {
         stream::write_files_then(dir, vec![model_file, optimizer_file], after_copies)
     })
-    .map_err(|e| io_failure(dir, e))?;
+    .map_err(|e| io_failure(dir, e));
+    if let Some(h) = releasing.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        let _ = h.join();
+    }
+    let mut written = written?;
     let mut model_json = manifest_model(&model.config);
     model_json.insert(
         "training".into(),

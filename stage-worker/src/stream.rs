@@ -2,10 +2,10 @@
 //!
 //! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
 //! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
-//! file's data is one or two runs). Each file is written by two threads: a producer that copies
-//! the next chunk from the device into a recycled host buffer (on the CPU the tensor's memory
-//! is used in place) and feeds it to SHA-256, and a writer that appends it to a temporary file
-//! and starts its write-back at once. The bytes are never read back; the checksum in the
+//! file's data is one or two runs). Each file is written by three threads in a pipeline: a
+//! copier that copies the next chunk from the device into a recycled host buffer (on the CPU
+//! the tensor's memory is used in place), a hasher that feeds it to SHA-256, and a writer that
+//! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
 //! Promises: a file is complete on disk (fsynced, renamed into place, directory fsynced) when
@@ -29,8 +29,9 @@ use tch::{Device, Kind, Tensor};
 /// few chunks in flight per file stay cheap.
 const CHUNK: usize = 32 << 20;
 /// Host buffers per file (device copies only): enough that the device's part (the copies) ends
-/// well before the disk's, so that a stage can give its device back while the disk finishes.
-const BUFFERS: usize = 6;
+/// well before the hash's and the disk's, so that a stage can give its device back while
+/// they finish.
+const BUFFERS: usize = 8;
 
 /// Part of a file's data.
 pub enum Run {
@@ -183,14 +184,18 @@ fn stream_to(
 ) -> io::Result<(String, u64, FileIdentity)> {
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
-    let (to_writer, from_producer) = mpsc::sync_channel::<Chunk>(BUFFERS);
+    // Three threads, so that the device copies, the hash and the disk all work at once: this
+    // one copies chunks off the device, a hasher feeds them to SHA-256 in order, a writer
+    // appends them to the file and starts their write-back.
+    let (to_hasher, from_copier) = mpsc::sync_channel::<Chunk>(BUFFERS);
+    let (to_writer, from_hasher) = mpsc::sync_channel::<Chunk>(BUFFERS);
     let (recycle, recycled) = mpsc::channel::<Vec<f32>>();
     let file_ref = &mut file;
     let (hash, write_result) = std::thread::scope(|s| {
         let writer = s.spawn(move || -> io::Result<()> {
             let fd = file_ref.as_raw_fd();
             let mut at = 0i64;
-            for chunk in from_producer {
+            for chunk in from_hasher {
                 let bytes = chunk.bytes();
                 file_ref.write_all(bytes)?;
                 // Start write-back of what was just written, so the disk works while the
@@ -206,14 +211,22 @@ fn stream_to(
             }
             Ok(())
         });
-        let mut hasher = Sha256::new();
+        let hasher = s.spawn(move || {
+            let mut hasher = Sha256::new();
+            for chunk in from_copier {
+                hasher.update(chunk.bytes());
+                if to_writer.send(chunk).is_err() {
+                    break;
+                }
+            }
+            hasher.finalize()
+        });
         let mut made = 0usize;
         let mut complete = true;
         'runs: for run in runs {
             match run {
                 Run::Bytes(b) => {
-                    hasher.update(b);
-                    if to_writer.send(Chunk::Borrowed(b)).is_err() {
+                    if to_hasher.send(Chunk::Borrowed(b)).is_err() {
                         complete = false;
                         break 'runs;
                     }
@@ -228,8 +241,7 @@ fn stream_to(
                     while done < *numel {
                         let n = per_chunk.min(numel - done);
                         let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
-                        hasher.update(chunk.bytes());
-                        if to_writer.send(chunk).is_err() {
+                        if to_hasher.send(chunk).is_err() {
                             complete = false;
                             break 'runs;
                         }
@@ -238,14 +250,21 @@ fn stream_to(
                 }
             }
         }
-        drop(to_writer);
+        drop(to_hasher);
         if complete {
             copied();
         }
+        let hash = hasher.join();
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
-        (hasher.finalize(), written)
+        match hash {
+            Ok(hash) => (hash, written),
+            Err(_) => (
+                Default::default(),
+                Err(io::Error::other("checkpoint hasher thread panicked")),
+            ),
+        }
     });
     write_result?;
     file.sync_all()?;
@@ -262,6 +281,24 @@ fn stream_to(
         mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
     };
     Ok((hex(&hash), total as u64, identity))
+}
+
+/// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
+/// buffer is then a few page faults on its first copy, not eight thousand).
+fn host_buffer() -> Vec<f32> {
+    let buf = vec![0f32; CHUNK / 4];
+    let page = 2 << 20;
+    let start = buf.as_ptr() as usize;
+    let aligned = (start + page - 1) & !(page - 1);
+    let len = (start + CHUNK - aligned) & !(page - 1);
+    if len > 0 {
+        // SAFETY: advice on whole huge pages inside the buffer's own allocation; it changes no
+        // contents (the pages are untouched zero pages) and errors are harmless.
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+    }
+    buf
 }
 
 /// Elements `offset..offset + n` of the flat fp32 `tensor` as a chunk: borrowed in place on
@@ -288,9 +325,9 @@ fn float_chunk<'a>(
     }
     let mut buf = if *made < BUFFERS {
         *made += 1;
-        vec![0f32; CHUNK / 4]
+        host_buffer()
     } else {
-        recycled.recv().unwrap_or_else(|_| vec![0f32; CHUNK / 4])
+        recycled.recv().unwrap_or_else(|_| host_buffer())
     };
     // SAFETY: `buf` holds at least `n` f32s and outlives `host`, which is dropped at the end
     // of this block, after the synchronous copy.
