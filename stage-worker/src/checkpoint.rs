@@ -590,7 +590,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
         let (model, opt) = trained();
-        let (manifest, files) = write(&dir, &model, &opt, 2, &state()).unwrap();
+        let (manifest, files) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
         assert_eq!(manifest.step, Some(2));
         assert_eq!(files.len(), 3);
         for f in &files {
@@ -614,7 +614,7 @@ mod tests {
 
         // Writing what was read gives the very same bytes.
         let dir2 = crate::testutil::scratch_dir("ckpt-rewrite");
-        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state()).unwrap();
+        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state(), false).unwrap();
         assert_eq!(manifest2.files, manifest.files);
         for name in [MODEL_FILE, OPTIMIZER_FILE, MANIFEST_FILE] {
             assert_eq!(
@@ -630,7 +630,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");
         let (model, opt) = trained();
-        let (manifest, _) = write(&dir, &model, &opt, 2, &state()).unwrap();
+        let (manifest, _) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
         let full = manifest.files[0].bytes;
         let path = dir.join(MODEL_FILE);
         let bytes = std::fs::read(&path).unwrap();
@@ -650,7 +650,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-corrupt");
         let (model, opt) = trained();
-        write(&dir, &model, &opt, 2, &state()).unwrap();
+        write(&dir, &model, &opt, 2, &state(), false).unwrap();
         let path = dir.join(OPTIMIZER_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
         let i = bytes.len() - 3;

@@ -386,4 +386,42 @@ mod tests {
         // No temporary file is left.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     }
+
+    #[test]
+    fn the_after_copies_call_comes_once_for_all_files_and_the_files_are_whole() {
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("stream-after");
+        let n = (CHUNK / 4) as i64 * 2 + 3;
+        let t = Tensor::arange(n, (Kind::Float, Device::Cpu));
+        let file = |name: &str| FileSpec {
+            name: name.into(),
+            runs: vec![
+                Run::Bytes(b"head".to_vec()),
+                Run::Floats {
+                    tensor: t.shallow_clone(),
+                    offset: 0,
+                    numel: n,
+                },
+            ],
+        };
+        let calls = AtomicUsize::new(0);
+        let count = || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        };
+        let written =
+            write_files_then(&dir, vec![file("a.bin"), file("b.bin")], Some(&count)).unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        for w in &written {
+            let bytes = std::fs::read(&w.path).unwrap();
+            assert_eq!(bytes.len() as u64, w.entry.bytes);
+            assert_eq!(bytes.len(), 4 + n as usize * 4);
+            assert_eq!(w.entry.sha256, crate::fsio::sha256_hex(&bytes));
+            let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
+            assert_eq!(last, (n - 1) as f32);
+        }
+        // Without the call, the same bytes.
+        let dir2 = crate::testutil::scratch_dir("stream-after-none");
+        let again = write_files_then(&dir2, vec![file("a.bin")], None).unwrap();
+        assert_eq!(again[0].entry.sha256, written[0].entry.sha256);
+    }
 }
