@@ -63,7 +63,7 @@ def plan_text(name, shape, stages, steps=None, tiny=False):
     return "\n".join(lines)
 
 
-def run_orchestrate(tag, shape, stages, fork_server=True, steps=None):
+def run_orchestrate(tag, shape, stages, fork_server=True, steps=None, env_extra=None):
     plan = os.path.join(WORK, f"{tag}.toml")
     with open(plan, "w") as f:
         f.write(plan_text(tag, shape, stages, steps))
@@ -71,6 +71,7 @@ def run_orchestrate(tag, shape, stages, fork_server=True, steps=None):
     env = dict(os.environ)
     if not fork_server:
         env["ORCHESTRATE_FORK_SERVER"] = "0"
+    env.update(env_extra or {})
     t0 = time.time()
     p = subprocess.run([ORCH, "--plan", plan, "--run-dir", run_dir, "--worker", WORKER, "-q"],
                        env=env, capture_output=True, text=True, timeout=400)
@@ -84,7 +85,7 @@ def run_orchestrate(tag, shape, stages, fork_server=True, steps=None):
                "gpu": s.get("gpu"), "checkpoints": s.get("checkpoints")}
         row.update({k: v for k, v in m.items() if k.startswith("t_") or k in ("checkpoint_write_s", "tokens_per_s", "final_loss")})
         rows.append(row)
-    stderr_lines, forked, stderr_first = {}, {}, ""
+    stderr_lines, forked, stderr_first, stderr_all = {}, {}, "", {}
     for s in report["stages"]:
         log_path = os.path.join(run_dir, "stages", s["name"], "stderr.log")
         try:
@@ -92,11 +93,13 @@ def run_orchestrate(tag, shape, stages, fork_server=True, steps=None):
         except OSError:
             continue
         stderr_lines[s["name"]] = text.count("\n")
+        stderr_all[s["name"]] = text[-6000:]
         forked[s["name"]] = "started by the fork server" in text
         stderr_first = stderr_first or text
     return {"variant": "orchestrate" if fork_server else "orchestrate-exec", "rc": p.returncode,
             "wall_s": wall, "stages": rows, "stderr_lines": stderr_lines, "forked": forked,
             "stderr_of_first_stage": stderr_first[-4000:],
+            "stderr": stderr_all if (env_extra or {}).get("STAGE_WORKER_TRACE") == "1" else None,
             "console_tail": (p.stdout + p.stderr)[-3000:]}
 
 
@@ -170,6 +173,13 @@ def breakdown(variant, steps):
             ph[name + "_s"] = round(t - prev, 4)
             prev = t
         ph["cold_start_s"] = round(s["t_device_ready"] - start, 4)
+        # Every milestone as seconds from spawn (the finer ones too: inputs read, model built,
+        # device released).
+        ph["at"] = {k: round(v - start, 4) for k, v in s.items()
+                    if k.startswith("t_") and isinstance(v, (int, float))}
+        for k in ("exited", "verified"):
+            if s.get(k):
+                ph["at"][k] = round(s[k] - start, 4)
         ph["wall_s"] = round(end - start, 4)
         ph["steady_train_s"] = round(steady, 4)
         ph["overhead_s"] = round(end - start - steady, 4)
@@ -223,11 +233,48 @@ def clean(*names):
         shutil.rmtree(os.path.join(WORK, n), ignore_errors=True)
 
 
+def repeat_orchestrate(model, shape, stages):
+    """The orchestrate variant again (ORCH_REPS in all, default 1), for a median and a range."""
+    runs = []
+    for k in range(2, int(os.environ.get("ORCH_REPS", "1")) + 1):
+        log(f"{model}: orchestrate, repetition {k}")
+        r = run_orchestrate(f"{model}-orch{k}", shape, stages)
+        r["breakdown"] = breakdown(r, shape[5])
+        r.pop("stderr_of_first_stage", None)
+        runs.append(r)
+        clean(f"{model}-orch{k}")
+    return runs
+
+
+def ab():
+    """m100 chains under orchestrate with different stage-worker settings (AB: name:VAR=V,...)."""
+    shape = SHAPES["m100"]
+    spec = os.environ.get("AB", "base:STAGE_WORKER_EARLY_RELEASE=0 release: "
+                          "split:STAGE_WORKER_WARMUP=split off:STAGE_WORKER_WARMUP=off")
+    res = {}
+    for item in spec.split():
+        name, _, assigns = item.partition(":")
+        env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+        log(f"ab: {name} {env}")
+        try:
+            r = run_orchestrate(f"ab-{name}", shape, shape[6], env_extra=env)
+            r["breakdown"] = breakdown(r, shape[5])
+        except Exception as e:
+            r = {"error": repr(e)}
+        r["env"] = env
+        res[name] = r
+        RESULTS["ab"] = res
+        save()
+        clean(f"ab-{name}")
+    return res
+
+
 def chain(model):
     shape = SHAPES[model]
     stages = shape[6]
     res = {}
     variants = [("orchestrate", lambda: run_orchestrate(f"{model}-orch", shape, stages)),
+                ("orchestrate-reps", lambda: repeat_orchestrate(model, shape, stages)),
                 ("orchestrate-exec", lambda: run_orchestrate(f"{model}-exec", shape, stages, fork_server=False)),
                 ("python-fresh", lambda: run_python_fresh(f"{model}-pyfresh", shape, stages)),
                 ("python-one", lambda: run_python_one(f"{model}-pyone", shape, stages))]
@@ -239,12 +286,12 @@ def chain(model):
             r = fn()
         except Exception as e:  # keep going: one variant's failure must not lose the others
             r = {"variant": name, "error": repr(e)}
-        if "stages" in r:
+        if isinstance(r, dict) and "stages" in r:
             r["breakdown"] = breakdown(r, shape[5])
         res[name] = r
         RESULTS[model] = res
         save()
-        if name == "orchestrate" and "stages" in r:
+        if name == "orchestrate" and isinstance(r, dict) and "stages" in r:
             res["checkpoint_bytes"] = checkpoint_bytes(r)
         clean(f"{model}-orch", f"{model}-exec", f"{model}-pyfresh", f"{model}-pyone")
     return res
@@ -253,6 +300,26 @@ def chain(model):
 def main():
     os.makedirs(WORK, exist_ok=True)
     RESULTS["machine"] = open(os.path.join(OUT, "machine.txt")).read()
+    if "probe" in PARTS:
+        log("disk probe")
+        p = subprocess.run([sys.executable, os.path.join(HERE, "probe.py"), os.path.join(WORK, "probe"),
+                            os.environ.get("PROBE_BYTES", "1220000000"), "3"],
+                           capture_output=True, text=True, timeout=300)
+        try:
+            RESULTS["probe"] = json.loads(p.stdout)
+        except ValueError:
+            RESULTS["probe"] = {"error": p.stderr[-2000:]}
+        save()
+    if "trace" in PARTS:
+        log("trace")
+        shape = SHAPES["m100"]
+        r = run_orchestrate("trace", shape, 3, env_extra={"STAGE_WORKER_TRACE": "1"})
+        r["breakdown"] = breakdown(r, shape[5])
+        RESULTS["trace"] = r
+        save()
+        clean("trace")
+    if "ab" in PARTS:
+        ab()
     if "cold" in PARTS:
         log("cold start")
         RESULTS["cold_start"] = cold_start()

@@ -89,4 +89,100 @@ for model in ("m100", "m1b"):
     if gpu:
         p("GPU check per stage: " + ", ".join(f"{g['verdict']} ({g['reclaim_ms']:.1f} ms)" for g in gpu) + "\n")
 
+
+
+def later(b):
+    """Stages 2.. of a breakdown (stage 1 also starts the fork server and reads cold files)."""
+    return [x for x in b[1:] if "wall_s" in x]
+
+
+def at(x, k):
+    return (x.get("at") or {}).get(k)
+
+
+def span(x, a, b):
+    ta, tb = at(x, a), at(x, b)
+    return None if ta is None or tb is None else tb - ta
+
+
+DETAIL = [("ctx", lambda x: at(x, "t_device_ready")),
+          ("inputs read", lambda x: span(x, "t_device_ready", "t_inputs_read")),
+          ("model built", lambda x: span(x, "t_device_ready", "t_model_built")),
+          ("model ready", lambda x: span(x, "t_device_ready", "t_model_ready")),
+          ("first step", lambda x: span(x, "t_model_ready", "t_first_step")),
+          ("last step", lambda x: span(x, "t_first_step", "t_last_step")),
+          ("released", lambda x: span(x, "t_last_step", "t_device_released")),
+          ("durable", lambda x: span(x, "t_last_step", "t_checkpoint_durable")),
+          ("exit", lambda x: span(x, "t_checkpoint_durable", "exited")),
+          ("verified", lambda x: span(x, "t_checkpoint_durable", "verified")),
+          ("wall", lambda x: x.get("wall_s")),
+          ("overhead", lambda x: x.get("overhead_s"))]
+
+
+def detail_table(rows):
+    """rows: (label, [breakdown entries]); medians of each span, from spawn or from the named mark."""
+    p("| run | stages | " + " | ".join(n for n, _ in DETAIL) + " |")
+    p("|---|---|" + "---|" * len(DETAIL))
+    for label, xs in rows:
+        p(f"| {label} | {len(xs)} | " + " | ".join(f(med([fn(x) for x in xs])) for _, fn in DETAIL) + " |")
+    p("")
+    p("Medians, seconds. `ctx`: spawn → first CUDA result; `inputs read`, `model built`, `model ready`: from "
+      "then (the warm-up runs alongside); `first step`: from model ready; `released`: last step → CUDA context "
+      "destroyed (the data on the host, the disk still writing); `durable`: last step → checkpoint durable; "
+      "`exit`: durable → process reaped; `verified`: durable → GPU check passed.\n")
+
+
+m100 = R.get("m100") or {}
+if m100.get("orchestrate") and "breakdown" in m100["orchestrate"]:
+    runs = [m100["orchestrate"]] + [r for r in m100.get("orchestrate-reps") or [] if "breakdown" in r]
+    p(f"## 100M model, orchestrate (fork server): {len(runs)} repetitions of the chain\n")
+    detail_table([(f"repetition {i + 1}", later(r["breakdown"])) for i, r in enumerate(runs)]
+                 + [("all", [x for r in runs for x in later(r["breakdown"])])])
+    over = [x["overhead_s"] for r in runs for x in later(r["breakdown"])]
+    per_run = [med([x["overhead_s"] for x in later(r["breakdown"])]) for r in runs]
+    walls = [r.get("wall_s") for r in runs]
+    if over:
+        p(f"Boundary overhead of the 100M train stage (stages 2–{len(runs[0]['breakdown'])}, every repetition): "
+          f"median {f(med(over))} s, range {f(min(over))}–{f(max(over))} s over {len(over)} stages; "
+          f"per repetition (median of its stages): {', '.join(f(x) for x in per_run)}; "
+          f"stage 1 of each: {', '.join(f(r['breakdown'][0].get('overhead_s')) for r in runs)}. "
+          f"Chain walls: {', '.join(f(w) for w in walls)} s.\n")
+
+AB = R.get("ab")
+if AB:
+    p("## Settings compared (100M chains under orchestrate, stages 2.. of each)\n")
+    detail_table([(f"{k} {v.get('env')}", later(v.get("breakdown", []))) for k, v in AB.items()])
+    for k, v in AB.items():
+        p(f"- {k}: overhead each stage {', '.join(f(x.get('overhead_s')) for x in v.get('breakdown', []))}; "
+          f"chain wall {f(v.get('wall_s'))} s; rc {v.get('rc')}")
+    p("")
+
+T = R.get("trace")
+if T:
+    p("## Trace (STAGE_WORKER_TRACE=1: each kind of operation timed on its own, synchronised)\n")
+    detail_table([("trace", T.get("breakdown", []))])
+    for st in T.get("stages", []):
+        text = (T.get("stderr") or {}).get(st["stage"], "")
+        lines = [l for l in text.splitlines() if "warm-up" in l or "exiting" in l]
+        exit_line = [l for l in lines if "exiting at" in l]
+        gap = ""
+        if exit_line and st.get("exited"):
+            t_exit = float(exit_line[-1].rsplit(" ", 1)[1])
+            gap = f" (_exit → reaped: {st['exited'] - t_exit:.3f} s)"
+        p(f"{st['stage']}{gap}:\n```\n" + "\n".join(lines) + "\n```")
+    p("")
+
+PR = R.get("probe")
+if PR and PR.get("variants"):
+    p(f"## Disk probe: {PR['bytes'] / 1e9:.2f} GB written and fsynced, each way 3 times\n")
+    p("| how | median (s) | GB/s | runs (s) |")
+    p("|---|---|---|---|")
+    for k, v in PR["variants"].items():
+        if "median_s" in v:
+            p(f"| {k} | {f(v['median_s'], 3)} | {PR['bytes'] / v['median_s'] / 1e9:.2f} | "
+              f"{', '.join(f(x, 3) for x in v['wall_s'])} |")
+        else:
+            p(f"| {k} | {v.get('error')} | | |")
+    p("")
+
 print("\n".join(out))

@@ -138,12 +138,17 @@ fn flat_entries(params: &crate::params::ParamStore, prefix: &str) -> Vec<HeaderE
 /// Layout: in `model.safetensors` the parameters follow each other in buffer order, so its
 /// data is [`crate::params::ParamStore::flat`] verbatim; `optimizer.safetensors` holds the
 /// step (int64) and then both moments in the same order.
+///
+/// With `release_device`, the process's CUDA context is destroyed as soon as every byte has
+/// been copied to the host, while the disk finishes (see [`crate::device::release`]): the
+/// caller must then make no further device call, not even dropping a device tensor.
 pub fn write(
     dir: &Path,
     model: &ByteGpt,
     opt: &AdamW,
     step: u64,
     training: &TrainingState,
+    release_device: bool,
 ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
     std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
     remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
@@ -186,8 +191,23 @@ pub fn write(
             },
         ],
     };
-    let mut written = tch::no_grad(|| stream::write_files(dir, vec![model_file, optimizer_file]))
-        .map_err(|e| io_failure(dir, e))?;
+    // The release runs on a thread of its own, so that the copier that calls it goes on at
+    // once; it is waited for before returning.
+    let releasing = std::sync::Mutex::new(None);
+    let release = || {
+        let handle = std::thread::spawn(crate::device::release);
+        *releasing.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+    };
+    let after_copies: Option<&(dyn Fn() + Sync)> =
+        if release_device { Some(&release) } else { None };
+    let written = tch::no_grad(|| {
+        stream::write_files_then(dir, vec![model_file, optimizer_file], after_copies)
+    })
+    .map_err(|e| io_failure(dir, e));
+    if let Some(h) = releasing.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        let _ = h.join();
+    }
+    let mut written = written?;
     let mut model_json = manifest_model(&model.config);
     model_json.insert(
         "training".into(),
@@ -565,7 +585,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
         let (model, opt) = trained();
-        let (manifest, files) = write(&dir, &model, &opt, 2, &state()).unwrap();
+        let (manifest, files) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
         assert_eq!(manifest.step, Some(2));
         assert_eq!(files.len(), 3);
         for f in &files {
@@ -589,7 +609,7 @@ mod tests {
 
         // Writing what was read gives the very same bytes.
         let dir2 = crate::testutil::scratch_dir("ckpt-rewrite");
-        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state()).unwrap();
+        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state(), false).unwrap();
         assert_eq!(manifest2.files, manifest.files);
         for name in [MODEL_FILE, OPTIMIZER_FILE, MANIFEST_FILE] {
             assert_eq!(
@@ -605,7 +625,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");
         let (model, opt) = trained();
-        let (manifest, _) = write(&dir, &model, &opt, 2, &state()).unwrap();
+        let (manifest, _) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
         let full = manifest.files[0].bytes;
         let path = dir.join(MODEL_FILE);
         let bytes = std::fs::read(&path).unwrap();
@@ -625,7 +645,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-corrupt");
         let (model, opt) = trained();
-        write(&dir, &model, &opt, 2, &state()).unwrap();
+        write(&dir, &model, &opt, 2, &state(), false).unwrap();
         let path = dir.join(OPTIMIZER_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
         let i = bytes.len() - 3;

@@ -82,6 +82,50 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
     }
 }
 
+/// When [`release`] destroyed this process's CUDA context, in Unix seconds.
+static RELEASED_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+/// Whether a stage that is about to end should give its device back as soon as its final
+/// checkpoint is on the host (`STAGE_WORKER_EARLY_RELEASE=0` turns it off).
+pub fn early_release_wanted(device: Device) -> bool {
+    device.is_cuda() && std::env::var("STAGE_WORKER_EARLY_RELEASE").map_or(true, |v| v != "0")
+}
+
+/// Destroys this process's CUDA context (`cudaDeviceReset` of device 0, the stage's only
+/// one), giving its device memory back now rather than at exit, so that the driver's teardown
+/// overlaps the rest of the checkpoint's write instead of following it. Only for a process
+/// about to exit: libtorch still holds pointers into the destroyed context, so no device call
+/// may follow, not even freeing a tensor (the caller forgets them). The stage's isolation is
+/// unchanged: the process still exits, and `orchestrate` still verifies with NVML that the
+/// memory is back before the next stage may use the device. Returns whether it was done.
+pub fn release() -> bool {
+    type Sync = unsafe extern "C" fn() -> i32;
+    type Reset = unsafe extern "C" fn() -> i32;
+    // SAFETY: dlsym of NUL-terminated names in the global scope (libcudart is a dependency of
+    // libtorch_cuda, which this binary links); both functions take no arguments and return a
+    // cudaError_t (an int). No other thread uses the device now (see the contract above).
+    let ok = unsafe {
+        let sync = libc::dlsym(libc::RTLD_DEFAULT, c"cudaDeviceSynchronize".as_ptr());
+        let reset = libc::dlsym(libc::RTLD_DEFAULT, c"cudaDeviceReset".as_ptr());
+        if sync.is_null() || reset.is_null() {
+            false
+        } else {
+            let sync: Sync = std::mem::transmute(sync);
+            let reset: Reset = std::mem::transmute(reset);
+            sync() == 0 && reset() == 0
+        }
+    };
+    if ok {
+        let _ = RELEASED_AT.set(crate::log::unix_now());
+    }
+    ok
+}
+
+/// When [`release`] destroyed the CUDA context, if it did.
+pub fn released_at() -> Option<f64> {
+    RELEASED_AT.get().copied()
+}
+
 fn kind_name(kind: Kind) -> &'static str {
     match kind {
         Kind::BFloat16 => "bf16",

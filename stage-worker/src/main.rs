@@ -115,6 +115,9 @@ fn run_stage(spec: &Path) -> ! {
 /// and every event sent, and the OS reclaims the rest, device memory included.
 fn exit_now(code: i32) -> ! {
     use std::io::Write;
+    if warmup::tracing() {
+        log!("exiting at {:.4}", log::unix_now());
+    }
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     // SAFETY: _exit has no preconditions; nothing after this point needs to run.

@@ -2,14 +2,14 @@
 //!
 //! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
 //! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
-//! file's data is one or two runs). Each file is written by two threads: a producer that copies
-//! the next chunk from the device into a recycled host buffer (on the CPU the tensor's memory
-//! is used in place) and feeds it to SHA-256, and a writer that appends it to a temporary file
-//! and starts its write-back at once. The bytes are never read back; the checksum in the
+//! file's data is one or two runs). Each file is written by three threads in a pipeline: a
+//! copier that copies the next chunk from the device into a recycled host buffer (on the CPU
+//! the tensor's memory is used in place), a hasher that feeds it to SHA-256, and a writer that
+//! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
 //! Promises: a file is complete on disk (fsynced, renamed into place, directory fsynced) when
-//! [`write_files`] returns; its manifest entry's size and SHA-256 are those of the bytes
+//! [`write_files_then`] returns; its manifest entry's size and SHA-256 are those of the bytes
 //! written; the same tensors always give the same bytes.
 
 use crate::checkpoint::WrittenFile;
@@ -21,14 +21,17 @@ use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use tch::{Device, Kind, Tensor};
 
 /// Bytes per chunk: large enough that each write is one big system call, small enough that a
 /// few chunks in flight per file stay cheap.
 const CHUNK: usize = 32 << 20;
-/// Host buffers per file (device copies only).
-const BUFFERS: usize = 3;
+/// Host buffers per file (device copies only): enough that the device's part (the copies) ends
+/// well before the hash's and the disk's, so that a stage can give its device back while
+/// they finish.
+const BUFFERS: usize = 8;
 
 /// Part of a file's data.
 pub enum Run {
@@ -98,12 +101,27 @@ pub struct FileSpec {
 }
 
 /// Writes every file into `dir` in parallel, each atomically (temporary file, fsync, rename),
-/// then fsyncs the directory once. Returns them in the order given.
-pub fn write_files(dir: &Path, files: Vec<FileSpec>) -> io::Result<Vec<WrittenFile>> {
+/// then fsyncs the directory once. Returns them in the order given. Calls `after_copies` (once, on one of the writing threads) as soon as
+/// every byte of every file has been copied off the device, while the files are still being
+/// written: the caller can give the device back then. Not called if a file fails before that.
+pub fn write_files_then(
+    dir: &Path,
+    files: Vec<FileSpec>,
+    after_copies: Option<&(dyn Fn() + Sync)>,
+) -> io::Result<Vec<WrittenFile>> {
+    let copying = AtomicUsize::new(files.len());
+    let copied = || {
+        if copying.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(f) = after_copies {
+                f();
+            }
+        }
+    };
+    let copied = &copied;
     let results: Vec<io::Result<WrittenFile>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .into_iter()
-            .map(|f| s.spawn(move || write_one(dir, f)))
+            .map(|f| s.spawn(move || write_one(dir, f, copied)))
             .collect();
         handles
             .into_iter()
@@ -136,9 +154,9 @@ impl Chunk<'_> {
     }
 }
 
-fn write_one(dir: &Path, spec: FileSpec) -> io::Result<WrittenFile> {
+fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<WrittenFile> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result = stream_to(&tmp, &spec.runs).and_then(|(sha, bytes, identity)| {
+    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity)| {
         let path = dir.join(&spec.name);
         fs::rename(&tmp, &path)?;
         Ok(WrittenFile {
@@ -158,18 +176,26 @@ fn write_one(dir: &Path, spec: FileSpec) -> io::Result<WrittenFile> {
 }
 
 /// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size and
-/// the file's identity.
-fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity)> {
+/// the file's identity. `copied` is called once every run has been copied off the device.
+fn stream_to(
+    path: &Path,
+    runs: &[Run],
+    copied: &dyn Fn(),
+) -> io::Result<(String, u64, FileIdentity)> {
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
-    let (to_writer, from_producer) = mpsc::sync_channel::<Chunk>(BUFFERS);
+    // Three threads, so that the device copies, the hash and the disk all work at once: this
+    // one copies chunks off the device, a hasher feeds them to SHA-256 in order, a writer
+    // appends them to the file and starts their write-back.
+    let (to_hasher, from_copier) = mpsc::sync_channel::<Chunk>(BUFFERS);
+    let (to_writer, from_hasher) = mpsc::sync_channel::<Chunk>(BUFFERS);
     let (recycle, recycled) = mpsc::channel::<Vec<f32>>();
     let file_ref = &mut file;
     let (hash, write_result) = std::thread::scope(|s| {
         let writer = s.spawn(move || -> io::Result<()> {
             let fd = file_ref.as_raw_fd();
             let mut at = 0i64;
-            for chunk in from_producer {
+            for chunk in from_hasher {
                 let bytes = chunk.bytes();
                 file_ref.write_all(bytes)?;
                 // Start write-back of what was just written, so the disk works while the
@@ -185,13 +211,23 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
             }
             Ok(())
         });
-        let mut hasher = Sha256::new();
+        let hasher = s.spawn(move || {
+            let mut hasher = Sha256::new();
+            for chunk in from_copier {
+                hasher.update(chunk.bytes());
+                if to_writer.send(chunk).is_err() {
+                    break;
+                }
+            }
+            hasher.finalize()
+        });
         let mut made = 0usize;
+        let mut complete = true;
         'runs: for run in runs {
             match run {
                 Run::Bytes(b) => {
-                    hasher.update(b);
-                    if to_writer.send(Chunk::Borrowed(b)).is_err() {
+                    if to_hasher.send(Chunk::Borrowed(b)).is_err() {
+                        complete = false;
                         break 'runs;
                     }
                 }
@@ -205,8 +241,8 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
                     while done < *numel {
                         let n = per_chunk.min(numel - done);
                         let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
-                        hasher.update(chunk.bytes());
-                        if to_writer.send(chunk).is_err() {
+                        if to_hasher.send(chunk).is_err() {
+                            complete = false;
                             break 'runs;
                         }
                         done += n;
@@ -214,11 +250,21 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
                 }
             }
         }
-        drop(to_writer);
+        drop(to_hasher);
+        if complete {
+            copied();
+        }
+        let hash = hasher.join();
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
-        (hasher.finalize(), written)
+        match hash {
+            Ok(hash) => (hash, written),
+            Err(_) => (
+                Default::default(),
+                Err(io::Error::other("checkpoint hasher thread panicked")),
+            ),
+        }
     });
     write_result?;
     file.sync_all()?;
@@ -235,6 +281,24 @@ fn stream_to(path: &Path, runs: &[Run]) -> io::Result<(String, u64, FileIdentity
         mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
     };
     Ok((hex(&hash), total as u64, identity))
+}
+
+/// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
+/// buffer is then a few page faults on its first copy, not eight thousand).
+fn host_buffer() -> Vec<f32> {
+    let buf = vec![0f32; CHUNK / 4];
+    let page = 2 << 20;
+    let start = buf.as_ptr() as usize;
+    let aligned = (start + page - 1) & !(page - 1);
+    let len = (start + CHUNK - aligned) & !(page - 1);
+    if len > 0 {
+        // SAFETY: advice on whole huge pages inside the buffer's own allocation; it changes no
+        // contents (the pages are untouched zero pages) and errors are harmless.
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+    }
+    buf
 }
 
 /// Elements `offset..offset + n` of the flat fp32 `tensor` as a chunk: borrowed in place on
@@ -261,9 +325,9 @@ fn float_chunk<'a>(
     }
     let mut buf = if *made < BUFFERS {
         *made += 1;
-        vec![0f32; CHUNK / 4]
+        host_buffer()
     } else {
-        recycled.recv().unwrap_or_else(|_| vec![0f32; CHUNK / 4])
+        recycled.recv().unwrap_or_else(|_| host_buffer())
     };
     // SAFETY: `buf` holds at least `n` f32s and outlives `host`, which is dropped at the end
     // of this block, after the synchronous copy.
@@ -308,7 +372,7 @@ mod tests {
                 },
             ],
         }];
-        let written = write_files(&dir, files).unwrap();
+        let written = write_files_then(&dir, files, None).unwrap();
         let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
         assert_eq!(written[0].entry.bytes, bytes.len() as u64);
         assert_eq!(written[0].entry.sha256, crate::fsio::sha256_hex(&bytes));
@@ -321,5 +385,43 @@ mod tests {
         assert!(back[0].1.equal(&t.narrow(0, 7, n)));
         // No temporary file is left.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_after_copies_call_comes_once_for_all_files_and_the_files_are_whole() {
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("stream-after");
+        let n = (CHUNK / 4) as i64 * 2 + 3;
+        let t = Tensor::arange(n, (Kind::Float, Device::Cpu));
+        let file = |name: &str| FileSpec {
+            name: name.into(),
+            runs: vec![
+                Run::Bytes(b"head".to_vec()),
+                Run::Floats {
+                    tensor: t.shallow_clone(),
+                    offset: 0,
+                    numel: n,
+                },
+            ],
+        };
+        let calls = AtomicUsize::new(0);
+        let count = || {
+            calls.fetch_add(1, Ordering::SeqCst);
+        };
+        let written =
+            write_files_then(&dir, vec![file("a.bin"), file("b.bin")], Some(&count)).unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        for w in &written {
+            let bytes = std::fs::read(&w.path).unwrap();
+            assert_eq!(bytes.len() as u64, w.entry.bytes);
+            assert_eq!(bytes.len(), 4 + n as usize * 4);
+            assert_eq!(w.entry.sha256, crate::fsio::sha256_hex(&bytes));
+            let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
+            assert_eq!(last, (n - 1) as f32);
+        }
+        // Without the call, the same bytes.
+        let dir2 = crate::testutil::scratch_dir("stream-after-none");
+        let again = write_files_then(&dir2, vec![file("a.bin")], None).unwrap();
+        assert_eq!(again[0].entry.sha256, written[0].entry.sha256);
     }
 }

@@ -185,8 +185,12 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 
 /// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
 /// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
-/// device work done), `t_model_ready`, `t_first_step`, `t_last_step` (the device idle after
-/// the last step), `t_checkpoint_durable` (every file fsynced and in place).
+/// device work done), `t_inputs_read` (the init checkpoint read), `t_model_built` (the model
+/// built and loaded; the warm-up may still run), `t_model_ready` (the warm-up done too),
+/// `t_first_step`, `t_last_step` (the device idle after the last step), `t_device_released`
+/// (the final checkpoint's data all copied to the host and the CUDA context destroyed, when
+/// that was done before the files were durable), `t_checkpoint_durable` (every file fsynced
+/// and in place).
 struct Milestones(BTreeMap<String, f64>);
 
 impl Default for Milestones {
@@ -260,6 +264,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
                 .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
         })
         .transpose()?;
+    milestones.mark("t_inputs_read");
     let config = model_config(spec, &p, init.as_ref())?;
     if let Some(done) = completed(&spec.output_dir, &p, &config) {
         return report_completed(&done, sink);
@@ -300,6 +305,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         }
     }
     let resumed_from = opt.step;
+    milestones.mark("t_model_built");
     if let Some(w) = warm_up {
         w.finish();
     }
@@ -342,26 +348,40 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
             })?;
     }
     let checkpoint_started = Instant::now();
-    let (_, files) = checkpoint::write(
+    // The final checkpoint of a complete training is the stage's last device work: the device
+    // is given back as soon as the data is on the host (the disk finishes after).
+    let release = complete && device::early_release_wanted(compute.device);
+    let written = checkpoint::write(
         &spec.output_dir,
         &model,
         &opt,
         opt.step,
         &training_state(&p, complete),
-    )?;
+        release,
+    );
+    let step = opt.step;
+    if let Some(at) = device::released_at() {
+        milestones.0.insert("t_device_released".into(), at);
+        // The CUDA context is gone: freeing these tensors would call into it (and could
+        // create a new one). The process exits right after this stage; the OS frees them.
+        std::mem::forget(model);
+        std::mem::forget(opt);
+        std::mem::forget(stats.recent);
+    }
+    let (_, files) = written?;
     for f in files {
         sink.checkpoint(
             f.path,
             f.entry.sha256,
             f.entry.bytes,
-            Some(opt.step),
+            Some(step),
             f.identity,
         );
     }
     if stats.interrupted {
         return Err(Failure::interrupted(format!(
             "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
-            opt.step,
+            step,
             p.steps,
             spec.output_dir.display()
         )));
@@ -451,8 +471,14 @@ fn train_loop(
             if let Some(v) = input {
                 v.finish()?;
             }
-            let (_, files) =
-                checkpoint::write(output_dir, model, opt, step, &training_state(p, false))?;
+            let (_, files) = checkpoint::write(
+                output_dir,
+                model,
+                opt,
+                step,
+                &training_state(p, false),
+                false,
+            )?;
             for f in files {
                 sink.checkpoint(
                     f.path,
