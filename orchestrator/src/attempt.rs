@@ -50,7 +50,7 @@ pub(crate) fn prepare_attempt(
 ) -> Result<AttemptPlan, Failure> {
     let stage = plan.stage_as_run(i);
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
-    run_dir
+    let fresh_output = run_dir
         .prepare_stage(&stage.name)
         .map_err(|e| io_fail("cannot create the stage directory", e))?;
     let stage_dir = run_dir.stage_dir(&stage.name);
@@ -123,7 +123,8 @@ pub(crate) fn prepare_attempt(
         spec: &spec_path,
         inputs_file: &inputs_path,
         attempt,
-        resumable: std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
+        resumable: !fresh_output
+            && std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
     };
     let mut env = contract::environment(&paths, &stage.env);
     if let Some(n) = cpu_threads {

@@ -35,9 +35,10 @@ pub fn start(cleanup: Option<&std::path::Path>) -> std::io::Result<Guard> {
         .stderr(Stdio::inherit());
     // Its own process group: a Ctrl-C at the terminal is for the orchestrator, not the guard.
     cmd.process_group(0);
-    Ok(Guard {
-        _child: cmd.spawn()?,
-    })
+    let child = cmd.spawn()?;
+    // It lives as long as this process: it never holds a stage's token.
+    crate::proctree::note_helper(child.id() as i32);
+    Ok(Guard { _child: child })
 }
 
 /// The token prefix of every stage process that `orchestrator_pid` started.

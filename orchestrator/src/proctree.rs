@@ -87,6 +87,24 @@ fn own_children() -> Vec<i32> {
         .collect()
 }
 
+/// Children of the orchestrator that belong to no stage (the guard): the check for escaped
+/// stage processes among the orchestrator's children skips them instead of reading their
+/// environment at every stage's end.
+static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes that child `pid` of this process is a helper of the orchestrator (see [`HELPERS`]),
+/// for as long as this process lives.
+pub fn note_helper(pid: i32) {
+    HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+}
+
+fn is_helper(pid: i32) -> bool {
+    HELPERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&pid)
+}
+
 /// A cheap proof that nothing of the stage is alive, without scanning `/proc`: the stage's
 /// process group is empty (so every process that stayed in it is gone), and no child of the
 /// orchestrator carries the stage's token (an escaped process whose parents all died is
@@ -100,7 +118,7 @@ fn surely_gone(leader: i32, needle: &[u8]) -> bool {
     !group_alive
         && !own_children()
             .into_iter()
-            .any(|pid| environ_has(pid, needle))
+            .any(|pid| !is_helper(pid) && environ_has(pid, needle))
 }
 
 /// The live (non-zombie) processes of the stage whose first process is `leader` (a session

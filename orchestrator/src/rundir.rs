@@ -345,8 +345,21 @@ impl RunDir {
     }
 
     /// Creates the stage's directory and output directory.
-    pub fn prepare_stage(&self, name: &str) -> io::Result<()> {
-        fs::create_dir_all(self.output_dir(name))
+    /// Returns whether the output directory was created just now (and so is empty).
+    pub fn prepare_stage(&self, name: &str) -> io::Result<bool> {
+        match fs::create_dir(self.stage_dir(name)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(self.stage_dir(name))?
+            }
+            Err(e) => return Err(e),
+        }
+        match fs::create_dir(self.output_dir(name)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Records the plan the run uses, in its own format, and `run.json` with the directory

@@ -59,7 +59,19 @@ pub fn spawn(req: &Request<'_>) -> io::Result<i32> {
     let Some(program) = req.argv.first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     };
-    let path = resolve(program, req.env, req.cwd)?;
+    let (path, cached) = resolve(program, req.env, req.cwd)?;
+    match spawn_resolved(req, &path) {
+        // The program moved since it was found: look for it again.
+        Err(e) if cached && e.raw_os_error() == Some(libc::ENOENT) => {
+            forget(program);
+            let (path, _) = resolve(program, req.env, req.cwd)?;
+            spawn_resolved(req, &path)
+        }
+        other => other,
+    }
+}
+
+fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
     let cstr = |s: &[u8]| {
         CString::new(s).map_err(|_| {
             io::Error::new(
@@ -204,13 +216,25 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
+thread_local! {
+    /// Programs found in `PATH`: (name, `PATH`) → file. A sweep starts the same program
+    /// thousands of times; looking it up costs a `stat` per directory of `PATH` each time.
+    static FOUND: std::cell::RefCell<std::collections::HashMap<(String, String), PathBuf>> =
+        Default::default();
+}
+
+fn forget(program: &str) {
+    FOUND.with(|found| found.borrow_mut().retain(|(name, _), _| name != program));
+}
+
 /// The file `program` names: itself when it holds a `/`, else the first executable regular
 /// file called so in the directories of the environment's `PATH` (the orchestrator's when the
-/// environment has none), as `execvp` would find it. Relative results are made absolute
-/// against `cwd`, where the child will run.
-fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<PathBuf> {
+/// environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
+/// it is absolute; the second value says the answer came from memory). Relative results are
+/// made absolute against `cwd`, where the child will run.
+fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<(PathBuf, bool)> {
     if program.contains('/') {
-        return Ok(PathBuf::from(program));
+        return Ok((PathBuf::from(program), false));
     }
     let path_var = env
         .iter()
@@ -219,6 +243,11 @@ fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<Pa
         .map(|(_, v)| v.clone())
         .or_else(|| std::env::var("PATH").ok())
         .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_string());
+    let key = (program.to_string(), path_var.clone());
+    if let Some(path) = FOUND.with(|found| found.borrow().get(&key).cloned()) {
+        return Ok((path, true));
+    }
+    let cacheable = path_var.split(':').all(|dir| dir.starts_with('/'));
     let mut denied = false;
     for dir in path_var.split(':') {
         let dir = if dir.is_empty() { "." } else { dir };
@@ -233,7 +262,10 @@ fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<Pa
             continue;
         }
         if executable(&candidate) {
-            return Ok(candidate);
+            if cacheable {
+                FOUND.with(|found| found.borrow_mut().insert(key, candidate.clone()));
+            }
+            return Ok((candidate, false));
         }
         denied = true;
     }

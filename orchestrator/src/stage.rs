@@ -252,8 +252,8 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
             plan.name, plan.attempt
         )
     });
-    let (stdout, stderr, stderr_offset) = open_logs(&plan.stage_dir, header.as_deref())
-        .map_err(|e| {
+    let (stdout, stderr, stderr_offset) =
+        open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {
             Failure::SpawnFailed(format!(
                 "cannot open log files in {}: {e}",
                 plan.stage_dir.display()
@@ -525,7 +525,15 @@ pub async fn supervise(
     for copier in copiers {
         let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
     }
-    let stderr_tail = read_tail(&plan.stage_dir.join("stderr.log"), stderr_offset);
+    // The tail serves failures (and their classification): a clean exit reads it only if
+    // the attempt fails after all (its outputs do not verify).
+    let stderr_path = plan.stage_dir.join("stderr.log");
+    let clean_exit = exit == Some(ExitStatus::Code(0));
+    let mut stderr_tail = if clean_exit {
+        String::new()
+    } else {
+        read_tail(&stderr_path, stderr_offset)
+    };
     let mut outcome = classify(
         plan,
         exit,
@@ -543,6 +551,9 @@ pub async fn supervise(
         }
     }
     let failed = matches!(outcome, Outcome::Failed(_));
+    if failed && clean_exit {
+        stderr_tail = read_tail(&stderr_path, stderr_offset);
+    }
     AttemptResult {
         outcome,
         exit,

@@ -99,7 +99,14 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         }
     }
     let env = stage_environment(&launch);
-    let stdin = std::fs::File::open("/dev/null")?;
+    static DEV_NULL: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    let stdin = match DEV_NULL.get() {
+        Some(file) => file,
+        None => {
+            let file = std::fs::File::open("/dev/null")?;
+            DEV_NULL.get_or_init(|| file)
+        }
+    };
     let pid = crate::spawn::spawn(&crate::spawn::Request {
         argv: &launch.argv,
         env: &env,

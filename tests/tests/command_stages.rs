@@ -210,8 +210,14 @@ outputs = ["absent"]
     let log = std::fs::read_to_string(run.run_dir.join("stages/flaky/stderr.log")).unwrap();
     // The first attempt's output starts the log; each retry is marked where it begins.
     assert_eq!(log.matches("==== orchestrate: flaky attempt").count(), 2);
-    assert!(log.contains("==== orchestrate: flaky attempt 2 ===="), "{log}");
-    assert!(log.contains("==== orchestrate: flaky attempt 3 ===="), "{log}");
+    assert!(
+        log.contains("==== orchestrate: flaky attempt 2 ===="),
+        "{log}"
+    );
+    assert!(
+        log.contains("==== orchestrate: flaky attempt 3 ===="),
+        "{log}"
+    );
 }
 
 #[test]
