@@ -35,6 +35,100 @@ pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> anyhow::Res
     Ok(candidate)
 }
 
+/// The files a stage's attempt starts with: its directories, `inputs.json`, `spec.json` and
+/// its (empty) logs. What they hold depends on the plan, the attempt number and the device
+/// only, so the preparer ([`crate::prepare`]) can write a first attempt's ahead of its start.
+pub(crate) struct Layout {
+    name: String,
+    pub(crate) stage_dir: PathBuf,
+    pub(crate) output_dir: PathBuf,
+    pub(crate) spec_path: PathBuf,
+    pub(crate) inputs_path: PathBuf,
+    inputs: BTreeMap<String, PathBuf>,
+    spec: StageSpec,
+}
+
+impl Layout {
+    /// Stage `i`'s layout for `attempt` on `device`, with its upstream output directories
+    /// (`inputs`; see [`Layout::inputs_of`]).
+    pub(crate) fn new(
+        plan: &LoadedPlan,
+        i: usize,
+        run_dir: &RunDir,
+        attempt: u32,
+        device: Device,
+        inputs: BTreeMap<String, PathBuf>,
+    ) -> Layout {
+        let stage = &plan.plan.stages[i];
+        let stage_dir = run_dir.stage_dir(&stage.name);
+        let output_dir = run_dir.output_dir(&stage.name);
+        let spec = StageSpec {
+            v: protocol::PROTOCOL_VERSION,
+            stage: stage.name.clone(),
+            kind: stage.kind,
+            params: stage.params.clone(),
+            output_dir: output_dir.clone(),
+            inputs: inputs.clone(),
+            init: stage.init.as_ref().map(|name| run_dir.output_dir(name)),
+            device,
+            attempt,
+        };
+        Layout {
+            name: stage.name.clone(),
+            spec_path: stage_dir.join("spec.json"),
+            inputs_path: stage_dir.join("inputs.json"),
+            stage_dir,
+            output_dir,
+            inputs,
+            spec,
+        }
+    }
+
+    /// Stage `i`'s upstream output directories, by upstream name.
+    pub(crate) fn inputs_of(
+        plan: &LoadedPlan,
+        i: usize,
+        run_dir: &RunDir,
+    ) -> BTreeMap<String, PathBuf> {
+        plan.upstream[i]
+            .iter()
+            .map(|&u| {
+                let name = &plan.plan.stages[u].name;
+                (name.clone(), run_dir.output_dir(name))
+            })
+            .collect()
+    }
+
+    /// Writes the layout (not durably: rewritten for every attempt before it starts); returns
+    /// whether the output directory was created now (and so is empty).
+    pub(crate) fn write(&self) -> std::io::Result<bool> {
+        let at = |path: &Path| {
+            let path = path.to_path_buf();
+            move |e: std::io::Error| {
+                std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+            }
+        };
+        let fresh = RunDir::prepare_stage_dirs(&self.stage_dir, &self.output_dir)
+            .map_err(at(&self.stage_dir))?;
+        std::fs::write(&self.inputs_path, pretty(&self.inputs)?).map_err(at(&self.inputs_path))?;
+        std::fs::write(&self.spec_path, pretty(&self.spec)?).map_err(at(&self.spec_path))?;
+        for log in ["stdout.log", "stderr.log"] {
+            let path = self.stage_dir.join(log);
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(at(&path))?;
+        }
+        tracing::trace!(stage = %self.name, "stage files written");
+        Ok(fresh)
+    }
+}
+
+fn pretty(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
+    serde_json::to_vec_pretty(value).map_err(std::io::Error::other)
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare_attempt(
     plan: &LoadedPlan,
@@ -47,14 +141,15 @@ pub(crate) fn prepare_attempt(
     machine_has_gpus: bool,
     socket_dir: &Path,
     cpu_threads: Option<usize>,
+    prepared: Option<bool>,
 ) -> Result<AttemptPlan, Failure> {
     let stage = plan.stage_as_run(i);
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
-    let fresh_output = run_dir
-        .prepare_stage(&stage.name)
-        .map_err(|e| io_fail("cannot create the stage directory", e))?;
-    let stage_dir = run_dir.stage_dir(&stage.name);
-    let output_dir = run_dir.output_dir(&stage.name);
+    let device = if gpus.is_empty() {
+        Device::Cpu
+    } else {
+        Device::Cuda
+    };
 
     // Inputs: every upstream's output directory, whose recorded files must still be there.
     // Their contents were hashed when the upstream finished (and a built-in stage hashes its
@@ -85,34 +180,24 @@ pub(crate) fn prepare_attempt(
         }
         inputs.insert(up.name.clone(), dir);
     }
-    let init = stage.init.as_ref().map(|name| run_dir.output_dir(name));
-    let spec_path = stage_dir.join("spec.json");
-    let inputs_path = stage_dir.join("inputs.json");
-    let inputs_bytes =
-        serde_json::to_vec_pretty(&inputs).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
-    std::fs::write(&inputs_path, &inputs_bytes)
-        .map_err(|e| io_fail(&format!("cannot write {}", inputs_path.display()), e))?;
-    let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
-    let spec = StageSpec {
-        v: protocol::PROTOCOL_VERSION,
-        stage: stage.name.clone(),
-        kind: stage.kind,
-        params: stage.params.clone(),
-        output_dir: output_dir.clone(),
-        inputs: inputs.clone(),
-        init,
-        device: if gpus.is_empty() {
-            Device::Cpu
-        } else {
-            Device::Cuda
-        },
-        attempt,
+    // The files of the attempt: written here, unless the preparer wrote them already (a
+    // first attempt on the device it was prepared for; `prepared` says whether its output
+    // directory was new).
+    let layout = Layout::new(plan, i, run_dir, attempt, device, inputs.clone());
+    let fresh_output = match prepared {
+        Some(fresh) => fresh,
+        None => layout
+            .write()
+            .map_err(|e| io_fail("cannot prepare the stage", e))?,
     };
-    let spec_bytes =
-        serde_json::to_vec_pretty(&spec).map_err(|e| Failure::SpawnFailed(e.to_string()))?;
-    // Rewritten for every attempt before it starts: no need for a durable, atomic write.
-    std::fs::write(&spec_path, &spec_bytes)
-        .map_err(|e| io_fail(&format!("cannot write {}", spec_path.display()), e))?;
+    let Layout {
+        stage_dir,
+        output_dir,
+        spec_path,
+        inputs_path,
+        ..
+    } = layout;
+    let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
 
     let paths = ContractPaths {
         stage: &stage.name,

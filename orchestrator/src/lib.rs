@@ -32,6 +32,7 @@ pub mod guard;
 pub mod host;
 pub mod journal;
 pub mod plan;
+pub(crate) mod prepare;
 pub mod proctree;
 pub mod reaper;
 pub mod report;

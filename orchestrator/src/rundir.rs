@@ -347,15 +347,19 @@ impl RunDir {
     /// Creates the stage's directory and output directory.
     /// Returns whether the output directory was created just now (and so is empty).
     pub fn prepare_stage(&self, name: &str) -> io::Result<bool> {
-        match fs::create_dir(self.stage_dir(name)) {
+        Self::prepare_stage_dirs(&self.stage_dir(name), &self.output_dir(name))
+    }
+
+    /// Creates a stage's directory and its output directory inside it (what exists is kept);
+    /// returns whether the output directory was created just now (and so is empty).
+    pub fn prepare_stage_dirs(stage_dir: &Path, output_dir: &Path) -> io::Result<bool> {
+        match fs::create_dir(stage_dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(self.stage_dir(name))?
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(stage_dir)?,
             Err(e) => return Err(e),
         }
-        match fs::create_dir(self.output_dir(name)) {
+        match fs::create_dir(output_dir) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(e),

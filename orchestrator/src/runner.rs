@@ -325,6 +325,25 @@ pub async fn run(
         .map(|i| (position[i], i))
         .collect();
     let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
+    // First attempts' files are written ahead by the preparer thread: the next ready stages,
+    // and the stages that wait only on a stage that just started.
+    let preparer = crate::prepare::Preparer::start(stages.len())
+        .context("cannot start the stage-files thread")?;
+    let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
+    let prepare_ahead = |j: usize, states: &[StageState]| {
+        if states[j].attempts == 0 && on_cpu(j) && preparer.untouched(j) {
+            let inputs = crate::attempt::Layout::inputs_of(&plan, j, &run_dir);
+            let layout = crate::attempt::Layout::new(
+                &plan,
+                j,
+                &run_dir,
+                1,
+                protocol::worker::Device::Cpu,
+                inputs,
+            );
+            preparer.queue(j, layout);
+        }
+    };
 
     loop {
         let stopping = interrupted || leak_stop || fail_stop;
@@ -340,11 +359,23 @@ pub async fn run(
         let next_retry = retry_queue.iter().map(|&(t, _)| t).min();
         let mut gpu_waiting = false;
         if !stopping {
-            let candidates: Vec<usize> = ready.iter().map(|&(_, i)| i).collect();
-            for i in candidates {
+            // Ready stages in order, taken one at a time: a loop turn costs what it starts
+            // (and the stages it must pass over, waiting for GPUs), not the whole ready set.
+            let mut cursor: Option<(usize, usize)> = None;
+            loop {
                 if running >= max_parallel {
                     break;
                 }
+                let next = match cursor {
+                    None => ready.iter().next(),
+                    Some(c) => ready
+                        .range((std::ops::Bound::Excluded(c), std::ops::Bound::Unbounded))
+                        .next(),
+                };
+                let Some(&(pos, i)) = next else {
+                    break;
+                };
+                cursor = Some((pos, i));
                 let stage = &stages[i];
                 let want = if machine_has_gpus {
                     stage.gpus_wanted() as usize
@@ -392,6 +423,10 @@ pub async fn run(
                 ready.remove(&(position[i], i));
                 states[i].attempts += 1;
                 let attempt = states[i].attempts;
+                // The preparer's files serve a first attempt on the CPU only.
+                let prepared = preparer
+                    .claim(i)
+                    .filter(|_| attempt == 1 && given.is_empty());
                 // Built-in CPU stages that run side by side share the cores instead of each
                 // starting a thread per core.
                 let cpu_threads = (stage.kind.is_some() && given.is_empty()).then(|| {
@@ -401,6 +436,7 @@ pub async fn run(
                             stages[j].kind.is_some()
                                 && (stages[j].gpus_wanted() == 0 || !machine_has_gpus)
                         })
+                        .take(max_parallel)
                         .count();
                     let sharing = (host.cpu_builtin_running.get() + ready_cpu + 1)
                         .min(max_parallel)
@@ -418,6 +454,7 @@ pub async fn run(
                     machine_has_gpus,
                     host.sockets.path(),
                     cpu_threads,
+                    prepared,
                 ) {
                     Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
                     Err(failure) => {
@@ -437,6 +474,11 @@ pub async fn run(
                 };
                 states[i].status = Status::Running;
                 running += 1;
+                for &d in &plan.downstream[i] {
+                    if waiting_on[d] == 1 {
+                        prepare_ahead(d, &states);
+                    }
+                }
                 if cpu_threads.is_some() {
                     host.cpu_builtin_running
                         .set(host.cpu_builtin_running.get() + 1);
@@ -471,6 +513,11 @@ pub async fn run(
                         let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));
                     }
                 }
+            }
+        }
+        if !stopping {
+            for &(_, j) in ready.iter().take(8) {
+                prepare_ahead(j, &states);
             }
         }
         if !gpu_waiting {

@@ -1,0 +1,197 @@
+//! The preparer: a thread that writes the files of stages about to start (their directories,
+//! `inputs.json`, `spec.json`, empty logs; see [`Layout`]) ahead of the scheduler, so that a
+//! sweep of short stages does not make the scheduling thread wait on the file system between
+//! one stage's end and the next one's spawn.
+//!
+//! Promises: a stage's files are written by exactly one of the preparer and the scheduler, and
+//! a stage never starts while the preparer is writing its files: [`Preparer::claim`] waits for
+//! a write in progress, and a stage queued but not yet written is taken back and written by
+//! the caller. Only first attempts are prepared ahead (a retry's spec differs), and only for
+//! the device they were prepared for.
+
+use crate::attempt::Layout;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+const NONE: u8 = 0;
+const QUEUED: u8 = 1;
+const WRITING: u8 = 2;
+/// Written, and the output directory was created by the write.
+const WRITTEN_FRESH: u8 = 3;
+/// Written into an output directory that existed.
+const WRITTEN: u8 = 4;
+/// The scheduler took it: the preparer leaves it alone.
+const TAKEN: u8 = 5;
+/// The write failed: the scheduler writes it (and reports the error).
+const FAILED: u8 = 6;
+
+/// Handle to the preparer thread of one run.
+pub(crate) struct Preparer {
+    state: Arc<Vec<AtomicU8>>,
+    jobs: Option<mpsc::Sender<(usize, Layout)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Preparer {
+    /// A preparer for a run of `stages` stages.
+    pub(crate) fn start(stages: usize) -> std::io::Result<Preparer> {
+        let state: Arc<Vec<AtomicU8>> =
+            Arc::new((0..stages).map(|_| AtomicU8::new(NONE)).collect());
+        let (jobs, queue) = mpsc::channel::<(usize, Layout)>();
+        let theirs = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("stage-files".into())
+            .spawn(move || {
+                for (i, layout) in queue {
+                    if theirs[i]
+                        .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue; // taken back by the scheduler
+                    }
+                    let done = match layout.write() {
+                        Ok(true) => WRITTEN_FRESH,
+                        Ok(false) => WRITTEN,
+                        Err(_) => FAILED,
+                    };
+                    theirs[i].store(done, Ordering::Release);
+                }
+            })?;
+        Ok(Preparer {
+            state,
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+
+    /// Whether stage `i` was never handed to the preparer.
+    pub(crate) fn untouched(&self, i: usize) -> bool {
+        self.state[i].load(Ordering::Acquire) == NONE
+    }
+
+    /// Hands stage `i`'s first-attempt files to the preparer.
+    pub(crate) fn queue(&self, i: usize, layout: Layout) {
+        if self.state[i]
+            .compare_exchange(NONE, QUEUED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            if let Some(jobs) = &self.jobs {
+                if jobs.send((i, layout)).is_err() {
+                    self.state[i].store(NONE, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Takes stage `i` for starting: `Some(fresh)` when its files are written (`fresh`: its
+    /// output directory was created by that write), `None` when the caller must write them.
+    /// Waits while the preparer is writing them.
+    pub(crate) fn claim(&self, i: usize) -> Option<bool> {
+        loop {
+            match self.state[i].compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return None,
+                Err(WRITING) => std::thread::yield_now(),
+                Err(WRITTEN_FRESH) => {
+                    self.state[i].store(TAKEN, Ordering::Release);
+                    return Some(true);
+                }
+                Err(WRITTEN) => {
+                    self.state[i].store(TAKEN, Ordering::Release);
+                    return Some(false);
+                }
+                Err(_) => {
+                    self.state[i].store(TAKEN, Ordering::Release);
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Preparer {
+    fn drop(&mut self) {
+        // What is still queued will not start in this run: leave it unwritten. Closing the
+        // queue then ends the thread.
+        for state in self.state.iter() {
+            let _ = state.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire);
+        }
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::parse_plan_toml;
+    use crate::rundir::RunDir;
+    use protocol::worker::Device;
+    use std::path::Path;
+
+    #[test]
+    fn every_stage_is_written_once_by_one_side_and_claims_say_so() {
+        let dir = std::env::temp_dir().join(format!("prepare-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let run_dir = RunDir::create(&dir).unwrap();
+        let mut text = String::new();
+        for i in 0..200 {
+            text.push_str(&format!(
+                "[[stage]]\nname = \"s{i}\"\ncommand = [\"true\"]\n"
+            ));
+        }
+        let plan = parse_plan_toml(&text, "t.toml", Path::new("/")).unwrap();
+        let layout = |i: usize| {
+            Layout::new(
+                &plan,
+                i,
+                &run_dir,
+                1,
+                Device::Cpu,
+                Layout::inputs_of(&plan, i, &run_dir),
+            )
+        };
+        let preparer = Preparer::start(200).unwrap();
+        // Odd stages are queued; even ones never are.
+        for i in (1..200).step_by(2) {
+            preparer.queue(i, layout(i));
+        }
+        assert!(preparer.untouched(0) && !preparer.untouched(1));
+        let mut by_preparer = 0;
+        for i in 0..200 {
+            match preparer.claim(i) {
+                Some(fresh) => {
+                    assert!(i % 2 == 1, "stage {i} was never queued");
+                    assert!(fresh, "a new run's output directories are new");
+                    by_preparer += 1;
+                }
+                None => layout(i).write().map(|_| ()).unwrap(),
+            }
+            let stage_dir = run_dir.stage_dir(&format!("s{i}"));
+            for file in [
+                "spec.json",
+                "inputs.json",
+                "stdout.log",
+                "stderr.log",
+                "output",
+            ] {
+                assert!(stage_dir.join(file).exists(), "s{i}/{file}");
+            }
+            // Once claimed, the preparer never touches it again.
+            preparer.queue(i, layout(i));
+            assert_eq!(preparer.claim(i), None);
+        }
+        drop(preparer);
+        assert!(by_preparer <= 100);
+        let spec: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(run_dir.stage_dir("s7").join("spec.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(spec["stage"], "s7");
+        assert_eq!(spec["attempt"], 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
