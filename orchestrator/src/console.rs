@@ -6,6 +6,7 @@
 //! same stream the terminal shows.
 
 use protocol::daemon::{RunEvent, RunEventKind};
+use protocol::status::{RunStatus, StageStatus};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -110,7 +111,7 @@ impl Console {
     /// Counts a start or an end in a sweep; returns whether the event is to be shown on its
     /// own line (everything outside a sweep; in one, ends that did not succeed), and shows the
     /// count when it is due.
-    fn count(&self, started: bool, status: Option<&str>) -> bool {
+    fn count(&self, started: bool, status: Option<StageStatus>) -> bool {
         let mut sweep = self.sweep.lock().unwrap_or_else(|e| e.into_inner());
         let Some(sweep) = sweep.as_mut() else {
             return true;
@@ -120,7 +121,7 @@ impl Console {
         } else {
             sweep.running = sweep.running.saturating_sub(1);
             sweep.finished += 1;
-            if status == Some("succeeded") {
+            if status == Some(StageStatus::Succeeded) {
                 sweep.succeeded += 1;
             }
         }
@@ -144,7 +145,7 @@ impl Console {
                 human_rate(rate)
             ));
         }
-        !started && status != Some("succeeded")
+        !started && status != Some(StageStatus::Succeeded)
     }
 
     /// A console that prints nothing and sends every event to `tap`.
@@ -177,11 +178,8 @@ impl Console {
     }
 
     /// The run ended (to the tap only; the summary is a [`Console::block`]).
-    pub fn run_finished(&self, status: &str, exit_code: i32) {
-        self.emit(RunEventKind::RunFinished {
-            status: status.to_string(),
-            exit_code,
-        });
+    pub fn run_finished(&self, status: RunStatus, exit_code: i32) {
+        self.emit(RunEventKind::RunFinished { status, exit_code });
     }
 
     fn line(&self, text: &str) {
@@ -299,10 +297,10 @@ impl Console {
     }
 
     /// A stage attempt ended.
-    pub fn stage_finished(&self, stage: &str, status: &str, detail: &str, wall: Duration) {
+    pub fn stage_finished(&self, stage: &str, status: StageStatus, detail: &str, wall: Duration) {
         self.emit(RunEventKind::StageFinished {
             stage: stage.to_string(),
-            status: status.to_string(),
+            status,
             detail: detail.to_string(),
             wall_s: wall.as_secs_f64(),
         });
@@ -315,7 +313,7 @@ impl Console {
             return;
         }
         if self.json {
-            tracing::info!(target: "orchestrate::stage", stage, status, detail, wall_s = wall.as_secs_f64(), "stage finished");
+            tracing::info!(target: "orchestrate::stage", stage, status = status.as_str(), detail, wall_s = wall.as_secs_f64(), "stage finished");
         } else if self.count(false, Some(status)) {
             if detail.is_empty() {
                 self.line(&format!("{stage}: {status} in {}", human_duration(wall)));

@@ -16,3 +16,50 @@ pub const INTERRUPTED: i32 = 130;
 /// Inside a Slurm job: stopped by the warning signal or SIGTERM, running stages stopped and
 /// checkpointed, and the job requeued (`scontrol requeue`); its next start resumes the run.
 pub const REQUEUED: i32 = 75;
+
+/// Every exit status `orchestrate` uses, with the word the README's "Exit status" paragraph
+/// and `orchestrate --help` use for it (a test holds both to this list).
+pub const ALL: &[(i32, &str)] = &[
+    (SUCCESS, "every stage succeeded"),
+    (STAGE_FAILED, "a stage failed"),
+    (INVALID_INPUT, "invalid plan or arguments"),
+    (GPU_LEAK, "a GPU leaked"),
+    (RUN_ERROR, "the run could not be set up or carried on"),
+    (REQUEUED, "inside a Slurm job"),
+    (INTERRUPTED, "interrupted by SIGINT, SIGTERM or SIGHUP"),
+];
+
+#[cfg(test)]
+mod tests {
+    /// The README's paragraph, whitespace collapsed.
+    fn readme_exit_status() -> String {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let start = readme
+            .find("Exit status:")
+            .expect("an Exit status paragraph");
+        let end = readme[start..]
+            .find("\n\n")
+            .map_or(readme.len(), |e| start + e);
+        readme[start..end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn the_readme_lists_every_exit_status_with_its_meaning_and_no_other() {
+        let text = readme_exit_status();
+        for (code, meaning) in super::ALL {
+            let entry = format!("`{code}` {meaning}");
+            assert!(text.contains(&entry), "README lacks {entry:?}: {text}");
+        }
+        let codes = text
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| w.parse::<i32>().is_ok())
+            .count();
+        assert_eq!(codes, super::ALL.len(), "{text}");
+    }
+}

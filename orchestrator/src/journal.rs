@@ -15,7 +15,7 @@
 //! - a stage's start is not fsynced on its own (losing it means the stage counts as not
 //!   started, and runs again on resume); the next fsync covers it.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
@@ -25,102 +25,7 @@ use std::time::Duration;
 /// How long a stage's end record may wait for the fsync it shares with the ends around it.
 pub const GROUP_COMMIT: Duration = Duration::from_millis(20);
 
-/// One state change of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "rec", rename_all = "snake_case")]
-pub enum JournalRecord {
-    /// The run began.
-    RunStarted {
-        /// Path of the plan file.
-        plan: String,
-        /// PID of the orchestrator.
-        pid: u32,
-        /// Whether GPU memory is being verified, or why not.
-        gpu_check: String,
-        /// Whether this continues an earlier run in the same directory (`--resume`).
-        #[serde(default)]
-        resumed: bool,
-    },
-    /// An attempt of a stage was launched.
-    StageStarted {
-        /// Stage name.
-        stage: String,
-        /// Attempt number, from 1.
-        attempt: u32,
-        /// PID of the stage's first process.
-        pid: u32,
-        /// UUIDs of the GPUs it was given.
-        gpus: Vec<String>,
-        /// The stage's fingerprint (see `fingerprint`).
-        #[serde(default)]
-        plan_hash: String,
-    },
-    /// An attempt ended.
-    StageFinished {
-        /// Stage name.
-        stage: String,
-        /// Attempt number.
-        attempt: u32,
-        /// "succeeded", "failed" or "cancelled".
-        status: String,
-        /// Why it failed, when it did.
-        #[serde(default)]
-        error: Option<String>,
-        /// Verified outputs with checksums (on success).
-        #[serde(default)]
-        checkpoints: Vec<protocol::report::CheckpointRecord>,
-        /// The stage's fingerprint when it ran.
-        #[serde(default)]
-        plan_hash: String,
-        /// The last metrics it reported.
-        #[serde(default)]
-        metrics: std::collections::BTreeMap<String, f64>,
-        /// Wall time of the attempt, seconds.
-        #[serde(default)]
-        wall_s: Option<f64>,
-    },
-    /// A stage will not run because an upstream stage failed or the run stopped.
-    StageSkipped {
-        /// Stage name.
-        stage: String,
-        /// Why.
-        reason: String,
-    },
-    /// A start of the run inside a Slurm job: the first, or one after a requeue.
-    SlurmStarted {
-        /// `SLURM_JOB_ID`.
-        job_id: String,
-        /// `SLURM_RESTART_COUNT` (0 for the first start).
-        restart_count: u32,
-        /// The node the batch script runs on.
-        host: String,
-        /// The job's nodes.
-        nodelist: String,
-    },
-    /// The Slurm job is stopping: the signal, the cause read from Slurm's job state, and
-    /// whether a requeue was asked for (see `slurm::stop`).
-    SlurmStopped {
-        /// `SLURM_JOB_ID`.
-        job_id: String,
-        /// `SLURM_RESTART_COUNT` of the start that stopped.
-        restart_count: u32,
-        /// The signal ("SIGUSR2", "SIGTERM").
-        signal: String,
-        /// "preemption", "time_limit", "cancel", "requeue", "signal" or "unknown".
-        cause: String,
-        /// The job's state as Slurm reported it, or why it could not be read.
-        job_state: String,
-        /// "requested", or why the job was not requeued.
-        requeue: String,
-    },
-    /// The run ended.
-    RunFinished {
-        /// "succeeded", "failed", "interrupted", "requeued" (a Slurm job) or "leaked".
-        status: String,
-        /// Exit status of `orchestrate`.
-        exit_code: i32,
-    },
-}
+pub use protocol::journal::JournalRecord;
 
 #[derive(Serialize)]
 struct Line<'a> {
@@ -407,7 +312,7 @@ mod tests {
         journal.append(&first).unwrap();
         journal
             .append(&JournalRecord::RunFinished {
-                status: "failed".into(),
+                status: protocol::status::RunStatus::Failed,
                 exit_code: 1,
             })
             .unwrap();

@@ -696,3 +696,18 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_lists_every_exit_status_with_its_meaning() {
+        let text = super::AFTER_HELP
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (code, meaning) in orchestrator::exit::ALL {
+            let entry = format!("{code} {meaning}");
+            assert!(text.contains(&entry), "--help lacks {entry:?}: {text}");
+        }
+    }
+}

@@ -6,6 +6,7 @@ use crate::reaper::ExitStatus;
 use crate::rundir::{RunDir, RunDirError};
 use crate::state::{StageState, Status};
 use protocol::report::{Report, StageReport};
+use protocol::status::{RunStatus, StageStatus};
 use std::path::Path;
 use std::time::Duration;
 use std::time::Instant;
@@ -34,7 +35,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
         .unwrap_or_else(|| Report {
             v: protocol::PROTOCOL_VERSION,
             run_dir: root.display().to_string(),
-            status: "running".into(),
+            status: RunStatus::Running,
             gpu_check: "unknown (report.json could not be read; rebuilt from the journal)".into(),
             wall_s: 0.0,
             stages: Vec::new(),
@@ -54,7 +55,14 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
             }
         }
     }
-    let mut finished: Option<String> = None;
+    let mut finished: Option<RunStatus> = None;
+    // Stages by name: the journal of a 100,000-stage sweep has 200,000 records.
+    let mut index: std::collections::HashMap<String, usize> = report
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.clone(), i))
+        .collect();
     for record in &records {
         let (name, status, attempt) = match record {
             JournalRecord::RunStarted { .. } => {
@@ -62,31 +70,32 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
                 continue;
             }
             JournalRecord::RunFinished { status, .. } => {
-                finished = Some(status.clone());
+                finished = Some(*status);
                 continue;
             }
             JournalRecord::StageStarted { stage, attempt, .. } => {
-                (stage, "running", Some(*attempt))
+                (stage, StageStatus::Running, Some(*attempt))
             }
             JournalRecord::StageFinished {
                 stage,
                 status,
                 attempt,
                 ..
-            } => (stage, status.as_str(), Some(*attempt)),
-            JournalRecord::StageSkipped { stage, .. } => (stage, "skipped", None),
+            } => (stage, *status, Some(*attempt)),
+            JournalRecord::StageSkipped { stage, .. } => (stage, StageStatus::Skipped, None),
             JournalRecord::SlurmStarted { .. } | JournalRecord::SlurmStopped { .. } => continue,
         };
-        let idx = match report.stages.iter().position(|s| &s.name == name) {
-            Some(i) => i,
+        let idx = match index.get(name) {
+            Some(&i) => i,
             None => {
                 report.stages.push(empty_stage(name, &root));
+                index.insert(name.clone(), report.stages.len() - 1);
                 report.stages.len() - 1
             }
         };
         let s = &mut report.stages[idx];
         let stale = s.status != status || attempt.is_some_and(|a| a != s.attempts);
-        s.status = status.to_string();
+        s.status = status;
         if let Some(a) = attempt {
             s.attempts = a;
         }
@@ -116,13 +125,13 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
     let live = crate::rundir::live_owner(&root);
     report.status = match (finished, &live) {
         (Some(status), _) => status,
-        (None, Some(_)) => "running".into(),
-        (None, None) => "interrupted".into(),
+        (None, Some(_)) => RunStatus::Running,
+        (None, None) => RunStatus::Interrupted,
     };
-    if report.status != "running" {
+    if report.status != RunStatus::Running {
         for s in &mut report.stages {
-            if s.status == "running" {
-                s.status = "interrupted".into();
+            if s.status == StageStatus::Running {
+                s.status = StageStatus::Interrupted;
             }
         }
     }
@@ -132,7 +141,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
 fn empty_stage(name: &str, root: &Path) -> StageReport {
     StageReport {
         name: name.to_string(),
-        status: "pending".into(),
+        status: StageStatus::Pending,
         attempts: 0,
         exit_code: None,
         signal: None,
@@ -179,7 +188,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     let mut hidden = 0usize;
     for s in stages {
         total += 1;
-        if total > 40 && s.status == "succeeded" {
+        if total > 40 && s.status == StageStatus::Succeeded {
             hidden += 1;
             continue;
         }
@@ -189,7 +198,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     // succeed, and a count of the rest.
     if total > 40 {
         let before = shown.len();
-        shown.retain(|s| s.status != "succeeded");
+        shown.retain(|s| s.status != StageStatus::Succeeded);
         hidden += before - shown.len();
     }
     let name_w = crate::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
@@ -234,7 +243,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
         report.gpu_check,
         report.run_dir
     ));
-    if report.status == "interrupted" {
+    if report.status == RunStatus::Interrupted {
         out.push_str(&format!(
             "continue it with: orchestrate resume {}\n",
             report.run_dir
@@ -294,7 +303,7 @@ impl<'a> Snapshot<'a> {
         run_dir: &'a RunDir,
         gpu_check: &str,
         started: Instant,
-        status: &str,
+        status: RunStatus,
     ) -> Snapshot<'a> {
         Snapshot {
             plan,
@@ -303,7 +312,7 @@ impl<'a> Snapshot<'a> {
             header: Report {
                 v: protocol::PROTOCOL_VERSION,
                 run_dir: run_dir.root().display().to_string(),
-                status: status.into(),
+                status,
                 gpu_check: gpu_check.into(),
                 wall_s: started.elapsed().as_secs_f64(),
                 stages: Vec::new(),
@@ -313,8 +322,8 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The run's status as this snapshot gives it.
-    pub(crate) fn status(&self) -> &str {
-        &self.header.status
+    pub(crate) fn status(&self) -> RunStatus {
+        self.header.status
     }
 
     /// How many stages the plan has.
@@ -333,22 +342,26 @@ impl<'a> Snapshot<'a> {
             crate::slurm::srun::stage_records(stage, &run_dir.stage_dir(&stage.name));
         let failure = state.failure.as_deref();
         let (status, failure, error) = match &state.status {
-            Status::Succeeded => ("succeeded", None, None),
+            Status::Succeeded => (StageStatus::Succeeded, None, None),
             Status::Failed => (
-                "failed",
-                failure.map(|f| f.0.clone()),
+                StageStatus::Failed,
+                failure.map(|f| f.0),
                 failure.map(|f| f.1.clone()),
             ),
             Status::Skipped(class, reason) => {
-                ("skipped", Some(class.to_string()), Some(reason.clone()))
+                (StageStatus::Skipped, Some(*class), Some(reason.clone()))
             }
-            Status::Cancelled => ("cancelled", None, Some("stopped by a signal".to_string())),
-            Status::Running => ("running", None, None),
-            Status::Pending | Status::RetryAt(_) => ("pending", None, None),
+            Status::Cancelled => (
+                StageStatus::Cancelled,
+                None,
+                Some("stopped by a signal".to_string()),
+            ),
+            Status::Running => (StageStatus::Running, None, None),
+            Status::Pending | Status::RetryAt(_) => (StageStatus::Pending, None, None),
         };
         StageReport {
             name: stage.name.clone(),
-            status: status.into(),
+            status,
             attempts: state.attempts,
             exit_code: last.and_then(|r| match r.exit {
                 Some(ExitStatus::Code(c)) => Some(c),

@@ -4,6 +4,7 @@
 
 use crate::plan::LoadedPlan;
 use protocol::report::StageReport;
+use protocol::status::StageStatus;
 use std::collections::BTreeSet;
 
 /// One row: column name and value, in column order.
@@ -21,7 +22,7 @@ pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
     for (k, v) in &origin.values {
         row.push((k.to_string(), v.clone().into()));
     }
-    row.push(("status".into(), stage.status.clone().into()));
+    row.push(("status".into(), stage.status.as_str().into()));
     row.push((
         "error".into(),
         stage.error.clone().unwrap_or_default().into(),
@@ -70,7 +71,7 @@ pub fn write(
                 columns.push(key.clone());
             }
         }
-        if shown.len() < TABLE_ROWS || text(&row, "status") != "succeeded" {
+        if shown.len() < TABLE_ROWS || !succeeded(&row) {
             shown.push(row);
         }
     }
@@ -95,6 +96,11 @@ pub fn write(
     }
     crate::rundir::write_json_replace(&dir.join("results.json"), &Rows(&rows))?;
     Ok(to_table(&shown, total))
+}
+
+/// Whether the row's stage succeeded.
+fn succeeded(row: &Row) -> bool {
+    text(row, "status") == StageStatus::Succeeded.as_str()
 }
 
 fn text<'a>(row: &'a Row, key: &str) -> &'a str {
@@ -142,7 +148,7 @@ fn to_table(rows: &[Row], total: usize) -> String {
                 .unwrap_or("")
                 .to_string()
         };
-        if long && text("status") == "succeeded" {
+        if long && succeeded(row) {
             hidden += 1;
             continue;
         }

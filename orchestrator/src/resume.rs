@@ -83,7 +83,9 @@ pub fn decide(
                     last_success[i] = None; // a later attempt supersedes an earlier success
                 }
             }
-            JournalRecord::StageFinished { stage, status, .. } if status == "succeeded" => {
+            JournalRecord::StageFinished { stage, status, .. }
+                if *status == protocol::status::StageStatus::Succeeded =>
+            {
                 if let Some(i) = plan.index_of(stage) {
                     last_success[i] = Some(record);
                 }

@@ -20,6 +20,7 @@ use crate::stage::{self, AttemptResult, CancelLevel, Outcome, Services};
 use crate::state::{LastAttempt, StageState, Status};
 use anyhow::{bail, Context};
 use protocol::plan::{GpuCheck, OnLeak};
+use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -60,8 +61,8 @@ pub type StopSignal = Rc<std::cell::Cell<Option<(&'static str, f64)>>>;
 pub struct RunSummary {
     /// The exit status `orchestrate` should return.
     pub exit_code: i32,
-    /// The run's status, as in its report: "succeeded", "failed", "interrupted", …
-    pub status: String,
+    /// The run's status, as in its report.
+    pub status: RunStatus,
     /// The human summary of the final report (which is in the run directory).
     pub summary: String,
 }
@@ -297,8 +298,15 @@ pub async fn run(
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     // A report exists from the start, so `orchestrate report` has something to show even if
     // this process is killed before the first stage ends.
-    Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, "running")
-        .write_or_warn(&report_path, &console);
+    Snapshot::new(
+        &plan,
+        &states,
+        &run_dir,
+        &gpu_check,
+        started,
+        RunStatus::Running,
+    )
+    .write_or_warn(&report_path, &console);
     let mut last_report = Instant::now();
     let mut report_every = Duration::from_secs(1);
 
@@ -391,7 +399,7 @@ pub async fn run(
                     );
                     fail_before_start(
                         i,
-                        "no_gpu",
+                        FailureClass::NoGpu,
                         msg,
                         &plan,
                         &fingerprints,
@@ -570,9 +578,9 @@ pub async fn run(
                 let attempt = states[i].attempts;
                 match &result.outcome {
                     Outcome::Succeeded => {
-                        console.stage_finished(&name, "succeeded", "", result.wall);
+                        console.stage_finished(&name, StageStatus::Succeeded, "", result.wall);
                         journal.append(&JournalRecord::StageFinished {
-                            stage: name, attempt, status: "succeeded".into(), error: None,
+                            stage: name, attempt, status: StageStatus::Succeeded, error: None,
                             checkpoints: result.checkpoints.clone(),
                             plan_hash: fingerprints[i].clone(),
                             metrics: result.metrics.clone(),
@@ -591,18 +599,18 @@ pub async fn run(
                         let msg = failure.describe();
                         let retry = failure.retryable() && attempt <= stages[i].retries && !interrupted;
                         let note = if retry { format!("{msg}; retrying in {}", crate::console::human_duration(retry_backoff(attempt))) } else { msg.clone() };
-                        console.stage_finished(&name, "failed", &note, result.wall);
+                        console.stage_finished(&name, StageStatus::Failed, &note, result.wall);
                         if let Some(tail) = result.stderr_tail.as_deref().filter(|t| !t.trim().is_empty() && !retry) {
                             console.detail(&format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n"));
                         }
                         journal.append(&JournalRecord::StageFinished {
-                            stage: name, attempt, status: "failed".into(), error: Some(msg.clone()),
+                            stage: name, attempt, status: StageStatus::Failed, error: Some(msg.clone()),
                             checkpoints: Vec::new(),
                             plan_hash: fingerprints[i].clone(),
                             metrics: result.metrics.clone(),
                             wall_s: Some(result.wall.as_secs_f64()),
                         })?;
-                        states[i].failure = Some(Box::new((failure.class().into(), msg)));
+                        states[i].failure = Some(Box::new((failure.class(), msg)));
                         if retry {
                             let at = Instant::now() + retry_backoff(attempt);
                             states[i].status = Status::RetryAt(at);
@@ -617,9 +625,9 @@ pub async fn run(
                         }
                     }
                     Outcome::Cancelled => {
-                        console.stage_finished(&name, "cancelled", "stopped by a signal", result.wall);
+                        console.stage_finished(&name, StageStatus::Cancelled, "stopped by a signal", result.wall);
                         journal.append(&JournalRecord::StageFinished {
-                            stage: name, attempt, status: "cancelled".into(), error: Some("stopped by a signal".into()),
+                            stage: name, attempt, status: StageStatus::Cancelled, error: Some("stopped by a signal".into()),
                             checkpoints: Vec::new(),
                             plan_hash: fingerprints[i].clone(),
                             metrics: result.metrics.clone(),
@@ -635,7 +643,7 @@ pub async fn run(
                 // more than 5% of the time (a 10,000-stage sweep's report is megabytes).
                 if last_report.elapsed() >= report_every {
                     let t = Instant::now();
-                    Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, "running")
+                    Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, RunStatus::Running)
                         .write_or_warn(&report_path, &console);
                     report_every = (t.elapsed() * 20).max(Duration::from_secs(1));
                     last_report = Instant::now();
@@ -674,17 +682,17 @@ pub async fn run(
         if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
             let (class, reason) = if interrupted {
                 (
-                    "interrupted",
+                    FailureClass::Interrupted,
                     "not started: the run was interrupted".to_string(),
                 )
             } else if fail_stop {
                 (
-                    "fail_fast",
+                    FailureClass::FailFast,
                     "not started: a stage failed and fail_fast = true".to_string(),
                 )
             } else {
                 (
-                    "gpu_leaked",
+                    FailureClass::GpuLeaked,
                     "not started: a GPU leaked and on_leak = \"fail\"".to_string(),
                 )
             };
@@ -699,13 +707,13 @@ pub async fn run(
         .iter()
         .any(|s| matches!(s.status, Status::Failed | Status::Skipped(..)));
     let (status, exit_code) = if interrupted {
-        ("interrupted", exit::INTERRUPTED)
+        (RunStatus::Interrupted, exit::INTERRUPTED)
     } else if any_failed && !leak_stop {
-        ("failed", exit::STAGE_FAILED)
+        (RunStatus::Failed, exit::STAGE_FAILED)
     } else if leaked_any && settings.on_leak == OnLeak::Fail {
-        ("leaked", exit::GPU_LEAK)
+        (RunStatus::Leaked, exit::GPU_LEAK)
     } else {
-        ("succeeded", exit::SUCCESS)
+        (RunStatus::Succeeded, exit::SUCCESS)
     };
     // Slurm: why the job stopped (from Slurm's job state), journaled, and the requeue asked for.
     let (status, exit_code) = match (&slurm, stop_signal) {
@@ -724,10 +732,7 @@ pub async fn run(
         }
         _ => (status, exit_code),
     };
-    journal.append(&JournalRecord::RunFinished {
-        status: status.into(),
-        exit_code,
-    })?;
+    journal.append(&JournalRecord::RunFinished { status, exit_code })?;
     host.stop_waiting(ticket);
     let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
     report.write_or_warn(&report_path, &console);
@@ -759,7 +764,7 @@ pub async fn run(
     console.run_finished(status, exit_code);
     Ok(RunSummary {
         exit_code,
-        status: report.status().to_string(),
+        status: report.status(),
         summary: report.summary(),
     })
 }
@@ -769,7 +774,7 @@ pub async fn run(
 #[allow(clippy::too_many_arguments)]
 fn fail_before_start(
     i: usize,
-    class: &str,
+    class: FailureClass,
     msg: String,
     plan: &LoadedPlan,
     fingerprints: &[String],
@@ -778,11 +783,11 @@ fn fail_before_start(
     console: &Console,
 ) -> std::io::Result<()> {
     let name = &plan.plan.stages[i].name;
-    console.stage_finished(name, "failed", &msg, Duration::ZERO);
+    console.stage_finished(name, StageStatus::Failed, &msg, Duration::ZERO);
     journal.append(&JournalRecord::StageFinished {
         stage: name.clone(),
         attempt: states[i].attempts,
-        status: "failed".into(),
+        status: StageStatus::Failed,
         error: Some(msg.clone()),
         checkpoints: Vec::new(),
         plan_hash: fingerprints[i].clone(),
@@ -790,7 +795,7 @@ fn fail_before_start(
         wall_s: None,
     })?;
     states[i].status = Status::Failed;
-    states[i].failure = Some(Box::new((class.into(), msg)));
+    states[i].failure = Some(Box::new((class, msg)));
     skip_downstream(i, plan, states, journal)
 }
 
@@ -813,7 +818,7 @@ fn skip_downstream(
                     stage: plan.plan.stages[d].name.clone(),
                     reason: reason.clone(),
                 })?;
-                states[d].status = Status::Skipped("upstream_failed", reason);
+                states[d].status = Status::Skipped(FailureClass::UpstreamFailed, reason);
                 stack.push(d);
             }
         }

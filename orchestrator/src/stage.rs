@@ -129,19 +129,20 @@ impl Failure {
     }
 
     /// A short machine-readable class for the report.
-    pub fn class(&self) -> &'static str {
+    pub fn class(&self) -> protocol::status::FailureClass {
+        use protocol::status::FailureClass as C;
         match self {
-            Failure::SpawnFailed(_) => "spawn_failed",
-            Failure::Exit(_) => "exit_code",
-            Failure::Signal(_) => "signal",
-            Failure::KilledExternally => "killed_externally",
-            Failure::Timeout(_) => "timeout",
-            Failure::CudaOutOfMemory(_) => "cuda_oom",
-            Failure::Reported(..) => "reported",
-            Failure::BadInput(_) => "bad_input",
-            Failure::ProtocolViolation(_) => "protocol_violation",
-            Failure::MissingOutputs(_) => "missing_outputs",
-            Failure::CorruptOutput(_) => "corrupt_output",
+            Failure::SpawnFailed(_) => C::SpawnFailed,
+            Failure::Exit(_) => C::ExitCode,
+            Failure::Signal(_) => C::Signal,
+            Failure::KilledExternally => C::KilledExternally,
+            Failure::Timeout(_) => C::Timeout,
+            Failure::CudaOutOfMemory(_) => C::CudaOom,
+            Failure::Reported(..) => C::Reported,
+            Failure::BadInput(_) => C::BadInput,
+            Failure::ProtocolViolation(_) => C::ProtocolViolation,
+            Failure::MissingOutputs(_) => C::MissingOutputs,
+            Failure::CorruptOutput(_) => C::CorruptOutput,
         }
     }
 

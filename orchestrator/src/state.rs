@@ -8,6 +8,7 @@ use crate::reaper::ExitStatus;
 use crate::stage::{AttemptResult, Outcome};
 use crate::supervisor::StoppedProcess;
 use protocol::report::{CheckpointRecord, GpuRecord, HostUsage, StageTiming};
+use protocol::status::FailureClass;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,7 @@ pub(crate) enum Status {
     Failed,
     /// Will not run: the class of the reason (`upstream_failed`, `interrupted`, `fail_fast`,
     /// `gpu_leaked`, as the report's `failure`) and the reason, for the user.
-    Skipped(&'static str, String),
+    Skipped(FailureClass, String),
     /// Stopped by a cancel.
     Cancelled,
 }
@@ -40,7 +41,7 @@ pub(crate) struct StageState {
     /// What the last attempt left for the report.
     pub(crate) last: Option<LastAttempt>,
     /// The last failure: class and message.
-    pub(crate) failure: Option<Box<(String, String)>>,
+    pub(crate) failure: Option<Box<(FailureClass, String)>>,
 }
 
 impl StageState {

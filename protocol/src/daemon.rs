@@ -322,7 +322,7 @@ pub enum RunEventKind {
         /// Stage.
         stage: String,
         /// "succeeded", "failed", "cancelled".
-        status: String,
+        status: crate::status::StageStatus,
         /// Details (the error).
         detail: String,
         /// Wall time, seconds.
@@ -336,7 +336,7 @@ pub enum RunEventKind {
     /// The run ended.
     RunFinished {
         /// "succeeded", "failed", "leaked", "interrupted".
-        status: String,
+        status: crate::status::RunStatus,
         /// `orchestrate`'s exit status.
         exit_code: i32,
     },

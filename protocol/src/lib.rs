@@ -17,9 +17,11 @@ pub mod checkpoint;
 pub mod daemon;
 pub mod duration;
 pub mod fork;
+pub mod journal;
 pub mod plan;
 pub mod report;
 pub mod run;
+pub mod status;
 pub mod worker;
 
 /// Version of every JSON message and file format defined here. Bumped on incompatible change.

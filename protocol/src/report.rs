@@ -4,6 +4,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub use crate::status::{FailureClass, NodeVerdict, RunStatus, StageStatus};
+
 /// The report of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Report {
@@ -12,8 +14,8 @@ pub struct Report {
     /// The run directory.
     pub run_dir: String,
     /// Overall outcome: "succeeded", "failed", "interrupted", "requeued" (a Slurm job that
-    /// stopped and was requeued) or "leaked".
-    pub status: String,
+    /// stopped and was requeued) or "leaked"; "running" while it runs.
+    pub status: RunStatus,
     /// Whether GPU memory was verified, and if not why.
     pub gpu_check: String,
     /// Wall time of the whole run.
@@ -90,7 +92,7 @@ pub struct NodeGpuCheck {
     /// The node.
     pub node: String,
     /// "clean", "not_clean", "unavailable" (no NVML there) or "failed" (the check did not run).
-    pub verdict: String,
+    pub verdict: NodeVerdict,
     /// What `orchestrate gpu-check` said: GPUs and their memory, or why it could not look.
     pub detail: String,
 }
@@ -100,8 +102,9 @@ pub struct NodeGpuCheck {
 pub struct StageReport {
     /// The stage's name.
     pub name: String,
-    /// "succeeded", "failed", "skipped" (an upstream failed), "cancelled" or "pending".
-    pub status: String,
+    /// "succeeded", "failed", "skipped" (see `failure` for why), "cancelled", "running",
+    /// "pending", or "interrupted" (running when its run was killed).
+    pub status: StageStatus,
     /// Attempts made.
     pub attempts: u32,
     /// Exit code of the last attempt, when it exited.
@@ -114,7 +117,7 @@ pub struct StageReport {
     /// "cuda_oom", "reported", "bad_input", "protocol_violation", "missing_outputs",
     /// "corrupt_output", "spawn_failed", "no_gpu"; for a skipped stage why it did not run:
     /// "upstream_failed", "interrupted", "fail_fast", "gpu_leaked".
-    pub failure: Option<String>,
+    pub failure: Option<FailureClass>,
     /// The last lines of the last attempt's stderr, when it failed.
     pub stderr_tail: Option<String>,
     /// The output directory.

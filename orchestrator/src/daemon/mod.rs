@@ -207,7 +207,7 @@ impl Daemon {
             let (result, ()) =
                 tokio::join!(crate::runner::run(options, &daemon.host, cancel), pump);
             let (state, code) = match result {
-                Ok(summary) => (summary.status.clone(), summary.exit_code),
+                Ok(summary) => (summary.status.as_str().to_string(), summary.exit_code),
                 Err(e) => {
                     tracing::warn!(run = %id, "the run could not be carried on: {e:#}");
                     if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
@@ -218,7 +218,10 @@ impl Daemon {
                             },
                         });
                     }
-                    ("failed".to_string(), crate::exit::RUN_ERROR)
+                    (
+                        protocol::status::RunStatus::Failed.as_str().to_string(),
+                        crate::exit::RUN_ERROR,
+                    )
                 }
             };
             if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
@@ -251,15 +254,15 @@ impl Daemon {
             let records = crate::journal::read_run_journal(&dir).unwrap_or_default();
             let finished = records.iter().rev().find_map(|r| match r {
                 crate::journal::JournalRecord::RunFinished { status, exit_code } => {
-                    Some((status.clone(), *exit_code))
+                    Some((Some(*status), *exit_code))
                 }
-                crate::journal::JournalRecord::RunStarted { .. } => Some((String::new(), -1)),
+                crate::journal::JournalRecord::RunStarted { .. } => Some((None, -1)),
                 _ => None,
             });
             let mut entry = RunEntry::new(sub, dir.clone());
             match finished {
-                Some((status, code)) if !status.is_empty() => {
-                    entry.finish(&status, code);
+                Some((Some(status), code)) => {
+                    entry.finish(status.as_str(), code);
                     self.registry.borrow_mut().insert(entry);
                 }
                 _ => {
@@ -272,7 +275,10 @@ impl Daemon {
                         Err(why) => {
                             tracing::warn!(run = %id, "cannot resume: {why}");
                             if let Some(e) = self.registry.borrow_mut().get_mut(&id) {
-                                e.finish("interrupted", crate::exit::INTERRUPTED);
+                                e.finish(
+                                    protocol::status::RunStatus::Interrupted.as_str(),
+                                    crate::exit::INTERRUPTED,
+                                );
                             }
                         }
                     }

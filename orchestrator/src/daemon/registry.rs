@@ -128,7 +128,7 @@ impl RunEntry {
             }
             RunEventKind::StageFinished { status, .. } => {
                 self.running = self.running.saturating_sub(1);
-                if status == "succeeded" {
+                if *status == protocol::status::StageStatus::Succeeded {
                     self.succeeded += 1;
                 }
             }

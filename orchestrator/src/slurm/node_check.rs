@@ -8,6 +8,7 @@ use crate::reaper::{ExitStatus, Reaper};
 use crate::stage::{AttemptResult, Outcome};
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::NodeGpuCheck;
+use protocol::status::NodeVerdict;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -78,7 +79,7 @@ pub async fn after_stage(
 fn failed(detail: String) -> NodeGpuCheck {
     NodeGpuCheck {
         node: "-".into(),
-        verdict: "failed".into(),
+        verdict: NodeVerdict::Failed,
         detail,
     }
 }
@@ -145,9 +146,9 @@ pub fn verdict(node: String, stdout: &str, stderr: &str, srun: Option<ExitStatus
         return NodeGpuCheck {
             node,
             verdict: if said.contains("NVML") || said.contains("nvml") {
-                "unavailable".into()
+                NodeVerdict::Unavailable
             } else {
-                "failed".into()
+                NodeVerdict::Failed
             },
             detail: if said.is_empty() {
                 format!("no answer (srun: {srun:?})")
@@ -160,7 +161,7 @@ pub fn verdict(node: String, stdout: &str, stderr: &str, srun: Option<ExitStatus
         // `gpu-check --json` without NVML says so in JSON.
         return NodeGpuCheck {
             node,
-            verdict: "unavailable".into(),
+            verdict: NodeVerdict::Unavailable,
             detail: result["error"]
                 .as_str()
                 .unwrap_or("NVML unavailable")
@@ -189,7 +190,11 @@ pub fn verdict(node: String, stdout: &str, stderr: &str, srun: Option<ExitStatus
         .unwrap_or_default();
     NodeGpuCheck {
         node,
-        verdict: if clean { "clean" } else { "not_clean" }.into(),
+        verdict: if clean {
+            NodeVerdict::Clean
+        } else {
+            NodeVerdict::NotClean
+        },
         detail: format!(
             "driver {}: {}",
             result["driver"].as_str().unwrap_or("?"),
@@ -214,14 +219,14 @@ mod tests {
             "error: NVML is not available: libnvidia-ml.so.1 not found\n",
             Some(ExitStatus::Code(4)),
         );
-        assert_eq!(v.verdict, "unavailable");
+        assert_eq!(v.verdict, NodeVerdict::Unavailable);
         let json = verdict(
             "n1".into(),
             r#"{"v":1,"available":false,"error":"NVML is not available (x)","clean":false,"gpus":[]}"#,
             "",
             Some(ExitStatus::Code(4)),
         );
-        assert_eq!(json.verdict, "unavailable");
+        assert_eq!(json.verdict, NodeVerdict::Unavailable);
         assert_eq!(json.detail, "NVML is not available (x)");
         assert!(
             v.detail.starts_with("NVML is not available"),
@@ -230,8 +235,11 @@ mod tests {
         );
         let json = r#"{"v":1,"host":"n2","driver":"580.1","max_used_bytes":1,"gpus":[{"index":0,"uuid":"GPU-1","name":"H200","total_bytes":1,"used_bytes":2097152,"processes":[],"clean":false}],"clean":false,"waited_ms":0}"#;
         let v = verdict("n2".into(), json, "", Some(ExitStatus::Code(3)));
-        assert_eq!(v.verdict, "not_clean");
+        assert_eq!(v.verdict, NodeVerdict::NotClean);
         assert_eq!(v.detail, "driver 580.1: GPU 0 used 2 MiB (not clean)");
-        assert_eq!(verdict("n3".into(), "", "", None).verdict, "failed");
+        assert_eq!(
+            verdict("n3".into(), "", "", None).verdict,
+            NodeVerdict::Failed
+        );
     }
 }

@@ -23,8 +23,8 @@ pub const REQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The run's final status and `orchestrate`'s exit status after a stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StopVerdict {
-    /// "requeued" or "interrupted".
-    pub status: &'static str,
+    /// Requeued or interrupted.
+    pub status: protocol::status::RunStatus,
     /// [`exit::REQUEUED`] or [`exit::INTERRUPTED`].
     pub exit_code: i32,
 }
@@ -96,12 +96,12 @@ pub async fn after_stop(
     }
     if requeued {
         StopVerdict {
-            status: "requeued",
+            status: protocol::status::RunStatus::Requeued,
             exit_code: exit::REQUEUED,
         }
     } else {
         StopVerdict {
-            status: "interrupted",
+            status: protocol::status::RunStatus::Interrupted,
             exit_code: exit::INTERRUPTED,
         }
     }
