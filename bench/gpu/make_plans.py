@@ -4,13 +4,13 @@ reclaim.toml (HOLDERS holders each of 1, 8 and 64 GiB, one after another; these 
 no checkpoint, and the same run gives the reclaim and the no-checkpoint handoff figures) and
 sweep.toml with samples/ (seed 001's loop: SAMPLES fine-tune + eval instances of a matrix).
 
-    make_plans.py DIR [--holders N (default 5)] [--samples N (default 3)]"""
+    make_plans.py DIR [--holders N (default 3)] [--samples N (default 2)]"""
 import argparse, json, os, random
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
-ap.add_argument("--holders", type=int, default=5)
-ap.add_argument("--samples", type=int, default=3)
+ap.add_argument("--holders", type=int, default=3)
+ap.add_argument("--samples", type=int, default=2)
 args = ap.parse_args()
 out = args.out
 os.makedirs(out, exist_ok=True)

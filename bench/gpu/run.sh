@@ -31,6 +31,10 @@ export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$BIN:$PATH"
 REPS=${REPS:-3}; SEED000_REPS=${SEED000_REPS:-1}; HOLDERS=${HOLDERS:-3}; SAMPLES=${SAMPLES:-2}
 BUDGET_S=${BUDGET_S:-500}
+# PARTS selects what runs (default: all): core (quickstart, headline pair, reclaim + handoff),
+# sweep (seed 001's loop), leaks (the two fixtures), seed000 (the Accelerate pipeline).
+PARTS=${PARTS:-core sweep leaks seed000}
+want() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 W=/tmp/gpu-bench; rm -rf "$W"; mkdir -p "$W"
 START=$(date +%s)
 LOG="$OUT/log.txt"
@@ -57,6 +61,7 @@ orch() {
   echo "binary_commit $(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)"
   echo "orchestrate_sha256 $(sha256sum "$BIN/orchestrate" | cut -d' ' -f1)"
   echo "stage_worker_sha256 $(sha256sum "$BIN/stage-worker" | cut -d' ' -f1)"
+  echo "parts $PARTS"
   echo "reps $REPS seed000_reps $SEED000_REPS holders $HOLDERS samples $SAMPLES budget_s $BUDGET_S"
 } > "$W/machine.txt" 2>&1
 cat "$W/machine.txt" | tee -a "$LOG"
@@ -79,6 +84,7 @@ leaks() {
 # SEED000_REPS), then the remaining reps: a tight budget costs the last reps, not whole parts.
 for r in $(seq "$REPS"); do
   mkdir -p "$W/rep$r"
+  if want core; then
   fits 16 "rep $r quickstart" && { log "rep $r: quickstart"; orch "rep$r/quickstart" "$ROOT/configs/quickstart.toml"; }
   if fits 90 "rep $r headline pair"; then
     log "rep $r: headline: 5 stages in one Python process with a stray reference"
@@ -87,15 +93,16 @@ for r in $(seq "$REPS"); do
     orch "rep$r/five" "$HERE/plans/five-stages.toml"
   fi
   fits $(( 3 * HOLDERS + 3 )) "rep $r reclaim+handoff" && { log "rep $r: reclaim + handoff: $HOLDERS holders each of 1, 8, 64 GiB"; orch "rep$r/reclaim" "$W/plans/reclaim.toml"; }
-  if fits $(( 28 + 8 * SAMPLES )) "rep $r sweep"; then
+  fi
+  if want sweep && fits $(( 28 + 8 * SAMPLES )) "rep $r sweep"; then
     log "rep $r: seed 001's loop: $SAMPLES fine-tune + eval instances under orchestrate"
     orch "rep$r/sweep" "$W/plans/sweep.toml"
     log "rep $r: seed 001's loop: the same $SAMPLES in one Python process keeping its references"
     timeout 200 python3 "$HERE/one_process_stages.py" --stray-reference --stages "$SAMPLES" --d-model 512 --layers 4 --heads 8 --batch 32 --seq 128 --steps 50 --eval-batches 4 > "$W/rep$r/one_process_sweep.json" 2> "$W/rep$r/one_process_sweep.err"
   fi
   if [ "$r" = 1 ]; then
-    fits 12 "leak fixtures" && leaks
-    for s in $(seq "$SEED000_REPS"); do
+    want leaks && fits 12 "leak fixtures" && leaks
+    want seed000 && for s in $(seq "$SEED000_REPS"); do
       mkdir -p "$W/rep$s"
       fits 66 "rep $s seed 000" && { log "rep $s: seed 000: pretrain → SFT with Accelerate, as two stages"; orch "rep$s/seed000" "$ROOT/configs/seed000-accelerate.toml"; }
     done
@@ -103,9 +110,10 @@ for r in $(seq "$REPS"); do
 done
 
 log "summary"
-python3 "$HERE/summarize.py" "$W" > "$OUT/summary.md" 2> "$OUT/summarize.err"
-cp "$W/summary.json" "$W/machine.txt" "$OUT/" 2>/dev/null
-for r in quickstart five sweep seed000 reclaim; do cp "$W/rep1/$r/gpu-memory.svg" "$OUT/$r-gpu-memory.svg" 2>/dev/null; done
+python3 "$HERE/summarize.py" "$W" > "$OUT/summary.md" 2> "$W/summarize.err" || cat "$W/summarize.err" | tee -a "$LOG"
+cp "$W/summary.json" "$OUT/" 2>/dev/null
+# at most 8 files come back from the device: the pictures of rep 1 are also in results.tar.gz
+for r in five sweep; do cp "$W/rep1/$r/gpu-memory.svg" "$OUT/$r-gpu-memory.svg" 2>/dev/null; done
 cp "$LOG" "$W/log.txt"
 tar -C "$W" --exclude='*.safetensors' -czf "$OUT/results.tar.gz" . 2>/dev/null
 log "done"
