@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Writes the generated benchmark plans into the directory given as argv[1]:
-reclaim.toml (10 holders each of 1, 8 and 64 GiB, one after another),
-handoff.toml (20 one-after-another 1 GiB holders) and
-sweep20.toml with samples/ (seed 001's loop: 20 fine-tune + eval instances of a matrix)."""
-import json, os, random, sys
+reclaim.toml (HOLDERS holders each of 1, 8 and 64 GiB, one after another; these stages write
+no checkpoint, and the same run gives the reclaim and the no-checkpoint handoff figures) and
+sweep.toml with samples/ (seed 001's loop: SAMPLES fine-tune + eval instances of a matrix).
 
-out = sys.argv[1]
+    make_plans.py DIR [--holders N (default 3)] [--samples N (default 2)]"""
+import argparse, json, os, random
+
+ap = argparse.ArgumentParser()
+ap.add_argument("out")
+ap.add_argument("--holders", type=int, default=3)
+ap.add_argument("--samples", type=int, default=2)
+args = ap.parse_args()
+out = args.out
 os.makedirs(out, exist_ok=True)
 
 def chain(name, sizes):
@@ -22,24 +29,23 @@ def chain(name, sizes):
         prev = stage
     return "\n".join(lines)
 
+h = args.holders
 with open(os.path.join(out, "reclaim.toml"), "w") as f:
-    f.write(chain("reclaim", [1] * 10 + [8] * 10 + [64] * 10))
-with open(os.path.join(out, "handoff.toml"), "w") as f:
-    f.write(chain("handoff", [1] * 20))
+    f.write(chain("reclaim", [1] * h + [8] * h + [64] * h))
 
-# Seed 001's loop: one fine-tune and one eval per dataset sample, 20 samples.
+# Seed 001's loop: one fine-tune and one eval per dataset sample, SAMPLES samples.
 words = "cat dog frog bird fish duck goat lamb red blue green old small big sees likes finds".split()
 os.makedirs(os.path.join(out, "samples"), exist_ok=True)
-for k in range(20):
+for k in range(args.samples):
     rng = random.Random(1000 + k)
     with open(os.path.join(out, "samples", f"sample-{k:02d}.jsonl"), "w") as f:
         for _ in range(400):
             ws = " ".join(rng.choice(words) for _ in range(rng.randint(1, 4)))
             f.write(json.dumps({"prompt": f"upper: {ws}\n", "completion": ws.upper() + "\n"}) + "\n")
 model = "{ d_model = 512, n_layers = 4, n_heads = 8, max_seq_len = 128 }"
-with open(os.path.join(out, "sweep20.toml"), "w") as f:
+with open(os.path.join(out, "sweep.toml"), "w") as f:
     f.write(f"""[run]
-name = "sweep20"
+name = "sweep"
 
 [[stage]]
 name = "base"
