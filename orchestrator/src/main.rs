@@ -261,7 +261,6 @@ fn init_logging(format: LogFormat, daemon: bool) {
     }
 }
 
-/// Prints a plan's problems; the exit status for them.
 /// The single-threaded async runtime a run or the daemon runs on; the exit status to end with
 /// (after saying why) when it cannot start.
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {

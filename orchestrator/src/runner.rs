@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 /// What to run and where.
 pub struct RunOptions {
@@ -77,7 +78,19 @@ fn retry_backoff(attempt: u32) -> Duration {
 /// stage starts, and the run ends interrupted. Must be called inside the host's tokio
 /// `LocalSet` on a current-thread runtime (the reaper and the stage tasks share the thread
 /// that spawns stage processes, which `PR_SET_PDEATHSIG` ties the children's lives to).
+///
+/// Everything it logs is inside a `run` span (field `run`: the run's id), and what concerns
+/// one attempt of a stage inside a `stage` span (fields `stage`, `attempt`) within it.
 pub async fn run(
+    opts: RunOptions,
+    host: &Rc<Host>,
+    cancel: watch::Receiver<CancelLevel>,
+) -> anyhow::Result<RunSummary> {
+    let span = tracing::info_span!(target: "orchestrate::run", "run", run = %opts.run_id);
+    run_in_span(opts, host, cancel).instrument(span).await
+}
+
+async fn run_in_span(
     opts: RunOptions,
     host: &Rc<Host>,
     mut cancel: watch::Receiver<CancelLevel>,
@@ -491,7 +504,9 @@ pub async fn run(
                     host.cpu_builtin_running
                         .set(host.cpu_builtin_running.get() + 1);
                 }
-                match stage::start_attempt(attempt_plan, &services) {
+                let stage_span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %stage.name, attempt);
+                let started = stage_span.in_scope(|| stage::start_attempt(attempt_plan, &services));
+                match started {
                     Ok(launched) => {
                         journal.append(&JournalRecord::StageStarted {
                             stage: stage.name.clone(),
@@ -508,14 +523,17 @@ pub async fn run(
                             slurm.as_ref(),
                             &run_dir.stage_dir(&stage.name),
                         );
-                        tokio::task::spawn_local(async move {
-                            let result = stage::supervise(launched, &services, cancel).await;
-                            // srun stages: the GPU check of every node of the stage.
-                            if let Some(check) = node_check {
-                                check.run(&result, &services.reaper).await;
+                        tokio::task::spawn_local(
+                            async move {
+                                let result = stage::supervise(launched, &services, cancel).await;
+                                // srun stages: the GPU check of every node of the stage.
+                                if let Some(check) = node_check {
+                                    check.run(&result, &services.reaper).await;
+                                }
+                                let _ = done_tx.send((i, result, given));
                             }
-                            let _ = done_tx.send((i, result, given));
-                        });
+                            .instrument(stage_span),
+                        );
                     }
                     Err(failure) => {
                         let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));

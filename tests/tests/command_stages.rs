@@ -502,3 +502,51 @@ fn follow_echoes_stage_output_and_still_logs_it() {
     let err = std::fs::read_to_string(run.run_dir.join("stages/talker/stderr.log")).unwrap();
     assert!(err.ends_with("oops\n"), "{err:?}");
 }
+
+#[test]
+fn json_logs_carry_the_run_and_the_stage_attempt_as_spans() {
+    let s = Scratch::new("json-spans");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "flaky"
+retries = 1
+command = ["sh", "-c", "test -f {output}/../tried && exit 0; touch {output}/../tried; exit 1"]
+"#,
+    );
+    let run = run_plan(&s, &plan, &["--log-format", "json"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<serde_json::Value> = run
+        .stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(!lines.is_empty(), "{}", run.stderr);
+    // Every event of the run is inside its `run` span, named by the run directory (the
+    // summary after it is the CLI's).
+    let run_id = run
+        .run_dir
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    for line in lines
+        .iter()
+        .filter(|l| l["fields"]["message"] != "run finished")
+    {
+        assert_eq!(line["spans"][0]["run"], run_id.as_str(), "{line}");
+    }
+    // Each start is inside the span of its stage and attempt.
+    let starts: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "stage started")
+        .collect();
+    assert_eq!(starts.len(), 2, "{}", run.stderr);
+    for (n, start) in starts.iter().enumerate() {
+        assert_eq!(start["span"]["name"], "stage");
+        assert_eq!(start["span"]["stage"], "flaky");
+        assert_eq!(start["span"]["attempt"], n as u64 + 1);
+    }
+}
