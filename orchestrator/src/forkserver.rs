@@ -144,14 +144,10 @@ fn stop(server: Server) {
     drop(sock);
     // SAFETY: signalling a child of ours that the reaper has not collected (it holds `exit`).
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    while std::time::Instant::now() < deadline {
+    crate::backoff::poll_blocking(Duration::from_secs(1), Duration::from_millis(10), || {
         reaper.reap_now();
-        if !matches!(exit.try_recv(), Err(oneshot::error::TryRecvError::Empty)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        !matches!(exit.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+    });
 }
 
 /// Whether this process is a child subreaper (required: the worker must be re-parented here).

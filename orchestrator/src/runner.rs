@@ -597,13 +597,7 @@ async fn run_in_span(
                 match &result.outcome {
                     Outcome::Succeeded => {
                         console.stage_finished(&name, StageStatus::Succeeded, "", result.wall);
-                        journal.append(&JournalRecord::StageFinished {
-                            stage: name, attempt, status: StageStatus::Succeeded, error: None,
-                            checkpoints: result.checkpoints.clone(),
-                            plan_hash: fingerprints[i].clone(),
-                            metrics: result.metrics.clone(),
-                            wall_s: Some(result.wall.as_secs_f64()),
-                        })?;
+                        journal.append(&finished_record(name, attempt, StageStatus::Succeeded, None, &fingerprints[i], Some(&result)))?;
                         states[i].status = Status::Succeeded;
                         states[i].failure = None;
                         for &d in &plan.downstream[i] {
@@ -621,13 +615,7 @@ async fn run_in_span(
                         if let Some(tail) = result.stderr_tail.as_deref().filter(|t| !t.trim().is_empty() && !retry) {
                             console.detail(&format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n"));
                         }
-                        journal.append(&JournalRecord::StageFinished {
-                            stage: name, attempt, status: StageStatus::Failed, error: Some(msg.clone()),
-                            checkpoints: Vec::new(),
-                            plan_hash: fingerprints[i].clone(),
-                            metrics: result.metrics.clone(),
-                            wall_s: Some(result.wall.as_secs_f64()),
-                        })?;
+                        journal.append(&finished_record(name, attempt, StageStatus::Failed, Some(msg.clone()), &fingerprints[i], Some(&result)))?;
                         states[i].failure = Some(Box::new((failure.class(), msg)));
                         if retry {
                             let at = Instant::now() + retry_backoff(attempt);
@@ -644,13 +632,7 @@ async fn run_in_span(
                     }
                     Outcome::Cancelled => {
                         console.stage_finished(&name, StageStatus::Cancelled, "stopped by a signal", result.wall);
-                        journal.append(&JournalRecord::StageFinished {
-                            stage: name, attempt, status: StageStatus::Cancelled, error: Some("stopped by a signal".into()),
-                            checkpoints: Vec::new(),
-                            plan_hash: fingerprints[i].clone(),
-                            metrics: result.metrics.clone(),
-                            wall_s: Some(result.wall.as_secs_f64()),
-                        })?;
+                        journal.append(&finished_record(name, attempt, StageStatus::Cancelled, Some("stopped by a signal".into()), &fingerprints[i], Some(&result)))?;
                         // Its downstream stages are skipped as interrupted when the run ends
                         // (a cancel is what stops a stage here).
                         states[i].status = Status::Cancelled;
@@ -787,6 +769,31 @@ async fn run_in_span(
     })
 }
 
+/// The journal's record of an attempt's end: what `resume` keeps of it (outputs only when it
+/// succeeded; metrics and wall time when it ran at all).
+fn finished_record(
+    stage: String,
+    attempt: u32,
+    status: StageStatus,
+    error: Option<String>,
+    plan_hash: &str,
+    result: Option<&AttemptResult>,
+) -> JournalRecord {
+    JournalRecord::StageFinished {
+        stage,
+        attempt,
+        status,
+        error,
+        checkpoints: match (status, result) {
+            (StageStatus::Succeeded, Some(r)) => r.checkpoints.clone(),
+            _ => Vec::new(),
+        },
+        plan_hash: plan_hash.to_string(),
+        metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
+        wall_s: result.map(|r| r.wall.as_secs_f64()),
+    }
+}
+
 /// Records a stage that failed before any of its processes started (no usable GPU, an input
 /// that no longer verifies), and skips everything downstream of it.
 #[allow(clippy::too_many_arguments)]
@@ -802,16 +809,14 @@ fn fail_before_start(
 ) -> std::io::Result<()> {
     let name = &plan.plan.stages[i].name;
     console.stage_finished(name, StageStatus::Failed, &msg, Duration::ZERO);
-    journal.append(&JournalRecord::StageFinished {
-        stage: name.clone(),
-        attempt: states[i].attempts,
-        status: StageStatus::Failed,
-        error: Some(msg.clone()),
-        checkpoints: Vec::new(),
-        plan_hash: fingerprints[i].clone(),
-        metrics: BTreeMap::new(),
-        wall_s: None,
-    })?;
+    journal.append(&finished_record(
+        name.clone(),
+        states[i].attempts,
+        StageStatus::Failed,
+        Some(msg.clone()),
+        &fingerprints[i],
+        None,
+    ))?;
     states[i].status = Status::Failed;
     states[i].failure = Some(Box::new((class, msg)));
     skip_downstream(i, plan, states, journal)

@@ -166,7 +166,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         };
         // Default dispositions for every signal that has a handler (exec would reset those
         // anyway; this is for the instants before it) and for SIGPIPE, which is ignored here.
-        for signal in 1..libc::SIGRTMAX() {
+        for signal in 1..=libc::SIGRTMAX() {
             if signal == libc::SIGKILL || signal == libc::SIGSTOP {
                 continue;
             }

@@ -19,7 +19,6 @@ use sha2::{Digest, Sha256};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -275,12 +274,7 @@ fn stream_to(
             meta.len()
         )));
     }
-    let identity = FileIdentity {
-        dev: meta.dev(),
-        ino: meta.ino(),
-        mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-    };
-    Ok((hex(&hash), total as u64, identity))
+    Ok((hex(&hash), total as u64, FileIdentity::of(&meta)))
 }
 
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
@@ -347,6 +341,7 @@ fn float_chunk<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn streamed_file_is_header_then_runs_and_its_checksum_is_of_those_bytes() {
