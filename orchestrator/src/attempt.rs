@@ -3,19 +3,19 @@
 //! and where its program is.
 
 use crate::contract::{self, ContractPaths};
+use crate::error::{Context, Error};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
 use crate::rundir::RunDir;
 use crate::stage::{AttemptPlan, Failure};
 use crate::state::StageState;
-use anyhow::{bail, Context};
 use protocol::worker::{Device, StageSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Finds the `stage-worker` binary: the explicit path, the plan's `run.worker` (relative to
 /// the plan's directory), `$ORCHESTRATE_WORKER`, or the file beside this executable.
-pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> anyhow::Result<PathBuf> {
+pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> crate::error::Result<PathBuf> {
     let candidate = if let Some(p) = explicit {
         p.to_path_buf()
     } else if let Some(p) = &plan.plan.run.worker {
@@ -27,10 +27,10 @@ pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> anyhow::Res
         exe.with_file_name("stage-worker")
     };
     if !candidate.is_file() {
-        bail!(
+        return Err(Error::Refused(format!(
             "the built-in stage worker was not found at {}: build it (`cargo build --release -p stage-worker`), or point `run.worker` in the plan or --worker at it",
             candidate.display()
-        );
+        )));
     }
     Ok(candidate)
 }

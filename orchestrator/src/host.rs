@@ -73,8 +73,8 @@ impl Host {
     /// Becomes a child subreaper, starts the reaper and the guard, creates the socket
     /// directory and reads the GPU inventory. Call once per process, inside a tokio
     /// `LocalSet` on a current-thread runtime.
-    pub fn start() -> anyhow::Result<Rc<Host>> {
-        use anyhow::Context;
+    pub fn start() -> crate::error::Result<Rc<Host>> {
+        use crate::error::Context;
         let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
         let guard =
             crate::guard::start(Some(sockets.path())).context("cannot start the guard process")?;

@@ -24,6 +24,7 @@ pub mod console;
 pub mod contract;
 pub mod daemon;
 pub mod echo;
+pub mod error;
 pub mod exit;
 pub mod fingerprint;
 pub mod forkserver;

@@ -515,7 +515,7 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunS
             cancel.send_replace(next);
         }
     });
-    runner::run(options, &host, cancelled).await
+    Ok(runner::run(options, &host, cancelled).await?)
 }
 
 /// A run's name: the plan's `run.name`, else the plan file's stem.

@@ -9,43 +9,9 @@ use crate::checksum::{check_file, Depth, FileMismatch};
 use crate::journal::JournalRecord;
 use crate::plan::LoadedPlan;
 use protocol::report::CheckpointRecord;
-use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::Path;
 
-/// What a resumed run does with one stage.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "decision", rename_all = "snake_case")]
-pub enum Decision {
-    /// Finished earlier and still valid: not run again.
-    Keep {
-        /// Attempts made so far.
-        attempts: u32,
-        /// Its verified outputs.
-        checkpoints: Vec<CheckpointRecord>,
-        /// Its last metrics.
-        metrics: BTreeMap<String, f64>,
-        /// Wall time of its successful attempt.
-        wall_s: Option<f64>,
-    },
-    /// Runs (again).
-    Run {
-        /// Why, for the user.
-        reason: String,
-        /// Attempts made so far.
-        attempts: u32,
-        /// Whether its old outputs must be cleared first (they belong to another definition
-        /// or are corrupt); an interrupted stage keeps them for in-stage resume.
-        clear_output: bool,
-    },
-}
-
-impl Decision {
-    /// Whether the stage is kept.
-    pub fn kept(&self) -> bool {
-        matches!(self, Decision::Keep { .. })
-    }
-}
+pub use protocol::resume::Decision;
 
 /// Checks a recorded output against the file now.
 pub fn verify_record(record: &CheckpointRecord) -> Result<(), String> {

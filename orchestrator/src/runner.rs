@@ -9,6 +9,7 @@
 //! alive.
 
 use crate::console::Console;
+use crate::error::{Context, Error, Result};
 use crate::exit;
 use crate::gpu::{self, GpuInfo, MemoryProbe};
 use crate::host::Host;
@@ -18,7 +19,6 @@ use crate::report::Snapshot;
 use crate::rundir::{write_replace, RunDir};
 use crate::stage::{self, AttemptResult, CancelLevel, Outcome, Services};
 use crate::state::{LastAttempt, StageState, Status};
-use anyhow::{bail, Context};
 use protocol::plan::{GpuCheck, OnLeak};
 use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ pub async fn run(
     opts: RunOptions,
     host: &Rc<Host>,
     cancel: watch::Receiver<CancelLevel>,
-) -> anyhow::Result<RunSummary> {
+) -> Result<RunSummary> {
     let span = tracing::info_span!(target: "orchestrate::run", "run", run = %opts.run_id);
     run_in_span(opts, host, cancel).instrument(span).await
 }
@@ -94,7 +94,7 @@ async fn run_in_span(
     opts: RunOptions,
     host: &Rc<Host>,
     mut cancel: watch::Receiver<CancelLevel>,
-) -> anyhow::Result<RunSummary> {
+) -> Result<RunSummary> {
     let RunOptions {
         plan,
         plan_source,
@@ -113,7 +113,7 @@ async fn run_in_span(
     // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
     let slurm = crate::slurm::Allocation::detect();
     if let Err(why) = crate::slurm::srun::check_plan(stages, slurm.as_ref()) {
-        bail!(why);
+        return Err(Error::Refused(why));
     }
     let needs_worker = stages.iter().any(|s| s.kind.is_some());
     let worker = if needs_worker {
@@ -138,7 +138,7 @@ async fn run_in_span(
             ),
         ),
         (Err(why), GpuCheck::Required) => {
-            bail!("the plan sets gpu_check = \"required\" but {why}; run on a machine with an NVIDIA driver, or set gpu_check = \"auto\"")
+            return Err(Error::Refused(format!("the plan sets gpu_check = \"required\" but {why}; run on a machine with an NVIDIA driver, or set gpu_check = \"auto\"")))
         }
         (Err(why), _) => (None, format!("unavailable: {why}")),
     };
@@ -146,17 +146,19 @@ async fn run_in_span(
         console.note(note);
     }
     if settings.gpu_check == GpuCheck::Required && gpus.is_empty() {
-        bail!("the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine");
+        return Err(Error::Refused(
+            "the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine".into(),
+        ));
     }
     let machine_has_gpus = !gpus.is_empty();
     for s in stages {
         if machine_has_gpus && s.gpus_wanted() as usize > gpus.len() {
-            bail!(
+            return Err(Error::Refused(format!(
                 "stage `{}` asks for {} GPUs but this machine has {}",
                 s.name,
                 s.gpus_wanted(),
                 gpus.len()
-            );
+            )));
         }
     }
     if !machine_has_gpus && stages.iter().any(|s| s.gpus_wanted() > 0) {
@@ -188,7 +190,7 @@ async fn run_in_span(
             let prints = fingerprints.clone();
             tokio::task::spawn_blocking(move || crate::resume::decide(&plan, &prints, &records))
                 .await
-                .context("the resume check stopped")?
+                .map_err(|e| Error::Internal(format!("the resume check stopped: {e}")))?
         };
         console.detail(&format!(
             "resuming {}:\n{}",

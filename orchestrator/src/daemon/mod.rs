@@ -320,8 +320,8 @@ impl Daemon {
 
 /// Runs the daemon until it is shut down (a `shutdown` request, SIGINT or SIGTERM, which
 /// stop running runs gracefully: they resume when the daemon starts again).
-pub async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
-    use anyhow::Context;
+pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
+    use crate::error::Context;
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;

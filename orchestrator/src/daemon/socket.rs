@@ -5,7 +5,7 @@
 //! by a dead daemon is replaced, a live daemon's is refused with a message; one lock file
 //! beside the socket makes two daemons starting at once agree on which one serves.
 
-use anyhow::{bail, Context};
+use crate::error::{Context, Error, Result};
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -25,7 +25,7 @@ pub fn default_path() -> PathBuf {
 }
 
 /// Creates (or checks) the socket's directory: it must be ours and private.
-fn private_dir(dir: &Path) -> anyhow::Result<()> {
+fn private_dir(dir: &Path) -> Result<()> {
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -36,18 +36,18 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
     let meta = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?;
     let me = nix::unistd::getuid().as_raw();
     if meta.uid() != me {
-        bail!(
+        return Err(Error::Refused(format!(
             "{} belongs to uid {}, not to this user (uid {me}): choose another --socket",
             dir.display(),
             meta.uid()
-        );
+        )));
     }
     if meta.mode() & 0o022 != 0 {
-        bail!(
+        return Err(Error::Refused(format!(
             "{} can be written by other users (mode {:o}): make it 0700 or choose another --socket",
             dir.display(),
             meta.mode() & 0o777
-        );
+        )));
     }
     Ok(())
 }
@@ -68,7 +68,7 @@ impl Drop for Listening {
 }
 
 /// Takes the socket at `path`: refuses if a live daemon answers there, replaces a stale one.
-pub fn listen(path: &Path) -> anyhow::Result<Listening> {
+pub fn listen(path: &Path) -> Result<Listening> {
     use nix::sys::socket::{
         bind, listen as sys_listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
     };
@@ -84,20 +84,20 @@ pub fn listen(path: &Path) -> anyhow::Result<Listening> {
         .with_context(|| format!("cannot open {}", lock_path.display()))?;
     // SAFETY: flock(2) on a descriptor we own.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!(
+        return Err(Error::Refused(format!(
             "a daemon is already serving {} (it holds {}); stop it with `orchestrate shutdown --socket {}`",
             path.display(),
             lock_path.display(),
             path.display()
-        );
+        )));
     }
     if path.exists() {
         match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => bail!(
+            Ok(_) => return Err(Error::Refused(format!(
                 "a daemon is already listening on {}; stop it with `orchestrate shutdown --socket {}`",
                 path.display(),
                 path.display()
-            ),
+            ))),
             Err(_) => {
                 tracing::info!(socket = %path.display(), "replacing a stale socket");
                 std::fs::remove_file(path)

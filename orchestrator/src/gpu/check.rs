@@ -2,46 +2,9 @@
 //! epilog scripts and for checking every node of a multi-node stage.
 
 use super::{discover, GpuInfo, Inventory, MemoryProbe};
-use serde::Serialize;
 use std::time::{Duration, Instant};
 
-/// What one GPU looks like now.
-#[derive(Debug, Clone, Serialize)]
-pub struct GpuState {
-    /// NVML index.
-    pub index: u32,
-    /// UUID.
-    pub uuid: String,
-    /// Product name.
-    pub name: String,
-    /// Installed bytes.
-    pub total_bytes: u64,
-    /// Used bytes.
-    pub used_bytes: u64,
-    /// Compute processes holding memory ("pid N (name) holding M MiB").
-    pub processes: Vec<String>,
-    /// No compute process and used memory at or under the threshold.
-    pub clean: bool,
-}
-
-/// The command's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckResult {
-    /// Protocol version.
-    pub v: u32,
-    /// Host name.
-    pub host: String,
-    /// NVML driver version.
-    pub driver: String,
-    /// Threshold used, bytes.
-    pub max_used_bytes: u64,
-    /// Every GPU.
-    pub gpus: Vec<GpuState>,
-    /// Every GPU clean.
-    pub clean: bool,
-    /// How long the command waited for the GPUs to become clean.
-    pub waited_ms: f64,
-}
+pub use protocol::gpu_check::{CheckResult, GpuState};
 
 fn read(probe: &dyn MemoryProbe, gpus: &[GpuInfo], max_used: u64) -> Vec<GpuState> {
     gpus.iter()
