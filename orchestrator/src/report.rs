@@ -186,8 +186,13 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     let mut total = 0usize;
     let mut shown: Vec<StageReport> = Vec::new();
     let mut hidden = 0usize;
+    // srun stages' tasks and node checks, whether or not their row is shown.
+    let mut srun = String::new();
     for s in stages {
         total += 1;
+        if !s.tasks.is_empty() || !s.nodes.is_empty() {
+            srun.push_str(&crate::slurm::history::stage_lines(&s));
+        }
         if total > 40 && s.status == StageStatus::Succeeded {
             hidden += 1;
             continue;
@@ -234,7 +239,8 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
             "… and {hidden} more stages that succeeded (see report.json)\n"
         ));
     }
-    out.push_str(&crate::slurm::history::render(report));
+    out.push_str(&srun);
+    out.push_str(&crate::slurm::history::job_lines(report));
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
         report.status,
@@ -441,6 +447,50 @@ impl serde::Serialize for Snapshot<'_> {
 
 #[cfg(test)]
 mod tests {
+    use protocol::report::{Report, TaskRecord};
+    use protocol::status::{RunStatus, StageStatus};
+
+    #[test]
+    fn a_sweep_summary_lists_failures_and_every_srun_stages_tasks() {
+        let mut stages: Vec<_> = (0..50)
+            .map(|i| super::empty_stage(&format!("s{i}"), std::path::Path::new("/r")))
+            .collect();
+        for s in &mut stages {
+            s.status = StageStatus::Succeeded;
+        }
+        stages[7].status = StageStatus::Failed;
+        stages[7].error = Some("exit code 3".into());
+        stages[45].tasks.push(TaskRecord {
+            rank: 0,
+            local_rank: 0,
+            node: "n1".into(),
+            exit_code: Some(7),
+            signal: None,
+        });
+        let report = Report {
+            v: protocol::PROTOCOL_VERSION,
+            run_dir: "/r".into(),
+            status: RunStatus::Failed,
+            gpu_check: "off".into(),
+            wall_s: 1.0,
+            stages,
+            slurm: None,
+        };
+        let text = super::summary(&report);
+        assert!(
+            text.contains("s7 ") && text.contains("exit code 3"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("s45 "),
+            "a succeeded row of a sweep is hidden: {text}"
+        );
+        assert!(
+            text.contains("… and 49 more stages that succeeded"),
+            "{text}"
+        );
+        assert!(text.contains("s45: tasks: rank 0 on n1: exit 7"), "{text}");
+    }
     #[test]
     fn every_reported_metric_is_shown_the_usual_ones_first() {
         let metrics = [

@@ -78,35 +78,37 @@ pub fn record_stop(
     save(run_dir, &report)
 }
 
-/// Lines for the end-of-run summary: each srun stage's tasks and node checks, and the job's
-/// stops and requeues. Empty for a run outside Slurm.
-pub fn render(report: &protocol::report::Report) -> String {
+/// An srun stage's lines of the summary: its tasks' ends and its nodes' GPU checks.
+pub fn stage_lines(s: &protocol::report::StageReport) -> String {
     let mut out = String::new();
-    for s in report
-        .stages
+    let tasks: Vec<String> = s
+        .tasks
         .iter()
-        .filter(|s| !s.tasks.is_empty() || !s.nodes.is_empty())
-    {
-        let tasks: Vec<String> = s
-            .tasks
-            .iter()
-            .map(|t| {
-                let how = match (&t.signal, t.exit_code) {
-                    (Some(sig), _) => sig.clone(),
-                    (None, Some(c)) => format!("exit {c}"),
-                    (None, None) => "?".into(),
-                };
-                format!("rank {} on {}: {how}", t.rank, t.node)
-            })
-            .collect();
+        .map(|t| {
+            let how = match (&t.signal, t.exit_code) {
+                (Some(sig), _) => sig.clone(),
+                (None, Some(c)) => format!("exit {c}"),
+                (None, None) => "?".into(),
+            };
+            format!("rank {} on {}: {how}", t.rank, t.node)
+        })
+        .collect();
+    if !tasks.is_empty() {
         out.push_str(&format!("{}: tasks: {}\n", s.name, tasks.join(", ")));
-        for n in &s.nodes {
-            out.push_str(&format!(
-                "{}: GPU check of node {}: {} ({})\n",
-                s.name, n.node, n.verdict, n.detail
-            ));
-        }
     }
+    for n in &s.nodes {
+        out.push_str(&format!(
+            "{}: GPU check of node {}: {} ({})\n",
+            s.name, n.node, n.verdict, n.detail
+        ));
+    }
+    out
+}
+
+/// Lines for the end-of-run summary about the job: its starts, stops and requeues (the
+/// report's stages are not read; see [`stage_lines`] for those). Empty outside Slurm.
+pub fn job_lines(report: &protocol::report::Report) -> String {
+    let mut out = String::new();
     if let Some(job) = &report.slurm {
         out.push_str(&format!(
             "Slurm job {}: {} start(s), {} requeue(s) so far\n",
