@@ -236,7 +236,7 @@ pub struct RunInfo {
     /// Its directory.
     pub run_dir: String,
     /// "queued", "running", "succeeded", "failed", "leaked", "interrupted".
-    pub state: String,
+    pub state: crate::status::RunStatus,
     /// `orchestrate`'s exit status for it, once finished.
     pub exit_code: Option<i32>,
     /// The client's id for it.

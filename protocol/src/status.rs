@@ -69,6 +69,8 @@ words! {
 words! {
     /// How a run ended (or that it has not).
     RunStatus {
+        /// In a daemon's queue, not started yet (only in the daemon's list of runs).
+        Queued = "queued",
         /// Still going.
         Running = "running",
         /// Every stage succeeded (and no GPU leaked where that fails the run).

@@ -207,7 +207,7 @@ impl Daemon {
             let (result, ()) =
                 tokio::join!(crate::runner::run(options, &daemon.host, cancel), pump);
             let (state, code) = match result {
-                Ok(summary) => (summary.status.as_str().to_string(), summary.exit_code),
+                Ok(summary) => (summary.status, summary.exit_code),
                 Err(e) => {
                     tracing::warn!(run = %id, "the run could not be carried on: {e:#}");
                     if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
@@ -218,14 +218,11 @@ impl Daemon {
                             },
                         });
                     }
-                    (
-                        protocol::status::RunStatus::Failed.as_str().to_string(),
-                        crate::exit::RUN_ERROR,
-                    )
+                    (protocol::status::RunStatus::Failed, crate::exit::RUN_ERROR)
                 }
             };
             if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
-                entry.finish(&state, code);
+                entry.finish(state, code);
             }
             tracing::info!(run = %id, state = %state, exit_code = code, "run finished");
             daemon.changed.notify_waiters();
@@ -262,7 +259,7 @@ impl Daemon {
             let mut entry = RunEntry::new(sub, dir.clone());
             match finished {
                 Some((Some(status), code)) => {
-                    entry.finish(status.as_str(), code);
+                    entry.finish(status, code);
                     self.registry.borrow_mut().insert(entry);
                 }
                 _ => {
@@ -276,7 +273,7 @@ impl Daemon {
                             tracing::warn!(run = %id, "cannot resume: {why}");
                             if let Some(e) = self.registry.borrow_mut().get_mut(&id) {
                                 e.finish(
-                                    protocol::status::RunStatus::Interrupted.as_str(),
+                                    protocol::status::RunStatus::Interrupted,
                                     crate::exit::INTERRUPTED,
                                 );
                             }

@@ -7,6 +7,7 @@
 
 use crate::stage::CancelLevel;
 use protocol::daemon::{RunEvent, RunEventKind, RunInfo};
+use protocol::status::RunStatus;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -41,8 +42,8 @@ pub struct RunEntry {
     pub submission: Submission,
     /// Its directory.
     pub run_dir: PathBuf,
-    /// "queued", "running", or how it ended.
-    pub state: String,
+    /// Queued, running, or how it ended.
+    pub state: RunStatus,
     /// Exit status once finished.
     pub exit_code: Option<i32>,
     /// When it finished.
@@ -75,7 +76,7 @@ impl RunEntry {
         RunEntry {
             submission,
             run_dir,
-            state: "queued".into(),
+            state: RunStatus::Queued,
             exit_code: None,
             finished_unix: None,
             succeeded: 0,
@@ -95,7 +96,7 @@ impl RunEntry {
         RunInfo {
             id: self.submission.id.clone(),
             run_dir: self.run_dir.display().to_string(),
-            state: self.state.clone(),
+            state: self.state,
             exit_code: self.exit_code,
             client_id: self.submission.client_id.clone(),
             priority: self.submission.priority,
@@ -120,7 +121,7 @@ impl RunEntry {
 
     /// Records one event of the run.
     pub fn push(&mut self, event: RunEvent) {
-        self.state = "running".into();
+        self.state = RunStatus::Running;
         match &event.kind {
             RunEventKind::StageStarted { stage, .. } => {
                 self.running += 1;
@@ -152,8 +153,8 @@ impl RunEntry {
     }
 
     /// The run ended: its outcome recorded, its watchers told, its in-memory events dropped.
-    pub fn finish(&mut self, state: &str, exit_code: i32) {
-        self.state = state.to_string();
+    pub fn finish(&mut self, state: RunStatus, exit_code: i32) {
+        self.state = state;
         self.exit_code = Some(exit_code);
         self.finished_unix = Some(crate::timefmt::unix_secs_f64());
         self.running = 0;
