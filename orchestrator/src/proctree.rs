@@ -92,8 +92,8 @@ fn own_children() -> Vec<i32> {
 /// environment at every stage's end.
 static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
-/// Notes that child `pid` of this process is a helper of the orchestrator (see [`HELPERS`]),
-/// for as long as this process lives.
+/// Notes that child `pid` of this process is a helper of the orchestrator (the guard), which
+/// the check for escaped stage processes skips for as long as this process lives.
 pub fn note_helper(pid: i32) {
     HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
 }

@@ -1,4 +1,4 @@
-//! Where each stage of a run stands, kept compactly: a sweep holds one [`StageState`] per
+//! Where each stage of a run stands, kept compactly: a sweep holds one `StageState` per
 //! instance for the whole run (100,000 of them in a large one), so what a finished attempt
 //! leaves for the report is a few fixed fields, and everything that is usually empty
 //! (checkpoints, metrics, GPU records, leftovers, protocol violations, a stderr tail) sits
