@@ -5,7 +5,9 @@ no checkpoint, and the same run gives the reclaim and the no-checkpoint handoff 
 sweep.toml with samples/ (seed 001's loop: SAMPLES fine-tune + eval instances of a matrix).
 
     make_plans.py DIR [--holders N (default 3)] [--samples N (default 2)]"""
-import argparse, json, os, random
+import argparse, os
+
+from benchplans import sweep_plan, write_samples
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
@@ -34,51 +36,6 @@ with open(os.path.join(out, "reclaim.toml"), "w") as f:
     f.write(chain("reclaim", [1] * h + [8] * h + [64] * h))
 
 # Seed 001's loop: one fine-tune and one eval per dataset sample, SAMPLES samples.
-words = "cat dog frog bird fish duck goat lamb red blue green old small big sees likes finds".split()
-os.makedirs(os.path.join(out, "samples"), exist_ok=True)
-for k in range(args.samples):
-    rng = random.Random(1000 + k)
-    with open(os.path.join(out, "samples", f"sample-{k:02d}.jsonl"), "w") as f:
-        for _ in range(400):
-            ws = " ".join(rng.choice(words) for _ in range(rng.randint(1, 4)))
-            f.write(json.dumps({"prompt": f"upper: {ws}\n", "completion": ws.upper() + "\n"}) + "\n")
-model = "{ d_model = 512, n_layers = 4, n_heads = 8, max_seq_len = 128 }"
+write_samples(out, args.samples)
 with open(os.path.join(out, "sweep.toml"), "w") as f:
-    f.write(f"""[run]
-name = "sweep"
-
-[[stage]]
-name = "base"
-kind = "train"
-[stage.params]
-data = "synthetic:pretrain"
-steps = 100
-batch_size = 32
-seq_len = 128
-lr = 1e-3
-model = {model}
-
-[[stage]]
-name = "finetune"
-kind = "train"
-after = ["base"]
-init = "base"
-matrix = {{ sample = {{ glob = "samples/*.jsonl" }} }}
-[stage.params]
-data = "{{matrix.sample}}"
-steps = 50
-batch_size = 32
-seq_len = 128
-lr = 1e-3
-
-[[stage]]
-name = "eval"
-kind = "eval"
-after = ["finetune"]
-init = "finetune"
-matrix = {{ sample = {{ glob = "samples/*.jsonl" }} }}
-[stage.params]
-data = "synthetic:sft"
-samples = 100
-seq_len = 128
-""")
+    f.write(sweep_plan("sweep"))

@@ -26,63 +26,16 @@ cat "$W/machine.txt"; echo "GPUs: $N"
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$W/log.txt"; }
 
 python3 - "$W" "$SAMPLES" "$N" "$HERE" <<'PY'
-import json, os, random, sys
+import os, sys
 w, samples, n, here = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-words = "cat dog frog bird fish duck goat lamb red blue green old small big sees likes finds".split()
-os.makedirs(os.path.join(w, "samples"), exist_ok=True)
-for k in range(samples):
-    rng = random.Random(1000 + k)
-    with open(os.path.join(w, "samples", f"sample-{k:02d}.jsonl"), "w") as f:
-        for _ in range(400):
-            ws = " ".join(rng.choice(words) for _ in range(rng.randint(1, 4)))
-            f.write(json.dumps({"prompt": f"upper: {ws}\n", "completion": ws.upper() + "\n"}) + "\n")
-model = "{ d_model = 512, n_layers = 4, n_heads = 8, max_seq_len = 128 }"
-def sweep(name, parallel, glob):
-    return f"""[run]
-name = "{name}"
-max_parallel = {parallel}
-
-[[stage]]
-name = "base"
-kind = "train"
-gpus = 1
-[stage.params]
-data = "synthetic:pretrain"
-steps = 100
-batch_size = 32
-seq_len = 128
-lr = 1e-3
-model = {model}
-
-[[stage]]
-name = "finetune"
-kind = "train"
-gpus = 1
-after = ["base"]
-init = "base"
-matrix = {{ sample = {{ glob = "{glob}" }} }}
-[stage.params]
-data = "{{matrix.sample}}"
-steps = 50
-batch_size = 32
-seq_len = 128
-lr = 1e-3
-
-[[stage]]
-name = "eval"
-kind = "eval"
-gpus = 1
-after = ["finetune"]
-init = "finetune"
-matrix = {{ sample = {{ glob = "{glob}" }} }}
-[stage.params]
-data = "synthetic:sft"
-samples = 100
-seq_len = 128
-"""
-open(os.path.join(w, "sweep-all.toml"), "w").write(sweep("sweep-all-gpus", n, "samples/*.jsonl"))
-open(os.path.join(w, "sweep-one.toml"), "w").write(sweep("sweep-one-at-a-time", 1, "samples/*.jsonl"))
-open(os.path.join(w, "sweep-foreign.toml"), "w").write(sweep("sweep-foreign", n, "samples/sample-0?.jsonl"))
+sys.path.insert(0, here)
+from benchplans import sweep_plan, write_samples
+write_samples(w, samples)
+for file, name, parallel, glob in [("sweep-all", "sweep-all-gpus", n, "samples/*.jsonl"),
+                                   ("sweep-one", "sweep-one-at-a-time", 1, "samples/*.jsonl"),
+                                   ("sweep-foreign", "sweep-foreign", n, "samples/sample-0?.jsonl")]:
+    with open(os.path.join(w, file + ".toml"), "w") as f:
+        f.write(sweep_plan(name, glob, max_parallel=parallel, gpus=True))
 open(os.path.join(w, "ddp.toml"), "w").write(f"""[run]
 name = "ddp"
 [[stage]]
