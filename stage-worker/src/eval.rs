@@ -165,15 +165,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         verified.manifest.step,
         verified.manifest.model.clone(),
     )?;
-    for f in files {
-        sink.checkpoint(
-            f.path,
-            f.entry.sha256,
-            f.entry.bytes,
-            verified.manifest.step,
-            f.identity,
-        );
-    }
+    sink.checkpoint_files(files, verified.manifest.step);
     sink.metrics(&metrics);
     Ok(())
 }

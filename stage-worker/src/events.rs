@@ -147,6 +147,18 @@ impl EventSink {
         });
     }
 
+    /// `checkpoint` for each file of a checkpoint just written (see
+    /// [`crate::checkpoint::WrittenFile`]), as of `step`.
+    pub fn checkpoint_files(
+        &mut self,
+        files: Vec<crate::checkpoint::WrittenFile>,
+        step: Option<u64>,
+    ) {
+        for f in files {
+            self.checkpoint(f.path, f.entry.sha256, f.entry.bytes, step, f.identity);
+        }
+    }
+
     /// `metrics`: final named figures (non-finite values are dropped: JSON cannot carry them).
     pub fn metrics(&mut self, metrics: &BTreeMap<String, f64>) {
         let metrics = metrics

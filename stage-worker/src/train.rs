@@ -369,15 +369,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         std::mem::forget(stats.recent);
     }
     let (_, files) = written?;
-    for f in files {
-        sink.checkpoint(
-            f.path,
-            f.entry.sha256,
-            f.entry.bytes,
-            Some(step),
-            f.identity,
-        );
-    }
+    sink.checkpoint_files(files, Some(step));
     if stats.interrupted {
         return Err(Failure::interrupted(format!(
             "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
@@ -479,15 +471,7 @@ fn train_loop(
                 &training_state(p, false),
                 false,
             )?;
-            for f in files {
-                sink.checkpoint(
-                    f.path,
-                    f.entry.sha256,
-                    f.entry.bytes,
-                    Some(step),
-                    f.identity,
-                );
-            }
+            sink.checkpoint_files(files, Some(step));
             crate::log!("periodic checkpoint at step {step}");
         }
     }

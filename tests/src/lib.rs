@@ -100,6 +100,24 @@ pub struct RunResult {
     pub run_dir: PathBuf,
 }
 
+/// The `report.json` of the run in `run_dir`, parsed.
+pub fn read_report(run_dir: &Path) -> serde_json::Value {
+    let path = run_dir.join("report.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("report.json parses")
+}
+
+/// The record of stage `name` in a parsed report.
+pub fn report_stage<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["stages"]
+        .as_array()
+        .expect("stages array")
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no stage {name} in {report}"))
+}
+
 impl RunResult {
     /// `report.json`, parsed.
     pub fn report(&self) -> serde_json::Value {
@@ -115,13 +133,7 @@ impl RunResult {
 
     /// The report record of stage `name`.
     pub fn stage(&self, name: &str) -> serde_json::Value {
-        self.report()["stages"]
-            .as_array()
-            .expect("stages array")
-            .iter()
-            .find(|s| s["name"] == name)
-            .unwrap_or_else(|| panic!("stage {name} not in report"))
-            .clone()
+        report_stage(&self.report(), name).clone()
     }
 
     /// A metric of stage `name`.

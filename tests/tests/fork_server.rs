@@ -3,7 +3,9 @@
 //! leaves nothing behind; a server that has initialised a device is refused; and a checkpoint
 //! that orchestrate accepted on the writer's word is still re-hashed on resume.
 
-use e2e_tests::{alive, children, orchestrate, Scratch};
+use e2e_tests::{
+    alive, children, orchestrate, read_report as report, report_stage as stage, Scratch,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -30,19 +32,6 @@ fn run_with_env(plan: &Path, run_dir: &Path, env: &[(&str, &str)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().expect("orchestrate runs")
-}
-
-fn report(run_dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap()).unwrap()
-}
-
-fn stage<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == name)
-        .unwrap()
 }
 
 fn stderr_log(run_dir: &Path, stage: &str) -> String {

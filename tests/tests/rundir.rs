@@ -4,7 +4,7 @@
 //! directory was once damaged or a run lost.
 
 use e2e_tests::{
-    journal_records as journal, orchestrate, processes_with_env, spawn_plan,
+    journal_records as journal, orchestrate, processes_with_env, read_report as report, spawn_plan,
     stage_starts as starts, wait_for, Scratch,
 };
 use serde_json::Value;
@@ -41,10 +41,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-fn report(run_dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap()).unwrap()
 }
 
 fn kill(pid: u32, signal: nix::sys::signal::Signal) {

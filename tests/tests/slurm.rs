@@ -8,7 +8,10 @@
 //! and elsewhere say loudly that they did not run. The tests that need no cluster (a stage
 //! for srun outside Slurm, `scontrol` missing) always run.
 
-use e2e_tests::{journal_records as journal, orchestrate, repo_root, Scratch};
+use e2e_tests::{
+    journal_records as journal, orchestrate, read_report as report, repo_root,
+    report_stage as stage, Scratch,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -160,19 +163,6 @@ fn count(records: &[Value], rec: &str, stage: &str) -> usize {
         .iter()
         .filter(|r| r["rec"] == rec && (stage.is_empty() || r["stage"] == stage))
         .count()
-}
-
-fn report(run_dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(run_dir.join("report.json")).unwrap()).unwrap()
-}
-
-fn stage<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == name)
-        .unwrap_or_else(|| panic!("no stage {name} in {report}"))
 }
 
 fn job_log(dir: &Path, id: &str) -> PathBuf {
