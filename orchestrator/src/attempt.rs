@@ -40,12 +40,30 @@ pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> crate::erro
 /// only, so the preparer ([`crate::prepare`]) can write a first attempt's ahead of its start.
 pub(crate) struct Layout {
     name: String,
-    pub(crate) stage_dir: PathBuf,
-    pub(crate) output_dir: PathBuf,
-    pub(crate) spec_path: PathBuf,
-    pub(crate) inputs_path: PathBuf,
+    paths: StagePaths,
     inputs: BTreeMap<String, PathBuf>,
     spec: StageSpec,
+}
+
+/// Where a stage's files are.
+pub(crate) struct StagePaths {
+    pub(crate) stage_dir: PathBuf,
+    pub(crate) output_dir: PathBuf,
+    pub(crate) spec: PathBuf,
+    pub(crate) inputs: PathBuf,
+}
+
+impl StagePaths {
+    /// The paths of stage `name`'s files in `run_dir`.
+    pub(crate) fn of(run_dir: &RunDir, name: &str) -> StagePaths {
+        let stage_dir = run_dir.stage_dir(name);
+        StagePaths {
+            output_dir: run_dir.output_dir(name),
+            spec: stage_dir.join("spec.json"),
+            inputs: stage_dir.join("inputs.json"),
+            stage_dir,
+        }
+    }
 }
 
 impl Layout {
@@ -60,14 +78,13 @@ impl Layout {
         inputs: BTreeMap<String, PathBuf>,
     ) -> Layout {
         let stage = &plan.plan.stages[i];
-        let stage_dir = run_dir.stage_dir(&stage.name);
-        let output_dir = run_dir.output_dir(&stage.name);
+        let paths = StagePaths::of(run_dir, &stage.name);
         let spec = StageSpec {
             v: protocol::PROTOCOL_VERSION,
             stage: stage.name.clone(),
             kind: stage.kind,
             params: stage.params.clone(),
-            output_dir: output_dir.clone(),
+            output_dir: paths.output_dir.clone(),
             inputs: inputs.clone(),
             init: stage.init.as_ref().map(|name| run_dir.output_dir(name)),
             device,
@@ -75,10 +92,7 @@ impl Layout {
         };
         Layout {
             name: stage.name.clone(),
-            spec_path: stage_dir.join("spec.json"),
-            inputs_path: stage_dir.join("inputs.json"),
-            stage_dir,
-            output_dir,
+            paths,
             inputs,
             spec,
         }
@@ -108,12 +122,13 @@ impl Layout {
                 std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
             }
         };
-        let fresh = RunDir::prepare_stage_dirs(&self.stage_dir, &self.output_dir)
-            .map_err(at(&self.stage_dir))?;
-        std::fs::write(&self.inputs_path, pretty(&self.inputs)?).map_err(at(&self.inputs_path))?;
-        std::fs::write(&self.spec_path, pretty(&self.spec)?).map_err(at(&self.spec_path))?;
+        let paths = &self.paths;
+        let fresh = RunDir::prepare_stage_dirs(&paths.stage_dir, &paths.output_dir)
+            .map_err(at(&paths.stage_dir))?;
+        std::fs::write(&paths.inputs, pretty(&self.inputs)?).map_err(at(&paths.inputs))?;
+        std::fs::write(&paths.spec, pretty(&self.spec)?).map_err(at(&paths.spec))?;
         for log in ["stdout.log", "stderr.log"] {
-            let path = self.stage_dir.join(log);
+            let path = paths.stage_dir.join(log);
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -183,20 +198,18 @@ pub(crate) fn prepare_attempt(
     // The files of the attempt: written here, unless the preparer wrote them already (a
     // first attempt on the device it was prepared for; `prepared` says whether its output
     // directory was new).
-    let layout = Layout::new(plan, i, run_dir, attempt, device, inputs.clone());
     let fresh_output = match prepared {
         Some(fresh) => fresh,
-        None => layout
+        None => Layout::new(plan, i, run_dir, attempt, device, inputs.clone())
             .write()
             .map_err(|e| io_fail("cannot prepare the stage", e))?,
     };
-    let Layout {
+    let StagePaths {
         stage_dir,
         output_dir,
-        spec_path,
-        inputs_path,
-        ..
-    } = layout;
+        spec: spec_path,
+        inputs: inputs_path,
+    } = StagePaths::of(run_dir, &stage.name);
     let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
 
     let paths = ContractPaths {

@@ -180,8 +180,7 @@ mod tests {
 
     #[test]
     fn a_reported_file_is_taken_on_its_identity_and_anything_else_is_hashed() {
-        let dir = std::env::temp_dir().join(format!("checksum-reported-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::testutil::scratch("checksum-reported");
         let manifest = write_checkpoint(&dir, b"weights!");
         let path = dir.join("w.bin");
         let entry = &manifest.files[0];

@@ -300,10 +300,8 @@ mod tests {
 
     #[test]
     fn appends_and_reads_back_skipping_a_torn_tail() {
-        let dir = std::env::temp_dir().join(format!("journal-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::testutil::scratch("journal");
         let path = dir.join("journal.jsonl");
-        let _ = std::fs::remove_file(&path);
         let mut journal = Journal::open(&path).unwrap();
         let first = JournalRecord::StageSkipped {
             stage: "a".into(),

@@ -48,4 +48,6 @@ pub mod stage;
 pub mod state;
 pub mod supervisor;
 pub mod table;
+#[cfg(test)]
+mod testutil;
 pub mod timefmt;

@@ -134,8 +134,7 @@ mod tests {
 
     #[test]
     fn every_stage_is_written_once_by_one_side_and_claims_say_so() {
-        let dir = std::env::temp_dir().join(format!("prepare-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::testutil::scratch("prepare");
         let run_dir = RunDir::create(&dir).unwrap();
         let mut text = String::new();
         for i in 0..200 {
@@ -160,6 +159,17 @@ mod tests {
             preparer.queue(i, layout(i));
         }
         assert!(preparer.untouched(0) && !preparer.untouched(1));
+        // The preparer writes in queue order: once the last queued stage's logs exist, it has
+        // written (or is finishing) every queued stage.
+        let last = run_dir.stage_dir("s199").join("stderr.log");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !last.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the preparer wrote nothing"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let mut by_preparer = 0;
         for i in 0..200 {
             match preparer.claim(i) {
@@ -185,7 +195,10 @@ mod tests {
             assert_eq!(preparer.claim(i), None);
         }
         drop(preparer);
-        assert!(by_preparer <= 100);
+        assert_eq!(
+            by_preparer, 100,
+            "every queued stage was written by the preparer"
+        );
         let spec: serde_json::Value = serde_json::from_slice(
             &std::fs::read(run_dir.stage_dir("s7").join("spec.json")).unwrap(),
         )

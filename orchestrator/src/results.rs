@@ -59,22 +59,31 @@ pub fn write(
             row(plan, i, &report(i))
         })
     };
-    // The CSV's columns: the union of every row's, in the order they first appear.
+    // One pass writes results.json (a JSON array, one row per line) and collects the CSV's
+    // columns (the union of every row's, in the order they first appear) and the console
+    // table's rows; a second writes results.csv, whose header needs every column first.
     let mut columns: Vec<String> = Vec::new();
     let mut seen = BTreeSet::new();
     let mut total = 0usize;
     let mut shown: Vec<Row> = Vec::new();
-    for row in rows() {
-        total += 1;
-        for (key, _) in &row {
-            if seen.insert(key.clone()) {
-                columns.push(key.clone());
+    crate::rundir::write_replace_with(&dir.join("results.json"), |out| {
+        out.write_all(b"[")?;
+        for row in rows() {
+            out.write_all(if total == 0 { b"\n" } else { b",\n" })?;
+            total += 1;
+            for (key, _) in &row {
+                if seen.insert(key.clone()) {
+                    columns.push(key.clone());
+                }
+            }
+            let object: serde_json::Map<String, serde_json::Value> = row.iter().cloned().collect();
+            serde_json::to_writer(&mut *out, &object).map_err(std::io::Error::other)?;
+            if shown.len() < TABLE_ROWS || !succeeded(&row) {
+                shown.push(row);
             }
         }
-        if shown.len() < TABLE_ROWS || !succeeded(&row) {
-            shown.push(row);
-        }
-    }
+        out.write_all(b"\n]\n")
+    })?;
     crate::rundir::write_replace_with(&dir.join("results.csv"), |out| {
         writeln!(out, "{}", columns.join(","))?;
         for row in rows() {
@@ -86,15 +95,6 @@ pub fn write(
         }
         Ok(())
     })?;
-    struct Rows<'r, I: Fn() -> R, R: Iterator<Item = Row>>(&'r I);
-    impl<I: Fn() -> R, R: Iterator<Item = Row>> serde::Serialize for Rows<'_, I, R> {
-        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_seq((self.0)().map(|row| {
-                serde_json::Value::Object(row.into_iter().collect::<serde_json::Map<_, _>>())
-            }))
-        }
-    }
-    crate::rundir::write_json_replace(&dir.join("results.json"), &Rows(&rows))?;
     Ok(to_table(&shown, total))
 }
 

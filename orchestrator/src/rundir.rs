@@ -344,12 +344,6 @@ impl RunDir {
         self.stage_dir(name).join("output")
     }
 
-    /// Creates the stage's directory and output directory.
-    /// Returns whether the output directory was created just now (and so is empty).
-    pub fn prepare_stage(&self, name: &str) -> io::Result<bool> {
-        Self::prepare_stage_dirs(&self.stage_dir(name), &self.output_dir(name))
-    }
-
     /// Creates a stage's directory and its output directory inside it (what exists is kept);
     /// returns whether the output directory was created just now (and so is empty).
     pub fn prepare_stage_dirs(stage_dir: &Path, output_dir: &Path) -> io::Result<bool> {

@@ -289,17 +289,8 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
 
-    /// A fresh directory of its own under the system's temporary directory.
-    fn scratch() -> PathBuf {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("spawn-test-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
     fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> (io::Result<i32>, String) {
-        let out_path = scratch().join("out");
+        let out_path = crate::testutil::scratch("spawn-out").join("out");
         let out = std::fs::File::create(&out_path).unwrap();
         let null = std::fs::File::open("/dev/null").unwrap();
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
@@ -325,7 +316,7 @@ mod tests {
 
     #[test]
     fn the_child_gets_its_environment_directory_session_and_default_signals() {
-        let dir = scratch();
+        let dir = crate::testutil::scratch("spawn");
         let script = "echo \"$FOO $(pwd)\"; \
                       [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo session-leader";
         let (pid, out) = run(
@@ -360,7 +351,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_or_directory_is_an_error_not_a_child() {
-        let dir = scratch();
+        let dir = crate::testutil::scratch("spawn");
         let (pid, _) = run(&["no-such-program-here"], &[("PATH", "/usr/bin")], &dir);
         assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
         let (pid, _) = run(&["/bin/true"], &[], &dir.join("missing"));

@@ -759,7 +759,7 @@ fn verify_outputs_blocking(
 }
 
 /// Opens the stage's logs for appending (its directory exists: see
-/// [`crate::rundir::RunDir::prepare_stage`]), writes `header` to both, and returns them with
+/// [`crate::rundir::RunDir::prepare_stage_dirs`]), writes `header` to both, and returns them with
 /// the length of stderr after the header (where this attempt's stderr begins).
 fn open_logs(
     stage_dir: &Path,

@@ -118,3 +118,44 @@ fn failed_instances_are_listed_and_fail_fast_stops_the_rest() {
         }
     }
 }
+
+#[test]
+fn a_large_sweep_prints_a_count_and_its_failures_not_a_line_per_stage() {
+    let s = Scratch::new("matrix-console");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "t"
+command = ["sh", "-c", "test {matrix.i} != 7"]
+matrix = { i = { lines = "ids.txt" } }
+"#,
+    );
+    let ids: String = (0..120).map(|i| format!("{i}\n")).collect();
+    s.write("ids.txt", &ids);
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    // The failure is named; the count says how the sweep went; no instance's start or
+    // success has a line of its own.
+    assert!(run.stderr.contains("t[i=7]: failed"), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("120 of 120 stages finished (119 succeeded, 1 did not)"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains(": started"), "{}", run.stderr);
+    assert!(!run.stderr.contains("t[i=8]: succeeded"), "{}", run.stderr);
+    // `validate` names the ends of the order and counts the rest.
+    let out = std::process::Command::new(e2e_tests::orchestrate())
+        .arg("validate")
+        .arg(&plan)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("120 stages"), "{said}");
+    assert!(said.contains("t[i=0] → "), "{said}");
+    assert!(said.contains("… 110 more …"), "{said}");
+    assert!(!said.contains("t[i=50]"), "{said}");
+}

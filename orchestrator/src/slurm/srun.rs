@@ -100,14 +100,18 @@ pub fn wrap_attempt(
 }
 
 /// The task records and node checks of a stage's last attempt, for its report; empty for a
-/// stage that does not run through srun.
-pub fn stage_records(stage: &Stage, stage_dir: &Path) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
+/// stage that does not run through srun (nothing is read for it).
+pub fn stage_records(
+    stage: &Stage,
+    run_dir: &crate::rundir::RunDir,
+) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
     if stage.task_layout().is_none() {
         return (Vec::new(), Vec::new());
     }
+    let stage_dir = run_dir.stage_dir(&stage.name);
     (
-        task::load_records(&records_dir(stage_dir)),
-        super::node_check::load(stage_dir),
+        task::load_records(&records_dir(&stage_dir)),
+        super::node_check::load(&stage_dir),
     )
 }
 
