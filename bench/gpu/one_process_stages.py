@@ -7,7 +7,7 @@ optimizer, as a logging or evaluation helper easily does).
 Prints one JSON object: device-level used memory (NVML) after each stage's cleanup.
 The model is the same byte-level decoder-only transformer the built-in stage worker trains.
 """
-import argparse, gc, json, math, time
+import argparse, gc, json, math, os, time
 
 import pynvml
 import torch
@@ -15,6 +15,16 @@ import torch.nn.functional as F
 
 
 from bytelm import ByteLM
+
+
+def nvml_handle():
+    """The NVML handle of the GPU this process will compute on, found without creating a CUDA
+    context (which would move the "before" reading). NVML numbers GPUs as the host does and
+    ignores CUDA_VISIBLE_DEVICES, so its first entry is mapped here (an index or a UUID)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.startswith("GPU-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(first)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
 
 
 def main():
@@ -32,7 +42,7 @@ def main():
     args = p.parse_args()
 
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    handle = nvml_handle()
     used_mib = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
 
     result = {"before_mib": used_mib(), "after_stage_mib": [], "stage_wall_s": [], "tokens_per_s": []}
