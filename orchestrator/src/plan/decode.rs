@@ -13,8 +13,8 @@ use protocol::plan::{Plan, Stage};
 pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -> Option<Plan> {
     let error = match toml::from_str::<Plan>(source) {
         Ok(mut plan) => {
-            for stage in &mut plan.stages {
-                stage.params.values_mut().for_each(datetimes_to_strings);
+            if let Some(tree) = tree {
+                datetimes_to_strings(&mut plan, tree);
             }
             return tables_are_tables(plan, tree, rep);
         }
@@ -161,20 +161,42 @@ pub(crate) fn json_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
     None
 }
 
-/// A TOML date-time reaches a JSON value as `{"$__toml_private_datetime": "…"}`; a stage's
-/// `params` (handed to the stage as JSON) get the plain text instead.
-fn datetimes_to_strings(value: &mut serde_json::Value) {
-    use serde_json::Value as J;
-    match value {
-        J::Object(map) if map.len() == 1 => {
-            if let Some(J::String(text)) = map.get("$__toml_private_datetime") {
-                *value = J::String(text.clone());
-            } else {
-                map.values_mut().for_each(datetimes_to_strings);
+/// A stage's `params` are handed to the stage as JSON, which has no date-time: each TOML
+/// date-time in them becomes its text. Where they are is read from the document's tree (the
+/// decoder's own representation of a date-time inside a JSON value is private to `toml`).
+fn datetimes_to_strings(plan: &mut Plan, tree: &Node) {
+    let Some(Value::Array(stages)) = tree.get("stage").map(|s| &s.value) else {
+        return;
+    };
+    for (stage, node) in plan.stages.iter_mut().zip(stages) {
+        let Some(Value::Table(entries)) = node.get("params").map(|p| &p.value) else {
+            continue;
+        };
+        for entry in entries {
+            if let Some(value) = stage.params.get_mut(&entry.key) {
+                replace_datetimes(value, &entry.node);
             }
         }
-        J::Object(map) => map.values_mut().for_each(datetimes_to_strings),
-        J::Array(items) => items.iter_mut().for_each(datetimes_to_strings),
+    }
+}
+
+/// Walks a JSON value and the tree node it was decoded from side by side.
+fn replace_datetimes(value: &mut serde_json::Value, node: &Node) {
+    use serde_json::Value as J;
+    match (&node.value, value) {
+        (Value::DateTime(text), value) => *value = J::String(text.clone()),
+        (Value::Table(entries), J::Object(map)) => {
+            for entry in entries {
+                if let Some(value) = map.get_mut(&entry.key) {
+                    replace_datetimes(value, &entry.node);
+                }
+            }
+        }
+        (Value::Array(nodes), J::Array(items)) => {
+            for (value, node) in items.iter_mut().zip(nodes) {
+                replace_datetimes(value, node);
+            }
+        }
         _ => {}
     }
 }
@@ -206,4 +228,39 @@ fn tables_are_tables(plan: Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
         }
     }
     Some(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::toml_tree;
+    use serde_json::json;
+
+    #[test]
+    fn datetimes_in_params_become_their_text_and_nothing_else_changes() {
+        let source = r#"
+[[stage]]
+name = "a"
+command = ["true"]
+[stage.params]
+when = 1979-05-27T07:32:00Z
+day = 2026-11-30
+list = [1, 07:32:00, "x"]
+nested = { at = 1979-05-27T00:32:00.999-07:00, n = 1 }
+text = "1979-05-27"
+"#;
+        let tree = toml_tree::from_toml(source);
+        let mut rep = Reporter::new(source, "plan.toml");
+        let plan = toml_plan(source, tree.as_ref(), &mut rep).expect("decodes");
+        assert_eq!(
+            serde_json::Value::Object(plan.stages[0].params.clone()),
+            json!({
+                "when": "1979-05-27T07:32:00Z",
+                "day": "2026-11-30",
+                "list": [1, "07:32:00", "x"],
+                "nested": {"at": "1979-05-27T00:32:00.999-07:00", "n": 1},
+                "text": "1979-05-27",
+            })
+        );
+    }
 }

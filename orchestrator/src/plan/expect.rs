@@ -104,7 +104,7 @@ pub(crate) fn node_text(node: &Node, rep: &Reporter) -> String {
     match &node.value {
         Value::Table(_) => "a table".into(),
         Value::Array(_) => "a list".into(),
-        Value::DateTime => "a date-time".into(),
+        Value::DateTime(_) => "a date-time".into(),
         Value::String(s) => format!("the string {}", shorten(&format!("{s:?}"))),
         Value::Other => node
             .span

@@ -41,7 +41,7 @@ fn value(value: &toml_edit::Value) -> Node {
     use toml_edit::Value as V;
     let shape = match value {
         V::String(s) => Value::String(s.value().clone()),
-        V::Datetime(_) => Value::DateTime,
+        V::Datetime(d) => Value::DateTime(d.value().to_string()),
         V::Integer(_) | V::Float(_) | V::Boolean(_) => Value::Other,
         V::Array(items) => Value::Array(items.iter().map(self::value).collect()),
         V::InlineTable(t) => table(t),
@@ -140,7 +140,7 @@ mod tests {
         let tree = from_toml(src).unwrap();
         let stage0 = tree.find(&[key("stage"), Seg::Index(0)]).unwrap();
         let when = stage0.get("when").unwrap();
-        assert!(matches!(when.value, Value::DateTime));
+        assert!(matches!(&when.value, Value::DateTime(text) if text == "1979-05-27T07:32:00Z"));
         assert_eq!(&src[when.span.clone().unwrap()], "1979-05-27T07:32:00Z");
         let params = stage0.get("params").unwrap();
         let d_model = params.find(&[key("model"), key("d_model")]).unwrap();

@@ -22,7 +22,8 @@ pub(crate) enum Value {
     Table(Vec<Entry>),
     Array(Vec<Node>),
     String(String),
-    DateTime,
+    /// A TOML date-time, as written (its canonical text).
+    DateTime(String),
     Other,
 }
 
@@ -148,7 +149,7 @@ impl Node {
                     path.pop();
                 }
             }
-            Value::String(_) | Value::DateTime | Value::Other => {}
+            Value::String(_) | Value::DateTime(_) | Value::Other => {}
         }
     }
 }
