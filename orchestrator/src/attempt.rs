@@ -45,6 +45,11 @@ pub(crate) struct Layout {
     spec: StageSpec,
 }
 
+/// The event socket of attempt `attempt` of stage `i`, in the run's socket directory.
+pub(crate) fn socket_path(socket_dir: &Path, i: usize, attempt: u32) -> PathBuf {
+    socket_dir.join(format!("{i}-{attempt}.sock"))
+}
+
 /// Where a stage's files are.
 pub(crate) struct StagePaths {
     pub(crate) stage_dir: PathBuf,
@@ -116,6 +121,39 @@ impl Layout {
     /// Writes the layout (not durably: rewritten for every attempt before it starts); returns
     /// whether the output directory was created now (and so is empty).
     pub(crate) fn write(&self) -> std::io::Result<bool> {
+        self.write_files(false).map(|(fresh, _)| fresh)
+    }
+
+    /// [`Layout::write`], keeping the logs open and the event socket at `socket` bound, so
+    /// that the attempt starts without opening anything (see [`crate::prepare`]).
+    pub(crate) fn write_and_open(
+        &self,
+        socket: &Path,
+    ) -> std::io::Result<(bool, crate::stage::Opened)> {
+        let (fresh, logs) = self.write_files(true)?;
+        let (stdout, mut stderr) = logs.expect("opened");
+        use std::io::Seek;
+        let stderr_offset = stderr.seek(std::io::SeekFrom::End(0))?;
+        let events = crate::channel::bind_socket(socket)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
+        Ok((
+            fresh,
+            crate::stage::Opened {
+                stdout,
+                stderr,
+                stderr_offset,
+                events,
+                socket: socket.to_path_buf(),
+            },
+        ))
+    }
+
+    /// The files; the logs' handles too when `keep_logs`.
+    #[allow(clippy::type_complexity)]
+    fn write_files(
+        &self,
+        keep_logs: bool,
+    ) -> std::io::Result<(bool, Option<(std::fs::File, std::fs::File)>)> {
         let at = |path: &Path| {
             let path = path.to_path_buf();
             move |e: std::io::Error| {
@@ -127,16 +165,17 @@ impl Layout {
             .map_err(at(&paths.stage_dir))?;
         std::fs::write(&paths.inputs, pretty(&self.inputs)?).map_err(at(&paths.inputs))?;
         std::fs::write(&paths.spec, pretty(&self.spec)?).map_err(at(&paths.spec))?;
-        for log in ["stdout.log", "stderr.log"] {
+        let open = |log: &str| {
             let path = paths.stage_dir.join(log);
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&path)
-                .map_err(at(&path))?;
-        }
+                .map_err(at(&path))
+        };
+        let logs = (open("stdout.log")?, open("stderr.log")?);
         tracing::trace!(stage = %self.name, "stage files written");
-        Ok(fresh)
+        Ok((fresh, keep_logs.then_some(logs)))
     }
 }
 
@@ -210,7 +249,7 @@ pub(crate) fn prepare_attempt(
         spec: spec_path,
         inputs: inputs_path,
     } = StagePaths::of(run_dir, &stage.name);
-    let socket = socket_dir.join(format!("{i}-{attempt}.sock"));
+    let socket = socket_path(socket_dir, i, attempt);
 
     let paths = ContractPaths {
         stage: &stage.name,

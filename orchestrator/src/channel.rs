@@ -43,8 +43,17 @@ impl EventChannel {
         record_to: PathBuf,
         tx: mpsc::UnboundedSender<ChannelItem>,
     ) -> std::io::Result<EventChannel> {
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)?;
+        Self::listen(bind_socket(path)?, path, record_to, tx)
+    }
+
+    /// [`EventChannel::bind`] on a socket already bound at `path` (by [`bind_socket`]).
+    pub fn listen(
+        socket: std::os::unix::net::UnixListener,
+        path: &Path,
+        record_to: PathBuf,
+        tx: mpsc::UnboundedSender<ChannelItem>,
+    ) -> std::io::Result<EventChannel> {
+        let listener = UnixListener::from_std(socket)?;
         let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
         let open_connections = Rc::new(Cell::new(0usize));
         let open = open_connections.clone();
@@ -104,6 +113,20 @@ impl Drop for EventChannel {
         self.accept_task.abort();
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// A listening, non-blocking Unix socket at `path` (a stale file there is replaced), for
+/// [`EventChannel::listen`]; any thread may make one.
+pub fn bind_socket(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    let socket = match std::os::unix::net::UnixListener::bind(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let _ = std::fs::remove_file(path);
+            std::os::unix::net::UnixListener::bind(path)?
+        }
+        other => other?,
+    };
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 /// Parses one line; the error says what was wrong with it.

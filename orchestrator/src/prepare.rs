@@ -1,7 +1,8 @@
 //! The preparer: a thread that writes the files of stages about to start (their directories,
-//! `inputs.json`, `spec.json`, empty logs; see [`Layout`]) ahead of the scheduler, so that a
-//! sweep of short stages does not make the scheduling thread wait on the file system between
-//! one stage's end and the next one's spawn.
+//! `inputs.json`, `spec.json`, empty logs; see [`Layout`]) ahead of the scheduler, keeps the
+//! logs open and binds the stage's event socket, so that a sweep of short stages does not
+//! make the scheduling thread wait on the file system between one stage's end and the next
+//! one's spawn.
 //!
 //! Promises: a stage's files are written by exactly one of the preparer and the scheduler, and
 //! a stage never starts while the preparer is writing its files: [`Preparer::claim`] waits for
@@ -10,26 +11,36 @@
 //! the device they were prepared for.
 
 use crate::attempt::Layout;
+use crate::stage::Opened;
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 
 const NONE: u8 = 0;
 const QUEUED: u8 = 1;
 const WRITING: u8 = 2;
-/// Written, and the output directory was created by the write.
-const WRITTEN_FRESH: u8 = 3;
-/// Written into an output directory that existed.
-const WRITTEN: u8 = 4;
+/// Written and opened (its [`Opened`] waits in the preparer's table).
+const WRITTEN: u8 = 3;
 /// The scheduler took it: the preparer leaves it alone.
 const TAKEN: u8 = 5;
 /// The write failed: the scheduler writes it (and reports the error).
 const FAILED: u8 = 6;
 
+/// Work for the preparer thread: write stage `i`'s files, and open its logs and bind its
+/// socket at the path when one is given.
+type Job = (usize, Layout, Option<PathBuf>);
+
+/// A written stage: whether its output directory was created by the write (and so is
+/// empty), and its opened files if it was asked to open them.
+pub(crate) type Written = (bool, Option<Opened>);
+
 /// Handle to the preparer thread of one run.
 pub(crate) struct Preparer {
     state: Arc<Vec<AtomicU8>>,
-    jobs: Option<mpsc::Sender<(usize, Layout)>>,
+    /// Written stages not yet claimed.
+    written: Arc<Mutex<HashMap<usize, Written>>>,
+    jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -38,21 +49,34 @@ impl Preparer {
     pub(crate) fn start(stages: usize) -> std::io::Result<Preparer> {
         let state: Arc<Vec<AtomicU8>> =
             Arc::new((0..stages).map(|_| AtomicU8::new(NONE)).collect());
-        let (jobs, queue) = mpsc::channel::<(usize, Layout)>();
+        let (jobs, queue) = mpsc::channel::<Job>();
         let theirs = state.clone();
+        let written: Arc<Mutex<HashMap<usize, Written>>> = Arc::default();
+        let table = written.clone();
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
             .spawn(move || {
-                for (i, layout) in queue {
+                for (i, layout, socket) in queue {
                     if theirs[i]
                         .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
                         .is_err()
                     {
                         continue; // taken back by the scheduler
                     }
-                    let done = match layout.write() {
-                        Ok(true) => WRITTEN_FRESH,
-                        Ok(false) => WRITTEN,
+                    let result = match &socket {
+                        Some(socket) => layout
+                            .write_and_open(socket)
+                            .map(|(fresh, files)| (fresh, Some(files))),
+                        None => layout.write().map(|fresh| (fresh, None)),
+                    };
+                    let done = match result {
+                        Ok(written) => {
+                            table
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .insert(i, written);
+                            WRITTEN
+                        }
                         Err(_) => FAILED,
                     };
                     theirs[i].store(done, Ordering::Release);
@@ -60,6 +84,7 @@ impl Preparer {
             })?;
         Ok(Preparer {
             state,
+            written,
             jobs: Some(jobs),
             thread: Some(thread),
         })
@@ -70,36 +95,37 @@ impl Preparer {
         self.state[i].load(Ordering::Acquire) == NONE
     }
 
-    /// Hands stage `i`'s first-attempt files to the preparer.
-    pub(crate) fn queue(&self, i: usize, layout: Layout) {
+    /// Hands stage `i`'s first-attempt files to the preparer; with `socket`, it also opens the
+    /// logs and binds the event socket there (for a stage about to start: each holds three
+    /// file descriptors until it is claimed).
+    pub(crate) fn queue(&self, i: usize, layout: Layout, socket: Option<PathBuf>) {
         if self.state[i]
             .compare_exchange(NONE, QUEUED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             if let Some(jobs) = &self.jobs {
-                if jobs.send((i, layout)).is_err() {
+                if jobs.send((i, layout, socket)).is_err() {
                     self.state[i].store(NONE, Ordering::Release);
                 }
             }
         }
     }
 
-    /// Takes stage `i` for starting: `Some(fresh)` when its files are written (`fresh`: its
-    /// output directory was created by that write), `None` when the caller must write them.
-    /// Waits while the preparer is writing them.
-    pub(crate) fn claim(&self, i: usize) -> Option<bool> {
+    /// Takes stage `i` for starting: what the preparer wrote, `None` when the caller must
+    /// write its files. Waits while the preparer is writing them.
+    pub(crate) fn claim(&self, i: usize) -> Option<Written> {
         loop {
             match self.state[i].compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return None,
                 Err(WRITING) => std::thread::yield_now(),
-                Err(WRITTEN_FRESH) => {
-                    self.state[i].store(TAKEN, Ordering::Release);
-                    return Some(true);
-                }
                 Err(WRITTEN) => {
                     self.state[i].store(TAKEN, Ordering::Release);
-                    return Some(false);
+                    return self
+                        .written
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&i);
                 }
                 Err(_) => {
                     self.state[i].store(TAKEN, Ordering::Release);
@@ -120,6 +146,13 @@ impl Drop for Preparer {
         self.jobs = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        // Sockets bound for stages that did not start.
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, (_, files)) in written.drain() {
+            if let Some(files) = files {
+                let _ = std::fs::remove_file(&files.socket);
+            }
         }
     }
 }
@@ -155,8 +188,12 @@ mod tests {
         };
         let preparer = Preparer::start(200).unwrap();
         // Odd stages are queued; even ones never are.
+        let sockets = dir.join("sockets");
+        std::fs::create_dir_all(&sockets).unwrap();
+        let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
         for i in (1..200).step_by(2) {
-            preparer.queue(i, layout(i));
+            // Every other one opens its logs and binds its socket too.
+            preparer.queue(i, layout(i), (i % 4 == 1).then(|| socket(i)));
         }
         assert!(preparer.untouched(0) && !preparer.untouched(1));
         // The preparer writes in queue order: once the last queued stage's logs exist, it has
@@ -173,9 +210,16 @@ mod tests {
         let mut by_preparer = 0;
         for i in 0..200 {
             match preparer.claim(i) {
-                Some(fresh) => {
+                Some((fresh, opened)) => {
                     assert!(i % 2 == 1, "stage {i} was never queued");
                     assert!(fresh, "a new run's output directories are new");
+                    assert_eq!(opened.is_some(), i % 4 == 1);
+                    if let Some(opened) = opened {
+                        assert_eq!(opened.socket, socket(i));
+                        assert_eq!(opened.stderr_offset, 0);
+                        // The socket listens: a stage could connect to it now.
+                        std::os::unix::net::UnixStream::connect(socket(i)).unwrap();
+                    }
                     by_preparer += 1;
                 }
                 None => layout(i).write().map(|_| ()).unwrap(),
@@ -191,8 +235,8 @@ mod tests {
                 assert!(stage_dir.join(file).exists(), "s{i}/{file}");
             }
             // Once claimed, the preparer never touches it again.
-            preparer.queue(i, layout(i));
-            assert_eq!(preparer.claim(i), None);
+            preparer.queue(i, layout(i), Some(socket(i)));
+            assert!(preparer.claim(i).is_none());
         }
         drop(preparer);
         assert_eq!(

@@ -71,19 +71,29 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
     environ_any(pid, |entry| entry == needle)
 }
 
-/// The calling process's children (every thread's), from `/proc/self/task/*/children`.
+/// The children of the calling process's main thread, from `/proc/self/task/<pid>/children`.
+///
+/// That is where an orphan re-parented to this process (a child subreaper) lands: the kernel
+/// gives it to the first live thread of the reaper's thread group, the main thread, which
+/// lives as long as the process. (Children that other threads start themselves are listed
+/// under those threads; none of them is a stage's escaped process.)
 fn own_children() -> Vec<i32> {
-    let Ok(tasks) = fs::read_dir("/proc/self/task") else {
+    use std::io::Read;
+    let path = format!("/proc/self/task/{}/children", std::process::id());
+    let Ok(mut file) = fs::File::open(path) else {
         return Vec::new();
     };
-    tasks
-        .filter_map(|t| t.ok())
-        .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|text| {
-            text.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<i32>>()
-        })
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => text.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8_lossy(&text)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
         .collect()
 }
 

@@ -274,7 +274,15 @@ async fn run_in_span(
     let (cancel_tx, _) = watch::channel(CancelLevel::None);
     let mut cancel_closed = false;
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
+    // A stage on the CPU gives its slot back as soon as its main process exited with 0 and
+    // nothing of its tree is left (see `stage::supervise`), before its outputs are verified
+    // and its end recorded: the next stage starts while that bookkeeping runs. Its result
+    // still comes through `done_rx`, and its downstream stages wait for that.
+    let (freed_tx, mut freed_rx) = mpsc::unbounded_channel::<usize>();
+    let mut freed_early: std::collections::HashSet<usize> = Default::default();
+    // Stages holding a slot (at most `max_parallel`), and attempts whose result has not come.
     let mut running = 0usize;
+    let mut unfinished = 0usize;
     let mut interrupted = false;
     // A cancel that came before the run started applies at once.
     let early = *cancel.borrow_and_update();
@@ -353,7 +361,9 @@ async fn run_in_span(
     let preparer = crate::prepare::Preparer::start(stages.len())
         .context("cannot start the stage-files thread")?;
     let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
-    let prepare_ahead = |j: usize, states: &[StageState]| {
+    // `open`: the stage is about to start (one of the next ready ones): its logs are opened
+    // and its socket bound too, not only written.
+    let prepare_ahead = |j: usize, states: &[StageState], open: bool| {
         if states[j].attempts == 0 && on_cpu(j) && preparer.untouched(j) {
             let inputs = crate::attempt::Layout::inputs_of(&plan, j, &run_dir);
             let layout = crate::attempt::Layout::new(
@@ -364,7 +374,8 @@ async fn run_in_span(
                 protocol::worker::Device::Cpu,
                 inputs,
             );
-            preparer.queue(j, layout);
+            let socket = open.then(|| crate::attempt::socket_path(host.sockets.path(), j, 1));
+            preparer.queue(j, layout, socket);
         }
     };
 
@@ -447,7 +458,7 @@ async fn run_in_span(
                 states[i].attempts += 1;
                 let attempt = states[i].attempts;
                 // The preparer's files serve a first attempt on the CPU only.
-                let prepared = preparer
+                let written = preparer
                     .claim(i)
                     .filter(|_| attempt == 1 && given.is_empty());
                 // Built-in CPU stages that run side by side share the cores instead of each
@@ -477,7 +488,7 @@ async fn run_in_span(
                     machine_has_gpus,
                     host.sockets.path(),
                     cpu_threads,
-                    prepared,
+                    written.as_ref().map(|&(fresh, _)| fresh),
                 ) {
                     Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
                     Err(failure) => {
@@ -497,9 +508,10 @@ async fn run_in_span(
                 };
                 states[i].status = Status::Running;
                 running += 1;
+                unfinished += 1;
                 for &d in &plan.downstream[i] {
                     if waiting_on[d] == 1 {
-                        prepare_ahead(d, &states);
+                        prepare_ahead(d, &states, false);
                     }
                 }
                 if cpu_threads.is_some() {
@@ -507,7 +519,13 @@ async fn run_in_span(
                         .set(host.cpu_builtin_running.get() + 1);
                 }
                 let stage_span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %stage.name, attempt);
-                let started = stage_span.in_scope(|| stage::start_attempt(attempt_plan, &services));
+                let started = stage_span.in_scope(|| {
+                    stage::start_attempt(
+                        attempt_plan,
+                        written.and_then(|(_, files)| files),
+                        &services,
+                    )
+                });
                 match started {
                     Ok(launched) => {
                         journal.append(&JournalRecord::StageStarted {
@@ -525,9 +543,21 @@ async fn run_in_span(
                             slurm.as_ref(),
                             &run_dir.stage_dir(&stage.name),
                         );
+                        // Not with fail_fast (a failure must stop what starts next) nor for
+                        // GPU or srun stages (their verdicts come after the tree is gone).
+                        let early_free = (!settings.fail_fast
+                            && given.is_empty()
+                            && node_check.is_none())
+                        .then(|| {
+                            let freed_tx = freed_tx.clone();
+                            Box::new(move || {
+                                let _ = freed_tx.send(i);
+                            }) as Box<dyn FnOnce()>
+                        });
                         tokio::task::spawn_local(
                             async move {
-                                let result = stage::supervise(launched, &services, cancel).await;
+                                let result =
+                                    stage::supervise(launched, &services, cancel, early_free).await;
                                 // srun stages: the GPU check of every node of the stage.
                                 if let Some(check) = node_check {
                                     check.run(&result, &services.reaper).await;
@@ -545,19 +575,29 @@ async fn run_in_span(
         }
         if !stopping {
             for &(_, j) in ready.iter().take(8) {
-                prepare_ahead(j, &states);
+                prepare_ahead(j, &states, true);
             }
         }
         if !gpu_waiting {
             host.stop_waiting(ticket);
         }
-        if running == 0 && (stopping || (ready.is_empty() && next_retry.is_none())) {
+        if running == 0
+            && unfinished == 0
+            && (stopping || (ready.is_empty() && next_retry.is_none()))
+        {
             break;
         }
         let far = Instant::now() + Duration::from_secs(86_400);
         tokio::select! {
-            Some((i, result, given)) = done_rx.recv() => {
+            Some(i) = freed_rx.recv() => {
                 running -= 1;
+                freed_early.insert(i);
+            }
+            Some((i, result, given)) = done_rx.recv() => {
+                unfinished -= 1;
+                if !freed_early.remove(&i) {
+                    running -= 1;
+                }
                 if stages[i].kind.is_some() && given.is_empty() {
                     host.cpu_builtin_running.set(host.cpu_builtin_running.get().saturating_sub(1));
                 }

@@ -30,6 +30,22 @@ pub enum CancelLevel {
     Kill,
 }
 
+/// A first attempt's files opened ahead of its start by the preparer thread
+/// ([`crate::prepare`]): its logs and its event socket, bound.
+#[derive(Debug)]
+pub struct Opened {
+    /// `stdout.log`, open for appending.
+    pub stdout: std::fs::File,
+    /// `stderr.log`, open for appending.
+    pub stderr: std::fs::File,
+    /// Where this attempt's stderr begins in `stderr.log`.
+    pub stderr_offset: u64,
+    /// The event socket, listening.
+    pub events: std::os::unix::net::UnixListener,
+    /// Where `events` is bound.
+    pub socket: PathBuf,
+}
+
 /// Everything one attempt needs, resolved by the runner.
 #[derive(Debug, Clone)]
 pub struct AttemptPlan {
@@ -243,7 +259,13 @@ impl Launched {
 
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
 /// cannot start comes back as its [`Failure`].
-pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched, Failure> {
+pub fn start_attempt(
+    plan: AttemptPlan,
+    opened: Option<Opened>,
+    services: &Services,
+) -> Result<Launched, Failure> {
+    // Files opened ahead serve only the attempt they were made for.
+    let opened = opened.filter(|o| o.socket == plan.socket && plan.attempt == 1);
     // A first attempt's output starts its logs; later attempts (retries, resumes) are
     // marked where they begin. (No header on the first keeps an attempt that writes nothing
     // from costing its stage two disk blocks: a 100,000-stage sweep has 200,000 logs.)
@@ -253,13 +275,19 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
             plan.name, plan.attempt
         )
     });
-    let (stdout, stderr, stderr_offset) =
-        open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {
-            Failure::SpawnFailed(format!(
-                "cannot open log files in {}: {e}",
-                plan.stage_dir.display()
-            ))
-        })?;
+    let (stdout, stderr, stderr_offset, events) = match opened {
+        Some(o) => (o.stdout, o.stderr, o.stderr_offset, Some(o.events)),
+        None => {
+            let (stdout, stderr, offset) =
+                open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {
+                    Failure::SpawnFailed(format!(
+                        "cannot open log files in {}: {e}",
+                        plan.stage_dir.display()
+                    ))
+                })?;
+            (stdout, stderr, offset, None)
+        }
+    };
 
     // Baselines come before anything of the stage exists.
     let mut baselines: Vec<(String, u64, u64)> = Vec::new(); // uuid, baseline, peak
@@ -271,13 +299,17 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
     }
 
     let (tx, rx) = mpsc::unbounded_channel();
-    let channel = EventChannel::bind(&plan.socket, plan.stage_dir.join("events.jsonl"), tx)
-        .map_err(|e| {
-            Failure::SpawnFailed(format!(
-                "cannot create the event socket {}: {e}",
-                plan.socket.display()
-            ))
-        })?;
+    let record_to = plan.stage_dir.join("events.jsonl");
+    let channel = match events {
+        Some(socket) => EventChannel::listen(socket, &plan.socket, record_to, tx),
+        None => EventChannel::bind(&plan.socket, record_to, tx),
+    }
+    .map_err(|e| {
+        Failure::SpawnFailed(format!(
+            "cannot create the event socket {}: {e}",
+            plan.socket.display()
+        ))
+    })?;
     let token = format!(
         "{}-{}-{}-{}",
         std::process::id(),
@@ -348,10 +380,15 @@ pub fn start_attempt(plan: AttemptPlan, services: &Services) -> Result<Launched,
 }
 
 /// Supervises a launched attempt to its end. See the module promises.
+///
+/// `tree_gone` is called, if given, as soon as the first process has exited with status 0 and
+/// no process of the stage is left, before the outputs are verified (the caller may start
+/// another stage then); this function yields once right after, so that it can.
 pub async fn supervise(
     launched: Launched,
     services: &Services,
     mut cancel: watch::Receiver<CancelLevel>,
+    tree_gone: Option<Box<dyn FnOnce()>>,
 ) -> AttemptResult {
     let Launched {
         plan,
@@ -471,6 +508,13 @@ pub async fn supervise(
         ));
     }
     let wall = started.elapsed();
+    if let Some(tree_gone) = tree_gone {
+        let clean = exit == Some(ExitStatus::Code(0)) && !stopping && !cancelled && !timed_out;
+        if clean && summary.found.is_empty() && summary.survivors.is_empty() {
+            tree_gone();
+            tokio::task::yield_now().await;
+        }
+    }
     let tree_gone_unix = crate::timefmt::unix_secs_f64();
     channel.drained(Duration::from_secs(1)).await;
     while let Ok(item) = rx.try_recv() {
@@ -703,6 +747,11 @@ async fn verify_outputs(
     plan: &AttemptPlan,
     reported: Vec<crate::checksum::ReportedFile>,
 ) -> Result<Vec<CheckpointRecord>, Failure> {
+    if plan.declared_outputs.is_empty() && reported.is_empty() {
+        // Nothing to read but the manifest, which is usually absent: one failed open is
+        // cheaper than a trip to a blocking thread and back.
+        return verify_outputs_blocking(&plan.output_dir, &[], plan.builtin, &reported);
+    }
     let dir = plan.output_dir.clone();
     let declared = plan.declared_outputs.clone();
     let builtin = plan.builtin;

@@ -58,17 +58,25 @@ pub struct StageProcess {
 /// The whole environment a stage process gets: the orchestrator's without its own
 /// `ORCHESTRATE_*` variables, then `launch.env`, then the token.
 fn stage_environment(launch: &Launch) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| !k.starts_with("ORCHESTRATE_"))
-        .collect();
-    for (key, value) in launch.env.iter().chain(std::iter::once(&(
-        TOKEN_VAR.to_string(),
-        launch.token.clone(),
-    ))) {
-        env.retain(|(k, _)| k != key);
-        env.push((key.clone(), value.clone()));
+    // The orchestrator never changes its own environment, so it is read once (a sweep starts
+    // thousands of stages).
+    static INHERITED: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    let inherited = INHERITED.get_or_init(|| {
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| !k.starts_with("ORCHESTRATE_"))
+            .collect()
+    });
+    let set_here = |key: &str| key == TOKEN_VAR || launch.env.iter().any(|(k, _)| k == key);
+    let mut env = Vec::with_capacity(inherited.len() + launch.env.len() + 1);
+    env.extend(inherited.iter().filter(|(k, _)| !set_here(k)).cloned());
+    // A key set twice in `launch.env` keeps its last value; the token is the orchestrator's.
+    for (n, (key, value)) in launch.env.iter().enumerate() {
+        if key != TOKEN_VAR && !launch.env[n + 1..].iter().any(|(k, _)| k == key) {
+            env.push((key.clone(), value.clone()));
+        }
     }
+    env.push((TOKEN_VAR.to_string(), launch.token.clone()));
     env
 }
 

@@ -83,9 +83,12 @@ fn refine(problem: Problem, location: Location, tree: &Node, rep: &Reporter) -> 
             expected: String::new(),
         };
     } else if let (Problem::WrongType { found, .. }, false) = (&mut problem, location.on_key) {
-        if let Some(node) = tree_node(&path)
-            .filter(|n| matches!(n.value, Value::DateTime(_) | Value::Table(_) | Value::Array(_)))
-        {
+        if let Some(node) = tree_node(&path).filter(|n| {
+            matches!(
+                n.value,
+                Value::DateTime(_) | Value::Table(_) | Value::Array(_)
+            )
+        }) {
             *found = Some(node_text(node, rep));
         }
     }
