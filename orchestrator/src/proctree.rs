@@ -78,15 +78,19 @@ fn environ_has(pid: i32, needle: &[u8]) -> bool {
 /// lives as long as the process. (Children that other threads start themselves are listed
 /// under those threads; none of them is a stage's escaped process.)
 fn own_children() -> Vec<i32> {
-    use std::io::Read;
-    let path = format!("/proc/self/task/{}/children", std::process::id());
-    let Ok(mut file) = fs::File::open(path) else {
+    use std::os::unix::fs::FileExt;
+    // Kept open: reading it again from offset 0 lists the children anew, and a sweep asks
+    // at every stage's end.
+    static CHILDREN: std::sync::OnceLock<Option<fs::File>> = std::sync::OnceLock::new();
+    let Some(file) = CHILDREN.get_or_init(|| {
+        fs::File::open(format!("/proc/self/task/{}/children", std::process::id())).ok()
+    }) else {
         return Vec::new();
     };
     let mut text = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        match file.read(&mut chunk) {
+        match file.read_at(&mut chunk, text.len() as u64) {
             Ok(0) | Err(_) => break,
             Ok(n) => text.extend_from_slice(&chunk[..n]),
         }
