@@ -80,10 +80,12 @@ impl Flusher {
                         return; // closing, nothing to flush
                     }
                     if !state.closing {
-                        // Let the records of the next few milliseconds share this fsync.
-                        drop(state);
-                        std::thread::sleep(GROUP_COMMIT / 2);
-                        state = lock.lock().unwrap_or_else(|p| p.into_inner());
+                        // Let the records of the next few milliseconds share this fsync (a
+                        // close cuts the wait short: the run's end need not wait for it).
+                        state = cv
+                            .wait_timeout_while(state, GROUP_COMMIT / 2, |s| !s.closing)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
                     }
                     state.dirty = false;
                     drop(state);
