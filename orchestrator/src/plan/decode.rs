@@ -9,9 +9,22 @@ use super::explain::data_error;
 use super::tree::{Node, Seg, Value};
 use protocol::plan::{Plan, Stage};
 
-/// Decodes TOML text, reporting the first syntax or type error.
-pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -> Option<Plan> {
-    let error = match toml::from_str::<Plan>(source) {
+/// Decodes TOML text, reporting the first syntax or type error. `document` is the text
+/// parsed (`None` if it is not valid TOML) and `tree` its tree.
+pub(crate) fn toml_plan(
+    source: &str,
+    document: Option<toml_edit::ImDocument<&str>>,
+    tree: Option<&Node>,
+    rep: &mut Reporter,
+) -> Option<Plan> {
+    let decoded = match document {
+        Some(document) => {
+            <Plan as serde::Deserialize>::deserialize(toml_edit::de::Deserializer::from(document))
+                .map_err(|e| (e.message().to_string(), e.span()))
+        }
+        None => toml::from_str::<Plan>(source).map_err(|e| (e.message().to_string(), e.span())),
+    };
+    let (message, span) = match decoded {
         Ok(mut plan) => {
             if let Some(tree) = tree {
                 datetimes_to_strings(&mut plan, tree);
@@ -20,13 +33,8 @@ pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
         }
         Err(error) => error,
     };
-    let span = error.span();
     if toml::from_str::<toml::Table>(source).is_err() {
-        let mut lines = error
-            .message()
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty());
+        let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
         let mut message = format!("invalid TOML: {}", lines.next().unwrap_or("syntax error"));
         for line in lines {
             message.push_str(", ");
@@ -36,7 +44,7 @@ pub(crate) fn toml_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
             .then(|| "write `[[stage]]` (double brackets) before each stage".to_string());
         rep.error(span, None, message, help);
     } else {
-        data_error(error.message(), span.clone(), tree, rep);
+        data_error(&message, span.clone(), tree, rep);
         if let Ok(table) = toml::from_str::<toml::Table>(source) {
             let stages: Vec<Result<Stage, String>> = match table.get("stage") {
                 Some(toml::Value::Array(items)) => items
@@ -249,9 +257,10 @@ list = [1, 07:32:00, "x"]
 nested = { at = 1979-05-27T00:32:00.999-07:00, n = 1 }
 text = "1979-05-27"
 "#;
-        let tree = toml_tree::from_toml(source);
+        let document = toml_edit::ImDocument::parse(source).ok();
+        let tree = document.as_ref().map(toml_tree::of_document);
         let mut rep = Reporter::new(source, "plan.toml");
-        let plan = toml_plan(source, tree.as_ref(), &mut rep).expect("decodes");
+        let plan = toml_plan(source, document, tree.as_ref(), &mut rep).expect("decodes");
         assert_eq!(
             serde_json::Value::Object(plan.stages[0].params.clone()),
             json!({

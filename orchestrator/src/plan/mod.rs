@@ -202,9 +202,10 @@ pub fn parse_plan_toml(
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
-    let tree = toml_tree::from_toml(source);
+    let document = toml_edit::ImDocument::parse(source).ok();
+    let tree = document.as_ref().map(toml_tree::of_document);
     let mut rep = Reporter::new(source, source_name);
-    let plan = decode::toml_plan(source, tree.as_ref(), &mut rep);
+    let plan = decode::toml_plan(source, document, tree.as_ref(), &mut rep);
     finish(plan, tree.as_ref(), rep, source_name, base_dir)
 }
 

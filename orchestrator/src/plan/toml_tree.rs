@@ -9,16 +9,22 @@ use std::ops::Range;
 use toml_edit::{ImDocument, Item, TableLike};
 
 /// Reads a TOML document into a tree, or `None` when it is not valid TOML.
+#[cfg(test)]
+pub(crate) fn from_toml(source: &str) -> Option<Node> {
+    Some(of_document(&ImDocument::parse(source).ok()?))
+}
+
+/// The tree of a parsed TOML document (which the plan is then decoded from, so the text is
+/// parsed once).
 ///
 /// Every value, key and table written out in the text has its span; a table TOML creates
 /// implicitly (`[stage.params.model]` without `[stage.params]`, dotted keys) has the extent of
 /// what it holds; the root spans the whole text.
-pub(crate) fn from_toml(source: &str) -> Option<Node> {
-    let document = ImDocument::parse(source).ok()?;
-    Some(Node {
-        span: Some(0..source.len()),
+pub(crate) fn of_document(document: &ImDocument<&str>) -> Node {
+    Node {
+        span: Some(0..document.raw().len()),
         value: table(document.as_table()),
-    })
+    }
 }
 
 /// An item: its own span when the text has one, else the extent of what it holds.
