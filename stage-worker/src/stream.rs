@@ -3,8 +3,9 @@
 //! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
 //! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
 //! file's data is one or two runs). Each file is written by three threads in a pipeline: a
-//! copier that copies the next chunk from the device into a recycled host buffer (on the CPU
-//! the tensor's memory is used in place), a hasher that feeds it to SHA-256, and a writer that
+//! copier that copies the next chunk from the device into a recycled host buffer (page-locked
+//! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
+//! memory is used in place), a hasher that feeds it to SHA-256, and a writer that
 //! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
@@ -20,8 +21,9 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 /// Bytes per chunk: large enough that each write is one big system call, small enough that a
@@ -31,6 +33,138 @@ const CHUNK: usize = 32 << 20;
 /// well before the hash's and the disk's, so that a stage can give its device back while
 /// they finish.
 const BUFFERS: usize = 8;
+
+/// Host buffers page-locked for the device ([`pin_host_buffers`]): enough for every file of a
+/// checkpoint (two) to have all of its buffers pinned.
+pub const PINNED_BUFFERS: usize = 2 * BUFFERS;
+
+/// Page-locked (pinned) chunk buffers, registered with the CUDA driver: the device copies into
+/// them by DMA at the bus's speed, where a copy into pageable memory goes through the driver's
+/// staging buffer at about 2 GB/s. Made once per process, lent to each checkpoint's copiers and
+/// given back after; never freed or unregistered (the process exits, or its CUDA context is
+/// destroyed, which drops the registration).
+static PINNED: Mutex<Vec<HostBuf>> = Mutex::new(Vec::new());
+/// Set when a checkpoint starts, so that [`pin_host_buffers`] stops early.
+static PIN_STOP: AtomicBool = AtomicBool::new(false);
+/// The thread started by [`pin_host_buffers_in_background`], joined before a checkpoint's
+/// copies start (and so before the device can be released).
+static PIN_THREAD: Mutex<Option<std::thread::JoinHandle<usize>>> = Mutex::new(None);
+/// When each file of the last checkpoint finished each phase (see [`take_phases`]).
+static PHASES: Mutex<Vec<(String, f64)>> = Mutex::new(Vec::new());
+
+/// Whether checkpoints should copy through pinned host buffers (`STAGE_WORKER_PINNED=0` turns
+/// it off).
+pub fn pinning_wanted(device: Device) -> bool {
+    device.is_cuda() && std::env::var("STAGE_WORKER_PINNED").map_or(true, |v| v != "0")
+}
+
+/// Allocates up to `count` chunk buffers and page-locks them with `cudaHostRegister`, adding
+/// them to the pool the checkpoint copiers draw from; returns how many were pinned. Stops early
+/// when a checkpoint starts. Only for a process whose CUDA device is in use (the call would
+/// otherwise create a context). A buffer the driver refuses is dropped, and the copies then use
+/// pageable buffers as before.
+pub fn pin_host_buffers(count: usize) -> usize {
+    type Register = unsafe extern "C" fn(*mut libc::c_void, usize, u32) -> i32;
+    type LastError = unsafe extern "C" fn() -> i32;
+    // SAFETY: dlsym of NUL-terminated names in the global scope (libcudart is a dependency of
+    // libtorch_cuda, which this binary links); the types match the CUDA runtime's
+    // `cudaHostRegister(void*, size_t, unsigned)` and `cudaGetLastError(void)`.
+    let (register, last_error) = unsafe {
+        let r = libc::dlsym(libc::RTLD_DEFAULT, c"cudaHostRegister".as_ptr());
+        let e = libc::dlsym(libc::RTLD_DEFAULT, c"cudaGetLastError".as_ptr());
+        if r.is_null() || e.is_null() {
+            return 0;
+        }
+        (
+            std::mem::transmute::<*mut libc::c_void, Register>(r),
+            std::mem::transmute::<*mut libc::c_void, LastError>(e),
+        )
+    };
+    let mut pinned = 0;
+    while pinned < count && !PIN_STOP.load(Ordering::Acquire) {
+        let mut buf = host_buffer();
+        // Touch every page first: registering then only locks what is already there.
+        for page in buf.chunks_mut(1024) {
+            page[0] = 0.0;
+        }
+        // SAFETY: the buffer is a live allocation of CHUNK bytes; it is leaked below (never
+        // freed while registered). A failed call leaves an error in this thread's
+        // last-error slot, which is cleared so that no later check on this thread sees it.
+        let ok = unsafe { register(buf.as_mut_ptr().cast(), CHUNK, 0) == 0 };
+        if !ok {
+            // SAFETY: see above.
+            unsafe {
+                last_error();
+            }
+            break;
+        }
+        let leaked: &'static mut [f32] = Vec::leak(buf);
+        PINNED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(HostBuf::Pinned(leaked));
+        pinned += 1;
+    }
+    pinned
+}
+
+/// Starts [`pin_host_buffers`] of [`PINNED_BUFFERS`] on a thread of its own (while the stage
+/// trains); the next checkpoint stops and joins it before its first copy.
+pub fn pin_host_buffers_in_background() {
+    PIN_STOP.store(false, Ordering::Release);
+    let handle = std::thread::spawn(|| pin_host_buffers(PINNED_BUFFERS));
+    *PIN_THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+}
+
+/// Stops and joins the pinning thread, if one runs; returns how many buffers it pinned.
+fn finish_pinning() -> Option<usize> {
+    PIN_STOP.store(true, Ordering::Release);
+    let handle = PIN_THREAD.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    handle.join().ok()
+}
+
+/// How many pinned buffers the pool holds now.
+pub fn pinned_buffers() -> usize {
+    PINNED.lock().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// When each file of the last [`write_files_then`] finished copying off the device, hashing,
+/// writing and fsyncing, in Unix seconds, as `t_copied_STEM`, `t_hashed_STEM`, `t_written_STEM`,
+/// `t_synced_STEM` (STEM: the file name up to its first dot); emptied by the call.
+pub fn take_phases() -> Vec<(String, f64)> {
+    std::mem::take(&mut *PHASES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn phase(name: &str, file: &str, at: Instant) {
+    let stem = file.split('.').next().unwrap_or(file);
+    let unix = crate::log::unix_now() - at.elapsed().as_secs_f64();
+    PHASES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((format!("t_{name}_{stem}"), unix));
+}
+
+/// A chunk-sized host buffer: from the heap, or pinned and lent by the pool.
+enum HostBuf {
+    Heap(Vec<f32>),
+    Pinned(&'static mut [f32]),
+}
+
+impl HostBuf {
+    fn as_mut_ptr(&mut self) -> *mut f32 {
+        match self {
+            HostBuf::Heap(v) => v.as_mut_ptr(),
+            HostBuf::Pinned(s) => s.as_mut_ptr(),
+        }
+    }
+
+    fn as_ptr(&self) -> *const f32 {
+        match self {
+            HostBuf::Heap(v) => v.as_ptr(),
+            HostBuf::Pinned(s) => s.as_ptr(),
+        }
+    }
+}
 
 /// Part of a file's data.
 pub enum Run {
@@ -108,6 +242,10 @@ pub fn write_files_then(
     files: Vec<FileSpec>,
     after_copies: Option<&(dyn Fn() + Sync)>,
 ) -> io::Result<Vec<WrittenFile>> {
+    // No buffer is being registered while the files are copied, or when the device is
+    // released after the copies.
+    finish_pinning();
+    PHASES.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let copying = AtomicUsize::new(files.len());
     let copied = || {
         if copying.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -138,7 +276,7 @@ pub fn write_files_then(
 /// A chunk on its way from the producer to the writer.
 enum Chunk<'a> {
     Borrowed(&'a [u8]),
-    Owned(Vec<f32>, usize),
+    Owned(HostBuf, usize),
 }
 
 impl Chunk<'_> {
@@ -146,7 +284,7 @@ impl Chunk<'_> {
         match self {
             Chunk::Borrowed(b) => b,
             Chunk::Owned(v, len) => {
-                // SAFETY: a Vec<f32> of at least `len / 4` elements is `len` initialised bytes.
+                // SAFETY: a buffer of at least `len / 4` f32s is `len` initialised bytes.
                 unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), *len) }
             }
         }
@@ -155,7 +293,7 @@ impl Chunk<'_> {
 
 fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<WrittenFile> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity)| {
+    let result = stream_to(&tmp, &spec.name, &spec.runs, copied).and_then(|(sha, bytes, identity)| {
         let path = dir.join(&spec.name);
         fs::rename(&tmp, &path)?;
         Ok(WrittenFile {
@@ -178,6 +316,7 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
 /// the file's identity. `copied` is called once every run has been copied off the device.
 fn stream_to(
     path: &Path,
+    name: &str,
     runs: &[Run],
     copied: &dyn Fn(),
 ) -> io::Result<(String, u64, FileIdentity)> {
@@ -188,7 +327,7 @@ fn stream_to(
     // appends them to the file and starts their write-back.
     let (to_hasher, from_copier) = mpsc::sync_channel::<Chunk>(BUFFERS);
     let (to_writer, from_hasher) = mpsc::sync_channel::<Chunk>(BUFFERS);
-    let (recycle, recycled) = mpsc::channel::<Vec<f32>>();
+    let (recycle, recycled) = mpsc::channel::<HostBuf>();
     let file_ref = &mut file;
     let (hash, write_result) = std::thread::scope(|s| {
         let writer = s.spawn(move || -> io::Result<()> {
@@ -208,6 +347,7 @@ fn stream_to(
                     let _ = recycle.send(v);
                 }
             }
+            phase("written", name, Instant::now());
             Ok(())
         });
         let hasher = s.spawn(move || {
@@ -218,7 +358,9 @@ fn stream_to(
                     break;
                 }
             }
-            hasher.finalize()
+            let hash = hasher.finalize();
+            phase("hashed", name, Instant::now());
+            hash
         });
         let mut made = 0usize;
         let mut complete = true;
@@ -251,6 +393,7 @@ fn stream_to(
         }
         drop(to_hasher);
         if complete {
+            phase("copied", name, Instant::now());
             copied();
         }
         let hash = hasher.join();
@@ -265,8 +408,14 @@ fn stream_to(
             ),
         }
     });
+    // The pinned buffers go back to the pool for the next checkpoint.
+    {
+        let mut pool = PINNED.lock().unwrap_or_else(|e| e.into_inner());
+        pool.extend(recycled.try_iter().filter(|b| matches!(b, HostBuf::Pinned(_))));
+    }
     write_result?;
     file.sync_all()?;
+    phase("synced", name, Instant::now());
     let meta = file.metadata()?;
     if meta.len() != total as u64 {
         return Err(io::Error::other(format!(
@@ -280,6 +429,7 @@ fn stream_to(
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
 /// buffer is then a few page faults on its first copy, not eight thousand).
 fn host_buffer() -> Vec<f32> {
+    // (Pinned buffers are made from these too, in `pin_host_buffers`.)
     let buf = vec![0f32; CHUNK / 4];
     let page = 2 << 20;
     let start = buf.as_ptr() as usize;
@@ -301,7 +451,7 @@ fn float_chunk<'a>(
     tensor: &'a Tensor,
     offset: i64,
     n: i64,
-    recycled: &mpsc::Receiver<Vec<f32>>,
+    recycled: &mpsc::Receiver<HostBuf>,
     made: &mut usize,
 ) -> Chunk<'a> {
     assert_eq!(tensor.kind(), Kind::Float, "checkpoint runs are fp32");
@@ -319,9 +469,12 @@ fn float_chunk<'a>(
     }
     let mut buf = if *made < BUFFERS {
         *made += 1;
-        host_buffer()
+        let lent = PINNED.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        lent.unwrap_or_else(|| HostBuf::Heap(host_buffer()))
     } else {
-        recycled.recv().unwrap_or_else(|_| host_buffer())
+        recycled
+            .recv()
+            .unwrap_or_else(|_| HostBuf::Heap(host_buffer()))
     };
     // SAFETY: `buf` holds at least `n` f32s and outlives `host`, which is dropped at the end
     // of this block, after the synchronous copy.

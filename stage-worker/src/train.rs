@@ -310,6 +310,11 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         w.finish();
     }
     milestones.mark("t_model_ready");
+    // Page-lock the checkpoint's host buffers while the stage trains, so that its copies off
+    // the device run at the bus's speed (see `stream::pin_host_buffers`).
+    if crate::stream::pinning_wanted(compute.device) {
+        crate::stream::pin_host_buffers_in_background();
+    }
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
         model.params.numel(),
@@ -360,6 +365,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         release,
     );
     let step = opt.step;
+    let phases = crate::stream::take_phases();
+    let pinned = crate::stream::pinned_buffers();
+    let fused = opt.fused();
     if let Some(at) = device::released_at() {
         milestones.0.insert("t_device_released".into(), at);
         // The CUDA context is gone: freeing these tensors would call into it (and could
@@ -389,6 +397,11 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     }
     milestones.at("t_last_step", stats.finished);
     metrics.extend(milestones.0);
+    metrics.extend(phases);
+    metrics.insert("fused_adamw".into(), f64::from(u8::from(fused)));
+    if compute.device.is_cuda() {
+        metrics.insert("pinned_buffers".into(), pinned as f64);
+    }
     crate::log!("metrics {metrics:?}");
     sink.metrics(&metrics);
     Ok(())
