@@ -117,8 +117,44 @@ pub fn release() -> bool {
     };
     if ok {
         let _ = RELEASED_AT.set(crate::log::unix_now());
+        if std::env::var("STAGE_WORKER_CLOSE_DRIVER").is_ok_and(|v| v == "1") {
+            close_driver_files();
+        }
     }
     ok
+}
+
+/// Experiment (`STAGE_WORKER_CLOSE_DRIVER=1`): after [`release`], closes this process's
+/// descriptors of the NVIDIA device files, so that the driver's per-process teardown happens
+/// now, alongside the disk, rather than at exit. Nothing may use the driver afterwards.
+fn close_driver_files() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| {
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            target.to_str()?.starts_with("/dev/nvidia").then_some(fd)
+        })
+        .collect();
+    for fd in fds {
+        // SAFETY: closing a descriptor of a device file nothing in this process uses any more
+        // (the CUDA context is destroyed and no device call follows).
+        unsafe {
+            libc::close(fd);
+        }
+    }
+    let _ = DRIVER_CLOSED_AT.set(crate::log::unix_now());
+}
+
+/// When [`close_driver_files`] was done, if it was.
+static DRIVER_CLOSED_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+/// When the NVIDIA device files were closed after the release, if they were.
+pub fn driver_closed_at() -> Option<f64> {
+    DRIVER_CLOSED_AT.get().copied()
 }
 
 /// When [`release`] destroyed the CUDA context, if it did.

@@ -370,6 +370,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let fused = opt.fused();
     if let Some(at) = device::released_at() {
         milestones.0.insert("t_device_released".into(), at);
+        if let Some(at) = device::driver_closed_at() {
+            milestones.0.insert("t_driver_closed".into(), at);
+        }
         // The CUDA context is gone: freeing these tensors would call into it (and could
         // create a new one). The process exits right after this stage; the OS frees them.
         std::mem::forget(model);
