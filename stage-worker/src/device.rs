@@ -117,16 +117,18 @@ pub fn release() -> bool {
     };
     if ok {
         let _ = RELEASED_AT.set(crate::log::unix_now());
-        if std::env::var("STAGE_WORKER_CLOSE_DRIVER").is_ok_and(|v| v == "1") {
+        if std::env::var("STAGE_WORKER_CLOSE_DRIVER").map_or(true, |v| v != "0") {
             close_driver_files();
         }
     }
     ok
 }
 
-/// Experiment (`STAGE_WORKER_CLOSE_DRIVER=1`): after [`release`], closes this process's
-/// descriptors of the NVIDIA device files, so that the driver's per-process teardown happens
-/// now, alongside the disk, rather than at exit. Nothing may use the driver afterwards.
+/// After [`release`], closes this process's descriptors of the NVIDIA device files
+/// (`/dev/nvidiactl`, `/dev/nvidia0`, `/dev/nvidia-uvm`), so that the driver's per-process
+/// teardown, which otherwise happens at exit (about 0.07 s on an H200), happens now, alongside
+/// the disk. Nothing may use the driver afterwards, which [`release`]'s contract already says.
+/// `STAGE_WORKER_CLOSE_DRIVER=0` turns it off.
 fn close_driver_files() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;

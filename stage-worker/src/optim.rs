@@ -407,7 +407,10 @@ mod tests {
                 assert!(norm.double_value(&[]).is_finite());
             }
         }
-        assert!(fused.fused(), "the fused kernel fell back to the plain form");
+        assert!(
+            fused.fused(),
+            "the fused kernel fell back to the plain form"
+        );
         assert!(!plain.fused());
         assert_eq!(fused.step, plain.step);
         let close = |x: &Tensor, y: &Tensor| {

@@ -34,9 +34,16 @@ const CHUNK: usize = 32 << 20;
 /// they finish.
 const BUFFERS: usize = 8;
 
-/// Host buffers page-locked for the device ([`pin_host_buffers`]): enough for every file of a
-/// checkpoint (two) to have all of its buffers pinned.
-pub const PINNED_BUFFERS: usize = 2 * BUFFERS;
+/// At most this many host buffers are page-locked ([`pin_host_buffers`]): 2 GiB, enough for a
+/// whole checkpoint of the 100M model (1.2 GB); a larger checkpoint uses them and then
+/// recycles buffers as before.
+pub const MAX_PINNED_BUFFERS: usize = 64;
+
+/// How many chunk buffers hold every run of `numel` floats in each of `runs` runs at once.
+pub fn buffers_for(numel: i64, runs: usize) -> usize {
+    let chunks = (numel.max(0) as usize * 4).div_ceil(CHUNK);
+    (chunks * runs).min(MAX_PINNED_BUFFERS)
+}
 
 /// Page-locked (pinned) chunk buffers, registered with the CUDA driver: the device copies into
 /// them by DMA at the bus's speed, where a copy into pageable memory goes through the driver's
@@ -49,8 +56,6 @@ static PIN_STOP: AtomicBool = AtomicBool::new(false);
 /// The thread started by [`pin_host_buffers_in_background`], joined before a checkpoint's
 /// copies start (and so before the device can be released).
 static PIN_THREAD: Mutex<Option<std::thread::JoinHandle<usize>>> = Mutex::new(None);
-/// When each file of the last checkpoint finished each phase (see [`take_phases`]).
-static PHASES: Mutex<Vec<(String, f64)>> = Mutex::new(Vec::new());
 
 /// Whether checkpoints should copy through pinned host buffers (`STAGE_WORKER_PINNED=0` turns
 /// it off).
@@ -83,10 +88,6 @@ pub fn pin_host_buffers(count: usize) -> usize {
     let mut pinned = 0;
     while pinned < count && !PIN_STOP.load(Ordering::Acquire) {
         let mut buf = host_buffer();
-        // Touch every page first: registering then only locks what is already there.
-        for page in buf.chunks_mut(1024) {
-            page[0] = 0.0;
-        }
         // SAFETY: the buffer is a live allocation of CHUNK bytes; it is leaked below (never
         // freed while registered). A failed call leaves an error in this thread's
         // last-error slot, which is cleared so that no later check on this thread sees it.
@@ -108,18 +109,21 @@ pub fn pin_host_buffers(count: usize) -> usize {
     pinned
 }
 
-/// Starts [`pin_host_buffers`] of [`PINNED_BUFFERS`] on a thread of its own (while the stage
+/// Starts [`pin_host_buffers`] of `count` buffers on a thread of its own (while the stage
 /// trains); the next checkpoint stops and joins it before its first copy.
-pub fn pin_host_buffers_in_background() {
+pub fn pin_host_buffers_in_background(count: usize) {
     PIN_STOP.store(false, Ordering::Release);
-    let handle = std::thread::spawn(|| pin_host_buffers(PINNED_BUFFERS));
+    let handle = std::thread::spawn(move || pin_host_buffers(count));
     *PIN_THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
 }
 
 /// Stops and joins the pinning thread, if one runs; returns how many buffers it pinned.
 fn finish_pinning() -> Option<usize> {
     PIN_STOP.store(true, Ordering::Release);
-    let handle = PIN_THREAD.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+    let handle = PIN_THREAD
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()?;
     handle.join().ok()
 }
 
@@ -128,20 +132,11 @@ pub fn pinned_buffers() -> usize {
     PINNED.lock().unwrap_or_else(|e| e.into_inner()).len()
 }
 
-/// When each file of the last [`write_files_then`] finished copying off the device, hashing,
-/// writing and fsyncing, in Unix seconds, as `t_copied_STEM`, `t_hashed_STEM`, `t_written_STEM`,
-/// `t_synced_STEM` (STEM: the file name up to its first dot); emptied by the call.
-pub fn take_phases() -> Vec<(String, f64)> {
-    std::mem::take(&mut *PHASES.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
-fn phase(name: &str, file: &str, at: Instant) {
+/// `t_NAME_STEM` (STEM: the file name up to its first dot) with `at` in Unix seconds.
+fn phase(name: &str, file: &str, at: Instant) -> (String, f64) {
     let stem = file.split('.').next().unwrap_or(file);
     let unix = crate::log::unix_now() - at.elapsed().as_secs_f64();
-    PHASES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push((format!("t_{name}_{stem}"), unix));
+    (format!("t_{name}_{stem}"), unix)
 }
 
 /// A chunk-sized host buffer: from the heap, or pinned and lent by the pool.
@@ -245,7 +240,6 @@ pub fn write_files_then(
     // No buffer is being registered while the files are copied, or when the device is
     // released after the copies.
     finish_pinning();
-    PHASES.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let copying = AtomicUsize::new(files.len());
     let copied = || {
         if copying.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -293,7 +287,7 @@ impl Chunk<'_> {
 
 fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<WrittenFile> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result = stream_to(&tmp, &spec.name, &spec.runs, copied).and_then(|(sha, bytes, identity)| {
+    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity, times)| {
         let path = dir.join(&spec.name);
         fs::rename(&tmp, &path)?;
         Ok(WrittenFile {
@@ -304,6 +298,11 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
                 sha256: sha,
             },
             identity: Some(identity),
+            phases: ["copied", "hashed", "written", "synced"]
+                .iter()
+                .zip(times)
+                .filter_map(|(name, at)| Some(phase(name, &spec.name, at?)))
+                .collect(),
         })
     });
     if result.is_err() {
@@ -312,14 +311,18 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
     result
 }
 
-/// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size and
-/// the file's identity. `copied` is called once every run has been copied off the device.
+/// When a file's data was all copied off the device, hashed, written, and fsynced.
+type Times = [Option<Instant>; 4];
+
+/// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size, the
+/// file's identity and when each phase ended. `copied` is called once every run has been
+/// copied off the device.
 fn stream_to(
     path: &Path,
-    name: &str,
     runs: &[Run],
     copied: &dyn Fn(),
-) -> io::Result<(String, u64, FileIdentity)> {
+) -> io::Result<(String, u64, FileIdentity, Times)> {
+    let mut times: Times = [None; 4];
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
     // Three threads, so that the device copies, the hash and the disk all work at once: this
@@ -330,7 +333,7 @@ fn stream_to(
     let (recycle, recycled) = mpsc::channel::<HostBuf>();
     let file_ref = &mut file;
     let (hash, write_result) = std::thread::scope(|s| {
-        let writer = s.spawn(move || -> io::Result<()> {
+        let writer = s.spawn(move || -> io::Result<Instant> {
             let fd = file_ref.as_raw_fd();
             let mut at = 0i64;
             for chunk in from_hasher {
@@ -347,8 +350,7 @@ fn stream_to(
                     let _ = recycle.send(v);
                 }
             }
-            phase("written", name, Instant::now());
-            Ok(())
+            Ok(Instant::now())
         });
         let hasher = s.spawn(move || {
             let mut hasher = Sha256::new();
@@ -358,9 +360,7 @@ fn stream_to(
                     break;
                 }
             }
-            let hash = hasher.finalize();
-            phase("hashed", name, Instant::now());
-            hash
+            (hasher.finalize(), Instant::now())
         });
         let mut made = 0usize;
         let mut complete = true;
@@ -392,16 +392,20 @@ fn stream_to(
             }
         }
         drop(to_hasher);
+        let copies_done = complete.then(Instant::now);
         if complete {
-            phase("copied", name, Instant::now());
             copied();
         }
         let hash = hasher.join();
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
+        times[0] = copies_done;
         match hash {
-            Ok(hash) => (hash, written),
+            Ok((hash, hashed)) => {
+                times[1] = Some(hashed);
+                (hash, written)
+            }
             Err(_) => (
                 Default::default(),
                 Err(io::Error::other("checkpoint hasher thread panicked")),
@@ -411,11 +415,15 @@ fn stream_to(
     // The pinned buffers go back to the pool for the next checkpoint.
     {
         let mut pool = PINNED.lock().unwrap_or_else(|e| e.into_inner());
-        pool.extend(recycled.try_iter().filter(|b| matches!(b, HostBuf::Pinned(_))));
+        pool.extend(
+            recycled
+                .try_iter()
+                .filter(|b| matches!(b, HostBuf::Pinned(_))),
+        );
     }
-    write_result?;
+    times[2] = Some(write_result?);
     file.sync_all()?;
-    phase("synced", name, Instant::now());
+    times[3] = Some(Instant::now());
     let meta = file.metadata()?;
     if meta.len() != total as u64 {
         return Err(io::Error::other(format!(
@@ -423,7 +431,7 @@ fn stream_to(
             meta.len()
         )));
     }
-    Ok((hex(&hash), total as u64, FileIdentity::of(&meta)))
+    Ok((hex(&hash), total as u64, FileIdentity::of(&meta), times))
 }
 
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
@@ -467,10 +475,15 @@ fn float_chunk<'a>(
         };
         return Chunk::Borrowed(bytes);
     }
-    let mut buf = if *made < BUFFERS {
+    // A pinned buffer while the pool has one (so that the copies need not wait for the hash and
+    // the disk, and the device can be given back early), else up to BUFFERS from the heap, else
+    // one the writer is done with.
+    let lent = PINNED.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let mut buf = if let Some(buf) = lent {
+        buf
+    } else if *made < BUFFERS {
         *made += 1;
-        let lent = PINNED.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        lent.unwrap_or_else(|| HostBuf::Heap(host_buffer()))
+        HostBuf::Heap(host_buffer())
     } else {
         recycled
             .recv()
@@ -536,6 +549,17 @@ mod tests {
     }
 
     #[test]
+    fn as_many_pinned_buffers_as_the_runs_need_and_no_more_than_the_cap() {
+        assert_eq!(buffers_for(0, 3), 0);
+        assert_eq!(buffers_for(1, 3), 3);
+        assert_eq!(buffers_for((CHUNK / 4) as i64, 3), 3);
+        assert_eq!(buffers_for((CHUNK / 4) as i64 + 1, 3), 6);
+        // The 100M model: 1.2 GB in 38 chunks; the 1B model's 12 GB: capped.
+        assert_eq!(buffers_for(101_000_000, 3), 3 * 13);
+        assert_eq!(buffers_for(1_000_000_000, 3), MAX_PINNED_BUFFERS);
+    }
+
+    #[test]
     fn the_after_copies_call_comes_once_for_all_files_and_the_files_are_whole() {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("stream-after");
@@ -566,6 +590,19 @@ mod tests {
             assert_eq!(w.entry.sha256, crate::fsio::sha256_hex(&bytes));
             let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
             assert_eq!(last, (n - 1) as f32);
+        }
+        // Each streamed file says when it passed each phase, in order.
+        for w in &written {
+            let stem = w.entry.path.split('.').next().unwrap();
+            let names: Vec<String> = ["copied", "hashed", "written", "synced"]
+                .iter()
+                .map(|n| format!("t_{n}_{stem}"))
+                .collect();
+            let got: Vec<&String> = w.phases.iter().map(|(n, _)| n).collect();
+            assert_eq!(got, names.iter().collect::<Vec<_>>());
+            let times: Vec<f64> = w.phases.iter().map(|(_, t)| *t).collect();
+            // copied ≤ hashed ≤ written ≤ synced (a millisecond's slack for the clock reads)
+            assert!(times.windows(2).all(|t| t[0] <= t[1] + 1e-3), "{times:?}");
         }
         // Without the call, the same bytes.
         let dir2 = crate::testutil::scratch_dir("stream-after-none");

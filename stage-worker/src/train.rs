@@ -313,7 +313,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     // Page-lock the checkpoint's host buffers while the stage trains, so that its copies off
     // the device run at the bus's speed (see `stream::pin_host_buffers`).
     if crate::stream::pinning_wanted(compute.device) {
-        crate::stream::pin_host_buffers_in_background();
+        // The model's file has one run of the parameters, the optimizer's two (the moments).
+        let count = crate::stream::buffers_for(model.params.numel(), 3);
+        crate::stream::pin_host_buffers_in_background(count);
     }
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
@@ -365,7 +367,6 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         release,
     );
     let step = opt.step;
-    let phases = crate::stream::take_phases();
     let pinned = crate::stream::pinned_buffers();
     let fused = opt.fused();
     if let Some(at) = device::released_at() {
@@ -380,6 +381,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         std::mem::forget(stats.recent);
     }
     let (_, files) = written?;
+    let phases: Vec<(String, f64)> = files.iter().flat_map(|f| f.phases.clone()).collect();
     sink.checkpoint_files(files, Some(step));
     if stats.interrupted {
         return Err(Failure::interrupted(format!(
