@@ -306,6 +306,17 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     }
     let resumed_from = opt.step;
     milestones.mark("t_model_built");
+    if warm_up.is_some() {
+        warmup::reserve(
+            warmup::step_bytes(
+                &config,
+                model.params.numel(),
+                p.batch_size as usize,
+                p.seq_len as usize,
+            ),
+            compute.device,
+        );
+    }
     if let Some(w) = warm_up {
         w.finish();
     }
