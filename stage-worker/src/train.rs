@@ -281,9 +281,16 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         );
     }
 
-    let mut model = ByteGpt::new(&config, compute.device, p.seed);
+    let own = resumable(&spec.output_dir, &p, &config);
+    // Weights that a checkpoint overwrites whole are not drawn first (drawing them would also
+    // load the random-number kernels into the context, which the warm-up then waits behind).
+    let mut model = if own.is_some() || init.is_some() {
+        ByteGpt::zeroed(&config, compute.device)
+    } else {
+        ByteGpt::new(&config, compute.device, p.seed)
+    };
     let mut opt = AdamW::new(&model.params, p.weight_decay);
-    if let Some(own) = resumable(&spec.output_dir, &p, &config) {
+    if let Some(own) = own {
         own.load_model(&model)?;
         own.load_optimizer(&model, &mut opt)?;
         crate::log!(
@@ -306,27 +313,15 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     }
     let resumed_from = opt.step;
     milestones.mark("t_model_built");
-    if warm_up.is_some() {
-        warmup::reserve(
-            warmup::step_bytes(
-                &config,
-                model.params.numel(),
-                p.batch_size as usize,
-                p.seq_len as usize,
-            ),
-            compute.device,
-        );
-    }
     if let Some(w) = warm_up {
         w.finish();
     }
     milestones.mark("t_model_ready");
-    // Page-lock the checkpoint's host buffers while the stage trains, so that its copies off
-    // the device run at the bus's speed (see `stream::pin_host_buffers`).
+    // Page-lock the checkpoint's host buffers while the stage trains (from its second step), so
+    // that its copies off the device run at the bus's speed (see `stream::pin_host_buffers`).
     if crate::stream::pinning_wanted(compute.device) {
         // The model's file has one run of the parameters, the optimizer's two (the moments).
-        let count = crate::stream::buffers_for(model.params.numel(), 3);
-        crate::stream::pin_host_buffers_in_background(count);
+        crate::stream::plan_pinning(crate::stream::buffers_for(model.params.numel(), 3));
     }
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
@@ -463,6 +458,7 @@ fn train_loop(
             // One read-back, which also waits for the first (warm-up) step to finish.
             stats.first_loss = Some(loss.double_value(&[]));
             stats.after_first = Some(Instant::now());
+            crate::stream::start_planned_pinning();
         } else {
             stats.tokens_after_first += batch.tokens;
         }

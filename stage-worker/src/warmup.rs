@@ -192,26 +192,3 @@ impl WarmUp {
         }
     }
 }
-
-/// Bytes of device memory a training step of `config` on `batch` × `seq_len` tokens is
-/// expected to allocate on top of the parameters and the optimizer's moments: the gradients,
-/// their flat copy and the compute-kind copies of the weights (2.5 × the parameters), and about
-/// 40 bytes per token, layer and model dimension of activations kept for the backward pass.
-pub fn step_bytes(config: &ModelConfig, params: i64, batch: usize, seq_len: usize) -> i64 {
-    let tokens = (batch * seq_len) as i64;
-    params * 4 * 5 / 2 + 40 * tokens * config.d_model * config.n_layers
-}
-
-/// Allocates `bytes` of device memory at once and frees it: libtorch's caching allocator keeps
-/// the block and carves the first step's tensors out of it, so that step makes one large
-/// `cudaMalloc` here (while the warm-up thread loads kernels) instead of many of its own.
-/// `STAGE_WORKER_RESERVE=0` turns it off. Failure (too little memory) is harmless.
-pub fn reserve(bytes: i64, device: Device) {
-    if !device.is_cuda()
-        || bytes <= 0
-        || std::env::var("STAGE_WORKER_RESERVE").is_ok_and(|v| v == "0")
-    {
-        return;
-    }
-    let _ = Tensor::f_empty([bytes], (Kind::Uint8, device));
-}
