@@ -205,7 +205,7 @@ impl AdamW {
             let step = step + 1.0;
             let total = params.flat.numel() as i64;
             let decay = if self.weight_decay != 0.0 {
-                (params.decay_len as i64).min(total)
+                params.decay_len.min(total)
             } else {
                 0
             };
