@@ -125,10 +125,10 @@ pub fn release() -> bool {
 }
 
 /// After [`release`], closes this process's descriptors of the NVIDIA device files
-/// (`/dev/nvidiactl`, `/dev/nvidia0`, `/dev/nvidia-uvm`), so that the driver's per-process
-/// teardown, which otherwise happens at exit (about 0.07 s on an H200), happens now, alongside
-/// the disk. Nothing may use the driver afterwards, which [`release`]'s contract already says.
-/// `STAGE_WORKER_CLOSE_DRIVER=0` turns it off.
+/// (`/dev/nvidiactl`, `/dev/nvidia0`, `/dev/nvidia-uvm`; each becomes /dev/null), so that the
+/// driver's per-process teardown, which otherwise happens at exit (about 0.07 s on an H200),
+/// happens now, alongside the disk. Nothing may use the driver afterwards, which [`release`]'s
+/// contract already says. `STAGE_WORKER_CLOSE_DRIVER=0` turns it off.
 fn close_driver_files() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
@@ -141,11 +141,17 @@ fn close_driver_files() {
             target.to_str()?.starts_with("/dev/nvidia").then_some(fd)
         })
         .collect();
+    // Each descriptor is pointed at /dev/null (`dup2` closes the device file) rather than
+    // closed, so that its number is not reused by a file this process opens next while a
+    // thread of the driver's library may still poll or read it.
+    let Ok(null) = std::fs::File::open("/dev/null") else {
+        return;
+    };
     for fd in fds {
-        // SAFETY: closing a descriptor of a device file nothing in this process uses any more
-        // (the CUDA context is destroyed and no device call follows).
+        // SAFETY: replaces a descriptor of a device file nothing in this process uses any more
+        // (the CUDA context is destroyed and no device call follows) with /dev/null.
         unsafe {
-            libc::close(fd);
+            libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd);
         }
     }
     let _ = DRIVER_CLOSED_AT.set(crate::log::unix_now());
