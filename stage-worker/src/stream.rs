@@ -29,9 +29,8 @@ use tch::{Device, Kind, Tensor};
 /// Bytes per chunk: large enough that each write is one big system call, small enough that a
 /// few chunks in flight per file stay cheap.
 const CHUNK: usize = 32 << 20;
-/// Host buffers per file (device copies only): enough that the device's part (the copies) ends
-/// well before the hash's and the disk's, so that a stage can give its device back while
-/// they finish.
+/// Pageable host buffers per file (device copies only), beyond the pinned ones the pool lends:
+/// then the copier reuses the buffers the writer is done with.
 const BUFFERS: usize = 8;
 
 /// At most this many host buffers are page-locked ([`pin_host_buffers`]): 2 GiB, enough for a
