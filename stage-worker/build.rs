@@ -6,6 +6,9 @@
 //! - an rpath to the libtorch the binary was built against, so it runs without
 //!   `LD_LIBRARY_PATH`. (`LD_LIBRARY_PATH` still wins, which is how the binary runs on a host
 //!   whose own PyTorch 2.11 provides libtorch.)
+//!
+//! It also compiles `csrc/fused_adamw.cpp`, a few lines of C++ that call libtorch's fused AdamW
+//! kernel, which tch does not bind (see `src/optim.rs`).
 
 use std::path::PathBuf;
 
@@ -26,6 +29,18 @@ fn main() {
             lib.display()
         );
     }
+    println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
+    let include = PathBuf::from(&libtorch).join("include");
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/fused_adamw.cpp")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        .warnings(false)
+        .compile("stage_worker_fused_adamw");
     println!("cargo:rustc-link-arg-bins=-Wl,-rpath,{}", lib.display());
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg-bins=-Wl,--no-as-needed");

@@ -83,7 +83,8 @@ def run_orchestrate(tag, shape, stages, fork_server=True, steps=None, env_extra=
         row = {"stage": s["name"], "status": s["status"], "spawned": t.get("spawned"),
                "exited": t.get("exited"), "verified": t.get("verified"),
                "gpu": s.get("gpu"), "checkpoints": s.get("checkpoints")}
-        row.update({k: v for k, v in m.items() if k.startswith("t_") or k in ("checkpoint_write_s", "tokens_per_s", "final_loss")})
+        row.update({k: v for k, v in m.items() if k.startswith("t_") or k in ("checkpoint_write_s", "tokens_per_s", "final_loss",
+                                                                 "pinned_buffers", "fused_adamw")})
         rows.append(row)
     stderr_lines, forked, stderr_first, stderr_all = {}, {}, "", {}
     for s in report["stages"]:

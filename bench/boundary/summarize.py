@@ -132,6 +132,30 @@ def detail_table(rows):
       "`exit`: durable → process reaped; `verified`: durable → GPU check passed.\n")
 
 
+PHASES = [("copied model", "t_copied_model"), ("copied optimizer", "t_copied_optimizer"),
+          ("released", "t_device_released"), ("driver closed", "t_driver_closed"),
+          ("hashed model", "t_hashed_model"), ("hashed optimizer", "t_hashed_optimizer"),
+          ("written model", "t_written_model"), ("written optimizer", "t_written_optimizer"),
+          ("synced model", "t_synced_model"), ("synced optimizer", "t_synced_optimizer"),
+          ("durable", "t_checkpoint_durable"), ("exited", "exited"), ("verified", "verified")]
+
+
+def phase_table(rows):
+    """rows: (label, [breakdown entries]); each checkpoint phase as a median from the last step."""
+    cols = [(n, k) for n, k in PHASES if any(at(x, k) is not None for _, xs in rows for x in xs)]
+    if not cols:
+        return
+    p("| run | stages | " + " | ".join(n for n, _ in cols) + " |")
+    p("|---|---|" + "---|" * len(cols))
+    for label, xs in rows:
+        p(f"| {label} | {len(xs)} | "
+          + " | ".join(f(med([span(x, "t_last_step", k) for x in xs])) for _, k in cols) + " |")
+    p("")
+    p("Medians, seconds from the last step: every chunk of a file copied off the device, the CUDA context "
+      "destroyed (and the NVIDIA device files closed, where asked), the file's SHA-256 done, its last byte "
+      "written, fsynced; then the manifest (checkpoint durable), the process reaped, the GPU check passed.\n")
+
+
 m100 = R.get("m100") or {}
 if m100.get("orchestrate") and "breakdown" in m100["orchestrate"]:
     runs = [m100["orchestrate"]] + [r for r in m100.get("orchestrate-reps") or [] if "breakdown" in r]
@@ -147,6 +171,8 @@ if m100.get("orchestrate") and "breakdown" in m100["orchestrate"]:
           f"per repetition (median of its stages): {', '.join(f(x) for x in per_run)}; "
           f"stage 1 of each: {', '.join(f(r['breakdown'][0].get('overhead_s')) for r in runs)}. "
           f"Chain walls: {', '.join(f(w) for w in walls)} s.\n")
+    p("Where the checkpoint's time goes (same stages):\n")
+    phase_table([("all", [x for r in runs for x in later(r["breakdown"])])])
 
 AB = R.get("ab")
 if AB:
@@ -156,6 +182,8 @@ if AB:
         p(f"- {k}: overhead each stage {', '.join(f(x.get('overhead_s')) for x in v.get('breakdown', []))}; "
           f"chain wall {f(v.get('wall_s'))} s; rc {v.get('rc')}")
     p("")
+    p("Checkpoint phases of those stages:\n")
+    phase_table([(k, later(v.get("breakdown", []))) for k, v in AB.items()])
 
 T = R.get("trace")
 if T:

@@ -41,7 +41,7 @@ pub struct TrainingState {
 }
 
 /// A checkpoint file that was written: its path and its manifest entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WrittenFile {
     /// Path of the file (the output directory joined with the entry's path).
     pub path: PathBuf,
@@ -49,6 +49,9 @@ pub struct WrittenFile {
     pub entry: ManifestFile,
     /// Which file it is on disk, once in place (for the orchestrator to recognise it).
     pub identity: Option<FileIdentity>,
+    /// When its writing passed each phase, as `t_*` metrics (files streamed from tensors:
+    /// `t_copied_STEM`, `t_hashed_STEM`, `t_written_STEM`, `t_synced_STEM`).
+    pub phases: Vec<(String, f64)>,
 }
 
 /// Parses safetensors bytes into named CPU tensors; `what` names the source in errors.
@@ -109,6 +112,7 @@ fn write_listed(dir: &Path, name: &str, bytes: &[u8]) -> StageResult<WrittenFile
             sha256: sha256_hex(bytes),
         },
         identity,
+        phases: Vec::new(),
     })
 }
 

@@ -3,6 +3,14 @@
 //! The moments are two fp32 tensors shaped like the model's flat parameter buffer, so the
 //! whole update is a few whole-buffer operations, and they save and load as named tensors
 //! (one pair per parameter) next to the step count.
+//!
+//! The update runs as libtorch's fused AdamW kernel (`_fused_adamw_`, one kernel over the whole
+//! buffer, called through `csrc/fused_adamw.cpp` since tch does not bind it), after the
+//! gradient norm is taken for clipping. A fresh CUDA process loads every new kind of kernel on
+//! first use (5–20 ms each, see docs/boundary.md §2), and the update written as whole-buffer
+//! tensor operations used about ten kinds. `STAGE_WORKER_ADAMW=plain` selects that form
+//! instead; both compute the same update (tested), and any error of the fused call falls back
+//! to it.
 
 #[cfg(test)]
 use crate::params::slices_cpu;
@@ -58,6 +66,81 @@ pub struct AdamW {
     beta1: f64,
     beta2: f64,
     eps: f64,
+    /// Whether the fused kernel is used (see the module's documentation).
+    fused: bool,
+    /// [`AdamW::step`] as an fp32 tensor on the device, for the fused kernel; made when first
+    /// needed.
+    step_tensor: Option<Tensor>,
+}
+
+extern "C" {
+    /// `csrc/fused_adamw.cpp`: one `_fused_adamw_` call on one tensor of each kind (tch's
+    /// `at::Tensor *` handles); 0, or 1 with a message in `err`.
+    fn stage_worker_fused_adamw(
+        param: *const std::ffi::c_void,
+        grad: *const std::ffi::c_void,
+        exp_avg: *const std::ffi::c_void,
+        exp_avg_sq: *const std::ffi::c_void,
+        step: *const std::ffi::c_void,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        grad_scale: *const std::ffi::c_void,
+        err: *mut std::ffi::c_char,
+        err_len: usize,
+    ) -> i32;
+}
+
+/// Whether the fused AdamW kernel should be used (`STAGE_WORKER_ADAMW=plain` turns it off).
+fn fused_wanted() -> bool {
+    std::env::var("STAGE_WORKER_ADAMW").map_or(true, |v| v != "plain")
+}
+
+/// One `_fused_adamw_` call; the tensors are fp32, contiguous, on one device.
+#[allow(clippy::too_many_arguments)]
+fn fused_call(
+    param: &Tensor,
+    grad: &Tensor,
+    exp_avg: &Tensor,
+    exp_avg_sq: &Tensor,
+    step: &Tensor,
+    grad_scale: &Tensor,
+    lr: f64,
+    betas: (f64, f64),
+    weight_decay: f64,
+    eps: f64,
+) -> Result<(), String> {
+    let mut err = [0 as std::ffi::c_char; 512];
+    let handle = |t: &Tensor| t.as_ptr().cast::<std::ffi::c_void>();
+    // SAFETY: every pointer is a live tch tensor handle (an `at::Tensor *`) borrowed for the
+    // call; the C++ side catches every exception and writes at most `err.len()` bytes,
+    // NUL-terminated, into `err`.
+    let rc = unsafe {
+        stage_worker_fused_adamw(
+            handle(param),
+            handle(grad),
+            handle(exp_avg),
+            handle(exp_avg_sq),
+            handle(step),
+            lr,
+            betas.0,
+            betas.1,
+            weight_decay,
+            eps,
+            handle(grad_scale),
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        // SAFETY: the C++ side NUL-terminates what it wrote.
+        let text = unsafe { std::ffi::CStr::from_ptr(err.as_ptr()) };
+        Err(text.to_string_lossy().into_owned())
+    }
 }
 
 impl AdamW {
@@ -72,7 +155,20 @@ impl AdamW {
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
+            fused: fused_wanted(),
+            step_tensor: None,
         }
+    }
+
+    /// Whether the next step uses the fused kernel.
+    pub fn fused(&self) -> bool {
+        self.fused
+    }
+
+    /// Uses the fused kernel or not (tests compare the two).
+    #[cfg(test)]
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
     }
 
     /// One update from the gradients in `params` at learning rate `lr`: clip the global
@@ -81,6 +177,75 @@ impl AdamW {
     /// temporaries are the flat gradient and the denominator. Returns the gradient norm before
     /// clipping (a device scalar).
     pub fn step(&mut self, params: &mut ParamStore, lr: f64) -> Tensor {
+        if self.fused {
+            match self.step_fused(params, lr) {
+                Ok(norm) => return norm,
+                Err(e) => {
+                    crate::log!("note: the fused AdamW kernel failed ({e}); using the plain form");
+                    self.fused = false;
+                    self.step_tensor = None;
+                }
+            }
+        }
+        self.step_plain(params, lr)
+    }
+
+    /// [`AdamW::step`] with the fused kernel: the same clipping (the kernel divides the
+    /// gradients by the reciprocal of the clipping scale, never by less than 1), then one
+    /// kernel call per weight-decay group.
+    fn step_fused(&mut self, params: &mut ParamStore, lr: f64) -> Result<Tensor, String> {
+        tch::no_grad(|| {
+            let grad = params.flat_grad();
+            let norm = grad.norm();
+            let grad_scale = ((&norm + 1e-6) * (1.0 / CLIP_NORM)).clamp_min(1.0);
+            let step = match self.step_tensor.take() {
+                Some(t) => t,
+                None => Tensor::from_slice(&[self.step as f32]).to_device(params.flat.device()),
+            };
+            let step = step + 1.0;
+            let total = params.flat.numel() as i64;
+            let decay = if self.weight_decay != 0.0 {
+                params.decay_len.min(total)
+            } else {
+                0
+            };
+            let betas = (self.beta1, self.beta2);
+            let mut groups = Vec::with_capacity(2);
+            if decay > 0 {
+                groups.push((0, decay, self.weight_decay));
+            }
+            if decay < total {
+                groups.push((decay, total - decay, 0.0));
+            }
+            for (i, (start, len, weight_decay)) in groups.into_iter().enumerate() {
+                let part = |t: &Tensor| t.narrow(0, start, len);
+                let called = fused_call(
+                    &part(&params.flat),
+                    &part(&grad),
+                    &part(&self.exp_avg),
+                    &part(&self.exp_avg_sq),
+                    &step,
+                    &grad_scale,
+                    lr,
+                    betas,
+                    weight_decay,
+                    self.eps,
+                );
+                match called {
+                    Ok(()) => {}
+                    // Nothing was changed yet: the plain form can take over.
+                    Err(e) if i == 0 => return Err(e),
+                    Err(e) => panic!("the fused AdamW kernel failed half-way through a step: {e}"),
+                }
+            }
+            self.step += 1;
+            self.step_tensor = Some(step);
+            Ok(norm)
+        })
+    }
+
+    /// [`AdamW::step`] as whole-buffer tensor operations.
+    fn step_plain(&mut self, params: &mut ParamStore, lr: f64) -> Tensor {
         tch::no_grad(|| {
             self.step += 1;
             let t = self.step as f64;
@@ -162,6 +327,7 @@ impl AdamW {
         load_slices(&self.exp_avg, &params.params, &avg, EXP_AVG, what)?;
         load_slices(&self.exp_avg_sq, &params.params, &avg_sq, EXP_AVG_SQ, what)?;
         self.step = step as u64;
+        self.step_tensor = None;
         Ok(())
     }
 }
@@ -217,6 +383,47 @@ mod tests {
         let last = loss_of(&p).double_value(&[]);
         assert!(last < first * 0.01, "{first} -> {last}");
         assert_eq!(opt.step, 200);
+    }
+
+    #[test]
+    fn the_fused_kernel_and_the_plain_form_take_the_same_steps() {
+        crate::testutil::one_torch_thread();
+        let mut a = store();
+        let mut b = store();
+        assert!(a.flat.equal(&b.flat));
+        // Weight decay on `w` only; large gradients (clipped) in some steps, small in others.
+        let mut fused = AdamW::new(&a, 0.1);
+        fused.set_fused(true);
+        let mut plain = AdamW::new(&b, 0.1);
+        plain.set_fused(false);
+        for k in 0..12 {
+            let scale = if k % 3 == 0 { 50.0 } else { 0.1 };
+            for (p, opt) in [(&mut a, &mut fused), (&mut b, &mut plain)] {
+                p.zero_grad();
+                ((p.get("w").square().sum(Kind::Float) + p.get("b").sum(Kind::Float)) * scale)
+                    .backward();
+                let lr = 0.01 * (k + 1) as f64;
+                let norm = opt.step(p, lr);
+                assert!(norm.double_value(&[]).is_finite());
+            }
+        }
+        assert!(
+            fused.fused(),
+            "the fused kernel fell back to the plain form"
+        );
+        assert!(!plain.fused());
+        assert_eq!(fused.step, plain.step);
+        let close = |x: &Tensor, y: &Tensor| {
+            let diff = (x - y).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "differ by {diff}: {x} {y}");
+        };
+        close(&a.flat, &b.flat);
+        close(&fused.exp_avg, &plain.exp_avg);
+        close(&fused.exp_avg_sq, &plain.exp_avg_sq);
+        // A restored state continues with the same steps too.
+        let mut restored = AdamW::new(&a, 0.1);
+        restored.load(&a, &fused.named_cpu(&a), "test").unwrap();
+        assert_eq!(restored.step, 12);
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
 //! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
 //! file's data is one or two runs). Each file is written by three threads in a pipeline: a
-//! copier that copies the next chunk from the device into a recycled host buffer (on the CPU
-//! the tensor's memory is used in place), a hasher that feeds it to SHA-256, and a writer that
+//! copier that copies the next chunk from the device into a recycled host buffer (page-locked
+//! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
+//! memory is used in place), a hasher that feeds it to SHA-256, and a writer that
 //! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
@@ -20,17 +21,169 @@ use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 /// Bytes per chunk: large enough that each write is one big system call, small enough that a
 /// few chunks in flight per file stay cheap.
 const CHUNK: usize = 32 << 20;
-/// Host buffers per file (device copies only): enough that the device's part (the copies) ends
-/// well before the hash's and the disk's, so that a stage can give its device back while
-/// they finish.
+/// Pageable host buffers per file (device copies only), beyond the pinned ones the pool lends:
+/// then the copier reuses the buffers the writer is done with.
 const BUFFERS: usize = 8;
+
+/// At most this many host buffers are page-locked ([`pin_host_buffers`]): 2 GiB, enough for a
+/// whole checkpoint of the 100M model (1.2 GB); a larger checkpoint uses them and then
+/// recycles buffers as before.
+pub const MAX_PINNED_BUFFERS: usize = 64;
+
+/// How many chunk buffers hold every run of `numel` floats in each of `runs` runs at once.
+pub fn buffers_for(numel: i64, runs: usize) -> usize {
+    let chunks = (numel.max(0) as usize * 4).div_ceil(CHUNK);
+    (chunks * runs).min(MAX_PINNED_BUFFERS)
+}
+
+/// Page-locked (pinned) chunk buffers, registered with the CUDA driver: the device copies into
+/// them by DMA at the bus's speed, where a copy into pageable memory goes through the driver's
+/// staging buffer at about 2 GB/s. Made once per process, lent to each checkpoint's copiers and
+/// given back after; never freed or unregistered (the process exits, or its CUDA context is
+/// destroyed, which drops the registration).
+static PINNED: Mutex<Vec<HostBuf>> = Mutex::new(Vec::new());
+/// Set when a checkpoint starts, so that [`pin_host_buffers`] stops early.
+static PIN_STOP: AtomicBool = AtomicBool::new(false);
+/// The thread started by [`pin_host_buffers_in_background`], joined before a checkpoint's
+/// copies start (and so before the device can be released).
+static PIN_THREAD: Mutex<Option<std::thread::JoinHandle<usize>>> = Mutex::new(None);
+
+/// Whether checkpoints should copy through pinned host buffers (`STAGE_WORKER_PINNED=0` turns
+/// it off).
+pub fn pinning_wanted(device: Device) -> bool {
+    device.is_cuda() && std::env::var("STAGE_WORKER_PINNED").map_or(true, |v| v != "0")
+}
+
+/// Allocates up to `count` chunk buffers and page-locks them with `cudaHostRegister`, adding
+/// them to the pool the checkpoint copiers draw from; returns how many were pinned. Stops early
+/// when a checkpoint starts. Only for a process whose CUDA device is in use (the call would
+/// otherwise create a context). A buffer the driver refuses is dropped, and the copies then use
+/// pageable buffers as before.
+pub fn pin_host_buffers(count: usize) -> usize {
+    type Register = unsafe extern "C" fn(*mut libc::c_void, usize, u32) -> i32;
+    type LastError = unsafe extern "C" fn() -> i32;
+    // SAFETY: dlsym of NUL-terminated names in the global scope (libcudart is a dependency of
+    // libtorch_cuda, which this binary links); the types match the CUDA runtime's
+    // `cudaHostRegister(void*, size_t, unsigned)` and `cudaGetLastError(void)`.
+    let (register, last_error) = unsafe {
+        let r = libc::dlsym(libc::RTLD_DEFAULT, c"cudaHostRegister".as_ptr());
+        let e = libc::dlsym(libc::RTLD_DEFAULT, c"cudaGetLastError".as_ptr());
+        if r.is_null() || e.is_null() {
+            return 0;
+        }
+        (
+            std::mem::transmute::<*mut libc::c_void, Register>(r),
+            std::mem::transmute::<*mut libc::c_void, LastError>(e),
+        )
+    };
+    let mut pinned = 0;
+    while pinned < count && !PIN_STOP.load(Ordering::Acquire) {
+        let mut buf = host_buffer();
+        // Fault every page in first, outside the driver: registering then only locks pages
+        // that exist (faulting them inside `cudaHostRegister` held up the training thread's
+        // kernel launches in the benchmark).
+        for page in buf.chunks_mut(1024) {
+            page[0] = 0.0;
+        }
+        // SAFETY: the buffer is a live allocation of CHUNK bytes; it is leaked below (never
+        // freed while registered). A failed call leaves an error in this thread's
+        // last-error slot, which is cleared so that no later check on this thread sees it.
+        let ok = unsafe { register(buf.as_mut_ptr().cast(), CHUNK, 0) == 0 };
+        if !ok {
+            // SAFETY: see above.
+            unsafe {
+                last_error();
+            }
+            break;
+        }
+        let leaked: &'static mut [f32] = Vec::leak(buf);
+        PINNED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(HostBuf::Pinned(leaked));
+        pinned += 1;
+    }
+    pinned
+}
+
+/// How many buffers [`start_planned_pinning`] should pin.
+static PLANNED: AtomicUsize = AtomicUsize::new(0);
+
+/// Asks for `count` pinned buffers, to be made by [`start_planned_pinning`].
+pub fn plan_pinning(count: usize) {
+    PLANNED.store(count, Ordering::Release);
+}
+
+/// Starts pinning the buffers [`plan_pinning`] asked for, if any, on a thread of its own. The
+/// stage calls it after its first training step: registering host memory with the driver
+/// while that step's kernels load and its memory is allocated made the step several times
+/// slower in the benchmark; during the steady steps it costs nothing measurable.
+pub fn start_planned_pinning() {
+    let count = PLANNED.swap(0, Ordering::AcqRel);
+    if count > 0 {
+        pin_host_buffers_in_background(count);
+    }
+}
+
+/// Starts [`pin_host_buffers`] of `count` buffers on a thread of its own (while the stage
+/// trains); the next checkpoint stops and joins it before its first copy.
+pub fn pin_host_buffers_in_background(count: usize) {
+    PIN_STOP.store(false, Ordering::Release);
+    let handle = std::thread::spawn(move || pin_host_buffers(count));
+    *PIN_THREAD.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+}
+
+/// Stops and joins the pinning thread, if one runs; returns how many buffers it pinned.
+fn finish_pinning() -> Option<usize> {
+    PIN_STOP.store(true, Ordering::Release);
+    let handle = PIN_THREAD
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()?;
+    handle.join().ok()
+}
+
+/// How many pinned buffers the pool holds now.
+pub fn pinned_buffers() -> usize {
+    PINNED.lock().unwrap_or_else(|e| e.into_inner()).len()
+}
+
+/// `t_NAME_STEM` (STEM: the file name up to its first dot) with `at` in Unix seconds.
+fn phase(name: &str, file: &str, at: Instant) -> (String, f64) {
+    let stem = file.split('.').next().unwrap_or(file);
+    let unix = crate::log::unix_now() - at.elapsed().as_secs_f64();
+    (format!("t_{name}_{stem}"), unix)
+}
+
+/// A chunk-sized host buffer: from the heap, or pinned and lent by the pool.
+enum HostBuf {
+    Heap(Vec<f32>),
+    Pinned(&'static mut [f32]),
+}
+
+impl HostBuf {
+    fn as_mut_ptr(&mut self) -> *mut f32 {
+        match self {
+            HostBuf::Heap(v) => v.as_mut_ptr(),
+            HostBuf::Pinned(s) => s.as_mut_ptr(),
+        }
+    }
+
+    fn as_ptr(&self) -> *const f32 {
+        match self {
+            HostBuf::Heap(v) => v.as_ptr(),
+            HostBuf::Pinned(s) => s.as_ptr(),
+        }
+    }
+}
 
 /// Part of a file's data.
 pub enum Run {
@@ -108,6 +261,9 @@ pub fn write_files_then(
     files: Vec<FileSpec>,
     after_copies: Option<&(dyn Fn() + Sync)>,
 ) -> io::Result<Vec<WrittenFile>> {
+    // No buffer is being registered while the files are copied, or when the device is
+    // released after the copies.
+    finish_pinning();
     let copying = AtomicUsize::new(files.len());
     let copied = || {
         if copying.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -138,7 +294,7 @@ pub fn write_files_then(
 /// A chunk on its way from the producer to the writer.
 enum Chunk<'a> {
     Borrowed(&'a [u8]),
-    Owned(Vec<f32>, usize),
+    Owned(HostBuf, usize),
 }
 
 impl Chunk<'_> {
@@ -146,7 +302,7 @@ impl Chunk<'_> {
         match self {
             Chunk::Borrowed(b) => b,
             Chunk::Owned(v, len) => {
-                // SAFETY: a Vec<f32> of at least `len / 4` elements is `len` initialised bytes.
+                // SAFETY: a buffer of at least `len / 4` f32s is `len` initialised bytes.
                 unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), *len) }
             }
         }
@@ -155,7 +311,7 @@ impl Chunk<'_> {
 
 fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<WrittenFile> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity)| {
+    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity, times)| {
         let path = dir.join(&spec.name);
         fs::rename(&tmp, &path)?;
         Ok(WrittenFile {
@@ -166,6 +322,11 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
                 sha256: sha,
             },
             identity: Some(identity),
+            phases: ["copied", "hashed", "written", "synced"]
+                .iter()
+                .zip(times)
+                .filter_map(|(name, at)| Some(phase(name, &spec.name, at?)))
+                .collect(),
         })
     });
     if result.is_err() {
@@ -174,24 +335,32 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
     result
 }
 
-/// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size and
-/// the file's identity. `copied` is called once every run has been copied off the device.
+/// When a file's data was all copied off the device, hashed, written, and fsynced.
+type Times = [Option<Instant>; 4];
+
+/// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size, the
+/// file's identity and when each phase ended. `copied` is called once every run has been
+/// copied off the device.
 fn stream_to(
     path: &Path,
     runs: &[Run],
     copied: &dyn Fn(),
-) -> io::Result<(String, u64, FileIdentity)> {
+) -> io::Result<(String, u64, FileIdentity, Times)> {
+    let mut times: Times = [None; 4];
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
     // Three threads, so that the device copies, the hash and the disk all work at once: this
     // one copies chunks off the device, a hasher feeds them to SHA-256 in order, a writer
     // appends them to the file and starts their write-back.
-    let (to_hasher, from_copier) = mpsc::sync_channel::<Chunk>(BUFFERS);
-    let (to_writer, from_hasher) = mpsc::sync_channel::<Chunk>(BUFFERS);
-    let (recycle, recycled) = mpsc::channel::<Vec<f32>>();
+    // Room for every buffer there can be (the pinned ones and BUFFERS more), so that the copies
+    // wait for a free buffer only, never for the hash: with the pinned pool holding the whole
+    // checkpoint, the device's part ends right after the last step.
+    let (to_hasher, from_copier) = mpsc::sync_channel::<Chunk>(MAX_PINNED_BUFFERS + BUFFERS);
+    let (to_writer, from_hasher) = mpsc::sync_channel::<Chunk>(MAX_PINNED_BUFFERS + BUFFERS);
+    let (recycle, recycled) = mpsc::channel::<HostBuf>();
     let file_ref = &mut file;
     let (hash, write_result) = std::thread::scope(|s| {
-        let writer = s.spawn(move || -> io::Result<()> {
+        let writer = s.spawn(move || -> io::Result<Instant> {
             let fd = file_ref.as_raw_fd();
             let mut at = 0i64;
             for chunk in from_hasher {
@@ -208,7 +377,7 @@ fn stream_to(
                     let _ = recycle.send(v);
                 }
             }
-            Ok(())
+            Ok(Instant::now())
         });
         let hasher = s.spawn(move || {
             let mut hasher = Sha256::new();
@@ -218,7 +387,7 @@ fn stream_to(
                     break;
                 }
             }
-            hasher.finalize()
+            (hasher.finalize(), Instant::now())
         });
         let mut made = 0usize;
         let mut complete = true;
@@ -250,6 +419,7 @@ fn stream_to(
             }
         }
         drop(to_hasher);
+        let copies_done = complete.then(Instant::now);
         if complete {
             copied();
         }
@@ -257,16 +427,30 @@ fn stream_to(
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
+        times[0] = copies_done;
         match hash {
-            Ok(hash) => (hash, written),
+            Ok((hash, hashed)) => {
+                times[1] = Some(hashed);
+                (hash, written)
+            }
             Err(_) => (
                 Default::default(),
                 Err(io::Error::other("checkpoint hasher thread panicked")),
             ),
         }
     });
-    write_result?;
+    // The pinned buffers go back to the pool for the next checkpoint.
+    {
+        let mut pool = PINNED.lock().unwrap_or_else(|e| e.into_inner());
+        pool.extend(
+            recycled
+                .try_iter()
+                .filter(|b| matches!(b, HostBuf::Pinned(_))),
+        );
+    }
+    times[2] = Some(write_result?);
     file.sync_all()?;
+    times[3] = Some(Instant::now());
     let meta = file.metadata()?;
     if meta.len() != total as u64 {
         return Err(io::Error::other(format!(
@@ -274,12 +458,13 @@ fn stream_to(
             meta.len()
         )));
     }
-    Ok((hex(&hash), total as u64, FileIdentity::of(&meta)))
+    Ok((hex(&hash), total as u64, FileIdentity::of(&meta), times))
 }
 
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
 /// buffer is then a few page faults on its first copy, not eight thousand).
 fn host_buffer() -> Vec<f32> {
+    // (Pinned buffers are made from these too, in `pin_host_buffers`.)
     let buf = vec![0f32; CHUNK / 4];
     let page = 2 << 20;
     let start = buf.as_ptr() as usize;
@@ -301,7 +486,7 @@ fn float_chunk<'a>(
     tensor: &'a Tensor,
     offset: i64,
     n: i64,
-    recycled: &mpsc::Receiver<Vec<f32>>,
+    recycled: &mpsc::Receiver<HostBuf>,
     made: &mut usize,
 ) -> Chunk<'a> {
     assert_eq!(tensor.kind(), Kind::Float, "checkpoint runs are fp32");
@@ -317,11 +502,19 @@ fn float_chunk<'a>(
         };
         return Chunk::Borrowed(bytes);
     }
-    let mut buf = if *made < BUFFERS {
+    // A pinned buffer while the pool has one (so that the copies need not wait for the hash and
+    // the disk, and the device can be given back early), else up to BUFFERS from the heap, else
+    // one the writer is done with.
+    let lent = PINNED.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let mut buf = if let Some(buf) = lent {
+        buf
+    } else if *made < BUFFERS {
         *made += 1;
-        host_buffer()
+        HostBuf::Heap(host_buffer())
     } else {
-        recycled.recv().unwrap_or_else(|_| host_buffer())
+        recycled
+            .recv()
+            .unwrap_or_else(|_| HostBuf::Heap(host_buffer()))
     };
     // SAFETY: `buf` holds at least `n` f32s and outlives `host`, which is dropped at the end
     // of this block, after the synchronous copy.
@@ -383,6 +576,17 @@ mod tests {
     }
 
     #[test]
+    fn as_many_pinned_buffers_as_the_runs_need_and_no_more_than_the_cap() {
+        assert_eq!(buffers_for(0, 3), 0);
+        assert_eq!(buffers_for(1, 3), 3);
+        assert_eq!(buffers_for((CHUNK / 4) as i64, 3), 3);
+        assert_eq!(buffers_for((CHUNK / 4) as i64 + 1, 3), 6);
+        // The 100M model: 1.2 GB in 38 chunks; the 1B model's 12 GB: capped.
+        assert_eq!(buffers_for(101_000_000, 3), 3 * 13);
+        assert_eq!(buffers_for(1_000_000_000, 3), MAX_PINNED_BUFFERS);
+    }
+
+    #[test]
     fn the_after_copies_call_comes_once_for_all_files_and_the_files_are_whole() {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("stream-after");
@@ -413,6 +617,19 @@ mod tests {
             assert_eq!(w.entry.sha256, crate::fsio::sha256_hex(&bytes));
             let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
             assert_eq!(last, (n - 1) as f32);
+        }
+        // Each streamed file says when it passed each phase, in order.
+        for w in &written {
+            let stem = w.entry.path.split('.').next().unwrap();
+            let names: Vec<String> = ["copied", "hashed", "written", "synced"]
+                .iter()
+                .map(|n| format!("t_{n}_{stem}"))
+                .collect();
+            let got: Vec<&String> = w.phases.iter().map(|(n, _)| n).collect();
+            assert_eq!(got, names.iter().collect::<Vec<_>>());
+            let times: Vec<f64> = w.phases.iter().map(|(_, t)| *t).collect();
+            // copied ≤ hashed ≤ written ≤ synced (a millisecond's slack for the clock reads)
+            assert!(times.windows(2).all(|t| t[0] <= t[1] + 1e-3), "{times:?}");
         }
         // Without the call, the same bytes.
         let dir2 = crate::testutil::scratch_dir("stream-after-none");

@@ -281,9 +281,16 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         );
     }
 
-    let mut model = ByteGpt::new(&config, compute.device, p.seed);
+    let own = resumable(&spec.output_dir, &p, &config);
+    // Weights that a checkpoint overwrites whole are not drawn first (drawing them would also
+    // load the random-number kernels into the context, which the warm-up then waits behind).
+    let mut model = if own.is_some() || init.is_some() {
+        ByteGpt::zeroed(&config, compute.device)
+    } else {
+        ByteGpt::new(&config, compute.device, p.seed)
+    };
     let mut opt = AdamW::new(&model.params, p.weight_decay);
-    if let Some(own) = resumable(&spec.output_dir, &p, &config) {
+    if let Some(own) = own {
         own.load_model(&model)?;
         own.load_optimizer(&model, &mut opt)?;
         crate::log!(
@@ -310,6 +317,12 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         w.finish();
     }
     milestones.mark("t_model_ready");
+    // Page-lock the checkpoint's host buffers while the stage trains (from its second step), so
+    // that its copies off the device run at the bus's speed (see `stream::pin_host_buffers`).
+    if crate::stream::pinning_wanted(compute.device) {
+        // The model's file has one run of the parameters, the optimizer's two (the moments).
+        crate::stream::plan_pinning(crate::stream::buffers_for(model.params.numel(), 3));
+    }
     crate::log!(
         "model {config:?}, {} parameters; {} steps of {}×{}",
         model.params.numel(),
@@ -360,8 +373,13 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         release,
     );
     let step = opt.step;
+    let pinned = crate::stream::pinned_buffers();
+    let fused = opt.fused();
     if let Some(at) = device::released_at() {
         milestones.0.insert("t_device_released".into(), at);
+        if let Some(at) = device::driver_closed_at() {
+            milestones.0.insert("t_driver_closed".into(), at);
+        }
         // The CUDA context is gone: freeing these tensors would call into it (and could
         // create a new one). The process exits right after this stage; the OS frees them.
         std::mem::forget(model);
@@ -369,6 +387,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         std::mem::forget(stats.recent);
     }
     let (_, files) = written?;
+    let phases: Vec<(String, f64)> = files.iter().flat_map(|f| f.phases.clone()).collect();
     sink.checkpoint_files(files, Some(step));
     if stats.interrupted {
         return Err(Failure::interrupted(format!(
@@ -389,6 +408,13 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     }
     milestones.at("t_last_step", stats.finished);
     metrics.extend(milestones.0);
+    metrics.extend(phases);
+    if compute.device.is_cuda() {
+        // For the boundary benchmark (the console's result line shows these too, so CPU stages,
+        // where neither applies, leave them out).
+        metrics.insert("fused_adamw".into(), f64::from(u8::from(fused)));
+        metrics.insert("pinned_buffers".into(), pinned as f64);
+    }
     crate::log!("metrics {metrics:?}");
     sink.metrics(&metrics);
     Ok(())
@@ -434,6 +460,7 @@ fn train_loop(
             // One read-back, which also waits for the first (warm-up) step to finish.
             stats.first_loss = Some(loss.double_value(&[]));
             stats.after_first = Some(Instant::now());
+            crate::stream::start_planned_pinning();
         } else {
             stats.tokens_after_first += batch.tokens;
         }
