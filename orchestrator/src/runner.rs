@@ -439,7 +439,8 @@ async fn run_in_span(
                     Vec::new()
                 } else {
                     let owner = format!("run {run_id}, stage `{}`", stage.name);
-                    match host.take_gpus(want, ticket, &owner, services.tolerance_bytes) {
+                    let taken = host.take_gpus(want, ticket, &owner, services.tolerance_bytes);
+                    match taken.map_err(|wait| wait.to_string()) {
                         Ok(given) => {
                             waiting_why.remove(&i);
                             given
