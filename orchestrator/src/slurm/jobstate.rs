@@ -150,9 +150,39 @@ pub fn classify(
     }
 }
 
+/// Why Slurm could not say a job's state: every way it was asked, and why each did not answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .tries.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct QueryError {
+    /// `scontrol`, then `squeue`, then `sacct`, in the order asked.
+    pub tries: Vec<QueryFailure>,
+}
+
+/// Why one of Slurm's commands did not give a job's state.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryFailure {
+    /// `scontrol show job` answered without a `JobState`.
+    #[error("`scontrol show job {job_id}` printed no JobState")]
+    NoJobState {
+        /// The job.
+        job_id: String,
+    },
+    /// `squeue` or `sacct` answered without the job.
+    #[error("{command} does not list job {job_id}")]
+    NotListed {
+        /// The command (`squeue`, `sacct`).
+        command: &'static str,
+        /// The job.
+        job_id: String,
+    },
+    /// The command could not be run, or failed.
+    #[error(transparent)]
+    Helper(#[from] helper::HelperError),
+}
+
 /// Asks Slurm for job `job_id`'s state: `scontrol show job -o`, else `squeue`, else `sacct`
 /// (where accounting runs). `Err` says why none could answer.
-pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
+pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, QueryError> {
     let limit = Duration::from_secs(20);
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let scontrol = helper::run_for_output(
@@ -170,12 +200,14 @@ pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
                     source: "scontrol",
                 });
             }
-            format!("`scontrol show job {job_id}` printed no JobState")
+            QueryFailure::NoJobState {
+                job_id: job_id.to_string(),
+            }
         }
-        Err(e) => e,
+        Err(e) => e.into(),
     };
-    let mut why = vec![scontrol_error];
-    let tries: [(&'static str, Vec<String>); 2] = [
+    let mut tries = vec![scontrol_error];
+    let commands: [(&'static str, Vec<String>); 2] = [
         (
             "squeue",
             argv(&["squeue", "-h", "-j", job_id, "-o", "%T|%r|%e"]),
@@ -194,16 +226,19 @@ pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
             ]),
         ),
     ];
-    for (source, command) in tries {
+    for (source, command) in commands {
         match helper::run_for_output(reaper, &command, limit).await {
             Ok(out) => match parse_columns(&out) {
                 Some(fields) => return Ok(JobState { fields, source }),
-                None => why.push(format!("{source} does not list job {job_id}")),
+                None => tries.push(QueryFailure::NotListed {
+                    command: source,
+                    job_id: job_id.to_string(),
+                }),
             },
-            Err(e) => why.push(e),
+            Err(e) => tries.push(e.into()),
         }
     }
-    Err(why.join("; "))
+    Err(QueryError { tries })
 }
 
 /// `JobState|Reason|EndTime` (the first line of `squeue -o %T|%r|%e` or `sacct -P -o
