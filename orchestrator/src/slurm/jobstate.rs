@@ -380,4 +380,40 @@ mod tests {
         assert_eq!(t + local_utc_offset(), 86_400);
         assert_eq!(parse_slurm_time("Unknown"), None);
     }
+
+    #[test]
+    fn a_failed_query_says_why_each_command_did_not_answer() {
+        use crate::reaper::ExitStatus;
+        use helper::{HelperError, HelperOutput};
+        let err = QueryError {
+            tries: vec![
+                QueryFailure::Helper(HelperError::Failed {
+                    argv: vec!["scontrol".into(), "show".into(), "job".into(), "7".into()],
+                    output: HelperOutput {
+                        status: Some(ExitStatus::Code(1)),
+                        stdout: String::new(),
+                        stderr: "noise\nslurm_load_jobs error: Invalid job id specified\n".into(),
+                    },
+                }),
+                QueryFailure::NotListed {
+                    command: "squeue",
+                    job_id: "7".into(),
+                },
+                QueryFailure::Helper(HelperError::NotInstalled {
+                    program: "sacct".into(),
+                }),
+            ],
+        };
+        assert_eq!(
+            err.to_string(),
+            "`scontrol show job 7` exited with code 1: slurm_load_jobs error: Invalid job id specified; \
+             squeue does not list job 7; \
+             `sacct` is not installed here (not on PATH): Slurm's client commands are missing in this environment (a container without them?)"
+        );
+        let no_state = QueryFailure::NoJobState { job_id: "7".into() };
+        assert_eq!(
+            no_state.to_string(),
+            "`scontrol show job 7` printed no JobState"
+        );
+    }
 }
