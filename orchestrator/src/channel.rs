@@ -129,24 +129,50 @@ pub fn bind_socket(path: &Path) -> std::io::Result<std::os::unix::net::UnixListe
     Ok(socket)
 }
 
+/// What was wrong with a line a stage sent on its event channel (a protocol violation).
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    /// The bytes are not UTF-8.
+    #[error("a line that is not UTF-8")]
+    NotUtf8(#[source] std::str::Utf8Error),
+    /// The text is not JSON.
+    #[error("a line that is not JSON ({0})")]
+    NotJson(#[source] serde_json::Error),
+    /// The message speaks another protocol version.
+    #[error(
+        "a message of protocol version {found}; this orchestrate speaks version {}: use matching versions of the worker and orchestrate",
+        protocol::PROTOCOL_VERSION
+    )]
+    Version {
+        /// The version the message carries.
+        found: u64,
+    },
+    /// The message has no `v` field.
+    #[error("a message without a \"v\" (protocol version) field")]
+    NoVersion,
+    /// The message is JSON of the right version but no event the protocol knows.
+    #[error("an invalid message ({0})")]
+    Invalid(#[source] serde_json::Error),
+    /// The line is longer than the channel takes; it was dropped.
+    #[error("a line longer than {max} bytes (dropped)")]
+    TooLong {
+        /// The longest line taken, in bytes.
+        max: usize,
+    },
+}
+
 /// Parses one line; the error says what was wrong with it.
-pub fn parse_line(line: &[u8]) -> Result<WorkerEvent, String> {
-    let text = std::str::from_utf8(line).map_err(|_| "a line that is not UTF-8".to_string())?;
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("a line that is not JSON ({e})"))?;
+pub fn parse_line(line: &[u8]) -> Result<WorkerEvent, LineError> {
+    let text = std::str::from_utf8(line).map_err(LineError::NotUtf8)?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(LineError::NotJson)?;
     match value.get("v").and_then(|v| v.as_u64()) {
         Some(v) if v == u64::from(protocol::PROTOCOL_VERSION) => {}
-        Some(v) => {
-            return Err(format!(
-                "a message of protocol version {v}; this orchestrate speaks version {}: use matching versions of the worker and orchestrate",
-                protocol::PROTOCOL_VERSION
-            ))
-        }
-        None => return Err("a message without a \"v\" (protocol version) field".into()),
+        Some(found) => return Err(LineError::Version { found }),
+        None => return Err(LineError::NoVersion),
     }
     serde_json::from_value::<WorkerMessage>(value)
         .map(|m| m.event)
-        .map_err(|e| format!("an invalid message ({e})"))
+        .map_err(LineError::Invalid)
 }
 
 async fn read_connection(
@@ -176,9 +202,8 @@ async fn read_connection(
             if line.len() + chunk.len() > MAX_LINE {
                 oversized = true;
                 line.clear();
-                let _ = tx.send(ChannelItem::Violation(format!(
-                    "a line longer than {MAX_LINE} bytes (dropped)"
-                )));
+                let why = LineError::TooLong { max: MAX_LINE };
+                let _ = tx.send(ChannelItem::Violation(why.to_string()));
             } else {
                 line.extend_from_slice(chunk);
             }
@@ -213,7 +238,7 @@ fn deliver(line: &[u8], tx: &mpsc::UnboundedSender<ChannelItem>, record_to: &Pat
             let _ = tx.send(ChannelItem::Event(event));
         }
         Err(why) => {
-            let _ = tx.send(ChannelItem::Violation(why));
+            let _ = tx.send(ChannelItem::Violation(why.to_string()));
         }
     }
 }
@@ -234,16 +259,38 @@ mod tests {
                 tokens_per_s: None
             }
         );
-        assert!(parse_line(b"\xff\xfe").unwrap_err().contains("not UTF-8"));
-        assert!(parse_line(b"{nope").unwrap_err().contains("not JSON"));
-        assert!(parse_line(br#"{"v":9,"event":"done"}"#)
-            .unwrap_err()
-            .contains("version 9"));
-        assert!(parse_line(br#"{"event":"done"}"#)
-            .unwrap_err()
-            .contains("\"v\""));
-        assert!(parse_line(br#"{"v":1,"event":"teleport"}"#)
-            .unwrap_err()
-            .contains("invalid message"));
+        let err = |line: &[u8]| parse_line(line).unwrap_err();
+        assert!(matches!(err(b"\xff\xfe"), LineError::NotUtf8(_)));
+        assert_eq!(err(b"\xff\xfe").to_string(), "a line that is not UTF-8");
+        assert!(matches!(err(b"{nope"), LineError::NotJson(_)));
+        assert!(err(b"{nope")
+            .to_string()
+            .starts_with("a line that is not JSON ("));
+        assert!(matches!(
+            err(br#"{"v":9,"event":"done"}"#),
+            LineError::Version { found: 9 }
+        ));
+        assert_eq!(
+            err(br#"{"v":9,"event":"done"}"#).to_string(),
+            format!(
+                "a message of protocol version 9; this orchestrate speaks version {}: use matching versions of the worker and orchestrate",
+                protocol::PROTOCOL_VERSION
+            )
+        );
+        assert_eq!(
+            err(br#"{"event":"done"}"#).to_string(),
+            "a message without a \"v\" (protocol version) field"
+        );
+        assert!(matches!(
+            err(br#"{"v":1,"event":"teleport"}"#),
+            LineError::Invalid(_)
+        ));
+        assert!(err(br#"{"v":1,"event":"teleport"}"#)
+            .to_string()
+            .starts_with("an invalid message ("));
+        assert_eq!(
+            LineError::TooLong { max: MAX_LINE }.to_string(),
+            format!("a line longer than {MAX_LINE} bytes (dropped)")
+        );
     }
 }

@@ -5,7 +5,7 @@ use protocol::report::CheckpointRecord;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// SHA-256 (lower-case hex) and size of a file, read once.
 pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
@@ -98,11 +98,76 @@ pub fn check_file(
     Ok(())
 }
 
+/// Why a checkpoint directory's manifest does not vouch for its files.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The manifest exists but cannot be read.
+    #[error("cannot read {path}: {source}")]
+    ReadManifest {
+        /// The manifest.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is not a manifest (not JSON, or not its shape).
+    #[error("{path} is not a valid manifest: {source}")]
+    InvalidManifest {
+        /// The manifest.
+        path: PathBuf,
+        /// What the decoder said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A listed file cannot be found (or its metadata read).
+    #[error("checkpoint file {path} is missing: {source}")]
+    Missing {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A listed file has another size than the manifest says.
+    #[error(
+        "checkpoint file {path} is {actual} bytes, the manifest says {expected}: it is truncated or was overwritten"
+    )]
+    Size {
+        /// The file.
+        path: PathBuf,
+        /// Its size now, in bytes.
+        actual: u64,
+        /// Its size in the manifest, in bytes.
+        expected: u64,
+    },
+    /// A listed file could not be read to hash it.
+    #[error("cannot read checkpoint file {path}: {source}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A listed file's bytes hash to another SHA-256 than the manifest's.
+    #[error(
+        "checkpoint file {path} does not match its manifest checksum (sha256 {actual}, expected {expected}): it is corrupted"
+    )]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// Its SHA-256 now, lower-case hex.
+        actual: String,
+        /// Its SHA-256 in the manifest, lower-case hex.
+        expected: String,
+    },
+}
+
 /// Reads `dir/manifest.json` and checks every file it lists (size, then SHA-256).
 ///
-/// Returns `Ok(None)` when the directory has no manifest; `Err` with a sentence for the user
-/// when the manifest is unreadable or a file is missing, truncated or altered.
-pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, String> {
+/// Returns `Ok(None)` when the directory has no manifest; `Err` says, for the user, why the
+/// manifest is unreadable or which file is missing, truncated or altered.
+pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, VerifyError> {
     verify_manifest_dir_reported(dir, &[])
 }
 
@@ -114,35 +179,43 @@ pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, 
 pub fn verify_manifest_dir_reported(
     dir: &Path,
     reported: &[ReportedFile],
-) -> Result<Option<Vec<CheckpointRecord>>, String> {
+) -> Result<Option<Vec<CheckpointRecord>>, VerifyError> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = match std::fs::read_to_string(&manifest_path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", manifest_path.display())),
+        Err(source) => {
+            return Err(VerifyError::ReadManifest {
+                path: manifest_path,
+                source,
+            })
+        }
     };
-    let manifest: CheckpointManifest = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a valid manifest: {e}", manifest_path.display()))?;
+    let manifest: CheckpointManifest =
+        serde_json::from_str(&text).map_err(|source| VerifyError::InvalidManifest {
+            path: manifest_path.clone(),
+            source,
+        })?;
     let mut records = Vec::with_capacity(manifest.files.len() + 1);
     for entry in &manifest.files {
         let path = dir.join(&entry.path);
         let depth = Depth::Content { reported };
-        check_file(&path, entry.bytes, &entry.sha256, depth).map_err(|m| match m {
-            FileMismatch::Missing(e) => format!("checkpoint file {} is missing: {e}", path.display()),
-            FileMismatch::Size { actual } => format!(
-                "checkpoint file {} is {actual} bytes, the manifest says {}: it is truncated or was overwritten",
-                path.display(),
-                entry.bytes
-            ),
-            FileMismatch::Unreadable(e) => {
-                format!("cannot read checkpoint file {}: {e}", path.display())
-            }
-            FileMismatch::Checksum { actual } => format!(
-                "checkpoint file {} does not match its manifest checksum (sha256 {actual}, expected {}): it is corrupted",
-                path.display(),
-                entry.sha256
-            ),
-        })?;
+        if let Err(mismatch) = check_file(&path, entry.bytes, &entry.sha256, depth) {
+            return Err(match mismatch {
+                FileMismatch::Missing(source) => VerifyError::Missing { path, source },
+                FileMismatch::Size { actual } => VerifyError::Size {
+                    path,
+                    actual,
+                    expected: entry.bytes,
+                },
+                FileMismatch::Unreadable(source) => VerifyError::Unreadable { path, source },
+                FileMismatch::Checksum { actual } => VerifyError::Checksum {
+                    path,
+                    actual,
+                    expected: entry.sha256.clone(),
+                },
+            });
+        }
         records.push(CheckpointRecord {
             path: path.display().to_string(),
             bytes: entry.bytes,
@@ -201,11 +274,12 @@ mod tests {
             .unwrap();
         assert_eq!(records[0].sha256, entry.sha256);
         let err = verify_manifest_dir(&dir).unwrap_err();
-        assert!(err.contains("corrupted"), "{err}");
+        assert!(matches!(err, VerifyError::Checksum { .. }), "{err}");
+        assert!(err.to_string().ends_with(": it is corrupted"), "{err}");
         // A file that is not the reported one (here: a new modification time) is hashed.
         std::fs::write(&path, b"weights?").unwrap();
         let err = verify_manifest_dir_reported(&dir, &[reported]).unwrap_err();
-        assert!(err.contains("corrupted"), "{err}");
+        assert!(matches!(err, VerifyError::Checksum { .. }), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

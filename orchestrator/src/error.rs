@@ -24,6 +24,9 @@ pub enum Error {
     /// The run directory refused: its lock is held, or its files are not a run's.
     #[error(transparent)]
     RunDir(#[from] crate::rundir::RunDirError),
+    /// The plan cannot run in (or outside) this Slurm job as it stands.
+    #[error(transparent)]
+    Slurm(#[from] crate::slurm::SlurmError),
     /// A background task of the run stopped without an answer.
     #[error("{0}")]
     Internal(String),

@@ -23,6 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -52,7 +53,91 @@ struct Server {
 enum State {
     Serving(Server),
     /// Not used again in this process, and why.
-    Failed(String),
+    Failed(Arc<ForkServerError>),
+}
+
+/// Why a worker was not started through the fork server (the caller execs it instead).
+#[derive(Debug, thiserror::Error)]
+pub enum ForkServerError {
+    /// The command line is empty.
+    #[error("empty command")]
+    EmptyCommand,
+    /// This process is not a child subreaper, so a forked worker would not be its child.
+    #[error("orchestrate is not a child subreaper here")]
+    NotSubreaper,
+    /// The socket to the server could not be made.
+    #[error("cannot create a socket pair: {0}")]
+    SocketPair(#[source] io::Error),
+    /// The server could not be started.
+    #[error("cannot start `{program} {}`: {source}", FORK_SERVER_SUBCOMMAND)]
+    Start {
+        /// The `stage-worker` binary.
+        program: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+    /// The server refused (to start, or to fork): it initialised a device, for example.
+    #[error("the fork server refused: {reason}")]
+    Refused {
+        /// Its reason.
+        reason: String,
+    },
+    /// The new server said something other than that it is ready.
+    #[error("the fork server answered {reply:?} instead of ready")]
+    NotReady {
+        /// What it said.
+        reply: ForkReply,
+    },
+    /// The new server did not say it is ready.
+    #[error("the fork server did not start: {0}")]
+    DidNotStart(#[source] ReplyError),
+    /// The server is gone.
+    #[error("the fork server exited")]
+    Exited,
+    /// NVML lists the server on one of the stage's GPUs.
+    #[error("NVML lists the fork server (pid {pid}) on a GPU: it has a CUDA context")]
+    OnGpu {
+        /// The server's PID.
+        pid: i32,
+    },
+    /// The request could not be sent.
+    #[error("cannot send to the fork server: {0}")]
+    Send(#[source] io::Error),
+    /// The server tried to fork and failed.
+    #[error("the fork server could not fork: {error}")]
+    ForkFailed {
+        /// What it said.
+        error: String,
+    },
+    /// The server answered a fork request with something other than a fork's outcome.
+    #[error("unexpected reply from the fork server: {reply:?}")]
+    Unexpected {
+        /// What it said.
+        reply: ForkReply,
+    },
+    /// The server's reply could not be read.
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
+    /// The server failed earlier (this or a previous time) and is not used again.
+    #[error(transparent)]
+    Unusable(Arc<ForkServerError>),
+}
+
+/// Why a reply from the fork server could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplyError {
+    /// The socket failed or timed out.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The reply announces more bytes than a reply may have.
+    #[error("a reply of {bytes} bytes")]
+    TooLarge {
+        /// Its announced length.
+        bytes: usize,
+    },
+    /// The reply is not a reply.
+    #[error("unreadable reply: {0}")]
+    Unreadable(#[source] serde_json::Error),
 }
 
 thread_local! {
@@ -72,19 +157,19 @@ pub fn spawn(
     stderr: &OwnedFd,
     gpu_holders: &[u32],
     reaper: &Reaper,
-) -> Result<i32, String> {
-    let program = PathBuf::from(argv.first().ok_or("empty command")?);
+) -> Result<i32, ForkServerError> {
+    let program = PathBuf::from(argv.first().ok_or(ForkServerError::EmptyCommand)?);
     SERVERS.with(|servers| {
         let mut servers = servers.borrow_mut();
         if let Some(State::Failed(why)) = servers.get(&program) {
-            return Err(why.clone());
+            return Err(ForkServerError::Unusable(why.clone()));
         }
         if !servers.contains_key(&program) {
             let state = match start(&program, reaper) {
                 Ok(server) => State::Serving(server),
                 Err(why) => {
                     tracing::warn!(program = %program.display(), "fork server unavailable: {why}; workers are exec'd");
-                    State::Failed(why)
+                    State::Failed(Arc::new(why))
                 }
             };
             servers.insert(program.clone(), state);
@@ -93,7 +178,7 @@ pub fn spawn(
             let Some(State::Failed(why)) = servers.get(&program) else {
                 unreachable!("a server is serving or failed")
             };
-            return Err(why.clone());
+            return Err(ForkServerError::Unusable(why.clone()));
         };
         match fork(server, argv, env, cwd, stdout, stderr, gpu_holders) {
             Ok(pid) => Ok(pid),
@@ -102,8 +187,9 @@ pub fn spawn(
                 if let Some(State::Serving(server)) = servers.remove(&program) {
                     stop(server);
                 }
+                let why = Arc::new(why);
                 servers.insert(program, State::Failed(why.clone()));
-                Err(why)
+                Err(ForkServerError::Unusable(why))
             }
         }
     })
@@ -158,12 +244,11 @@ fn is_subreaper() -> bool {
     rc == 0 && flag != 0
 }
 
-fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, String> {
+fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServerError> {
     if !is_subreaper() {
-        return Err("orchestrate is not a child subreaper here".into());
+        return Err(ForkServerError::NotSubreaper);
     }
-    let (ours, theirs) =
-        UnixStream::pair().map_err(|e| format!("cannot create a socket pair: {e}"))?;
+    let (ours, theirs) = UnixStream::pair().map_err(ForkServerError::SocketPair)?;
     let theirs_fd = theirs.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.arg(FORK_SERVER_SUBCOMMAND)
@@ -193,11 +278,9 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, String> {
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|e| {
-        format!(
-            "cannot start `{} {FORK_SERVER_SUBCOMMAND}`: {e}",
-            program.display()
-        )
+    let child = cmd.spawn().map_err(|source| ForkServerError::Start {
+        program: program.to_path_buf(),
+        source,
     })?;
     let pid = child.id() as i32;
     drop(child);
@@ -212,23 +295,21 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, String> {
     let ready = server
         .sock
         .set_read_timeout(Some(READY_TIMEOUT))
-        .map_err(|e| e.to_string())
+        .map_err(ReplyError::Io)
         .and_then(|()| read_reply(&mut server.sock));
     match ready {
         Ok(ForkReply::Ready { .. }) => Ok(server),
         Ok(ForkReply::Refused { reason }) => {
             stop(server);
-            Err(format!("the fork server refused: {reason}"))
+            Err(ForkServerError::Refused { reason })
         }
-        Ok(other) => {
+        Ok(reply) => {
             stop(server);
-            Err(format!(
-                "the fork server answered {other:?} instead of ready"
-            ))
+            Err(ForkServerError::NotReady { reply })
         }
         Err(e) => {
             stop(server);
-            Err(format!("the fork server did not start: {e}"))
+            Err(ForkServerError::DidNotStart(e))
         }
     }
 }
@@ -241,18 +322,15 @@ fn fork(
     stdout: &OwnedFd,
     stderr: &OwnedFd,
     gpu_holders: &[u32],
-) -> Result<i32, String> {
+) -> Result<i32, ForkServerError> {
     if !matches!(
         server.exit.try_recv(),
         Err(oneshot::error::TryRecvError::Empty)
     ) {
-        return Err("the fork server exited".into());
+        return Err(ForkServerError::Exited);
     }
     if gpu_holders.contains(&(server.pid as u32)) {
-        return Err(format!(
-            "NVML lists the fork server (pid {}) on a GPU: it has a CUDA context",
-            server.pid
-        ));
+        return Err(ForkServerError::OnGpu { pid: server.pid });
     }
     let request = ForkRequest {
         v: protocol::PROTOCOL_VERSION,
@@ -267,16 +345,16 @@ fn fork(
         &body,
         [stdout.as_raw_fd(), stderr.as_raw_fd()],
     )
-    .map_err(|e| format!("cannot send to the fork server: {e}"))?;
+    .map_err(ForkServerError::Send)?;
     server
         .sock
         .set_read_timeout(Some(FORK_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+        .map_err(ReplyError::Io)?;
     match read_reply(&mut server.sock)? {
         ForkReply::Forked { pid } => Ok(pid as i32),
-        ForkReply::Failed { error } => Err(format!("the fork server could not fork: {error}")),
-        ForkReply::Refused { reason } => Err(format!("the fork server refused: {reason}")),
-        other => Err(format!("unexpected reply from the fork server: {other:?}")),
+        ForkReply::Failed { error } => Err(ForkServerError::ForkFailed { error }),
+        ForkReply::Refused { reason } => Err(ForkServerError::Refused { reason }),
+        reply => Err(ForkServerError::Unexpected { reply }),
     }
 }
 
@@ -294,14 +372,14 @@ fn send_with_fds(sock: &UnixStream, body: &[u8], fds: [i32; 2]) -> io::Result<()
     writer.write_all(body)
 }
 
-fn read_reply(sock: &mut UnixStream) -> Result<ForkReply, String> {
+fn read_reply(sock: &mut UnixStream) -> Result<ForkReply, ReplyError> {
     let mut len = [0u8; 4];
-    sock.read_exact(&mut len).map_err(|e| e.to_string())?;
+    sock.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;
     if n > 1 << 20 {
-        return Err(format!("a reply of {n} bytes"));
+        return Err(ReplyError::TooLarge { bytes: n });
     }
     let mut body = vec![0u8; n];
-    sock.read_exact(&mut body).map_err(|e| e.to_string())?;
-    serde_json::from_slice(&body).map_err(|e| format!("unreadable reply: {e}"))
+    sock.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map_err(ReplyError::Unreadable)
 }

@@ -33,7 +33,80 @@ pub struct GpuInventory {
     /// The probe, when NVML (or the test stand-in) answered.
     pub probe: Option<Rc<dyn MemoryProbe>>,
     /// The driver version, or why there is no NVML.
-    pub status: Result<String, String>,
+    pub status: Result<String, gpu::NvmlUnavailable>,
+}
+
+/// Why a stage waits for GPUs: not a failure, the stage is placed once they come free. Said
+/// to the user (and compared, to say it again only when it changes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuWait {
+    /// Runs ahead of this one in the queue wait for GPUs.
+    #[error("waiting for {n} GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first")]
+    Queued {
+        /// GPUs the stage asks for.
+        n: usize,
+    },
+    /// Not enough GPUs are free and clean; why not, GPU by GPU.
+    #[error("waiting for {n} GPU(s): {}", join(.reasons, "; "))]
+    Busy {
+        /// GPUs the stage asks for.
+        n: usize,
+        /// Why GPUs could not be given (at least one).
+        reasons: Vec<GpuBusy>,
+    },
+}
+
+/// Why one GPU (or none) could not be given to a waiting stage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuBusy {
+    /// The driver lists processes on it.
+    #[error("GPU {index} held by {}", join(.holders, ", "))]
+    Held {
+        /// NVML index.
+        index: u32,
+        /// The first (up to 3) of them.
+        holders: Vec<gpu::Holder>,
+    },
+    /// Its memory could not be read.
+    #[error("GPU {index} cannot be read")]
+    Unreadable {
+        /// NVML index.
+        index: u32,
+    },
+    /// Memory is in use beyond its idle baseline by something the driver does not list.
+    #[error(
+        "GPU {index} has {} MiB in use by something the driver does not list (idle: {} MiB)",
+        .used_bytes >> 20,
+        .idle_bytes >> 20
+    )]
+    Unlisted {
+        /// NVML index.
+        index: u32,
+        /// Bytes in use now.
+        used_bytes: u64,
+        /// Its idle baseline, in bytes.
+        idle_bytes: u64,
+    },
+    /// A stage of this host holds it.
+    #[error("GPU {index} busy with {stage}")]
+    Ours {
+        /// NVML index.
+        index: u32,
+        /// The holder, as the pool names it (run and stage).
+        stage: String,
+    },
+    /// No GPU is busy, there are just too few.
+    #[error("not enough free GPUs")]
+    NotEnough,
+}
+
+/// The items' texts, separated by `sep`.
+fn join<T: std::fmt::Display>(items: &[T], sep: &str) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(sep)
 }
 
 /// Process-wide machinery shared by every run of this process. Lives on one thread.
@@ -162,15 +235,13 @@ impl Host {
         ticket: Ticket,
         owner: &str,
         tolerance: u64,
-    ) -> Result<Vec<GpuInfo>, String> {
+    ) -> Result<Vec<GpuInfo>, GpuWait> {
         if let Some(first) = self.waiting.borrow().first() {
             if *first < ticket {
-                return Err(format!(
-                    "waiting for {n} GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first"
-                ));
+                return Err(GpuWait::Queued { n });
             }
         }
-        let mut reasons: Vec<String> = Vec::new();
+        let mut reasons: Vec<GpuBusy> = Vec::new();
         let probe = self.inventory.probe.clone();
         let mut idle = self.idle.borrow_mut();
         let mut pool = self.pool.borrow_mut();
@@ -179,12 +250,14 @@ impl Host {
             let holders = probe.holders(&g.uuid);
             let used = probe.used_bytes(&g.uuid).ok();
             if !holders.is_empty() {
-                let list: Vec<String> = holders.iter().take(3).map(|h| h.to_string()).collect();
-                reasons.push(format!("GPU {} held by {}", g.index, list.join(", ")));
+                reasons.push(GpuBusy::Held {
+                    index: g.index,
+                    holders: holders.into_iter().take(3).collect(),
+                });
                 return false;
             }
             let Some(used) = used else {
-                reasons.push(format!("GPU {} cannot be read", g.index));
+                reasons.push(GpuBusy::Unreadable { index: g.index });
                 return false;
             };
             let base = idle.entry(g.uuid.clone()).or_insert(used);
@@ -192,12 +265,11 @@ impl Host {
                 *base = used;
             }
             if used > base.saturating_add(tolerance) {
-                reasons.push(format!(
-                    "GPU {} has {} MiB in use by something the driver does not list (idle: {} MiB)",
-                    g.index,
-                    used >> 20,
-                    *base >> 20
-                ));
+                reasons.push(GpuBusy::Unlisted {
+                    index: g.index,
+                    used_bytes: used,
+                    idle_bytes: *base,
+                });
                 return false;
             }
             true
@@ -211,13 +283,15 @@ impl Host {
                 self.waiting.borrow_mut().insert(ticket);
                 // Only when the stage waits: which of our stages hold the other GPUs.
                 reasons.extend(self.inventory.gpus.iter().filter_map(|g| {
-                    pool.holder(&g.uuid)
-                        .map(|h| format!("GPU {} busy with {h}", g.index))
+                    pool.holder(&g.uuid).map(|h| GpuBusy::Ours {
+                        index: g.index,
+                        stage: h.to_string(),
+                    })
                 }));
                 if reasons.is_empty() {
-                    reasons.push("not enough free GPUs".into());
+                    reasons.push(GpuBusy::NotEnough);
                 }
-                Err(format!("waiting for {n} GPU(s): {}", reasons.join("; ")))
+                Err(GpuWait::Busy { n, reasons })
             }
         }
     }
@@ -247,5 +321,56 @@ impl Host {
     /// The GPUs (all of them).
     pub fn gpus(&self) -> &[GpuInfo] {
         &self.inventory.gpus
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_says_why_gpu_by_gpu() {
+        assert_eq!(
+            GpuWait::Queued { n: 2 }.to_string(),
+            "waiting for 2 GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first"
+        );
+        let holder = |pid| gpu::Holder {
+            pid,
+            name: "python".into(),
+            bytes: None,
+        };
+        let wait = GpuWait::Busy {
+            n: 1,
+            reasons: vec![
+                GpuBusy::Held {
+                    index: 0,
+                    holders: vec![holder(7), holder(8)],
+                },
+                GpuBusy::Unreadable { index: 1 },
+                GpuBusy::Unlisted {
+                    index: 2,
+                    used_bytes: 3 << 20,
+                    idle_bytes: 1 << 20,
+                },
+                GpuBusy::Ours {
+                    index: 3,
+                    stage: "run r, stage `a`".into(),
+                },
+            ],
+        };
+        assert_eq!(
+            wait.to_string(),
+            "waiting for 1 GPU(s): GPU 0 held by pid 7 (python), pid 8 (python); GPU 1 cannot be read; \
+             GPU 2 has 3 MiB in use by something the driver does not list (idle: 1 MiB); \
+             GPU 3 busy with run r, stage `a`"
+        );
+        let none = GpuWait::Busy {
+            n: 1,
+            reasons: vec![GpuBusy::NotEnough],
+        };
+        assert_eq!(
+            none.to_string(),
+            "waiting for 1 GPU(s): not enough free GPUs"
+        );
     }
 }

@@ -13,21 +13,67 @@ use std::path::Path;
 
 pub use protocol::resume::Decision;
 
+/// Why a recorded output no longer verifies: the reason a resumed run runs its stage again.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputChanged {
+    /// The file cannot be found (or its metadata read).
+    #[error("its output {path} is missing")]
+    Missing {
+        /// The file, as recorded.
+        path: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file has another size than recorded.
+    #[error("its output {path} changed size ({actual} bytes, {recorded} recorded)")]
+    Size {
+        /// The file, as recorded.
+        path: String,
+        /// Its size now, in bytes.
+        actual: u64,
+        /// Its recorded size, in bytes.
+        recorded: u64,
+    },
+    /// The file could not be read to hash it.
+    #[error("its output {path} cannot be read: {source}")]
+    Unreadable {
+        /// The file, as recorded.
+        path: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file's bytes hash to another SHA-256 than recorded.
+    #[error("its output {path} is corrupted (checksum differs)")]
+    Corrupted {
+        /// The file, as recorded.
+        path: String,
+        /// Its SHA-256 now, lower-case hex.
+        actual: String,
+        /// Its recorded SHA-256, lower-case hex.
+        recorded: String,
+    },
+}
+
 /// Checks a recorded output against the file now.
-pub fn verify_record(record: &CheckpointRecord) -> Result<(), String> {
+pub fn verify_record(record: &CheckpointRecord) -> Result<(), OutputChanged> {
     let depth = Depth::Content { reported: &[] };
     check_file(Path::new(&record.path), record.bytes, &record.sha256, depth).map_err(|m| {
-        let path = &record.path;
+        let path = record.path.clone();
         match m {
-            FileMismatch::Missing(_) => format!("its output {path} is missing"),
-            FileMismatch::Size { actual } => format!(
-                "its output {path} changed size ({actual} bytes, {} recorded)",
-                record.bytes
-            ),
-            FileMismatch::Unreadable(e) => format!("its output {path} cannot be read: {e}"),
-            FileMismatch::Checksum { .. } => {
-                format!("its output {path} is corrupted (checksum differs)")
-            }
+            FileMismatch::Missing(source) => OutputChanged::Missing { path, source },
+            FileMismatch::Size { actual } => OutputChanged::Size {
+                path,
+                actual,
+                recorded: record.bytes,
+            },
+            FileMismatch::Unreadable(source) => OutputChanged::Unreadable { path, source },
+            FileMismatch::Checksum { actual } => OutputChanged::Corrupted {
+                path,
+                actual,
+                recorded: record.sha256.clone(),
+            },
         }
     })
 }
@@ -100,7 +146,7 @@ pub fn decide(
                         checkpoints.iter().find_map(|c| verify_record(c).err())
                     {
                         Decision::Run {
-                            reason: why,
+                            reason: why.to_string(),
                             attempts,
                             clear_output: true,
                         }

@@ -113,7 +113,7 @@ async fn run_in_span(
     // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
     let slurm = crate::slurm::Allocation::detect();
     if let Err(why) = crate::slurm::srun::check_plan(stages, slurm.as_ref()) {
-        return Err(Error::Refused(why));
+        return Err(why.into());
     }
     let needs_worker = stages.iter().any(|s| s.kind.is_some());
     let worker = if needs_worker {
@@ -439,7 +439,8 @@ async fn run_in_span(
                     Vec::new()
                 } else {
                     let owner = format!("run {run_id}, stage `{}`", stage.name);
-                    match host.take_gpus(want, ticket, &owner, services.tolerance_bytes) {
+                    let taken = host.take_gpus(want, ticket, &owner, services.tolerance_bytes);
+                    match taken.map_err(|wait| wait.to_string()) {
                         Ok(given) => {
                             waiting_why.remove(&i);
                             given

@@ -789,7 +789,7 @@ fn verify_outputs_blocking(
                 .to_string()]))
         }
         Ok(None) => Vec::new(),
-        Err(why) => return Err(Failure::CorruptOutput(why)),
+        Err(why) => return Err(Failure::CorruptOutput(why.to_string())),
     };
     for file in declared {
         let path = dir.join(file);

@@ -6,6 +6,23 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// A text that is none of a word type's values (`FromStr` of the types here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownWord {
+    /// The text.
+    pub text: String,
+    /// The type it was read as (`"StageStatus"`, …).
+    pub kind: &'static str,
+}
+
+impl std::fmt::Display for UnknownWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` is not a {}", self.text, self.kind)
+    }
+}
+
+impl std::error::Error for UnknownWord {}
+
 /// Defines a string-like enum: serde as snake case, `as_str`, `Display`, and `ALL`.
 macro_rules! words {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $text:literal,)+ }) => {
@@ -34,13 +51,16 @@ macro_rules! words {
         }
 
         impl std::str::FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<$name, String> {
+            type Err = UnknownWord;
+            fn from_str(s: &str) -> Result<$name, UnknownWord> {
                 $name::ALL
                     .iter()
                     .copied()
                     .find(|v| v.as_str() == s)
-                    .ok_or_else(|| format!("`{s}` is not a {}", stringify!($name)))
+                    .ok_or_else(|| UnknownWord {
+                        text: s.to_string(),
+                        kind: stringify!($name),
+                    })
             }
         }
     };
@@ -160,6 +180,7 @@ mod tests {
             assert_eq!(serde_json::to_string(s).unwrap(), format!("\"{s}\""));
         }
         assert_eq!(FailureClass::CudaOom.as_str(), "cuda_oom");
-        assert!("nonsense".parse::<RunStatus>().is_err());
+        let err = "nonsense".parse::<RunStatus>().unwrap_err();
+        assert_eq!(err.to_string(), "`nonsense` is not a RunStatus");
     }
 }

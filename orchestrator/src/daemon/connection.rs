@@ -225,7 +225,7 @@ async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bo
                 )
             } else {
                 match super::accept_plan(plan, base_dir).await {
-                    Err(report) => error(ErrorCode::InvalidPlan, report),
+                    Err(report) => error(ErrorCode::InvalidPlan, report.to_string()),
                     Ok(accepted) => {
                         // Another submit with the same id may have won while this one was
                         // being validated.
@@ -246,7 +246,7 @@ async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bo
                                     run_dir: dir.display().to_string(),
                                     existing: false,
                                 },
-                                Err(why) => error(ErrorCode::Internal, why),
+                                Err(why) => error(ErrorCode::Internal, why.to_string()),
                             },
                         }
                     }

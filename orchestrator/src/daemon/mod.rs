@@ -69,6 +69,31 @@ pub struct Daemon {
     pub connections: Cell<usize>,
 }
 
+/// Why the daemon could not take a plan, start a run or resume one.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The plan does not validate (or cannot be read); the report, for the client.
+    #[error("{}", .0.to_string().trim_end())]
+    InvalidPlan(#[source] crate::plan::PlanError),
+    /// Reading the plan stopped without an answer (its thread panicked).
+    #[error("the plan could not be read: {0}")]
+    PlanUnread(#[source] tokio::task::JoinError),
+    /// The run directory could not be made, opened or read.
+    #[error(transparent)]
+    RunDir(#[from] crate::rundir::RunDirError),
+    /// The run's submission record could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The run's submission record could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+}
+
 /// A plan ready to run: validated, with the text and format the run directory keeps.
 pub struct Accepted {
     loaded: LoadedPlan,
@@ -78,7 +103,10 @@ pub struct Accepted {
 
 /// Reads and validates a submitted plan (on a blocking thread: a big plan must not stall the
 /// runs). `Err` is the validation report, for the client.
-pub async fn accept_plan(input: PlanInput, base_dir: Option<String>) -> Result<Accepted, String> {
+pub async fn accept_plan(
+    input: PlanInput,
+    base_dir: Option<String>,
+) -> Result<Accepted, DaemonError> {
     tokio::task::spawn_blocking(move || {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let base = base_dir.map(PathBuf::from).unwrap_or_else(|| cwd.clone());
@@ -106,7 +134,7 @@ pub async fn accept_plan(input: PlanInput, base_dir: Option<String>) -> Result<A
                         source,
                         format,
                     })
-                    .map_err(|e| e.to_string().trim_end().to_string());
+                    .map_err(DaemonError::InvalidPlan);
             }
         };
         loaded
@@ -115,10 +143,10 @@ pub async fn accept_plan(input: PlanInput, base_dir: Option<String>) -> Result<A
                 source,
                 format,
             })
-            .map_err(|e| e.to_string().trim_end().to_string())
+            .map_err(DaemonError::InvalidPlan)
     })
     .await
-    .unwrap_or_else(|e| Err(format!("the plan could not be read: {e}")))
+    .unwrap_or_else(|e| Err(DaemonError::PlanUnread(e)))
 }
 
 impl Daemon {
@@ -128,7 +156,7 @@ impl Daemon {
         plan: Accepted,
         client_id: Option<String>,
         priority: i32,
-    ) -> Result<(String, PathBuf), String> {
+    ) -> Result<(String, PathBuf), DaemonError> {
         let name = plan
             .loaded
             .plan
@@ -136,8 +164,7 @@ impl Daemon {
             .name
             .clone()
             .unwrap_or_else(|| "run".into());
-        let run_dir =
-            RunDir::create_fresh(&self.config.runs_dir, &name).map_err(|e| e.to_string())?;
+        let run_dir = RunDir::create_fresh(&self.config.runs_dir, &name)?;
         let id = run_dir
             .root()
             .file_name()
@@ -151,9 +178,10 @@ impl Daemon {
             stages: plan.loaded.plan.stages.len(),
         };
         let path = run_dir.root().join(SUBMISSION_FILE);
-        let bytes = serde_json::to_vec_pretty(&submission).map_err(|e| e.to_string())?;
-        crate::rundir::write_atomic(&path, &bytes)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let bytes = serde_json::to_vec_pretty(&submission)?;
+        if let Err(source) = crate::rundir::write_atomic(&path, &bytes) {
+            return Err(DaemonError::Write { path, source });
+        }
         let root = run_dir.root().to_path_buf();
         self.registry
             .borrow_mut()
@@ -284,12 +312,11 @@ impl Daemon {
         }
     }
 
-    fn resume_run(&self, dir: &Path) -> Result<(Accepted, RunDir), String> {
-        let run_dir = RunDir::open_existing(dir).map_err(|e| e.to_string())?;
-        let (path, format, base) =
-            crate::rundir::run_plan_location(run_dir.root()).map_err(|e| e.to_string())?;
-        let (loaded, source) = crate::plan::load_plan_based(&path, format, &base)
-            .map_err(|e| e.to_string().trim_end().to_string())?;
+    fn resume_run(&self, dir: &Path) -> Result<(Accepted, RunDir), DaemonError> {
+        let run_dir = RunDir::open_existing(dir)?;
+        let (path, format, base) = crate::rundir::run_plan_location(run_dir.root())?;
+        let (loaded, source) =
+            crate::plan::load_plan_based(&path, format, &base).map_err(DaemonError::InvalidPlan)?;
         Ok((
             Accepted {
                 loaded,

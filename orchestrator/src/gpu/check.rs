@@ -1,7 +1,7 @@
 //! `orchestrate gpu-check`: the memory check as a standalone command, for Slurm prolog and
 //! epilog scripts and for checking every node of a multi-node stage.
 
-use super::{discover, GpuInfo, Inventory, MemoryProbe};
+use super::{discover, GpuInfo, Inventory, MemoryProbe, NvmlUnavailable};
 use std::time::{Duration, Instant};
 
 pub use protocol::gpu_check::{CheckResult, GpuState};
@@ -26,7 +26,7 @@ fn read(probe: &dyn MemoryProbe, gpus: &[GpuInfo], max_used: u64) -> Vec<GpuStat
 
 /// Takes a snapshot; with `wait`, polls until every GPU is clean or `timeout` passes.
 /// `Err` says why NVML could not be used.
-pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, String> {
+pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, NvmlUnavailable> {
     let (gpus, probe, driver) = match discover() {
         Inventory::Available {
             gpus,

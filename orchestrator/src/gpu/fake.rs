@@ -6,7 +6,7 @@
 //! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>`; its used memory is the sum of the lines' bytes.
 //! Not for production: stages placed on fake GPUs get their UUIDs in `CUDA_VISIBLE_DEVICES`.
 
-use super::{GpuInfo, Holder, MemoryProbe};
+use super::{GpuInfo, Holder, MemoryProbe, ProbeError};
 use std::path::PathBuf;
 
 /// The variable that turns fake GPUs on.
@@ -35,7 +35,7 @@ pub struct FakeProbe {
 }
 
 impl MemoryProbe for FakeProbe {
-    fn used_bytes(&self, uuid: &str) -> Result<u64, String> {
+    fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError> {
         Ok(self.holders(uuid).iter().filter_map(|h| h.bytes).sum())
     }
 

@@ -14,7 +14,7 @@ mod reclaim;
 pub mod svg;
 pub mod timeline;
 
-pub use nvml::{discover, Inventory, NvmlProbe};
+pub use nvml::{discover, Inventory, NvmlProbe, NvmlUnavailable};
 pub use pool::GpuPool;
 pub use reclaim::{await_reclaim, ReclaimVerdict};
 
@@ -53,10 +53,24 @@ impl std::fmt::Display for Holder {
     }
 }
 
+/// Why a GPU's memory could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The probe does not know a GPU of that UUID.
+    #[error("unknown GPU {uuid}")]
+    UnknownGpu {
+        /// The UUID asked for.
+        uuid: String,
+    },
+    /// NVML refused (the GPU fell off the bus, the driver went away, …).
+    #[error(transparent)]
+    Nvml(#[from] nvml_wrapper::error::NvmlError),
+}
+
 /// Reads device memory. Implemented by NVML in production and by recorded samples in tests.
 pub trait MemoryProbe {
     /// Bytes in use on the GPU now (the device-level figure, all processes).
-    fn used_bytes(&self, uuid: &str) -> Result<u64, String>;
+    fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError>;
     /// Processes holding memory on the GPU now.
     fn holders(&self, uuid: &str) -> Vec<Holder>;
 }

@@ -1,7 +1,8 @@
 //! The NVML-backed inventory and probe.
 
-use super::{GpuInfo, Holder, MemoryProbe};
+use super::{GpuInfo, Holder, MemoryProbe, ProbeError};
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use std::collections::HashMap;
 
@@ -17,7 +18,18 @@ pub enum Inventory {
         driver: String,
     },
     /// NVML could not be loaded or initialised; the reason, for the user.
-    Unavailable(String),
+    Unavailable(NvmlUnavailable),
+}
+
+/// Why NVML cannot be used on this machine.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlUnavailable {
+    /// The library could not be loaded or initialised (no NVIDIA driver).
+    #[error("NVML is not available ({0})")]
+    Init(#[source] NvmlError),
+    /// It was loaded but could not say how many GPUs there are.
+    #[error("NVML could not count GPUs ({0})")]
+    Count(#[source] NvmlError),
 }
 
 /// Reads memory through NVML.
@@ -30,11 +42,11 @@ pub struct NvmlProbe {
 pub fn discover() -> Inventory {
     let nvml = match Nvml::init() {
         Ok(nvml) => nvml,
-        Err(e) => return Inventory::Unavailable(format!("NVML is not available ({e})")),
+        Err(e) => return Inventory::Unavailable(NvmlUnavailable::Init(e)),
     };
     let count = match nvml.device_count() {
         Ok(n) => n,
-        Err(e) => return Inventory::Unavailable(format!("NVML could not count GPUs ({e})")),
+        Err(e) => return Inventory::Unavailable(NvmlUnavailable::Count(e)),
     };
     let mut gpus = Vec::new();
     for index in 0..count {
@@ -66,19 +78,15 @@ pub fn discover() -> Inventory {
 }
 
 impl MemoryProbe for NvmlProbe {
-    fn used_bytes(&self, uuid: &str) -> Result<u64, String> {
+    fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError> {
         let index = self
             .index_by_uuid
             .get(uuid)
-            .ok_or_else(|| format!("unknown GPU {uuid}"))?;
-        let device = self
-            .nvml
-            .device_by_index(*index)
-            .map_err(|e| e.to_string())?;
-        device
-            .memory_info()
-            .map(|m| m.used)
-            .map_err(|e| e.to_string())
+            .ok_or_else(|| ProbeError::UnknownGpu {
+                uuid: uuid.to_string(),
+            })?;
+        let device = self.nvml.device_by_index(*index)?;
+        Ok(device.memory_info()?.used)
     }
 
     fn holders(&self, uuid: &str) -> Vec<Holder> {

@@ -18,7 +18,8 @@ pub struct ReclaimVerdict {
     pub clean: bool,
     /// At a leak: who holds memory now.
     pub holders: Vec<Holder>,
-    /// A probe error, if readings failed.
+    /// The last reading's error, as the report words it, if readings failed (text: the
+    /// verdict is cloned and compared, which the probe's error is not).
     pub error: Option<String>,
 }
 
@@ -49,7 +50,7 @@ pub async fn await_reclaim(
                 used <= baseline.saturating_add(tolerance)
             }
             Err(e) => {
-                error = Some(e);
+                error = Some(e.to_string());
                 false
             }
         }
@@ -72,17 +73,18 @@ pub async fn await_reclaim(
 
 #[cfg(test)]
 mod tests {
+    use super::super::ProbeError;
     use super::*;
     use std::cell::RefCell;
 
-    /// Replays recorded readings; the last one repeats forever.
+    /// Replays recorded readings (`None`: the GPU is gone); the last one repeats forever.
     struct Recorded {
-        samples: RefCell<Vec<Result<u64, String>>>,
+        samples: RefCell<Vec<Option<u64>>>,
         holders: Vec<Holder>,
     }
 
     impl Recorded {
-        fn new(samples: Vec<Result<u64, String>>) -> Self {
+        fn new(samples: Vec<Option<u64>>) -> Self {
             let mut samples = samples;
             samples.reverse();
             Recorded {
@@ -97,13 +99,12 @@ mod tests {
     }
 
     impl MemoryProbe for Recorded {
-        fn used_bytes(&self, _: &str) -> Result<u64, String> {
+        fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError> {
             let mut s = self.samples.borrow_mut();
-            if s.len() > 1 {
-                s.pop().unwrap()
-            } else {
-                s[0].clone()
-            }
+            let sample = if s.len() > 1 { s.pop().unwrap() } else { s[0] };
+            sample.ok_or_else(|| ProbeError::UnknownGpu {
+                uuid: uuid.to_string(),
+            })
         }
         fn holders(&self, _: &str) -> Vec<Holder> {
             self.holders.clone()
@@ -128,7 +129,7 @@ mod tests {
 
     #[test]
     fn clean_at_first_reading() {
-        let v = run(&Recorded::new(vec![Ok(615 * MIB)]), 64 * MIB, 1000);
+        let v = run(&Recorded::new(vec![Some(615 * MIB)]), 64 * MIB, 1000);
         assert!(v.clean);
         assert_eq!(v.after_bytes, 615 * MIB);
         assert!(v.reclaim < Duration::from_millis(50));
@@ -137,8 +138,8 @@ mod tests {
 
     #[test]
     fn within_tolerance_is_clean_above_is_not() {
-        assert!(run(&Recorded::new(vec![Ok(679 * MIB)]), 64 * MIB, 50).clean);
-        let v = run(&Recorded::new(vec![Ok(680 * MIB)]), 64 * MIB, 50);
+        assert!(run(&Recorded::new(vec![Some(679 * MIB)]), 64 * MIB, 50).clean);
+        let v = run(&Recorded::new(vec![Some(680 * MIB)]), 64 * MIB, 50);
         assert!(!v.clean);
         assert_eq!(v.excess_bytes(), 65 * MIB);
     }
@@ -147,10 +148,10 @@ mod tests {
     fn waits_for_memory_that_comes_back_late() {
         let v = run(
             &Recorded::new(vec![
-                Ok(8000 * MIB),
-                Ok(4000 * MIB),
-                Ok(700 * MIB),
-                Ok(615 * MIB),
+                Some(8000 * MIB),
+                Some(4000 * MIB),
+                Some(700 * MIB),
+                Some(615 * MIB),
             ]),
             0,
             2000,
@@ -161,7 +162,7 @@ mod tests {
 
     #[test]
     fn leak_after_timeout_names_holders() {
-        let v = run(&Recorded::new(vec![Ok(7577 * MIB)]), 64 * MIB, 100);
+        let v = run(&Recorded::new(vec![Some(7577 * MIB)]), 64 * MIB, 100);
         assert!(!v.clean);
         assert!(v.reclaim >= Duration::from_millis(100));
         assert_eq!(v.after_bytes, 7577 * MIB);
@@ -171,12 +172,8 @@ mod tests {
 
     #[test]
     fn probe_errors_end_in_a_verdict_that_says_so() {
-        let v = run(
-            &Recorded::new(vec![Err("GPU is lost".into())]),
-            64 * MIB,
-            30,
-        );
+        let v = run(&Recorded::new(vec![None]), 64 * MIB, 30);
         assert!(!v.clean);
-        assert_eq!(v.error.as_deref(), Some("GPU is lost"));
+        assert_eq!(v.error.as_deref(), Some("unknown GPU GPU-x"));
     }
 }

@@ -10,7 +10,7 @@
 use super::diagnostic::Diagnostic;
 use protocol::plan::{MatrixAxis, Plan, Stage};
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What an expanded stage came from.
@@ -85,14 +85,43 @@ fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
+/// Why a matrix axis's values could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AxisError {
+    /// Its `lines` file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// Its `glob` has a wildcard before the last path component.
+    #[error("`{glob}`: wildcards are supported in the last path component only")]
+    NestedWildcard {
+        /// The pattern, as the plan writes it.
+        glob: String,
+    },
+    /// The directory its `glob` lists cannot be listed.
+    #[error("cannot list {dir}: {source}")]
+    List {
+        /// The directory.
+        dir: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+}
+
 /// The values of one axis; `Err` says why they could not be read.
-pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<String>, String> {
+pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<String>, AxisError> {
     match axis {
         MatrixAxis::Values(values) => Ok(values.iter().map(ToString::to_string).collect()),
         MatrixAxis::Lines { lines } => {
             let path = base_dir.join(lines);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(source) => return Err(AxisError::Read { path, source }),
+            };
             Ok(text
                 .lines()
                 .map(str::trim)
@@ -108,12 +137,12 @@ pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<Stri
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             if dir.to_string_lossy().contains(['*', '?']) {
-                return Err(format!(
-                    "`{glob}`: wildcards are supported in the last path component only"
-                ));
+                return Err(AxisError::NestedWildcard { glob: glob.clone() });
             }
-            let entries = std::fs::read_dir(&dir)
-                .map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(source) => return Err(AxisError::List { dir, source }),
+            };
             let mut found: Vec<String> = entries
                 .filter_map(|e| e.ok())
                 .filter(|e| {

@@ -85,21 +85,50 @@ pub async fn run(reaper: &Reaper, argv: &[String], limit: Duration) -> io::Resul
     })
 }
 
+/// Why a helper program could not help.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// It ran but failed (exit status, signal or time limit), as [`HelperOutput::failure`]
+    /// says.
+    #[error("`{}` {}", .argv.join(" "), .output.failure())]
+    Failed {
+        /// Its command line.
+        argv: Vec<String>,
+        /// What it did.
+        output: HelperOutput,
+    },
+    /// It is not on `PATH`.
+    #[error("`{program}` is not installed here (not on PATH): Slurm's client commands are missing in this environment (a container without them?)")]
+    NotInstalled {
+        /// The program.
+        program: String,
+    },
+    /// It could not be started for another reason.
+    #[error("`{program}` could not be started: {source}")]
+    CannotStart {
+        /// The program.
+        program: String,
+        /// The failure.
+        source: io::Error,
+    },
+}
+
 /// Runs a program and says in one sentence why it could not help: not installed, timed out,
 /// refused. `Ok` holds its stdout.
 pub async fn run_for_output(
     reaper: &Reaper,
     argv: &[String],
     limit: Duration,
-) -> Result<String, String> {
-    let name = argv.first().map(String::as_str).unwrap_or("");
+) -> Result<String, HelperError> {
+    let program = argv.first().cloned().unwrap_or_default();
     match run(reaper, argv, limit).await {
         Ok(out) if out.success() => Ok(out.stdout),
-        Ok(out) => Err(format!("`{}` {}", argv.join(" "), out.failure())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(format!(
-            "`{name}` is not installed here (not on PATH): Slurm's client commands are missing in this environment (a container without them?)"
-        )),
-        Err(e) => Err(format!("`{name}` could not be started: {e}")),
+        Ok(output) => Err(HelperError::Failed {
+            argv: argv.to_vec(),
+            output,
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(HelperError::NotInstalled { program }),
+        Err(source) => Err(HelperError::CannotStart { program, source }),
     }
 }
 

@@ -150,9 +150,39 @@ pub fn classify(
     }
 }
 
+/// Why Slurm could not say a job's state: every way it was asked, and why each did not answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .tries.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct QueryError {
+    /// `scontrol`, then `squeue`, then `sacct`, in the order asked.
+    pub tries: Vec<QueryFailure>,
+}
+
+/// Why one of Slurm's commands did not give a job's state.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryFailure {
+    /// `scontrol show job` answered without a `JobState`.
+    #[error("`scontrol show job {job_id}` printed no JobState")]
+    NoJobState {
+        /// The job.
+        job_id: String,
+    },
+    /// `squeue` or `sacct` answered without the job.
+    #[error("{command} does not list job {job_id}")]
+    NotListed {
+        /// The command (`squeue`, `sacct`).
+        command: &'static str,
+        /// The job.
+        job_id: String,
+    },
+    /// The command could not be run, or failed.
+    #[error(transparent)]
+    Helper(#[from] helper::HelperError),
+}
+
 /// Asks Slurm for job `job_id`'s state: `scontrol show job -o`, else `squeue`, else `sacct`
 /// (where accounting runs). `Err` says why none could answer.
-pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
+pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, QueryError> {
     let limit = Duration::from_secs(20);
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let scontrol = helper::run_for_output(
@@ -170,12 +200,14 @@ pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
                     source: "scontrol",
                 });
             }
-            format!("`scontrol show job {job_id}` printed no JobState")
+            QueryFailure::NoJobState {
+                job_id: job_id.to_string(),
+            }
         }
-        Err(e) => e,
+        Err(e) => e.into(),
     };
-    let mut why = vec![scontrol_error];
-    let tries: [(&'static str, Vec<String>); 2] = [
+    let mut tries = vec![scontrol_error];
+    let commands: [(&'static str, Vec<String>); 2] = [
         (
             "squeue",
             argv(&["squeue", "-h", "-j", job_id, "-o", "%T|%r|%e"]),
@@ -194,16 +226,19 @@ pub async fn query(reaper: &Reaper, job_id: &str) -> Result<JobState, String> {
             ]),
         ),
     ];
-    for (source, command) in tries {
+    for (source, command) in commands {
         match helper::run_for_output(reaper, &command, limit).await {
             Ok(out) => match parse_columns(&out) {
                 Some(fields) => return Ok(JobState { fields, source }),
-                None => why.push(format!("{source} does not list job {job_id}")),
+                None => tries.push(QueryFailure::NotListed {
+                    command: source,
+                    job_id: job_id.to_string(),
+                }),
             },
-            Err(e) => why.push(e),
+            Err(e) => tries.push(e.into()),
         }
     }
-    Err(why.join("; "))
+    Err(QueryError { tries })
 }
 
 /// `JobState|Reason|EndTime` (the first line of `squeue -o %T|%r|%e` or `sacct -P -o
@@ -344,5 +379,41 @@ mod tests {
         let t = parse_slurm_time("1970-01-02T00:00:00").unwrap();
         assert_eq!(t + local_utc_offset(), 86_400);
         assert_eq!(parse_slurm_time("Unknown"), None);
+    }
+
+    #[test]
+    fn a_failed_query_says_why_each_command_did_not_answer() {
+        use crate::reaper::ExitStatus;
+        use helper::{HelperError, HelperOutput};
+        let err = QueryError {
+            tries: vec![
+                QueryFailure::Helper(HelperError::Failed {
+                    argv: vec!["scontrol".into(), "show".into(), "job".into(), "7".into()],
+                    output: HelperOutput {
+                        status: Some(ExitStatus::Code(1)),
+                        stdout: String::new(),
+                        stderr: "noise\nslurm_load_jobs error: Invalid job id specified\n".into(),
+                    },
+                }),
+                QueryFailure::NotListed {
+                    command: "squeue",
+                    job_id: "7".into(),
+                },
+                QueryFailure::Helper(HelperError::NotInstalled {
+                    program: "sacct".into(),
+                }),
+            ],
+        };
+        assert_eq!(
+            err.to_string(),
+            "`scontrol show job 7` exited with code 1: slurm_load_jobs error: Invalid job id specified; \
+             squeue does not list job 7; \
+             `sacct` is not installed here (not on PATH): Slurm's client commands are missing in this environment (a container without them?)"
+        );
+        let no_state = QueryFailure::NoJobState { job_id: "7".into() };
+        assert_eq!(
+            no_state.to_string(),
+            "`scontrol show job 7` printed no JobState"
+        );
     }
 }

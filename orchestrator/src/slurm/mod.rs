@@ -24,6 +24,42 @@ pub mod task;
 
 use std::path::{Path, PathBuf};
 
+/// Why a plan or a run cannot go ahead in (or outside) this Slurm job; each message says
+/// what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlurmError {
+    /// A stage runs through srun, and this process is not in a Slurm allocation.
+    #[error("stage `{stage}` runs {tasks} task(s) on {nodes} node(s) through srun, which needs a Slurm allocation, and this is not one (no SLURM_JOB_ID): submit the plan with `sbatch configs/slurm/pipeline.sbatch PLAN` (or run it inside `salloc`), or remove `nodes`/`tasks_per_node`/`gpus_per_task` from the stage")]
+    NoAllocation {
+        /// The stage.
+        stage: String,
+        /// Its tasks, on all nodes.
+        tasks: u32,
+        /// Its nodes.
+        nodes: u32,
+    },
+    /// A stage asks for more nodes than the job has.
+    #[error("stage `{stage}` asks for {nodes} nodes but Slurm job {job_id} has {job_nodes}: submit with `sbatch --nodes={nodes}`, or lower `nodes`")]
+    TooFewNodes {
+        /// The stage.
+        stage: String,
+        /// The nodes it asks for.
+        nodes: u32,
+        /// The job.
+        job_id: String,
+        /// The job's nodes.
+        job_nodes: u32,
+    },
+    /// A first start of the job finds its default run directory already holding a run.
+    #[error("{dir} already holds a run, but this start of Slurm job {job_id} is not a requeue (SLURM_RESTART_COUNT is 0): the plan was run twice in one job, or the job id was reused. Move that directory away, or pass --run-dir")]
+    RunDirHoldsRun {
+        /// The run directory.
+        dir: PathBuf,
+        /// The job.
+        job_id: String,
+    },
+}
+
 /// The Slurm job this process runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
@@ -172,7 +208,7 @@ pub fn choose_run_dir(
     explicit: Option<&Path>,
     resume_asked: bool,
     name: &str,
-) -> Option<Result<RunDirChoice, String>> {
+) -> Option<Result<RunDirChoice, SlurmError>> {
     let job = job?;
     let dir = explicit
         .map(Path::to_path_buf)
@@ -182,11 +218,10 @@ pub fn choose_run_dir(
         return Some(Ok(RunDirChoice { dir, resume: true }));
     }
     if holds_run && explicit.is_none() {
-        return Some(Err(format!(
-            "{} already holds a run, but this start of Slurm job {} is not a requeue (SLURM_RESTART_COUNT is 0): the plan was run twice in one job, or the job id was reused. Move that directory away, or pass --run-dir",
-            dir.display(),
-            job.job_id
-        )));
+        return Some(Err(SlurmError::RunDirHoldsRun {
+            dir,
+            job_id: job.job_id.clone(),
+        }));
     }
     Some(Ok(RunDirChoice { dir, resume: false }))
 }
@@ -317,5 +352,35 @@ mod tests {
             .unwrap();
         assert_eq!(default.dir, Path::new("runs/quick-slurm-9"));
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn refusals_say_what_to_do() {
+        let taken = SlurmError::RunDirHoldsRun {
+            dir: PathBuf::from("runs/p-slurm-9"),
+            job_id: "9".into(),
+        };
+        assert_eq!(
+            taken.to_string(),
+            "runs/p-slurm-9 already holds a run, but this start of Slurm job 9 is not a requeue (SLURM_RESTART_COUNT is 0): the plan was run twice in one job, or the job id was reused. Move that directory away, or pass --run-dir"
+        );
+        let few = SlurmError::TooFewNodes {
+            stage: "train".into(),
+            nodes: 4,
+            job_id: "9".into(),
+            job_nodes: 2,
+        };
+        assert_eq!(
+            few.to_string(),
+            "stage `train` asks for 4 nodes but Slurm job 9 has 2: submit with `sbatch --nodes=4`, or lower `nodes`"
+        );
+        let outside = SlurmError::NoAllocation {
+            stage: "train".into(),
+            tasks: 8,
+            nodes: 2,
+        };
+        assert!(outside
+            .to_string()
+            .starts_with("stage `train` runs 8 task(s) on 2 node(s) through srun, which needs a Slurm allocation"));
     }
 }

@@ -117,25 +117,26 @@ pub fn stage_records(
 
 /// Refuses, with what to do, a plan whose srun stages cannot run here: outside a Slurm
 /// allocation, or asking for more nodes than the allocation has.
-pub fn check_plan(stages: &[Stage], job: Option<&Allocation>) -> Result<(), String> {
+pub fn check_plan(stages: &[Stage], job: Option<&Allocation>) -> Result<(), super::SlurmError> {
     for stage in stages {
         let Some(layout) = stage.task_layout() else {
             continue;
         };
         match job {
             None => {
-                return Err(format!(
-                    "stage `{}` runs {} task(s) on {} node(s) through srun, which needs a Slurm allocation, and this is not one (no SLURM_JOB_ID): submit the plan with `sbatch configs/slurm/pipeline.sbatch PLAN` (or run it inside `salloc`), or remove `nodes`/`tasks_per_node`/`gpus_per_task` from the stage",
-                    stage.name,
-                    layout.world_size(),
-                    layout.nodes
-                ))
+                return Err(super::SlurmError::NoAllocation {
+                    stage: stage.name.clone(),
+                    tasks: layout.world_size(),
+                    nodes: layout.nodes,
+                })
             }
             Some(job) if layout.nodes > job.num_nodes => {
-                return Err(format!(
-                    "stage `{}` asks for {} nodes but Slurm job {} has {}: submit with `sbatch --nodes={}`, or lower `nodes`",
-                    stage.name, layout.nodes, job.job_id, job.num_nodes, layout.nodes
-                ))
+                return Err(super::SlurmError::TooFewNodes {
+                    stage: stage.name.clone(),
+                    nodes: layout.nodes,
+                    job_id: job.job_id.clone(),
+                    job_nodes: job.num_nodes,
+                })
             }
             Some(_) => {}
         }
