@@ -121,6 +121,8 @@ def main():
         "commit": commit + ("+uncommitted" if dirty else ""),
         "what": "no-op `true` stages; orchestrate with journal, report.json, results.csv/json, "
                 "process-tree and leftover checks; peer: subprocess.run(['true']) loop, one at a time",
+        # Other work on the machine skews a 2-core benchmark: its load when this began and ended.
+        "load_average_1_5_15_min_at_start": os.getloadavg(),
         "sizes": {},
     }
     with tempfile.TemporaryDirectory(prefix="overhead-") as d:
@@ -154,6 +156,7 @@ def main():
             size["summary"] = summary
             result["sizes"][str(n)] = size
             print(json.dumps({n: summary}, indent=1), file=sys.stderr)
+    result["load_average_1_5_15_min_at_end"] = os.getloadavg()
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
 
