@@ -156,9 +156,11 @@ def main():
             size["summary"] = summary
             result["sizes"][str(n)] = size
             print(json.dumps({n: summary}, indent=1), file=sys.stderr)
-    result["load_average_1_5_15_min_at_end"] = os.getloadavg()
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        # Written before the run directories are removed (minutes, at 100,000 stages).
+        result["load_average_1_5_15_min_at_end"] = os.getloadavg()
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}; removing the run directories", file=sys.stderr)
 
 
 if __name__ == "__main__":

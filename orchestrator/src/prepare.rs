@@ -20,12 +20,18 @@ use std::sync::{mpsc, Arc, Mutex};
 const NONE: u8 = 0;
 const QUEUED: u8 = 1;
 const WRITING: u8 = 2;
-/// Written and opened (its [`Opened`] waits in the preparer's table).
-const WRITTEN: u8 = 3;
+/// Written, and the output directory was created by the write.
+const WRITTEN_FRESH: u8 = 3;
+/// Written into an output directory that existed.
+const WRITTEN: u8 = 4;
+/// Written and opened: its [`Written`] waits in the preparer's table (only stages about to
+/// start are opened, so the table stays small; a stage written long ahead costs its state
+/// byte only).
+const OPENED: u8 = 5;
 /// The scheduler took it: the preparer leaves it alone.
-const TAKEN: u8 = 5;
+const TAKEN: u8 = 6;
 /// The write failed: the scheduler writes it (and reports the error).
-const FAILED: u8 = 6;
+const FAILED: u8 = 7;
 
 /// Work for the preparer thread: write stage `i`'s files, and open its logs and bind its
 /// socket at the path when one is given.
@@ -38,7 +44,7 @@ pub(crate) type Written = (bool, Option<Opened>);
 /// Handle to the preparer thread of one run.
 pub(crate) struct Preparer {
     state: Arc<Vec<AtomicU8>>,
-    /// Written stages not yet claimed.
+    /// Opened stages not yet claimed.
     written: Arc<Mutex<HashMap<usize, Written>>>,
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -70,12 +76,19 @@ impl Preparer {
                         None => layout.write().map(|fresh| (fresh, None)),
                     };
                     let done = match result {
+                        Ok((fresh, None)) => {
+                            if fresh {
+                                WRITTEN_FRESH
+                            } else {
+                                WRITTEN
+                            }
+                        }
                         Ok(written) => {
                             table
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
                                 .insert(i, written);
-                            WRITTEN
+                            OPENED
                         }
                         Err(_) => FAILED,
                     };
@@ -119,7 +132,15 @@ impl Preparer {
             {
                 Ok(_) => return None,
                 Err(WRITING) => std::thread::yield_now(),
+                Err(WRITTEN_FRESH) => {
+                    self.state[i].store(TAKEN, Ordering::Release);
+                    return Some((true, None));
+                }
                 Err(WRITTEN) => {
+                    self.state[i].store(TAKEN, Ordering::Release);
+                    return Some((false, None));
+                }
+                Err(OPENED) => {
                     self.state[i].store(TAKEN, Ordering::Release);
                     return self
                         .written

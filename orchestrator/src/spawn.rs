@@ -95,28 +95,37 @@ fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
             )
         })
     };
-    let args: Vec<CString> = req
-        .argv
-        .iter()
-        .map(|a| cstr(a.as_bytes()))
-        .collect::<io::Result<_>>()?;
-    let vars: Vec<CString> = req
-        .env
-        .iter()
-        .map(|(k, v)| cstr(format!("{k}={v}").as_bytes()))
-        .collect::<io::Result<_>>()?;
+    // Every argument and `KEY=VALUE` string, NUL-terminated, end to end in one buffer (a
+    // sweep spawns thousands of times; a string each was a hundred allocations a spawn).
+    let mut strings: Vec<u8> = Vec::with_capacity(
+        req.argv.iter().map(|a| a.len() + 1).sum::<usize>()
+            + req
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 2)
+                .sum::<usize>(),
+    );
+    let mut starts = Vec::with_capacity(req.argv.len() + req.env.len());
+    for arg in req.argv {
+        starts.push(strings.len());
+        push_c_string(&mut strings, &[arg.as_bytes()])?;
+    }
+    for (key, value) in req.env {
+        starts.push(strings.len());
+        push_c_string(&mut strings, &[key.as_bytes(), b"=", value.as_bytes()])?;
+    }
+    // The buffer is complete: pointers into it stay valid until it is dropped, after the clone.
+    let pointers = |range: std::ops::Range<usize>| -> Vec<*const libc::c_char> {
+        starts[range]
+            .iter()
+            .map(|&start| strings[start..].as_ptr() as *const libc::c_char)
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
     let mut prepared = Prepared {
         path: cstr(path.as_os_str().as_bytes())?,
-        argv: args
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect(),
-        envp: vars
-            .iter()
-            .map(|v| v.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect(),
+        argv: pointers(0..req.argv.len()),
+        envp: pointers(req.argv.len()..starts.len()),
         cwd: cstr(req.cwd.as_os_str().as_bytes())?,
         fds: [
             req.stdin.as_raw_fd(),
@@ -139,13 +148,27 @@ fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
         let mut stack = stack.borrow_mut();
         clone_child(&mut stack, &mut prepared)
     })?;
-    drop(args);
-    drop(vars);
+    drop(strings);
     if prepared.error != 0 {
         // It exited with 127 without running anything; the reaper collects it.
         return Err(io::Error::from_raw_os_error(prepared.error));
     }
     Ok(prepared.pid)
+}
+
+/// Appends `parts` and a NUL to `buf`; refuses a part that holds a NUL itself.
+fn push_c_string(buf: &mut Vec<u8>, parts: &[&[u8]]) -> io::Result<()> {
+    for part in parts {
+        if part.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an argument or variable holds a NUL byte",
+            ));
+        }
+        buf.extend_from_slice(part);
+    }
+    buf.push(0);
+    Ok(())
 }
 
 /// Clones the child onto `stack` with `prepared`; returns when it has exec'd or exited.
@@ -262,12 +285,13 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
 thread_local! {
     /// Programs found in `PATH`: (name, `PATH`) → file. A sweep starts the same program
     /// thousands of times; looking it up costs a `stat` per directory of `PATH` each time.
-    static FOUND: std::cell::RefCell<std::collections::HashMap<(String, String), PathBuf>> =
+    /// By name: for each `PATH` it was looked up in, the file (looked up without allocating).
+    static FOUND: std::cell::RefCell<std::collections::HashMap<String, Vec<(String, PathBuf)>>> =
         Default::default();
 }
 
 fn forget(program: &str) {
-    FOUND.with(|found| found.borrow_mut().retain(|(name, _), _| name != program));
+    FOUND.with(|found| found.borrow_mut().remove(program));
 }
 
 /// The file `program` names: itself when it holds a `/`, else the first executable regular
@@ -279,15 +303,26 @@ fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<(P
     if program.contains('/') {
         return Ok((PathBuf::from(program), false));
     }
-    let path_var = env
+    static INHERITED_PATH: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let path_var: &str = env
         .iter()
         .rev()
         .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var("PATH").ok())
-        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".to_string());
-    let key = (program.to_string(), path_var.clone());
-    if let Some(path) = FOUND.with(|found| found.borrow().get(&key).cloned()) {
+        .map(|(_, v)| v.as_str())
+        .or_else(|| {
+            INHERITED_PATH
+                .get_or_init(|| std::env::var("PATH").ok())
+                .as_deref()
+        })
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+    let hit = FOUND.with(|found| {
+        found.borrow().get(program).and_then(|seen| {
+            seen.iter()
+                .find(|(path, _)| path == path_var)
+                .map(|(_, file)| file.clone())
+        })
+    });
+    if let Some(path) = hit {
         return Ok((path, true));
     }
     let cacheable = path_var.split(':').all(|dir| dir.starts_with('/'));
@@ -306,7 +341,13 @@ fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<(P
         }
         if executable(&candidate) {
             if cacheable {
-                FOUND.with(|found| found.borrow_mut().insert(key, candidate.clone()));
+                FOUND.with(|found| {
+                    found
+                        .borrow_mut()
+                        .entry(program.to_string())
+                        .or_default()
+                        .push((path_var.to_string(), candidate.clone()))
+                });
             }
             return Ok((candidate, false));
         }
@@ -325,81 +366,6 @@ fn executable(path: &Path) -> bool {
     };
     // SAFETY: a valid NUL-terminated path.
     unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsFd;
-
-    fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> (io::Result<i32>, String) {
-        let out_path = crate::testutil::scratch("spawn-out").join("out");
-        let out = std::fs::File::create(&out_path).unwrap();
-        let null = std::fs::File::open("/dev/null").unwrap();
-        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let pid = spawn(&Request {
-            argv: &argv,
-            env: &env,
-            cwd,
-            stdin: null.as_fd(),
-            stdout: out.as_fd(),
-            stderr: out.as_fd(),
-        });
-        if let Ok(pid) = pid {
-            let mut status = 0;
-            // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(pid, &mut status, 0) };
-        }
-        (pid, std::fs::read_to_string(&out_path).unwrap())
-    }
-
-    #[test]
-    fn the_child_gets_its_environment_directory_session_and_default_signals() {
-        let dir = crate::testutil::scratch("spawn");
-        let script = "echo \"$FOO $(pwd)\"; \
-                      [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo session-leader";
-        let (pid, out) = run(
-            &["sh", "-c", script],
-            &[("FOO", "bar"), ("PATH", "/usr/bin:/bin")],
-            &dir,
-        );
-        assert!(pid.is_ok());
-        let cwd = std::fs::canonicalize(&dir).unwrap();
-        assert!(
-            out.starts_with(&format!("bar {}\n", cwd.display())),
-            "{out}"
-        );
-        assert!(out.contains("session-leader"), "{out}");
-        // The signal state the program starts with (read by the program itself: a shell
-        // blocks signals of its own while it waits for a child).
-        let (pid, out) = run(
-            &["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"],
-            &[("PATH", "/usr/bin:/bin")],
-            &dir,
-        );
-        assert!(pid.is_ok());
-        assert!(out.contains("SigBlk:\t0000000000000000"), "{out}");
-        // SIGPIPE (bit 13) is not ignored in the child although the test harness ignores it.
-        let ign = out
-            .lines()
-            .find_map(|l| l.strip_prefix("SigIgn:\t"))
-            .unwrap();
-        let ign = u64::from_str_radix(ign.trim(), 16).unwrap();
-        assert_eq!(ign & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
-    }
-
-    #[test]
-    fn a_missing_program_or_directory_is_an_error_not_a_child() {
-        let dir = crate::testutil::scratch("spawn");
-        let (pid, _) = run(&["no-such-program-here"], &[("PATH", "/usr/bin")], &dir);
-        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
-        let (pid, _) = run(&["/bin/true"], &[], &dir.join("missing"));
-        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
-    }
 }
 
 /// `clone3` with `CLONE_CLEAR_SIGHAND` (Linux 5.5): the kernel resets every handled signal in
@@ -502,5 +468,94 @@ mod clone3 {
     pub(super) unsafe fn spawn(_: *mut u8, _: usize, _: *mut libc::c_void) -> i32 {
         let _ = &UNAVAILABLE;
         -1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> (io::Result<i32>, String) {
+        let out_path = crate::testutil::scratch("spawn-out").join("out");
+        let out = std::fs::File::create(&out_path).unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let pid = spawn(&Request {
+            argv: &argv,
+            env: &env,
+            cwd,
+            stdin: null.as_fd(),
+            stdout: out.as_fd(),
+            stderr: out.as_fd(),
+        });
+        if let Ok(pid) = pid {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        }
+        (pid, std::fs::read_to_string(&out_path).unwrap())
+    }
+
+    #[test]
+    fn the_child_gets_its_environment_directory_session_and_default_signals() {
+        let dir = crate::testutil::scratch("spawn");
+        let script = "echo \"$FOO $(pwd)\"; \
+                      [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo session-leader";
+        let (pid, out) = run(
+            &["sh", "-c", script],
+            &[("FOO", "bar"), ("PATH", "/usr/bin:/bin")],
+            &dir,
+        );
+        assert!(pid.is_ok());
+        let cwd = std::fs::canonicalize(&dir).unwrap();
+        assert!(
+            out.starts_with(&format!("bar {}\n", cwd.display())),
+            "{out}"
+        );
+        assert!(out.contains("session-leader"), "{out}");
+        // The signal state the program starts with (read by the program itself: a shell
+        // blocks signals of its own while it waits for a child).
+        let (pid, out) = run(
+            &["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"],
+            &[("PATH", "/usr/bin:/bin")],
+            &dir,
+        );
+        assert!(pid.is_ok());
+        assert!(out.contains("SigBlk:\t0000000000000000"), "{out}");
+        // SIGPIPE (bit 13) is not ignored in the child although the test harness ignores it.
+        let ign = out
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:\t"))
+            .unwrap();
+        let ign = u64::from_str_radix(ign.trim(), 16).unwrap();
+        assert_eq!(ign & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
+    }
+
+    #[test]
+    fn a_missing_program_or_directory_is_an_error_not_a_child() {
+        let dir = crate::testutil::scratch("spawn");
+        let (pid, _) = run(&["no-such-program-here"], &[("PATH", "/usr/bin")], &dir);
+        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
+        let (pid, _) = run(&["/bin/true"], &[], &dir.join("missing"));
+        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
+        for (argv, env) in [
+            (["/bin/true", "a\0b"], ("K", "v")),
+            (["/bin/true", "x"], ("K", "v\0")),
+        ] {
+            let (pid, _) = run(&argv, &[env], &dir);
+            assert_eq!(pid.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        }
+        // A name found once is found again from memory, in the same PATH only.
+        let (first, _) = resolve("true", &[("PATH".into(), "/usr/bin:/bin".into())], &dir).unwrap();
+        let (again, cached) =
+            resolve("true", &[("PATH".into(), "/usr/bin:/bin".into())], &dir).unwrap();
+        assert_eq!((first, cached), (again, true));
+        let (_, cached) = resolve("true", &[("PATH".into(), "/bin".into())], &dir).unwrap();
+        assert!(!cached);
     }
 }
