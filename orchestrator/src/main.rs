@@ -1,5 +1,8 @@
 //! `orchestrate`: the command line. Thin: parsing, logging set-up, exit codes; the work is in
 //! the `orchestrator` library.
+// The doc comments of the command-line types are `--help` text, where `<name>` is the usual
+// placeholder, not an HTML tag.
+#![allow(rustdoc::invalid_html_tags)]
 
 use clap::{Parser, Subcommand, ValueEnum};
 use orchestrator::console::Console;
