@@ -30,8 +30,8 @@ pub enum CancelLevel {
     Kill,
 }
 
-/// A first attempt's files opened ahead of its start by the preparer thread
-/// ([`crate::prepare`]): its logs and its event socket, bound.
+/// A first attempt's files opened ahead of its start by the preparer thread (the run's
+/// `stage-files` thread): its logs and its event socket, bound.
 #[derive(Debug)]
 pub struct Opened {
     /// `stdout.log`, open for appending.
