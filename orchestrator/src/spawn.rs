@@ -303,18 +303,18 @@ fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<(P
     if program.contains('/') {
         return Ok((PathBuf::from(program), false));
     }
-    static INHERITED_PATH: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let path_var: &str = env
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.as_str())
-        .or_else(|| {
-            INHERITED_PATH
-                .get_or_init(|| std::env::var("PATH").ok())
+    // The stage's environment carries PATH (it inherits the orchestrator's); the orchestrator's
+    // own is read only for an environment without one.
+    let own_path;
+    let path_var: &str = match env.iter().rev().find(|(k, _)| k == "PATH") {
+        Some((_, v)) => v,
+        None => {
+            own_path = std::env::var("PATH").ok();
+            own_path
                 .as_deref()
-        })
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin");
+                .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+        }
+    };
     let hit = FOUND.with(|found| {
         found.borrow().get(program).and_then(|seen| {
             seen.iter()
