@@ -105,14 +105,21 @@ def progress(step, total_steps=None, loss=None, tokens_per_s=None):
 
 def checkpoint(path, step=None):
     """Reports a checkpoint file that is completely written (write it to a temporary name and
-    rename it into place first). Its SHA-256 and size are computed here."""
+    rename it into place first). Its SHA-256 and size are computed here, with the file's
+    identity (device, inode, modification time), so that orchestrate can take the checksum for
+    that very file without reading it again."""
     path = Path(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
+        before = os.fstat(f.fileno())
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
+        after = os.fstat(f.fileno())
+    identity = None
+    if (before.st_mtime_ns, before.st_size) == (after.st_mtime_ns, after.st_size):
+        identity = {"dev": after.st_dev, "ino": after.st_ino, "mtime_ns": after.st_mtime_ns}
     _send("checkpoint", path=str(path.resolve()), sha256=digest.hexdigest(),
-          bytes=path.stat().st_size, step=step)
+          bytes=after.st_size, step=step, identity=identity)
 
 
 def metrics(**values):

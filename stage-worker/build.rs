@@ -7,8 +7,9 @@
 //!   `LD_LIBRARY_PATH`. (`LD_LIBRARY_PATH` still wins, which is how the binary runs on a host
 //!   whose own PyTorch 2.11 provides libtorch.)
 //!
-//! It also compiles `csrc/fused_adamw.cpp`, a few lines of C++ that call libtorch's fused AdamW
-//! kernel, which tch does not bind (see `src/optim.rs`).
+//! It also compiles the few lines of C++ under `csrc/` that reach libtorch where tch does not:
+//! the fused AdamW kernel (`src/optim.rs`) and the choice of attention kernels
+//! (`src/attention.rs`).
 
 use std::path::PathBuf;
 
@@ -30,10 +31,12 @@ fn main() {
         );
     }
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
+    println!("cargo:rerun-if-changed=csrc/attention.cpp");
     let include = PathBuf::from(&libtorch).join("include");
     cc::Build::new()
         .cpp(true)
         .file("csrc/fused_adamw.cpp")
+        .file("csrc/attention.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

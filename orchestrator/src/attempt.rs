@@ -217,7 +217,7 @@ pub(crate) fn prepare_attempt(
                 let path = Path::new(&record.path);
                 let depth = crate::checksum::Depth::Size;
                 if let Err(mismatch) =
-                    crate::checksum::check_file(path, record.bytes, &record.sha256, depth)
+                    crate::checksum::check_file(path, record.bytes, &record.checksum, depth)
                 {
                     return Err(Failure::BadInput(format!(
                         "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",

@@ -1,16 +1,18 @@
-//! SHA-256 of files and the verification of checkpoint manifests.
+//! Checksums of files and the verification of checkpoint manifests.
 
-use protocol::checkpoint::{CheckpointManifest, FileIdentity, MANIFEST_FILE};
+use protocol::checkpoint::{
+    Algorithm, CheckpointManifest, Checksum, FileIdentity, Hasher, MANIFEST_FILE,
+    MANIFEST_VERSIONS_READ,
+};
 use protocol::report::CheckpointRecord;
-use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// SHA-256 (lower-case hex) and size of a file, read once.
-pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
+/// Checksum under `algorithm` and size of a file, read once.
+pub fn checksum_file(path: &Path, algorithm: Algorithm) -> std::io::Result<(Checksum, u64)> {
     let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
+    let mut hasher = Hasher::new(algorithm);
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
     loop {
@@ -21,15 +23,30 @@ pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
         hasher.update(&buf[..n]);
         total += n as u64;
     }
-    Ok((protocol::checkpoint::hex(&hasher.finalize()), total))
+    Ok((hasher.finalize(), total))
+}
+
+/// The checksum and size to record for a declared output file with no manifest: the writer's
+/// own checksum when the file is, by its identity and size, one the stage reported writing;
+/// else the file is read and hashed with [`Algorithm::PREFERRED`].
+pub fn record_file(path: &Path, reported: &[ReportedFile]) -> std::io::Result<(Checksum, u64)> {
+    let meta = std::fs::metadata(path)?;
+    let identity = FileIdentity::of(&meta);
+    if let Some(r) = reported
+        .iter()
+        .find(|r| r.identity == identity && r.bytes == meta.len())
+    {
+        return Ok((r.checksum.clone(), r.bytes));
+    }
+    checksum_file(path, Algorithm::PREFERRED)
 }
 
 /// A file a stage reported writing (a `checkpoint` event): its checksum, computed by the
 /// writer while writing, and its identity once it was in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReportedFile {
-    /// SHA-256, lower-case hex.
-    pub sha256: String,
+    /// Its checksum, as the writer computed it.
+    pub checksum: Checksum,
     /// Size in bytes.
     pub bytes: u64,
     /// Device, inode and modification time.
@@ -41,7 +58,7 @@ pub struct ReportedFile {
 pub enum Depth<'a> {
     /// Its size only: a cheap look, for a file whose contents were verified moments ago.
     Size,
-    /// Its size, then its SHA-256; a file that is, by its identity and size, one the stage
+    /// Its size, then its checksum; a file that is, by its identity and size, one the stage
     /// reported writing with the recorded checksum is taken on the writer's word (it hashed
     /// those bytes as it wrote them). Pass no reported files to hash every file.
     Content {
@@ -50,7 +67,7 @@ pub enum Depth<'a> {
     },
 }
 
-/// Why a file is not the one recorded (its size and SHA-256).
+/// Why a file is not the one recorded (its size and checksum).
 #[derive(Debug)]
 pub enum FileMismatch {
     /// It cannot be found (or its metadata read).
@@ -62,19 +79,20 @@ pub enum FileMismatch {
     },
     /// It could not be read to hash it.
     Unreadable(std::io::Error),
-    /// Its bytes hash to another SHA-256.
+    /// Its bytes hash to another checksum (under the recorded one's algorithm).
     Checksum {
-        /// Its SHA-256 now, lower-case hex.
-        actual: String,
+        /// Its checksum now.
+        actual: Checksum,
     },
 }
 
-/// Checks the file at `path` against the size and SHA-256 recorded for it, as closely as
-/// `depth` says: the one check behind manifests, resume and a stage's inputs.
+/// Checks the file at `path` against the size and checksum recorded for it (hashing it with the
+/// recorded checksum's algorithm), as closely as `depth` says: the one check behind manifests,
+/// resume and a stage's inputs.
 pub fn check_file(
     path: &Path,
     bytes: u64,
-    sha256: &str,
+    checksum: &Checksum,
     depth: Depth<'_>,
 ) -> Result<(), FileMismatch> {
     let meta = std::fs::metadata(path).map_err(FileMismatch::Missing)?;
@@ -87,12 +105,13 @@ pub fn check_file(
     let identity = FileIdentity::of(&meta);
     if reported
         .iter()
-        .any(|r| r.identity == identity && r.bytes == bytes && r.sha256 == sha256)
+        .any(|r| r.identity == identity && r.bytes == bytes && r.checksum.matches(checksum))
     {
         return Ok(());
     }
-    let (actual, _) = sha256_file(path).map_err(FileMismatch::Unreadable)?;
-    if actual != sha256 {
+    let (actual, _) =
+        checksum_file(path, checksum.algorithm()).map_err(FileMismatch::Unreadable)?;
+    if !actual.matches(checksum) {
         return Err(FileMismatch::Checksum { actual });
     }
     Ok(())
@@ -149,21 +168,34 @@ pub enum VerifyError {
         #[source]
         source: std::io::Error,
     },
-    /// A listed file's bytes hash to another SHA-256 than the manifest's.
+    /// A listed file's bytes hash to another checksum than the manifest's.
     #[error(
-        "checkpoint file {path} does not match its manifest checksum (sha256 {actual}, expected {expected}): it is corrupted"
+        "checkpoint file {path} does not match its manifest checksum ({actual}, expected {}): it is corrupted",
+        expected.hex()
     )]
     Checksum {
         /// The file.
         path: PathBuf,
-        /// Its SHA-256 now, lower-case hex.
-        actual: String,
-        /// Its SHA-256 in the manifest, lower-case hex.
-        expected: String,
+        /// Its checksum now.
+        actual: Checksum,
+        /// Its checksum in the manifest.
+        expected: Checksum,
+    },
+    /// The manifest is of a version this orchestrator does not read.
+    #[error(
+        "{path} has format version {v}; this orchestrate reads versions {}–{}: upgrade orchestrate",
+        MANIFEST_VERSIONS_READ.start(),
+        MANIFEST_VERSIONS_READ.end()
+    )]
+    Version {
+        /// The manifest.
+        path: PathBuf,
+        /// Its version.
+        v: u32,
     },
 }
 
-/// Reads `dir/manifest.json` and checks every file it lists (size, then SHA-256).
+/// Reads `dir/manifest.json` and checks every file it lists (size, then checksum).
 ///
 /// Returns `Ok(None)` when the directory has no manifest; `Err` says, for the user, why the
 /// manifest is unreadable or which file is missing, truncated or altered.
@@ -196,11 +228,17 @@ pub fn verify_manifest_dir_reported(
             path: manifest_path.clone(),
             source,
         })?;
+    if !MANIFEST_VERSIONS_READ.contains(&manifest.v) {
+        return Err(VerifyError::Version {
+            path: manifest_path,
+            v: manifest.v,
+        });
+    }
     let mut records = Vec::with_capacity(manifest.files.len() + 1);
     for entry in &manifest.files {
         let path = dir.join(&entry.path);
         let depth = Depth::Content { reported };
-        if let Err(mismatch) = check_file(&path, entry.bytes, &entry.sha256, depth) {
+        if let Err(mismatch) = check_file(&path, entry.bytes, &entry.checksum, depth) {
             return Err(match mismatch {
                 FileMismatch::Missing(source) => VerifyError::Missing { path, source },
                 FileMismatch::Size { actual } => VerifyError::Size {
@@ -212,14 +250,14 @@ pub fn verify_manifest_dir_reported(
                 FileMismatch::Checksum { actual } => VerifyError::Checksum {
                     path,
                     actual,
-                    expected: entry.sha256.clone(),
+                    expected: entry.checksum.clone(),
                 },
             });
         }
         records.push(CheckpointRecord {
             path: path.display().to_string(),
             bytes: entry.bytes,
-            sha256: entry.sha256.clone(),
+            checksum: entry.checksum.clone(),
         });
     }
     Ok(Some(records))
@@ -232,13 +270,13 @@ mod tests {
     fn write_checkpoint(dir: &Path, content: &[u8]) -> CheckpointManifest {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("w.bin"), content).unwrap();
-        let (sha256, bytes) = sha256_file(&dir.join("w.bin")).unwrap();
+        let (checksum, bytes) = checksum_file(&dir.join("w.bin"), Algorithm::PREFERRED).unwrap();
         let manifest = CheckpointManifest {
-            v: protocol::PROTOCOL_VERSION,
+            v: protocol::checkpoint::MANIFEST_VERSION,
             files: vec![protocol::checkpoint::ManifestFile {
                 path: "w.bin".into(),
                 bytes,
-                sha256,
+                checksum,
             }],
             step: None,
             model: serde_json::Value::Null,
@@ -258,7 +296,7 @@ mod tests {
         let path = dir.join("w.bin");
         let entry = &manifest.files[0];
         let reported = ReportedFile {
-            sha256: entry.sha256.clone(),
+            checksum: entry.checksum.clone(),
             bytes: entry.bytes,
             identity: FileIdentity::of(&std::fs::metadata(&path).unwrap()),
         };
@@ -272,7 +310,7 @@ mod tests {
         let records = verify_manifest_dir_reported(&dir, std::slice::from_ref(&reported))
             .unwrap()
             .unwrap();
-        assert_eq!(records[0].sha256, entry.sha256);
+        assert_eq!(records[0].checksum, entry.checksum);
         let err = verify_manifest_dir(&dir).unwrap_err();
         assert!(matches!(err, VerifyError::Checksum { .. }), "{err}");
         assert!(err.to_string().ends_with(": it is corrupted"), "{err}");
@@ -280,6 +318,33 @@ mod tests {
         std::fs::write(&path, b"weights?").unwrap();
         let err = verify_manifest_dir_reported(&dir, &[reported]).unwrap_err();
         assert!(matches!(err, VerifyError::Checksum { .. }), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_version_1_manifest_is_verified_with_sha256_and_an_unknown_version_is_refused() {
+        let dir = crate::testutil::scratch("checksum-v1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("w.bin"), b"weights!").unwrap();
+        let sha = Checksum::of(Algorithm::Sha256, b"weights!");
+        let write = |v: u32, sha: &str| {
+            let text =
+                format!(r#"{{"v":{v},"files":[{{"path":"w.bin","bytes":8,"sha256":"{sha}"}}]}}"#);
+            std::fs::write(dir.join(MANIFEST_FILE), text).unwrap();
+        };
+        write(1, sha.hex());
+        let records = verify_manifest_dir(&dir).unwrap().unwrap();
+        assert_eq!(records[0].checksum, sha);
+        write(1, &"0".repeat(64));
+        let err = verify_manifest_dir(&dir).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("(sha256 {}, expected 000", sha.hex())),
+            "{err}"
+        );
+        write(3, sha.hex());
+        let err = verify_manifest_dir(&dir).unwrap_err();
+        assert!(matches!(err, VerifyError::Version { v: 3, .. }), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -8,6 +8,7 @@
 use crate::checksum::{check_file, Depth, FileMismatch};
 use crate::journal::JournalRecord;
 use crate::plan::LoadedPlan;
+use protocol::checkpoint::Checksum;
 use protocol::report::CheckpointRecord;
 use std::path::Path;
 
@@ -44,22 +45,28 @@ pub enum OutputChanged {
         #[source]
         source: std::io::Error,
     },
-    /// The file's bytes hash to another SHA-256 than recorded.
+    /// The file's bytes hash to another checksum than recorded.
     #[error("its output {path} is corrupted (checksum differs)")]
     Corrupted {
         /// The file, as recorded.
         path: String,
-        /// Its SHA-256 now, lower-case hex.
-        actual: String,
-        /// Its recorded SHA-256, lower-case hex.
-        recorded: String,
+        /// Its checksum now (under the recorded one's algorithm).
+        actual: Checksum,
+        /// Its recorded checksum.
+        recorded: Checksum,
     },
 }
 
 /// Checks a recorded output against the file now.
 pub fn verify_record(record: &CheckpointRecord) -> Result<(), OutputChanged> {
     let depth = Depth::Content { reported: &[] };
-    check_file(Path::new(&record.path), record.bytes, &record.sha256, depth).map_err(|m| {
+    check_file(
+        Path::new(&record.path),
+        record.bytes,
+        &record.checksum,
+        depth,
+    )
+    .map_err(|m| {
         let path = record.path.clone();
         match m {
             FileMismatch::Missing(source) => OutputChanged::Missing { path, source },
@@ -72,7 +79,7 @@ pub fn verify_record(record: &CheckpointRecord) -> Result<(), OutputChanged> {
             FileMismatch::Checksum { actual } => OutputChanged::Corrupted {
                 path,
                 actual,
-                recorded: record.sha256.clone(),
+                recorded: record.checksum.clone(),
             },
         }
     })

@@ -660,14 +660,16 @@ impl EventState {
                 path,
                 step,
                 sha256,
+                blake3,
                 bytes,
                 identity,
             }) => {
                 tracing::debug!(stage, path = %path.display(), ?step, "checkpoint reported");
-                if let (Some(sha256), Some(bytes), Some(identity)) = (sha256, bytes, identity) {
+                let checksum = protocol::checkpoint::Checksum::from_event(sha256, blake3);
+                if let (Some(checksum), Some(bytes), Some(identity)) = (checksum, bytes, identity) {
                     if self.reported.len() < 10_000 {
                         self.reported.push(crate::checksum::ReportedFile {
-                            sha256,
+                            checksum,
                             bytes,
                             identity,
                         });
@@ -796,12 +798,12 @@ fn verify_outputs_blocking(
         if records.iter().any(|r| Path::new(&r.path) == path) || path.is_dir() {
             continue;
         }
-        let (sha256, bytes) = crate::checksum::sha256_file(&path)
+        let (checksum, bytes) = crate::checksum::record_file(&path, reported)
             .map_err(|e| Failure::CorruptOutput(format!("cannot read {}: {e}", path.display())))?;
         records.push(CheckpointRecord {
             path: path.display().to_string(),
             bytes,
-            sha256,
+            checksum,
         });
     }
     Ok(records)

@@ -1,10 +1,13 @@
-//! Wire types shared by every part of the project, and nothing else.
+//! Wire types shared by every part of the project, and nothing else (beyond the hasher that
+//! defines what their checksums mean).
 //!
 //! - [`plan`]: the pipeline plan users write (TOML) and programs submit (JSON).
 //! - [`worker`]: the contract between the orchestrator and a stage's processes: the
 //!   [`worker::StageSpec`] handed to a built-in worker, the environment variables every stage
 //!   gets, and the JSON-lines events any process of a stage may send back.
-//! - [`checkpoint`]: the manifest that makes a stage's output directory verifiable.
+//! - [`checkpoint`]: the manifest that makes a stage's output directory verifiable, and the
+//!   checksums it, the events, the journal and the report carry (with their one hasher, so
+//!   that every side computes them alike).
 //! - [`report`]: the per-run `report.json`.
 //! - [`run`]: the per-run `run.json` (plan format and base directory).
 //! - [`daemon`]: the requests, answers and run events of `orchestrate daemon`'s socket.

@@ -182,8 +182,10 @@ pub struct CheckpointRecord {
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
-    /// SHA-256, hex.
-    pub sha256: String,
+    /// Its checksum, written as `"blake3": "<hex>"` (what `orchestrate` and `stage-worker`
+    /// compute) or `"sha256": "<hex>"` (version 1 manifests, the Python client's reports).
+    #[serde(flatten)]
+    pub checksum: crate::checkpoint::Checksum,
 }
 
 /// Memory verification of one GPU around one stage.

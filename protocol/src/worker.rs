@@ -120,9 +120,14 @@ pub enum WorkerEvent {
     Checkpoint {
         /// Path of the checkpoint file or directory.
         path: PathBuf,
-        /// SHA-256 of the file (hex), when the path is a file.
-        #[serde(default)]
+        /// SHA-256 of the file (hex), when the path is a file and the writer hashed it with
+        /// SHA-256 (the Python client does).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         sha256: Option<String>,
+        /// BLAKE3 of the file (hex), when the path is a file and the writer hashed it with
+        /// BLAKE3 (`stage-worker` does). With both, BLAKE3 is the one used.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        blake3: Option<String>,
         /// Size in bytes.
         #[serde(default)]
         bytes: Option<u64>,
@@ -130,7 +135,7 @@ pub enum WorkerEvent {
         #[serde(default)]
         step: Option<u64>,
         /// The file's identity once it was in place, when the path is a file: lets the
-        /// orchestrator accept `sha256` for it without reading the file again.
+        /// orchestrator accept the checksum for it without reading the file again.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         identity: Option<crate::checkpoint::FileIdentity>,
     },

@@ -1,19 +1,21 @@
 //! Checkpoints: `model.safetensors`, `optimizer.safetensors` and, written last,
-//! `manifest.json` listing both with sizes and SHA-256.
+//! `manifest.json` listing both with sizes and checksums (BLAKE3).
 //!
 //! Writing: the old manifest is removed first, then each file is put in place atomically, then
 //! the new manifest; so a directory with a manifest always holds exactly the files it lists.
-//! Reading: every listed file is read once, its size and SHA-256 checked against the manifest,
+//! Reading: every listed file is read once, its size and checksum checked against the manifest,
 //! and tensors are parsed from those same verified bytes.
 
 use crate::failure::{Failure, StageResult};
-use crate::fsio::{remove_durably, sha256_hex, write_atomic};
+use crate::fsio::{checksum, remove_durably, write_atomic};
 use crate::model::{config_from_manifest, manifest_model, ByteGpt};
 use crate::optim::AdamW;
 use crate::stream::{self, FileSpec, HeaderEntry, Run};
-use protocol::checkpoint::{CheckpointManifest, FileIdentity, ManifestFile, MANIFEST_FILE};
+use protocol::checkpoint::{
+    CheckpointManifest, Checksum, FileIdentity, ManifestFile, MANIFEST_FILE, MANIFEST_VERSION,
+    MANIFEST_VERSIONS_READ,
+};
 use protocol::worker::ModelConfig;
-use protocol::PROTOCOL_VERSION;
 use safetensors::tensor::SafeTensors;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -88,7 +90,7 @@ pub fn write_with_manifest(
         written.push(write_listed(dir, name, &bytes)?);
     }
     let manifest = CheckpointManifest {
-        v: PROTOCOL_VERSION,
+        v: MANIFEST_VERSION,
         files: written.iter().map(|w| w.entry.clone()).collect(),
         step,
         model,
@@ -109,7 +111,7 @@ fn write_listed(dir: &Path, name: &str, bytes: &[u8]) -> StageResult<WrittenFile
         entry: ManifestFile {
             path: name.to_string(),
             bytes: bytes.len() as u64,
-            sha256: sha256_hex(bytes),
+            checksum: checksum(bytes),
         },
         identity,
         phases: Vec::new(),
@@ -218,7 +220,7 @@ pub fn write(
         serde_json::to_value(training).expect("training state serializes"),
     );
     let manifest = CheckpointManifest {
-        v: PROTOCOL_VERSION,
+        v: MANIFEST_VERSION,
         files: written.iter().map(|w| w.entry.clone()).collect(),
         step: Some(step),
         model: serde_json::Value::Object(model_json),
@@ -260,7 +262,7 @@ pub fn exists(dir: &Path) -> bool {
 }
 
 /// Reads the checkpoint in `dir` and verifies every file its manifest lists (size, then
-/// SHA-256) before anything is parsed. Every refusal is a bad-input failure naming the file
+/// checksum) before anything is parsed. Every refusal is a bad-input failure naming the file
 /// and what is wrong with it.
 pub fn open_verified(dir: &Path) -> StageResult<Verified> {
     open_checked(dir, None, false)
@@ -300,11 +302,13 @@ fn open_checked(dir: &Path, only: Option<&[&str]>, deferred: bool) -> StageResul
             manifest_path.display()
         ))
     })?;
-    if manifest.v != PROTOCOL_VERSION {
+    if !MANIFEST_VERSIONS_READ.contains(&manifest.v) {
         return Err(Failure::bad_input(format!(
-            "{} has format version {}, this stage-worker reads version {PROTOCOL_VERSION}; use the stage-worker that wrote it, or rewrite the checkpoint",
+            "{} has format version {}, this stage-worker reads versions {}–{}; use the stage-worker that wrote it, or rewrite the checkpoint",
             manifest_path.display(),
-            manifest.v
+            manifest.v,
+            MANIFEST_VERSIONS_READ.start(),
+            MANIFEST_VERSIONS_READ.end()
         )));
     }
     let mut to_read = Vec::new();
@@ -409,14 +413,14 @@ fn read_sized(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Checks the SHA-256 of a listed file's bytes.
+/// Checks a listed file's bytes against its checksum (under the manifest's algorithm for it).
 fn check_hash(path: &Path, f: &ManifestFile, bytes: &[u8]) -> StageResult<()> {
-    let sha = sha256_hex(bytes);
-    if !sha.eq_ignore_ascii_case(&f.sha256) {
+    let actual = Checksum::of(f.checksum.algorithm(), bytes);
+    if !actual.matches(&f.checksum) {
         return Err(Failure::bad_input(format!(
-            "checkpoint {} is corrupted: its SHA-256 is {sha}, its manifest says {}",
+            "checkpoint {} is corrupted: its checksum is {actual}, its manifest says {}",
             path.display(),
-            f.sha256
+            f.checksum
         )));
     }
     Ok(())
@@ -595,7 +599,7 @@ mod tests {
         for f in &files {
             let bytes = std::fs::read(&f.path).unwrap();
             assert_eq!(bytes.len() as u64, f.entry.bytes);
-            assert_eq!(sha256_hex(&bytes), f.entry.sha256);
+            assert_eq!(checksum(&bytes), f.entry.checksum);
         }
 
         let v = open_verified(&dir).unwrap();
@@ -686,11 +690,11 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-escape");
         let manifest = CheckpointManifest {
-            v: PROTOCOL_VERSION,
+            v: MANIFEST_VERSION,
             files: vec![ManifestFile {
                 path: "../etc/passwd".into(),
                 bytes: 1,
-                sha256: "00".into(),
+                checksum: Checksum::Sha256("00".into()),
             }],
             step: None,
             model: serde_json::Value::Null,

@@ -69,7 +69,13 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                      check the driver, and that stage-worker was built against a libtorch with CUDA"
                 )));
             }
+            let Some(kernels) = crate::attention::Kernels::from_env() else {
+                return Err(Failure::bad_input(
+                    "STAGE_WORKER_SDPA must be `efficient`, `flash` or `libtorch`".to_string(),
+                ));
+            };
             let device = Device::Cuda(0);
+            crate::attention::apply(kernels);
             let probe = Tensor::f_ones([1], (Kind::Float, device))?;
             let _ = probe.f_sum(Kind::Float)?.f_double_value(&[])?;
             let name = cuda_device_name().unwrap_or_else(|| "CUDA device".into());

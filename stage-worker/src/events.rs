@@ -1,6 +1,7 @@
 //! The event channel: one [`WorkerMessage`] JSON object per line, to the orchestrator's Unix
 //! socket (named by `ORCHESTRATE_EVENTS`) or, when that is unset, to stdout.
 
+use protocol::checkpoint::Checksum;
 use protocol::worker::{WorkerEvent, WorkerMessage, ENV_EVENTS};
 use protocol::PROTOCOL_VERSION;
 use std::collections::BTreeMap;
@@ -133,14 +134,19 @@ impl EventSink {
     pub fn checkpoint(
         &mut self,
         path: PathBuf,
-        sha256: String,
+        checksum: Checksum,
         bytes: u64,
         step: Option<u64>,
         identity: Option<protocol::checkpoint::FileIdentity>,
     ) {
+        let (sha256, blake3) = match checksum {
+            Checksum::Sha256(h) => (Some(h), None),
+            Checksum::Blake3(h) => (None, Some(h)),
+        };
         self.send(WorkerEvent::Checkpoint {
             path,
-            sha256: Some(sha256),
+            sha256,
+            blake3,
             bytes: Some(bytes),
             step,
             identity,
@@ -155,7 +161,7 @@ impl EventSink {
         step: Option<u64>,
     ) {
         for f in files {
-            self.checkpoint(f.path, f.entry.sha256, f.entry.bytes, step, f.identity);
+            self.checkpoint(f.path, f.entry.checksum, f.entry.bytes, step, f.identity);
         }
     }
 

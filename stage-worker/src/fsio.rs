@@ -1,18 +1,24 @@
 //! Durable file writes and checksums.
 
-use sha2::{Digest, Sha256};
+use protocol::checkpoint::{Algorithm, Checksum};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::Path;
 
-/// SHA-256 of `bytes`, lower-case hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+/// The checksum algorithm this worker writes into manifests and reports:
+/// [`Algorithm::PREFERRED`] (BLAKE3), or SHA-256 when `STAGE_WORKER_CHECKSUM=sha256` (for
+/// comparisons; readers take either).
+pub fn algorithm() -> Algorithm {
+    static CHOSEN: std::sync::OnceLock<Algorithm> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| match std::env::var("STAGE_WORKER_CHECKSUM").as_deref() {
+        Ok("sha256") => Algorithm::Sha256,
+        _ => Algorithm::PREFERRED,
+    })
 }
 
-/// Lower-case hex of `bytes` ([`protocol::checkpoint::hex`]).
-pub fn hex(bytes: &[u8]) -> String {
-    protocol::checkpoint::hex(bytes)
+/// The checksum of `bytes` under [`algorithm`].
+pub fn checksum(bytes: &[u8]) -> Checksum {
+    Checksum::of(algorithm(), bytes)
 }
 
 /// Flushes a directory's entries (renames, removals) to disk.
@@ -51,14 +57,6 @@ pub fn remove_durably(dir: &Path, name: &str) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sha256_of_known_input() {
-        assert_eq!(
-            sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp_file() {

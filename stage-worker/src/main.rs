@@ -1,6 +1,7 @@
 //! `stage-worker`: runs one built-in stage (train or eval) of an orchestrate pipeline and exits.
 //! See `stage-worker --help` for the contract.
 
+mod attention;
 mod checkpoint;
 mod cli;
 mod data;

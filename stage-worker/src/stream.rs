@@ -5,18 +5,17 @@
 //! file's data is one or two runs). Each file is written by three threads in a pipeline: a
 //! copier that copies the next chunk from the device into a recycled host buffer (page-locked
 //! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
-//! memory is used in place), a hasher that feeds it to SHA-256, and a writer that
+//! memory is used in place), a hasher that feeds it to BLAKE3 ([`crate::fsio::algorithm`]), and a writer that
 //! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
 //! Promises: a file is complete on disk (fsynced, renamed into place, directory fsynced) when
-//! [`write_files_then`] returns; its manifest entry's size and SHA-256 are those of the bytes
+//! [`write_files_then`] returns; its manifest entry's size and checksum are those of the bytes
 //! written; the same tensors always give the same bytes.
 
 use crate::checkpoint::WrittenFile;
-use crate::fsio::{fsync_dir, hex};
-use protocol::checkpoint::{FileIdentity, ManifestFile};
-use sha2::{Digest, Sha256};
+use crate::fsio::fsync_dir;
+use protocol::checkpoint::{Checksum, FileIdentity, Hasher, ManifestFile};
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -319,7 +318,7 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
             entry: ManifestFile {
                 path: spec.name.clone(),
                 bytes,
-                sha256: sha,
+                checksum: sha,
             },
             identity: Some(identity),
             phases: ["copied", "hashed", "written", "synced"]
@@ -338,19 +337,19 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<Writte
 /// When a file's data was all copied off the device, hashed, written, and fsynced.
 type Times = [Option<Instant>; 4];
 
-/// Streams `runs` into a new file at `path` and fsyncs it; returns the SHA-256, the size, the
+/// Streams `runs` into a new file at `path` and fsyncs it; returns the checksum, the size, the
 /// file's identity and when each phase ended. `copied` is called once every run has been
 /// copied off the device.
 fn stream_to(
     path: &Path,
     runs: &[Run],
     copied: &dyn Fn(),
-) -> io::Result<(String, u64, FileIdentity, Times)> {
+) -> io::Result<(Checksum, u64, FileIdentity, Times)> {
     let mut times: Times = [None; 4];
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
     // Three threads, so that the device copies, the hash and the disk all work at once: this
-    // one copies chunks off the device, a hasher feeds them to SHA-256 in order, a writer
+    // one copies chunks off the device, a hasher feeds them to BLAKE3 in order, a writer
     // appends them to the file and starts their write-back.
     // Room for every buffer there can be (the pinned ones and BUFFERS more), so that the copies
     // wait for a free buffer only, never for the hash: with the pinned pool holding the whole
@@ -380,7 +379,7 @@ fn stream_to(
             Ok(Instant::now())
         });
         let hasher = s.spawn(move || {
-            let mut hasher = Sha256::new();
+            let mut hasher = Hasher::new(crate::fsio::algorithm());
             for chunk in from_copier {
                 hasher.update(chunk.bytes());
                 if to_writer.send(chunk).is_err() {
@@ -434,7 +433,8 @@ fn stream_to(
                 (hash, written)
             }
             Err(_) => (
-                Default::default(),
+                // Never used: the error below ends the write.
+                Checksum::Blake3(String::new()),
                 Err(io::Error::other("checkpoint hasher thread panicked")),
             ),
         }
@@ -458,7 +458,7 @@ fn stream_to(
             meta.len()
         )));
     }
-    Ok((hex(&hash), total as u64, FileIdentity::of(&meta), times))
+    Ok((hash, total as u64, FileIdentity::of(&meta), times))
 }
 
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
@@ -563,7 +563,7 @@ mod tests {
         let written = write_files_then(&dir, files, None).unwrap();
         let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
         assert_eq!(written[0].entry.bytes, bytes.len() as u64);
-        assert_eq!(written[0].entry.sha256, crate::fsio::sha256_hex(&bytes));
+        assert_eq!(written[0].entry.checksum, crate::fsio::checksum(&bytes));
         let meta = std::fs::metadata(dir.join("a.safetensors")).unwrap();
         let id = written[0].identity.unwrap();
         assert_eq!((id.dev, id.ino), (meta.dev(), meta.ino()));
@@ -614,7 +614,7 @@ mod tests {
             let bytes = std::fs::read(&w.path).unwrap();
             assert_eq!(bytes.len() as u64, w.entry.bytes);
             assert_eq!(bytes.len(), 4 + n as usize * 4);
-            assert_eq!(w.entry.sha256, crate::fsio::sha256_hex(&bytes));
+            assert_eq!(w.entry.checksum, crate::fsio::checksum(&bytes));
             let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
             assert_eq!(last, (n - 1) as f32);
         }
@@ -634,6 +634,6 @@ mod tests {
         // Without the call, the same bytes.
         let dir2 = crate::testutil::scratch_dir("stream-after-none");
         let again = write_files_then(&dir2, vec![file("a.bin")], None).unwrap();
-        assert_eq!(again[0].entry.sha256, written[0].entry.sha256);
+        assert_eq!(again[0].entry.checksum, written[0].entry.checksum);
     }
 }

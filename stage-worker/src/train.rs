@@ -142,7 +142,7 @@ fn report_completed(v: &Verified, sink: &mut EventSink) -> StageResult<()> {
         let identity = std::fs::metadata(&path)
             .ok()
             .map(|m| checkpoint::identity_of(&m));
-        sink.checkpoint(path, f.sha256.clone(), f.bytes, Some(step), identity);
+        sink.checkpoint(path, f.checksum.clone(), f.bytes, Some(step), identity);
     }
     let manifest = v.dir.join(protocol::checkpoint::MANIFEST_FILE);
     let bytes = std::fs::read(&manifest)
@@ -152,7 +152,7 @@ fn report_completed(v: &Verified, sink: &mut EventSink) -> StageResult<()> {
         .map(|m| checkpoint::identity_of(&m));
     sink.checkpoint(
         manifest,
-        crate::fsio::sha256_hex(&bytes),
+        crate::fsio::checksum(&bytes),
         bytes.len() as u64,
         Some(step),
         identity,

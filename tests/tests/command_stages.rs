@@ -44,10 +44,10 @@ outputs = ["copy.txt", "cwd.txt"]
         .iter()
         .find(|c| c["path"].as_str().unwrap().ends_with("data.txt"))
         .expect("data.txt recorded");
-    // sha256("hello")
+    // orchestrate hashed the declared output itself, with BLAKE3: blake3("hello").
     assert_eq!(
-        record["sha256"],
-        "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+        record["blake3"],
+        "ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f"
     );
     assert_eq!(record["bytes"], 5);
     // The journal records every state change and parses line by line.

@@ -63,7 +63,7 @@ fn checkpoints(report: &Value, name: &str) -> Vec<(String, String)> {
         .map(|c| {
             let path = PathBuf::from(c["path"].as_str().unwrap());
             let file = path.file_name().unwrap().to_string_lossy().into_owned();
-            (file, c["sha256"].as_str().unwrap().to_string())
+            (file, c["blake3"].as_str().unwrap().to_string())
         })
         .collect()
 }
@@ -114,9 +114,9 @@ fn a_forked_worker_is_supervised_and_verified_like_an_exec_d_one() {
                 .join("output")
                 .join(file);
             let bytes = std::fs::read(&path).unwrap();
-            use sha2::Digest;
-            let actual = protocol::checkpoint::hex(&sha2::Sha256::digest(&bytes));
-            assert_eq!(&actual, sha, "{}", path.display());
+            use protocol::checkpoint::{Algorithm, Checksum};
+            let actual = Checksum::of(Algorithm::Blake3, &bytes);
+            assert_eq!(actual.hex(), sha, "{}", path.display());
         }
     }
     // Every worker is gone, and it was reaped by orchestrate (its exit status is known).

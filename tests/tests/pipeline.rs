@@ -58,7 +58,9 @@ fn quickstart_succeeds_and_sft_really_starts_from_pretrain() {
                 std::fs::metadata(path).unwrap().len(),
                 c["bytes"].as_u64().unwrap()
             );
-            assert_eq!(c["sha256"].as_str().unwrap().len(), 64);
+            // Checksums are BLAKE3 (manifest version 2), hex.
+            assert_eq!(c["blake3"].as_str().unwrap().len(), 64);
+            assert!(c.get("sha256").is_none(), "{c}");
         }
     }
     // The worker told the orchestrator where it started from.

@@ -20,7 +20,10 @@ fn a_python_training_script_reports_metrics_and_a_verified_checkpoint() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .find(|e| e["event"]["event"] == "checkpoint")
         .expect("a checkpoint event");
+    // The script hashed it with SHA-256 as it wrote it; orchestrate, finding the very file
+    // (identity and size) it reported, recorded that checksum without reading the file again.
     let recorded = run.stage("train")["checkpoints"][0].clone();
+    assert!(reported["event"]["sha256"].is_string(), "{reported}");
     assert_eq!(
         reported["event"]["sha256"], recorded["sha256"],
         "{reported} vs {recorded}"

@@ -1,0 +1,76 @@
+//! Which kernels compute attention on a CUDA device.
+//!
+//! libtorch 2.11 answers the model's attention (bf16, causal, head size 64, on an H200) with
+//! cuDNN's kernels when it may. Their first use in a fresh process costs about 0.16 s (cuDNN
+//! loads and plans them), against 0.005–0.008 s for PyTorch's own memory-efficient or flash
+//! kernels, whose steady speed at that shape was the same within a few percent
+//! (`bench/boundary/results/2026-11-30-h200-attention-probe/`). Since every stage is a fresh
+//! process, that first use is paid at every stage boundary, so the worker leaves cuDNN out by
+//! default. `STAGE_WORKER_SDPA` chooses: `efficient` (the default: memory-efficient kernels,
+//! then the plain math ones for shapes they cannot take), `flash` (flash, then
+//! memory-efficient, then math), or `libtorch` (libtorch's own choice, cuDNN included).
+
+/// A choice of attention kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernels {
+    /// Memory-efficient attention, else math.
+    Efficient,
+    /// Flash attention, else memory-efficient, else math.
+    Flash,
+    /// Whatever libtorch picks (cuDNN first where it applies).
+    Libtorch,
+}
+
+impl Kernels {
+    /// The choice `STAGE_WORKER_SDPA` names (`efficient` when unset); `None` for a value it does
+    /// not know.
+    pub fn from_env() -> Option<Kernels> {
+        match std::env::var("STAGE_WORKER_SDPA").as_deref() {
+            Err(_) | Ok("") | Ok("efficient") => Some(Kernels::Efficient),
+            Ok("flash") => Some(Kernels::Flash),
+            Ok("libtorch") => Some(Kernels::Libtorch),
+            Ok(_) => None,
+        }
+    }
+}
+
+extern "C" {
+    /// `csrc/attention.cpp`: sets libtorch's four attention switches.
+    fn stage_worker_sdp_backends(flash: bool, mem_efficient: bool, math: bool, cudnn: bool);
+}
+
+/// Applies `kernels` to this process (all threads): call before the first attention on a CUDA
+/// device. The CPU's attention is not affected (a stage on the CPU never calls this).
+pub fn apply(kernels: Kernels) {
+    let (flash, efficient, cudnn) = match kernels {
+        Kernels::Efficient => (false, true, false),
+        Kernels::Flash => (true, true, false),
+        Kernels::Libtorch => return,
+    };
+    // SAFETY: sets four flags of libtorch's global context; no pointers, no failure.
+    unsafe { stage_worker_sdp_backends(flash, efficient, true, cudnn) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_environment_names_the_kernels() {
+        // One test touches the variable, so parallel tests do not race on it.
+        for (value, want) in [
+            (None, Some(Kernels::Efficient)),
+            (Some("efficient"), Some(Kernels::Efficient)),
+            (Some("flash"), Some(Kernels::Flash)),
+            (Some("libtorch"), Some(Kernels::Libtorch)),
+            (Some("cudnn!"), None),
+        ] {
+            match value {
+                Some(v) => std::env::set_var("STAGE_WORKER_SDPA", v),
+                None => std::env::remove_var("STAGE_WORKER_SDPA"),
+            }
+            assert_eq!(Kernels::from_env(), want, "{value:?}");
+        }
+        std::env::remove_var("STAGE_WORKER_SDPA");
+    }
+}
