@@ -152,7 +152,7 @@ def phase_table(rows):
           + " | ".join(f(med([span(x, "t_last_step", k) for x in xs])) for _, k in cols) + " |")
     p("")
     p("Medians, seconds from the last step: every chunk of a file copied off the device, the CUDA context "
-      "destroyed (and the NVIDIA device files closed, where asked), the file's SHA-256 done, its last byte "
+      "destroyed (and the NVIDIA device files closed, where asked), its checksum done, its last byte "
       "written, fsynced; then the manifest (checkpoint durable), the process reaped, the GPU check passed.\n")
 
 
