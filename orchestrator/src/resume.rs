@@ -2,7 +2,7 @@
 //! keeps and which it runs again, and why.
 //!
 //! A stage is kept when its last attempt in the journal succeeded, its fingerprint is the one
-//! the plan gives it now, every output recorded for it still verifies (size and SHA-256), and
+//! the plan gives it now, every output recorded for it still verifies (size and checksum), and
 //! every upstream stage is kept. Otherwise it runs again, with the reason said.
 
 use crate::checksum::{check_file, Depth, FileMismatch};

@@ -270,12 +270,12 @@ pub fn open_verified(dir: &Path) -> StageResult<Verified> {
 
 /// Like [`open_verified`] for a stage that only needs the weights (an `init` checkpoint):
 /// every listed file must be present with its listed size, and `model.safetensors` is read and
-/// its SHA-256 checked; the optimizer state, which such a stage never uses, is not read.
+/// its checksum checked; the optimizer state, which such a stage never uses, is not read.
 pub fn open_for_weights(dir: &Path) -> StageResult<Verified> {
     open_checked(dir, Some(&[MODEL_FILE]), false)
 }
 
-/// Like [`open_for_weights`], but the SHA-256 of `model.safetensors` is computed on a thread
+/// Like [`open_for_weights`], but the checksum of `model.safetensors` is computed on a thread
 /// of its own while the stage goes on (building the model, loading these weights, training):
 /// hashing a large checkpoint takes longer than everything else before the first step. The
 /// caller must call [`Verified::finish`] before it writes or reports anything derived from

@@ -38,10 +38,10 @@ EVAL PARAMS (defaults)
 OUTPUT (train)
   model.safetensors      fp32 weights
   optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*) and step
-  manifest.json          sizes and SHA-256 of both, step, model shape; written last
+  manifest.json          sizes and BLAKE3 checksums of both, step, model shape; written last
 OUTPUT (eval)
   metrics.json           the metrics, the checkpoint evaluated and its step
-  manifest.json          size and SHA-256 of metrics.json; written last
+  manifest.json          size and BLAKE3 checksum of metrics.json; written last
   Every file is written atomically (temporary file, fsync, rename, fsync of the directory).
   Checkpoints read as input are verified against their manifest before use.
 

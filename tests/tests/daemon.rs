@@ -468,7 +468,9 @@ fn the_daemon_recovers_its_runs_after_being_killed() {
     let run_dir = d.runs.join(&id);
     // The start is journaled just after the spawn (it needs the PID) and need not be durable
     // before the stage runs: kill once it is in the journal, so that the count below is exact.
-    assert!(wait_for(Duration::from_secs(10), || starts(&run_dir, "second") == 1));
+    assert!(wait_for(Duration::from_secs(10), || starts(
+        &run_dir, "second"
+    ) == 1));
     d.kill9();
     assert!(
         wait_for(Duration::from_secs(5), || processes_with_env(&format!(
