@@ -510,11 +510,6 @@ async fn run_in_span(
                 states[i].status = Status::Running;
                 running += 1;
                 unfinished += 1;
-                for &d in &plan.downstream[i] {
-                    if waiting_on[d] == 1 {
-                        prepare_ahead(d, &states, false);
-                    }
-                }
                 if cpu_threads.is_some() {
                     host.cpu_builtin_running
                         .set(host.cpu_builtin_running.get() + 1);
@@ -567,6 +562,14 @@ async fn run_in_span(
                             }
                             .instrument(stage_span),
                         );
+                        // Once it runs: the stages that wait only on it are prepared while it
+                        // does, opened too while few are (a chain's next stage then starts
+                        // without opening anything).
+                        for &d in &plan.downstream[i] {
+                            if waiting_on[d] == 1 {
+                                prepare_ahead(d, &states, preparer.may_open());
+                            }
+                        }
                     }
                     Err(failure) => {
                         let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));
@@ -667,6 +670,10 @@ async fn run_in_span(
                         } else {
                             states[i].status = Status::Failed;
                             skip_downstream(i, &plan, &mut states, &mut journal)?;
+                            // Only stages waiting on it alone were opened ahead.
+                            for &d in &plan.downstream[i] {
+                                preparer.release(d);
+                            }
                             if settings.fail_fast && !fail_stop {
                                 fail_stop = true;
                                 console.warn("a stage failed and fail_fast = true: no further stage starts");
