@@ -33,29 +33,35 @@ impl SocketDir {
         // Stable: memory file systems first, each group in the order above.
         bases.sort_by_key(|b| !in_memory(b));
         let pid = std::process::id();
-        let base = bases
-            .into_iter()
-            .filter(|b| b.is_dir())
-            .find(|b| {
-                let probe = b.join(format!("orchestrate-{pid}-99"));
-                probe.as_os_str().len() + 1 + SOCKET_NAME_MAX <= SUN_PATH_MAX
-                    && writable(b)
-            })
-            .ok_or_else(|| {
-                std::io::Error::other(
-                    "no writable directory with a path short enough for Unix sockets ($XDG_RUNTIME_DIR, $TMPDIR, /tmp and /dev/shm are too long, missing or read-only)",
-                )
-            })?;
-        remove_stale(&base);
-        for n in 0..100u32 {
-            let dir = base.join(format!("orchestrate-{pid}-{n}"));
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => return Ok(SocketDir(dir)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
+        let mut last_error = None;
+        // A base that refuses the directory (a sandbox, a read-only mount) passes to the next.
+        for base in bases.into_iter().filter(|b| {
+            let probe = b.join(format!("orchestrate-{pid}-99"));
+            b.is_dir()
+                && probe.as_os_str().len() + 1 + SOCKET_NAME_MAX <= SUN_PATH_MAX
+                && writable(b)
+        }) {
+            remove_stale(&base);
+            for n in 0..100u32 {
+                let dir = base.join(format!("orchestrate-{pid}-{n}"));
+                match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                    Ok(()) => return Ok(SocketDir(dir)),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => {
+                        last_error = Some(std::io::Error::new(
+                            e.kind(),
+                            format!("{}: {e}", dir.display()),
+                        ));
+                        break;
+                    }
+                }
             }
         }
-        Err(std::io::Error::other("no free socket directory name"))
+        Err(last_error.unwrap_or_else(|| {
+            std::io::Error::other(
+                "no writable directory with a path short enough for Unix sockets ($XDG_RUNTIME_DIR, $TMPDIR, /tmp and /dev/shm are too long, missing or read-only)",
+            )
+        }))
     }
 
     /// The directory.
