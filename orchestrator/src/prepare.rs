@@ -8,13 +8,15 @@
 //! a stage never starts while the preparer is writing its files: [`Preparer::claim`] waits for
 //! a write in progress, and a stage queued but not yet written is taken back and written by
 //! the caller. Only first attempts are prepared ahead (a retry's spec differs), and only for
-//! the device they were prepared for.
+//! the device they were prepared for. At most [`OPEN_AHEAD_MAX`] stages asked to be opened
+//! through [`Preparer::may_open`] hold opened files at a time (three descriptors each), and a
+//! stage that will not start gives its files back through [`Preparer::release`].
 
 use crate::attempt::Layout;
 use crate::stage::Opened;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 const NONE: u8 = 0;
@@ -33,6 +35,10 @@ const TAKEN: u8 = 6;
 /// The write failed: the scheduler writes it (and reports the error).
 const FAILED: u8 = 7;
 
+/// How many stages may hold files opened ahead (logs and a bound socket: three descriptors
+/// each) before [`Preparer::may_open`] says no.
+pub(crate) const OPEN_AHEAD_MAX: usize = 16;
+
 /// Work for the preparer thread: write stage `i`'s files, and open its logs and bind its
 /// socket at the path when one is given.
 type Job = (usize, Layout, Option<PathBuf>);
@@ -46,6 +52,8 @@ pub(crate) struct Preparer {
     state: Arc<Vec<AtomicU8>>,
     /// Opened stages not yet claimed.
     written: Arc<Mutex<HashMap<usize, Written>>>,
+    /// Stages queued to be opened whose files are neither claimed nor given up yet.
+    opening: Arc<AtomicUsize>,
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -59,6 +67,8 @@ impl Preparer {
         let theirs = state.clone();
         let written: Arc<Mutex<HashMap<usize, Written>>> = Arc::default();
         let table = written.clone();
+        let opening = Arc::new(AtomicUsize::new(0));
+        let open_count = opening.clone();
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
             .spawn(move || {
@@ -67,7 +77,11 @@ impl Preparer {
                         .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
                         .is_err()
                     {
-                        continue; // taken back by the scheduler
+                        // Taken back by the scheduler: nothing of it is opened.
+                        if socket.is_some() {
+                            open_count.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        continue;
                     }
                     let result = match &socket {
                         Some(socket) => layout
@@ -90,7 +104,12 @@ impl Preparer {
                                 .insert(i, written);
                             OPENED
                         }
-                        Err(_) => FAILED,
+                        Err(_) => {
+                            if socket.is_some() {
+                                open_count.fetch_sub(1, Ordering::AcqRel);
+                            }
+                            FAILED
+                        }
                     };
                     theirs[i].store(done, Ordering::Release);
                 }
@@ -98,6 +117,7 @@ impl Preparer {
         Ok(Preparer {
             state,
             written,
+            opening,
             jobs: Some(jobs),
             thread: Some(thread),
         })
@@ -108,19 +128,41 @@ impl Preparer {
         self.state[i].load(Ordering::Acquire) == NONE
     }
 
+    /// Whether fewer than [`OPEN_AHEAD_MAX`] stages hold (or are about to hold) files opened
+    /// ahead: asking for more than that is left to the stages about to start.
+    pub(crate) fn may_open(&self) -> bool {
+        self.opening.load(Ordering::Acquire) < OPEN_AHEAD_MAX
+    }
+
     /// Hands stage `i`'s first-attempt files to the preparer; with `socket`, it also opens the
     /// logs and binds the event socket there (for a stage about to start: each holds three
-    /// file descriptors until it is claimed).
+    /// file descriptors until it is claimed or released).
     pub(crate) fn queue(&self, i: usize, layout: Layout, socket: Option<PathBuf>) {
         if self.state[i]
             .compare_exchange(NONE, QUEUED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
+            let opens = socket.is_some();
+            if opens {
+                self.opening.fetch_add(1, Ordering::AcqRel);
+            }
             if let Some(jobs) = &self.jobs {
                 if jobs.send((i, layout, socket)).is_err() {
                     self.state[i].store(NONE, Ordering::Release);
+                    if opens {
+                        self.opening.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
             }
+        }
+    }
+
+    /// Gives back what was prepared for stage `i`, which will not start in this run (an
+    /// upstream stage failed): its opened logs are closed and its socket removed; files it
+    /// wrote stay. The preparer leaves it alone from now on.
+    pub(crate) fn release(&self, i: usize) {
+        if let Some((_, Some(files))) = self.claim(i) {
+            let _ = std::fs::remove_file(&files.socket);
         }
     }
 
@@ -142,6 +184,7 @@ impl Preparer {
                 }
                 Err(OPENED) => {
                     self.state[i].store(TAKEN, Ordering::Release);
+                    self.opening.fetch_sub(1, Ordering::AcqRel);
                     return self
                         .written
                         .lock()
@@ -270,6 +313,79 @@ mod tests {
         .unwrap();
         assert_eq!(spec["stage"], "s7");
         assert_eq!(spec["attempt"], 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn files_opened_ahead_are_capped_and_released_stages_give_their_socket_back() {
+        let dir = crate::testutil::scratch("prepare-cap");
+        let run_dir = RunDir::create(&dir).unwrap();
+        let n = OPEN_AHEAD_MAX + 4;
+        let mut text = String::new();
+        for i in 0..n {
+            text.push_str(&format!(
+                "[[stage]]\nname = \"s{i}\"\ncommand = [\"true\"]\n"
+            ));
+        }
+        let plan = parse_plan_toml(&text, "t.toml", Path::new("/")).unwrap();
+        let layout = |i: usize| {
+            Layout::new(
+                &plan,
+                i,
+                &run_dir,
+                1,
+                Device::Cpu,
+                Layout::inputs_of(&plan, i, &run_dir),
+            )
+        };
+        let sockets = dir.join("sockets");
+        std::fs::create_dir_all(&sockets).unwrap();
+        let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
+        let preparer = Preparer::start(n).unwrap();
+        let mut opened = 0;
+        for i in 0..n {
+            if preparer.may_open() {
+                preparer.queue(i, layout(i), Some(socket(i)));
+                opened += 1;
+            } else {
+                preparer.queue(i, layout(i), None);
+            }
+        }
+        assert_eq!(
+            opened, OPEN_AHEAD_MAX,
+            "no more than the cap are opened ahead"
+        );
+        assert!(!preparer.may_open());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !socket(OPEN_AHEAD_MAX - 1).exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the preparer opened nothing"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // A claimed stage makes room for another.
+        match preparer.claim(0) {
+            Some((_, Some(files))) => std::fs::remove_file(files.socket).unwrap(),
+            other => panic!("stage 0 was opened ahead: {other:?}"),
+        }
+        assert!(preparer.may_open());
+        // A stage that will not start: its socket goes, and so does its place.
+        preparer.release(1);
+        assert!(!socket(1).exists(), "a released stage's socket is removed");
+        assert!(preparer.claim(1).is_none(), "released means taken");
+        // A stage only written has no socket to give back.
+        preparer.release(n - 1);
+        assert!(!socket(n - 1).exists());
+        for i in 2..OPEN_AHEAD_MAX {
+            preparer.release(i);
+        }
+        assert!(preparer.may_open());
+        assert!(
+            std::fs::read_dir(&sockets).unwrap().next().is_none(),
+            "every socket bound ahead was removed"
+        );
+        drop(preparer);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

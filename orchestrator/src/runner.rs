@@ -4,7 +4,7 @@
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
 //! were verified; a GPU is given to one stage at a time; the journal gets a fsynced record at
 //! every state change and `report.json` is rewritten as attempts finish (at most once a second,
-//! at most 5% of the time, and at the end); SIGINT/SIGTERM stop
+//! at most 2% of the time, and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
 
@@ -510,11 +510,6 @@ async fn run_in_span(
                 states[i].status = Status::Running;
                 running += 1;
                 unfinished += 1;
-                for &d in &plan.downstream[i] {
-                    if waiting_on[d] == 1 {
-                        prepare_ahead(d, &states, false);
-                    }
-                }
                 if cpu_threads.is_some() {
                     host.cpu_builtin_running
                         .set(host.cpu_builtin_running.get() + 1);
@@ -567,6 +562,14 @@ async fn run_in_span(
                             }
                             .instrument(stage_span),
                         );
+                        // Once it runs: the stages that wait only on it are prepared while it
+                        // does, opened too while few are (a chain's next stage then starts
+                        // without opening anything).
+                        for &d in &plan.downstream[i] {
+                            if waiting_on[d] == 1 {
+                                prepare_ahead(d, &states, preparer.may_open());
+                            }
+                        }
                     }
                     Err(failure) => {
                         let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));
@@ -667,6 +670,10 @@ async fn run_in_span(
                         } else {
                             states[i].status = Status::Failed;
                             skip_downstream(i, &plan, &mut states, &mut journal)?;
+                            // Only stages waiting on it alone were opened ahead.
+                            for &d in &plan.downstream[i] {
+                                preparer.release(d);
+                            }
                             if settings.fail_fast && !fail_stop {
                                 fail_stop = true;
                                 console.warn("a stage failed and fail_fast = true: no further stage starts");
@@ -683,12 +690,14 @@ async fn run_in_span(
                 }
                 states[i].last = Some(LastAttempt::of(result));
                 // Rewriting the whole report costs O(stages): at most once a second, and never
-                // more than 5% of the time (a 10,000-stage sweep's report is megabytes).
+                // more than 2% of the time (a 10,000-stage sweep's report is megabytes; every
+                // rewrite is time the next stage waits, so its share is a cost per stage that
+                // grows with the plan).
                 if last_report.elapsed() >= report_every {
                     let t = Instant::now();
                     Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, RunStatus::Running)
                         .write_or_warn(&report_path, &console);
-                    report_every = (t.elapsed() * 20).max(Duration::from_secs(1));
+                    report_every = (t.elapsed() * 50).max(Duration::from_secs(1));
                     last_report = Instant::now();
                 }
             }

@@ -1,0 +1,78 @@
+//! A chain's next stage has its logs opened and its event socket bound while the stage before
+//! it runs (so that it starts without opening anything): every stage's events still reach it
+//! and no other, and a stage that will not start (its upstream failed) gives its socket back.
+
+use e2e_tests::{run_plan, Scratch};
+
+/// Sends `{"k": K}` as metrics on the stage's event socket and notes which socket it was.
+const TALK: &str = "import json, os, socket, sys\nk = int(sys.argv[1])\nc = socket.socket(socket.AF_UNIX)\nc.connect(os.environ['ORCHESTRATE_EVENTS'])\nc.sendall((json.dumps({'v': 1, 'event': 'metrics', 'metrics': {'k': k}}) + '\\n').encode())\nc.close()\nopen(os.path.join(os.environ['ORCHESTRATE_OUTPUT_DIR'], 'socket'), 'w').write(os.environ['ORCHESTRATE_EVENTS'])\n";
+
+#[test]
+fn each_stage_of_a_chain_gets_its_own_events_through_a_socket_bound_ahead() {
+    let s = Scratch::new("chain-events");
+    s.write("talk.py", TALK);
+    let mut plan = String::from("[run]\nmax_parallel = 1\n");
+    for k in 0..8 {
+        plan.push_str(&format!(
+            "[[stage]]\nname = \"s{k}\"\ncommand = [\"python3\", \"talk.py\", \"{k}\"]\n"
+        ));
+        if k > 0 {
+            plan.push_str(&format!("after = [\"s{}\"]\n", k - 1));
+        }
+    }
+    let plan = s.write("plan.toml", &plan);
+    let run = run_plan(&s, &plan, &["-q"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let mut sockets = Vec::new();
+    for k in 0..8 {
+        let name = format!("s{k}");
+        assert_eq!(run.metric(&name, "k"), k as f64, "{name}'s events");
+        sockets.push(
+            std::fs::read_to_string(run.run_dir.join(format!("stages/{name}/output/socket")))
+                .unwrap(),
+        );
+    }
+    sockets.sort();
+    sockets.dedup();
+    assert_eq!(sockets.len(), 8, "a socket per stage: {sockets:?}");
+}
+
+#[test]
+fn a_stage_that_will_not_start_gives_back_the_socket_bound_for_it() {
+    let s = Scratch::new("chain-release");
+    let run_dir = s.path().join("run");
+    // `watch` runs beside the chain, waits until `fails`'s downstream is skipped, and lists
+    // the event sockets then: only its own may be left (`then`'s was bound while `fails` ran).
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[run]
+max_parallel = 2
+
+[[stage]]
+name = "fails"
+command = ["sh", "-c", "sleep 0.3; exit 1"]
+
+[[stage]]
+name = "then"
+after = ["fails"]
+command = ["true"]
+
+[[stage]]
+name = "watch"
+command = ["sh", "-c", "for i in $(seq 200); do grep -q stage_skipped {journal} && break; sleep 0.05; done; sleep 0.5; ls $(dirname $ORCHESTRATE_EVENTS) > {{output}}/sockets"]
+"#,
+            journal = run_dir.join("journal.jsonl").display()
+        ),
+    );
+    let run = run_plan(&s, &plan, &["-q"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(run.stage("then")["status"], "skipped");
+    let left = std::fs::read_to_string(run_dir.join("stages/watch/output/sockets")).unwrap();
+    assert_eq!(
+        left.split_whitespace().collect::<Vec<_>>(),
+        ["2-1.sock"],
+        "sockets left once `then` was skipped"
+    );
+}
