@@ -111,6 +111,9 @@ def main():
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--run-base", default=None,
+                    help="where the plans and run directories go (default: the system's temporary "
+                         "directory); e.g. /dev/shm to leave the disk's file system out")
     args = ap.parse_args()
     binary = os.path.abspath(args.bin)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -125,7 +128,11 @@ def main():
         "load_average_1_5_15_min_at_start": os.getloadavg(),
         "sizes": {},
     }
-    with tempfile.TemporaryDirectory(prefix="overhead-") as d:
+    base = args.run_base or tempfile.gettempdir()
+    # The file system the run directories live on (each stage creates six inodes there).
+    result["run_base"] = {"path": base, "fs": subprocess.run(["stat", "-f", "-c", "%T", base],
+                                                             capture_output=True, text=True).stdout.strip()}
+    with tempfile.TemporaryDirectory(prefix="overhead-", dir=base) as d:
         for n in [int(s) for s in args.sizes.split(",")]:
             plans = write_plans(n, d)
             size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": []}
