@@ -101,6 +101,15 @@ impl Checksum {
             .or(sha256.map(Checksum::Sha256))
     }
 
+    /// The `sha256` and `blake3` fields of a `checkpoint` event that reports this checksum
+    /// (the inverse of [`Checksum::from_event`]).
+    pub fn into_event(self) -> (Option<String>, Option<String>) {
+        match self {
+            Checksum::Sha256(h) => (Some(h), None),
+            Checksum::Blake3(h) => (None, Some(h)),
+        }
+    }
+
     /// Its algorithm.
     pub fn algorithm(&self) -> Algorithm {
         match self {
@@ -260,6 +269,11 @@ mod tests {
         assert_eq!(old.checksum, Checksum::Sha256("CD".into()));
         assert!(old.checksum.matches(&Checksum::Sha256("cd".into())));
         assert!(!old.checksum.matches(&Checksum::Blake3("cd".into())));
+        // An event carries it in the field of its algorithm, and reads it back.
+        for c in [Checksum::Sha256("a".into()), Checksum::Blake3("b".into())] {
+            let (sha256, blake3) = c.clone().into_event();
+            assert_eq!(Checksum::from_event(sha256, blake3), Some(c));
+        }
         // No checksum at all is not an entry.
         assert!(serde_json::from_str::<ManifestFile>(r#"{"path":"w.bin","bytes":3}"#).is_err());
     }

@@ -686,6 +686,59 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_manifest_is_read_with_sha256_and_an_unknown_version_is_refused() {
+        use protocol::checkpoint::Algorithm;
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("ckpt-v1");
+        let (model, opt) = trained();
+        let (mut manifest, _) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        // Rewrite the manifest as an older worker wrote it: version 1, SHA-256 per file.
+        let rewrite = |manifest: &CheckpointManifest| {
+            std::fs::write(
+                dir.join(MANIFEST_FILE),
+                serde_json::to_vec(manifest).unwrap(),
+            )
+            .unwrap()
+        };
+        manifest.v = 1;
+        for f in &mut manifest.files {
+            let bytes = std::fs::read(dir.join(&f.path)).unwrap();
+            f.checksum = Checksum::of(Algorithm::Sha256, &bytes);
+        }
+        rewrite(&manifest);
+        let text = std::fs::read_to_string(dir.join(MANIFEST_FILE)).unwrap();
+        assert!(
+            text.contains("\"sha256\"") && !text.contains("blake3"),
+            "{text}"
+        );
+        let v = open_verified(&dir).unwrap();
+        let back = ByteGpt::new(&tiny(), Device::Cpu, 99);
+        v.load_model(&back).unwrap();
+        assert!(back.params.flat.equal(&model.params.flat));
+        // Its SHA-256 is checked: a wrong one is a corruption.
+        manifest.files[0].checksum = Checksum::Sha256("0".repeat(64));
+        rewrite(&manifest);
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        assert!(
+            err.message
+                .contains("is corrupted: its checksum is sha256 "),
+            "{}",
+            err.message
+        );
+        // A version this worker does not know is refused, naming the versions it reads.
+        manifest.v = MANIFEST_VERSION + 1;
+        rewrite(&manifest);
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        assert!(
+            err.message.contains("reads versions 1–2"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
     fn escaping_paths_in_a_manifest_are_refused() {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-escape");

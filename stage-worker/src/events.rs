@@ -139,10 +139,7 @@ impl EventSink {
         step: Option<u64>,
         identity: Option<protocol::checkpoint::FileIdentity>,
     ) {
-        let (sha256, blake3) = match checksum {
-            Checksum::Sha256(h) => (Some(h), None),
-            Checksum::Blake3(h) => (None, Some(h)),
-        };
+        let (sha256, blake3) = checksum.into_event();
         self.send(WorkerEvent::Checkpoint {
             path,
             sha256,
