@@ -224,32 +224,32 @@ impl Drop for Preparer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::parse_plan_toml;
+    use crate::plan::{parse_plan_toml, LoadedPlan};
     use crate::rundir::RunDir;
     use protocol::worker::Device;
     use std::path::Path;
 
+    /// A scratch run directory and a plan of `n` independent stages `s0`, `s1`, ….
+    fn stages(scratch: &str, n: usize) -> (std::path::PathBuf, RunDir, LoadedPlan) {
+        let dir = crate::testutil::scratch(scratch);
+        let run_dir = RunDir::create(&dir).unwrap();
+        let text: String = (0..n)
+            .map(|i| format!("[[stage]]\nname = \"s{i}\"\ncommand = [\"true\"]\n"))
+            .collect();
+        let plan = parse_plan_toml(&text, "t.toml", Path::new("/")).unwrap();
+        (dir, run_dir, plan)
+    }
+
+    /// Stage `i`'s files for its first attempt on the CPU.
+    fn layout(plan: &LoadedPlan, run_dir: &RunDir, i: usize) -> Layout {
+        let inputs = Layout::inputs_of(plan, i, run_dir);
+        Layout::new(plan, i, run_dir, 1, Device::Cpu, inputs)
+    }
+
     #[test]
     fn every_stage_is_written_once_by_one_side_and_claims_say_so() {
-        let dir = crate::testutil::scratch("prepare");
-        let run_dir = RunDir::create(&dir).unwrap();
-        let mut text = String::new();
-        for i in 0..200 {
-            text.push_str(&format!(
-                "[[stage]]\nname = \"s{i}\"\ncommand = [\"true\"]\n"
-            ));
-        }
-        let plan = parse_plan_toml(&text, "t.toml", Path::new("/")).unwrap();
-        let layout = |i: usize| {
-            Layout::new(
-                &plan,
-                i,
-                &run_dir,
-                1,
-                Device::Cpu,
-                Layout::inputs_of(&plan, i, &run_dir),
-            )
-        };
+        let (dir, run_dir, plan) = stages("prepare", 200);
+        let layout = |i: usize| layout(&plan, &run_dir, i);
         let preparer = Preparer::start(200).unwrap();
         // Odd stages are queued; even ones never are.
         let sockets = dir.join("sockets");
@@ -318,26 +318,9 @@ mod tests {
 
     #[test]
     fn files_opened_ahead_are_capped_and_released_stages_give_their_socket_back() {
-        let dir = crate::testutil::scratch("prepare-cap");
-        let run_dir = RunDir::create(&dir).unwrap();
         let n = OPEN_AHEAD_MAX + 4;
-        let mut text = String::new();
-        for i in 0..n {
-            text.push_str(&format!(
-                "[[stage]]\nname = \"s{i}\"\ncommand = [\"true\"]\n"
-            ));
-        }
-        let plan = parse_plan_toml(&text, "t.toml", Path::new("/")).unwrap();
-        let layout = |i: usize| {
-            Layout::new(
-                &plan,
-                i,
-                &run_dir,
-                1,
-                Device::Cpu,
-                Layout::inputs_of(&plan, i, &run_dir),
-            )
-        };
+        let (dir, run_dir, plan) = stages("prepare-cap", n);
+        let layout = |i: usize| layout(&plan, &run_dir, i);
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
         let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
