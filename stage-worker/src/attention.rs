@@ -1,10 +1,12 @@
 //! Which kernels compute attention on a CUDA device.
 //!
 //! libtorch 2.11 answers the model's attention (bf16, causal, head size 64, on an H200) with
-//! cuDNN's kernels when it may. Their first use in a fresh process costs about 0.16 s (cuDNN
-//! loads and plans them), against 0.005–0.008 s for PyTorch's own memory-efficient or flash
-//! kernels, whose steady speed at that shape was the same within a few percent
-//! (`bench/boundary/results/2026-11-30-h200-attention-probe/`). Since every stage is a fresh
+//! cuDNN's kernels when it may. Their first forward + backward in a fresh process took 0.16 s
+//! (cuDNN loads and plans them), against 0.005–0.008 s for PyTorch's own memory-efficient or
+//! flash kernels; a second call took 9–14 ms in each of the three (single calls,
+//! `bench/boundary/results/2026-11-30-h200-attention-probe/`), and 60 whole training steps of the
+//! 100M model 1.11 s without cuDNN against 1.24 s with it (one chain each, docs/boundary.md §5).
+//! Since every stage is a fresh
 //! process, that first use is paid at every stage boundary, so the worker leaves cuDNN out by
 //! default. `STAGE_WORKER_SDPA` chooses: `efficient` (the default: memory-efficient kernels,
 //! then the plain math ones for shapes they cannot take), `flash` (flash, then
