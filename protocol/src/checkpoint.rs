@@ -269,6 +269,11 @@ mod tests {
         assert_eq!(old.checksum, Checksum::Sha256("CD".into()));
         assert!(old.checksum.matches(&Checksum::Sha256("cd".into())));
         assert!(!old.checksum.matches(&Checksum::Blake3("cd".into())));
+        // The key is the algorithm's name, as `Display` and messages write it.
+        for c in [Checksum::Sha256("a".into()), Checksum::Blake3("b".into())] {
+            let json = serde_json::to_value(&c).unwrap();
+            assert!(json.get(c.algorithm().name()).is_some(), "{json}");
+        }
         // An event carries it in the field of its algorithm, and reads it back.
         for c in [Checksum::Sha256("a".into()), Checksum::Blake3("b".into())] {
             let (sha256, blake3) = c.clone().into_event();
