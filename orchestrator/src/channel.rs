@@ -27,12 +27,17 @@ pub enum ChannelItem {
     Violation(String),
 }
 
-/// A bound channel. Dropping it stops accepting and removes the socket file.
+/// Socket files to remove, by whoever holds the list (see [`EventChannel::remove_later`]).
+pub type Discards = std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>;
+
+/// A bound channel. Dropping it stops accepting and removes the socket file (or hands it to
+/// the [`Discards`] list given to [`EventChannel::remove_later`]).
 pub struct EventChannel {
     path: PathBuf,
     accept_task: tokio::task::JoinHandle<()>,
     open_connections: Rc<Cell<usize>>,
     listener_fd: std::os::fd::RawFd,
+    discards: Option<Discards>,
 }
 
 impl EventChannel {
@@ -74,7 +79,16 @@ impl EventChannel {
             accept_task,
             open_connections,
             listener_fd,
+            discards: None,
         })
+    }
+
+    /// On drop, the socket file goes to `discards` instead of being removed there and then:
+    /// a closed listener's file refuses connections, so its removal can wait for a thread
+    /// that removes such files in batches, off the scheduling thread. The path must be unique
+    /// to this channel (never bound again while it waits).
+    pub fn remove_later(&mut self, discards: Discards) {
+        self.discards = Some(discards);
     }
 
     /// Waits (at most `limit`) until every connection has been read to its end. Once the
@@ -111,7 +125,15 @@ impl EventChannel {
 impl Drop for EventChannel {
     fn drop(&mut self) {
         self.accept_task.abort();
-        let _ = std::fs::remove_file(&self.path);
+        match &self.discards {
+            Some(list) => list
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(std::mem::take(&mut self.path)),
+            None => {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
     }
 }
 

@@ -11,6 +11,10 @@
 //! the device they were prepared for. At most [`OPEN_AHEAD_MAX`] stages asked to be opened
 //! through [`Preparer::may_open`] hold opened files at a time (three descriptors each), and a
 //! stage that will not start gives its files back through [`Preparer::release`].
+//!
+//! The same thread removes the event sockets of the stages it opened once they end (each
+//! attempt's [`crate::channel::EventChannel`] hands its file over instead of removing it on
+//! the scheduling thread), before each stage it writes and when the run ends.
 
 use crate::attempt::Layout;
 use crate::stage::Opened;
@@ -56,6 +60,8 @@ pub(crate) struct Preparer {
     opening: Arc<AtomicUsize>,
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Socket files of ended attempts, removed by the thread.
+    discards: crate::channel::Discards,
 }
 
 impl Preparer {
@@ -69,10 +75,13 @@ impl Preparer {
         let table = written.clone();
         let opening = Arc::new(AtomicUsize::new(0));
         let open_count = opening.clone();
+        let discards = crate::channel::Discards::default();
+        let to_remove = discards.clone();
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
             .spawn(move || {
                 for (i, layout, socket) in queue {
+                    remove_all(&to_remove);
                     if theirs[i]
                         .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
                         .is_err()
@@ -97,7 +106,9 @@ impl Preparer {
                                 WRITTEN
                             }
                         }
-                        Ok(written) => {
+                        Ok((fresh, Some(mut files))) => {
+                            files.discards = Some(to_remove.clone());
+                            let written = (fresh, Some(files));
                             table
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
@@ -120,12 +131,18 @@ impl Preparer {
             opening,
             jobs: Some(jobs),
             thread: Some(thread),
+            discards,
         })
     }
 
     /// Whether stage `i` was never handed to the preparer.
     pub(crate) fn untouched(&self, i: usize) -> bool {
         self.state[i].load(Ordering::Acquire) == NONE
+    }
+
+    /// How many stages hold (or are about to hold) files opened ahead.
+    pub(crate) fn opened_ahead(&self) -> usize {
+        self.opening.load(Ordering::Acquire)
     }
 
     /// Whether fewer than [`OPEN_AHEAD_MAX`] stages hold (or are about to hold) files opened
@@ -211,6 +228,7 @@ impl Drop for Preparer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        remove_all(&self.discards);
         // Sockets bound for stages that did not start.
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         for (_, (_, files)) in written.drain() {
@@ -218,6 +236,14 @@ impl Drop for Preparer {
                 let _ = std::fs::remove_file(&files.socket);
             }
         }
+    }
+}
+
+/// Removes the socket files in `discards`.
+fn remove_all(discards: &crate::channel::Discards) {
+    let paths = std::mem::take(&mut *discards.lock().unwrap_or_else(|e| e.into_inner()));
+    for path in paths {
+        let _ = std::fs::remove_file(path);
     }
 }
 

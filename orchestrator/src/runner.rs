@@ -28,6 +28,22 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+/// The preparer gets the next ready stages when it holds at most this many opened ahead...
+const PREPARE_LOW: usize = 2;
+/// ...and up to this many of them at a time (each opened one holds three descriptors, which
+/// every spawn copies into its child until `execve` closes them).
+const PREPARE_BATCH: usize = 8;
+
+/// Removes a directory and what is in it when dropped (the run's socket directory: after the
+/// preparer, declared before it, which removes the sockets it still holds).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// What to run and where.
 pub struct RunOptions {
     /// The validated plan.
@@ -108,6 +124,7 @@ async fn run_in_span(
         ticket,
         stop_signal,
     } = opts;
+    crate::timefmt::mark("runner");
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
     // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
@@ -169,11 +186,13 @@ async fn run_in_span(
         console.note(&format!("GPU check: {gpu_check}"));
     }
 
+    crate::timefmt::mark("fixed files");
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
     let resolved_path = run_dir.root().join("plan.resolved.json");
     crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
         .with_context(|| format!("cannot write {}", resolved_path.display()))?;
+    crate::timefmt::mark("resolved written");
     let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
     let decisions = if resume {
         let path = run_dir.journal_path();
@@ -201,6 +220,7 @@ async fn run_in_span(
     } else {
         None
     };
+    crate::timefmt::mark("journal open");
     let mut journal = Journal::open(&run_dir.journal_path())
         .with_context(|| format!("cannot open the journal in {}", run_dir.root().display()))?;
     journal.append(&JournalRecord::RunStarted {
@@ -216,6 +236,7 @@ async fn run_in_span(
         crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
     }
 
+    crate::timefmt::mark("services");
     let services = Rc::new(Services {
         reaper: host.reaper.clone(),
         probe,
@@ -318,6 +339,7 @@ async fn run_in_span(
         ),
         _ => None,
     };
+    crate::timefmt::mark("report0");
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     // A report exists from the start, so `orchestrate report` has something to show even if
     // this process is killed before the first stage ends.
@@ -355,9 +377,16 @@ async fn run_in_span(
         .filter(|&i| waiting_on[i] == 0 && states[i].status == Status::Pending)
         .map(|i| (position[i], i))
         .collect();
+    crate::timefmt::mark("loop setup");
     let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
     // First attempts' files are written ahead by the preparer thread: the next ready stages,
     // and the stages that wait only on a stage that just started.
+    // This run's event sockets, apart from other runs' of the same host.
+    let sockets = host
+        .sockets
+        .for_run(ticket.1)
+        .context("cannot create the directory of the run's event sockets")?;
+    let _remove_sockets = RemoveOnDrop(sockets.clone());
     let preparer = crate::prepare::Preparer::start(stages.len())
         .context("cannot start the stage-files thread")?;
     let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
@@ -374,7 +403,7 @@ async fn run_in_span(
                 protocol::worker::Device::Cpu,
                 inputs,
             );
-            let socket = open.then(|| crate::attempt::socket_path(host.sockets.path(), j, 1));
+            let socket = open.then(|| crate::attempt::socket_path(&sockets, j, 1));
             preparer.queue(j, layout, socket);
         }
     };
@@ -487,7 +516,7 @@ async fn run_in_span(
                     worker.as_deref(),
                     &given,
                     machine_has_gpus,
-                    host.sockets.path(),
+                    &sockets,
                     cpu_threads,
                     written.as_ref().map(|&(fresh, _)| fresh),
                 ) {
@@ -515,6 +544,7 @@ async fn run_in_span(
                         .set(host.cpu_builtin_running.get() + 1);
                 }
                 let stage_span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %stage.name, attempt);
+                if i < 2 { crate::timefmt::mark("spawning"); }
                 let started = stage_span.in_scope(|| {
                     stage::start_attempt(
                         attempt_plan,
@@ -577,8 +607,11 @@ async fn run_in_span(
                 }
             }
         }
-        if !stopping {
-            for &(_, j) in ready.iter().take(8) {
+        // The next ready stages' files are handed to the preparer in batches, when it has
+        // at most PREPARE_LOW stages opened ahead: one wake-up of its thread per batch, not one
+        // per stage (on a small machine each wake-up took time from the stage just started).
+        if !stopping && preparer.opened_ahead() <= PREPARE_LOW {
+            for &(_, j) in ready.iter().take(PREPARE_BATCH) {
                 prepare_ahead(j, &states, true);
             }
         }
@@ -755,6 +788,7 @@ async fn run_in_span(
             state.status = Status::Skipped(class, reason);
         }
     }
+    crate::timefmt::mark("loop done");
     let any_failed = states
         .iter()
         .any(|s| matches!(s.status, Status::Failed | Status::Skipped(..)));
@@ -784,9 +818,11 @@ async fn run_in_span(
         }
         _ => (status, exit_code),
     };
+    crate::timefmt::mark("finish rec");
     journal.append(&JournalRecord::RunFinished { status, exit_code })?;
     host.stop_waiting(ticket);
     let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
+    crate::timefmt::mark("report built");
     report.write_or_warn(&report_path, &console);
     if crate::results::has_rows(&plan) {
         match crate::results::write(&plan, &|i| report.stage(i), run_dir.root()) {
@@ -803,6 +839,7 @@ async fn run_in_span(
             )),
         }
     }
+    crate::timefmt::mark("results written");
     if let Some(sampler) = sampler {
         sampler.abort();
         let samples = gpu::timeline::read_samples(&timeline_csv);
@@ -813,6 +850,7 @@ async fn run_in_span(
             Err(e) => console.warn(&format!("cannot write {}: {e}", svg_path.display())),
         }
     }
+    crate::timefmt::mark("end");
     console.run_finished(status, exit_code);
     Ok(RunSummary {
         exit_code,

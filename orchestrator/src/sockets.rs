@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 /// first, the guard removes it, and a later run removes any left by a dead orchestrator.
 pub struct SocketDir(PathBuf);
 
-/// The longest socket file name put in a [`SocketDir`] (`<stage index>-<attempt>.sock`).
-const SOCKET_NAME_MAX: usize = 24;
+/// The longest socket path put under a [`SocketDir`] (`<run>/<stage index>-<attempt>.sock`).
+const SOCKET_NAME_MAX: usize = 32;
 /// `sun_path` holds 108 bytes with the terminating NUL.
 const SUN_PATH_MAX: usize = 107;
 
@@ -67,6 +67,22 @@ impl SocketDir {
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.0
+    }
+
+    /// Creates the directory of run `run`'s sockets (mode 0700) and returns it. Runs of one
+    /// host (the daemon's) number their stages from 0 each: a directory per run keeps their
+    /// sockets apart. The caller removes it when the run ends; the host's directory goes with
+    /// everything left in it.
+    pub fn for_run(&self, run: u64) -> std::io::Result<PathBuf> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = self.0.join(run.to_string());
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", dir.display()),
+            )),
+            _ => Ok(dir),
+        }
     }
 }
 

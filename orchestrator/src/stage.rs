@@ -44,6 +44,8 @@ pub struct Opened {
     pub events: std::os::unix::net::UnixListener,
     /// Where `events` is bound.
     pub socket: PathBuf,
+    /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]).
+    pub discards: Option<crate::channel::Discards>,
 }
 
 /// Everything one attempt needs, resolved by the runner.
@@ -276,7 +278,12 @@ pub fn start_attempt(
         )
     });
     let (stdout, stderr, stderr_offset, events) = match opened {
-        Some(o) => (o.stdout, o.stderr, o.stderr_offset, Some(o.events)),
+        Some(o) => (
+            o.stdout,
+            o.stderr,
+            o.stderr_offset,
+            Some((o.events, o.discards)),
+        ),
         None => {
             let (stdout, stderr, offset) =
                 open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {
@@ -300,8 +307,12 @@ pub fn start_attempt(
 
     let (tx, rx) = mpsc::unbounded_channel();
     let record_to = plan.stage_dir.join("events.jsonl");
-    let channel = match events {
-        Some(socket) => EventChannel::listen(socket, &plan.socket, record_to, tx),
+    let mut discards = None;
+    let mut channel = match events {
+        Some((socket, later)) => {
+            discards = later;
+            EventChannel::listen(socket, &plan.socket, record_to, tx)
+        }
         None => EventChannel::bind(&plan.socket, record_to, tx),
     }
     .map_err(|e| {
@@ -310,6 +321,9 @@ pub fn start_attempt(
             plan.socket.display()
         ))
     })?;
+    if let Some(discards) = discards {
+        channel.remove_later(discards);
+    }
     let token = format!(
         "{}-{}-{}-{}",
         std::process::id(),
