@@ -140,11 +140,6 @@ impl Preparer {
         self.state[i].load(Ordering::Acquire) == NONE
     }
 
-    /// How many stages hold (or are about to hold) files opened ahead.
-    pub(crate) fn opened_ahead(&self) -> usize {
-        self.opening.load(Ordering::Acquire)
-    }
-
     /// Whether fewer than [`OPEN_AHEAD_MAX`] stages hold (or are about to hold) files opened
     /// ahead: asking for more than that is left to the stages about to start.
     pub(crate) fn may_open(&self) -> bool {

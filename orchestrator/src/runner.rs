@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-/// The preparer gets the next ready stages when it holds at most this many opened ahead...
+/// The preparer gets the next ready stages when one of the next `PREPARE_LOW + 1` has no files...
 const PREPARE_LOW: usize = 2;
 /// ...and up to this many of them at a time (each opened one holds three descriptors, which
 /// every spawn copies into its child until `execve` closes them).
@@ -392,8 +392,11 @@ async fn run_in_span(
     let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
     // `open`: the stage is about to start (one of the next ready ones): its logs are opened
     // and its socket bound too, not only written.
+    // Whether stage `j` is one whose first attempt's files the preparer should write.
+    let wants_files =
+        |j: usize, states: &[StageState]| states[j].attempts == 0 && on_cpu(j) && preparer.untouched(j);
     let prepare_ahead = |j: usize, states: &[StageState], open: bool| {
-        if states[j].attempts == 0 && on_cpu(j) && preparer.untouched(j) {
+        if wants_files(j, states) {
             let inputs = crate::attempt::Layout::inputs_of(&plan, j, &run_dir);
             let layout = crate::attempt::Layout::new(
                 &plan,
@@ -607,10 +610,15 @@ async fn run_in_span(
                 }
             }
         }
-        // The next ready stages' files are handed to the preparer in batches, when it has
-        // at most PREPARE_LOW stages opened ahead: one wake-up of its thread per batch, not one
-        // per stage (on a small machine each wake-up took time from the stage just started).
-        if !stopping && preparer.opened_ahead() <= PREPARE_LOW {
+        // The next ready stages' files are handed to the preparer in batches, once one of the
+        // next PREPARE_LOW + 1 has none: one wake-up of its thread per batch, not one per stage
+        // (on a small machine each wake-up took time from the stage just started).
+        if !stopping
+            && ready
+                .iter()
+                .take(PREPARE_LOW + 1)
+                .any(|&(_, j)| wants_files(j, &states))
+        {
             for &(_, j) in ready.iter().take(PREPARE_BATCH) {
                 prepare_ahead(j, &states, true);
             }
