@@ -181,7 +181,9 @@ impl Layout {
             // cached, so that the look at the stage's end does not read the directory from
             // the file system again (on ext4 the largest cost of a short stage's end). A
             // manifest the stage writes replaces the cached answer.
-            let _ = std::fs::symlink_metadata(paths.output_dir.join(protocol::checkpoint::MANIFEST_FILE));
+            let _ = std::fs::symlink_metadata(
+                paths.output_dir.join(protocol::checkpoint::MANIFEST_FILE),
+            );
         }
         tracing::trace!(stage = %self.name, "stage files written");
         Ok((fresh, keep_logs.then_some(logs)))

@@ -316,7 +316,6 @@ fn order_text(loaded: &orchestrator::plan::LoadedPlan) -> String {
 }
 
 fn main() -> ExitCode {
-    orchestrator::timefmt::mark("main");
     let mut args = std::env::args();
     if args.nth(1).as_deref() == Some(orchestrator::guard::GUARD_SUBCOMMAND) {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
@@ -488,9 +487,7 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunS
     let mut sighup = signal(SignalKind::hangup())?;
     // Inside Slurm, the job's warning signal (`#SBATCH --signal=B:USR2@N`) too.
     let mut warning = orchestrator::slurm::WarningSignals::listen(in_slurm)?;
-    orchestrator::timefmt::mark("host start");
     let host = orchestrator::host::Host::start()?;
-    orchestrator::timefmt::mark("host started");
     options.run_id = options
         .run_dir
         .root()
@@ -541,7 +538,6 @@ fn run_dir_error(e: &RunDirError) -> ExitCode {
 /// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
 /// or `resume D` (no plan: the run's own copy, with its recorded base directory).
 fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
-    orchestrator::timefmt::mark("run_plan");
     // A plan given on the command line is read once, first.
     let given: Option<PlanToRun> = match &args.plan {
         Some(path) => match orchestrator::plan::read_plan(path) {
@@ -589,7 +585,6 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
             return ExitCode::from(exit::INVALID_INPUT as u8);
         }
     };
-    orchestrator::timefmt::mark("plan read");
     let console = Console::new(format == LogFormat::Json, args.quiet);
     let run_dir = match (resumed_dir, &args.run_dir) {
         (Some(d), _) => Ok(d),
@@ -618,10 +613,7 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         ticket: (0, 0),
         stop_signal: Default::default(),
     };
-    orchestrator::timefmt::mark("runtime");
-    let r = local.block_on(&runtime, run_on_own_host(options));
-    orchestrator::timefmt::mark("run done");
-    match r {
+    match local.block_on(&runtime, run_on_own_host(options)) {
         Ok(summary) => {
             console.block(&summary.summary);
             ExitCode::from(summary.exit_code as u8)

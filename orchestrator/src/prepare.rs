@@ -338,6 +338,53 @@ mod tests {
     }
 
     #[test]
+    fn ended_stages_sockets_are_removed_by_the_thread_with_its_next_work_or_at_the_end() {
+        let (dir, run_dir, plan) = stages("prepare-discard", 3);
+        let layout = |i: usize| layout(&plan, &run_dir, i);
+        let sockets = dir.join("sockets");
+        std::fs::create_dir_all(&sockets).unwrap();
+        let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
+        let preparer = Preparer::start(3).unwrap();
+        preparer.queue(0, layout(0), Some(socket(0)));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let claimed = loop {
+            match preparer.claim(0) {
+                Some((_, Some(files))) => break files,
+                _ if std::time::Instant::now() < deadline => {
+                    // Not written yet, and taken back: queue it again (the claim took it).
+                    preparer.state[0].store(NONE, Ordering::Release);
+                    preparer.queue(0, layout(0), Some(socket(0)));
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                other => panic!("stage 0 was never opened: {other:?}"),
+            }
+        };
+        // What an attempt's channel does when it ends: hand its socket file over.
+        let discards = claimed
+            .discards
+            .clone()
+            .expect("opened ahead: removal is deferred");
+        discards.lock().unwrap().push(socket(0));
+        assert!(socket(0).exists(), "not removed on the scheduling thread");
+        // The thread's next work removes it.
+        preparer.queue(1, layout(1), None);
+        while socket(0).exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the next work removed nothing"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // With no more work, the end of the run does.
+        let late = sockets.join("late.sock");
+        std::fs::write(&late, "").unwrap();
+        discards.lock().unwrap().push(late.clone());
+        drop(preparer);
+        assert!(!late.exists(), "removed when the run ends");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn files_opened_ahead_are_capped_and_released_stages_give_their_socket_back() {
         let n = OPEN_AHEAD_MAX + 4;
         let (dir, run_dir, plan) = stages("prepare-cap", n);

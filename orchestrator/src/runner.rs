@@ -28,6 +28,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+/// From this many stages on, a run's fixed files and its fingerprints are made side by side,
+/// and so are its closing report and results (below, a thread costs more than it saves).
+const PARALLEL_START_STAGES: usize = 256;
+
 /// The preparer gets the next ready stages when one of the next `PREPARE_LOW + 1` has no files...
 const PREPARE_LOW: usize = 2;
 /// ...and up to this many of them at a time (each opened one holds three descriptors, which
@@ -124,7 +128,6 @@ async fn run_in_span(
         ticket,
         stop_signal,
     } = opts;
-    crate::timefmt::mark("runner");
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
     // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
@@ -186,14 +189,22 @@ async fn run_in_span(
         console.note(&format!("GPU check: {gpu_check}"));
     }
 
-    crate::timefmt::mark("fixed files");
-    // The run directory's fixed files.
-    run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
-    let resolved_path = run_dir.root().join("plan.resolved.json");
-    crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
-        .with_context(|| format!("cannot write {}", resolved_path.display()))?;
-    crate::timefmt::mark("resolved written");
-    let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
+    // The run directory's fixed files, and beside them the stages' fingerprints (both a pass
+    // over every stage: for a large sweep, most of the time before its first stage starts).
+    let fingerprints = std::thread::scope(|scope| -> Result<Vec<String>> {
+        let prints = (stages.len() >= PARALLEL_START_STAGES)
+            .then(|| scope.spawn(|| crate::fingerprint::stage_fingerprints(&plan)));
+        run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
+        let resolved_path = run_dir.root().join("plan.resolved.json");
+        crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
+            .with_context(|| format!("cannot write {}", resolved_path.display()))?;
+        Ok(match prints {
+            Some(prints) => prints.join().map_err(|_| {
+                Error::Internal("computing the stages' fingerprints panicked".into())
+            })?,
+            None => crate::fingerprint::stage_fingerprints(&plan),
+        })
+    })?;
     let decisions = if resume {
         let path = run_dir.journal_path();
         if crate::journal::repair_tail(&path)
@@ -220,7 +231,6 @@ async fn run_in_span(
     } else {
         None
     };
-    crate::timefmt::mark("journal open");
     let mut journal = Journal::open(&run_dir.journal_path())
         .with_context(|| format!("cannot open the journal in {}", run_dir.root().display()))?;
     journal.append(&JournalRecord::RunStarted {
@@ -236,7 +246,6 @@ async fn run_in_span(
         crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
     }
 
-    crate::timefmt::mark("services");
     let services = Rc::new(Services {
         reaper: host.reaper.clone(),
         probe,
@@ -339,7 +348,6 @@ async fn run_in_span(
         ),
         _ => None,
     };
-    crate::timefmt::mark("report0");
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     // A report exists from the start, so `orchestrate report` has something to show even if
     // this process is killed before the first stage ends.
@@ -377,24 +385,24 @@ async fn run_in_span(
         .filter(|&i| waiting_on[i] == 0 && states[i].status == Status::Pending)
         .map(|i| (position[i], i))
         .collect();
-    crate::timefmt::mark("loop setup");
     let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
-    // First attempts' files are written ahead by the preparer thread: the next ready stages,
-    // and the stages that wait only on a stage that just started.
     // This run's event sockets, apart from other runs' of the same host.
     let sockets = host
         .sockets
         .for_run(ticket.1)
         .context("cannot create the directory of the run's event sockets")?;
     let _remove_sockets = RemoveOnDrop(sockets.clone());
+    // First attempts' files are written ahead by the preparer thread: the next ready stages,
+    // and the stages that wait only on a stage that just started.
     let preparer = crate::prepare::Preparer::start(stages.len())
         .context("cannot start the stage-files thread")?;
     let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
+    // Whether stage `j` is one whose first attempt's files the preparer should write.
+    let wants_files = |j: usize, states: &[StageState]| {
+        states[j].attempts == 0 && on_cpu(j) && preparer.untouched(j)
+    };
     // `open`: the stage is about to start (one of the next ready ones): its logs are opened
     // and its socket bound too, not only written.
-    // Whether stage `j` is one whose first attempt's files the preparer should write.
-    let wants_files =
-        |j: usize, states: &[StageState]| states[j].attempts == 0 && on_cpu(j) && preparer.untouched(j);
     let prepare_ahead = |j: usize, states: &[StageState], open: bool| {
         if wants_files(j, states) {
             let inputs = crate::attempt::Layout::inputs_of(&plan, j, &run_dir);
@@ -547,7 +555,6 @@ async fn run_in_span(
                         .set(host.cpu_builtin_running.get() + 1);
                 }
                 let stage_span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %stage.name, attempt);
-                if i < 2 { crate::timefmt::mark("spawning"); }
                 let started = stage_span.in_scope(|| {
                     stage::start_attempt(
                         attempt_plan,
@@ -796,7 +803,6 @@ async fn run_in_span(
             state.status = Status::Skipped(class, reason);
         }
     }
-    crate::timefmt::mark("loop done");
     let any_failed = states
         .iter()
         .any(|s| matches!(s.status, Status::Failed | Status::Skipped(..)));
@@ -826,14 +832,26 @@ async fn run_in_span(
         }
         _ => (status, exit_code),
     };
-    crate::timefmt::mark("finish rec");
     journal.append(&JournalRecord::RunFinished { status, exit_code })?;
     host.stop_waiting(ticket);
     let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
-    crate::timefmt::mark("report built");
-    report.write_or_warn(&report_path, &console);
-    if crate::results::has_rows(&plan) {
-        match crate::results::write(&plan, &|i| report.stage(i), run_dir.root()) {
+    // report.json and the results files are written side by side (each is a pass over every
+    // stage: at the end of a large sweep, most of the run's closing time).
+    let results = std::thread::scope(|scope| {
+        let write = || crate::results::write(&plan, &|i| report.stage(i), run_dir.root());
+        let beside = (crate::results::has_rows(&plan) && stages.len() >= PARALLEL_START_STAGES)
+            .then(|| scope.spawn(write));
+        report.write_or_warn(&report_path, &console);
+        match beside {
+            Some(r) => Some(
+                r.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the results writer panicked"))),
+            ),
+            None => crate::results::has_rows(&plan).then(write),
+        }
+    });
+    if let Some(results) = results {
+        match results {
             Ok(table) => {
                 console.detail(&table);
                 console.note(&format!(
@@ -847,7 +865,6 @@ async fn run_in_span(
             )),
         }
     }
-    crate::timefmt::mark("results written");
     if let Some(sampler) = sampler {
         sampler.abort();
         let samples = gpu::timeline::read_samples(&timeline_csv);
@@ -858,7 +875,6 @@ async fn run_in_span(
             Err(e) => console.warn(&format!("cannot write {}: {e}", svg_path.display())),
         }
     }
-    crate::timefmt::mark("end");
     console.run_finished(status, exit_code);
     Ok(RunSummary {
         exit_code,

@@ -159,6 +159,28 @@ mod tests {
     }
 
     #[test]
+    fn each_run_of_a_host_has_its_own_private_socket_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let host = SocketDir::create().unwrap();
+        let (a, b) = (host.for_run(0).unwrap(), host.for_run(1).unwrap());
+        assert_ne!(a, b);
+        for dir in [&a, &b] {
+            assert!(dir.starts_with(host.path()) && dir.is_dir());
+            let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", dir.display());
+        }
+        // The same stage of two runs gets two sockets.
+        assert_ne!(
+            crate::attempt::socket_path(&a, 0, 1),
+            crate::attempt::socket_path(&b, 0, 1)
+        );
+        assert_eq!(host.for_run(0).unwrap(), a, "asking again is harmless");
+        let root = host.path().to_path_buf();
+        drop(host);
+        assert!(!root.exists());
+    }
+
+    #[test]
     fn tmpfs_is_told_from_a_disk_file_system() {
         if Path::new("/proc/self/mounts").exists() {
             let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();

@@ -69,11 +69,3 @@ mod tests {
         assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
     }
 }
-
-/// TEMP: prints the time since the first call when ORCH_MARKS is set.
-pub fn mark(what: &str) {
-    static START: std::sync::OnceLock<Option<std::time::Instant>> = std::sync::OnceLock::new();
-    if let Some(start) = START.get_or_init(|| std::env::var_os("ORCH_MARKS").map(|_| std::time::Instant::now())) {
-        eprintln!("MARK {:8.3} ms {what}", start.elapsed().as_secs_f64() * 1e3);
-    }
-}

@@ -70,9 +70,17 @@ command = ["sh", "-c", "for i in $(seq 200); do grep -q stage_skipped {journal} 
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert_eq!(run.stage("then")["status"], "skipped");
     let left = std::fs::read_to_string(run_dir.join("stages/watch/output/sockets")).unwrap();
-    assert_eq!(
-        left.split_whitespace().collect::<Vec<_>>(),
-        ["2-1.sock"],
-        "sockets left once `then` was skipped"
+    let left: Vec<&str> = left.split_whitespace().collect();
+    // `then` (stage 1) gave its socket back when it was skipped. `watch`'s own is there, and
+    // `fails`'s may be: an ended stage's socket file is removed by the stage-files thread
+    // with its next work or when the run ends.
+    assert!(
+        !left.contains(&"1-1.sock"),
+        "sockets left once `then` was skipped: {left:?}"
+    );
+    assert!(left.contains(&"2-1.sock"), "{left:?}");
+    assert!(
+        left.iter().all(|s| ["0-1.sock", "2-1.sock"].contains(s)),
+        "{left:?}"
     );
 }

@@ -550,3 +550,43 @@ command = ["sh", "-c", "test -f {output}/../tried && exit 0; touch {output}/../t
         assert_eq!(start["span"]["attempt"], n as u64 + 1);
     }
 }
+
+/// Writes `out` and a version 2 manifest for it in the stage's output directory, with the
+/// file's SHA-256 (`good`) or a wrong one; reports nothing on the event channel.
+const MANIFEST: &str = "import hashlib, json, os, sys\nd = os.environ['ORCHESTRATE_OUTPUT_DIR']\ndata = b'weights' * 1000\nopen(os.path.join(d, 'out'), 'wb').write(data)\nsha = hashlib.sha256(data).hexdigest() if sys.argv[1] == 'good' else '0' * 64\njson.dump({'v': 2, 'files': [{'path': 'out', 'bytes': len(data), 'sha256': sha}]}, open(os.path.join(d, 'manifest.json'), 'w'))\n";
+
+#[test]
+fn a_manifest_a_command_stage_writes_unannounced_is_verified() {
+    let s = Scratch::new("own-manifest");
+    s.write("manifest.py", MANIFEST);
+    // Many short stages before them: their output directories are made (and looked into for
+    // a manifest) ahead of time, which must not hide a manifest written later.
+    let mut plan = String::from("[run]\nmax_parallel = 1\n");
+    for k in 0..20 {
+        plan.push_str(&format!(
+            "[[stage]]\nname = \"n{k}\"\ncommand = [\"true\"]\n"
+        ));
+    }
+    plan.push_str(
+        "[[stage]]\nname = \"good\"\ncommand = [\"python3\", \"manifest.py\", \"good\"]\n",
+    );
+    plan.push_str("[[stage]]\nname = \"bad\"\ncommand = [\"python3\", \"manifest.py\", \"bad\"]\n");
+    let plan = s.write("plan.toml", &plan);
+    let run = run_plan(&s, &plan, &["-q"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let good = run.stage("good");
+    assert_eq!(good["status"], "succeeded", "{good}");
+    let checkpoints = good["checkpoints"].as_array().unwrap();
+    assert_eq!(checkpoints.len(), 1, "{good}");
+    assert!(checkpoints[0]["path"].as_str().unwrap().ends_with("/out"));
+    assert!(checkpoints[0]["sha256"].is_string(), "{good}");
+    let bad = run.stage("bad");
+    assert_eq!(bad["status"], "failed", "{bad}");
+    assert!(
+        bad["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("checksum"),
+        "{bad}"
+    );
+}
