@@ -14,8 +14,8 @@ Plans (every stage runs `true`; N stages in all):
 For each: wall from spawn to exit, stages/s, peak RSS (ru_maxrss), the time until the first
 stage started (from the journal), and, once per size, `orchestrate validate` wall and RSS.
 
-  bench/overhead/bench.py --bin target/release/orchestrate --sizes 1000,10000,100000 --reps 3 \
-      --out bench/overhead/results-DATE.json
+  bench/overhead/bench.py --bin target/release/orchestrate --sizes 1000:7,10000:5,100000 --reps 3 \
+      --out bench/overhead/results-DATE.json      (N:REPS overrides --reps for that size)
 """
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
 
@@ -108,7 +108,8 @@ def spread(values):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="target/release/orchestrate")
-    ap.add_argument("--sizes", default="1000,10000,100000")
+    ap.add_argument("--sizes", default="1000,10000,100000",
+                    help="comma-separated stage counts, each optionally N:REPS")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", required=True)
     ap.add_argument("--run-base", default=None,
@@ -133,18 +134,20 @@ def main():
     result["run_base"] = {"path": base, "fs": subprocess.run(["stat", "-f", "-c", "%T", base],
                                                              capture_output=True, text=True).stdout.strip()}
     with tempfile.TemporaryDirectory(prefix="overhead-", dir=base) as d:
-        for n in [int(s) for s in args.sizes.split(",")]:
+        for spec in args.sizes.split(","):
+            # "N" or "N:REPS" (more repetitions where a run is short and noise is large).
+            n, reps = (int(x) for x in spec.split(":")) if ":" in spec else (int(spec), args.reps)
             plans = write_plans(n, d)
             size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": []}
             for name, plan in plans.items():
                 size["validate"][name] = validate(binary, plan)
-            for rep in range(args.reps):
+            for rep in range(reps):
                 size["subprocess_run_loop"].append(run_loop(n))
                 for name, plan in plans.items():
                     run_dir = os.path.join(d, f"run-{name}-{n}-{rep}")
                     # Kept until the end: see the README on deleting during the benchmark.
                     size["plans"][name].append(run_orchestrate(binary, plan, run_dir, n))
-                print(f"{n}: rep {rep + 1}/{args.reps}: loop {size['subprocess_run_loop'][-1]['stages_per_s']:.0f}/s, "
+                print(f"{n}: rep {rep + 1}/{reps}: loop {size['subprocess_run_loop'][-1]['stages_per_s']:.0f}/s, "
                       + ", ".join(f"{k} {v[-1]['stages_per_s']:.0f}/s {v[-1]['peak_rss_kib'] / 1024:.1f} MiB"
                                   for k, v in size["plans"].items()), file=sys.stderr)
             loop = spread([r["stages_per_s"] for r in size["subprocess_run_loop"]])
