@@ -28,10 +28,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-/// From this many stages on, a run's fixed files and its fingerprints are made side by side,
-/// and so are its closing report and results (below, a thread costs more than it saves).
-const PARALLEL_START_STAGES: usize = 256;
-
 /// The preparer gets the next ready stages when one of the next `PREPARE_LOW + 1` has no files...
 const PREPARE_LOW: usize = 2;
 /// ...and up to this many of them at a time (each opened one holds three descriptors, which
@@ -189,22 +185,12 @@ async fn run_in_span(
         console.note(&format!("GPU check: {gpu_check}"));
     }
 
-    // The run directory's fixed files, and beside them the stages' fingerprints (both a pass
-    // over every stage: for a large sweep, most of the time before its first stage starts).
-    let fingerprints = std::thread::scope(|scope| -> Result<Vec<String>> {
-        let prints = (stages.len() >= PARALLEL_START_STAGES)
-            .then(|| scope.spawn(|| crate::fingerprint::stage_fingerprints(&plan)));
-        run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
-        let resolved_path = run_dir.root().join("plan.resolved.json");
-        crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
-            .with_context(|| format!("cannot write {}", resolved_path.display()))?;
-        Ok(match prints {
-            Some(prints) => prints.join().map_err(|_| {
-                Error::Internal("computing the stages' fingerprints panicked".into())
-            })?,
-            None => crate::fingerprint::stage_fingerprints(&plan),
-        })
-    })?;
+    // The run directory's fixed files.
+    run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
+    let resolved_path = run_dir.root().join("plan.resolved.json");
+    crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
+        .with_context(|| format!("cannot write {}", resolved_path.display()))?;
+    let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
     let decisions = if resume {
         let path = run_dir.journal_path();
         if crate::journal::repair_tail(&path)
@@ -604,10 +590,33 @@ async fn run_in_span(
                         );
                         // Once it runs: the stages that wait only on it are prepared while it
                         // does, opened too while few are (a chain's next stage then starts
-                        // without opening anything).
+                        // without opening anything), if they will be among the next to start
+                        // (not behind a long queue of ready stages: their files would wait
+                        // unopened). Down a chain of single stages, the next PREPARE_BATCH
+                        // are handed over at once when the first has no files yet (one wake-up
+                        // of the preparer per batch).
+                        let soon = |d: usize| {
+                            ready.range(..(position[d], d)).take(PREPARE_BATCH).count()
+                                < PREPARE_BATCH
+                        };
                         for &d in &plan.downstream[i] {
-                            if waiting_on[d] == 1 {
-                                prepare_ahead(d, &states, preparer.may_open());
+                            if waiting_on[d] != 1 || !soon(d) {
+                                continue;
+                            }
+                            let batch = wants_files(d, &states);
+                            prepare_ahead(d, &states, preparer.may_open());
+                            let mut at = d;
+                            for _ in 1..PREPARE_BATCH {
+                                if !batch {
+                                    break;
+                                }
+                                // The one stage after `at` that waits on nothing else.
+                                let next = match plan.downstream[at].as_slice() {
+                                    &[n] if waiting_on[n] == 1 && soon(n) => n,
+                                    _ => break,
+                                };
+                                prepare_ahead(next, &states, preparer.may_open());
+                                at = next;
                             }
                         }
                     }
@@ -835,22 +844,9 @@ async fn run_in_span(
     journal.append(&JournalRecord::RunFinished { status, exit_code })?;
     host.stop_waiting(ticket);
     let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
-    // report.json and the results files are written side by side (each is a pass over every
-    // stage: at the end of a large sweep, most of the run's closing time).
-    let results = std::thread::scope(|scope| {
-        let write = || crate::results::write(&plan, &|i| report.stage(i), run_dir.root());
-        let beside = (crate::results::has_rows(&plan) && stages.len() >= PARALLEL_START_STAGES)
-            .then(|| scope.spawn(write));
-        report.write_or_warn(&report_path, &console);
-        match beside {
-            Some(r) => Some(
-                r.join()
-                    .unwrap_or_else(|_| Err(std::io::Error::other("the results writer panicked"))),
-            ),
-            None => crate::results::has_rows(&plan).then(write),
-        }
-    });
-    if let Some(results) = results {
+    report.write_or_warn(&report_path, &console);
+    if crate::results::has_rows(&plan) {
+        let results = crate::results::write(&plan, &|i| report.stage(i), run_dir.root());
         match results {
             Ok(table) => {
                 console.detail(&table);
