@@ -2,9 +2,9 @@
 //! process tree, as many at once as `max_parallel` and the GPUs allow.
 //!
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
-//! were verified; a GPU is given to one stage at a time; the journal gets a fsynced record at
-//! every state change and `report.json` is rewritten as attempts finish (at most once a second,
-//! at most 2% of the time, and at the end); SIGINT/SIGTERM stop
+//! were verified; a GPU is given to one stage at a time; the journal gets a record at every
+//! state change (fsynced as [`crate::journal`] says) and `report.json` is rewritten as attempts
+//! finish (at most once a second, at most 1% of the time, and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
 
@@ -747,14 +747,14 @@ async fn run_in_span(
                 }
                 states[i].last = Some(LastAttempt::of(result));
                 // Rewriting the whole report costs O(stages): at most once a second, and never
-                // more than 2% of the time (a 10,000-stage sweep's report is megabytes; every
-                // rewrite is time the next stage waits, so its share is a cost per stage that
-                // grows with the plan).
+                // more than 1% of the time (a 100,000-stage sweep's report is tens of
+                // megabytes; every rewrite is time the next stage waits, so its share is a
+                // cost per stage that grows with the plan).
                 if last_report.elapsed() >= report_every {
                     let t = Instant::now();
                     Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, RunStatus::Running)
                         .write_or_warn(&report_path, &console);
-                    report_every = (t.elapsed() * 50).max(Duration::from_secs(1));
+                    report_every = (t.elapsed() * 100).max(Duration::from_secs(1));
                     last_report = Instant::now();
                 }
             }
