@@ -3,8 +3,8 @@
 //! on CPU machines); restart recovery; the Python client.
 
 use e2e_tests::{
-    alive, journal_records as journal, orchestrate, processes_with_env, repo_root,
-    stage_starts as starts, wait_for, Scratch,
+    alive, journal_records as journal, orchestrate, processes_with_env, read_report, repo_root,
+    report_stage, stage_starts as starts, wait_for, Scratch,
 };
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -340,6 +340,41 @@ fn two_runs_at_once_with_grandchildren_both_finish_and_leave_nothing() {
         &format!("MARKER={marker}")
     )
     .is_empty()));
+}
+
+/// Notes the stage's event socket, waits a moment (so that both runs' stages are up), then
+/// sends `{"run": K}` as metrics on it.
+const TALK: &str = "import json, os, socket, sys, time\nopen(os.path.join(os.environ['ORCHESTRATE_OUTPUT_DIR'], 'socket'), 'w').write(os.environ['ORCHESTRATE_EVENTS'])\ntime.sleep(1.0)\nc = socket.socket(socket.AF_UNIX)\nc.connect(os.environ['ORCHESTRATE_EVENTS'])\nc.sendall((json.dumps({'v': 1, 'event': 'metrics', 'metrics': {'run': int(sys.argv[1])}}) + '\\n').encode())\nc.close()\n";
+
+#[test]
+fn the_same_stage_of_two_runs_at_once_gets_its_own_event_socket() {
+    let s = Scratch::new("daemon-sockets");
+    let talk = s.write("talk.py", TALK);
+    let d = Daemon::start(&s, &[]);
+    let plan = |k: u32| {
+        format!(
+            "[[stage]]\nname = \"talk\"\ncommand = [\"python3\", \"{}\", \"{k}\"]\n",
+            talk.display()
+        )
+    };
+    let mut c = d.connect();
+    let first = c.submit_toml(&plan(1), s.path());
+    let second = c.submit_toml(&plan(2), s.path());
+    let mut sockets = Vec::new();
+    for (id, k) in [(&first, 1.0), (&second, 2.0)] {
+        let run = c.wait(id);
+        assert_eq!(run["state"], "succeeded", "{run}");
+        let dir = PathBuf::from(run["run_dir"].as_str().unwrap());
+        let report = read_report(&dir);
+        let stage = report_stage(&report, "talk");
+        assert_eq!(
+            stage["metrics"]["run"].as_f64(),
+            Some(k),
+            "each run's stage reports on its own socket: {stage}"
+        );
+        sockets.push(std::fs::read_to_string(dir.join("stages/talk/output/socket")).unwrap());
+    }
+    assert_ne!(sockets[0], sockets[1], "stage 0 of two runs: two sockets");
 }
 
 fn gpu_plan(name: &str, record: &Path, secs: &str) -> String {
