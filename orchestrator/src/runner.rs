@@ -34,16 +34,6 @@ const PREPARE_LOW: usize = 2;
 /// every spawn copies into its child until `execve` closes them).
 const PREPARE_BATCH: usize = 8;
 
-/// Removes a directory and what is in it when dropped (the run's socket directory: after the
-/// preparer, declared before it, which removes the sockets it still holds).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// What to run and where.
 pub struct RunOptions {
     /// The validated plan.
@@ -372,12 +362,13 @@ async fn run_in_span(
         .map(|i| (position[i], i))
         .collect();
     let mut retry_queue: Vec<(Instant, usize)> = Vec::new();
-    // This run's event sockets, apart from other runs' of the same host.
-    let sockets = host
+    // This run's event sockets, apart from other runs' of the same host (removed when the run
+    // ends: declared before the preparer, which removes the sockets it holds first).
+    let run_sockets = host
         .sockets
         .for_run(ticket.1)
         .context("cannot create the directory of the run's event sockets")?;
-    let _remove_sockets = RemoveOnDrop(sockets.clone());
+    let sockets = run_sockets.path();
     // First attempts' files are written ahead by the preparer thread: the next ready stages,
     // and the stages that wait only on a stage that just started.
     let preparer = crate::prepare::Preparer::start(stages.len())
@@ -400,7 +391,7 @@ async fn run_in_span(
                 protocol::worker::Device::Cpu,
                 inputs,
             );
-            let socket = open.then(|| crate::attempt::socket_path(&sockets, j, 1));
+            let socket = open.then(|| crate::attempt::socket_path(sockets, j, 1));
             preparer.queue(j, layout, socket);
         }
     };
@@ -513,7 +504,7 @@ async fn run_in_span(
                     worker.as_deref(),
                     &given,
                     machine_has_gpus,
-                    &sockets,
+                    sockets,
                     cpu_threads,
                     written.as_ref().map(|&(fresh, _)| fresh),
                 ) {
@@ -846,8 +837,7 @@ async fn run_in_span(
     let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
     report.write_or_warn(&report_path, &console);
     if crate::results::has_rows(&plan) {
-        let results = crate::results::write(&plan, &|i| report.stage(i), run_dir.root());
-        match results {
+        match crate::results::write(&plan, &|i| report.stage(i), run_dir.root()) {
             Ok(table) => {
                 console.detail(&table);
                 console.note(&format!(

@@ -69,11 +69,11 @@ impl SocketDir {
         &self.0
     }
 
-    /// Creates the directory of run `run`'s sockets (mode 0700) and returns it. Runs of one
-    /// host (the daemon's) number their stages from 0 each: a directory per run keeps their
-    /// sockets apart. The caller removes it when the run ends; the host's directory goes with
-    /// everything left in it.
-    pub fn for_run(&self, run: u64) -> std::io::Result<PathBuf> {
+    /// Creates the directory of run `run`'s sockets (mode 0700), removed with what is in it
+    /// when the returned handle is dropped (the host's directory goes with everything left in
+    /// it). Runs of one host (the daemon's) number their stages from 0 each: a directory per
+    /// run keeps their sockets apart.
+    pub fn for_run(&self, run: u64) -> std::io::Result<RunSocketDir> {
         use std::os::unix::fs::DirBuilderExt;
         let dir = self.0.join(run.to_string());
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -81,8 +81,24 @@ impl SocketDir {
                 e.kind(),
                 format!("{}: {e}", dir.display()),
             )),
-            _ => Ok(dir),
+            _ => Ok(RunSocketDir(dir)),
         }
+    }
+}
+
+/// One run's socket directory inside a [`SocketDir`]; removed on drop.
+pub struct RunSocketDir(PathBuf);
+
+impl RunSocketDir {
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for RunSocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -162,7 +178,8 @@ mod tests {
     fn each_run_of_a_host_has_its_own_private_socket_directory() {
         use std::os::unix::fs::PermissionsExt;
         let host = SocketDir::create().unwrap();
-        let (a, b) = (host.for_run(0).unwrap(), host.for_run(1).unwrap());
+        let (run_a, run_b) = (host.for_run(0).unwrap(), host.for_run(1).unwrap());
+        let (a, b) = (run_a.path().to_path_buf(), run_b.path().to_path_buf());
         assert_ne!(a, b);
         for dir in [&a, &b] {
             assert!(dir.starts_with(host.path()) && dir.is_dir());
@@ -174,7 +191,14 @@ mod tests {
             crate::attempt::socket_path(&a, 0, 1),
             crate::attempt::socket_path(&b, 0, 1)
         );
-        assert_eq!(host.for_run(0).unwrap(), a, "asking again is harmless");
+        let again = host.for_run(1).unwrap();
+        assert_eq!(again.path(), b, "asking again is harmless");
+        drop(again);
+        drop(run_b);
+        assert!(
+            !b.exists() && a.exists(),
+            "a run's directory goes with its run"
+        );
         let root = host.path().to_path_buf();
         drop(host);
         assert!(!root.exists());
