@@ -84,3 +84,29 @@ command = ["sh", "-c", "for i in $(seq 200); do grep -q stage_skipped {journal} 
         "{left:?}"
     );
 }
+
+#[test]
+fn a_downstream_stage_behind_a_long_queue_is_not_prepared_early() {
+    let s = Scratch::new("chain-soon");
+    // `late` waits only on `x0`, but comes after 20 other ready stages: its files are written
+    // when it nears the front, not when `x0` starts. `look`, in the middle, records whether
+    // they exist by then.
+    let mut plan = String::from("[run]\nmax_parallel = 1\n");
+    for k in 0..20 {
+        plan.push_str(&format!(
+            "[[stage]]\nname = \"x{k}\"\ncommand = [\"true\"]\n"
+        ));
+        if k == 10 {
+            plan.push_str("[[stage]]\nname = \"look\"\ncommand = [\"sh\", \"-c\", \"if [ -e $ORCHESTRATE_RUN_DIR/stages/late/spec.json ]; then echo early; else echo not-yet; fi > {output}/seen\"]\n");
+        }
+    }
+    plan.push_str("[[stage]]\nname = \"late\"\nafter = [\"x0\"]\ncommand = [\"true\"]\n");
+    let plan = s.write("plan.toml", &plan);
+    let run = run_plan(&s, &plan, &["-q"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stage("late")["status"], "succeeded");
+    assert_eq!(
+        std::fs::read_to_string(run.run_dir.join("stages/look/output/seen")).unwrap(),
+        "not-yet\n"
+    );
+}
