@@ -124,17 +124,23 @@ impl Layout {
         self.write_files(false).map(|(fresh, _)| fresh)
     }
 
-    /// [`Layout::write`], keeping the logs open and the event socket at `socket` bound, so
-    /// that the attempt starts without opening anything (see [`crate::prepare`]).
+    /// [`Layout::write`], keeping the logs open and the event socket at `socket` bound and
+    /// registered with `runtime`, so that the attempt starts without opening anything (see
+    /// [`crate::prepare`]).
     pub(crate) fn write_and_open(
         &self,
         socket: &Path,
+        runtime: &tokio::runtime::Handle,
     ) -> std::io::Result<(bool, crate::stage::Opened)> {
         let (fresh, logs) = self.write_files(true)?;
         let (stdout, mut stderr) = logs.expect("opened");
         use std::io::Seek;
         let stderr_offset = stderr.seek(std::io::SeekFrom::End(0))?;
         let events = crate::channel::bind_socket(socket)
+            .and_then(|bound| {
+                let _entered = runtime.enter();
+                crate::channel::register(bound)
+            })
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
         Ok((
             fresh,

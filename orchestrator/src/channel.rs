@@ -11,6 +11,7 @@ use std::cell::Cell;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::task::{Context, Poll};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -27,91 +28,166 @@ pub enum ChannelItem {
     Violation(String),
 }
 
-/// Socket files to remove, by whoever holds the list (see [`EventChannel::remove_later`]).
-pub type Discards = std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>;
+/// Ended attempts' sockets, for whoever holds the list to close and remove (see
+/// [`EventChannel::remove_later`]).
+pub type Discards = std::sync::Arc<std::sync::Mutex<Vec<Discarded>>>;
 
-/// A bound channel. Dropping it stops accepting and removes the socket file (or hands it to
-/// the [`Discards`] list given to [`EventChannel::remove_later`]).
+/// An ended attempt's event socket: its file, and its listener when it still has one.
+/// Dropping the listener takes it out of the runtime's `epoll` set and closes it; both are
+/// system calls that the holder of the [`Discards`] list makes instead of the scheduling
+/// thread.
+#[derive(Debug)]
+pub struct Discarded {
+    /// The socket file.
+    pub path: PathBuf,
+    /// The listener, registered with the runtime.
+    pub listener: Option<UnixListener>,
+}
+
+impl Discarded {
+    /// Closes the listener and removes the file.
+    pub fn remove(self) {
+        drop(self.listener);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A bound channel. Its connections are accepted while [`EventChannel::next`] or
+/// [`EventChannel::drained`] is polled (no task of its own: a sweep opens one per stage), and
+/// each connection is read by a task of its own. Dropping it stops accepting and removes the
+/// socket file (or hands both to the [`Discards`] list given to
+/// [`EventChannel::remove_later`]).
 pub struct EventChannel {
     path: PathBuf,
-    accept_task: tokio::task::JoinHandle<()>,
+    listener: Option<UnixListener>,
+    /// False once accepting failed: the channel takes no more connections.
+    accepting: bool,
+    record_to: PathBuf,
+    /// What the connections' tasks send; made at the first connection (most stages of a
+    /// sweep never connect).
+    items: Option<(
+        mpsc::UnboundedSender<ChannelItem>,
+        mpsc::UnboundedReceiver<ChannelItem>,
+    )>,
     open_connections: Rc<Cell<usize>>,
-    listener_fd: std::os::fd::RawFd,
     discards: Option<Discards>,
 }
 
 impl EventChannel {
-    /// Binds a socket at `path` (removing a stale one) and forwards what arrives to `tx`,
-    /// recording valid events in `record_to`.
-    pub fn bind(
-        path: &Path,
-        record_to: PathBuf,
-        tx: mpsc::UnboundedSender<ChannelItem>,
-    ) -> std::io::Result<EventChannel> {
-        Self::listen(bind_socket(path)?, path, record_to, tx)
+    /// Binds a socket at `path` (removing a stale one); valid events that arrive are recorded
+    /// in `record_to`.
+    pub fn bind(path: &Path, record_to: PathBuf) -> std::io::Result<EventChannel> {
+        Self::listen(register(bind_socket(path)?)?, path, record_to)
     }
 
-    /// [`EventChannel::bind`] on a socket already bound at `path` (by [`bind_socket`]).
+    /// [`EventChannel::bind`] on a listener already bound at `path` (by [`bind_socket`]) and
+    /// registered with the runtime (by [`register`]).
     pub fn listen(
-        socket: std::os::unix::net::UnixListener,
+        listener: UnixListener,
         path: &Path,
         record_to: PathBuf,
-        tx: mpsc::UnboundedSender<ChannelItem>,
     ) -> std::io::Result<EventChannel> {
-        let listener = UnixListener::from_std(socket)?;
-        let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
-        let open_connections = Rc::new(Cell::new(0usize));
-        let open = open_connections.clone();
-        let accept_task = tokio::task::spawn_local(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let tx = tx.clone();
-                let record_to = record_to.clone();
-                let open = open.clone();
-                open.set(open.get() + 1);
-                tokio::task::spawn_local(async move {
-                    read_connection(stream, tx, record_to).await;
-                    open.set(open.get() - 1);
-                });
-            }
-        });
         Ok(EventChannel {
             path: path.to_path_buf(),
-            accept_task,
-            open_connections,
-            listener_fd,
+            listener: Some(listener),
+            accepting: true,
+            record_to,
+            items: None,
+            open_connections: Rc::new(Cell::new(0)),
             discards: None,
         })
     }
 
-    /// On drop, the socket file goes to `discards` instead of being removed there and then:
-    /// a closed listener's file refuses connections, so its removal can wait for a thread
-    /// that removes such files in batches, off the scheduling thread. The path must be unique
-    /// to this channel (never bound again while it waits).
+    /// On drop, the socket file and its listener go to `discards` instead of being closed
+    /// and removed there and then, by a thread that does so in batches, off the scheduling
+    /// thread. The path must be unique to this channel (never bound again while it waits).
     pub fn remove_later(&mut self, discards: Discards) {
         self.discards = Some(discards);
     }
 
-    /// Waits (at most `limit`) until every connection has been read to its end. Once the
-    /// stage's processes are all gone their sockets are closed, so this returns as soon as
-    /// the last bytes they wrote have been delivered.
-    pub async fn drained(&self, limit: std::time::Duration) {
+    /// The next item any connection sent; accepts connections meanwhile. Cancel-safe.
+    pub async fn next(&mut self) -> ChannelItem {
+        std::future::poll_fn(|cx| {
+            self.accept_ready(cx);
+            match &mut self.items {
+                Some((_, rx)) => match rx.poll_recv(cx) {
+                    Poll::Ready(Some(item)) => Poll::Ready(item),
+                    _ => Poll::Pending,
+                },
+                None => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// An item already received, if any.
+    pub fn try_next(&mut self) -> Option<ChannelItem> {
+        self.items.as_mut()?.1.try_recv().ok()
+    }
+
+    /// Accepts every connection the runtime saw arrive, starting a reading task for each.
+    fn accept_ready(&mut self, cx: &mut Context<'_>) {
+        let Some(listener) = self.listener.as_ref().filter(|_| self.accepting) else {
+            return;
+        };
+        loop {
+            match listener.poll_accept(cx) {
+                Poll::Ready(Ok((stream, _))) => {
+                    let tx = self
+                        .items
+                        .get_or_insert_with(mpsc::unbounded_channel)
+                        .0
+                        .clone();
+                    let record_to = self.record_to.clone();
+                    let open = self.open_connections.clone();
+                    open.set(open.get() + 1);
+                    tokio::task::spawn_local(async move {
+                        read_connection(stream, tx, record_to).await;
+                        open.set(open.get() - 1);
+                    });
+                }
+                Poll::Ready(Err(_)) => {
+                    self.accepting = false;
+                    return;
+                }
+                Poll::Pending => return,
+            }
+        }
+    }
+
+    /// Waits (at most `limit`) until every connection, the ones still waiting to be accepted
+    /// included, has been read to its end. Once the stage's processes are all gone their
+    /// sockets are closed, so this returns as soon as the last bytes they wrote have been
+    /// delivered.
+    pub async fn drained(&mut self, limit: std::time::Duration) {
         let deadline = tokio::time::Instant::now() + limit;
-        while (self.open_connections.get() > 0 || self.connection_pending())
-            && tokio::time::Instant::now() < deadline
-        {
+        loop {
+            std::future::poll_fn(|cx| {
+                self.accept_ready(cx);
+                Poll::Ready(())
+            })
+            .await;
+            let waiting = self.accepting && self.connection_pending();
+            if (self.open_connections.get() == 0 && !waiting)
+                || tokio::time::Instant::now() >= deadline
+            {
+                return;
+            }
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
     /// Whether a connection waits in the listen queue, not yet accepted.
     fn connection_pending(&self) -> bool {
+        let Some(listener) = &self.listener else {
+            return false;
+        };
         let mut pfd = libc::pollfd {
-            fd: self.listener_fd,
+            fd: std::os::fd::AsRawFd::as_raw_fd(listener),
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd, zero timeout; the listener outlives this call (the accept
-        // task that owns it is aborted only in drop).
+        // SAFETY: one valid pollfd of a listener this channel owns, zero timeout.
         let n = unsafe { libc::poll(&mut pfd, 1, 0) };
         n > 0 && pfd.revents & libc::POLLIN != 0
     }
@@ -124,17 +200,24 @@ impl EventChannel {
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        self.accept_task.abort();
+        let discarded = Discarded {
+            path: std::mem::take(&mut self.path),
+            listener: self.listener.take(),
+        };
         match &self.discards {
             Some(list) => list
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(std::mem::take(&mut self.path)),
-            None => {
-                let _ = std::fs::remove_file(&self.path);
-            }
+                .push(discarded),
+            None => discarded.remove(),
         }
     }
+}
+
+/// Registers `socket` (from [`bind_socket`]) with the runtime whose context the calling
+/// thread is in; a thread outside the runtime may do it inside [`tokio::runtime::Handle::enter`].
+pub fn register(socket: std::os::unix::net::UnixListener) -> std::io::Result<UnixListener> {
+    UnixListener::from_std(socket)
 }
 
 /// A listening, non-blocking Unix socket at `path` (a stale file there is replaced), for

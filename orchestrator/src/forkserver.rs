@@ -151,7 +151,7 @@ thread_local! {
 /// server among them is refused. An error says why the caller should exec instead.
 pub fn spawn(
     argv: &[String],
-    env: &[(String, String)],
+    env: &[(&str, &str)],
     cwd: &std::path::Path,
     stdout: &OwnedFd,
     stderr: &OwnedFd,
@@ -317,7 +317,7 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
 fn fork(
     server: &mut Server,
     argv: &[String],
-    env: &[(String, String)],
+    env: &[(&str, &str)],
     cwd: &std::path::Path,
     stdout: &OwnedFd,
     stderr: &OwnedFd,
@@ -335,7 +335,10 @@ fn fork(
     let request = ForkRequest {
         v: protocol::PROTOCOL_VERSION,
         argv: argv.to_vec(),
-        env: env.to_vec(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         cwd: cwd.to_path_buf(),
         parent: std::process::id(),
     };

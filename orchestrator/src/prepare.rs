@@ -65,8 +65,12 @@ pub(crate) struct Preparer {
 }
 
 impl Preparer {
-    /// A preparer for a run of `stages` stages.
-    pub(crate) fn start(stages: usize) -> std::io::Result<Preparer> {
+    /// A preparer for a run of `stages` stages; the event sockets it binds are registered
+    /// with `runtime` (the scheduling thread's).
+    pub(crate) fn start(
+        stages: usize,
+        runtime: tokio::runtime::Handle,
+    ) -> std::io::Result<Preparer> {
         let state: Arc<Vec<AtomicU8>> =
             Arc::new((0..stages).map(|_| AtomicU8::new(NONE)).collect());
         let (jobs, queue) = mpsc::channel::<Job>();
@@ -94,7 +98,7 @@ impl Preparer {
                     }
                     let result = match &socket {
                         Some(socket) => layout
-                            .write_and_open(socket)
+                            .write_and_open(socket, &runtime)
                             .map(|(fresh, files)| (fresh, Some(files))),
                         None => layout.write().map(|fresh| (fresh, None)),
                     };
@@ -234,11 +238,11 @@ impl Drop for Preparer {
     }
 }
 
-/// Removes the socket files in `discards`.
+/// Closes the listeners and removes the socket files in `discards`.
 fn remove_all(discards: &crate::channel::Discards) {
-    let paths = std::mem::take(&mut *discards.lock().unwrap_or_else(|e| e.into_inner()));
-    for path in paths {
-        let _ = std::fs::remove_file(path);
+    let ended = std::mem::take(&mut *discards.lock().unwrap_or_else(|e| e.into_inner()));
+    for socket in ended {
+        socket.remove();
     }
 }
 
@@ -262,6 +266,14 @@ mod tests {
     }
 
     /// Stage `i`'s files for its first attempt on the CPU.
+    /// The runtime the preparer registers event sockets with.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .unwrap()
+    }
+
     fn layout(plan: &LoadedPlan, run_dir: &RunDir, i: usize) -> Layout {
         let inputs = Layout::inputs_of(plan, i, run_dir);
         Layout::new(plan, i, run_dir, 1, Device::Cpu, inputs)
@@ -271,7 +283,8 @@ mod tests {
     fn every_stage_is_written_once_by_one_side_and_claims_say_so() {
         let (dir, run_dir, plan) = stages("prepare", 200);
         let layout = |i: usize| layout(&plan, &run_dir, i);
-        let preparer = Preparer::start(200).unwrap();
+        let runtime = runtime();
+        let preparer = Preparer::start(200, runtime.handle().clone()).unwrap();
         // Odd stages are queued; even ones never are.
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
@@ -344,7 +357,8 @@ mod tests {
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
         let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
-        let preparer = Preparer::start(3).unwrap();
+        let runtime = runtime();
+        let preparer = Preparer::start(3, runtime.handle().clone()).unwrap();
         preparer.queue(0, layout(0), Some(socket(0)));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let claimed = loop {
@@ -359,12 +373,15 @@ mod tests {
                 other => panic!("stage 0 was never opened: {other:?}"),
             }
         };
-        // What an attempt's channel does when it ends: hand its socket file over.
+        // What an attempt's channel does when it ends: hand its socket over.
         let discards = claimed
             .discards
             .clone()
             .expect("opened ahead: removal is deferred");
-        discards.lock().unwrap().push(socket(0));
+        discards.lock().unwrap().push(crate::channel::Discarded {
+            path: socket(0),
+            listener: Some(claimed.events),
+        });
         assert!(socket(0).exists(), "not removed on the scheduling thread");
         // The thread's next work removes it.
         preparer.queue(1, layout(1), None);
@@ -378,7 +395,10 @@ mod tests {
         // With no more work, the end of the run does.
         let late = sockets.join("late.sock");
         std::fs::write(&late, "").unwrap();
-        discards.lock().unwrap().push(late.clone());
+        discards.lock().unwrap().push(crate::channel::Discarded {
+            path: late.clone(),
+            listener: None,
+        });
         drop(preparer);
         assert!(!late.exists(), "removed when the run ends");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -392,7 +412,8 @@ mod tests {
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
         let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
-        let preparer = Preparer::start(n).unwrap();
+        let runtime = runtime();
+        let preparer = Preparer::start(n, runtime.handle().clone()).unwrap();
         let mut opened = 0;
         for i in 0..n {
             if preparer.may_open() {

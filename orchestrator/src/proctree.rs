@@ -15,6 +15,13 @@ use std::fs;
 /// Environment variable carrying a stage attempt's unique token to all its processes.
 pub const TOKEN_VAR: &str = "ORCHESTRATE_STAGE_TOKEN";
 
+/// This process's id, asked of the kernel once: a sweep would ask at every stage's spawn and
+/// end (the orchestrator never forks a copy of itself that goes on running its code).
+pub fn own_pid() -> i32 {
+    static PID: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *PID.get_or_init(|| std::process::id() as i32)
+}
+
 /// One process as `/proc/<pid>/stat` describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {
@@ -92,7 +99,15 @@ fn own_children() -> Vec<i32> {
     loop {
         match file.read_at(&mut chunk, text.len() as u64) {
             Ok(0) | Err(_) => break,
-            Ok(n) => text.extend_from_slice(&chunk[..n]),
+            Ok(n) => {
+                text.extend_from_slice(&chunk[..n]);
+                // The kernel fills a read of this file with whole entries ("PID ", at most 12
+                // bytes) as far as they fit: one that left more room than an entry needs was
+                // the last (a sweep reads it at every stage's end).
+                if n + 32 <= chunk.len() {
+                    break;
+                }
+            }
         }
     }
     String::from_utf8_lossy(&text)
@@ -138,7 +153,7 @@ fn surely_gone(leader: i32, needle: &[u8]) -> bool {
 /// The live (non-zombie) processes of the stage whose first process is `leader` (a session
 /// leader) and whose token is `token`. Never includes the calling process.
 pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
-    let me = std::process::id() as i32;
+    let me = own_pid();
     let needle = format!("{TOKEN_VAR}={token}").into_bytes();
     if surely_gone(leader, &needle) {
         return Vec::new();

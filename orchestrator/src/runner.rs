@@ -4,7 +4,7 @@
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
 //! were verified; a GPU is given to one stage at a time; the journal gets a record at every
 //! state change (fsynced as [`crate::journal`] says) and `report.json` is rewritten as attempts
-//! finish (at most once a second, at most 1% of the time, and at the end); SIGINT/SIGTERM stop
+//! finish (at most once a second, at most 0.5% of the time, and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
 
@@ -371,7 +371,7 @@ async fn run_in_span(
     let sockets = run_sockets.path();
     // First attempts' files are written ahead by the preparer thread: the next ready stages,
     // and the stages that wait only on a stage that just started.
-    let preparer = crate::prepare::Preparer::start(stages.len())
+    let preparer = crate::prepare::Preparer::start(stages.len(), tokio::runtime::Handle::current())
         .context("cannot start the stage-files thread")?;
     let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
     // Whether stage `j` is one whose first attempt's files the preparer should write.
@@ -738,14 +738,14 @@ async fn run_in_span(
                 }
                 states[i].last = Some(LastAttempt::of(result));
                 // Rewriting the whole report costs O(stages): at most once a second, and never
-                // more than 1% of the time (a 100,000-stage sweep's report is tens of
+                // more than 0.5% of the time (a 100,000-stage sweep's report is tens of
                 // megabytes; every rewrite is time the next stage waits, so its share is a
                 // cost per stage that grows with the plan).
                 if last_report.elapsed() >= report_every {
                     let t = Instant::now();
                     Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, RunStatus::Running)
                         .write_or_warn(&report_path, &console);
-                    report_every = (t.elapsed() * 100).max(Duration::from_secs(1));
+                    report_every = (t.elapsed() * 200).max(Duration::from_secs(1));
                     last_report = Instant::now();
                 }
             }

@@ -32,7 +32,7 @@ pub struct Request<'a> {
     /// Program (a path, or a name looked up in the environment's `PATH`) and arguments.
     pub argv: &'a [String],
     /// The child's whole environment.
-    pub env: &'a [(String, String)],
+    pub env: &'a [(&'a str, &'a str)],
     /// Its working directory.
     pub cwd: &'a Path,
     /// Its standard input, output and error.
@@ -132,8 +132,7 @@ fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
             req.stdout.as_raw_fd(),
             req.stderr.as_raw_fd(),
         ],
-        // SAFETY: getpid has no preconditions.
-        parent: unsafe { libc::getpid() },
+        parent: crate::proctree::own_pid(),
         // SAFETY: an all-zero sigset_t is a valid (empty) set; it is overwritten below.
         mask: unsafe { std::mem::zeroed() },
         error: 0,
@@ -299,14 +298,14 @@ fn forget(program: &str) {
 /// environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
 /// it is absolute; the second value says the answer came from memory). Relative results are
 /// made absolute against `cwd`, where the child will run.
-fn resolve(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<(PathBuf, bool)> {
+fn resolve(program: &str, env: &[(&str, &str)], cwd: &Path) -> io::Result<(PathBuf, bool)> {
     if program.contains('/') {
         return Ok((PathBuf::from(program), false));
     }
     // The stage's environment carries PATH (it inherits the orchestrator's); the orchestrator's
     // own is read only for an environment without one.
     let own_path;
-    let path_var: &str = match env.iter().rev().find(|(k, _)| k == "PATH") {
+    let path_var: &str = match env.iter().rev().find(|(k, _)| *k == "PATH") {
         Some((_, v)) => v,
         None => {
             own_path = std::env::var("PATH").ok();
@@ -481,13 +480,9 @@ mod tests {
         let out = std::fs::File::create(&out_path).unwrap();
         let null = std::fs::File::open("/dev/null").unwrap();
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
         let pid = spawn(&Request {
             argv: &argv,
-            env: &env,
+            env,
             cwd,
             stdin: null.as_fd(),
             stdout: out.as_fd(),

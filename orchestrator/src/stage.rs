@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 /// How hard the run is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -40,8 +40,8 @@ pub struct Opened {
     pub stderr: std::fs::File,
     /// Where this attempt's stderr begins in `stderr.log`.
     pub stderr_offset: u64,
-    /// The event socket, listening.
-    pub events: std::os::unix::net::UnixListener,
+    /// The event socket, listening and registered with the runtime.
+    pub events: tokio::net::UnixListener,
     /// Where `events` is bound.
     pub socket: PathBuf,
     /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]).
@@ -247,7 +247,6 @@ pub struct Launched {
     copiers: Vec<tokio::task::JoinHandle<()>>,
     spawned_unix: f64,
     channel: EventChannel,
-    rx: mpsc::UnboundedReceiver<ChannelItem>,
     baselines: Vec<(String, u64, u64)>,
     stderr_offset: u64,
 }
@@ -305,15 +304,14 @@ pub fn start_attempt(
         }
     }
 
-    let (tx, rx) = mpsc::unbounded_channel();
     let record_to = plan.stage_dir.join("events.jsonl");
     let mut discards = None;
     let mut channel = match events {
-        Some((socket, later)) => {
+        Some((listener, later)) => {
             discards = later;
-            EventChannel::listen(socket, &plan.socket, record_to, tx)
+            EventChannel::listen(listener, &plan.socket, record_to)
         }
-        None => EventChannel::bind(&plan.socket, record_to, tx),
+        None => EventChannel::bind(&plan.socket, record_to),
     }
     .map_err(|e| {
         Failure::SpawnFailed(format!(
@@ -326,7 +324,7 @@ pub fn start_attempt(
     }
     let token = format!(
         "{}-{}-{}-{}",
-        std::process::id(),
+        crate::proctree::own_pid(),
         services.run_id,
         plan.name,
         crate::timefmt::unix_ms()
@@ -387,7 +385,6 @@ pub fn start_attempt(
         copiers,
         spawned_unix,
         channel,
-        rx,
         baselines,
         stderr_offset,
     })
@@ -409,8 +406,7 @@ pub async fn supervise(
         mut child,
         copiers,
         spawned_unix,
-        channel,
-        mut rx,
+        mut channel,
         mut baselines,
         stderr_offset,
     } = launched;
@@ -442,7 +438,7 @@ pub async fn supervise(
                 let rss = members.iter().map(|p| crate::proctree::rss_bytes(p.pid)).sum::<u64>();
                 tree_rss_peak = tree_rss_peak.max(rss);
             }
-            Some(item) = rx.recv() => state.absorb(item, &plan.name, console, started),
+            item = channel.next() => state.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
                 timed_out = true;
                 console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
@@ -531,7 +527,7 @@ pub async fn supervise(
     }
     let tree_gone_unix = crate::timefmt::unix_secs_f64();
     channel.drained(Duration::from_secs(1)).await;
-    while let Ok(item) = rx.try_recv() {
+    while let Some(item) = channel.try_next() {
         state.absorb(item, &plan.name, console, started);
     }
     drop(channel);
