@@ -546,9 +546,8 @@ mod tests {
             assert_eq!(pid.unwrap_err().kind(), io::ErrorKind::InvalidInput);
         }
         // A name found once is found again from memory, in the same PATH only.
-        let (first, _) = resolve("true", &[("PATH".into(), "/usr/bin:/bin".into())], &dir).unwrap();
-        let (again, cached) =
-            resolve("true", &[("PATH".into(), "/usr/bin:/bin".into())], &dir).unwrap();
+        let (first, _) = resolve("true", &[("PATH", "/usr/bin:/bin")], &dir).unwrap();
+        let (again, cached) = resolve("true", &[("PATH", "/usr/bin:/bin")], &dir).unwrap();
         assert_eq!((first, cached), (again, true));
         let (_, cached) = resolve("true", &[("PATH".into(), "/bin".into())], &dir).unwrap();
         assert!(!cached);
