@@ -52,7 +52,7 @@ struct Prepared {
     cwd: CString,
     fds: [libc::c_int; 3],
     parent: libc::pid_t,
-    /// The signal mask to restore in the child (the parent's, before everything was blocked).
+    /// The parent's signal mask before a plain clone blocked every signal, restored after it.
     mask: libc::sigset_t,
     error: libc::c_int,
     /// The child's pid, once cloned.
@@ -140,7 +140,8 @@ fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
         handlers_cleared: false,
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
-    // for signal frames, of which there are none (every signal is blocked until exec). One
+    // for signal frames, of which there are none (no handler of ours runs in the child: the
+    // kernel reset them, or every signal is blocked until the child did). One
     // per thread, kept: the child uses it only while this thread is suspended in the clone,
     // and a fresh one per spawn cost its page faults every time.
     CHILD_STACK.with(|stack| {
@@ -172,34 +173,41 @@ fn push_c_string(buf: &mut Vec<u8>, parts: &[&[u8]]) -> io::Result<()> {
 
 /// Clones the child onto `stack` with `prepared`; returns when it has exec'd or exited.
 fn clone_child(stack: &mut [u8], prepared: &mut Prepared) -> io::Result<()> {
-    // SAFETY: all-zero is a valid sigset_t; sigfillset initialises it.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: plain libc calls on valid pointers. Blocking every signal before the clone
-    // means no handler of the orchestrator ever runs on the child's side of the shared memory.
+    // SAFETY: plain libc calls on valid pointers.
     let pid = unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut prepared.mask);
         let top = stack.as_mut_ptr().add(stack.len());
         // 16-byte alignment of the initial stack pointer, as the ABI asks.
         let top = (top as usize & !15) as *mut libc::c_void;
         let arg = prepared as *mut Prepared as *mut libc::c_void;
+        // `clone3` resets the child's handlers as it creates it, so no handler of the
+        // orchestrator can run on the child's side of the shared memory: signals stay as they
+        // are (two system calls fewer on the path between one stage's end and the next one's
+        // start).
         let mut pid = clone3::spawn(
             stack.as_mut_ptr(),
             top as usize - stack.as_ptr() as usize,
             arg,
         );
         if pid == -1 {
+            // A plain clone keeps the handlers until the child resets them: every signal is
+            // blocked across it instead.
+            // SAFETY: all-zero is a valid sigset_t; sigfillset initialises it.
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut prepared.mask);
             pid = libc::clone(
                 child,
                 top,
                 libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
                 arg,
             );
-        }
-        let clone_error = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &prepared.mask, std::ptr::null_mut());
-        if pid < 0 {
-            return Err(clone_error);
+            let clone_error = io::Error::last_os_error();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &prepared.mask, std::ptr::null_mut());
+            if pid < 0 {
+                return Err(clone_error);
+            }
+        } else if pid < 0 {
+            return Err(io::Error::last_os_error());
         }
         pid
     };
@@ -401,7 +409,7 @@ mod clone3 {
     ///
     /// # Safety
     /// As `libc::clone`: `arg` must be a `Prepared` that outlives the child's exec, and the
-    /// stack must not be in use. Every signal must be blocked by the caller.
+    /// stack must not be in use.
     #[cfg(target_arch = "x86_64")]
     pub(super) unsafe fn spawn(stack: *mut u8, size: usize, arg: *mut libc::c_void) -> i32 {
         if UNAVAILABLE.load(Ordering::Relaxed) {
