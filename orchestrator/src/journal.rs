@@ -42,6 +42,8 @@ pub struct Journal {
     path: std::path::PathBuf,
     root: std::path::PathBuf,
     flusher: Flusher,
+    /// The line being written, its buffer kept from one record to the next.
+    line: Vec<u8>,
 }
 
 /// The group-commit thread: fsyncs the journal within [`GROUP_COMMIT`] of a record that asked
@@ -180,6 +182,7 @@ impl Journal {
             path: path.to_path_buf(),
             root,
             flusher,
+            line: Vec::new(),
         })
     }
 
@@ -231,9 +234,12 @@ impl Journal {
             t: crate::timefmt::unix_ms(),
             record,
         };
-        let mut bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
-        bytes.push(b'\n');
-        self.file.write_all(&bytes).map_err(|e| at(&self.path, e))?;
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, &line).map_err(io::Error::other)?;
+        self.line.push(b'\n');
+        self.file
+            .write_all(&self.line)
+            .map_err(|e| at(&self.path, e))?;
         match durability {
             Durability::Now => self.sync(),
             Durability::Grouped => self.flusher.request().map_err(|e| at(&self.path, e)),

@@ -140,24 +140,32 @@ fn is_helper(pid: i32) -> bool {
 /// re-parented to the orchestrator, a child subreaper; one whose parent lives is reached
 /// through that parent, which is then in the group or itself such a child). `false` means
 /// "maybe alive": scan.
-fn surely_gone(leader: i32, needle: &[u8]) -> bool {
+fn surely_gone(leader: i32, token: &str) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let group_alive = unsafe { libc::kill(-leader, 0) } == 0
         || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
-    !group_alive
-        && !own_children()
-            .into_iter()
-            .any(|pid| !is_helper(pid) && environ_has(pid, needle))
+    if group_alive {
+        return false;
+    }
+    // The token's entry is spelled out only when there is a child to look for it in.
+    let mut needle: Option<Vec<u8>> = None;
+    !own_children().into_iter().any(|pid| {
+        !is_helper(pid)
+            && environ_has(
+                pid,
+                needle.get_or_insert_with(|| format!("{TOKEN_VAR}={token}").into_bytes()),
+            )
+    })
 }
 
 /// The live (non-zombie) processes of the stage whose first process is `leader` (a session
 /// leader) and whose token is `token`. Never includes the calling process.
 pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
     let me = own_pid();
-    let needle = format!("{TOKEN_VAR}={token}").into_bytes();
-    if surely_gone(leader, &needle) {
+    if surely_gone(leader, token) {
         return Vec::new();
     }
+    let needle = format!("{TOKEN_VAR}={token}").into_bytes();
     let procs = snapshot();
     let mut pids: HashSet<i32> = HashSet::new();
     let mut sids: HashSet<i32> = HashSet::from([leader]);
@@ -236,18 +244,18 @@ mod tests {
     #[test]
     fn a_group_that_never_existed_is_surely_gone_and_a_live_one_is_found() {
         // PID 2^22 - 1 is above the default pid_max, so no such group exists.
-        assert!(surely_gone(4_194_303, b"ORCHESTRATE_STAGE_TOKEN=none"));
+        assert!(surely_gone(4_194_303, "none"));
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .process_group(0)
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
-        assert!(!surely_gone(pid, b"ORCHESTRATE_STAGE_TOKEN=none"));
+        assert!(!surely_gone(pid, "none"));
         assert!(stage_members(pid, "none").iter().any(|p| p.pid == pid));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(surely_gone(pid, b"ORCHESTRATE_STAGE_TOKEN=none"));
+        assert!(surely_gone(pid, "none"));
     }
 
     #[test]

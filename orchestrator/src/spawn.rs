@@ -46,10 +46,11 @@ pub struct Request<'a> {
 /// Everything the child touches, prepared before the clone; the child only reads it, except
 /// `error`, where it leaves the `errno` of a failed step.
 struct Prepared {
-    path: CString,
-    argv: Vec<*const libc::c_char>,
-    envp: Vec<*const libc::c_char>,
-    cwd: CString,
+    /// These four point into the spawning thread's [`Strings`], complete before the clone.
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    cwd: *const libc::c_char,
     fds: [libc::c_int; 3],
     parent: libc::pid_t,
     /// The parent's signal mask before a plain clone blocked every signal, restored after it.
@@ -66,6 +67,20 @@ thread_local! {
     /// The stack a child of this thread runs on until it execs.
     static CHILD_STACK: std::cell::RefCell<Box<[u8]>> =
         std::cell::RefCell::new(vec![0u8; 64 * 1024].into_boxed_slice());
+    /// The strings of this thread's spawns, kept from one to the next.
+    static STRINGS: std::cell::RefCell<Strings> = Default::default();
+}
+
+/// Every string a spawn passes to the kernel, NUL-terminated, end to end in one buffer, and
+/// the pointer arrays into it: one set per thread, reused by each spawn (a sweep spawns
+/// thousands of times; a string each was a hundred allocations a spawn, one buffer a spawn
+/// still a large allocation each time).
+#[derive(Default)]
+struct Strings {
+    bytes: Vec<u8>,
+    starts: Vec<usize>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
 }
 
 /// Starts the program of `req` as described in the module documentation; returns its pid.
@@ -87,46 +102,46 @@ pub fn spawn(req: &Request<'_>) -> io::Result<i32> {
 }
 
 fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
-    let cstr = |s: &[u8]| {
-        CString::new(s).map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "an argument or variable holds a NUL byte",
-            )
-        })
-    };
-    // Every argument and `KEY=VALUE` string, NUL-terminated, end to end in one buffer (a
-    // sweep spawns thousands of times; a string each was a hundred allocations a spawn).
-    let mut strings: Vec<u8> = Vec::with_capacity(
-        req.argv.iter().map(|a| a.len() + 1).sum::<usize>()
-            + req
-                .env
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 2)
-                .sum::<usize>(),
-    );
-    let mut starts = Vec::with_capacity(req.argv.len() + req.env.len());
+    STRINGS.with(|strings| spawn_with(req, path, &mut strings.borrow_mut()))
+}
+
+fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Result<i32> {
+    let Strings {
+        bytes,
+        starts,
+        argv,
+        envp,
+    } = strings;
+    bytes.clear();
+    starts.clear();
+    // The program's path, the working directory, then every argument and `KEY=VALUE`.
+    for part in [path.as_os_str().as_bytes(), req.cwd.as_os_str().as_bytes()] {
+        starts.push(bytes.len());
+        push_c_string(bytes, &[part])?;
+    }
     for arg in req.argv {
-        starts.push(strings.len());
-        push_c_string(&mut strings, &[arg.as_bytes()])?;
+        starts.push(bytes.len());
+        push_c_string(bytes, &[arg.as_bytes()])?;
     }
     for (key, value) in req.env {
-        starts.push(strings.len());
-        push_c_string(&mut strings, &[key.as_bytes(), b"=", value.as_bytes()])?;
+        starts.push(bytes.len());
+        push_c_string(bytes, &[key.as_bytes(), b"=", value.as_bytes()])?;
     }
-    // The buffer is complete: pointers into it stay valid until it is dropped, after the clone.
-    let pointers = |range: std::ops::Range<usize>| -> Vec<*const libc::c_char> {
-        starts[range]
-            .iter()
-            .map(|&start| strings[start..].as_ptr() as *const libc::c_char)
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
+    // The buffer is complete: pointers into it stay valid until it is next cleared, after
+    // the clone.
+    let at = |start: usize| bytes[start..].as_ptr() as *const libc::c_char;
+    let args_end = 2 + req.argv.len();
+    argv.clear();
+    argv.extend(starts[2..args_end].iter().map(|&s| at(s)));
+    argv.push(std::ptr::null());
+    envp.clear();
+    envp.extend(starts[args_end..].iter().map(|&s| at(s)));
+    envp.push(std::ptr::null());
     let mut prepared = Prepared {
-        path: cstr(path.as_os_str().as_bytes())?,
-        argv: pointers(0..req.argv.len()),
-        envp: pointers(req.argv.len()..starts.len()),
-        cwd: cstr(req.cwd.as_os_str().as_bytes())?,
+        path: at(starts[0]),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        cwd: at(starts[1]),
         fds: [
             req.stdin.as_raw_fd(),
             req.stdout.as_raw_fd(),
@@ -148,7 +163,6 @@ fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
         let mut stack = stack.borrow_mut();
         clone_child(&mut stack, &mut prepared)
     })?;
-    drop(strings);
     if prepared.error != 0 {
         // It exited with 127 without running anything; the reaper collects it.
         return Err(io::Error::from_raw_os_error(prepared.error));
@@ -267,7 +281,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
                 fail(p);
             }
         }
-        if libc::chdir(p.cwd.as_ptr()) != 0 {
+        if libc::chdir(p.cwd) != 0 {
             fail(p);
         }
         if libc::setsid() < 0 {
@@ -284,7 +298,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        libc::execve(p.path.as_ptr(), p.argv.as_ptr(), p.envp.as_ptr());
+        libc::execve(p.path, p.argv, p.envp);
         fail(p)
     }
 }

@@ -261,7 +261,7 @@ impl Launched {
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
 /// cannot start comes back as its [`Failure`].
 pub fn start_attempt(
-    plan: AttemptPlan,
+    mut plan: AttemptPlan,
     opened: Option<Opened>,
     services: &Services,
 ) -> Result<Launched, Failure> {
@@ -351,7 +351,8 @@ pub fn start_attempt(
     };
     let launch = Launch {
         argv: plan.argv.clone(),
-        env: plan.env.clone(),
+        // Nothing after the spawn reads it: moved, not copied.
+        env: std::mem::take(&mut plan.env),
         cwd: plan.cwd.clone(),
         stdout: out.stdio,
         stderr: err.stdio,
