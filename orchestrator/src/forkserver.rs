@@ -13,7 +13,7 @@
 //!
 //! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
 
-use crate::reaper::{Reaped, Reaper};
+use crate::reaper::Reaper;
 use protocol::fork::{ForkReply, ForkRequest, FORK_SERVER_SUBCOMMAND};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -25,7 +25,6 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// Environment variable that turns the fork server off (`0`, `off`, `false`, `no`).
 pub const ENV_FORK_SERVER: &str = "ORCHESTRATE_FORK_SERVER";
@@ -46,7 +45,7 @@ pub fn enabled() -> bool {
 struct Server {
     pid: i32,
     sock: UnixStream,
-    exit: oneshot::Receiver<Reaped>,
+    exit: crate::reaper::ExitWait,
     reaper: Reaper,
 }
 
@@ -232,7 +231,7 @@ fn stop(server: Server) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
     crate::backoff::poll_blocking(Duration::from_secs(1), Duration::from_millis(10), || {
         reaper.reap_now();
-        !matches!(exit.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+        exit.try_wait().is_some()
     });
 }
 
@@ -323,10 +322,7 @@ fn fork(
     stderr: &OwnedFd,
     gpu_holders: &[u32],
 ) -> Result<i32, ForkServerError> {
-    if !matches!(
-        server.exit.try_recv(),
-        Err(oneshot::error::TryRecvError::Empty)
-    ) {
+    if server.exit.try_wait().is_some() {
         return Err(ForkServerError::Exited);
     }
     if gpu_holders.contains(&(server.pid as u32)) {

@@ -1,14 +1,31 @@
 //! The one place that collects exit statuses.
 //!
 //! `orchestrate` is a child subreaper, so orphaned descendants of stages (a daemonized
-//! grandchild, a launcher's workers) are re-parented to it and must be reaped here too. A task
-//! answers SIGCHLD by reaping every exited child with `waitpid(-1, WNOHANG)` and hands the
-//! status of a registered stage process to whoever waits for it; orphans are reaped and noted.
+//! grandchild, a launcher's workers) are re-parented to it and must be reaped here too.
+//!
+//! A process someone waits for ([`Reaper::watch`]) is watched through a pidfd, which turns
+//! readable in the runtime's `epoll` when the process ends; its waiter then reaps it and takes
+//! its status. SIGCHLD is not used: it stays at its default disposition, which the kernel
+//! discards as it is sent. (A handler cost every stage a signal delivery, an interrupted
+//! `epoll_wait`, a self-pipe write and two reads, and a reaping task's turn: a sweep starts
+//! thousands of stages.) Orphans are reaped by [`Reaper::reap_now`], called every
+//! [`REAP_EVERY`] and while a stage's leftovers are being stopped
+//! ([`crate::supervisor::stop_tree`]); whatever it reaps that someone waits for goes to that
+//! waiter.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::pin::Pin;
 use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
+
+/// How often orphaned descendants are reaped when nothing else reaps them.
+pub const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// What the kernel accounted to a reaped process: its own use and that of the descendants it
 /// waited for.
@@ -51,68 +68,141 @@ pub struct Reaper {
     table: Rc<RefCell<Table>>,
 }
 
+/// What one `wait4` found.
+enum Waited {
+    /// This child ended; here is how.
+    Ended(i32, Reaped),
+    /// Children exist, none has ended (or `pid`'s is still running).
+    Running,
+    /// No such child (any more).
+    NoChild,
+}
+
+/// One `wait4(pid, WNOHANG | __WALL)`: any kind of child (a stage's first process cloned
+/// without an exit signal is one only `__WALL` sees before it execs).
+fn wait_one(pid: i32) -> Waited {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: an all-zero rusage is a valid value for the kernel to overwrite.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 writes only into the two out-parameters we own.
+        let got =
+            unsafe { libc::wait4(pid, &mut status, libc::WNOHANG | libc::__WALL, &mut usage) };
+        if got == 0 {
+            return Waited::Running;
+        }
+        if got < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                _ => return Waited::NoChild,
+            }
+        }
+        let exit = if libc::WIFEXITED(status) {
+            ExitStatus::Code(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            ExitStatus::Signal(libc::WTERMSIG(status))
+        } else {
+            continue; // stopped or continued: not an end
+        };
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        let usage = ResourceUsage {
+            user_s: seconds(usage.ru_utime),
+            system_s: seconds(usage.ru_stime),
+            max_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
+        };
+        return Waited::Ended(
+            got,
+            Reaped {
+                status: exit,
+                usage,
+            },
+        );
+    }
+}
+
+/// A pidfd for `pid` (`pidfd_open`, Linux 5.3), close-on-exec.
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags, and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave this process, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 impl Reaper {
-    /// Makes the calling process a child subreaper and starts reaping on SIGCHLD.
-    /// Must be called inside a tokio `LocalSet` or current-thread runtime.
+    /// Makes the calling process a child subreaper and starts reaping orphans every
+    /// [`REAP_EVERY`]. Must be called inside a tokio `LocalSet` or current-thread runtime.
     pub fn start() -> std::io::Result<Reaper> {
         // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integer arguments.
         let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
         let reaper = Reaper::default();
         let handle = reaper.clone();
         tokio::task::spawn_local(async move {
+            let mut every = tokio::time::interval(REAP_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
+                every.tick().await;
                 handle.reap_now();
-                if sigchld.recv().await.is_none() {
-                    break;
-                }
             }
         });
         Ok(reaper)
     }
 
-    /// Registers interest in `pid`'s exit status. Call right after spawning, with no `.await`
-    /// in between: the reaper runs on the same thread, so it cannot reap the child first.
-    pub fn watch(&self, pid: i32) -> oneshot::Receiver<Reaped> {
-        let (tx, rx) = oneshot::channel();
-        self.table.borrow_mut().waiters.insert(pid, tx);
-        rx
+    /// Waits for `pid`, a child of this process (or one that will be re-parented to it).
+    /// Call right after spawning, with no `.await` in between: the reaper runs on the same
+    /// thread, so it cannot reap the child first. Call from inside the runtime.
+    pub fn watch(&self, pid: i32) -> ExitWait {
+        match pidfd_open(pid) {
+            Ok(fd) => self.watch_pidfd(pid, fd),
+            Err(_) => self.waiting(pid, Wake::poll()),
+        }
     }
 
-    /// Reaps every child that has exited, now.
+    /// [`Reaper::watch`] with the child's pidfd already in hand (from `clone3`).
+    pub fn watch_pidfd(&self, pid: i32, pidfd: OwnedFd) -> ExitWait {
+        // SAFETY: an OwnedFd's descriptor stays open, the same, until the AsyncFd drops it.
+        let registered =
+            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+        let wake = match registered {
+            Ok(fd) => Wake::Pidfd(fd),
+            // The runtime would not take it (out of memory): look every few milliseconds.
+            Err(_) => Wake::poll(),
+        };
+        self.waiting(pid, wake)
+    }
+
+    fn waiting(&self, pid: i32, wake: Wake) -> ExitWait {
+        let (tx, rx) = oneshot::channel();
+        self.table.borrow_mut().waiters.insert(pid, tx);
+        ExitWait {
+            rx,
+            wake,
+            pid,
+            reaper: self.clone(),
+        }
+    }
+
+    /// Reaps every child that has ended, now, handing each status to its waiter.
     pub fn reap_now(&self) {
-        loop {
-            let mut status: libc::c_int = 0;
-            // SAFETY: an all-zero rusage is a valid value for the kernel to overwrite.
-            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-            // SAFETY: wait4 writes only into the two out-parameters we own.
-            let pid = unsafe { libc::wait4(-1, &mut status, libc::WNOHANG, &mut usage) };
-            if pid <= 0 {
-                break;
+        while let Waited::Ended(pid, reaped) = wait_one(-1) {
+            self.deliver(pid, reaped);
+        }
+    }
+
+    /// Reaps `pid` if it has ended; false when it is no child (any more).
+    fn reap(&self, pid: i32) -> bool {
+        match wait_one(pid) {
+            Waited::Ended(pid, reaped) => {
+                self.deliver(pid, reaped);
+                true
             }
-            let exit = if libc::WIFEXITED(status) {
-                ExitStatus::Code(libc::WEXITSTATUS(status))
-            } else if libc::WIFSIGNALED(status) {
-                ExitStatus::Signal(libc::WTERMSIG(status))
-            } else {
-                continue;
-            };
-            let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-            let usage = ResourceUsage {
-                user_s: seconds(usage.ru_utime),
-                system_s: seconds(usage.ru_stime),
-                max_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
-            };
-            self.deliver(
-                pid,
-                Reaped {
-                    status: exit,
-                    usage,
-                },
-            );
+            Waited::Running => true,
+            Waited::NoChild => false,
         }
     }
 
@@ -123,5 +213,108 @@ impl Reaper {
             }
             None => tracing::debug!(pid, ?reaped, "reaped an orphaned descendant"),
         }
+    }
+}
+
+/// What tells a waiter to look.
+enum Wake {
+    /// The process's pidfd, readable once it has ended.
+    Pidfd(AsyncFd<OwnedFd>),
+    /// A look every few milliseconds (no pidfd to be had).
+    Poll(tokio::time::Interval),
+}
+
+impl Wake {
+    fn poll() -> Wake {
+        Wake::Poll(tokio::time::interval(Duration::from_millis(5)))
+    }
+}
+
+/// The end of one watched process: its status once it has ended and been reaped, `None` when
+/// it cannot be had (the process is no child of this one, or the reaper is gone). Dropping
+/// it stops the watch; the process is then reaped as an orphan would be.
+pub struct ExitWait {
+    rx: oneshot::Receiver<Reaped>,
+    wake: Wake,
+    pid: i32,
+    reaper: Reaper,
+}
+
+impl std::fmt::Debug for ExitWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = match self.wake {
+            Wake::Pidfd(_) => "pidfd",
+            Wake::Poll(_) => "polling",
+        };
+        write!(f, "ExitWait(pid {}, {how})", self.pid)
+    }
+}
+
+impl ExitWait {
+    /// The status if the process has ended (reaping it if need be): `Some(None)` when it
+    /// cannot be had, `None` while it runs. Does not block.
+    pub fn try_wait(&mut self) -> Option<Option<Reaped>> {
+        check(&mut self.rx, &self.reaper, self.pid)
+    }
+}
+
+/// [`ExitWait::try_wait`] on its parts.
+fn check(rx: &mut oneshot::Receiver<Reaped>, reaper: &Reaper, pid: i32) -> Option<Option<Reaped>> {
+    use oneshot::error::TryRecvError;
+    match rx.try_recv() {
+        Ok(reaped) => return Some(Some(reaped)),
+        Err(TryRecvError::Closed) => return Some(None),
+        Err(TryRecvError::Empty) => {}
+    }
+    let child = reaper.reap(pid);
+    match rx.try_recv() {
+        Ok(reaped) => Some(Some(reaped)),
+        Err(TryRecvError::Closed) => Some(None),
+        Err(TryRecvError::Empty) if !child => Some(None),
+        Err(TryRecvError::Empty) => None,
+    }
+}
+
+impl Future for ExitWait {
+    type Output = Option<Reaped>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Reaped>> {
+        let ExitWait {
+            rx,
+            wake,
+            pid,
+            reaper,
+        } = &mut *self;
+        loop {
+            if let Poll::Ready(result) = Pin::new(&mut *rx).poll(cx) {
+                return Poll::Ready(result.ok());
+            }
+            match wake {
+                Wake::Pidfd(fd) => {
+                    let readable = std::task::ready!(fd.poll_read_ready(cx)).is_ok();
+                    // Readable: it ended. Reaped here, or already by `reap_now`.
+                    if readable {
+                        if let Some(done) = check(rx, reaper, *pid) {
+                            return Poll::Ready(done);
+                        }
+                    }
+                    // Not reapable yet (or the runtime failed us): look every few
+                    // milliseconds from now on rather than wait for an edge that came.
+                    *wake = Wake::poll();
+                }
+                Wake::Poll(every) => {
+                    std::task::ready!(every.poll_tick(cx));
+                    if let Some(done) = check(rx, reaper, *pid) {
+                        return Poll::Ready(done);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ExitWait {
+    fn drop(&mut self) {
+        self.reaper.table.borrow_mut().waiters.remove(&self.pid);
     }
 }

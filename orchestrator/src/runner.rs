@@ -646,6 +646,12 @@ async fn run_in_span(
                 freed_early.insert(i);
             }
             Some((i, result, given)) = done_rx.recv() => {
+                // A stage sends its slot back before its result: take every slot sent so far
+                // first (the select may see both at once and pick the result).
+                while let Ok(j) = freed_rx.try_recv() {
+                    running -= 1;
+                    freed_early.insert(j);
+                }
                 unfinished -= 1;
                 if !freed_early.remove(&i) {
                     running -= 1;

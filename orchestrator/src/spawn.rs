@@ -61,6 +61,18 @@ struct Prepared {
     /// The kernel already reset every handled signal to its default (`CLONE_CLEAR_SIGHAND`):
     /// the child has only SIGPIPE left to reset.
     handlers_cleared: bool,
+    /// The child's pidfd from `clone3` (close-on-exec), or -1.
+    pidfd: libc::c_int,
+}
+
+/// A started child.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Its pid.
+    pub pid: i32,
+    /// Its pidfd, readable once it has ended, when the clone gave one
+    /// ([`crate::reaper::Reaper::watch_pidfd`] takes it).
+    pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 
 thread_local! {
@@ -83,9 +95,9 @@ struct Strings {
     envp: Vec<*const libc::c_char>,
 }
 
-/// Starts the program of `req` as described in the module documentation; returns its pid.
-/// Must be called on the thread whose life the child's should be tied to.
-pub fn spawn(req: &Request<'_>) -> io::Result<i32> {
+/// Starts the program of `req` as described in the module documentation. Must be called on
+/// the thread whose life the child's should be tied to.
+pub fn spawn(req: &Request<'_>) -> io::Result<Spawned> {
     let Some(program) = req.argv.first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     };
@@ -101,11 +113,11 @@ pub fn spawn(req: &Request<'_>) -> io::Result<i32> {
     }
 }
 
-fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<i32> {
+fn spawn_resolved(req: &Request<'_>, path: &Path) -> io::Result<Spawned> {
     STRINGS.with(|strings| spawn_with(req, path, &mut strings.borrow_mut()))
 }
 
-fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Result<i32> {
+fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Result<Spawned> {
     let Strings {
         bytes,
         starts,
@@ -153,6 +165,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         error: 0,
         pid: 0,
         handlers_cleared: false,
+        pidfd: -1,
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
     // for signal frames, of which there are none (no handler of ours runs in the child: the
@@ -163,11 +176,21 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         let mut stack = stack.borrow_mut();
         clone_child(&mut stack, &mut prepared)
     })?;
+    // SAFETY: a descriptor the kernel just gave this process, owned by nobody else.
+    let pidfd = (prepared.pidfd >= 0).then(|| unsafe {
+        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(prepared.pidfd)
+    });
     if prepared.error != 0 {
-        // It exited with 127 without running anything; the reaper collects it.
+        // It exited with 127 without running anything (CLONE_VFORK: it is gone already).
+        let mut status = 0;
+        // SAFETY: reaping our own ended child.
+        unsafe { libc::waitpid(prepared.pid, &mut status, libc::__WALL) };
         return Err(io::Error::from_raw_os_error(prepared.error));
     }
-    Ok(prepared.pid)
+    Ok(Spawned {
+        pid: prepared.pid,
+        pidfd,
+    })
 }
 
 /// Appends `parts` and a NUL to `buf`; refuses a part that holds a NUL itself.
@@ -432,8 +455,11 @@ mod clone3 {
         // SAFETY (the caller's promise): `arg` is the `Prepared` the child reads.
         let prepared = &mut *(arg as *mut super::Prepared);
         prepared.handlers_cleared = true;
+        // The pidfd is how the reaper learns that the child ended (see `crate::reaper`).
         let mut args = CloneArgs {
-            flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_CLEAR_SIGHAND,
+            flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
+                | CLONE_CLEAR_SIGHAND,
+            pidfd: &mut prepared.pidfd as *mut libc::c_int as u64,
             exit_signal: libc::SIGCHLD as u64,
             stack: stack as u64,
             stack_size: size as u64,
@@ -468,6 +494,7 @@ mod clone3 {
         );
         if ret < 0 {
             prepared.handlers_cleared = false;
+            prepared.pidfd = -1;
             let errno = -ret as i32;
             if matches!(
                 errno,
@@ -509,7 +536,8 @@ mod tests {
             stdin: null.as_fd(),
             stdout: out.as_fd(),
             stderr: out.as_fd(),
-        });
+        })
+        .map(|spawned| spawned.pid);
         if let Ok(pid) = pid {
             let mut status = 0;
             // SAFETY: waiting for our own child.

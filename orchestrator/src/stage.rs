@@ -433,7 +433,7 @@ pub async fn supervise(
 
     let reaped = loop {
         tokio::select! {
-            reaped = &mut child.exit => break reaped.ok(),
+            reaped = &mut child.exit => break reaped,
             _ = rss_tick.tick() => {
                 let members = crate::proctree::stage_members(child.pid, &child.token);
                 let rss = members.iter().map(|p| crate::proctree::rss_bytes(p.pid)).sum::<u64>();

@@ -11,14 +11,13 @@
 //!   the kernel would not kill).
 
 use crate::proctree::{self, TOKEN_VAR};
-use crate::reaper::{Reaped, Reaper};
+use crate::reaper::{ExitWait, Reaper};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
 /// What to start.
 #[derive(Debug)]
@@ -52,7 +51,7 @@ pub struct StageProcess {
     /// When it was started.
     pub started: Instant,
     /// Resolves with the first process's exit status.
-    pub exit: oneshot::Receiver<Reaped>,
+    pub exit: ExitWait,
 }
 
 /// The whole environment a stage process gets: the orchestrator's without its own
@@ -120,7 +119,7 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             DEV_NULL.get_or_init(|| file)
         }
     };
-    let pid = crate::spawn::spawn(&crate::spawn::Request {
+    let spawned = crate::spawn::spawn(&crate::spawn::Request {
         argv: &launch.argv,
         env: &env,
         cwd: &launch.cwd,
@@ -128,11 +127,15 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         stdout: launch.stdout.as_fd(),
         stderr: launch.stderr.as_fd(),
     })?;
+    let exit = match spawned.pidfd {
+        Some(pidfd) => reaper.watch_pidfd(spawned.pid, pidfd),
+        None => reaper.watch(spawned.pid),
+    };
     Ok(StageProcess {
-        pid,
+        pid: spawned.pid,
         token: launch.token,
         started: Instant::now(),
-        exit: reaper.watch(pid),
+        exit,
     })
 }
 

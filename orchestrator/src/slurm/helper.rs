@@ -66,8 +66,8 @@ pub async fn run(reaper: &Reaper, argv: &[String], limit: Duration) -> io::Resul
     let exited = reaper.watch(pid);
     drop(child);
     let status = match tokio::time::timeout(limit, exited).await {
-        Ok(Ok(reaped)) => Some(reaped.status),
-        Ok(Err(_)) => None,
+        Ok(Some(reaped)) => Some(reaped.status),
+        Ok(None) => None,
         Err(_) => {
             // SAFETY: signalling the child we spawned; it is not reaped yet (we hold its watch).
             unsafe { libc::kill(pid, libc::SIGKILL) };
