@@ -58,7 +58,10 @@ pub(crate) struct Preparer {
     written: Arc<Mutex<HashMap<usize, Written>>>,
     /// Stages queued to be opened whose files are neither claimed nor given up yet.
     opening: Arc<AtomicUsize>,
-    jobs: Option<mpsc::Sender<Job>>,
+    jobs: Option<mpsc::Sender<Vec<Job>>>,
+    /// Jobs queued since the last [`Preparer::flush`]: handed over together, one wake-up of
+    /// the thread per batch (a message each cost the scheduling thread two futex calls).
+    pending: std::cell::RefCell<Vec<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Socket files of ended attempts, removed by the thread.
     discards: crate::channel::Discards,
@@ -73,7 +76,7 @@ impl Preparer {
     ) -> std::io::Result<Preparer> {
         let state: Arc<Vec<AtomicU8>> =
             Arc::new((0..stages).map(|_| AtomicU8::new(NONE)).collect());
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::channel::<Vec<Job>>();
         let theirs = state.clone();
         let written: Arc<Mutex<HashMap<usize, Written>>> = Arc::default();
         let table = written.clone();
@@ -84,7 +87,7 @@ impl Preparer {
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
             .spawn(move || {
-                for (i, layout, socket) in queue {
+                for (i, layout, socket) in queue.into_iter().flatten() {
                     remove_all(&to_remove);
                     if theirs[i]
                         .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -134,6 +137,7 @@ impl Preparer {
             written,
             opening,
             jobs: Some(jobs),
+            pending: Default::default(),
             thread: Some(thread),
             discards,
         })
@@ -150,24 +154,35 @@ impl Preparer {
         self.opening.load(Ordering::Acquire) < OPEN_AHEAD_MAX
     }
 
-    /// Hands stage `i`'s first-attempt files to the preparer; with `socket`, it also opens the
-    /// logs and binds the event socket there (for a stage about to start: each holds three
-    /// file descriptors until it is claimed or released).
+    /// Hands stage `i`'s first-attempt files to the preparer (with the next
+    /// [`Preparer::flush`]); with `socket`, it also opens the logs and binds the event socket
+    /// there (for a stage about to start: each holds three file descriptors until it is
+    /// claimed or released). Until the flush the stage counts as queued: a claim takes it back.
     pub(crate) fn queue(&self, i: usize, layout: Layout, socket: Option<PathBuf>) {
         if self.state[i]
             .compare_exchange(NONE, QUEUED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            let opens = socket.is_some();
-            if opens {
+            if socket.is_some() {
                 self.opening.fetch_add(1, Ordering::AcqRel);
             }
-            if let Some(jobs) = &self.jobs {
-                if jobs.send((i, layout, socket)).is_err() {
-                    self.state[i].store(NONE, Ordering::Release);
-                    if opens {
-                        self.opening.fetch_sub(1, Ordering::AcqRel);
-                    }
+            self.pending.borrow_mut().push((i, layout, socket));
+        }
+    }
+
+    /// Hands the stages queued since the last flush to the thread, in one message.
+    pub(crate) fn flush(&self) {
+        let batch = std::mem::take(&mut *self.pending.borrow_mut());
+        if batch.is_empty() {
+            return;
+        }
+        let sent = self.jobs.as_ref().map(|jobs| jobs.send(batch));
+        if let Some(Err(mpsc::SendError(batch))) = sent {
+            // The thread is gone: nothing of these will be written by it.
+            for (i, _, socket) in batch {
+                self.state[i].store(NONE, Ordering::Release);
+                if socket.is_some() {
+                    self.opening.fetch_sub(1, Ordering::AcqRel);
                 }
             }
         }
@@ -293,6 +308,7 @@ mod tests {
             // Every other one opens its logs and binds its socket too.
             preparer.queue(i, layout(i), (i % 4 == 1).then(|| socket(i)));
         }
+        preparer.flush();
         assert!(preparer.untouched(0) && !preparer.untouched(1));
         // The preparer writes in queue order: once the last queued stage's logs exist, it has
         // written (or is finishing) every queued stage.
@@ -334,6 +350,7 @@ mod tests {
             }
             // Once claimed, the preparer never touches it again.
             preparer.queue(i, layout(i), Some(socket(i)));
+            preparer.flush();
             assert!(preparer.claim(i).is_none());
         }
         drop(preparer);
@@ -360,6 +377,7 @@ mod tests {
         let runtime = runtime();
         let preparer = Preparer::start(3, runtime.handle().clone()).unwrap();
         preparer.queue(0, layout(0), Some(socket(0)));
+        preparer.flush();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let claimed = loop {
             match preparer.claim(0) {
@@ -368,6 +386,7 @@ mod tests {
                     // Not written yet, and taken back: queue it again (the claim took it).
                     preparer.state[0].store(NONE, Ordering::Release);
                     preparer.queue(0, layout(0), Some(socket(0)));
+                    preparer.flush();
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
                 other => panic!("stage 0 was never opened: {other:?}"),
@@ -385,6 +404,7 @@ mod tests {
         assert!(socket(0).exists(), "not removed on the scheduling thread");
         // The thread's next work removes it.
         preparer.queue(1, layout(1), None);
+        preparer.flush();
         while socket(0).exists() {
             assert!(
                 std::time::Instant::now() < deadline,
@@ -423,6 +443,7 @@ mod tests {
                 preparer.queue(i, layout(i), None);
             }
         }
+        preparer.flush();
         assert_eq!(
             opened, OPEN_AHEAD_MAX,
             "no more than the cap are opened ahead"

@@ -230,6 +230,7 @@ async fn run_in_span(
         console: console.clone(),
         follow,
         run_id: run_id.clone(),
+        tree_sampling: stage::TreeSampling::start(),
     });
     let max_parallel = settings
         .max_parallel
@@ -630,6 +631,8 @@ async fn run_in_span(
                 prepare_ahead(j, &states, true);
             }
         }
+        // Everything queued above goes to the preparer's thread in one message.
+        preparer.flush();
         if !gpu_waiting {
             host.stop_waiting(ticket);
         }

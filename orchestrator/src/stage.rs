@@ -99,6 +99,48 @@ pub struct Services {
     pub follow: bool,
     /// The run's id: stage tokens are scoped by it.
     pub run_id: String,
+    /// When running stages sample their process tree's memory.
+    pub tree_sampling: TreeSampling,
+}
+
+/// How often a running stage's process tree has its resident memory summed.
+pub const TREE_SAMPLE_PERIOD: Duration = Duration::from_millis(250);
+
+/// One clock for every running stage's tree sampling, ticking every [`TREE_SAMPLE_PERIOD`]
+/// for as long as it lives: a timer per stage, armed when the stage starts, made every start
+/// wake the runtime's driver to re-arm its own (a sweep starts thousands of stages).
+pub struct TreeSampling {
+    tick: Rc<tokio::sync::Notify>,
+    clock: tokio::task::JoinHandle<()>,
+}
+
+impl TreeSampling {
+    /// Starts the clock. Call inside a `LocalSet`.
+    pub fn start() -> TreeSampling {
+        let tick = Rc::new(tokio::sync::Notify::new());
+        let theirs = tick.clone();
+        let clock = tokio::task::spawn_local(async move {
+            let start = tokio::time::Instant::now() + TREE_SAMPLE_PERIOD;
+            let mut every = tokio::time::interval_at(start, TREE_SAMPLE_PERIOD);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                theirs.notify_waiters();
+            }
+        });
+        TreeSampling { tick, clock }
+    }
+
+    /// The next tick.
+    pub fn next(&self) -> tokio::sync::futures::Notified<'_> {
+        self.tick.notified()
+    }
+}
+
+impl Drop for TreeSampling {
+    fn drop(&mut self) {
+        self.clock.abort();
+    }
 }
 
 /// Why an attempt failed.
@@ -425,16 +467,13 @@ pub async fn supervise(
     let mut cancel_closed = false;
     let mut state = EventState::default();
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
-    let rss_period = Duration::from_millis(250);
-    let mut rss_tick =
-        tokio::time::interval_at(tokio::time::Instant::now() + rss_period, rss_period);
     let mut tree_rss_peak = 0u64;
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
 
     let reaped = loop {
         tokio::select! {
             reaped = &mut child.exit => break reaped,
-            _ = rss_tick.tick() => {
+            _ = services.tree_sampling.next() => {
                 let members = crate::proctree::stage_members(child.pid, &child.token);
                 let rss = members.iter().map(|p| crate::proctree::rss_bytes(p.pid)).sum::<u64>();
                 tree_rss_peak = tree_rss_peak.max(rss);
