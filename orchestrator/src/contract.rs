@@ -40,23 +40,32 @@ pub fn environment(
 ) -> Vec<(String, String)> {
     let mut env = vec![
         (ENV_STAGE.to_string(), paths.stage.to_string()),
-        (ENV_RUN_DIR.to_string(), paths.run_dir.display().to_string()),
+        (
+            ENV_RUN_DIR.to_string(),
+            paths.run_dir.to_string_lossy().into_owned(),
+        ),
         (
             ENV_OUTPUT_DIR.to_string(),
-            paths.output_dir.display().to_string(),
+            paths.output_dir.to_string_lossy().into_owned(),
         ),
-        (ENV_EVENTS.to_string(), paths.events.display().to_string()),
-        (ENV_SPEC.to_string(), paths.spec.display().to_string()),
+        (
+            ENV_EVENTS.to_string(),
+            paths.events.to_string_lossy().into_owned(),
+        ),
+        (
+            ENV_SPEC.to_string(),
+            paths.spec.to_string_lossy().into_owned(),
+        ),
         (
             ENV_INPUTS_FILE.to_string(),
-            paths.inputs_file.display().to_string(),
+            paths.inputs_file.to_string_lossy().into_owned(),
         ),
         (ENV_ATTEMPT.to_string(), paths.attempt.to_string()),
     ];
     if paths.resumable {
         env.push((
             ENV_RESUME_DIR.to_string(),
-            paths.output_dir.display().to_string(),
+            paths.output_dir.to_string_lossy().into_owned(),
         ));
     }
     for (name, dir) in paths
@@ -64,7 +73,7 @@ pub fn environment(
         .iter()
         .filter(|_| paths.inputs.len() <= MAX_INPUT_VARS)
     {
-        env.push((input_env_var(name), dir.display().to_string()));
+        env.push((input_env_var(name), dir.to_string_lossy().into_owned()));
     }
     env.extend(plan_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
@@ -76,6 +85,10 @@ pub fn environment(
 /// before a run starts.
 pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
     use crate::plan::placeholder::{parse, Piece, Placeholder};
+    // Most arguments hold no brace at all: nothing to parse (a sweep expands thousands).
+    if !arg.contains(['{', '}']) {
+        return arg.to_string();
+    }
     let Ok(pieces) = parse(arg) else {
         return arg.to_string();
     };
@@ -84,16 +97,16 @@ pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
         match piece {
             Piece::Text(text) => out.push_str(&text),
             Piece::Placeholder(Placeholder::Output) => {
-                out.push_str(&paths.output_dir.display().to_string())
+                out.push_str(&paths.output_dir.to_string_lossy())
             }
             Piece::Placeholder(Placeholder::RunDir) => {
-                out.push_str(&paths.run_dir.display().to_string())
+                out.push_str(&paths.run_dir.to_string_lossy())
             }
             Piece::Placeholder(Placeholder::Stage) => out.push_str(paths.stage),
             // Matrix values are substituted when the plan is expanded; none is left here.
             Piece::Placeholder(Placeholder::Matrix(_)) => return arg.to_string(),
             Piece::Placeholder(Placeholder::Input(name)) => match paths.inputs.get(name) {
-                Some(dir) => out.push_str(&dir.display().to_string()),
+                Some(dir) => out.push_str(&dir.to_string_lossy()),
                 None => return arg.to_string(),
             },
         }

@@ -4,8 +4,13 @@
 //! instant leaves every line but possibly the last complete; readers skip a torn last line.
 //!
 //! Durability: every record is written to the file (the kernel's page cache) before
-//! [`Journal::append`] returns, so a killed `orchestrate` (`kill -9`, OOM) loses nothing. What
-//! a machine crash may lose is bounded by when records reach the disk:
+//! [`Journal::append`] returns, so a killed `orchestrate` (`kill -9`, OOM) loses nothing, with
+//! one exception: a stage's start is written with the next record, or by
+//! [`Journal::flush_pending`] (the runner calls it at least every quarter second while one
+//! waits), one `write` fewer per stage of a sweep. A killed `orchestrate` may lose the start of
+//! a stage that began less than that ago: the stage then counts as not started and runs again
+//! on resume (its output directory, not the journal, says whether an earlier attempt left
+//! files there). What a machine crash may lose is bounded by when records reach the disk:
 //! - the run's start and end, Slurm records, and every record appended with
 //!   [`Journal::append_durable`] are fsynced before the call returns;
 //! - a stage's end (finished or skipped) is fsynced within [`GROUP_COMMIT`]: finishes that
@@ -44,6 +49,8 @@ pub struct Journal {
     flusher: Flusher,
     /// The line being written, its buffer kept from one record to the next.
     line: Vec<u8>,
+    /// Stage starts not written yet (whole lines), written before the next record.
+    pending: Vec<u8>,
 }
 
 /// The group-commit thread: fsyncs the journal within [`GROUP_COMMIT`] of a record that asked
@@ -148,13 +155,20 @@ impl Drop for Flusher {
     }
 }
 
+impl Drop for Journal {
+    fn drop(&mut self) {
+        let _ = self.flush_pending();
+    }
+}
+
 /// When a record must reach the disk.
 enum Durability {
     /// Before `append` returns.
     Now,
     /// Within [`GROUP_COMMIT`], sharing an fsync with its neighbours.
     Grouped,
-    /// With the next fsync, whenever that is.
+    /// Written with the next record (or [`Journal::flush_pending`]); on disk with the next
+    /// fsync after that.
     Lazy,
 }
 
@@ -183,6 +197,7 @@ impl Journal {
             root,
             flusher,
             line: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -204,8 +219,28 @@ impl Journal {
         self.write(record, Durability::Now)
     }
 
+    /// Whether a stage's start waits to be written (see [`Journal::flush_pending`]).
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Writes the stage starts appended since the last record (they are otherwise written
+    /// with the next one).
+    pub fn flush_pending(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let written = self
+            .file
+            .write_all(&self.pending)
+            .map_err(|e| at(&self.path, e));
+        self.pending.clear();
+        written
+    }
+
     /// Fsyncs everything appended so far before returning.
     pub fn sync(&mut self) -> io::Result<()> {
+        self.flush_pending()?;
         self.flusher
             .covered()
             .and_then(|()| self.file.sync_data())
@@ -237,9 +272,19 @@ impl Journal {
         self.line.clear();
         serde_json::to_writer(&mut self.line, &line).map_err(io::Error::other)?;
         self.line.push(b'\n');
-        self.file
-            .write_all(&self.line)
-            .map_err(|e| at(&self.path, e))?;
+        if let Durability::Lazy = durability {
+            self.pending.extend_from_slice(&self.line);
+            return Ok(());
+        }
+        let bytes = if self.pending.is_empty() {
+            &self.line
+        } else {
+            self.pending.extend_from_slice(&self.line);
+            &self.pending
+        };
+        let written = self.file.write_all(bytes).map_err(|e| at(&self.path, e));
+        self.pending.clear();
+        written?;
         match durability {
             Durability::Now => self.sync(),
             Durability::Grouped => self.flusher.request().map_err(|e| at(&self.path, e)),
@@ -376,6 +421,43 @@ mod tests {
         assert!(std::fs::read(&path).unwrap().ends_with(b"\n"));
         assert_eq!(read_journal(&path).unwrap().len(), 2);
         assert!(!repair_tail(&path).unwrap(), "nothing more to cut");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_stage_start_is_written_with_the_next_record_or_when_flushed_or_closed() {
+        let dir = crate::testutil::scratch("journal-pending");
+        let path = dir.join("journal.jsonl");
+        let started = |stage: &str| JournalRecord::StageStarted {
+            stage: stage.into(),
+            attempt: 1,
+            pid: 42,
+            gpus: Vec::new(),
+            plan_hash: "h".into(),
+        };
+        let skipped = JournalRecord::StageSkipped {
+            stage: "b".into(),
+            reason: "test".into(),
+        };
+        let mut journal = Journal::open(&path).unwrap();
+        journal.append(&started("a")).unwrap();
+        assert!(journal.has_pending());
+        assert!(read_journal(&path).unwrap().is_empty(), "not written yet");
+        // The next record takes it along, before itself.
+        journal.append(&skipped).unwrap();
+        assert!(!journal.has_pending());
+        assert_eq!(
+            read_journal(&path).unwrap(),
+            vec![started("a"), skipped.clone()]
+        );
+        // Flushed on its own.
+        journal.append(&started("c")).unwrap();
+        journal.flush_pending().unwrap();
+        assert_eq!(read_journal(&path).unwrap().len(), 3);
+        // Closing the journal writes what waits.
+        journal.append(&started("d")).unwrap();
+        drop(journal);
+        assert_eq!(read_journal(&path).unwrap()[3], started("d"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

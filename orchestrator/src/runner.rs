@@ -767,6 +767,11 @@ async fn run_in_span(
                 }
             }
             _ = host.gpus_freed.notified(), if gpu_waiting => {}
+            // A stage's start waits in the journal for the next record; a long stage's is
+            // written at the next tick of the run's sampling clock.
+            _ = services.tree_sampling.next(), if journal.has_pending() => {
+                journal.flush_pending().context("cannot write the journal")?;
+            }
             // A GPU held by a process that is not ours frees without telling anyone.
             _ = tokio::time::sleep(Duration::from_millis(500)), if gpu_waiting => {}
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next_retry.unwrap_or(far))), if next_retry.is_some() => {}

@@ -201,6 +201,10 @@ fn one_live_owner_per_run_directory() {
     let resume = orch(&["resume", run_dir.to_str().unwrap()], s.path());
     assert_eq!(resume.status.code(), Some(4), "{}", text(&resume));
     assert!(String::from_utf8_lossy(&resume.stderr).contains(&format!("pid {pid}")));
+    // A stage's start reaches the journal with the next record or within a quarter second.
+    assert!(wait_for(Duration::from_secs(5), || starts(
+        &run_dir, "slow"
+    ) > 0));
     assert_eq!(
         starts(&run_dir, "slow"),
         1,
