@@ -1,6 +1,7 @@
 //! The preparer: a thread that writes the files of stages about to start (their directories,
 //! `inputs.json`, `spec.json`, empty logs; see [`Layout`]) ahead of the scheduler, keeps the
-//! logs open and binds the stage's event socket, so that a sweep of short stages does not
+//! logs open and binds the stage's event socket (registered with the runtime), so that a
+//! sweep of short stages does not
 //! make the scheduling thread wait on the file system between one stage's end and the next
 //! one's spawn.
 //!
@@ -12,9 +13,10 @@
 //! through [`Preparer::may_open`] hold opened files at a time (three descriptors each), and a
 //! stage that will not start gives its files back through [`Preparer::release`].
 //!
-//! The same thread removes the event sockets of the stages it opened once they end (each
-//! attempt's [`crate::channel::EventChannel`] hands its file over instead of removing it on
-//! the scheduling thread), before each stage it writes and when the run ends.
+//! The same thread closes and removes the event sockets of the stages it opened once they end
+//! (each attempt's [`crate::channel::EventChannel`] hands its listener and file over instead
+//! of closing and removing them on the scheduling thread), before each stage it writes and
+//! when the run ends.
 
 use crate::attempt::Layout;
 use crate::stage::Opened;
