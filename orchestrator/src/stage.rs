@@ -473,11 +473,13 @@ pub async fn supervise(
     let reaped = loop {
         tokio::select! {
             reaped = &mut child.exit => break reaped,
-            _ = services.tree_sampling.next() => {
+            // A stage is first sampled a whole period after it started, as it was with a
+            // timer of its own: a sweep's short stages never scan `/proc` for it.
+            _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
                 let members = crate::proctree::stage_members(child.pid, &child.token);
                 let rss = members.iter().map(|p| crate::proctree::rss_bytes(p.pid)).sum::<u64>();
                 tree_rss_peak = tree_rss_peak.max(rss);
-            }
+            },
             item = channel.next() => state.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
                 timed_out = true;

@@ -390,6 +390,33 @@ command = ["sh", "-c", "date +%s.%N > {output}/start"]
 }
 
 #[test]
+fn memory_of_a_leftover_process_is_sampled_while_the_stage_runs() {
+    // `sh` starts the hog in the background and exits before it: the hog is stopped as a
+    // leftover, so its memory is in no rusage the orchestrator gets (nobody but the
+    // orchestrator waits for it), only in the samples of the stage's tree taken while it ran.
+    let s = Scratch::new("tree-sampling");
+    s.write(
+        "hog.py",
+        "import time\n\
+         b = bytearray(300 * 1024 * 1024)\n\
+         for i in range(0, len(b), 4096): b[i] = 1\n\
+         time.sleep(3)\n",
+    );
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"bg\"\ncommand = [\"sh\", \"-c\", \"python3 hog.py & sleep 1\"]\n",
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let host = run.stage("bg")["host"].clone();
+    let rss = host["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        rss > 250 * 1024 * 1024,
+        "the hog's 300 MiB were sampled: {host}"
+    );
+}
+
+#[test]
 fn host_memory_and_cpu_time_of_the_tree_are_reported() {
     let s = Scratch::new("host-usage");
     s.write(
