@@ -318,3 +318,59 @@ impl Drop for ExitWait {
         self.reaper.table.borrow_mut().waiters.remove(&self.pid);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A current-thread runtime, as the orchestrator's. (No `Reaper::start`: its reaping of
+    /// every child would take other tests' children in this process.)
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_watched_child_ends_through_its_pidfd_with_no_sigchld_handler() {
+        let runtime = runtime();
+        let reaper = Reaper::default();
+        runtime.block_on(async {
+            // Cloned with a pidfd, as a stage's first process is.
+            let null = std::fs::File::open("/dev/null").unwrap();
+            let argv = ["sh", "-c", "sleep 0.2; exit 3"].map(String::from);
+            let spawned = crate::spawn::spawn(&crate::spawn::Request {
+                argv: &argv,
+                env: &[("PATH", "/usr/bin:/bin")],
+                cwd: std::path::Path::new("/"),
+                stdin: std::os::fd::AsFd::as_fd(&null),
+                stdout: std::os::fd::AsFd::as_fd(&null),
+                stderr: std::os::fd::AsFd::as_fd(&null),
+            })
+            .unwrap();
+            let pidfd = spawned.pidfd.expect("clone3 gives a pidfd");
+            let mut exit = reaper.watch_pidfd(spawned.pid, pidfd);
+            assert!(exit.try_wait().is_none(), "still running");
+            let reaped = tokio::time::timeout(Duration::from_secs(10), &mut exit)
+                .await
+                .expect("the pidfd woke the waiter")
+                .expect("reaped");
+            assert_eq!(reaped.status, ExitStatus::Code(3));
+            // Reaped: no such child any more.
+            assert!(matches!(wait_one(spawned.pid), Waited::NoChild));
+
+            // A child started elsewhere, watched through `pidfd_open`.
+            let child = std::process::Command::new("sh")
+                .args(["-c", "kill -TERM $$"])
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            let reaped = tokio::time::timeout(Duration::from_secs(10), reaper.watch(pid))
+                .await
+                .expect("woken")
+                .expect("reaped");
+            assert_eq!(reaped.status, ExitStatus::Signal(libc::SIGTERM));
+        });
+    }
+}
