@@ -361,6 +361,8 @@ mod tests {
             assert!(matches!(wait_one(spawned.pid), Waited::NoChild));
 
             // A child started elsewhere, watched through `pidfd_open`.
+            // Reaped here, not by `Child::wait`.
+            #[allow(clippy::zombie_processes)]
             let child = std::process::Command::new("sh")
                 .args(["-c", "kill -TERM $$"])
                 .spawn()
