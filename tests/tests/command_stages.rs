@@ -389,6 +389,18 @@ command = ["sh", "-c", "date +%s.%N > {output}/start"]
     );
 }
 
+/// Runs one stage `name` of `command` (a TOML array) in `s` and returns its report's `host`
+/// usage, asserting the run succeeded.
+fn host_usage(s: &Scratch, name: &str, command: &str) -> serde_json::Value {
+    let plan = s.write(
+        "plan.toml",
+        &format!("[[stage]]\nname = \"{name}\"\ncommand = {command}\n"),
+    );
+    let run = run_plan(s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    run.stage(name)["host"].clone()
+}
+
 #[test]
 fn memory_of_a_leftover_process_is_sampled_while_the_stage_runs() {
     // `sh` starts the hog in the background and exits before it: the hog is stopped as a
@@ -402,13 +414,7 @@ fn memory_of_a_leftover_process_is_sampled_while_the_stage_runs() {
          for i in range(0, len(b), 4096): b[i] = 1\n\
          time.sleep(3)\n",
     );
-    let plan = s.write(
-        "plan.toml",
-        "[[stage]]\nname = \"bg\"\ncommand = [\"sh\", \"-c\", \"python3 hog.py & sleep 1\"]\n",
-    );
-    let run = run_plan(&s, &plan, &[]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let host = run.stage("bg")["host"].clone();
+    let host = host_usage(&s, "bg", r#"["sh", "-c", "python3 hog.py & sleep 1"]"#);
     let rss = host["peak_rss_bytes"].as_u64().unwrap();
     assert!(
         rss > 250 * 1024 * 1024,
@@ -431,13 +437,7 @@ fn host_memory_and_cpu_time_of_the_tree_are_reported() {
          while time.process_time() - t < 0.5: pass\n\
          subprocess.run([sys.executable, __file__, 'child'], check=True)\n",
     );
-    let plan = s.write(
-        "plan.toml",
-        "[[stage]]\nname = \"hog\"\ncommand = [\"python3\", \"hog.py\"]\n",
-    );
-    let run = run_plan(&s, &plan, &[]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let host = run.stage("hog")["host"].clone();
+    let host = host_usage(&s, "hog", r#"["python3", "hog.py"]"#);
     let rss = host["peak_rss_bytes"].as_u64().unwrap();
     assert!(rss > 250 * 1024 * 1024, "the child's 300 MiB show: {host}");
     let cpu = host["cpu_user_s"].as_f64().unwrap() + host["cpu_system_s"].as_f64().unwrap();
