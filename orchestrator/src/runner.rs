@@ -34,6 +34,14 @@ const PREPARE_LOW: usize = 2;
 /// every spawn copies into its child until `execve` closes them).
 const PREPARE_BATCH: usize = 8;
 
+/// What a running stage tells the run.
+enum StageNews {
+    /// Stage `i` gave its slot back early (its tree is gone; its result follows).
+    Freed(usize),
+    /// Stage `i`'s attempt ended: its result, and the GPUs it held.
+    Done(usize, Box<AttemptResult>, Vec<GpuInfo>),
+}
+
 /// What to run and where.
 pub struct RunOptions {
     /// The validated plan.
@@ -280,12 +288,12 @@ async fn run_in_span(
     }
     let (cancel_tx, _) = watch::channel(CancelLevel::None);
     let mut cancel_closed = false;
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, AttemptResult, Vec<GpuInfo>)>();
-    // A stage on the CPU gives its slot back as soon as its main process exited with 0 and
-    // nothing of its tree is left (see `stage::supervise`), before its outputs are verified
-    // and its end recorded: the next stage starts while that bookkeeping runs. Its result
-    // still comes through `done_rx`, and its downstream stages wait for that.
-    let (freed_tx, mut freed_rx) = mpsc::unbounded_channel::<usize>();
+    // What stages tell the run, in the order each stage tells it. A stage on the CPU gives its
+    // slot back (`Freed`) as soon as its main process exited with 0 and nothing of its tree is
+    // left (see `stage::supervise`), before its outputs are verified and its end recorded: the
+    // next stage starts while that bookkeeping runs. Its result (`Done`) comes after, on the
+    // same channel, and its downstream stages wait for that.
+    let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
     let mut freed_early: std::collections::HashSet<usize> = Default::default();
     // Stages holding a slot (at most `max_parallel`), and attempts whose result has not come.
     let mut running = 0usize;
@@ -551,7 +559,7 @@ async fn run_in_span(
                         })?;
                         let services = services.clone();
                         let cancel = cancel_tx.subscribe();
-                        let done_tx = done_tx.clone();
+                        let news_tx = news_tx.clone();
                         let node_check = crate::slurm::node_check::NodeCheck::for_stage(
                             stage,
                             slurm.as_ref(),
@@ -563,9 +571,9 @@ async fn run_in_span(
                             && given.is_empty()
                             && node_check.is_none())
                         .then(|| {
-                            let freed_tx = freed_tx.clone();
+                            let news_tx = news_tx.clone();
                             Box::new(move || {
-                                let _ = freed_tx.send(i);
+                                let _ = news_tx.send(StageNews::Freed(i));
                             }) as Box<dyn FnOnce()>
                         });
                         tokio::task::spawn_local(
@@ -576,7 +584,7 @@ async fn run_in_span(
                                 if let Some(check) = node_check {
                                     check.run(&result, &services.reaper).await;
                                 }
-                                let _ = done_tx.send((i, result, given));
+                                let _ = news_tx.send(StageNews::Done(i, Box::new(result), given));
                             }
                             .instrument(stage_span),
                         );
@@ -613,7 +621,8 @@ async fn run_in_span(
                         }
                     }
                     Err(failure) => {
-                        let _ = done_tx.send((i, AttemptResult::early_failure(failure), given));
+                        let failed = AttemptResult::early_failure(failure);
+                        let _ = news_tx.send(StageNews::Done(i, Box::new(failed), given));
                     }
                 }
             }
@@ -644,17 +653,15 @@ async fn run_in_span(
         }
         let far = Instant::now() + Duration::from_secs(86_400);
         tokio::select! {
-            Some(i) = freed_rx.recv() => {
-                running -= 1;
-                freed_early.insert(i);
-            }
-            Some((i, result, given)) = done_rx.recv() => {
-                // A stage sends its slot back before its result: take every slot sent so far
-                // first (the select may see both at once and pick the result).
-                while let Ok(j) = freed_rx.try_recv() {
-                    running -= 1;
-                    freed_early.insert(j);
-                }
+            Some(news) = news_rx.recv() => {
+                let (i, result, given) = match news {
+                    StageNews::Freed(i) => {
+                        running -= 1;
+                        freed_early.insert(i);
+                        continue;
+                    }
+                    StageNews::Done(i, result, given) => (i, *result, given),
+                };
                 unfinished -= 1;
                 if !freed_early.remove(&i) {
                     running -= 1;
