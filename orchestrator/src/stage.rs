@@ -99,7 +99,8 @@ pub struct Services {
     pub follow: bool,
     /// The run's id: stage tokens are scoped by it.
     pub run_id: String,
-    /// When running stages sample their process tree's memory.
+    /// The run's quarter-second clock: when running stages sample their process tree's
+    /// memory, and when the runner writes a stage start still waiting in the journal.
     pub tree_sampling: TreeSampling,
 }
 
