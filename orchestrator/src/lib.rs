@@ -30,6 +30,7 @@ pub mod fingerprint;
 pub mod forkserver;
 pub mod gpu;
 pub mod guard;
+pub(crate) mod handover;
 pub mod host;
 pub mod journal;
 pub mod plan;

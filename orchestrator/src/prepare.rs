@@ -150,6 +150,14 @@ impl Preparer {
         self.state[i].load(Ordering::Acquire) == NONE
     }
 
+    /// Whether stage `i`'s files are written and not claimed yet (a claim returns them at once).
+    pub(crate) fn written(&self, i: usize) -> bool {
+        matches!(
+            self.state[i].load(Ordering::Acquire),
+            WRITTEN_FRESH | WRITTEN | OPENED
+        )
+    }
+
     /// Whether fewer than [`OPEN_AHEAD_MAX`] stages hold (or are about to hold) files opened
     /// ahead: asking for more than that is left to the stages about to start.
     pub(crate) fn may_open(&self) -> bool {

@@ -12,6 +12,7 @@ use crate::console::Console;
 use crate::error::{Context, Error, Result};
 use crate::exit;
 use crate::gpu::{self, GpuInfo, MemoryProbe};
+use crate::handover::{self, NextUp, Started, Successor};
 use crate::host::Host;
 use crate::journal::{Journal, JournalRecord};
 use crate::plan::LoadedPlan;
@@ -38,8 +39,12 @@ const PREPARE_BATCH: usize = 8;
 enum StageNews {
     /// Stage `i` gave its slot back early (its tree is gone; its result follows).
     Freed(usize),
-    /// Stage `i`'s attempt ended: its result, and the GPUs it held.
-    Done(usize, Box<AttemptResult>, Vec<GpuInfo>),
+    /// Stage `i` gave its slot to its planned successor, which it started (see
+    /// [`crate::handover`]; its result follows).
+    HandedOver(usize, Started),
+    /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
+    /// when it succeeded ([`handover::Kind::Chain`]).
+    Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
 }
 
 /// What to run and where.
@@ -295,6 +300,12 @@ async fn run_in_span(
     // same channel, and its downstream stages wait for that.
     let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
     let mut freed_early: std::collections::HashSet<usize> = Default::default();
+    // The stage planned to start when the one stage running ends, and stages that ended stages
+    // started in their place, not yet recorded (see `handover`).
+    let next_up = NextUp::default();
+    let mut handed: Vec<Started> = Vec::new();
+    // Attempts whose result has not come, and whether each may hand over to a successor.
+    let mut live: BTreeMap<usize, bool> = BTreeMap::new();
     // Stages holding a slot (at most `max_parallel`), and attempts whose result has not come.
     let mut running = 0usize;
     let mut unfinished = 0usize;
@@ -423,107 +434,46 @@ async fn run_in_span(
             // (and the stages it must pass over, waiting for GPUs), not the whole ready set.
             let mut cursor: Option<(usize, usize)> = None;
             loop {
-                if running >= max_parallel {
-                    break;
-                }
-                let next = match cursor {
-                    None => ready.iter().next(),
-                    Some(c) => ready
-                        .range((std::ops::Bound::Excluded(c), std::ops::Bound::Unbounded))
-                        .next(),
-                };
-                let Some(&(pos, i)) = next else {
-                    break;
-                };
-                cursor = Some((pos, i));
-                let stage = &stages[i];
-                let want = if machine_has_gpus {
-                    stage.gpus_wanted() as usize
-                } else {
-                    0
-                };
-                if want > host.usable_gpus() {
+                // Stages an ending stage started in its place come first: they hold the slot
+                // it gave them.
+                let (i, given, started) = if let Some((i, started)) = handed.pop() {
                     ready.remove(&(position[i], i));
-                    let msg = format!(
+                    states[i].attempts += 1;
+                    states[i].status = Status::Running;
+                    running += 1;
+                    unfinished += 1;
+                    (i, Vec::new(), started)
+                } else {
+                    if running >= max_parallel {
+                        break;
+                    }
+                    let next = match cursor {
+                        None => ready.iter().next(),
+                        Some(c) => ready
+                            .range((std::ops::Bound::Excluded(c), std::ops::Bound::Unbounded))
+                            .next(),
+                    };
+                    let Some(&(pos, i)) = next else {
+                        break;
+                    };
+                    cursor = Some((pos, i));
+                    let stage = &stages[i];
+                    let want = if machine_has_gpus {
+                        stage.gpus_wanted() as usize
+                    } else {
+                        0
+                    };
+                    if want > host.usable_gpus() {
+                        ready.remove(&(position[i], i));
+                        let msg = format!(
                         "needs {want} GPU(s) but only {} are usable ({} quarantined after leaks)",
                         host.usable_gpus(),
                         gpus.len() - host.usable_gpus()
                     );
-                    fail_before_start(
-                        i,
-                        FailureClass::NoGpu,
-                        msg,
-                        &plan,
-                        &fingerprints,
-                        &mut states,
-                        &mut journal,
-                        &console,
-                    )?;
-                    continue;
-                }
-                let given = if want == 0 {
-                    Vec::new()
-                } else {
-                    let owner = format!("run {run_id}, stage `{}`", stage.name);
-                    let taken = host.take_gpus(want, ticket, &owner, services.tolerance_bytes);
-                    match taken.map_err(|wait| wait.to_string()) {
-                        Ok(given) => {
-                            waiting_why.remove(&i);
-                            given
-                        }
-                        Err(why) => {
-                            gpu_waiting = true;
-                            if waiting_why.get(&i) != Some(&why) {
-                                console.waiting(&stage.name, &why);
-                                waiting_why.insert(i, why);
-                            }
-                            continue; // wait for GPUs to come free
-                        }
-                    }
-                };
-                ready.remove(&(position[i], i));
-                states[i].attempts += 1;
-                let attempt = states[i].attempts;
-                // The preparer's files serve a first attempt on the CPU only.
-                let written = preparer
-                    .claim(i)
-                    .filter(|_| attempt == 1 && given.is_empty());
-                // Built-in CPU stages that run side by side share the cores instead of each
-                // starting a thread per core.
-                let cpu_threads = (stage.kind.is_some() && given.is_empty()).then(|| {
-                    let ready_cpu = ready
-                        .iter()
-                        .filter(|&&(_, j)| {
-                            stages[j].kind.is_some()
-                                && (stages[j].gpus_wanted() == 0 || !machine_has_gpus)
-                        })
-                        .take(max_parallel)
-                        .count();
-                    let sharing = (host.cpu_builtin_running.get() + ready_cpu + 1)
-                        .min(max_parallel)
-                        .max(1);
-                    (cpus / sharing).max(1)
-                });
-                let attempt_plan = match crate::attempt::prepare_attempt(
-                    &plan,
-                    i,
-                    attempt,
-                    &run_dir,
-                    &states,
-                    worker.as_deref(),
-                    &given,
-                    machine_has_gpus,
-                    sockets,
-                    cpu_threads,
-                    written.as_ref().map(|&(fresh, _)| fresh),
-                ) {
-                    Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
-                    Err(failure) => {
-                        host.give_back_gpus(&given);
                         fail_before_start(
                             i,
-                            failure.class(),
-                            failure.describe(),
+                            FailureClass::NoGpu,
+                            msg,
                             &plan,
                             &fingerprints,
                             &mut states,
@@ -532,24 +482,101 @@ async fn run_in_span(
                         )?;
                         continue;
                     }
+                    let given = if want == 0 {
+                        Vec::new()
+                    } else {
+                        let owner = format!("run {run_id}, stage `{}`", stage.name);
+                        let taken = host.take_gpus(want, ticket, &owner, services.tolerance_bytes);
+                        match taken.map_err(|wait| wait.to_string()) {
+                            Ok(given) => {
+                                waiting_why.remove(&i);
+                                given
+                            }
+                            Err(why) => {
+                                gpu_waiting = true;
+                                if waiting_why.get(&i) != Some(&why) {
+                                    console.waiting(&stage.name, &why);
+                                    waiting_why.insert(i, why);
+                                }
+                                continue; // wait for GPUs to come free
+                            }
+                        }
+                    };
+                    ready.remove(&(position[i], i));
+                    states[i].attempts += 1;
+                    let attempt = states[i].attempts;
+                    // The preparer's files serve a first attempt on the CPU only.
+                    let written = preparer
+                        .claim(i)
+                        .filter(|_| attempt == 1 && given.is_empty());
+                    // Built-in CPU stages that run side by side share the cores instead of each
+                    // starting a thread per core.
+                    let cpu_threads = (stage.kind.is_some() && given.is_empty()).then(|| {
+                        let ready_cpu = ready
+                            .iter()
+                            .filter(|&&(_, j)| {
+                                stages[j].kind.is_some()
+                                    && (stages[j].gpus_wanted() == 0 || !machine_has_gpus)
+                            })
+                            .take(max_parallel)
+                            .count();
+                        let sharing = (host.cpu_builtin_running.get() + ready_cpu + 1)
+                            .min(max_parallel)
+                            .max(1);
+                        (cpus / sharing).max(1)
+                    });
+                    let attempt_plan = match crate::attempt::prepare_attempt(
+                        &plan,
+                        i,
+                        attempt,
+                        &run_dir,
+                        &states,
+                        worker.as_deref(),
+                        &given,
+                        machine_has_gpus,
+                        sockets,
+                        cpu_threads,
+                        written.as_ref().map(|&(fresh, _)| fresh),
+                    ) {
+                        Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
+                        Err(failure) => {
+                            host.give_back_gpus(&given);
+                            fail_before_start(
+                                i,
+                                failure.class(),
+                                failure.describe(),
+                                &plan,
+                                &fingerprints,
+                                &mut states,
+                                &mut journal,
+                                &console,
+                            )?;
+                            continue;
+                        }
+                    };
+                    states[i].status = Status::Running;
+                    running += 1;
+                    unfinished += 1;
+                    if cpu_threads.is_some() {
+                        host.cpu_builtin_running
+                            .set(host.cpu_builtin_running.get() + 1);
+                    }
+                    let stage_span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %stage.name, attempt);
+                    let started = stage_span.in_scope(|| {
+                        stage::start_attempt(
+                            attempt_plan,
+                            written.and_then(|(_, files)| files),
+                            &services,
+                        )
+                    });
+                    (i, given, started)
                 };
-                states[i].status = Status::Running;
-                running += 1;
-                unfinished += 1;
-                if cpu_threads.is_some() {
-                    host.cpu_builtin_running
-                        .set(host.cpu_builtin_running.get() + 1);
-                }
+                let stage = &stages[i];
+                let attempt = states[i].attempts;
                 let stage_span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %stage.name, attempt);
-                let started = stage_span.in_scope(|| {
-                    stage::start_attempt(
-                        attempt_plan,
-                        written.and_then(|(_, files)| files),
-                        &services,
-                    )
-                });
                 match started {
                     Ok(launched) => {
+                        stage_span.in_scope(|| launched.announce(&console));
                         journal.append(&JournalRecord::StageStarted {
                             stage: stage.name.clone(),
                             attempt,
@@ -565,26 +592,56 @@ async fn run_in_span(
                             slurm.as_ref(),
                             &run_dir.stage_dir(&stage.name),
                         );
-                        // Not with fail_fast (a failure must stop what starts next) nor for
-                        // GPU or srun stages (their verdicts come after the tree is gone).
-                        let early_free = (!settings.fail_fast
-                            && given.is_empty()
-                            && node_check.is_none())
-                        .then(|| {
+                        // A GPU or srun stage's verdicts come after its tree is gone: it
+                        // neither frees its slot early nor hands over to a successor.
+                        let may_hand_over = given.is_empty() && node_check.is_none();
+                        live.insert(i, may_hand_over);
+                        // Not with fail_fast (a failure must stop what starts next).
+                        let early_free = (!settings.fail_fast && may_hand_over).then(|| {
                             let news_tx = news_tx.clone();
+                            let next_up = next_up.clone();
+                            let cancel = cancel.clone();
+                            let services = services.clone();
                             Box::new(move || {
-                                let _ = news_tx.send(StageNews::Freed(i));
+                                let started = next_up
+                                    .take(i, handover::Kind::Slot)
+                                    .and_then(|s| s.start(&cancel, &services));
+                                let _ = news_tx.send(match started {
+                                    Some(started) => StageNews::HandedOver(i, started),
+                                    None => StageNews::Freed(i),
+                                });
+                            }) as Box<dyn FnOnce()>
+                        });
+                        let chained: Rc<std::cell::Cell<Option<Started>>> = Default::default();
+                        let succeeded = may_hand_over.then(|| {
+                            let next_up = next_up.clone();
+                            let cancel = cancel.clone();
+                            let services = services.clone();
+                            let chained = chained.clone();
+                            Box::new(move || {
+                                chained.set(
+                                    next_up
+                                        .take(i, handover::Kind::Chain)
+                                        .and_then(|s| s.start(&cancel, &services)),
+                                );
                             }) as Box<dyn FnOnce()>
                         });
                         tokio::task::spawn_local(
                             async move {
-                                let result =
-                                    stage::supervise(launched, &services, cancel, early_free).await;
+                                let result = stage::supervise(
+                                    launched, &services, cancel, early_free, succeeded,
+                                )
+                                .await;
                                 // srun stages: the GPU check of every node of the stage.
                                 if let Some(check) = node_check {
                                     check.run(&result, &services.reaper).await;
                                 }
-                                let _ = news_tx.send(StageNews::Done(i, Box::new(result), given));
+                                let _ = news_tx.send(StageNews::Done(
+                                    i,
+                                    Box::new(result),
+                                    given,
+                                    chained.take(),
+                                ));
                             }
                             .instrument(stage_span),
                         );
@@ -621,8 +678,68 @@ async fn run_in_span(
                         }
                     }
                     Err(failure) => {
+                        live.insert(i, false);
                         let failed = AttemptResult::early_failure(failure);
-                        let _ = news_tx.send(StageNews::Done(i, Box::new(failed), given));
+                        let _ = news_tx.send(StageNews::Done(i, Box::new(failed), given, None));
+                    }
+                }
+            }
+        }
+        // While one stage runs alone, the stage that will start when it ends is planned now
+        // and started by that stage's task (see `handover`): only a command stage's first
+        // attempt on the CPU, whose files the preparer has written.
+        if !stopping
+            && running == 1
+            && unfinished == 1
+            && handed.is_empty()
+            && retry_queue.is_empty()
+            && !gpu_waiting
+            && next_up.is_empty()
+        {
+            if let Some((&i, true)) = live.iter().next() {
+                let candidate = match ready.iter().next() {
+                    // It frees its slot early (not with fail_fast) for the first ready stage.
+                    Some(&(_, j)) => (max_parallel == 1 && !settings.fail_fast)
+                        .then_some((j, handover::Kind::Slot)),
+                    // Nothing else is ready: the first stage that waits on it alone.
+                    None => plan.downstream[i]
+                        .iter()
+                        .copied()
+                        .filter(|&d| waiting_on[d] == 1 && states[d].status == Status::Pending)
+                        .min_by_key(|&d| position[d])
+                        .map(|d| (d, handover::Kind::Chain)),
+                };
+                let eligible = |j: usize| {
+                    states[j].attempts == 0
+                        && stages[j].kind.is_none()
+                        && on_cpu(j)
+                        && (slurm.is_none() || stages[j].task_layout().is_none())
+                        && preparer.written(j)
+                };
+                if let Some((j, kind)) = candidate.filter(|&(j, _)| eligible(j)) {
+                    let written = preparer.claim(j);
+                    let planned = crate::attempt::prepare_attempt(
+                        &plan,
+                        j,
+                        1,
+                        &run_dir,
+                        &states,
+                        worker.as_deref(),
+                        &[],
+                        machine_has_gpus,
+                        sockets,
+                        None,
+                        written.as_ref().map(|&(fresh, _)| fresh),
+                    );
+                    let files = written.and_then(|(_, files)| files);
+                    match planned {
+                        Ok(p) => next_up.plan(Successor::new(i, j, kind, p, files)),
+                        // Its own start (the ordinary way) reports why it cannot start.
+                        Err(_) => {
+                            if let Some(files) = files {
+                                let _ = std::fs::remove_file(&files.socket);
+                            }
+                        }
                     }
                 }
             }
@@ -660,8 +777,21 @@ async fn run_in_span(
                         freed_early.insert(i);
                         continue;
                     }
-                    StageNews::Done(i, result, given) => (i, *result, given),
+                    StageNews::HandedOver(i, started) => {
+                        running -= 1;
+                        freed_early.insert(i);
+                        handed.push(started);
+                        continue;
+                    }
+                    StageNews::Done(i, result, given, chained) => {
+                        // A successor planned after it that it did not start is started
+                        // the ordinary way, if it still should.
+                        next_up.abandon(i);
+                        handed.extend(chained);
+                        (i, *result, given)
+                    }
                 };
+                live.remove(&i);
                 unfinished -= 1;
                 if !freed_early.remove(&i) {
                     running -= 1;
@@ -712,7 +842,11 @@ async fn run_in_span(
                         states[i].failure = None;
                         for &d in &plan.downstream[i] {
                             waiting_on[d] -= 1;
-                            if waiting_on[d] == 0 && states[d].status == Status::Pending {
+                            // (A successor this stage started is recorded at the loop's top.)
+                            if waiting_on[d] == 0
+                                && states[d].status == Status::Pending
+                                && !handed.iter().any(|&(h, _)| h == d)
+                            {
                                 ready.insert((position[d], d));
                             }
                         }

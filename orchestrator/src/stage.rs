@@ -299,6 +299,26 @@ impl Launched {
     pub fn pid(&self) -> i32 {
         self.child.pid
     }
+
+    /// Tells the console that the attempt started, and where.
+    pub fn announce(&self, console: &Console) {
+        let placement = if self.plan.gpus.is_empty() {
+            "cpu".to_string()
+        } else {
+            self.plan
+                .gpus
+                .iter()
+                .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        console.stage_started(
+            &self.plan.name,
+            self.plan.attempt,
+            self.child.pid,
+            &placement,
+        );
+    }
 }
 
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
@@ -411,18 +431,6 @@ pub fn start_attempt(
             plan.argv.first().map(String::as_str).unwrap_or("")
         ))
     })?;
-    let placement = if plan.gpus.is_empty() {
-        "cpu".to_string()
-    } else {
-        plan.gpus
-            .iter()
-            .map(|g| format!("GPU {} ({})", g.index, g.uuid))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    services
-        .console
-        .stage_started(&plan.name, plan.attempt, child.pid, &placement);
     Ok(Launched {
         plan,
         child,
@@ -438,12 +446,15 @@ pub fn start_attempt(
 ///
 /// `tree_gone` is called, if given, as soon as the first process has exited with status 0 and
 /// no process of the stage is left, before the outputs are verified (the caller may start
-/// another stage then); this function yields once right after, so that it can.
+/// another stage then); this function yields once right after, so that it can. `succeeded` is
+/// called, if given, as soon as the attempt is known to have succeeded (its outputs verified),
+/// before its result is put together (see [`crate::handover`]).
 pub async fn supervise(
     launched: Launched,
     services: &Services,
     mut cancel: watch::Receiver<CancelLevel>,
     tree_gone: Option<Box<dyn FnOnce()>>,
+    succeeded: Option<Box<dyn FnOnce()>>,
 ) -> AttemptResult {
     let Launched {
         plan,
@@ -647,6 +658,9 @@ pub async fn supervise(
             Ok(records) => checkpoints = records,
             Err(failure) => outcome = Outcome::Failed(failure),
         }
+    }
+    if let Some(succeeded) = succeeded.filter(|_| outcome == Outcome::Succeeded) {
+        succeeded();
     }
     let failed = matches!(outcome, Outcome::Failed(_));
     if failed && clean_exit {

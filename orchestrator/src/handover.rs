@@ -1,0 +1,143 @@
+//! Hand-over: the stage that starts the moment another one ends, planned while that one runs.
+//!
+//! Between one stage's end and the next one's spawn, a sweep of short stages run one at a
+//! time waits for the scheduler's whole turn: the ended attempt's bookkeeping, its journal
+//! record, the next attempt's plan. When a single stage runs and the runner can already tell
+//! which stage will start when it ends, it plans that successor's first attempt while the
+//! stage runs, and the ending stage's own task spawns it at the point where the runner would
+//! have started it:
+//! - [`Kind::Slot`]: the first ready stage, which starts as soon as the running stage gives its
+//!   slot back (its first process exited with 0 and nothing of its tree is left; see
+//!   [`crate::stage::supervise`]), before that stage's outputs are verified;
+//! - [`Kind::Chain`]: the downstream stage that waits on the running stage alone, which starts
+//!   once that stage succeeded (outputs verified), when no other stage is ready.
+//!
+//! The runner records the start afterwards as if it had made it. Promises: at most one
+//! successor is planned at a time, and only for a command stage's first attempt on the CPU; it
+//! starts at most once, only at its point, and never after a stop was asked for; a successor
+//! that does not start gives back the files opened for it (its socket file is removed) and is
+//! left to the runner, which starts it the ordinary way.
+
+use crate::stage::{start_attempt, AttemptPlan, CancelLevel, Failure, Launched, Opened, Services};
+use std::cell::RefCell;
+use std::rc::Rc;
+use tokio::sync::watch;
+
+/// When a successor starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// When the stage before it gives its slot back (its tree is gone, its exit status 0).
+    Slot,
+    /// When the stage before it succeeded.
+    Chain,
+}
+
+/// A successor's first attempt, planned.
+pub(crate) struct Successor {
+    /// The stage it follows.
+    pub(crate) after: usize,
+    /// The stage itself.
+    pub(crate) index: usize,
+    /// When it starts.
+    pub(crate) kind: Kind,
+    plan: AttemptPlan,
+    files: Option<Opened>,
+}
+
+/// A successor's start: the stage and its spawned attempt (or why it could not spawn).
+pub(crate) type Started = (usize, Result<Launched, Failure>);
+
+impl Successor {
+    /// Stage `index`'s planned attempt `plan` (with the files opened for it, if any), to start
+    /// after stage `after` at `kind`.
+    pub(crate) fn new(
+        after: usize,
+        index: usize,
+        kind: Kind,
+        plan: AttemptPlan,
+        files: Option<Opened>,
+    ) -> Successor {
+        Successor {
+            after,
+            index,
+            kind,
+            plan,
+            files,
+        }
+    }
+
+    /// Starts it, unless a stop was asked for: then it gives its files back and returns `None`.
+    pub(crate) fn start(
+        self,
+        cancel: &watch::Receiver<CancelLevel>,
+        services: &Services,
+    ) -> Option<Started> {
+        if *cancel.borrow() != CancelLevel::None {
+            self.give_back();
+            return None;
+        }
+        let span = tracing::info_span!(target: "orchestrate::stage", "stage", stage = %self.plan.name, attempt = self.plan.attempt);
+        let started = span.in_scope(|| {
+            tracing::debug!(kind = ?self.kind, "started by the stage before it as it ended (hand-over)");
+            start_attempt(self.plan, self.files, services)
+        });
+        Some((self.index, started))
+    }
+
+    /// Closes the files opened for it and removes its socket file.
+    pub(crate) fn give_back(self) {
+        if let Some(files) = self.files {
+            let _ = std::fs::remove_file(&files.socket);
+        }
+    }
+}
+
+/// The run's planned successor, shared by the runner (which plans it) and the task of the
+/// stage it follows (which starts it).
+#[derive(Clone, Default)]
+pub(crate) struct NextUp(Rc<RefCell<Option<Successor>>>);
+
+impl NextUp {
+    /// Whether no successor is planned.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.borrow().is_none()
+    }
+
+    /// Plans `successor` (replacing none: the runner plans one only while none is planned).
+    pub(crate) fn plan(&self, successor: Successor) {
+        let old = self.0.borrow_mut().replace(successor);
+        debug_assert!(old.is_none(), "a second successor planned");
+        if let Some(old) = old {
+            old.give_back();
+        }
+    }
+
+    /// Takes the successor planned to start after stage `after` at `kind`, if that is the one.
+    pub(crate) fn take(&self, after: usize, kind: Kind) -> Option<Successor> {
+        let mut slot = self.0.borrow_mut();
+        if slot
+            .as_ref()
+            .is_some_and(|s| s.after == after && s.kind == kind)
+        {
+            slot.take()
+        } else {
+            None
+        }
+    }
+
+    /// Gives back the successor planned after stage `after` if it did not start (that stage
+    /// has ended): the runner starts it the ordinary way if it still should.
+    pub(crate) fn abandon(&self, after: usize) {
+        let taken = {
+            let mut slot = self.0.borrow_mut();
+            if slot.as_ref().is_some_and(|s| s.after == after) {
+                slot.take()
+            } else {
+                None
+            }
+        };
+        if let Some(s) = taken {
+            s.give_back();
+        }
+    }
+}
