@@ -157,18 +157,20 @@ impl Console {
         }
     }
 
-    fn emit(&self, kind: RunEventKind) {
+    /// Sends the event `kind` makes to the tap, if there is one (made only then: a sweep
+    /// run from the command line has none).
+    fn emit(&self, kind: impl FnOnce() -> RunEventKind) {
         if let Some(tap) = &self.tap {
             let _ = tap.send(RunEvent {
                 t_ms: crate::timefmt::unix_ms(),
-                kind,
+                kind: kind(),
             });
         }
     }
 
     /// A stage waits for GPUs (to the tap; on the terminal as a note).
     pub fn waiting(&self, stage: &str, reason: &str) {
-        self.emit(RunEventKind::StageWaiting {
+        self.emit(|| RunEventKind::StageWaiting {
             stage: stage.to_string(),
             reason: reason.to_string(),
         });
@@ -179,7 +181,7 @@ impl Console {
 
     /// The run ended (to the tap only; the summary is a [`Console::block`]).
     pub fn run_finished(&self, status: RunStatus, exit_code: i32) {
-        self.emit(RunEventKind::RunFinished { status, exit_code });
+        self.emit(|| RunEventKind::RunFinished { status, exit_code });
     }
 
     fn line(&self, text: &str) {
@@ -193,7 +195,7 @@ impl Console {
 
     /// A general note about the run.
     pub fn note(&self, text: &str) {
-        self.emit(RunEventKind::Note {
+        self.emit(|| RunEventKind::Note {
             text: text.to_string(),
         });
         if self.silent {
@@ -208,7 +210,7 @@ impl Console {
 
     /// A warning the user should read.
     pub fn warn(&self, text: &str) {
-        self.emit(RunEventKind::Warning {
+        self.emit(|| RunEventKind::Warning {
             text: text.to_string(),
         });
         if self.silent {
@@ -223,7 +225,7 @@ impl Console {
 
     /// A stage attempt started.
     pub fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
-        self.emit(RunEventKind::StageStarted {
+        self.emit(|| RunEventKind::StageStarted {
             stage: stage.to_string(),
             attempt,
             pid,
@@ -268,7 +270,7 @@ impl Console {
                 }
             }
         }
-        self.emit(RunEventKind::Progress {
+        self.emit(|| RunEventKind::Progress {
             stage: stage.to_string(),
             step,
             total,
@@ -298,7 +300,7 @@ impl Console {
 
     /// A stage attempt ended.
     pub fn stage_finished(&self, stage: &str, status: StageStatus, detail: &str, wall: Duration) {
-        self.emit(RunEventKind::StageFinished {
+        self.emit(|| RunEventKind::StageFinished {
             stage: stage.to_string(),
             status,
             detail: detail.to_string(),
@@ -329,7 +331,7 @@ impl Console {
     /// Prints a block of text as is (a resume plan, a results table, a failed stage's stderr),
     /// unless quiet or in JSON mode.
     pub fn detail(&self, text: &str) {
-        self.emit(RunEventKind::Text {
+        self.emit(|| RunEventKind::Text {
             text: text.to_string(),
         });
         if self.quiet || self.silent {
@@ -345,7 +347,7 @@ impl Console {
     /// Prints a block of text as is (the final summary), even when quiet; in JSON mode as a
     /// tracing event.
     pub fn block(&self, text: &str) {
-        self.emit(RunEventKind::Text {
+        self.emit(|| RunEventKind::Text {
             text: text.to_string(),
         });
         if self.silent {

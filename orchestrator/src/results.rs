@@ -39,6 +39,20 @@ pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
     Some(row)
 }
 
+/// Writes `row` as one JSON object, its keys in column order (their names are unique).
+fn write_object(out: &mut dyn std::io::Write, row: &Row) -> std::io::Result<()> {
+    out.write_all(b"{")?;
+    for (n, (key, value)) in row.iter().enumerate() {
+        if n > 0 {
+            out.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *out, key).map_err(std::io::Error::other)?;
+        out.write_all(b":")?;
+        serde_json::to_writer(&mut *out, value).map_err(std::io::Error::other)?;
+    }
+    out.write_all(b"}")
+}
+
 /// Whether the plan has matrix instances (and so a results table).
 pub fn has_rows(plan: &LoadedPlan) -> bool {
     plan.instances.iter().any(Option::is_some)
@@ -76,8 +90,7 @@ pub fn write(
                     columns.push(key.clone());
                 }
             }
-            let object: serde_json::Map<String, serde_json::Value> = row.iter().cloned().collect();
-            serde_json::to_writer(&mut *out, &object).map_err(std::io::Error::other)?;
+            write_object(&mut *out, &row)?;
             if shown.len() < TABLE_ROWS || !succeeded(&row) {
                 shown.push(row);
             }

@@ -336,12 +336,29 @@ impl RunDir {
 
     /// Stage `name`'s directory (logs, spec, events).
     pub fn stage_dir(&self, name: &str) -> PathBuf {
-        self.root.join("stages").join(name)
+        self.stage_path(name, None)
     }
 
     /// Stage `name`'s output directory: what downstream stages receive.
     pub fn output_dir(&self, name: &str) -> PathBuf {
-        self.stage_dir(name).join("output")
+        self.stage_path(name, Some("output"))
+    }
+
+    /// `<root>/stages/<name>[/<below>]`, built in one allocation (a report of a sweep asks
+    /// for every stage's).
+    fn stage_path(&self, name: &str, below: Option<&str>) -> PathBuf {
+        let root = self.root.as_os_str();
+        let mut path = std::ffi::OsString::with_capacity(
+            root.len() + "/stages/".len() + name.len() + below.map_or(0, |b| b.len() + 1),
+        );
+        path.push(root);
+        let mut path = PathBuf::from(path);
+        path.push("stages");
+        path.push(name);
+        if let Some(below) = below {
+            path.push(below);
+        }
+        path
     }
 
     /// Creates a stage's directory and its output directory inside it (what exists is kept);
