@@ -429,13 +429,14 @@ async fn run_in_span(
         });
         let next_retry = retry_queue.iter().map(|&(t, _)| t).min();
         let mut gpu_waiting = false;
-        if !stopping {
+        if !stopping || !handed.is_empty() {
             // Ready stages in order, taken one at a time: a loop turn costs what it starts
             // (and the stages it must pass over, waiting for GPUs), not the whole ready set.
             let mut cursor: Option<(usize, usize)> = None;
             loop {
                 // Stages an ending stage started in its place come first: they hold the slot
-                // it gave them.
+                // it gave them, and are recorded even if the run is stopping now (a stop
+                // asked for after they started reaches them as it reached the others).
                 let (i, given, started) = if let Some((i, started)) = handed.pop() {
                     ready.remove(&(position[i], i));
                     states[i].attempts += 1;
@@ -444,7 +445,7 @@ async fn run_in_span(
                     unfinished += 1;
                     (i, Vec::new(), started)
                 } else {
-                    if running >= max_parallel {
+                    if stopping || running >= max_parallel {
                         break;
                     }
                     let next = match cursor {
@@ -585,7 +586,11 @@ async fn run_in_span(
                             plan_hash: fingerprints[i].clone(),
                         })?;
                         let services = services.clone();
-                        let cancel = cancel_tx.subscribe();
+                        let mut cancel = cancel_tx.subscribe();
+                        // A stage handed over as a stop was asked for learns of it at once.
+                        if *cancel.borrow() != CancelLevel::None {
+                            cancel.mark_changed();
+                        }
                         let news_tx = news_tx.clone();
                         let node_check = crate::slurm::node_check::NodeCheck::for_stage(
                             stage,
