@@ -7,6 +7,11 @@
 //! finish (at most once a second, at most 0.5% of the time, and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
+//!
+//! While a single stage runs, the stage that will start when it ends may be started by that
+//! stage's own task at the point the runner would have started it ([`crate::handover`]); the
+//! runner records such a start (journal, console, its supervising task) when it learns of it,
+//! after the ending stage's own end record for a chain's next stage.
 
 use crate::console::Console;
 use crate::error::{Context, Error, Result};
