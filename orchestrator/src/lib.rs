@@ -40,6 +40,7 @@ pub mod reaper;
 pub mod report;
 pub mod results;
 pub mod resume;
+pub(crate) mod run_files;
 pub mod rundir;
 pub mod runner;
 pub mod slurm;

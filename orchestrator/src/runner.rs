@@ -132,6 +132,8 @@ async fn run_in_span(
         ticket,
         stop_signal,
     } = opts;
+    // Shared with the thread that writes the run's files while the first stages run.
+    let plan = std::sync::Arc::new(plan);
     let settings = plan.plan.run.clone();
     let stages = &plan.plan.stages;
     // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
@@ -195,9 +197,6 @@ async fn run_in_span(
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
-    let resolved_path = run_dir.root().join("plan.resolved.json");
-    crate::rundir::write_json_replace(&resolved_path, &plan.as_run())
-        .with_context(|| format!("cannot write {}", resolved_path.display()))?;
     let fingerprints = crate::fingerprint::stage_fingerprints(&plan);
     let decisions = if resume {
         let path = run_dir.journal_path();
@@ -351,16 +350,27 @@ async fn run_in_span(
     };
     let mut spans: Vec<gpu::timeline::StageSpan> = Vec::new();
     // A report exists from the start, so `orchestrate report` has something to show even if
-    // this process is killed before the first stage ends.
-    Snapshot::new(
-        &plan,
-        &states,
-        &run_dir,
-        &gpu_check,
+    // this process is killed before the first stage ends: with `plan.resolved.json`, written
+    // while the first stages run (a resumed run's, with the stages it keeps, here).
+    let mut run_files = crate::run_files::RunFiles::start(
+        plan.clone(),
+        run_dir.clone(),
+        gpu_check.clone(),
         started,
-        RunStatus::Running,
+        !resume,
     )
-    .write_or_warn(&report_path, &console);
+    .context("cannot start the thread writing the run's files")?;
+    if resume {
+        Snapshot::new(
+            &plan,
+            &states,
+            &run_dir,
+            &gpu_check,
+            started,
+            RunStatus::Running,
+        )
+        .write_or_warn(&report_path, &console);
+    }
     let mut last_report = Instant::now();
     let mut report_every = Duration::from_secs(1);
 
@@ -902,6 +912,7 @@ async fn run_in_span(
                 // megabytes; every rewrite is time the next stage waits, so its share is a
                 // cost per stage that grows with the plan).
                 if last_report.elapsed() >= report_every {
+                    run_files.finish(&console)?;
                     let t = Instant::now();
                     Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, RunStatus::Running)
                         .write_or_warn(&report_path, &console);
@@ -999,6 +1010,7 @@ async fn run_in_span(
     };
     journal.append(&JournalRecord::RunFinished { status, exit_code })?;
     host.stop_waiting(ticket);
+    run_files.finish(&console)?;
     let report = Snapshot::new(&plan, &states, &run_dir, &gpu_check, started, status);
     report.write_or_warn(&report_path, &console);
     if crate::results::has_rows(&plan) {
