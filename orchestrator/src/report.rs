@@ -295,6 +295,8 @@ pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String
 /// megabytes of JSON). Serializes exactly as [`Report`] does.
 pub(crate) struct Snapshot<'a> {
     plan: &'a LoadedPlan,
+    /// Every stage's state; empty for a run whose stages are all pending (see
+    /// [`Snapshot::all_pending`]).
     states: &'a [StageState],
     run_dir: &'a RunDir,
     /// The report without its stages.
@@ -327,6 +329,17 @@ impl<'a> Snapshot<'a> {
         }
     }
 
+    /// The report of a run that has just started, every stage pending and never attempted
+    /// (no state per stage is needed for that: a sweep's would be megabytes).
+    pub(crate) fn all_pending(
+        plan: &'a LoadedPlan,
+        run_dir: &'a RunDir,
+        gpu_check: &str,
+        started: Instant,
+    ) -> Snapshot<'a> {
+        Snapshot::new(plan, &[], run_dir, gpu_check, started, RunStatus::Running)
+    }
+
     /// The run's status as this snapshot gives it.
     pub(crate) fn status(&self) -> RunStatus {
         self.header.status
@@ -334,13 +347,14 @@ impl<'a> Snapshot<'a> {
 
     /// How many stages the plan has.
     pub(crate) fn len(&self) -> usize {
-        self.states.len()
+        self.plan.plan.stages.len()
     }
 
     /// Stage `i`'s record.
     pub(crate) fn stage(&self, i: usize) -> StageReport {
         let stage = &self.plan.plan.stages[i];
-        let state = &self.states[i];
+        static PENDING: StageState = StageState::pending(0);
+        let state = self.states.get(i).unwrap_or(&PENDING);
         let run_dir = self.run_dir;
         let last = state.last.as_ref();
         // srun stages: their tasks and the GPU check of their nodes (empty otherwise).

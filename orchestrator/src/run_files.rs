@@ -12,8 +12,6 @@ use crate::error::Context;
 use crate::plan::LoadedPlan;
 use crate::report::Snapshot;
 use crate::rundir::RunDir;
-use crate::state::StageState;
-use protocol::status::RunStatus;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -45,18 +43,8 @@ impl RunFiles {
                 if !first_report {
                     return (written, None);
                 }
-                let states: Vec<StageState> = (0..plan.plan.stages.len())
-                    .map(|_| StageState::pending(0))
-                    .collect();
                 let report = run_dir.report_path();
-                let snapshot = Snapshot::new(
-                    &plan,
-                    &states,
-                    &run_dir,
-                    &gpu_check,
-                    started,
-                    RunStatus::Running,
-                );
+                let snapshot = Snapshot::all_pending(&plan, &run_dir, &gpu_check, started);
                 let warning = crate::rundir::write_json_replace(&report, &snapshot)
                     .err()
                     .map(|e| format!("cannot write {}: {e}", report.display()));

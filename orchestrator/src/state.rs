@@ -46,7 +46,7 @@ pub(crate) struct StageState {
 
 impl StageState {
     /// A stage that has not run in this run (after `attempts` earlier attempts).
-    pub(crate) fn pending(attempts: u32) -> StageState {
+    pub(crate) const fn pending(attempts: u32) -> StageState {
         StageState {
             status: Status::Pending,
             attempts,
