@@ -87,8 +87,27 @@ impl Successor {
     /// Closes the files opened for it and removes its socket file.
     pub(crate) fn give_back(self) {
         if let Some(files) = self.files {
-            let _ = std::fs::remove_file(&files.socket);
+            files.give_back();
         }
+    }
+}
+
+/// What a running stage's task needs to start the successor planned after it, if one is.
+pub(crate) struct HandOff {
+    /// The running stage.
+    pub(crate) after: usize,
+    pub(crate) next_up: NextUp,
+    pub(crate) cancel: watch::Receiver<CancelLevel>,
+    pub(crate) services: std::rc::Rc<Services>,
+}
+
+impl HandOff {
+    /// Starts the successor planned to follow at `kind`, if there is one and no stop was asked
+    /// for (see [`Successor::start`]).
+    pub(crate) fn start(&self, kind: Kind) -> Option<Started> {
+        self.next_up
+            .take(self.after, kind)
+            .and_then(|s| s.start(&self.cancel, &self.services))
     }
 }
 

@@ -203,7 +203,7 @@ impl Preparer {
     /// wrote stay. The preparer leaves it alone from now on.
     pub(crate) fn release(&self, i: usize) {
         if let Some((_, Some(files))) = self.claim(i) {
-            let _ = std::fs::remove_file(&files.socket);
+            files.give_back();
         }
     }
 
@@ -257,7 +257,7 @@ impl Drop for Preparer {
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
         for (_, (_, files)) in written.drain() {
             if let Some(files) = files {
-                let _ = std::fs::remove_file(&files.socket);
+                files.give_back();
             }
         }
     }

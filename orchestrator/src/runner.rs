@@ -310,9 +310,8 @@ async fn run_in_span(
     let mut handed: Vec<Started> = Vec::new();
     // Attempts whose result has not come, and whether each may hand over to a successor.
     let mut live: BTreeMap<usize, bool> = BTreeMap::new();
-    // Stages holding a slot (at most `max_parallel`), and attempts whose result has not come.
+    // Stages holding a slot (at most `max_parallel`).
     let mut running = 0usize;
-    let mut unfinished = 0usize;
     let mut interrupted = false;
     // A cancel that came before the run started applies at once.
     let early = *cancel.borrow_and_update();
@@ -457,7 +456,6 @@ async fn run_in_span(
                     states[i].attempts += 1;
                     states[i].status = Status::Running;
                     running += 1;
-                    unfinished += 1;
                     (i, Vec::new(), started)
                 } else {
                     if stopping || running >= max_parallel {
@@ -572,7 +570,6 @@ async fn run_in_span(
                     };
                     states[i].status = Status::Running;
                     running += 1;
-                    unfinished += 1;
                     if cpu_threads.is_some() {
                         host.cpu_builtin_running
                             .set(host.cpu_builtin_running.get() + 1);
@@ -616,16 +613,18 @@ async fn run_in_span(
                         // neither frees its slot early nor hands over to a successor.
                         let may_hand_over = given.is_empty() && node_check.is_none();
                         live.insert(i, may_hand_over);
+                        let hand_off = Rc::new(handover::HandOff {
+                            after: i,
+                            next_up: next_up.clone(),
+                            cancel: cancel.clone(),
+                            services: services.clone(),
+                        });
                         // Not with fail_fast (a failure must stop what starts next).
                         let early_free = (!settings.fail_fast && may_hand_over).then(|| {
                             let news_tx = news_tx.clone();
-                            let next_up = next_up.clone();
-                            let cancel = cancel.clone();
-                            let services = services.clone();
+                            let hand_off = hand_off.clone();
                             Box::new(move || {
-                                let started = next_up
-                                    .take(i, handover::Kind::Slot)
-                                    .and_then(|s| s.start(&cancel, &services));
+                                let started = hand_off.start(handover::Kind::Slot);
                                 let _ = news_tx.send(match started {
                                     Some(started) => StageNews::HandedOver(i, started),
                                     None => StageNews::Freed(i),
@@ -634,17 +633,9 @@ async fn run_in_span(
                         });
                         let chained: Rc<std::cell::Cell<Option<Started>>> = Default::default();
                         let succeeded = may_hand_over.then(|| {
-                            let next_up = next_up.clone();
-                            let cancel = cancel.clone();
-                            let services = services.clone();
                             let chained = chained.clone();
-                            Box::new(move || {
-                                chained.set(
-                                    next_up
-                                        .take(i, handover::Kind::Chain)
-                                        .and_then(|s| s.start(&cancel, &services)),
-                                );
-                            }) as Box<dyn FnOnce()>
+                            Box::new(move || chained.set(hand_off.start(handover::Kind::Chain)))
+                                as Box<dyn FnOnce()>
                         });
                         tokio::task::spawn_local(
                             async move {
@@ -710,7 +701,7 @@ async fn run_in_span(
         // attempt on the CPU, whose files the preparer has written.
         if !stopping
             && running == 1
-            && unfinished == 1
+            && live.len() == 1
             && handed.is_empty()
             && retry_queue.is_empty()
             && !gpu_waiting
@@ -757,7 +748,7 @@ async fn run_in_span(
                         // Its own start (the ordinary way) reports why it cannot start.
                         Err(_) => {
                             if let Some(files) = files {
-                                let _ = std::fs::remove_file(&files.socket);
+                                files.give_back();
                             }
                         }
                     }
@@ -783,7 +774,7 @@ async fn run_in_span(
             host.stop_waiting(ticket);
         }
         if running == 0
-            && unfinished == 0
+            && live.is_empty()
             && (stopping || (ready.is_empty() && next_retry.is_none()))
         {
             break;
@@ -812,7 +803,6 @@ async fn run_in_span(
                     }
                 };
                 live.remove(&i);
-                unfinished -= 1;
                 if !freed_early.remove(&i) {
                     running -= 1;
                 }

@@ -48,6 +48,14 @@ pub struct Opened {
     pub discards: Option<crate::channel::Discards>,
 }
 
+impl Opened {
+    /// Gives up files opened for an attempt that will not start with them: the logs and the
+    /// listener are closed, the socket file removed (files written beside them stay).
+    pub fn give_back(self) {
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
 /// Everything one attempt needs, resolved by the runner.
 #[derive(Debug, Clone)]
 pub struct AttemptPlan {
