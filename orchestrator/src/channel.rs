@@ -28,27 +28,36 @@ pub enum ChannelItem {
     Violation(String),
 }
 
-/// Ended attempts' sockets, for whoever holds the list to close and remove (see
-/// [`EventChannel::remove_later`]).
+/// Ended attempts' sockets and started attempts' log files, for whoever holds the list to
+/// close (and remove) (see [`EventChannel::remove_later`]).
 pub type Discards = std::sync::Arc<std::sync::Mutex<Vec<Discarded>>>;
 
-/// An ended attempt's event socket: its file, and its listener when it still has one.
-/// Dropping the listener takes it out of the runtime's `epoll` set and closes it; both are
-/// system calls that the holder of the [`Discards`] list makes instead of the scheduling
-/// thread.
+/// What the holder of the [`Discards`] list closes instead of the scheduling thread (each
+/// `close` is a system call on the path between one stage's end and the next one's spawn).
 #[derive(Debug)]
-pub struct Discarded {
-    /// The socket file.
-    pub path: PathBuf,
-    /// The listener, registered with the runtime.
-    pub listener: Option<UnixListener>,
+pub enum Discarded {
+    /// An ended attempt's event socket: its file, and its listener when it still has one.
+    /// Dropping the listener takes it out of the runtime's `epoll` set and closes it.
+    Socket {
+        /// The socket file.
+        path: PathBuf,
+        /// The listener, registered with the runtime.
+        listener: Option<UnixListener>,
+    },
+    /// A started attempt's log files (its processes have their own descriptors of them).
+    Logs([std::os::fd::OwnedFd; 2]),
 }
 
 impl Discarded {
-    /// Closes the listener and removes the file.
+    /// Closes what it holds and removes the socket file.
     pub fn remove(self) {
-        drop(self.listener);
-        let _ = std::fs::remove_file(&self.path);
+        match self {
+            Discarded::Socket { path, listener } => {
+                drop(listener);
+                let _ = std::fs::remove_file(&path);
+            }
+            Discarded::Logs(files) => drop(files),
+        }
     }
 }
 
@@ -200,7 +209,7 @@ impl EventChannel {
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        let discarded = Discarded {
+        let discarded = Discarded::Socket {
             path: std::mem::take(&mut self.path),
             listener: self.listener.take(),
         };

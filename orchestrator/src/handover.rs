@@ -109,6 +109,13 @@ impl HandOff {
             .take(self.after, kind)
             .and_then(|s| s.start(&self.cancel, &self.services))
     }
+
+    /// Whether the stage's next one in a chain is planned to start when it succeeds. The runner
+    /// plans that only while nothing else is ready or can become ready before the stage ends
+    /// (no other stage runs, no retry or GPU waits), so the slot has no taker until then.
+    pub(crate) fn chain_planned(&self) -> bool {
+        self.next_up.is_planned(self.after, Kind::Chain)
+    }
 }
 
 /// The run's planned successor, shared by the runner (which plans it) and the task of the
@@ -129,6 +136,14 @@ impl NextUp {
         if let Some(old) = old {
             old.give_back();
         }
+    }
+
+    /// Whether the successor planned is the one to start after stage `after` at `kind`.
+    pub(crate) fn is_planned(&self, after: usize, kind: Kind) -> bool {
+        self.0
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.after == after && s.kind == kind)
     }
 
     /// Takes the successor planned to start after stage `after` at `kind`, if that is the one.

@@ -316,6 +316,8 @@ fn order_text(loaded: &orchestrator::plan::LoadedPlan) -> String {
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists, so that every thread blocks it (see `reaper`).
+    orchestrator::reaper::block_child_signals();
     let mut args = std::env::args();
     if args.nth(1).as_deref() == Some(orchestrator::guard::GUARD_SUBCOMMAND) {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
@@ -613,7 +615,15 @@ fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         ticket: (0, 0),
         stop_signal: Default::default(),
     };
-    match local.block_on(&runtime, run_on_own_host(options)) {
+    // The run is a task of the set, like its stages' tasks: a stage's news wakes it within
+    // the set's turn, not through a turn of the runtime (which first looks for I/O events).
+    let run = async {
+        match tokio::task::spawn_local(run_on_own_host(options)).await {
+            Ok(result) => result,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    };
+    match local.block_on(&runtime, run) {
         Ok(summary) => {
             console.block(&summary.summary);
             ExitCode::from(summary.exit_code as u8)

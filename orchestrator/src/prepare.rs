@@ -65,7 +65,8 @@ pub(crate) struct Preparer {
     /// the thread per batch (a message each cost the scheduling thread two futex calls).
     pending: std::cell::RefCell<Vec<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    /// Socket files of ended attempts, removed by the thread.
+    /// Socket files of ended attempts and log files of started ones, closed (and removed) by
+    /// the thread.
     discards: crate::channel::Discards,
 }
 
@@ -263,11 +264,11 @@ impl Drop for Preparer {
     }
 }
 
-/// Closes the listeners and removes the socket files in `discards`.
+/// Closes the listeners and log files and removes the socket files in `discards`.
 fn remove_all(discards: &crate::channel::Discards) {
     let ended = std::mem::take(&mut *discards.lock().unwrap_or_else(|e| e.into_inner()));
-    for socket in ended {
-        socket.remove();
+    for discarded in ended {
+        discarded.remove();
     }
 }
 
@@ -277,6 +278,7 @@ mod tests {
     use crate::plan::{parse_plan_toml, LoadedPlan};
     use crate::rundir::RunDir;
     use protocol::worker::Device;
+    use std::os::fd::AsRawFd;
     use std::path::Path;
 
     /// A scratch run directory and a plan of `n` independent stages `s0`, `s1`, ….
@@ -402,15 +404,36 @@ mod tests {
                 other => panic!("stage 0 was never opened: {other:?}"),
             }
         };
-        // What an attempt's channel does when it ends: hand its socket over.
+        // What an attempt does once its process has the log files, and what its channel does
+        // when it ends: hand them over.
         let discards = claimed
             .discards
             .clone()
             .expect("opened ahead: removal is deferred");
-        discards.lock().unwrap().push(crate::channel::Discarded {
-            path: socket(0),
-            listener: Some(claimed.events),
-        });
+        let open_logs = |fds: &[i32]| {
+            fds.iter()
+                .filter(|fd| {
+                    std::fs::read_link(format!("/proc/self/fd/{fd}"))
+                        .is_ok_and(|p| p.starts_with(run_dir.stage_dir("s0")))
+                })
+                .count()
+        };
+        let log_fds = [&claimed.stdout, &claimed.stderr].map(|f| f.as_raw_fd());
+        assert_eq!(open_logs(&log_fds), 2);
+        discards
+            .lock()
+            .unwrap()
+            .push(crate::channel::Discarded::Logs([
+                claimed.stdout.into(),
+                claimed.stderr.into(),
+            ]));
+        discards
+            .lock()
+            .unwrap()
+            .push(crate::channel::Discarded::Socket {
+                path: socket(0),
+                listener: Some(claimed.events),
+            });
         assert!(socket(0).exists(), "not removed on the scheduling thread");
         // The thread's next work removes it.
         preparer.queue(1, layout(1), None);
@@ -422,13 +445,21 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        assert_eq!(
+            open_logs(&log_fds),
+            0,
+            "the logs were closed with the socket"
+        );
         // With no more work, the end of the run does.
         let late = sockets.join("late.sock");
         std::fs::write(&late, "").unwrap();
-        discards.lock().unwrap().push(crate::channel::Discarded {
-            path: late.clone(),
-            listener: None,
-        });
+        discards
+            .lock()
+            .unwrap()
+            .push(crate::channel::Discarded::Socket {
+                path: late.clone(),
+                listener: None,
+            });
         drop(preparer);
         assert!(!late.exists(), "removed when the run ends");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -3,15 +3,23 @@
 //! `orchestrate` is a child subreaper, so orphaned descendants of stages (a daemonized
 //! grandchild, a launcher's workers) are re-parented to it and must be reaped here too.
 //!
-//! A process someone waits for ([`Reaper::watch`]) is watched through a pidfd, which turns
-//! readable in the runtime's `epoll` when the process ends; its waiter then reaps it and takes
-//! its status. SIGCHLD is not used: it stays at its default disposition, which the kernel
-//! discards as it is sent. (A handler cost every stage a signal delivery, an interrupted
-//! `epoll_wait`, a self-pipe write and two reads, and a reaping task's turn: a sweep starts
-//! thousands of stages.) Orphans are reaped by [`Reaper::reap_now`], called every
-//! [`REAP_EVERY`] and while a stage's leftovers are being stopped
-//! ([`crate::supervisor::stop_tree`]); whatever it reaps that someone waits for goes to that
-//! waiter.
+//! How a waiter ([`Reaper::watch`]) learns that its process ended depends on how the process
+//! was set up:
+//! - **One signalfd for every child** (the orchestrator: its `main` calls
+//!   [`block_child_signals`] before any thread exists). SIGCHLD stays blocked, so the kernel
+//!   queues it for the signalfd, which turns readable in the runtime's `epoll`; the reaper's
+//!   task then reads it and reaps every child that has ended, handing each status to its
+//!   waiter. Nothing per child: a pidfd cost every stage of a sweep about 7 µs on the path
+//!   between one stage's end and the next one's spawn (its file, two `epoll_ctl` calls and a
+//!   `close`; measured on the development machine, `bench/overhead/README.md`).
+//! - **A pidfd per watched process** otherwise (SIGCHLD not blocked, as in unit tests): it
+//!   turns readable when the process ends, and its waiter reaps it.
+//!
+//! No handler ever runs for SIGCHLD (a handler cost every stage a signal delivery, an
+//! interrupted `epoll_wait`, a self-pipe write and two reads). Whatever the mode, everything
+//! that has ended is also reaped every [`REAP_EVERY`] and while a stage's leftovers are being
+//! stopped ([`crate::supervisor::stop_tree`]), and whatever is reaped that someone waits for
+//! goes to that waiter.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -60,6 +68,8 @@ pub enum ExitStatus {
 #[derive(Default)]
 struct Table {
     waiters: HashMap<i32, oneshot::Sender<Reaped>>,
+    /// Ends are learned from the reaper's signalfd (no pidfd per process).
+    by_signal: bool,
 }
 
 /// Handle to the reaper. Cheap to clone; lives on the orchestrator's single thread.
@@ -131,9 +141,61 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Blocks SIGCHLD in the calling thread, and so in every thread it starts from then on. Call
+/// first thing in `main`, before any thread exists: [`Reaper::start`] then learns of every
+/// child's end from one signalfd (see the module documentation). Children started by
+/// [`crate::spawn`] and `std::process::Command` begin with no signal blocked.
+pub fn block_child_signals() {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset; pthread_sigmask only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// A signalfd for SIGCHLD, registered with the runtime, if this thread blocks SIGCHLD (see
+/// [`block_child_signals`]).
+fn child_signals() -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: sigset_t is plain data; the calls only read or fill the sets we own.
+    let fd = unsafe {
+        let mut blocked: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut blocked);
+        if libc::sigismember(&blocked, libc::SIGCHLD) != 1 {
+            return None;
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC)
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor the kernel just gave this process, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an OwnedFd's descriptor stays open, the same, until the AsyncFd drops it.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+}
+
+/// Takes the queued SIGCHLD off `fd` (there is at most one: it is not a real-time signal).
+fn take_child_signal(fd: &OwnedFd) {
+    let mut info = [0u8; 4 * std::mem::size_of::<libc::signalfd_siginfo>()];
+    // SAFETY: reading into a buffer we own, of the length given.
+    unsafe {
+        libc::read(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            info.as_mut_ptr().cast(),
+            info.len(),
+        )
+    };
+}
+
 impl Reaper {
-    /// Makes the calling process a child subreaper and starts reaping orphans every
-    /// [`REAP_EVERY`]. Must be called inside a tokio `LocalSet` or current-thread runtime.
+    /// Makes the calling process a child subreaper and starts reaping: at every child's end
+    /// when SIGCHLD is blocked (see [`block_child_signals`]), and every [`REAP_EVERY`] in any
+    /// case. Must be called inside a tokio `LocalSet` or current-thread runtime.
     pub fn start() -> std::io::Result<Reaper> {
         // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integer arguments.
         let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
@@ -141,25 +203,66 @@ impl Reaper {
             return Err(std::io::Error::last_os_error());
         }
         let reaper = Reaper::default();
+        let signals = child_signals();
+        reaper.table.borrow_mut().by_signal = signals.is_some();
         let handle = reaper.clone();
         tokio::task::spawn_local(async move {
             let mut every = tokio::time::interval(REAP_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                every.tick().await;
+                match &signals {
+                    Some(fd) => tokio::select! {
+                        biased;
+                        ready = fd.readable() => {
+                            if let Ok(mut ready) = ready {
+                                take_child_signal(fd.get_ref());
+                                // A SIGCHLD queued after the read sets it again at the
+                                // runtime's next turn.
+                                ready.clear_ready();
+                            }
+                        }
+                        _ = every.tick() => handle.close_lost(),
+                    },
+                    None => {
+                        every.tick().await;
+                    }
+                }
                 handle.reap_now();
             }
         });
         Ok(reaper)
     }
 
+    /// Whether a waiter needs the process's pidfd ([`Reaper::watch_pidfd`]): false when ends
+    /// are learned from the reaper's signalfd.
+    pub fn wants_pidfds(&self) -> bool {
+        !self.table.borrow().by_signal
+    }
+
     /// Waits for `pid`, a child of this process (or one that will be re-parented to it).
     /// Call right after spawning, with no `.await` in between: the reaper runs on the same
     /// thread, so it cannot reap the child first. Call from inside the runtime.
     pub fn watch(&self, pid: i32) -> ExitWait {
+        if self.table.borrow().by_signal {
+            return self.waiting(pid, Wake::Reaper);
+        }
         match pidfd_open(pid) {
             Ok(fd) => self.watch_pidfd(pid, fd),
             Err(_) => self.waiting(pid, Wake::poll()),
+        }
+    }
+
+    /// Ends the wait of every waiter whose process is gone without having been reaped here (it
+    /// never was a child of this process): their waits resolve to `None`.
+    fn close_lost(&self) {
+        let pids: Vec<i32> = self.table.borrow().waiters.keys().copied().collect();
+        for pid in pids {
+            // SAFETY: signal 0 only checks that the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone && !self.reap(pid) {
+                self.table.borrow_mut().waiters.remove(&pid);
+            }
         }
     }
 
@@ -218,6 +321,8 @@ impl Reaper {
 
 /// What tells a waiter to look.
 enum Wake {
+    /// The reaper's own task, which reaps at every SIGCHLD and hands the status over.
+    Reaper,
     /// The process's pidfd, readable once it has ended.
     Pidfd(AsyncFd<OwnedFd>),
     /// A look every few milliseconds (no pidfd to be had).
@@ -243,6 +348,7 @@ pub struct ExitWait {
 impl std::fmt::Debug for ExitWait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let how = match self.wake {
+            Wake::Reaper => "signalfd",
             Wake::Pidfd(_) => "pidfd",
             Wake::Poll(_) => "polling",
         };
@@ -290,6 +396,8 @@ impl Future for ExitWait {
                 return Poll::Ready(result.ok());
             }
             match wake {
+                // The reaper's task sends the status when it reaps it.
+                Wake::Reaper => return Poll::Pending,
                 Wake::Pidfd(fd) => {
                     let readable = std::task::ready!(fd.poll_read_ready(cx)).is_ok();
                     // Readable: it ended. Reaped here, or already by `reap_now`.
@@ -347,6 +455,7 @@ mod tests {
                 stdin: std::os::fd::AsFd::as_fd(&null),
                 stdout: std::os::fd::AsFd::as_fd(&null),
                 stderr: std::os::fd::AsFd::as_fd(&null),
+                pidfd: true,
             })
             .unwrap();
             let pidfd = spawned.pidfd.expect("clone3 gives a pidfd");

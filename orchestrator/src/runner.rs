@@ -624,12 +624,16 @@ async fn run_in_span(
                             let news_tx = news_tx.clone();
                             let hand_off = hand_off.clone();
                             Box::new(move || {
-                                let started = hand_off.start(handover::Kind::Slot);
-                                let _ = news_tx.send(match started {
+                                let news = match hand_off.start(handover::Kind::Slot) {
                                     Some(started) => StageNews::HandedOver(i, started),
+                                    // The slot has no taker before the stage ends: it is
+                                    // given back with the result (no turn of the runner).
+                                    None if hand_off.chain_planned() => return false,
                                     None => StageNews::Freed(i),
-                                });
-                            }) as Box<dyn FnOnce()>
+                                };
+                                let _ = news_tx.send(news);
+                                true
+                            }) as Box<dyn FnOnce() -> bool>
                         });
                         let chained: Rc<std::cell::Cell<Option<Started>>> = Default::default();
                         let succeeded = may_hand_over.then(|| {

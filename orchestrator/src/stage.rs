@@ -44,7 +44,8 @@ pub struct Opened {
     pub events: tokio::net::UnixListener,
     /// Where `events` is bound.
     pub socket: PathBuf,
-    /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]).
+    /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]), and
+    /// the log files once its process has them.
     pub discards: Option<crate::channel::Discards>,
 }
 
@@ -390,8 +391,8 @@ pub fn start_attempt(
             plan.socket.display()
         ))
     })?;
-    if let Some(discards) = discards {
-        channel.remove_later(discards);
+    if let Some(discards) = &discards {
+        channel.remove_later(discards.clone());
     }
     let token = format!(
         "{}-{}-{}-{}",
@@ -430,6 +431,9 @@ pub fn start_attempt(
         token,
         fork_server: plan.builtin,
         gpu_holders,
+        // Log files (not `--follow`'s pipes, whose copiers wait for every writer to close)
+        // are closed by the thread that opened them ahead.
+        close_later: discards.filter(|_| !services.follow),
     };
     // Taken before the spawn, so that start-up figures include the spawn itself.
     let spawned_unix = crate::timefmt::unix_secs_f64();
@@ -454,14 +458,15 @@ pub fn start_attempt(
 ///
 /// `tree_gone` is called, if given, as soon as the first process has exited with status 0 and
 /// no process of the stage is left, before the outputs are verified (the caller may start
-/// another stage then); this function yields once right after, so that it can. `succeeded` is
+/// another stage then); when it returns true (it told the caller), this function yields once
+/// right after, so that the caller can act. `succeeded` is
 /// called, if given, as soon as the attempt is known to have succeeded (its outputs verified),
 /// before its result is put together (see [`crate::handover`]).
 pub async fn supervise(
     launched: Launched,
     services: &Services,
     mut cancel: watch::Receiver<CancelLevel>,
-    tree_gone: Option<Box<dyn FnOnce()>>,
+    tree_gone: Option<Box<dyn FnOnce() -> bool>>,
     succeeded: Option<Box<dyn FnOnce()>>,
 ) -> AttemptResult {
     let Launched {
@@ -582,8 +587,7 @@ pub async fn supervise(
     let wall = started.elapsed();
     if let Some(tree_gone) = tree_gone {
         let clean = exit == Some(ExitStatus::Code(0)) && !stopping && !cancelled && !timed_out;
-        if clean && summary.found.is_empty() && summary.survivors.is_empty() {
-            tree_gone();
+        if clean && summary.found.is_empty() && summary.survivors.is_empty() && tree_gone() {
             tokio::task::yield_now().await;
         }
     }

@@ -39,6 +39,20 @@ pub struct Launch {
     /// PIDs that NVML lists on the stage's GPUs right now (a fork server among them has a
     /// CUDA context and is not used).
     pub gpu_holders: Vec<u32>,
+    /// Where `stdout` and `stderr` go once the stage has its own descriptors of them (closed
+    /// there, off this thread); closed here when `None`.
+    pub close_later: Option<crate::channel::Discards>,
+}
+
+impl Launch {
+    /// Gives the log descriptors to [`Launch::close_later`], if set (dropped otherwise).
+    fn release_logs(self) {
+        if let Some(list) = self.close_later {
+            list.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(crate::channel::Discarded::Logs([self.stdout, self.stderr]));
+        }
+    }
 }
 
 /// A running stage tree.
@@ -85,7 +99,7 @@ fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
 }
 
 /// Starts `launch` in a new session. The child is registered with `reaper` before returning.
-pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
+pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
     if launch.argv.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     }
@@ -100,12 +114,14 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             reaper,
         ) {
             Ok(pid) => {
-                return Ok(StageProcess {
+                let process = StageProcess {
                     pid,
-                    token: launch.token,
+                    token: launch.token.clone(),
                     started: Instant::now(),
                     exit: reaper.watch(pid),
-                })
+                };
+                launch.release_logs();
+                return Ok(process);
             }
             Err(why) => tracing::debug!("not through the fork server: {why}"),
         }
@@ -126,17 +142,21 @@ pub fn spawn(launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         stdin: stdin.as_fd(),
         stdout: launch.stdout.as_fd(),
         stderr: launch.stderr.as_fd(),
+        pidfd: reaper.wants_pidfds(),
     })?;
     let exit = match spawned.pidfd {
         Some(pidfd) => reaper.watch_pidfd(spawned.pid, pidfd),
         None => reaper.watch(spawned.pid),
     };
-    Ok(StageProcess {
+    drop(env);
+    let process = StageProcess {
         pid: spawned.pid,
-        token: launch.token,
+        token: std::mem::take(&mut launch.token),
         started: Instant::now(),
         exit,
-    })
+    };
+    launch.release_logs();
+    Ok(process)
 }
 
 /// Sends `signal` to the stage's process group and to every process of its tree.
