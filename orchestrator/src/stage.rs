@@ -458,8 +458,8 @@ pub fn start_attempt(
 ///
 /// `tree_gone` is called, if given, as soon as the first process has exited with status 0 and
 /// no process of the stage is left, before the outputs are verified (the caller may start
-/// another stage then); when it returns true (it told the caller), this function yields once
-/// right after, so that the caller can act. `succeeded` is
+/// another stage then); when it returns true (the caller has a stage to start), this function
+/// yields once right after, so that the caller can start it. `succeeded` is
 /// called, if given, as soon as the attempt is known to have succeeded (its outputs verified),
 /// before its result is put together (see [`crate::handover`]).
 pub async fn supervise(
