@@ -451,6 +451,7 @@ mod tests {
             let spawned = crate::spawn::spawn(&crate::spawn::Request {
                 argv: &argv,
                 env: &[("PATH", "/usr/bin:/bin")],
+                env_base: None,
                 cwd: std::path::Path::new("/"),
                 stdin: std::os::fd::AsFd::as_fd(&null),
                 stdout: std::os::fd::AsFd::as_fd(&null),

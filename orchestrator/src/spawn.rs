@@ -31,8 +31,11 @@ use std::path::{Path, PathBuf};
 pub struct Request<'a> {
     /// Program (a path, or a name looked up in the environment's `PATH`) and arguments.
     pub argv: &'a [String],
-    /// The child's whole environment.
+    /// The child's environment: the variables of `env_base` that `env` does not set, then
+    /// `env`.
     pub env: &'a [(&'a str, &'a str)],
+    /// Variables many spawns share, written out once (the orchestrator's own environment).
+    pub env_base: Option<&'a EnvBase>,
     /// Its working directory.
     pub cwd: &'a Path,
     /// Its standard input, output and error.
@@ -44,6 +47,54 @@ pub struct Request<'a> {
     /// Whether to ask the kernel for the child's pidfd ([`Spawned::pidfd`]): creating one costs
     /// a few microseconds, wasted when the reaper learns of ends otherwise.
     pub pidfd: bool,
+}
+
+/// A set of variables written out once as the `KEY=VALUE` strings `execve` takes, for every
+/// spawn that passes it ([`Request::env_base`]): a stage inherits the orchestrator's forty-odd
+/// variables, and checking and copying each of them was most of a sweep's per-spawn string
+/// work.
+#[derive(Debug, Default)]
+pub struct EnvBase {
+    /// `KEY=VALUE\0`, end to end.
+    bytes: Vec<u8>,
+    /// Where each string starts in `bytes`, and the length of its key.
+    entries: Vec<(usize, usize)>,
+    /// The keys, to find the ones a spawn sets itself.
+    keys: std::collections::HashSet<String>,
+}
+
+impl EnvBase {
+    /// The variables `vars`, in order; a key or value holding a NUL (which no environment
+    /// can carry) or a key holding `=` is left out.
+    pub fn new<'v>(vars: impl IntoIterator<Item = (&'v str, &'v str)>) -> EnvBase {
+        let mut base = EnvBase::default();
+        for (key, value) in vars {
+            if key.is_empty() || key.contains(['\0', '=']) || value.contains('\0') {
+                continue;
+            }
+            base.entries.push((base.bytes.len(), key.len()));
+            base.bytes.extend_from_slice(key.as_bytes());
+            base.bytes.push(b'=');
+            base.bytes.extend_from_slice(value.as_bytes());
+            base.bytes.push(0);
+            base.keys.insert(key.to_string());
+        }
+        base
+    }
+
+    /// The value of `key`, if set.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        if !self.keys.contains(key) {
+            return None;
+        }
+        self.entries.iter().rev().find_map(|&(start, len)| {
+            let entry = &self.bytes[start..];
+            (&entry[..len] == key.as_bytes()).then(|| {
+                let end = entry.iter().position(|&b| b == 0).unwrap_or(entry.len());
+                std::str::from_utf8(&entry[len + 1..end]).unwrap_or("")
+            })
+        })
+    }
 }
 
 /// Everything the child touches, prepared before the clone; the child only reads it, except
@@ -106,12 +157,17 @@ pub fn spawn(req: &Request<'_>) -> io::Result<Spawned> {
     let Some(program) = req.argv.first() else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     };
-    let (path, cached) = resolve(program, req.env, req.cwd)?;
+    // The environment's PATH: set by `env`, or else by `env_base`.
+    let path_var = match req.env.iter().rev().find(|(k, _)| *k == "PATH") {
+        Some((_, v)) => Some(*v),
+        None => req.env_base.and_then(|base| base.get("PATH")),
+    };
+    let (path, cached) = resolve(program, path_var, req.cwd)?;
     match spawn_resolved(req, &path) {
         // The program moved since it was found: look for it again.
         Err(e) if cached && e.raw_os_error() == Some(libc::ENOENT) => {
             forget(program);
-            let (path, _) = resolve(program, req.env, req.cwd)?;
+            let (path, _) = resolve(program, path_var, req.cwd)?;
             spawn_resolved(req, &path)
         }
         other => other,
@@ -139,6 +195,29 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
     for arg in req.argv {
         starts.push(bytes.len());
         push_c_string(bytes, &[arg.as_bytes()])?;
+    }
+    if let Some(base) = req.env_base {
+        let offset = bytes.len();
+        if req.env.iter().any(|(key, _)| base.keys.contains(*key)) {
+            for &(start, len) in &base.entries {
+                let entry = &base.bytes[start..];
+                let key = &entry[..len];
+                if req.env.iter().any(|(k, _)| k.as_bytes() == key) {
+                    continue;
+                }
+                let end = start
+                    + entry
+                        .iter()
+                        .position(|&b| b == 0)
+                        .map_or(entry.len(), |n| n + 1);
+                starts.push(bytes.len());
+                bytes.extend_from_slice(&base.bytes[start..end]);
+            }
+        } else {
+            // Nothing overridden (the usual case): the whole block at once.
+            bytes.extend_from_slice(&base.bytes);
+            starts.extend(base.entries.iter().map(|&(start, _)| offset + start));
+        }
     }
     for (key, value) in req.env {
         starts.push(bytes.len());
@@ -345,19 +424,19 @@ fn forget(program: &str) {
 }
 
 /// The file `program` names: itself when it holds a `/`, else the first executable regular
-/// file called so in the directories of the environment's `PATH` (the orchestrator's when the
-/// environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
+/// file called so in the directories of `path_var`, the environment's `PATH` (the
+/// orchestrator's when the environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
 /// it is absolute; the second value says the answer came from memory). Relative results are
 /// made absolute against `cwd`, where the child will run.
-fn resolve(program: &str, env: &[(&str, &str)], cwd: &Path) -> io::Result<(PathBuf, bool)> {
+fn resolve(program: &str, path_var: Option<&str>, cwd: &Path) -> io::Result<(PathBuf, bool)> {
     if program.contains('/') {
         return Ok((PathBuf::from(program), false));
     }
     // The stage's environment carries PATH (it inherits the orchestrator's); the orchestrator's
     // own is read only for an environment without one.
     let own_path;
-    let path_var: &str = match env.iter().rev().find(|(k, _)| *k == "PATH") {
-        Some((_, v)) => v,
+    let path_var: &str = match path_var {
+        Some(v) => v,
         None => {
             own_path = std::env::var("PATH").ok();
             own_path
@@ -536,6 +615,15 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> (io::Result<i32>, String) {
+        run_with(argv, env, None, cwd)
+    }
+
+    fn run_with(
+        argv: &[&str],
+        env: &[(&str, &str)],
+        env_base: Option<&EnvBase>,
+        cwd: &Path,
+    ) -> (io::Result<i32>, String) {
         let out_path = crate::testutil::scratch("spawn-out").join("out");
         let out = std::fs::File::create(&out_path).unwrap();
         let null = std::fs::File::open("/dev/null").unwrap();
@@ -543,6 +631,7 @@ mod tests {
         let pid = spawn(&Request {
             argv: &argv,
             env,
+            env_base,
             cwd,
             stdin: null.as_fd(),
             stdout: out.as_fd(),
@@ -594,6 +683,25 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_environment_comes_first_less_what_the_spawn_sets_and_gives_the_path() {
+        let dir = crate::testutil::scratch("spawn-env");
+        let base = EnvBase::new([("A", "1"), ("PATH", "/usr/bin:/bin"), ("B", "2")]);
+        assert_eq!(base.get("PATH"), Some("/usr/bin:/bin"));
+        assert_eq!(base.get("C"), None);
+        // `env` is found through the shared PATH; its output is the environment, in order.
+        let (pid, out) = run_with(&["env"], &[("C", "4")], Some(&base), &dir);
+        assert!(pid.is_ok());
+        assert_eq!(out, "A=1\nPATH=/usr/bin:/bin\nB=2\nC=4\n");
+        // A variable the spawn sets replaces the shared one, which is left out.
+        let (pid, out) = run_with(&["env"], &[("B", "3"), ("C", "4")], Some(&base), &dir);
+        assert!(pid.is_ok());
+        assert_eq!(out, "A=1\nPATH=/usr/bin:/bin\nB=3\nC=4\n");
+        // Its own PATH wins over the shared one for finding the program too.
+        let (pid, _) = run_with(&["env"], &[("PATH", "/nonexistent")], Some(&base), &dir);
+        assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
     fn a_missing_program_or_directory_is_an_error_not_a_child() {
         let dir = crate::testutil::scratch("spawn");
         let (pid, _) = run(&["no-such-program-here"], &[("PATH", "/usr/bin")], &dir);
@@ -608,10 +716,10 @@ mod tests {
             assert_eq!(pid.unwrap_err().kind(), io::ErrorKind::InvalidInput);
         }
         // A name found once is found again from memory, in the same PATH only.
-        let (first, _) = resolve("true", &[("PATH", "/usr/bin:/bin")], &dir).unwrap();
-        let (again, cached) = resolve("true", &[("PATH", "/usr/bin:/bin")], &dir).unwrap();
+        let (first, _) = resolve("true", Some("/usr/bin:/bin"), &dir).unwrap();
+        let (again, cached) = resolve("true", Some("/usr/bin:/bin"), &dir).unwrap();
         assert_eq!((first, cached), (again, true));
-        let (_, cached) = resolve("true", &[("PATH", "/bin")], &dir).unwrap();
+        let (_, cached) = resolve("true", Some("/bin"), &dir).unwrap();
         assert!(!cached);
     }
 }

@@ -68,33 +68,48 @@ pub struct StageProcess {
     pub exit: ExitWait,
 }
 
-/// The whole environment a stage process gets: the orchestrator's without its own
-/// `ORCHESTRATE_*` variables, then `launch.env`, then the token. Borrowed: a sweep starts
-/// thousands of stages, and a copy of every variable was a hundred allocations each.
-fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
-    // The orchestrator never changes its own environment, so it is read once.
-    static INHERITED: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
-    let inherited = INHERITED.get_or_init(|| {
-        std::env::vars_os()
+/// The orchestrator's environment without its own `ORCHESTRATE_*` variables: what every
+/// stage inherits. Read once (the orchestrator never changes its environment), as pairs (for
+/// the fork server) and written out for `execve` ([`crate::spawn::EnvBase`]).
+fn inherited() -> &'static (Vec<(String, String)>, crate::spawn::EnvBase) {
+    static INHERITED: std::sync::OnceLock<(Vec<(String, String)>, crate::spawn::EnvBase)> =
+        std::sync::OnceLock::new();
+    INHERITED.get_or_init(|| {
+        let vars: Vec<(String, String)> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| !k.starts_with("ORCHESTRATE_"))
-            .collect()
-    });
-    let set_here = |key: &str| key == TOKEN_VAR || launch.env.iter().any(|(k, _)| k == key);
-    let mut env = Vec::with_capacity(inherited.len() + launch.env.len() + 1);
-    env.extend(
-        inherited
-            .iter()
-            .filter(|(k, _)| !set_here(k))
-            .map(|(k, v)| (k.as_str(), v.as_str())),
-    );
-    // A key set twice in `launch.env` keeps its last value; the token is the orchestrator's.
+            .collect();
+        let base = crate::spawn::EnvBase::new(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        (vars, base)
+    })
+}
+
+/// What a stage's environment sets over the inherited one: `launch.env`, then the token.
+/// Borrowed: a sweep starts thousands of stages, and a copy of every variable was a hundred
+/// allocations each. A key set twice in `launch.env` keeps its last value; the token is the
+/// orchestrator's.
+fn stage_variables(launch: &Launch) -> Vec<(&str, &str)> {
+    let mut env = Vec::with_capacity(launch.env.len() + 1);
     for (n, (key, value)) in launch.env.iter().enumerate() {
         if key != TOKEN_VAR && !launch.env[n + 1..].iter().any(|(k, _)| k == key) {
             env.push((key.as_str(), value.as_str()));
         }
     }
     env.push((TOKEN_VAR, launch.token.as_str()));
+    env
+}
+
+/// The whole environment a stage process gets: the inherited one ([`inherited`]) without
+/// the variables the stage sets, then [`stage_variables`].
+fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
+    let own = stage_variables(launch);
+    let mut env: Vec<(&str, &str)> = inherited()
+        .0
+        .iter()
+        .filter(|(k, _)| !own.iter().any(|(o, _)| o == k))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    env.extend(own);
     env
 }
 
@@ -126,7 +141,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             Err(why) => tracing::debug!("not through the fork server: {why}"),
         }
     }
-    let env = stage_environment(&launch);
+    let env = stage_variables(&launch);
     static DEV_NULL: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
     let stdin = match DEV_NULL.get() {
         Some(file) => file,
@@ -138,6 +153,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
     let spawned = crate::spawn::spawn(&crate::spawn::Request {
         argv: &launch.argv,
         env: &env,
+        env_base: Some(&inherited().1),
         cwd: &launch.cwd,
         stdin: stdin.as_fd(),
         stdout: launch.stdout.as_fd(),

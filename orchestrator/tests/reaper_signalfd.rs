@@ -42,6 +42,7 @@ fn main() {
             let spawned = orchestrator::spawn::spawn(&orchestrator::spawn::Request {
                 argv: &argv,
                 env: &[("PATH", "/usr/bin:/bin")],
+                env_base: None,
                 cwd: std::path::Path::new("/"),
                 stdin: null.as_fd(),
                 stdout: null.as_fd(),
@@ -72,6 +73,7 @@ fn main() {
         let spawned = orchestrator::spawn::spawn(&orchestrator::spawn::Request {
             argv: &argv,
             env: &[("PATH", "/usr/bin:/bin")],
+            env_base: None,
             cwd: std::path::Path::new("/"),
             stdin: null.as_fd(),
             stdout: file.as_fd(),
