@@ -38,18 +38,7 @@ fn main() {
         let started = Instant::now();
         let mut waits = Vec::new();
         for code in 0..24 {
-            let argv = ["sh", "-c", &format!("sleep 0.3; exit {code}")].map(String::from);
-            let spawned = orchestrator::spawn::spawn(&orchestrator::spawn::Request {
-                argv: &argv,
-                env: &[("PATH", "/usr/bin:/bin")],
-                env_base: None,
-                cwd: std::path::Path::new("/"),
-                stdin: null.as_fd(),
-                stdout: null.as_fd(),
-                stderr: null.as_fd(),
-                pidfd: reaper.wants_pidfds(),
-            })
-            .unwrap();
+            let spawned = sh(&format!("sleep 0.3; exit {code}"), &null, &reaper);
             assert!(spawned.pidfd.is_none(), "no pidfd asked for, none made");
             waits.push((code, spawned.pid, reaper.watch(spawned.pid)));
         }
@@ -67,20 +56,9 @@ fn main() {
         );
 
         // A child of a child, orphaned and re-parented here (a subreaper), is reaped too.
-        let argv = ["sh", "-c", "sleep 0.2 & echo $!"].map(String::from);
         let out = tempfile_path();
         let file = std::fs::File::create(&out).unwrap();
-        let spawned = orchestrator::spawn::spawn(&orchestrator::spawn::Request {
-            argv: &argv,
-            env: &[("PATH", "/usr/bin:/bin")],
-            env_base: None,
-            cwd: std::path::Path::new("/"),
-            stdin: null.as_fd(),
-            stdout: file.as_fd(),
-            stderr: null.as_fd(),
-            pidfd: false,
-        })
-        .unwrap();
+        let spawned = sh("sleep 0.2 & echo $!", &file, &reaper);
         let first = reaper.watch(spawned.pid).await.expect("reaped");
         assert_eq!(first.status, ExitStatus::Code(0));
         let orphan: i32 = std::fs::read_to_string(&out)
@@ -97,6 +75,23 @@ fn main() {
         }
     });
     println!("test {NAME} ... ok");
+}
+
+/// Starts `sh -c script` as a stage is started, its stdout to `stdout`.
+fn sh(script: &str, stdout: &std::fs::File, reaper: &Reaper) -> orchestrator::spawn::Spawned {
+    let argv = ["sh", "-c", script].map(String::from);
+    let null = std::fs::File::open("/dev/null").unwrap();
+    orchestrator::spawn::spawn(&orchestrator::spawn::Request {
+        argv: &argv,
+        env: &[("PATH", "/usr/bin:/bin")],
+        env_base: None,
+        cwd: std::path::Path::new("/"),
+        stdin: null.as_fd(),
+        stdout: stdout.as_fd(),
+        stderr: null.as_fd(),
+        pidfd: reaper.wants_pidfds(),
+    })
+    .unwrap()
 }
 
 fn tempfile_path() -> std::path::PathBuf {
