@@ -11,6 +11,8 @@ Plans (every stage runs `true`; N stages in all):
   independent     one matrix stage over N values, max_parallel = 1
   independent-parallel  the same with max_parallel unset (one per core): does parallel work,
                   so its ratio to the one-at-a-time loop is not like for like
+Before each timed run (the loop's too) `sync` writes back what the runs before it left dirty,
+outside the timing (its seconds are kept as `settle_s`).
 For each: wall from spawn to exit, stages/s, peak RSS (ru_maxrss), the time until the first
 stage started (from the journal), and, once per size, `orchestrate validate` wall and RSS.
 
@@ -101,6 +103,15 @@ def validate(binary, plan):
     return {"wall_s": time.perf_counter() - t0, "peak_rss_kib": usage.ru_maxrss}
 
 
+def settle():
+    """Writes back what earlier runs left dirty, outside any timing: a 100,000-stage run leaves
+    600,000 new inodes, and their write-back would otherwise fall on whichever run comes next.
+    Returns the seconds it took."""
+    t0 = time.perf_counter()
+    os.sync()
+    return time.perf_counter() - t0
+
+
 def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -138,13 +149,16 @@ def main():
             # "N" or "N:REPS" (more repetitions where a run is short and noise is large).
             n, reps = (int(x) for x in spec.split(":")) if ":" in spec else (int(spec), args.reps)
             plans = write_plans(n, d)
-            size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": []}
+            size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": [],
+                    "settle_s": []}
             for name, plan in plans.items():
                 size["validate"][name] = validate(binary, plan)
             for rep in range(reps):
+                size["settle_s"].append(settle())
                 size["subprocess_run_loop"].append(run_loop(n))
                 for name, plan in plans.items():
                     run_dir = os.path.join(d, f"run-{name}-{n}-{rep}")
+                    size["settle_s"].append(settle())
                     # Kept until the end: see the README on deleting during the benchmark.
                     size["plans"][name].append(run_orchestrate(binary, plan, run_dir, n))
                 print(f"{n}: rep {rep + 1}/{reps}: loop {size['subprocess_run_loop'][-1]['stages_per_s']:.0f}/s, "
