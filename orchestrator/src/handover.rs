@@ -110,12 +110,30 @@ impl HandOff {
             .and_then(|s| s.start(&self.cancel, &self.services))
     }
 
-    /// Whether the stage's next one in a chain is planned to start when it succeeds. The runner
-    /// plans that only while nothing else is ready or can become ready before the stage ends
-    /// (no other stage runs, no retry or GPU waits), so the slot has no taker until then.
-    pub(crate) fn chain_planned(&self) -> bool {
-        self.next_up.is_planned(self.after, Kind::Chain)
+    /// What becomes of the stage's slot once its tree is gone with exit status 0: the
+    /// successor planned for it starts there, or the slot waits for the stage's result (its
+    /// chain successor is planned, which the runner does only while nothing else is ready or
+    /// can become ready before the stage ends: no other stage runs, no retry or GPU waits),
+    /// or the runner may give it to a ready stage now.
+    pub(crate) fn slot_freed(&self) -> Slot {
+        match self.start(Kind::Slot) {
+            Some(started) => Slot::HandedOver(started),
+            None if self.next_up.is_planned(self.after, Kind::Chain) => Slot::NoTaker,
+            None => Slot::Free,
+        }
     }
+}
+
+/// A freed slot's fate (see [`HandOff::slot_freed`]).
+// Returned and taken apart at once; boxing the started attempt would cost an allocation a stage.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Slot {
+    /// The successor runs in it already; the runner records it at its next turn.
+    HandedOver(Started),
+    /// Nobody can take it before the stage ends: it is given back with the result.
+    NoTaker,
+    /// The runner may start a ready stage in it.
+    Free,
 }
 
 /// The run's planned successor, shared by the runner (which plans it) and the task of the

@@ -623,20 +623,18 @@ async fn run_in_span(
                         let early_free = (!settings.fail_fast && may_hand_over).then(|| {
                             let news_tx = news_tx.clone();
                             let hand_off = hand_off.clone();
-                            Box::new(move || {
-                                // True when the runner has a stage to start: the stage's
-                                // task then waits for it to (see `stage::supervise`).
-                                let (news, start_now) = match hand_off.start(handover::Kind::Slot) {
-                                    // Started already: the runner records it when it next
-                                    // runs.
-                                    Some(started) => (StageNews::HandedOver(i, started), false),
-                                    // The slot has no taker before the stage ends: it is
-                                    // given back with the result (no turn of the runner).
-                                    None if hand_off.chain_planned() => return false,
-                                    None => (StageNews::Freed(i), true),
-                                };
-                                let _ = news_tx.send(news);
-                                start_now
+                            // True when the runner has a stage to start: the stage's task
+                            // then waits for it to (see `stage::supervise`).
+                            Box::new(move || match hand_off.slot_freed() {
+                                handover::Slot::HandedOver(started) => {
+                                    let _ = news_tx.send(StageNews::HandedOver(i, started));
+                                    false
+                                }
+                                handover::Slot::NoTaker => false,
+                                handover::Slot::Free => {
+                                    let _ = news_tx.send(StageNews::Freed(i));
+                                    true
+                                }
                             }) as Box<dyn FnOnce() -> bool>
                         });
                         let chained: Rc<std::cell::Cell<Option<Started>>> = Default::default();

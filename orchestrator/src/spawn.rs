@@ -57,8 +57,8 @@ pub struct Request<'a> {
 pub struct EnvBase {
     /// `KEY=VALUE\0`, end to end.
     bytes: Vec<u8>,
-    /// Where each string starts in `bytes`, and the length of its key.
-    entries: Vec<(usize, usize)>,
+    /// Each string's place in `bytes`: its start, the end of its key, its end (past the NUL).
+    entries: Vec<(usize, usize, usize)>,
     /// The keys, to find the ones a spawn sets itself.
     keys: std::collections::HashSet<String>,
 }
@@ -72,14 +72,26 @@ impl EnvBase {
             if key.is_empty() || key.contains(['\0', '=']) || value.contains('\0') {
                 continue;
             }
-            base.entries.push((base.bytes.len(), key.len()));
+            let start = base.bytes.len();
             base.bytes.extend_from_slice(key.as_bytes());
+            let key_end = base.bytes.len();
             base.bytes.push(b'=');
             base.bytes.extend_from_slice(value.as_bytes());
             base.bytes.push(0);
+            base.entries.push((start, key_end, base.bytes.len()));
             base.keys.insert(key.to_string());
         }
         base
+    }
+
+    /// Every variable, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        // Both parts came in as `str`, and the split is at their ends: still UTF-8.
+        let text =
+            |from: usize, to: usize| std::str::from_utf8(&self.bytes[from..to]).unwrap_or("");
+        self.entries
+            .iter()
+            .map(move |&(start, key_end, end)| (text(start, key_end), text(key_end + 1, end - 1)))
     }
 
     /// The value of `key`, if set.
@@ -87,13 +99,10 @@ impl EnvBase {
         if !self.keys.contains(key) {
             return None;
         }
-        self.entries.iter().rev().find_map(|&(start, len)| {
-            let entry = &self.bytes[start..];
-            (&entry[..len] == key.as_bytes()).then(|| {
-                let end = entry.iter().position(|&b| b == 0).unwrap_or(entry.len());
-                std::str::from_utf8(&entry[len + 1..end]).unwrap_or("")
-            })
-        })
+        self.iter()
+            .filter(|&(k, _)| k == key)
+            .map(|(_, v)| v)
+            .last()
     }
 }
 
@@ -199,24 +208,18 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
     if let Some(base) = req.env_base {
         let offset = bytes.len();
         if req.env.iter().any(|(key, _)| base.keys.contains(*key)) {
-            for &(start, len) in &base.entries {
-                let entry = &base.bytes[start..];
-                let key = &entry[..len];
+            for &(start, key_end, end) in &base.entries {
+                let key = &base.bytes[start..key_end];
                 if req.env.iter().any(|(k, _)| k.as_bytes() == key) {
                     continue;
                 }
-                let end = start
-                    + entry
-                        .iter()
-                        .position(|&b| b == 0)
-                        .map_or(entry.len(), |n| n + 1);
                 starts.push(bytes.len());
                 bytes.extend_from_slice(&base.bytes[start..end]);
             }
         } else {
             // Nothing overridden (the usual case): the whole block at once.
             bytes.extend_from_slice(&base.bytes);
-            starts.extend(base.entries.iter().map(|&(start, _)| offset + start));
+            starts.extend(base.entries.iter().map(|&(start, _, _)| offset + start));
         }
     }
     for (key, value) in req.env {
@@ -688,6 +691,10 @@ mod tests {
         let base = EnvBase::new([("A", "1"), ("PATH", "/usr/bin:/bin"), ("B", "2")]);
         assert_eq!(base.get("PATH"), Some("/usr/bin:/bin"));
         assert_eq!(base.get("C"), None);
+        assert_eq!(
+            base.iter().collect::<Vec<_>>(),
+            [("A", "1"), ("PATH", "/usr/bin:/bin"), ("B", "2")]
+        );
         // `env` is found through the shared PATH; its output is the environment, in order.
         let (pid, out) = run_with(&["env"], &[("C", "4")], Some(&base), &dir);
         assert!(pid.is_ok());

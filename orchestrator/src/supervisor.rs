@@ -69,18 +69,16 @@ pub struct StageProcess {
 }
 
 /// The orchestrator's environment without its own `ORCHESTRATE_*` variables: what every
-/// stage inherits. Read once (the orchestrator never changes its environment), as pairs (for
-/// the fork server) and written out for `execve` ([`crate::spawn::EnvBase`]).
-fn inherited() -> &'static (Vec<(String, String)>, crate::spawn::EnvBase) {
-    static INHERITED: std::sync::OnceLock<(Vec<(String, String)>, crate::spawn::EnvBase)> =
-        std::sync::OnceLock::new();
+/// stage inherits, written out for `execve` ([`crate::spawn::EnvBase`]). Read once (the
+/// orchestrator never changes its environment).
+fn inherited() -> &'static crate::spawn::EnvBase {
+    static INHERITED: std::sync::OnceLock<crate::spawn::EnvBase> = std::sync::OnceLock::new();
     INHERITED.get_or_init(|| {
         let vars: Vec<(String, String)> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| !k.starts_with("ORCHESTRATE_"))
             .collect();
-        let base = crate::spawn::EnvBase::new(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        (vars, base)
+        crate::spawn::EnvBase::new(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     })
 }
 
@@ -104,10 +102,8 @@ fn stage_variables(launch: &Launch) -> Vec<(&str, &str)> {
 fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
     let own = stage_variables(launch);
     let mut env: Vec<(&str, &str)> = inherited()
-        .0
         .iter()
         .filter(|(k, _)| !own.iter().any(|(o, _)| o == k))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     env.extend(own);
     env
@@ -131,7 +127,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             Ok(pid) => {
                 let process = StageProcess {
                     pid,
-                    token: launch.token.clone(),
+                    token: std::mem::take(&mut launch.token),
                     started: Instant::now(),
                     exit: reaper.watch(pid),
                 };
@@ -153,7 +149,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
     let spawned = crate::spawn::spawn(&crate::spawn::Request {
         argv: &launch.argv,
         env: &env,
-        env_base: Some(&inherited().1),
+        env_base: Some(inherited()),
         cwd: &launch.cwd,
         stdin: stdin.as_fd(),
         stdout: launch.stdout.as_fd(),
