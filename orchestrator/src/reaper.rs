@@ -9,9 +9,9 @@
 //!   [`block_child_signals`] before any thread exists). SIGCHLD stays blocked, so the kernel
 //!   queues it for the signalfd, which turns readable in the runtime's `epoll`; the reaper's
 //!   task then reads it and reaps every child that has ended, handing each status to its
-//!   waiter. Nothing per child: a pidfd cost every stage of a sweep about 7 µs on the path
+//!   waiter. Nothing per child: a pidfd cost every stage of a sweep about 6 µs on the path
 //!   between one stage's end and the next one's spawn (its file, two `epoll_ctl` calls and a
-//!   `close`; measured on the development machine, `bench/overhead/README.md`).
+//!   `close`; measured on the development machine by `bench/overhead/syscalls.py`).
 //! - **A pidfd per watched process** otherwise (SIGCHLD not blocked, as in unit tests): it
 //!   turns readable when the process ends, and its waiter reaps it.
 //!
