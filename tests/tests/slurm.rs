@@ -34,7 +34,8 @@ fn slurm_up(test: &str) -> bool {
         ),
         Err(e) => format!("sinfo cannot run: {e}"),
     };
-    if ["idle", "mixed", "allocated"]
+    // `completing`: the node runs the end of an earlier test's job (up; new jobs wait for it).
+    if ["idle", "mixed", "allocated", "completing"]
         .iter()
         .any(|s| answer.starts_with(s))
     {
