@@ -282,7 +282,7 @@ mod tests {
     use std::path::Path;
 
     /// A scratch run directory and a plan of `n` independent stages `s0`, `s1`, ….
-    fn stages(scratch: &str, n: usize) -> (std::path::PathBuf, RunDir, LoadedPlan) {
+    fn stages(scratch: &str, n: usize) -> (crate::testutil::Scratch, RunDir, LoadedPlan) {
         let dir = crate::testutil::scratch(scratch);
         let run_dir = RunDir::create(&dir).unwrap();
         let text: String = (0..n)

@@ -549,15 +549,16 @@ fn replace(
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("rundir-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        dir
+    /// A directory path of the test's own that does not exist yet (the scratch parent does).
+    fn scratch(name: &str) -> (crate::testutil::Scratch, PathBuf) {
+        let parent = crate::testutil::scratch(&format!("rundir-{name}"));
+        let dir = parent.join("run");
+        (parent, dir)
     }
 
     #[test]
     fn one_owner_at_a_time_and_the_lock_tells_live_from_dead() {
-        let dir = scratch("lock");
+        let (_scratch, dir) = scratch("lock");
         let first = RunDir::create(&dir).unwrap();
         fs::write(first.journal_path(), b"").unwrap();
         let owner = live_owner(first.root()).expect("a live owner");
@@ -583,7 +584,7 @@ mod tests {
 
     #[test]
     fn a_non_empty_directory_that_is_not_a_run_is_refused_untouched() {
-        let dir = scratch("foreign");
+        let (_scratch, dir) = scratch("foreign");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("plan.toml"), b"mine").unwrap();
         match RunDir::create(&dir) {
@@ -597,7 +598,7 @@ mod tests {
 
     #[test]
     fn write_atomic_leaves_no_temp_file_on_failure() {
-        let dir = scratch("atomic");
+        let (_scratch, dir) = scratch("atomic");
         fs::create_dir_all(dir.join("target-is-a-dir")).unwrap();
         fs::write(dir.join("target-is-a-dir/x"), b"x").unwrap();
         assert!(write_atomic(&dir.join("target-is-a-dir"), b"new").is_err());

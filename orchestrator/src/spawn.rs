@@ -627,7 +627,8 @@ mod tests {
         env_base: Option<&EnvBase>,
         cwd: &Path,
     ) -> (io::Result<i32>, String) {
-        let out_path = crate::testutil::scratch("spawn-out").join("out");
+        let scratch = crate::testutil::scratch("spawn-out");
+        let out_path = scratch.join("out");
         let out = std::fs::File::create(&out_path).unwrap();
         let null = std::fs::File::open("/dev/null").unwrap();
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();

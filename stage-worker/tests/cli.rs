@@ -8,11 +8,9 @@ use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stage-worker");
 
-fn scratch(label: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stage-worker-cli-{}-{label}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A test's own empty directory (under `target/e2e-scratch`), removed unless the test failed.
+fn scratch(label: &str) -> e2e_tests::Scratch {
+    e2e_tests::Scratch::new(&format!("stage-worker-cli-{label}"))
 }
 
 fn write_spec(

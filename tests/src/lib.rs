@@ -45,7 +45,9 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A fresh scratch directory for one test, removed when dropped unless the test panicked.
+/// A fresh scratch directory for one test, removed when dropped unless the test panicked (then
+/// its path is printed and the files stay for a look). Every test of the workspace that needs
+/// files takes one: nothing is left in the system's temporary directory.
 pub struct Scratch {
     path: PathBuf,
 }
@@ -80,9 +82,24 @@ impl Scratch {
     }
 }
 
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's files: {}", self.path.display());
+        } else {
             let _ = std::fs::remove_dir_all(&self.path);
         }
     }
