@@ -12,9 +12,9 @@ Plans (every stage runs `true`; N stages in all):
   independent-parallel  the same with max_parallel unset (one per core): does parallel work,
                   so its ratio to the one-at-a-time loop is not like for like
 Before each timed run (the loop's too) `sync` writes back what the runs before it left dirty,
-and with --drop-caches (root) the kernel's page, dentry and inode caches are emptied (the
-binary's and `true`'s pages read back), outside the timing (its seconds are kept as
-`settle_s`); each run records the kernel's memory-reclaim counters over its own time.
+outside the timing (its seconds are kept as `settle_s`); each run records the kernel's
+memory-reclaim counters over its own time (`reclaim`: pages scanned by kswapd and by direct
+reclaim, slab objects scanned, kswapd's CPU seconds).
 For each: wall from spawn to exit, stages/s, peak RSS (ru_maxrss), the time until the first
 stage started (from the journal), and, once per size, `orchestrate validate` wall and RSS.
 
@@ -107,21 +107,12 @@ def validate(binary, plan):
     return {"wall_s": time.perf_counter() - t0, "peak_rss_kib": usage.ru_maxrss}
 
 
-def settle(binary=None, drop=False):
+def settle():
     """Writes back what earlier runs left dirty, outside any timing: a 100,000-stage run leaves
     600,000 new inodes, and their write-back would otherwise fall on whichever run comes next.
-    With `drop`, then empties the kernel's page, dentry and inode caches (root only), so that
-    every run starts with the same free memory: the benchmark's earlier runs leave millions of
-    cached inodes and pages behind (about 1 GB per 100,000 stages), and once memory runs short
-    the kernel's reclaim competes for the CPUs with whichever run comes next; the binary's and
-    `true`'s pages are read back before the timing. Returns the seconds it took."""
+    Returns the seconds it took."""
     t0 = time.perf_counter()
     os.sync()
-    if drop:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        subprocess.run([binary, "--version"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["true"], check=True)
     return time.perf_counter() - t0
 
 
@@ -170,8 +161,6 @@ def main():
     ap.add_argument("--run-base", default=None,
                     help="where the plans and run directories go (default: the system's temporary "
                          "directory); e.g. /dev/shm to leave the disk's file system out")
-    ap.add_argument("--drop-caches", action="store_true",
-                    help="empty the kernel's caches before each timed run (root): see settle()")
     args = ap.parse_args()
     binary = os.path.abspath(args.bin)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -184,7 +173,6 @@ def main():
                 "process-tree and leftover checks; peer: subprocess.run(['true']) loop, one at a time",
         # Other work on the machine skews a 2-core benchmark: its load when this began and ended.
         "load_average_1_5_15_min_at_start": os.getloadavg(),
-        "caches_dropped_before_each_run": args.drop_caches,
         "sizes": {},
     }
     base = args.run_base or tempfile.gettempdir()
@@ -201,11 +189,11 @@ def main():
             for name, plan in plans.items():
                 size["validate"][name] = validate(binary, plan)
             for rep in range(reps):
-                size["settle_s"].append(settle(binary, args.drop_caches))
+                size["settle_s"].append(settle())
                 size["subprocess_run_loop"].append(run_loop(n))
                 for name, plan in plans.items():
                     run_dir = os.path.join(d, f"run-{name}-{n}-{rep}")
-                    size["settle_s"].append(settle(binary, args.drop_caches))
+                    size["settle_s"].append(settle())
                     # Kept until the end: see the README on deleting during the benchmark.
                     size["plans"][name].append(run_orchestrate(binary, plan, run_dir, n))
                 print(f"{n}: rep {rep + 1}/{reps}: loop {size['subprocess_run_loop'][-1]['stages_per_s']:.0f}/s, "

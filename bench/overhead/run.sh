@@ -11,8 +11,6 @@ cd "$(dirname "$0")/../.."
 SIZES=${1:-1000:7,10000:5,100000}; REPS=${2:-3}; RUN_BASE=${3:-}
 BIN=target/release/orchestrate
 cargo build --release --locked -p orchestrator
-# As root, every timed run starts with the kernel's caches emptied (see bench.py's settle()).
-DROP=(); [ -w /proc/sys/vm/drop_caches ] && DROP=(--drop-caches)
-python3 bench/overhead/bench.py --bin "$BIN" --sizes "$SIZES" --reps "$REPS" "${DROP[@]}" \
+python3 bench/overhead/bench.py --bin "$BIN" --sizes "$SIZES" --reps "$REPS" \
   ${RUN_BASE:+--run-base "$RUN_BASE"} \
   --out "bench/overhead/results-$(date -u +%Y-%m-%d)-$(git rev-parse --short HEAD)${RUN_BASE:+-$(basename "$RUN_BASE")}${1:+-$(echo "$SIZES" | tr ',:' '_x')}.json"
