@@ -161,6 +161,9 @@ def main():
     ap.add_argument("--run-base", default=None,
                     help="where the plans and run directories go (default: the system's temporary "
                          "directory); e.g. /dev/shm to leave the disk's file system out")
+    ap.add_argument("--plans", default=None,
+                    help="comma-separated plan names, run in this order in each repetition "
+                         "(default: all, in the order above)")
     args = ap.parse_args()
     binary = os.path.abspath(args.bin)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -173,6 +176,7 @@ def main():
                 "process-tree and leftover checks; peer: subprocess.run(['true']) loop, one at a time",
         # Other work on the machine skews a 2-core benchmark: its load when this began and ended.
         "load_average_1_5_15_min_at_start": os.getloadavg(),
+        "plans_in_order": args.plans,
         "sizes": {},
     }
     base = args.run_base or tempfile.gettempdir()
@@ -184,6 +188,8 @@ def main():
             # "N" or "N:REPS" (more repetitions where a run is short and noise is large).
             n, reps = (int(x) for x in spec.split(":")) if ":" in spec else (int(spec), args.reps)
             plans = write_plans(n, d)
+            if args.plans:
+                plans = {k: plans[k] for k in args.plans.split(",") if k in plans}
             size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": [],
                     "settle_s": []}
             for name, plan in plans.items():
