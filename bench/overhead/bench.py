@@ -20,6 +20,7 @@ stage started (from the journal), and, once per size, `orchestrate validate` wal
 
   bench/overhead/bench.py --bin target/release/orchestrate --sizes 1000:7,10000:5,100000 --reps 3 \
       --out bench/overhead/results-DATE.json      (N:REPS overrides --reps for that size)
+  --plans independent,chain   runs only those plans, in that order, in each repetition
 """
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
 
