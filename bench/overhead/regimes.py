@@ -13,7 +13,9 @@ loop.
   bench/overhead/regimes.py --bin target/release/orchestrate --stages 20000 --runs 4 \
       --out bench/overhead/regimes-DATE-COMMIT.json
 """
-import argparse, json, os, platform, shutil, statistics, subprocess, sys, tempfile, threading, time
+import argparse, bisect, json, os, platform, shutil, statistics, subprocess, sys, tempfile, threading, time
+
+from bench import write_plans
 
 IPI_LINES = ("CAL", "RES")
 
@@ -75,7 +77,6 @@ def journal_finishes(run_dir):
             if r.get("rec") == "stage_finished":
                 times.append(r["t"] / 1000.0)
     times.sort()
-    import bisect
     return lambda a, b: bisect.bisect_left(times, b) - bisect.bisect_left(times, a)
 
 
@@ -90,13 +91,8 @@ def main():
     n = args.stages
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     base = tempfile.mkdtemp(prefix="regimes-", dir=args.run_base)
-    ids = os.path.join(base, "ids.txt")
-    with open(ids, "w") as f:
-        f.writelines(f"{i}\n" for i in range(n))
-    plan = os.path.join(base, "independent.toml")
-    with open(plan, "w") as f:
-        f.write('[run]\nname = "independent"\nmax_parallel = 1\n'
-                f'[[stage]]\nname = "t"\ncommand = ["true"]\nmatrix = {{ i = {{ lines = "{ids}" }} }}\n')
+    # bench.py's plan of N independent stages, one at a time.
+    plan = write_plans(n, base)["independent"]
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
               "commit": commit, "stages": n,

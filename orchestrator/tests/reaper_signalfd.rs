@@ -56,7 +56,8 @@ fn main() {
         );
 
         // A child of a child, orphaned and re-parented here (a subreaper), is reaped too.
-        let out = tempfile_path();
+        let scratch = e2e_tests::Scratch::new("reaper-signalfd");
+        let out = scratch.join("out");
         let file = std::fs::File::create(&out).unwrap();
         let spawned = sh("sleep 0.2 & echo $!", &file, &reaper);
         let first = reaper.watch(spawned.pid).await.expect("reaped");
@@ -66,7 +67,6 @@ fn main() {
             .trim()
             .parse()
             .unwrap();
-        let _ = std::fs::remove_file(&out);
         let deadline = Instant::now() + Duration::from_secs(5);
         // SAFETY: signal 0 only checks whether the process exists (a zombie does).
         while unsafe { libc::kill(orphan, 0) } == 0 {
@@ -92,8 +92,4 @@ fn sh(script: &str, stdout: &std::fs::File, reaper: &Reaper) -> orchestrator::sp
         pidfd: reaper.wants_pidfds(),
     })
     .unwrap()
-}
-
-fn tempfile_path() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("reaper-signalfd-{}.out", std::process::id()))
 }
