@@ -269,3 +269,29 @@ pub fn stage_starts(run_dir: &Path, stage: &str) -> usize {
         .filter(|r| r["rec"] == "stage_started" && r["stage"] == stage)
         .count()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Scratch;
+
+    #[test]
+    fn a_scratch_directory_is_removed_when_dropped_and_kept_when_its_test_fails() {
+        let scratch = Scratch::new("scratch-self");
+        let path = scratch.path().to_path_buf();
+        scratch.write("a/b.txt", "x");
+        assert!(path.join("a/b.txt").is_file());
+        drop(scratch);
+        assert!(!path.exists(), "removed on drop");
+
+        // Dropped while unwinding from a panic, as a failing test's is.
+        let scratch = Scratch::new("scratch-failed");
+        let kept = scratch.path().to_path_buf();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _scratch = scratch;
+            panic!("a failing test");
+        }))
+        .unwrap_err();
+        assert!(kept.is_dir(), "a failed test's files stay");
+        std::fs::remove_dir_all(kept).unwrap();
+    }
+}
