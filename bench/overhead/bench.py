@@ -11,7 +11,9 @@ Plans (every stage runs `true`; N stages in all):
   independent     one matrix stage over N values, max_parallel = 1
   independent-parallel  the same with max_parallel unset (one per core): does parallel work,
                   so its ratio to the one-at-a-time loop is not like for like
-Before each timed run (the loop's too) `sync` writes back what the runs before it left dirty,
+Each orchestrate run is bracketed by two loop runs, one just before and one just after it
+(L P1 L P2 L P1 L ...); its ratio is its rate over the loop's rate across those two (twice the
+stages over their two walls). Before each timed run (the loop's too) `sync` writes back what the runs before it left dirty,
 outside the timing (its seconds are kept as `settle_s`); each run records the kernel's
 memory-reclaim counters over its own time (`reclaim`: pages scanned by kswapd and by direct
 reclaim, slab objects scanned, kswapd's CPU seconds).
@@ -195,24 +197,35 @@ def main():
                     "settle_s": []}
             for name, plan in plans.items():
                 size["validate"][name] = validate(binary, plan)
+            loops = size["subprocess_run_loop"]
+            # Every orchestrate run is bracketed by a loop run just before and one just after
+            # (L P1 L P2 L P1 L ...): its ratio is against the loop's rate over those two, so a
+            # drift of the machine's speed during the benchmark weighs on both sides alike, and
+            # no orchestrate run follows another directly.
+            size["settle_s"].append(settle())
+            loops.append(run_loop(n))
             for rep in range(reps):
-                size["settle_s"].append(settle())
-                size["subprocess_run_loop"].append(run_loop(n))
                 for name, plan in plans.items():
                     run_dir = os.path.join(d, f"run-{name}-{n}-{rep}")
                     size["settle_s"].append(settle())
                     # Kept until the end: see the README on deleting during the benchmark.
-                    size["plans"][name].append(run_orchestrate(binary, plan, run_dir, n))
-                print(f"{n}: rep {rep + 1}/{reps}: loop {size['subprocess_run_loop'][-1]['stages_per_s']:.0f}/s, "
-                      + ", ".join(f"{k} {v[-1]['stages_per_s']:.0f}/s {v[-1]['peak_rss_kib'] / 1024:.1f} MiB"
+                    run = run_orchestrate(binary, plan, run_dir, n)
+                    size["settle_s"].append(settle())
+                    loops.append(run_loop(n))
+                    before, after = loops[-2], loops[-1]
+                    run["loop_stages_per_s"] = 2 * n / (before["wall_s"] + after["wall_s"])
+                    run["ratio_to_subprocess_run_loop"] = run["stages_per_s"] / run["loop_stages_per_s"]
+                    size["plans"][name].append(run)
+                print(f"{n}: rep {rep + 1}/{reps}: "
+                      + ", ".join(f"{k} {v[-1]['stages_per_s']:.0f}/s (loop {v[-1]['loop_stages_per_s']:.0f}/s, "
+                                  f"ratio {v[-1]['ratio_to_subprocess_run_loop']:.3f}) {v[-1]['peak_rss_kib'] / 1024:.1f} MiB"
                                   for k, v in size["plans"].items()), file=sys.stderr)
-            loop = spread([r["stages_per_s"] for r in size["subprocess_run_loop"]])
+            loop = spread([r["stages_per_s"] for r in loops])
             summary = {"subprocess_run_loop_stages_per_s": loop,
                        "rss_bound_mib": 10 + n / 1024}
             for name, runs in size["plans"].items():
                 rates = [r["stages_per_s"] for r in runs]
-                # Ratio per repetition: orchestrate's rate over the loop's in the same repetition.
-                ratios = [r["stages_per_s"] / l["stages_per_s"] for r, l in zip(runs, size["subprocess_run_loop"])]
+                ratios = [r["ratio_to_subprocess_run_loop"] for r in runs]
                 summary[name] = {
                     "stages_per_s": spread(rates),
                     "ratio_to_subprocess_run_loop": spread(ratios),
