@@ -13,8 +13,8 @@ Plans (every stage runs `true`; N stages in all):
                   so its ratio to the one-at-a-time loop is not like for like
 Each orchestrate run is bracketed by two loop runs, one just before and one just after it
 (L P1 L P2 L P1 L ...); its ratio is its rate over the loop's rate across those two (twice the
-stages over their two walls). Before each timed run (the loop's too) `sync` writes back what the runs before it left dirty,
-outside the timing (its seconds are kept as `settle_s`); each run records the kernel's
+stages over their two walls). Before each timed run (the loop's too) `sync` writes back what
+the runs before it left dirty, outside the timing (its seconds are kept as `settle_s`); each run records the kernel's
 memory-reclaim counters over its own time (`reclaim`: pages scanned by kswapd and by direct
 reclaim, slab objects scanned, kswapd's CPU seconds).
 For each: wall from spawn to exit, stages/s, peak RSS (ru_maxrss), the time until the first
@@ -25,6 +25,9 @@ stage started (from the journal), and, once per size, `orchestrate validate` wal
   --plans independent,chain   runs only those plans, in that order, in each repetition
 """
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
+
+
+PLAN_NAMES = ("chain-explicit", "chain", "independent", "independent-parallel")
 
 
 def write_plans(n, d):
@@ -168,6 +171,10 @@ def main():
                     help="comma-separated plan names, run in this order in each repetition "
                          "(default: all, in the order above)")
     args = ap.parse_args()
+    if args.plans:
+        unknown = set(args.plans.split(",")) - set(PLAN_NAMES)
+        if unknown:
+            ap.error(f"--plans: no plan named {', '.join(sorted(unknown))} (plans: {', '.join(PLAN_NAMES)})")
     binary = os.path.abspath(args.bin)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
@@ -191,6 +198,7 @@ def main():
             # "N" or "N:REPS" (more repetitions where a run is short and noise is large).
             n, reps = (int(x) for x in spec.split(":")) if ":" in spec else (int(spec), args.reps)
             plans = write_plans(n, d)
+            # The names were checked above; `chain-explicit` exists only up to 10,000 stages.
             if args.plans:
                 plans = {k: plans[k] for k in args.plans.split(",") if k in plans}
             size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": [],
