@@ -630,8 +630,10 @@ fn a_stop_reaches_every_srun_task_as_sigterm_and_the_stage_resumes() {
     let _node = node_lock(false);
     let s = Scratch::new("slurm-srun-stop");
     let plan = s.path().join("plan.toml");
-    // First start: each rank waits, and on SIGTERM leaves a checkpoint and exits 7. After the
-    // requeue: each rank finds its checkpoint and succeeds.
+    // First start: each rank waits, and on SIGTERM leaves a checkpoint and exits 7, rank 1 two
+    // seconds after rank 0, deaf to further SIGTERMs meanwhile (rank 0's exit 7 must not have
+    // srun kill rank 1, nor the job be requeued before rank 1 is done). After the requeue: each
+    // rank finds its checkpoint and succeeds.
     std::fs::write(
         &plan,
         r#"
@@ -641,7 +643,7 @@ grace = "20s"
 [[stage]]
 name = "dist"
 tasks_per_node = 2
-command = ["sh", "-c", "if [ -f {output}/ckpt-$RANK ]; then echo resumed > {output}/resumed-$RANK; exit 0; fi; trap 'echo $RANK > {output}/ckpt-$RANK; exit 7' TERM; touch {output}/started-$RANK; sleep 300 & wait"]
+command = ["sh", "-c", "if [ -f {output}/ckpt-$RANK ]; then echo resumed > {output}/resumed-$RANK; exit 0; fi; trap 'trap \"\" TERM; if [ $RANK = 1 ]; then sleep 2; fi; echo $RANK > {output}/ckpt-$RANK; exit 7' TERM; touch {output}/started-$RANK; sleep 300 & wait"]
 "#,
     )
     .unwrap();
@@ -753,6 +755,34 @@ fn an_srun_stage_outside_slurm_is_refused_with_what_to_do() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`tasks_per_node` is zero"), "{stderr}");
     assert!(stderr.contains("single process"), "{stderr}");
+}
+
+#[test]
+fn a_task_ending_during_a_stop_exits_0_to_srun_and_records_its_real_exit() {
+    // No cluster needed: the wrapper alone, its program sending it the stop (as
+    // `scancel --signal=TERM` does to every process of the step) and then exiting 7.
+    let s = Scratch::new("slurm-task-stop");
+    let records = s.path().join("tasks");
+    let run = |script: &str| {
+        Command::new(orchestrate())
+            .args(["__slurm-task", "--records"])
+            .arg(&records)
+            .args(["--", "/bin/sh", "-c", script])
+            .env("SLURM_PROCID", "3")
+            .status()
+            .unwrap()
+    };
+    let stopped = run("kill -TERM $PPID; sleep 0.2; exit 7");
+    assert_eq!(
+        stopped.code(),
+        Some(0),
+        "srun must not take it for a failure"
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(records.join("rank-3.json")).unwrap()).unwrap();
+    assert_eq!(record["exit_code"], 7, "{record}");
+    // Without a stop, the program's exit is the wrapper's.
+    assert_eq!(run("exit 7").code(), Some(7));
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! named by the tasks in `DIR/step`); srun then ends when the tasks do. Before the tasks have
 //! started, or without `scancel`, srun itself gets the SIGTERM. The orchestrator's SIGKILL
 //! after the grace period, or its death, still ends srun (SIGTERM through `PR_SET_PDEATHSIG`)
-//! and with it the step.
+//! and with it the step. A task that ends while the step is being stopped exits 0 to srun
+//! whatever its program did (see [`super::task`]), so when srun ends with 0 the launcher takes
+//! the exit of the first task whose record says it failed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -64,6 +66,10 @@ pub fn run(args: Vec<String>) -> i32 {
             Ok(Some(status)) => {
                 use std::os::unix::process::ExitStatusExt;
                 return match (status.code(), status.signal()) {
+                    (Some(0), _) => records
+                        .as_deref()
+                        .and_then(super::task::first_failure)
+                        .unwrap_or(0),
                     (Some(code), _) => code,
                     (None, Some(sig)) => 128 + sig,
                     _ => 1,

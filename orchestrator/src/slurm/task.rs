@@ -9,7 +9,11 @@
 //! The wrapper runs the program as its child (Slurm's signals to the step reach both; the
 //! wrapper outlives them), names the job step in `DIR/step` for the launcher
 //! ([`super::launch`]), writes `DIR/rank-<RANK>.json` (a [`protocol::report::TaskRecord`]) when the
-//! program ends, and exits as the program did.
+//! program ends, and exits as the program did — except while the step is being stopped (the
+//! wrapper got SIGTERM or SIGINT): then it exits 0 whatever the program did. srun runs the step
+//! with `--kill-on-bad-exit`, and a task that has written its checkpoint and exits with its
+//! resumable code must not have srun SIGKILL the tasks still writing theirs within the grace
+//! period. The program's real exit is in its record, which the launcher reports.
 
 use protocol::report::TaskRecord;
 use protocol::worker::ENV_EVENTS;
@@ -61,7 +65,14 @@ pub fn first_host(list: &str) -> Option<String> {
     }
 }
 
-extern "C" fn outlive(_: libc::c_int) {}
+/// Set when a stop signal reached the wrapper: the step is being stopped.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn outlive(signal: libc::c_int) {
+    if signal == libc::SIGTERM || signal == libc::SIGINT {
+        STOPPING.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
 
 /// Runs the wrapper with its arguments (after the subcommand) and returns the exit status.
 pub fn run(args: Vec<String>) -> i32 {
@@ -116,6 +127,20 @@ pub fn run(args: Vec<String>) -> i32 {
             )
         });
     }
+    // Slurm signals every process of the step, the program included; the wrapper only has to
+    // outlive it to record how it ended. Caught from before the program starts, so that no stop
+    // can end the wrapper first.
+    for signal in [
+        libc::SIGTERM,
+        libc::SIGINT,
+        libc::SIGHUP,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
+        // SAFETY: `outlive` only stores to an atomic; a caught signal is reset to default in
+        // the child at exec.
+        unsafe { libc::signal(signal, outlive as *const () as libc::sighandler_t) };
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -124,18 +149,6 @@ pub fn run(args: Vec<String>) -> i32 {
             return 127;
         }
     };
-    // Slurm signals every process of the step, the program included; the wrapper only has to
-    // outlive it to record how it ended.
-    for signal in [
-        libc::SIGTERM,
-        libc::SIGINT,
-        libc::SIGHUP,
-        libc::SIGUSR1,
-        libc::SIGUSR2,
-    ] {
-        // SAFETY: `outlive` does nothing; a caught signal is reset to default in the child at exec.
-        unsafe { libc::signal(signal, outlive as *const () as libc::sighandler_t) };
-    }
     let status = loop {
         match child.wait() {
             Ok(s) => break s,
@@ -149,11 +162,32 @@ pub fn run(args: Vec<String>) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     let signal = status.signal();
     write_record(&records, rank, local_rank, &node, status.code(), signal);
+    if STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
+        // Not a failure srun should answer by killing the other tasks (see the module's doc).
+        return 0;
+    }
     match (status.code(), signal) {
         (Some(code), _) => code,
         (None, Some(sig)) => 128 + sig,
         _ => 1,
     }
+}
+
+/// The exit status of the first task (by rank) of `dir`'s records that did not exit 0: its
+/// exit code, or 128 + the signal that ended it; `None` when every recorded task exited 0.
+pub fn first_failure(dir: &std::path::Path) -> Option<i32> {
+    load_records(dir)
+        .iter()
+        .find_map(|r| match (r.exit_code, &r.signal) {
+            (_, Some(signal)) => Some(
+                signal
+                    .parse::<nix::sys::signal::Signal>()
+                    .map_or(1, |s| 128 + s as i32),
+            ),
+            (Some(0), None) => None,
+            (Some(code), None) => Some(code),
+            (None, None) => Some(1),
+        })
 }
 
 fn write_record(
@@ -209,5 +243,32 @@ mod tests {
         assert_eq!(first_host("gpu[01-04,07],cpu1").as_deref(), Some("gpu01"));
         assert_eq!(first_host("n[3,5]-ib").as_deref(), Some("n3-ib"));
         assert_eq!(first_host(""), None);
+    }
+
+    #[test]
+    fn the_first_failed_task_by_rank_gives_the_exit_status() {
+        let dir = e2e_tests::Scratch::new("task-first-failure");
+        let record = |rank: u32, exit_code: Option<i32>, signal: Option<i32>| {
+            write_record(
+                &Some(dir.to_path_buf()),
+                rank,
+                rank,
+                "n1",
+                exit_code,
+                signal,
+            )
+        };
+        assert_eq!(first_failure(&dir), None, "no records");
+        record(0, Some(0), None);
+        record(1, Some(0), None);
+        assert_eq!(first_failure(&dir), None, "every task exited 0");
+        record(2, None, Some(libc::SIGKILL));
+        assert_eq!(first_failure(&dir), Some(128 + 9), "killed by SIGKILL");
+        record(1, Some(7), None);
+        assert_eq!(
+            first_failure(&dir),
+            Some(7),
+            "the lowest failed rank's exit"
+        );
     }
 }
