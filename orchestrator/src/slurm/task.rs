@@ -12,8 +12,9 @@
 //! program ends, and exits as the program did — except while the step is being stopped (the
 //! wrapper got SIGTERM or SIGINT): then it exits 0 whatever the program did. srun runs the step
 //! with `--kill-on-bad-exit`, and a task that has written its checkpoint and exits with its
-//! resumable code must not have srun SIGKILL the tasks still writing theirs within the grace
-//! period. The program's real exit is in its record, which the launcher reports.
+//! resumable code must not have srun start ending the tasks still writing theirs (Slurm's
+//! SIGKILL follows after its `KillWait`, which may be shorter than the run's grace period). The
+//! program's real exit is in its record, which the launcher reports.
 
 use protocol::report::TaskRecord;
 use protocol::worker::ENV_EVENTS;
