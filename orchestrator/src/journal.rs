@@ -28,7 +28,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// How long a stage's end record may wait for the fsync it shares with the ends around it.
-pub const GROUP_COMMIT: Duration = Duration::from_millis(20);
+/// Each fsync is a flush of the disk's write cache and its interrupts; at 20 ms a sweep of
+/// short stages flushed 85 times a second, and 5,000-stage sweeps on this project's
+/// development machine ran 2% faster (median of eight alternations) at 100 ms.
+pub const GROUP_COMMIT: Duration = Duration::from_millis(100);
 
 pub use protocol::journal::JournalRecord;
 

@@ -95,7 +95,8 @@ fn own_children() -> Vec<i32> {
         return Vec::new();
     };
     let mut text = Vec::new();
-    let mut chunk = [0u8; 4096];
+    // Small: usually the only child is the guard (a larger buffer cost its zeroing each time).
+    let mut chunk = [0u8; 512];
     loop {
         match file.read_at(&mut chunk, text.len() as u64) {
             Ok(0) | Err(_) => break,

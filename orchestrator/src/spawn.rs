@@ -59,8 +59,10 @@ pub struct EnvBase {
     bytes: Vec<u8>,
     /// Each string's place in `bytes`: its start, the end of its key, its end (past the NUL).
     entries: Vec<(usize, usize, usize)>,
-    /// The keys, to find the ones a spawn sets itself.
-    keys: std::collections::HashSet<String>,
+    /// Each key and the index in `entries` of its last string: to find the ones a spawn sets
+    /// itself, and a key's value without going through every variable (a sweep asks for
+    /// `PATH` at every spawn).
+    keys: std::collections::HashMap<String, usize>,
 }
 
 impl EnvBase {
@@ -78,8 +80,8 @@ impl EnvBase {
             base.bytes.push(b'=');
             base.bytes.extend_from_slice(value.as_bytes());
             base.bytes.push(0);
+            base.keys.insert(key.to_string(), base.entries.len());
             base.entries.push((start, key_end, base.bytes.len()));
-            base.keys.insert(key.to_string());
         }
         base
     }
@@ -96,13 +98,9 @@ impl EnvBase {
 
     /// The value of `key`, if set.
     pub fn get(&self, key: &str) -> Option<&str> {
-        if !self.keys.contains(key) {
-            return None;
-        }
-        self.iter()
-            .filter(|&(k, _)| k == key)
-            .map(|(_, v)| v)
-            .last()
+        let &(_, key_end, end) = self.entries.get(*self.keys.get(key)?)?;
+        // The value was a `str` when it came in, and the split is at its ends: still UTF-8.
+        std::str::from_utf8(&self.bytes[key_end + 1..end - 1]).ok()
     }
 }
 
@@ -207,7 +205,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
     }
     if let Some(base) = req.env_base {
         let offset = bytes.len();
-        if req.env.iter().any(|(key, _)| base.keys.contains(*key)) {
+        if req.env.iter().any(|(key, _)| base.keys.contains_key(*key)) {
             for &(start, key_end, end) in &base.entries {
                 let key = &base.bytes[start..key_end];
                 if req.env.iter().any(|(k, _)| k.as_bytes() == key) {
