@@ -597,7 +597,7 @@ async fn run_in_span(
                             attempt,
                             pid: launched.pid() as u32,
                             gpus: given.iter().map(|g| g.uuid.clone()).collect(),
-                            plan_hash: fingerprints.get(i).to_string(),
+                            plan_hash: fingerprints.get(i),
                         })?;
                         let services = services.clone();
                         let mut cancel = cancel_tx.subscribe();
@@ -1064,7 +1064,7 @@ fn finished_record(
     attempt: u32,
     status: StageStatus,
     error: Option<String>,
-    plan_hash: &str,
+    plan_hash: String,
     result: Option<&AttemptResult>,
 ) -> JournalRecord {
     JournalRecord::StageFinished {
@@ -1076,7 +1076,7 @@ fn finished_record(
             (StageStatus::Succeeded, Some(r)) => r.checkpoints.clone(),
             _ => Vec::new(),
         },
-        plan_hash: plan_hash.to_string(),
+        plan_hash,
         metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
         wall_s: result.map(|r| r.wall.as_secs_f64()),
     }
