@@ -909,7 +909,7 @@ async fn run_in_span(
                 // more than 0.2% of the time (a 100,000-stage sweep's report is tens of
                 // megabytes; every rewrite is time the next stage waits, so its share is a
                 // cost per stage that grows with the plan: at 0.5% it was 3% of the scheduling
-                // thread's time in a 20,000-stage sweep).
+                // thread's time in a 20,000-stage sweep, two runs by hand).
                 if last_report.elapsed() >= report_every {
                     run_files.finish(&console)?;
                     let t = Instant::now();
