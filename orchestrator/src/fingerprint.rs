@@ -211,4 +211,19 @@ mod tests {
             "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ntimeout = \"2h\"\nretries = 3\n";
         assert_eq!(prints(base), prints(edited));
     }
+
+    /// The fingerprints a run journals must not change from one version to the next: a
+    /// resumed run compares them with the ones an earlier binary wrote (these were computed
+    /// by the code before fingerprints moved to their own thread, c6d9fe9).
+    #[test]
+    fn fingerprints_are_the_ones_earlier_versions_wrote() {
+        let src = "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n[[stage]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"echo\", \"{input.a}\"]\n";
+        assert_eq!(prints(src), GOLDEN);
+        let plan = parse_plan_toml(src, "t.toml", Path::new("/")).unwrap();
+        assert_eq!(Background::start(Arc::new(plan)).all(), GOLDEN);
+    }
+    const GOLDEN: [&str; 2] = [
+        "f1629ed73e0fa9eb1b68a57a78ca12d71859a32ef6b6097888932108076fecb9",
+        "4810c29773989abd01c43ea0f5255971ed7b6525adc9dc7b4d409cab32e497d8",
+    ];
 }
