@@ -224,6 +224,23 @@ outputs = ["absent"]
 fn escaped_descendants_are_found_and_killed() {
     let s = Scratch::new("escape");
     let m = marker("escape");
+    // A stage exits only once its escaped `sleep` has exec'd (a fixed pause was not always
+    // enough on a loaded machine: the report then named `setsid`, caught before its exec).
+    // Only the escaped process has ESCAPED in its environment.
+    let until_escaped = s.write(
+        "until-escaped.sh",
+        r#"i=0
+while [ $i -lt 200 ]; do
+  for f in $(grep -lzxF "$1" /proc/[0-9]*/environ 2>/dev/null); do
+    [ "$(cat "${f%/environ}/comm" 2>/dev/null)" = sleep ] && exit 0
+  done
+  sleep 0.05; i=$((i + 1))
+done
+echo "no sleep with $1 in its environment after 10 s" >&2
+exit 1
+"#,
+    );
+    let wait = until_escaped.display();
     let plan = s.write(
         "plan.toml",
         &format!(
@@ -233,12 +250,12 @@ grace = "1s"
 
 [[stage]]
 name = "setsid-daemon"
-command = ["sh", "-c", "setsid sh -c 'trap \"\" TERM; sleep 300' > /dev/null 2>&1 < /dev/null & sleep 0.3; exit 0"]
+command = ["sh", "-c", "setsid env ESCAPED=setsid-$MARKER sh -c 'trap \"\" TERM; sleep 300' > /dev/null 2>&1 < /dev/null & sh {wait} ESCAPED=setsid-$MARKER"]
 env = {{ MARKER = "{m}" }}
 
 [[stage]]
 name = "double-fork"
-command = ["sh", "-c", "(sleep 300 &) ; sleep 0.3; exit 0"]
+command = ["sh", "-c", "(ESCAPED=double-$MARKER sleep 300 &) ; sh {wait} ESCAPED=double-$MARKER"]
 env = {{ MARKER = "{m}" }}
 
 [[stage]]
