@@ -279,6 +279,7 @@ pub(crate) fn prepare_attempt(
         attempt,
         resumable: !fresh_output
             && std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
+        master_port: crate::rendezvous::stage_port(&stage.env).map(|(port, _)| port),
     };
     let mut env = contract::environment(&paths, &stage.env);
     if let Some(n) = cpu_threads {
@@ -289,12 +290,10 @@ pub(crate) fn prepare_attempt(
         }
     }
     if machine_has_gpus {
-        let visible = gpus
-            .iter()
-            .map(|g| g.uuid.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
+        env.extend(crate::gpu::visible::stage_env(
+            gpus,
+            plan.plan.run.cuda_visible_devices,
+        ));
     }
     let argv = match (&stage.command, worker) {
         (Some(command), _) => command

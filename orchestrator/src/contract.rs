@@ -30,6 +30,9 @@ pub struct ContractPaths<'a> {
     pub attempt: u32,
     /// Whether the output directory holds an earlier attempt's files.
     pub resumable: bool,
+    /// The attempt's rendezvous port ([`crate::rendezvous`]): `{master_port}`, and
+    /// `MASTER_PORT`/`PET_MASTER_PORT` unless the plan's `env` sets them.
+    pub master_port: Option<u16>,
 }
 
 /// The `ORCHESTRATE_*` variables of an attempt, then the plan's own `env` entries. Inputs
@@ -75,11 +78,18 @@ pub fn environment(
     {
         env.push((input_env_var(name), dir.to_string_lossy().into_owned()));
     }
+    if let Some(port) = paths.master_port {
+        for var in crate::rendezvous::PORT_VARS {
+            if !plan_env.contains_key(var) {
+                env.push((var.to_string(), port.to_string()));
+            }
+        }
+    }
     env.extend(plan_env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
 }
 
-/// Expands `{output}`, `{input.NAME}`, `{run_dir}` and `{stage}` in one argument; `{{` and `}}`
+/// Expands `{output}`, `{input.NAME}`, `{run_dir}`, `{stage}` and `{master_port}` in one argument; `{{` and `}}`
 /// stand for literal braces (the grammar of [`crate::plan::placeholder`]). An argument that
 /// does not parse, or names no known input, is passed as written: validation refuses those
 /// before a run starts.
@@ -103,6 +113,10 @@ pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
                 out.push_str(&paths.run_dir.to_string_lossy())
             }
             Piece::Placeholder(Placeholder::Stage) => out.push_str(paths.stage),
+            Piece::Placeholder(Placeholder::MasterPort) => match paths.master_port {
+                Some(port) => out.push_str(&port.to_string()),
+                None => return arg.to_string(),
+            },
             // Matrix values are substituted when the plan is expanded; none is left here.
             Piece::Placeholder(Placeholder::Matrix(_)) => return arg.to_string(),
             Piece::Placeholder(Placeholder::Input(name)) => match paths.inputs.get(name) {
@@ -135,6 +149,7 @@ mod tests {
             inputs_file: Path::new("/r/stages/sft/inputs.json"),
             attempt: 2,
             resumable: true,
+            master_port: Some(23456),
         };
         assert_eq!(
             expand("--out={output}/m.pt", &paths),
@@ -148,6 +163,7 @@ mod tests {
             expand("{{literal}} {stage}@{run_dir}", &paths),
             "{literal} sft@/r"
         );
+        assert_eq!(expand("--port={master_port}", &paths), "--port=23456");
         assert_eq!(expand("{unknown}", &paths), "{unknown}");
         assert_eq!(expand("{input.nope}", &paths), "{input.nope}");
         let env = environment(&paths, &BTreeMap::from([("A".into(), "1".into())]));
@@ -161,6 +177,13 @@ mod tests {
             "/r/stages/sft/output".into()
         )));
         assert_eq!(env.last().unwrap(), &("A".to_string(), "1".to_string()));
+        assert!(env.contains(&("MASTER_PORT".into(), "23456".into())));
+        assert!(env.contains(&("PET_MASTER_PORT".into(), "23456".into())));
+        let own = environment(
+            &paths,
+            &BTreeMap::from([("MASTER_PORT".into(), "1".into())]),
+        );
+        assert_eq!(own.iter().filter(|(k, _)| k == "MASTER_PORT").count(), 1);
         assert!(env.contains(&(
             "ORCHESTRATE_INPUTS_FILE".into(),
             "/r/stages/sft/inputs.json".into()
@@ -187,6 +210,7 @@ mod tests {
             inputs_file: Path::new("/r/stages/agg/inputs.json"),
             attempt: 1,
             resumable: false,
+            master_port: None,
         };
         let env = environment(&paths, &BTreeMap::new());
         assert!(!env.iter().any(|(k, _)| k.starts_with("ORCHESTRATE_INPUT_")));

@@ -34,6 +34,8 @@ pub struct GpuInventory {
     pub probe: Option<Rc<dyn MemoryProbe>>,
     /// The driver version, or why there is no NVML.
     pub status: Result<String, gpu::NvmlUnavailable>,
+    /// Set when NVML's numbering differs from the PCI bus order stages are given.
+    pub order_note: Option<String>,
 }
 
 /// Why a stage waits for GPUs: not a failure, the stage is placed once they come free. Said
@@ -157,28 +159,36 @@ impl Host {
                 gpus,
                 probe: Some(Rc::new(probe)),
                 status: Ok("fake GPUs (ORCHESTRATE_FAKE_GPUS)".into()),
+                order_note: None,
             },
             None => match gpu::discover() {
                 Inventory::Available {
                     gpus,
                     probe,
                     driver,
+                    order,
                 } => GpuInventory {
                     gpus,
                     probe: Some(Rc::from(probe as Box<dyn MemoryProbe>)),
                     status: Ok(driver),
+                    order_note: order.note(),
                 },
                 Inventory::Unavailable(why) => GpuInventory {
                     gpus: Vec::new(),
                     probe: None,
                     status: Err(why),
+                    order_note: None,
                 },
             },
         };
-        let (gpus, gpu_note) = crate::slurm::allowed_gpus(
+        let (gpus, slurm_note) = crate::slurm::allowed_gpus(
             std::mem::take(&mut inventory.gpus),
             crate::slurm::Allocation::detect().as_ref(),
         );
+        let gpu_note = match (slurm_note, inventory.order_note.take()) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
+        };
         inventory.gpus = gpus;
         let mut idle = HashMap::new();
         if let Some(probe) = &inventory.probe {

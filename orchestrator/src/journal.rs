@@ -357,9 +357,85 @@ pub fn read_journal(path: &Path) -> io::Result<Vec<JournalRecord>> {
     Ok(records)
 }
 
+/// An attempt the journal shows started and not (yet) finished: in a live run, a running
+/// stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenAttempt {
+    /// Stage name.
+    pub stage: String,
+    /// Attempt number.
+    pub attempt: u32,
+    /// PID of its first process.
+    pub pid: u32,
+    /// When it started (the record's `t`), milliseconds since the epoch; 0 if not recorded.
+    pub since_ms: u64,
+}
+
+/// The attempts of the journal at `path` that started and have no finish record after them,
+/// in the order they started (what `status` shows as running while the run is live).
+pub fn open_attempts(path: &Path) -> io::Result<Vec<OpenAttempt>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut open: Vec<OpenAttempt> = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let Ok(record) = serde_json::from_str::<JournalRecord>(line) else {
+            continue; // a torn last line, or a line `read_journal` reports
+        };
+        match record {
+            JournalRecord::StageStarted {
+                stage,
+                attempt,
+                pid,
+                ..
+            } => {
+                let since_ms = serde_json::from_str::<serde_json::Value>(line)
+                    .ok()
+                    .and_then(|v| v.get("t")?.as_u64())
+                    .unwrap_or(0);
+                open.retain(|a| a.stage != stage);
+                open.push(OpenAttempt {
+                    stage,
+                    attempt,
+                    pid,
+                    since_ms,
+                });
+            }
+            JournalRecord::StageFinished { stage, .. } => open.retain(|a| a.stage != stage),
+            _ => {}
+        }
+    }
+    Ok(open)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_attempts_are_those_started_and_not_finished() {
+        let dir = crate::testutil::scratch("journal-open");
+        let path = dir.join("journal.jsonl");
+        let started = |stage: &str, attempt, pid, t| {
+            format!("{{\"v\":1,\"t\":{t},\"rec\":\"stage_started\",\"stage\":\"{stage}\",\"attempt\":{attempt},\"pid\":{pid},\"gpus\":[]}}\n")
+        };
+        let finished = |stage: &str, attempt| {
+            format!("{{\"v\":1,\"t\":9,\"rec\":\"stage_finished\",\"stage\":\"{stage}\",\"attempt\":{attempt},\"status\":\"failed\"}}\n")
+        };
+        let text = [
+            started("a", 1, 10, 1000),
+            started("b", 1, 11, 1001),
+            finished("a", 1),
+            started("a", 2, 12, 2000),
+            "{\"v\":1,\"t\":3000,\"rec\":\"stage_sta".to_string(),
+        ]
+        .concat();
+        std::fs::write(&path, text).unwrap();
+        let open = open_attempts(&path).unwrap();
+        let got: Vec<_> = open
+            .iter()
+            .map(|a| (a.stage.as_str(), a.attempt, a.pid, a.since_ms))
+            .collect();
+        assert_eq!(got, [("b", 1, 11, 1001), ("a", 2, 12, 2000)]);
+    }
 
     #[test]
     fn grouped_records_are_flushed_within_the_group_window_however_they_arrive() {

@@ -37,6 +37,7 @@ pub mod plan;
 pub(crate) mod prepare;
 pub mod proctree;
 pub mod reaper;
+pub mod rendezvous;
 pub mod report;
 pub mod results;
 pub mod resume;

@@ -681,6 +681,15 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
         }
     };
     let owner = orchestrator::rundir::live_owner(&root);
+    // While the run is live, a stage started and not finished is running, not interrupted.
+    let running = match owner {
+        Some(_) => {
+            orchestrator::journal::open_attempts(&root.join(orchestrator::rundir::JOURNAL_FILE))
+                .unwrap_or_default()
+        }
+        None => Vec::new(),
+    };
+    let running_of = |stage: &str| running.iter().find(|a| a.stage == stage);
     let prints = orchestrator::fingerprint::stage_fingerprints(&loaded);
     let decisions = orchestrator::resume::decide(&loaded, &prints, &records);
     if json {
@@ -689,7 +698,11 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             .stages
             .iter()
             .zip(&decisions)
-            .map(|(s, d)| serde_json::json!({"stage": s.name, "resume": d}))
+            .map(|(s, d)| match running_of(&s.name) {
+                Some(a) => serde_json::json!({"stage": s.name, "resume": d, "running": {
+                    "attempt": a.attempt, "pid": a.pid, "since_unix_ms": a.since_ms}}),
+                None => serde_json::json!({"stage": s.name, "resume": d}),
+            })
             .collect();
         let out = serde_json::json!({
             "run_dir": root.display().to_string(),
@@ -700,11 +713,29 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
     } else {
         if let Some(owner) = &owner {
             println!(
-                "{} is running now ({owner}); if it stopped here, a resume would do this:",
+                "{} is running now ({owner}); stages not running now show what a resume would do:",
                 root.display()
             );
         }
-        print!("{}", orchestrator::resume::render(&loaded, &decisions));
+        let now_ms = orchestrator::timefmt::unix_ms();
+        let text = orchestrator::resume::render(&loaded, &decisions);
+        let names = loaded.plan.stages.iter().map(|s| s.name.as_str());
+        let width = orchestrator::table::column_width("stage", names);
+        for (line, stage) in text.lines().zip(&loaded.plan.stages) {
+            match running_of(&stage.name) {
+                Some(a) => {
+                    println!(
+                        "{:<width$}  running (attempt {}, pid {}, since {}, {:.0} s ago)",
+                        stage.name,
+                        a.attempt,
+                        a.pid,
+                        orchestrator::timefmt::rfc3339_ms(a.since_ms),
+                        now_ms.saturating_sub(a.since_ms) as f64 / 1e3
+                    );
+                }
+                None => println!("{line}"),
+            }
+        }
     }
     ExitCode::SUCCESS
 }

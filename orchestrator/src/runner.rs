@@ -554,7 +554,7 @@ async fn run_in_span(
                         cpu_threads,
                         written.as_ref().map(|&(fresh, _)| fresh),
                     ) {
-                        Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, i, slurm.as_ref()),
+                        Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, slurm.as_ref()),
                         Err(failure) => {
                             host.give_back_gpus(&given);
                             fail_before_start(
@@ -827,14 +827,14 @@ async fn run_in_span(
                             start_s: t.spawned - started_unix,
                             end_s: t.verified - started_unix,
                             baseline_bytes: g.baseline_bytes,
-                            clean: g.verdict == protocol::report::GpuVerdict::Clean,
+                            clean: g.verdict != protocol::report::GpuVerdict::Leaked,
                         });
                     }
                 }
                 for g in result
                     .gpu
                     .iter()
-                    .filter(|g| g.verdict != protocol::report::GpuVerdict::Clean)
+                    .filter(|g| g.verdict == protocol::report::GpuVerdict::Leaked)
                 {
                     leaked_any = true;
                     match settings.on_leak {

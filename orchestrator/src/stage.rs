@@ -601,6 +601,8 @@ pub async fn supervise(
     // GPU verdicts, now that every process of the stage is gone.
     let mut gpu_records = Vec::new();
     if let Some(probe) = &probe {
+        let ours = crate::guard::token_prefix(std::process::id()).into_bytes();
+        let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
         for (uuid, baseline, peak) in &baselines {
             let v = await_reclaim(
                 probe.as_ref(),
@@ -608,21 +610,11 @@ pub async fn supervise(
                 *baseline,
                 services.tolerance_bytes,
                 services.reclaim_timeout,
+                &owner,
             )
             .await;
             if !v.clean {
-                let holders = v.holders.iter().map(|h| h.to_string()).collect::<Vec<_>>();
-                console.warn(&format!(
-                    "{}: GPU {uuid} leaked: {} MiB above its baseline after {} ms{}",
-                    plan.name,
-                    v.excess_bytes() / (1 << 20),
-                    v.reclaim.as_millis(),
-                    if holders.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; held by {}", holders.join(", "))
-                    }
-                ));
+                console.warn(&verdict_line(&plan.name, &v));
             }
             gpu_records.push(GpuRecord {
                 uuid: uuid.clone(),
@@ -632,10 +624,13 @@ pub async fn supervise(
                 reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
                 verdict: if v.clean {
                     GpuVerdict::Clean
+                } else if v.taken_by_other {
+                    GpuVerdict::TakenByOther
                 } else {
                     GpuVerdict::Leaked
                 },
                 holders: v.holders.iter().map(|h| h.to_string()).collect(),
+                note: v.note.clone(),
             });
         }
     }
@@ -913,6 +908,32 @@ fn open_logs(
 }
 
 /// The last 20 lines (at most 4 KiB) that the attempt wrote to `path` after `offset`.
+/// The console's line for a GPU that did not come back clean: a leak, or memory someone else
+/// took while the stage ran (who, how much, and that the next stage waits for it).
+fn verdict_line(stage: &str, v: &crate::gpu::ReclaimVerdict) -> String {
+    let holders = v.holders.iter().map(|h| h.to_string()).collect::<Vec<_>>();
+    let mib = v.excess_bytes() / (1 << 20);
+    if v.taken_by_other {
+        return format!(
+            "{stage}: GPU {} is busy, not leaked: {mib} MiB above its baseline are held by {}, outside the stage's tree; stages wait for it to be empty",
+            v.uuid,
+            holders.join(", ")
+        );
+    }
+    let mut line = format!(
+        "{stage}: GPU {} leaked: {mib} MiB above its baseline after {} ms",
+        v.uuid,
+        v.reclaim.as_millis()
+    );
+    if !holders.is_empty() {
+        line.push_str(&format!("; held by {}", holders.join(", ")));
+    }
+    if let Some(note) = &v.note {
+        line.push_str(&format!(" ({note})"));
+    }
+    line
+}
+
 fn read_tail(path: &Path, offset: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut file) = std::fs::File::open(path) else {

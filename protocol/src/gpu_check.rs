@@ -40,4 +40,8 @@ pub struct CheckResult {
     pub clean: bool,
     /// How long the command waited for the GPUs to become clean.
     pub waited_ms: f64,
+    /// Set when NVML's numbering of the GPUs differs from their PCI bus order (which stages
+    /// are given), or a bus id could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_note: Option<String>,
 }

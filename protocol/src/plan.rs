@@ -53,6 +53,9 @@ pub struct RunSettings {
     /// Path of the `stage-worker` binary for built-in stages (default: beside `orchestrate`).
     #[serde(default)]
     pub worker: Option<String>,
+    /// How a stage's GPUs are named in `CUDA_VISIBLE_DEVICES` (default "index").
+    #[serde(default)]
+    pub cuda_visible_devices: VisibleDevices,
 }
 
 fn default_grace() -> HumanDuration {
@@ -77,6 +80,7 @@ impl Default for RunSettings {
             on_leak: OnLeak::default(),
             fail_fast: false,
             worker: None,
+            cuda_visible_devices: VisibleDevices::default(),
         }
     }
 }
@@ -92,6 +96,20 @@ pub enum GpuCheck {
     Required,
     /// Never check.
     Off,
+}
+
+/// How a stage's GPUs are named in its `CUDA_VISIBLE_DEVICES`. Their UUIDs are always in
+/// `ORCHESTRATE_GPU_UUIDS` as well.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VisibleDevices {
+    /// CUDA indices in PCI bus order, with `CUDA_DEVICE_ORDER=PCI_BUS_ID`: what every
+    /// framework parses (DeepSpeed, for one, accepts nothing else).
+    #[default]
+    Index,
+    /// NVML UUIDs (`GPU-…`): unambiguous, and the only way to name MIG instances, but some
+    /// frameworks cannot parse them.
+    Uuid,
 }
 
 /// What a leak verdict does to the run.

@@ -203,19 +203,28 @@ pub struct GpuRecord {
     pub reclaim_ms: f64,
     /// Whether the memory came back.
     pub verdict: GpuVerdict,
-    /// Processes still holding memory at a leak verdict ("pid name bytes").
+    /// Processes still holding memory at a verdict other than clean ("pid name bytes").
     #[serde(default)]
     pub holders: Vec<String>,
+    /// Why the verdict is what it is, when it is not clean (who holds the memory, or why the
+    /// holders could not be attributed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
-/// Whether a GPU's memory came back after a stage (serialised as `"clean"` / `"leaked"`).
+/// Whether a GPU's memory came back after a stage (serialised as `"clean"`, `"leaked"` or
+/// `"taken_by_other"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum GpuVerdict {
     /// Back at the baseline, within the tolerance, with no process of the stage left on it.
     Clean,
-    /// Still above the baseline when the reclaim timeout ran out.
+    /// Still above the baseline when the reclaim timeout ran out, with memory held by the
+    /// stage's own processes, by no listed process, or by processes that cannot be told apart.
     Leaked,
+    /// Above the baseline only because of processes outside the stage's tree (another user, a
+    /// notebook): not the stage's leak. The GPU is busy; no stage gets it until it is empty.
+    TakenByOther,
 }
 
 impl GpuVerdict {
@@ -224,6 +233,7 @@ impl GpuVerdict {
         match self {
             GpuVerdict::Clean => "clean",
             GpuVerdict::Leaked => "leaked",
+            GpuVerdict::TakenByOther => "taken_by_other",
         }
     }
 }

@@ -379,7 +379,7 @@ fn the_same_stage_of_two_runs_at_once_gets_its_own_event_socket() {
 
 fn gpu_plan(name: &str, record: &Path, secs: &str) -> String {
     format!(
-        "[[stage]]\nname = \"{name}\"\ngpus = 1\ncommand = [\"sh\", \"-c\", \"echo start $(date +%s.%N) $CUDA_VISIBLE_DEVICES >> {r}; sleep {secs}; echo end $(date +%s.%N) $CUDA_VISIBLE_DEVICES >> {r}\"]\n",
+        "[[stage]]\nname = \"{name}\"\ngpus = 1\ncommand = [\"sh\", \"-c\", \"echo start $(date +%s.%N) $ORCHESTRATE_GPU_UUIDS >> {r}; sleep {secs}; echo end $(date +%s.%N) $ORCHESTRATE_GPU_UUIDS >> {r}\"]\n",
         r = record.display()
     )
 }

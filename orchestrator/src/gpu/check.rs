@@ -27,12 +27,13 @@ fn read(probe: &dyn MemoryProbe, gpus: &[GpuInfo], max_used: u64) -> Vec<GpuStat
 /// Takes a snapshot; with `wait`, polls until every GPU is clean or `timeout` passes.
 /// `Err` says why NVML could not be used.
 pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, NvmlUnavailable> {
-    let (gpus, probe, driver) = match discover() {
+    let (gpus, probe, driver, order) = match discover() {
         Inventory::Available {
             gpus,
             probe,
             driver,
-        } => (gpus, probe, driver),
+            order,
+        } => (gpus, probe, driver, order),
         Inventory::Unavailable(why) => return Err(why),
     };
     let start = Instant::now();
@@ -56,6 +57,7 @@ pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, N
         clean: states.iter().all(|s| s.clean),
         gpus: states,
         waited_ms: start.elapsed().as_secs_f64() * 1e3,
+        order_note: order.note(),
     })
 }
 
@@ -80,6 +82,9 @@ pub fn render_text(result: &CheckResult) -> String {
     }
     if result.gpus.is_empty() {
         out.push_str("NVML lists no GPU\n");
+    }
+    if let Some(note) = &result.order_note {
+        out.push_str(&format!("note: {note}\n"));
     }
     out
 }

@@ -4,7 +4,8 @@
 //!
 //! A foreign holder of GPU `GPU-fake-<i>` is a line `PID NAME BYTES` in the file
 //! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>`; its used memory is the sum of the lines' bytes.
-//! Not for production: stages placed on fake GPUs get their UUIDs in `CUDA_VISIBLE_DEVICES`.
+//! Not for production: stages placed on fake GPUs get indices 0..N in `CUDA_VISIBLE_DEVICES`,
+//! which on a machine with real GPUs name real ones that nothing verifies.
 
 use super::{GpuInfo, Holder, MemoryProbe, ProbeError};
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ pub fn from_env() -> Option<(Vec<GpuInfo>, FakeProbe)> {
     let gpus = (0..n)
         .map(|index| GpuInfo {
             index,
+            cuda_index: index,
             uuid: format!("GPU-fake-{index}"),
             name: "fake GPU".into(),
             total_bytes: 80 << 30,

@@ -6,6 +6,7 @@
 //! timeout, verdict, quarantine) works on the [`MemoryProbe`] trait, so it is tested against
 //! recorded samples; [`NvmlProbe`] is the only production probe.
 
+pub mod attribution;
 pub mod check;
 pub mod fake;
 mod nvml;
@@ -13,6 +14,7 @@ mod pool;
 mod reclaim;
 pub mod svg;
 pub mod timeline;
+pub mod visible;
 
 pub use nvml::{discover, Inventory, NvmlProbe, NvmlUnavailable};
 pub use pool::GpuPool;
@@ -21,9 +23,13 @@ pub use reclaim::{await_reclaim, ReclaimVerdict};
 /// One GPU of the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuInfo {
-    /// NVML index (not necessarily the CUDA index).
+    /// NVML index (NVML numbers GPUs in PCI bus order).
     pub index: u32,
-    /// NVML UUID ("GPU-…"), which `CUDA_VISIBLE_DEVICES` accepts.
+    /// The index CUDA gives this GPU under `CUDA_DEVICE_ORDER=PCI_BUS_ID`: its place among
+    /// every GPU of the machine sorted by PCI bus id (equal to `index` where NVML keeps its
+    /// documented order; [`visible`] hands stages this one).
+    pub cuda_index: u32,
+    /// NVML UUID ("GPU-…").
     pub uuid: String,
     /// Product name.
     pub name: String,

@@ -16,6 +16,8 @@ pub enum Inventory {
         probe: Box<NvmlProbe>,
         /// Driver version, for reports.
         driver: String,
+        /// Whether NVML's numbering agrees with the PCI bus order stages are told to use.
+        order: super::visible::IndexOrder,
     },
     /// NVML could not be loaded or initialised; the reason, for the user.
     Unavailable(NvmlUnavailable),
@@ -49,6 +51,7 @@ pub fn discover() -> Inventory {
         Err(e) => return Inventory::Unavailable(NvmlUnavailable::Count(e)),
     };
     let mut gpus = Vec::new();
+    let mut bus_ids = Vec::new();
     for index in 0..count {
         let Ok(device) = nvml.device_by_index(index) else {
             continue;
@@ -56,13 +59,16 @@ pub fn discover() -> Inventory {
         let (Ok(uuid), Ok(memory)) = (device.uuid(), device.memory_info()) else {
             continue;
         };
+        bus_ids.push(device.pci_info().map(|p| p.bus_id).ok());
         gpus.push(GpuInfo {
             index,
+            cuda_index: index,
             uuid,
             name: device.name().unwrap_or_else(|_| "unknown GPU".into()),
             total_bytes: memory.total,
         });
     }
+    let order = super::visible::assign_cuda_indices(&mut gpus, &bus_ids);
     let driver = nvml
         .sys_driver_version()
         .unwrap_or_else(|_| "unknown".into());
@@ -74,6 +80,7 @@ pub fn discover() -> Inventory {
             index_by_uuid,
         }),
         driver,
+        order,
     }
 }
 

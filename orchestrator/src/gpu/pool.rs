@@ -89,6 +89,7 @@ mod tests {
 
     fn gpu(i: u32) -> GpuInfo {
         GpuInfo {
+            cuda_index: i,
             index: i,
             uuid: format!("GPU-{i}"),
             name: "H200".into(),

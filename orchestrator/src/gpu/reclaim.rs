@@ -1,5 +1,6 @@
 //! Waiting for a GPU to come back to its baseline after a stage, and the verdict.
 
+use super::attribution::{attribute, Attribution, Owner};
 use super::{Holder, MemoryProbe};
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,13 @@ pub struct ReclaimVerdict {
     pub reclaim: Duration,
     /// Whether the GPU came back within tolerance.
     pub clean: bool,
-    /// At a leak: who holds memory now.
+    /// Not clean, but only because processes outside the stage's tree hold the memory
+    /// ([`super::attribution`]): not the stage's leak.
+    pub taken_by_other: bool,
+    /// When not clean: who holds memory now.
     pub holders: Vec<Holder>,
+    /// When not clean: why the memory is, or is not, the stage's.
+    pub note: Option<String>,
     /// The last reading's error, as the report words it, if readings failed (text: the
     /// verdict is cloned and compared, which the probe's error is not).
     pub error: Option<String>,
@@ -30,24 +36,33 @@ impl ReclaimVerdict {
     }
 }
 
-/// Polls `probe` until `uuid` is back within `tolerance` bytes of `baseline`, or `timeout`
-/// passes. The first reading is taken at once (the common case: memory is already back when
-/// the last process is reaped); later ones back off from 1 ms to 20 ms.
+/// Polls `probe` until `uuid` is back within `tolerance` bytes of `baseline`, or until the
+/// memory above it is held only by processes that `owner` says are foreign (waiting does not
+/// give that back), or `timeout` passes. The first reading is taken at once (the common case:
+/// memory is already back when the last process is reaped); later ones back off from 1 ms to
+/// 20 ms.
 pub async fn await_reclaim(
     probe: &dyn MemoryProbe,
     uuid: &str,
     baseline: u64,
     tolerance: u64,
     timeout: Duration,
+    owner: &dyn Fn(u32) -> Owner,
 ) -> ReclaimVerdict {
     let start = Instant::now();
     let mut last = baseline;
     let mut error: Option<String> = None;
-    let clean = crate::backoff::poll(timeout, Duration::from_millis(20), || {
+    let mut clean = false;
+    let mut taken = false;
+    crate::backoff::poll(timeout, Duration::from_millis(20), || {
         match probe.used_bytes(uuid) {
             Ok(used) => {
                 (last, error) = (used, None);
-                used <= baseline.saturating_add(tolerance)
+                clean = used <= baseline.saturating_add(tolerance);
+                taken = !clean
+                    && attribute(used - baseline, tolerance, &probe.holders(uuid), owner)
+                        == Attribution::TakenByOther;
+                clean || taken
             }
             Err(e) => {
                 error = Some(e.to_string());
@@ -56,17 +71,33 @@ pub async fn await_reclaim(
         }
     })
     .await;
+    let reclaim = start.elapsed();
+    let (holders, note) = if clean {
+        (Vec::new(), None)
+    } else {
+        let holders = probe.holders(uuid);
+        let excess = last.saturating_sub(baseline);
+        let note = match attribute(excess, tolerance, &holders, owner) {
+            Attribution::TakenByOther => {
+                taken = true;
+                Some("held only by processes outside the stage's tree".to_string())
+            }
+            Attribution::Stage(why) => {
+                taken = false;
+                why
+            }
+        };
+        (holders, note)
+    };
     ReclaimVerdict {
         uuid: uuid.to_string(),
         baseline_bytes: baseline,
         after_bytes: last,
-        reclaim: start.elapsed(),
+        reclaim,
         clean,
-        holders: if clean {
-            Vec::new()
-        } else {
-            probe.holders(uuid)
-        },
+        taken_by_other: taken && error.is_none(),
+        holders,
+        note,
         error,
     }
 }
@@ -124,6 +155,13 @@ mod tests {
             615 * MIB,
             tolerance,
             Duration::from_millis(timeout_ms),
+            &|pid| {
+                if pid == 77 {
+                    Owner::Ours
+                } else {
+                    Owner::Foreign
+                }
+            },
         ))
     }
 
@@ -168,6 +206,29 @@ mod tests {
         assert_eq!(v.after_bytes, 7577 * MIB);
         assert_eq!(v.holders[0].pid, 77);
         assert!(v.holders[0].to_string().contains("python"));
+    }
+
+    #[test]
+    fn memory_held_by_someone_else_ends_the_wait_at_once_and_is_not_a_leak() {
+        let mut probe = Recorded::new(vec![Some(615 * MIB + (3682 << 20))]);
+        probe.holders = vec![Holder {
+            pid: 815,
+            name: "python3".into(),
+            bytes: Some(3682 * MIB),
+        }];
+        let v = run(&probe, 64 * MIB, 5000);
+        assert!(!v.clean);
+        assert!(v.taken_by_other);
+        assert!(v.reclaim < Duration::from_millis(1000), "{:?}", v.reclaim);
+        assert_eq!(v.holders[0].pid, 815);
+        // The same memory held by a process of ours stays a leak.
+        let v = run(
+            &Recorded::new(vec![Some(615 * MIB + (4 << 30))]),
+            64 * MIB,
+            50,
+        );
+        assert!(!v.taken_by_other);
+        assert!(v.note.unwrap().contains("pid 77"));
     }
 
     #[test]

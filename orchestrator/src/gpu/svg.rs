@@ -159,6 +159,7 @@ mod tests {
     fn draws_every_stage_and_a_line_within_the_panel() {
         let gpus = vec![GpuInfo {
             index: 0,
+            cuda_index: 0,
             uuid: "GPU-abc".into(),
             name: "NVIDIA H200".into(),
             total_bytes: 140 << 30,

@@ -44,6 +44,7 @@ pub(crate) fn describe(path: &[Seg]) -> Option<&'static str> {
             "gpu_check" => "one of auto, required, off",
             "gpu_tolerance_mib" => "a whole number ≥ 0 (MiB)",
             "on_leak" => "one of fail, quarantine, warn",
+            "cuda_visible_devices" => "one of index, uuid",
             "worker" => "a string (the path of the stage-worker binary)",
             _ => return None,
         },

@@ -2,7 +2,7 @@
 //!
 //! In each argument, `{output}` stands for the stage's output directory, `{input.NAME}` for the
 //! output directory of upstream stage `NAME`, `{run_dir}` for the run directory and `{stage}`
-//! for the stage's name. `{{` and `}}` stand for literal braces; any other brace is an error.
+//! for the stage's name, `{master_port}` for the attempt's rendezvous port. `{{` and `}}` stand for literal braces; any other brace is an error.
 //! (`crate::contract::expand` does the expansion at run time; this is the strict reading that
 //! validation applies first.)
 
@@ -30,6 +30,8 @@ pub enum Placeholder<'a> {
     Stage,
     /// `{matrix.KEY}`: this instance's value of matrix key `KEY`.
     Matrix(&'a str),
+    /// `{master_port}`: the attempt's rendezvous port (also in `MASTER_PORT`).
+    MasterPort,
 }
 
 /// Why an argument's braces could not be read, phrased for the user.
@@ -57,7 +59,7 @@ impl fmt::Display for TemplateError {
 }
 
 /// The help shared by all template errors.
-pub const TEMPLATE_HELP: &str = "placeholders are {output}, {input.NAME}, {run_dir}, {stage} and {matrix.KEY}; write {{ and }} for literal braces";
+pub const TEMPLATE_HELP: &str = "placeholders are {output}, {input.NAME}, {run_dir}, {stage}, {master_port} and {matrix.KEY}; write {{ and }} for literal braces";
 
 /// Splits one argument into text and placeholders.
 pub fn parse(arg: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
@@ -85,6 +87,7 @@ pub fn parse(arg: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
             "output" => Placeholder::Output,
             "run_dir" => Placeholder::RunDir,
             "stage" => Placeholder::Stage,
+            "master_port" => Placeholder::MasterPort,
             _ => match (name.strip_prefix("input."), name.strip_prefix("matrix.")) {
                 (Some(""), _) => return Err(TemplateError::EmptyInput),
                 (Some(stage), _) => Placeholder::Input(stage),
@@ -113,6 +116,7 @@ impl fmt::Display for Placeholder<'_> {
             Placeholder::RunDir => f.write_str("{run_dir}"),
             Placeholder::Stage => f.write_str("{stage}"),
             Placeholder::Matrix(key) => write!(f, "{{matrix.{key}}}"),
+            Placeholder::MasterPort => f.write_str("{master_port}"),
         }
     }
 }

@@ -305,6 +305,7 @@ mod tests {
     #[test]
     fn stages_get_only_the_gpus_slurm_gave_the_job() {
         let gpu = |index: u32| crate::gpu::GpuInfo {
+            cuda_index: index,
             index,
             uuid: format!("GPU-{index}"),
             name: "H200".into(),

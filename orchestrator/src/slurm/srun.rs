@@ -39,29 +39,10 @@ pub fn layout_args(layout: TaskLayout) -> Vec<String> {
     args
 }
 
-/// A port for the stage's rendezvous (`MASTER_PORT`), from the job, the stage and the
-/// attempt, in 20000–49999: stages running side by side in one job get different ports.
-pub fn master_port(job_id: &str, stage_index: usize, attempt: u32) -> u16 {
-    let mut h: u64 = 1469598103934665603;
-    for b in job_id
-        .bytes()
-        .chain(stage_index.to_le_bytes())
-        .chain(attempt.to_le_bytes())
-    {
-        h = (h ^ u64::from(b)).wrapping_mul(1099511628211);
-    }
-    20000 + (h % 30000) as u16
-}
-
 /// Turns the attempt of a stage with an srun layout into an `srun` job step; other stages come
 /// back unchanged. Clears the task records of earlier attempts.
-pub fn wrap_attempt(
-    mut plan: AttemptPlan,
-    stage: &Stage,
-    stage_index: usize,
-    job: Option<&Allocation>,
-) -> AttemptPlan {
-    let (Some(layout), Some(job)) = (stage.task_layout(), job) else {
+pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocation>) -> AttemptPlan {
+    let (Some(layout), Some(_)) = (stage.task_layout(), job) else {
         return plan;
     };
     let records = records_dir(&plan.stage_dir);
@@ -90,12 +71,7 @@ pub fn wrap_attempt(
     plan.argv = argv;
     // srun kills the step's tasks when it gets SIGTERM: only the launcher gets it.
     plan.graceful_to_leader = true;
-    if !stage.env.contains_key("MASTER_PORT") {
-        plan.env.push((
-            "MASTER_PORT".into(),
-            master_port(&job.job_id, stage_index, plan.attempt).to_string(),
-        ));
-    }
+    // `MASTER_PORT` is the attempt's own already (crate::rendezvous), as for every stage.
     plan
 }
 
@@ -164,15 +140,5 @@ mod tests {
                 "--gpus-per-task=1"
             ]
         );
-    }
-
-    #[test]
-    fn ports_differ_between_stages_and_stay_in_range() {
-        let a = master_port("42", 0, 1);
-        assert_eq!(a, master_port("42", 0, 1));
-        assert_ne!(a, master_port("42", 1, 1));
-        for i in 0..1000 {
-            assert!((20000..50000).contains(&master_port("7", i, 1)));
-        }
     }
 }
