@@ -155,10 +155,13 @@ impl Allocation {
     }
 }
 
-/// The GPUs of this machine (as NVML lists them: every GPU of the node) that Slurm gave this
-/// job: those whose index is in `SLURM_JOB_GPUS` (Slurm's device numbers, `/dev/nvidiaN`,
-/// which follow the PCI order NVML's indices use). Without that variable, or outside Slurm, all
-/// of them. A stage is never handed a GPU another job on the node was given.
+/// The GPUs of this machine (as NVML lists them) that Slurm gave this job: those whose index
+/// is in `SLURM_JOB_GPUS` (Slurm's device numbers, `/dev/nvidiaN`, which follow the PCI order
+/// NVML's indices use). Where Slurm constrains the job's devices (cgroup `ConstrainDevices`)
+/// NVML lists only the job's GPUs, numbered from 0: when it lists exactly as many as the job
+/// was given and their indices are not all among the job's, that view is already the job's
+/// and all of it is kept. Without that variable, or outside Slurm, all of them. A stage is
+/// never handed a GPU another job on the node was given.
 pub fn allowed_gpus(
     gpus: Vec<crate::gpu::GpuInfo>,
     job: Option<&Allocation>,
@@ -167,6 +170,9 @@ pub fn allowed_gpus(
         return (gpus, None);
     };
     let total = gpus.len();
+    if total == ids.len() && !gpus.iter().all(|g| ids.contains(&g.index)) {
+        return (gpus, None);
+    }
     let kept: Vec<_> = gpus
         .into_iter()
         .filter(|g| ids.contains(&g.index))
@@ -320,6 +326,11 @@ mod tests {
         let plain = Allocation::from_vars(vars(&[("SLURM_JOB_ID", "1")])).unwrap();
         assert_eq!(allowed_gpus(all.clone(), Some(&plain)).0.len(), 8);
         assert_eq!(allowed_gpus(all, None).0.len(), 8);
+        // Devices constrained by Slurm's cgroup: NVML sees only the job's two, as 0 and 1.
+        let constrained: Vec<_> = (0..2).map(gpu).collect();
+        let (kept, note) = allowed_gpus(constrained, Some(&job));
+        assert_eq!(kept.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(note, None);
     }
 
     #[test]
