@@ -8,8 +8,8 @@
 #     instances one after another, against the same script given a UUID as before.
 # Usage: bench/frameworks/h200-handout.sh BIN_DIR (holding orchestrate); wheels in .whl/.
 set -uo pipefail
-cd "$(dirname "$0")"
 bin=$(cd "$1" && pwd)
+cd "$(dirname "$0")"
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,6 +20,7 @@ fi
 nvidia-smi --query-gpu=index,uuid,pci.bus_id,name,driver_version,memory.used --format=csv > "$out/gpus.csv"
 "$bin/orchestrate" --version > "$out/version.txt" 2>&1
 "$bin/orchestrate" gpu-check --json > "$out/gpu-check.json" 2>&1
+uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
 work=$(mktemp -d)
 cp which_gpu.py stranger.py ds_min.py "$work/"
 
@@ -56,7 +57,6 @@ PLAN
 "$bin/orchestrate" --plan "$work/taken.toml" --run-dir "$work/run-taken" > "$out/taken.console" 2>&1 &
 orch=$!
 for _ in $(seq 600); do [ -f "$work/run-taken/stages/first/output/which_gpu.json" ] && break; sleep 0.1; done
-uuid=$(python3 -c "import json;print(json.load(open('$work/run-taken/stages/first/output/which_gpu.json'))['ORCHESTRATE_GPU_UUIDS'])")
 python3 "$work/stranger.py" "$uuid" 3600 20 "$out/stranger.json" &
 wait $orch
 echo "taken: exit $?" >> "$out/summary.txt"
