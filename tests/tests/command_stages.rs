@@ -429,9 +429,16 @@ fn memory_of_a_leftover_process_is_sampled_while_the_stage_runs() {
         "import time\n\
          b = bytearray(300 * 1024 * 1024)\n\
          for i in range(0, len(b), 4096): b[i] = 1\n\
+         open('filled', 'w').close()\n\
          time.sleep(3)\n",
     );
-    let host = host_usage(&s, "bg", r#"["sh", "-c", "python3 hog.py & sleep 1"]"#);
+    // `sh` exits half a second after the hog has touched every page (not after a fixed
+    // second: under load the hog may not have filled its memory by then).
+    let host = host_usage(
+        &s,
+        "bg",
+        r#"["sh", "-c", "python3 hog.py & while [ ! -f filled ]; do sleep 0.05; done; sleep 0.5"]"#,
+    );
     let rss = host["peak_rss_bytes"].as_u64().unwrap();
     assert!(
         rss > 250 * 1024 * 1024,
