@@ -95,3 +95,35 @@ fn python_stages_in_a_matrix_land_in_the_results_table() {
     let csv = std::fs::read_to_string(run.run_dir.join("results.csv")).unwrap();
     assert!(csv.lines().next().unwrap().contains("final_loss"), "{csv}");
 }
+
+#[test]
+fn the_stage_helper_needs_only_the_standard_library_when_copied_next_to_a_script() {
+    let s = Scratch::new("python-helper-copy");
+    // As a user copies it: the package's core, one file, beside the script.
+    std::fs::copy(
+        repo_root().join("python/orchestrate_stage/__init__.py"),
+        s.path().join("orchestrate_stage.py"),
+    )
+    .unwrap();
+    let script = "import os, signal, sys\n\
+        import orchestrate_stage as stage\n\
+        assert stage.watch_stop()\n\
+        os.kill(os.getpid(), signal.SIGTERM)\n\
+        assert stage.stop_requested(), 'SIGTERM became a stop request'\n\
+        stage.progress(1)\n\
+        stage.exit_interrupted()\n";
+    // -S: no site-packages, so any import beyond the standard library would fail.
+    let out = Command::new("python3")
+        .args(["-S", "-c", script])
+        .current_dir(s.path())
+        .env_remove("PYTHONPATH")
+        .env_remove("ORCHESTRATE_EVENTS")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "stopped with the resumable code: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

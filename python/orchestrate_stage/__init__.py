@@ -1,14 +1,23 @@
-"""Helpers for a Python program that runs as an `orchestrate` stage. Standard library only:
-copy this file next to your script, or put this directory on PYTHONPATH.
+"""Helpers for a Python program that runs as an `orchestrate` stage. Standard library only.
+
+Install the package (`pip install ./python`), or, without installing, copy this file next to
+your script as `orchestrate_stage.py` or put the `python/` directory on PYTHONPATH: the core
+below needs nothing else. The optional submodules `orchestrate_stage.hf` (a Hugging Face
+`TrainerCallback`) and `orchestrate_stage.lightning` (a Lightning `Callback`) import their
+framework when imported themselves, never before.
 
     import orchestrate_stage as stage
 
     out = stage.output_dir()              # where to write what downstream stages receive
     base = stage.input_dir("pretrain")    # an upstream stage's output directory
     resume = stage.resume_dir()           # an earlier attempt's files, or None
+    stage.watch_stop()                    # SIGTERM now only sets stage.stop_requested()
     for step in range(steps):
         ...
         stage.progress(step + 1, total_steps=steps, loss=loss, tokens_per_s=rate)
+        if stage.stop_requested():        # orchestrate is stopping the stage (preemption, timeout)
+            save_resumable_checkpoint()
+            stage.exit_interrupted()       # exit 75: stopped, resumable
     stage.checkpoint(out / "model.pt", step=steps)   # hashes the file, reports it
     stage.metrics(loss=final_loss, accuracy=acc)
 
@@ -21,10 +30,18 @@ The wire format is docs/worker-contract.md: one JSON object per line on a Unix s
 import hashlib
 import json
 import os
+import signal
 import socket
+import sys
+import threading
 from pathlib import Path
 
 PROTOCOL_VERSION = 1
+
+#: Exit status of a stage that stopped on request (SIGTERM) after saving a checkpoint its next
+#: attempt resumes from: the built-in worker's code, EX_TEMPFAIL in sysexits.h.
+EXIT_INTERRUPTED = 75
+
 _sock = None
 
 
@@ -103,6 +120,17 @@ def progress(step, total_steps=None, loss=None, tokens_per_s=None):
           tokens_per_s=None if tokens_per_s is None else float(tokens_per_s))
 
 
+def checkpoint_dir(directory, step=None):
+    """Reports every file under `directory` (recursively, in name order) as `checkpoint` would,
+    for a checkpoint that is a directory of files (a Hugging Face `save_pretrained` folder, a
+    Trainer `checkpoint-N`). Returns how many files it reported."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+    for path in files:
+        checkpoint(path, step=step)
+    return len(files)
+
+
 def checkpoint(path, step=None):
     """Reports a checkpoint file that is completely written (write it to a temporary name and
     rename it into place first). Its SHA-256 and size are computed here, with the file's
@@ -128,5 +156,65 @@ def metrics(**values):
 
 
 def failed(error, reason=None):
-    """Reports a failure (then exit non-zero). `reason` may be "cuda_oom" or "bad_input"."""
+    """Reports a failure (then exit non-zero). `reason` may be "cuda_oom", "bad_input" or
+    "interrupted" (stopped on request, see `exit_interrupted`)."""
     _send("failed", error=str(error), reason=reason)
+
+
+_stop = threading.Event()
+_previous_handler = None
+_watching = False
+
+
+def _on_sigterm(signum, frame):
+    _stop.set()
+    if callable(_previous_handler):
+        _previous_handler(signum, frame)
+
+
+def watch_stop():
+    """From now on SIGTERM (what orchestrate sends to stop a stage: Ctrl-C or SIGTERM to the
+    run, a stage timeout, a Slurm preemption) no longer ends the process: it only makes
+    `stop_requested()` true, so the training loop can save a checkpoint and exit with
+    `exit_interrupted()`. A handler installed before (a Python function) is still called
+    after. Only the main thread can install signal handlers: from another thread this does
+    nothing and returns False. Calling it again is harmless. Returns whether it is watching."""
+    global _previous_handler, _watching
+    if _watching:
+        return True
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _previous_handler = previous if previous is not _on_sigterm else None
+    _watching = True
+    return True
+
+
+def unwatch_stop():
+    """Puts back the SIGTERM handler that `watch_stop()` replaced (the stop request, if one
+    came, stays recorded)."""
+    global _previous_handler, _watching
+    if not _watching or threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _previous_handler if _previous_handler is not None else signal.SIG_DFL)
+    _previous_handler = None
+    _watching = False
+
+
+def stop_requested():
+    """Whether SIGTERM arrived since `watch_stop()` (or `request_stop()` was called)."""
+    return _stop.is_set()
+
+
+def request_stop():
+    """Records a stop request as SIGTERM would (for a framework's own signal hook, or tests)."""
+    _stop.set()
+
+
+def exit_interrupted(message="stopped on request after saving a resumable checkpoint"):
+    """Reports the stop (a `failed` event with reason `interrupted`) and exits with
+    `EXIT_INTERRUPTED` (75): the stage stopped early, and its next attempt (a retry, or
+    `orchestrate resume`) finds what it saved through `resume_dir()`. Never returns."""
+    failed(message, reason="interrupted")
+    sys.exit(EXIT_INTERRUPTED)
