@@ -67,15 +67,16 @@ def inputs():
 
 
 def input_dir(stage):
-    """Upstream stage `stage`'s output directory (ORCHESTRATE_INPUT_<STAGE>, or the inputs
-    file when there are too many inputs for one variable each)."""
+    """Upstream stage `stage`'s output directory: its exact name in the inputs file
+    (ORCHESTRATE_INPUTS_FILE), else ORCHESTRATE_INPUT_<STAGE>. `orchestrate validate` refuses
+    two stages whose names map to one variable (`a-b`, `a_b`), so either way it is `stage`'s."""
+    found = inputs().get(stage)
+    if found is not None:
+        return found
     var = "ORCHESTRATE_INPUT_" + "".join(c.upper() if c.isalnum() and c.isascii() else "_" for c in stage)
     value = os.environ.get(var)
     if value is None:
-        found = inputs().get(stage)
-        if found is None:
-            raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
-        return found
+        raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
     return Path(value)
 
 

@@ -367,6 +367,25 @@ pub fn expand(
         }
     }
     drop(seen);
+    // Instances, like stages, must not share an input variable (`x[v=a-b]`, `x[v=a_b]`).
+    let mut variables: HashMap<String, &str> = HashMap::with_capacity(total);
+    for stage in &plan.stages {
+        for (name, _) in &instances[stage.name.as_str()] {
+            let variable = protocol::plan::input_env_var(name);
+            match variables.get(&variable) {
+                Some(first) if first != name => problems.push(problem(
+                    &stage.name,
+                    format!("`{first}` and `{name}` would both get the input variable {variable}"),
+                    Some("give values (or stage names) that differ in more than case and the characters `-`, `_` and `.`".into()),
+                )),
+                Some(_) => {}
+                None => {
+                    variables.insert(variable, name.as_str());
+                }
+            }
+        }
+    }
+    drop(variables);
     let mut stages: Vec<Stage> = Vec::with_capacity(total);
     let mut origins = Vec::with_capacity(total);
     let base_names: HashMap<&str, Arc<str>> = plan
