@@ -107,8 +107,9 @@ def progress(step, total_steps=None, loss=None, tokens_per_s=None):
 def checkpoint(path, step=None):
     """Reports a checkpoint file that is completely written (write it to a temporary name and
     rename it into place first). Its SHA-256 and size are computed here, with the file's
-    identity (device, inode, modification time), so that orchestrate can take the checksum for
-    that very file without reading it again."""
+    identity (device, inode, modification time); orchestrate records that SHA-256 for the file
+    after checking it against the bytes, and fails the stage if they differ (the file changed
+    after this report)."""
     path = Path(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -268,18 +268,22 @@ pub enum VerifyError {
 /// manifest is unreadable or which file is missing, truncated, altered or not the directory's
 /// own (see [`verify_manifest_dir_until`]).
 pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, VerifyError> {
-    verify_manifest_dir_until(dir, &NEVER)
+    verify_manifest_dir_until(dir, &[], &NEVER)
 }
 
 /// Like [`verify_manifest_dir`], given up with [`VerifyError::Unreadable`] of kind
 /// [`std::io::ErrorKind::Interrupted`] once `abort` is raised.
 ///
-/// Every listed file is read and hashed. A manifest is read only if it is a regular file of
-/// at most [`MAX_MANIFEST_BYTES`], and lists only regular files inside `dir` (a relative path
-/// without `..`, that does not lead out of `dir` through a symbolic link): a manifest cannot
-/// vouch for `/etc/hostname`.
+/// Every listed file is read and hashed, except one that is, by its identity (device, inode,
+/// modification time) and size, a file in `written_by_us` with the manifest's checksum: pass
+/// there only what the built-in worker (this project's own binary, which hashed those bytes as
+/// it wrote them) reported, never what an arbitrary program said. A manifest is read only if it
+/// is a regular file of at most [`MAX_MANIFEST_BYTES`], and lists only regular files inside
+/// `dir` (a relative path without `..`, that does not lead out of `dir` through a symbolic
+/// link): a manifest cannot vouch for `/etc/hostname`.
 pub fn verify_manifest_dir_until(
     dir: &Path,
+    written_by_us: &[ReportedFile],
     abort: &AtomicBool,
 ) -> Result<Option<Vec<CheckpointRecord>>, VerifyError> {
     let manifest_path = dir.join(MANIFEST_FILE);
@@ -332,9 +336,12 @@ pub fn verify_manifest_dir_until(
             }
             _ => {}
         }
-        if let Err(mismatch) =
-            check_file_until(&path, entry.bytes, &entry.checksum, Depth::Content, abort)
-        {
+        let depth = if written(&path, entry, written_by_us) {
+            Depth::Size
+        } else {
+            Depth::Content
+        };
+        if let Err(mismatch) = check_file_until(&path, entry.bytes, &entry.checksum, depth, abort) {
             return Err(match mismatch {
                 FileMismatch::Missing(source) => VerifyError::Missing { path, source },
                 FileMismatch::Size { actual } => VerifyError::Size {
@@ -357,6 +364,25 @@ pub fn verify_manifest_dir_until(
         });
     }
     Ok(Some(records))
+}
+
+/// Whether the file at `path` is, by its identity and size, one in `reported` with the
+/// manifest entry's checksum.
+fn written(
+    path: &Path,
+    entry: &protocol::checkpoint::ManifestFile,
+    reported: &[ReportedFile],
+) -> bool {
+    if reported.is_empty() {
+        return false;
+    }
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    let identity = FileIdentity::of(&meta);
+    reported.iter().any(|r| {
+        r.identity == identity && r.bytes == entry.bytes && r.checksum.matches(&entry.checksum)
+    })
 }
 
 #[cfg(test)]
@@ -425,6 +451,31 @@ mod tests {
         assert!(err.to_string().ends_with(": it is corrupted"), "{err}");
         assert_eq!(manifest.files.len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_files_the_built_in_worker_reported_are_taken_on_its_word() {
+        let dir = crate::testutil::scratch("checksum-builtin");
+        let manifest = write_checkpoint(&dir, b"weights!");
+        let path = dir.join("w.bin");
+        let ours = ReportedFile {
+            checksum: manifest.files[0].checksum.clone(),
+            bytes: 8,
+            identity: FileIdentity::of(&std::fs::metadata(&path).unwrap()),
+        };
+        // Other bytes, same size, inode and modification time: taken on the worker's word
+        // when it is ours, read (and refused) otherwise.
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::fs::write(&path, b"weights?").unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        let records = verify_manifest_dir_until(&dir, std::slice::from_ref(&ours), &NEVER)
+            .unwrap()
+            .unwrap();
+        assert_eq!(records[0].checksum, ours.checksum);
+        let err = verify_manifest_dir_until(&dir, &[], &NEVER).unwrap_err();
+        assert!(matches!(err, VerifyError::Checksum { .. }), "{err}");
     }
 
     #[test]

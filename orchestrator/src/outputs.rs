@@ -8,9 +8,11 @@
 //! - only regular files are recorded, and only files inside the stage's output directory: a
 //!   FIFO, a device or a socket is refused without being opened, and so is a symbolic link that
 //!   leads out of the output directory (or to a directory, inside a declared directory);
-//! - every file is read and hashed (a checksum the stage reported is checked against the
-//!   bytes, never taken instead of them), and the hashing gives up within a mebibyte once the
-//!   caller raises its abort flag.
+//! - every file is read and hashed (a checksum a stage's program reported is checked against
+//!   the bytes, never taken instead of them), except the files of a built-in stage's manifest
+//!   that its worker, this project's own `stage-worker`, reported with the manifest's checksum
+//!   and whose identity (device, inode, modification time) and size are unchanged;
+//! - the hashing gives up within a mebibyte once the caller raises its abort flag.
 
 use crate::checksum::ReportedFile;
 use protocol::report::CheckpointRecord;
@@ -57,7 +59,10 @@ pub fn record(
     if !missing.is_empty() {
         return Err(OutputError::Missing(missing));
     }
-    let mut records = match crate::checksum::verify_manifest_dir_until(dir, abort) {
+    // The built-in worker is this project's own binary, which hashed its checkpoint as it
+    // wrote it: its manifest's files are taken by identity. Anything else is read.
+    let written_by_us = if builtin { reported } else { &[] };
+    let mut records = match crate::checksum::verify_manifest_dir_until(dir, written_by_us, abort) {
         Ok(Some(records)) => records,
         Ok(None) if builtin => {
             return Err(OutputError::Missing(vec![dir
