@@ -355,6 +355,42 @@ mod tests {
     }
 
     #[test]
+    fn an_orphan_without_a_token_belongs_to_the_stage_running_at_its_birth() {
+        // A live process without a stage token in its environment stands for the orphan.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .env_remove(TOKEN_VAR)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let stage = |leader, started| LiveStage {
+            leader,
+            token: format!("t{leader}"),
+            started,
+        };
+        let orphan = |start| ProcStat {
+            pid,
+            ppid: own_pid(),
+            sid: pid,
+            state: 'S',
+            start,
+        };
+        let both = [stage(1, 100), stage(2, 200)];
+        // Born while only stage 1 ran: stage 1's, never stage 2's.
+        assert!(claims(&orphan(150), 1, "t1", &both));
+        assert!(!claims(&orphan(150), 2, "t2", &both));
+        // Born while both ran: neither claims it while the other lives...
+        assert!(!claims(&orphan(250), 1, "t1", &both));
+        assert!(!claims(&orphan(250), 2, "t2", &both));
+        // ...and the last to end does.
+        assert!(claims(&orphan(250), 2, "t2", &both[1..]));
+        // A stage that is not live claims nothing by birth.
+        assert!(!claims(&orphan(250), 3, "t3", &both));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
     fn snapshot_sees_this_process() {
         let me = std::process::id() as i32;
         assert!(snapshot().iter().any(|p| p.pid == me));
