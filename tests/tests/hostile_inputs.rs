@@ -326,6 +326,59 @@ outputs = ["sparse.bin"]
     );
 }
 
+#[test]
+fn a_signal_stops_the_resume_check_of_a_huge_kept_output_at_once() {
+    let s = Scratch::new("hostile-huge-resume");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "huge"
+command = ["sh", "-c", "truncate -s 4G {output}/sparse.bin"]
+outputs = ["sparse.bin"]
+
+[[stage]]
+name = "after"
+after = ["huge"]
+command = ["false"]
+"#,
+    );
+    // The first run hashes all 4 GiB (recording it), then fails downstream: resumable.
+    let started = Instant::now();
+    let first = run_plan(&s, &plan, &[]);
+    let hashing = started.elapsed();
+    assert_eq!(first.code, Some(1), "{}", first.stderr);
+    assert_eq!(first.stage("huge")["status"], "succeeded");
+    // `--resume` re-hashes the kept output; a SIGTERM during that check ends the run at once.
+    let mut child = Command::new(orchestrate())
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--run-dir")
+        .arg(&first.run_dir)
+        .arg("--resume")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let stopped = wait_for(Duration::from_secs(60), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    let took = signalled.elapsed();
+    if !stopped {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        took < Duration::from_secs(3) && took < hashing / 2,
+        "stopped after {took:?}; hashing it took {hashing:?}"
+    );
+    assert_eq!(status.code(), Some(130));
+}
+
 fn marker(name: &str) -> String {
     format!("3000.{}{}", std::process::id(), name.len())
 }
