@@ -283,6 +283,8 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
     })?;
     let pid = child.id() as i32;
     drop(child);
+    // In a session of its own but no stage's: never a stage's orphan.
+    crate::proctree::note_helper(pid);
     let exit = reaper.watch(pid);
     drop(theirs);
     let mut server = Server {

@@ -33,6 +33,7 @@ pub mod guard;
 pub(crate) mod handover;
 pub mod host;
 pub mod journal;
+pub mod outputs;
 pub mod plan;
 pub(crate) mod prepare;
 pub mod proctree;
@@ -54,3 +55,4 @@ pub mod table;
 #[cfg(test)]
 mod testutil;
 pub mod timefmt;
+pub mod user_file;

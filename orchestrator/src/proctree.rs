@@ -3,11 +3,15 @@
 //! A stage's processes are: its session (the first process is a session leader, so every
 //! descendant that does not call `setsid` shares its session id), every descendant of those
 //! (found through parent links, which `setsid` does not cut), and every orphan re-parented to
-//! the orchestrator (a child subreaper) that carries the stage's token in its environment
-//! (a double-forked daemon whose parent already exited), with their descendants and
-//! session-mates. Only the orchestrator's own children have their environment read, so a scan
-//! stays cheap on a busy machine. Zombies are not counted: they hold no memory, and the reaper
-//! collects them.
+//! the orchestrator (a child subreaper) that is the stage's leftover, with their descendants
+//! and session-mates. The subreaper's view decides, not the orphan's environment: a child of
+//! the orchestrator that it did not start (not a stage's first process, not a helper, not in
+//! the orchestrator's own session) can only be a stage's escaped process. It is the stage's
+//! whose token it carries; with no token (a program that `execve`d with an empty
+//! environment), it is the stage's that was running when it was born, and when several were,
+//! it is claimed by the last of them to end ([`note_stage`]). Only the orchestrator's own
+//! children have their environment read, so a scan stays cheap on a busy machine. Zombies are
+//! not counted: they hold no memory, and the reaper collects them.
 
 use std::collections::HashSet;
 use std::fs;
@@ -33,6 +37,8 @@ pub struct ProcStat {
     pub sid: i32,
     /// State letter (R, S, D, Z, T...).
     pub state: char,
+    /// When it started, in clock ticks since boot (0 when `/proc` did not say).
+    pub start: u64,
 }
 
 /// Parses the content of `/proc/<pid>/stat`. The command name may hold spaces and parentheses,
@@ -45,11 +51,14 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let ppid = fields.next()?.parse().ok()?;
     let _pgrp = fields.next()?;
     let sid = fields.next()?.parse().ok()?;
+    // Field 22 of stat(5), the 16th after the session id.
+    let start = fields.nth(15).and_then(|f| f.parse().ok()).unwrap_or(0);
     Some(ProcStat {
         pid,
         ppid,
         sid,
         state,
+        start,
     })
 }
 
@@ -72,10 +81,6 @@ pub fn environ_any(pid: i32, matches: impl Fn(&[u8]) -> bool) -> bool {
         Ok(env) => env.split(|b| *b == 0).any(matches),
         Err(_) => false,
     }
-}
-
-fn environ_has(pid: i32, needle: &[u8]) -> bool {
-    environ_any(pid, |entry| entry == needle)
 }
 
 /// The children of the calling process's main thread, from `/proc/self/task/<pid>/children`.
@@ -135,50 +140,136 @@ fn is_helper(pid: i32) -> bool {
         .contains(&pid)
 }
 
+/// A stage attempt from its spawn until [`forget_stage`]: its first process, its token and
+/// when that process started.
+struct LiveStage {
+    leader: i32,
+    token: String,
+    /// Start time of the first process, clock ticks since boot.
+    started: u64,
+}
+
+static LIVE: std::sync::Mutex<Vec<LiveStage>> = std::sync::Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<LiveStage>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Notes that `leader` (a child of this process, not yet reaped) is the first process of a
+/// stage attempt with `token`: from now until [`forget_stage`], orphans re-parented to this
+/// process that were born after it started may be that stage's ([`stage_members`]).
+pub fn note_stage(leader: i32, token: &str) {
+    let started = fs::read_to_string(format!("/proc/{leader}/stat"))
+        .ok()
+        .and_then(|t| parse_stat(&t))
+        .map_or(0, |p| p.start);
+    live().push(LiveStage {
+        leader,
+        token: token.to_string(),
+        started,
+    });
+}
+
+/// Notes that the stage attempt whose first process was `leader` is over (every process of
+/// it is gone, or was reported as a survivor).
+pub fn forget_stage(leader: i32) {
+    live().retain(|s| s.leader != leader);
+}
+
+/// The session of this process.
+fn own_sid() -> i32 {
+    static SID: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    // SAFETY: getsid(0) only reads the caller's session id.
+    *SID.get_or_init(|| unsafe { libc::getsid(0) })
+}
+
+/// Whether child `p` of this process is an orphan of some stage: not a helper, not a live
+/// stage's first process, and not in this process's own session (every stage starts in a
+/// session of its own; helpers stay in ours).
+fn is_orphan(p: &ProcStat, stages: &[LiveStage]) -> bool {
+    p.sid != own_sid() && !is_helper(p.pid) && !stages.iter().any(|s| s.leader == p.pid)
+}
+
+/// The stage token in an orphan's environment, if it has one.
+fn token_of(pid: i32) -> Option<Vec<u8>> {
+    let prefix = format!("{TOKEN_VAR}=");
+    let env = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|b| *b == 0)
+        .find_map(|e| e.strip_prefix(prefix.as_bytes()).map(<[u8]>::to_vec))
+}
+
+/// Whether orphan `p` belongs to the stage whose first process is `leader`: it carries that
+/// stage's token; or it carries no live stage's token, was born after that stage started, and
+/// no other live stage started before it was born (when one did, the last of them to end
+/// claims it: an orphan is never left to nobody).
+fn claims(p: &ProcStat, leader: i32, token: &str, stages: &[LiveStage]) -> bool {
+    let found = token_of(p.pid);
+    if found.as_deref() == Some(token.as_bytes()) {
+        return true;
+    }
+    if found.is_some_and(|t| stages.iter().any(|s| s.token.as_bytes() == t)) {
+        return false;
+    }
+    let Some(mine) = stages.iter().find(|s| s.leader == leader) else {
+        return false;
+    };
+    p.start >= mine.started
+        && !stages
+            .iter()
+            .any(|s| s.leader != leader && s.started <= p.start)
+}
+
 /// A cheap proof that nothing of the stage is alive, without scanning `/proc`: the stage's
 /// process group is empty (so every process that stayed in it is gone), and no child of the
-/// orchestrator carries the stage's token (an escaped process whose parents all died is
+/// orchestrator is an orphan of a stage (an escaped process whose parents all died is
 /// re-parented to the orchestrator, a child subreaper; one whose parent lives is reached
 /// through that parent, which is then in the group or itself such a child). `false` means
 /// "maybe alive": scan.
-fn surely_gone(leader: i32, token: &str) -> bool {
+fn surely_gone(leader: i32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let group_alive = unsafe { libc::kill(-leader, 0) } == 0
         || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
     if group_alive {
         return false;
     }
-    // The token's entry is spelled out only when there is a child to look for it in.
-    let mut needle: Option<Vec<u8>> = None;
-    !own_children().into_iter().any(|pid| {
-        !is_helper(pid)
-            && environ_has(
-                pid,
-                needle.get_or_insert_with(|| format!("{TOKEN_VAR}={token}").into_bytes()),
-            )
+    let children = own_children();
+    if children.iter().all(|pid| is_helper(*pid)) {
+        return true;
+    }
+    let stages = live();
+    !children.into_iter().any(|pid| {
+        fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|t| parse_stat(&t))
+            .is_some_and(|p| p.state != 'Z' && is_orphan(&p, &stages))
     })
 }
 
 /// The live (non-zombie) processes of the stage whose first process is `leader` (a session
-/// leader) and whose token is `token`. Never includes the calling process.
+/// leader) and whose token is `token`, orphans it claims included (see the module's
+/// description). Never includes the calling process.
 pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
     let me = own_pid();
-    if surely_gone(leader, token) {
+    if surely_gone(leader) {
         return Vec::new();
     }
-    let needle = format!("{TOKEN_VAR}={token}").into_bytes();
     let procs = snapshot();
+    let stages = live();
     let mut pids: HashSet<i32> = HashSet::new();
     let mut sids: HashSet<i32> = HashSet::from([leader]);
     for p in &procs {
         if p.pid == me {
             continue;
         }
-        if p.sid == leader || p.pid == leader || (p.ppid == me && environ_has(p.pid, &needle)) {
+        if p.sid == leader
+            || p.pid == leader
+            || (p.ppid == me && is_orphan(p, &stages) && claims(p, leader, token, &stages))
+        {
             pids.insert(p.pid);
             sids.insert(p.sid);
         }
     }
+    drop(stages);
     // Close over descendants and session-mates of what was found.
     loop {
         let before = pids.len();
@@ -230,14 +321,18 @@ mod tests {
 
     #[test]
     fn parses_names_with_spaces_and_parens() {
-        let s = parse_stat("4242 (my (odd) name) S 17 4242 4242 0 -1 4194560 100").unwrap();
+        let s = parse_stat(
+            "4242 (my (odd) name) S 17 4242 4242 0 -1 4194560 100 0 0 0 5 1 0 0 20 0 1 0 987654 1",
+        )
+        .unwrap();
         assert_eq!(
             s,
             ProcStat {
                 pid: 4242,
                 ppid: 17,
                 sid: 4242,
-                state: 'S'
+                state: 'S',
+                start: 987654,
             }
         );
     }
@@ -245,18 +340,54 @@ mod tests {
     #[test]
     fn a_group_that_never_existed_is_surely_gone_and_a_live_one_is_found() {
         // PID 2^22 - 1 is above the default pid_max, so no such group exists.
-        assert!(surely_gone(4_194_303, "none"));
+        assert!(surely_gone(4_194_303));
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .process_group(0)
             .spawn()
             .unwrap();
         let pid = child.id() as i32;
-        assert!(!surely_gone(pid, "none"));
+        assert!(!surely_gone(pid));
         assert!(stage_members(pid, "none").iter().any(|p| p.pid == pid));
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(surely_gone(pid, "none"));
+        assert!(surely_gone(pid));
+    }
+
+    #[test]
+    fn an_orphan_without_a_token_belongs_to_the_stage_running_at_its_birth() {
+        // A live process without a stage token in its environment stands for the orphan.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .env_remove(TOKEN_VAR)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let stage = |leader, started| LiveStage {
+            leader,
+            token: format!("t{leader}"),
+            started,
+        };
+        let orphan = |start| ProcStat {
+            pid,
+            ppid: own_pid(),
+            sid: pid,
+            state: 'S',
+            start,
+        };
+        let both = [stage(1, 100), stage(2, 200)];
+        // Born while only stage 1 ran: stage 1's, never stage 2's.
+        assert!(claims(&orphan(150), 1, "t1", &both));
+        assert!(!claims(&orphan(150), 2, "t2", &both));
+        // Born while both ran: neither claims it while the other lives...
+        assert!(!claims(&orphan(250), 1, "t1", &both));
+        assert!(!claims(&orphan(250), 2, "t2", &both));
+        // ...and the last to end does.
+        assert!(claims(&orphan(250), 2, "t2", &both[1..]));
+        // A stage that is not live claims nothing by birth.
+        assert!(!claims(&orphan(250), 3, "t3", &both));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

@@ -5,12 +5,13 @@
 //! the plan gives it now, every output recorded for it still verifies (size and checksum), and
 //! every upstream stage is kept. Otherwise it runs again, with the reason said.
 
-use crate::checksum::{check_file, Depth, FileMismatch};
+use crate::checksum::{check_file_until, Depth, FileMismatch};
 use crate::journal::JournalRecord;
 use crate::plan::LoadedPlan;
 use protocol::checkpoint::Checksum;
 use protocol::report::CheckpointRecord;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 
 pub use protocol::resume::Decision;
 
@@ -59,12 +60,22 @@ pub enum OutputChanged {
 
 /// Checks a recorded output against the file now.
 pub fn verify_record(record: &CheckpointRecord) -> Result<(), OutputChanged> {
-    let depth = Depth::Content { reported: &[] };
-    check_file(
+    verify_record_until(record, &AtomicBool::new(false))
+}
+
+/// [`verify_record`], given up (as [`OutputChanged::Unreadable`], "verification interrupted")
+/// within a mebibyte once `abort` is raised.
+pub fn verify_record_until(
+    record: &CheckpointRecord,
+    abort: &AtomicBool,
+) -> Result<(), OutputChanged> {
+    let depth = Depth::Content;
+    check_file_until(
         Path::new(&record.path),
         record.bytes,
         &record.checksum,
         depth,
+        abort,
     )
     .map_err(|m| {
         let path = record.path.clone();
@@ -90,6 +101,17 @@ pub fn decide(
     plan: &LoadedPlan,
     fingerprints: &[String],
     records: &[JournalRecord],
+) -> Vec<Decision> {
+    decide_until(plan, fingerprints, records, &AtomicBool::new(false))
+}
+
+/// [`decide`], whose re-hashing of kept outputs gives up once `abort` is raised (a stage whose
+/// check was given up is then run again: the caller is stopping anyway).
+pub fn decide_until(
+    plan: &LoadedPlan,
+    fingerprints: &[String],
+    records: &[JournalRecord],
+    abort: &AtomicBool,
 ) -> Vec<Decision> {
     let n = plan.plan.stages.len();
     let mut attempts = vec![0u32; n];
@@ -149,8 +171,9 @@ pub fn decide(
                             attempts,
                             clear_output: true,
                         }
-                    } else if let Some(why) =
-                        checkpoints.iter().find_map(|c| verify_record(c).err())
+                    } else if let Some(why) = checkpoints
+                        .iter()
+                        .find_map(|c| verify_record_until(c, abort).err())
                     {
                         Decision::Run {
                             reason: why.to_string(),

@@ -207,14 +207,30 @@ async fn run_in_span(
         }
         let records = crate::journal::read_run_journal(run_dir.root())?;
         // Verifying kept outputs re-reads every checkpoint: off this thread, which other runs
-        // of the same host (the daemon's) share.
+        // of the same host (the daemon's) share, and given up at once when the run is stopped
+        // (the stop then applies before any stage starts).
         let decisions = {
+            use std::sync::atomic::{AtomicBool, Ordering};
             let plan = plan.clone();
             let prints = fingerprints.clone();
-            tokio::task::spawn_blocking(move || {
-                crate::resume::decide(&plan, &prints.all(), &records)
-            })
-            .await
+            let abort = std::sync::Arc::new(AtomicBool::new(false));
+            let flag = abort.clone();
+            let mut work = tokio::task::spawn_blocking(move || {
+                crate::resume::decide_until(&plan, &prints.all(), &records, &flag)
+            });
+            let mut listening = true;
+            loop {
+                tokio::select! {
+                    done = &mut work => break done,
+                    changed = cancel.changed(), if listening => match changed {
+                        Err(_) => listening = false,
+                        Ok(()) if *cancel.borrow() != CancelLevel::None => {
+                            abort.store(true, Ordering::Relaxed)
+                        }
+                        Ok(()) => {}
+                    },
+                }
+            }
             .map_err(|e| Error::Internal(format!("the resume check stopped: {e}")))?
         };
         console.detail(&format!(

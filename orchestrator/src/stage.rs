@@ -661,9 +661,9 @@ pub async fn supervise(
     );
     let mut checkpoints = Vec::new();
     if outcome == Outcome::Succeeded {
-        match verify_outputs(plan, std::mem::take(&mut state.reported)).await {
+        match verify_outputs(plan, std::mem::take(&mut state.reported), &mut cancel).await {
             Ok(records) => checkpoints = records,
-            Err(failure) => outcome = Outcome::Failed(failure),
+            Err(stopped) => outcome = stopped,
         }
     }
     if let Some(succeeded) = succeeded.filter(|_| outcome == Outcome::Succeeded) {
@@ -817,70 +817,52 @@ fn classify(
     }
 }
 
-/// Verifies a finished attempt's outputs. Files the stage reported writing (checksum and
-/// identity) are checked by size and identity only; anything else is read and hashed.
+/// Verifies and records a finished attempt's outputs ([`crate::outputs::record`]) on a
+/// blocking thread, while still answering `cancel`: a stop request raises the hashing's abort
+/// flag, which ends it within a mebibyte, and the attempt is then cancelled.
 async fn verify_outputs(
     plan: &AttemptPlan,
     reported: Vec<crate::checksum::ReportedFile>,
-) -> Result<Vec<CheckpointRecord>, Failure> {
-    if plan.declared_outputs.is_empty() && reported.is_empty() {
-        // Nothing to read but the manifest, which is usually absent: one failed open is
-        // cheaper than a trip to a blocking thread and back.
-        return verify_outputs_blocking(&plan.output_dir, &[], plan.builtin, &reported);
-    }
-    let dir = plan.output_dir.clone();
-    let declared = plan.declared_outputs.clone();
-    let builtin = plan.builtin;
-    tokio::task::spawn_blocking(move || {
-        verify_outputs_blocking(&dir, &declared, builtin, &reported)
+    cancel: &mut watch::Receiver<CancelLevel>,
+) -> Result<Vec<CheckpointRecord>, Outcome> {
+    use crate::outputs::OutputError;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let abort = Arc::new(AtomicBool::new(false));
+    let manifest = plan.output_dir.join(protocol::checkpoint::MANIFEST_FILE);
+    let verdict =
+        if plan.declared_outputs.is_empty() && std::fs::symlink_metadata(&manifest).is_err() {
+            // Nothing to read: one failed look is cheaper than a trip to a blocking thread.
+            crate::outputs::record(&plan.output_dir, &[], plan.builtin, &reported, &abort)
+        } else {
+            let dir = plan.output_dir.clone();
+            let declared = plan.declared_outputs.clone();
+            let builtin = plan.builtin;
+            let flag = abort.clone();
+            let mut work = tokio::task::spawn_blocking(move || {
+                crate::outputs::record(&dir, &declared, builtin, &reported, &flag)
+            });
+            let mut cancel_open = true;
+            loop {
+                tokio::select! {
+                    done = &mut work => break done.unwrap_or_else(|e| {
+                        Err(OutputError::Refused(format!("verification panicked: {e}")))
+                    }),
+                    changed = cancel.changed(), if cancel_open => match changed {
+                        Err(_) => cancel_open = false,
+                        Ok(()) if *cancel.borrow() != CancelLevel::None => {
+                            abort.store(true, Ordering::Relaxed)
+                        }
+                        Ok(()) => {}
+                    },
+                }
+            }
+        };
+    verdict.map_err(|e| match e {
+        OutputError::Missing(files) => Outcome::Failed(Failure::MissingOutputs(files)),
+        OutputError::Refused(why) => Outcome::Failed(Failure::CorruptOutput(why)),
+        OutputError::Interrupted => Outcome::Cancelled,
     })
-    .await
-    .unwrap_or_else(|e| {
-        Err(Failure::CorruptOutput(format!(
-            "verification panicked: {e}"
-        )))
-    })
-}
-
-fn verify_outputs_blocking(
-    dir: &Path,
-    declared: &[String],
-    builtin: bool,
-    reported: &[crate::checksum::ReportedFile],
-) -> Result<Vec<CheckpointRecord>, Failure> {
-    let missing: Vec<String> = declared
-        .iter()
-        .filter(|f| !dir.join(f).exists())
-        .map(|f| dir.join(f).display().to_string())
-        .collect();
-    if !missing.is_empty() {
-        return Err(Failure::MissingOutputs(missing));
-    }
-    let mut records = match crate::checksum::verify_manifest_dir_reported(dir, reported) {
-        Ok(Some(records)) => records,
-        Ok(None) if builtin => {
-            return Err(Failure::MissingOutputs(vec![dir
-                .join(protocol::checkpoint::MANIFEST_FILE)
-                .display()
-                .to_string()]))
-        }
-        Ok(None) => Vec::new(),
-        Err(why) => return Err(Failure::CorruptOutput(why.to_string())),
-    };
-    for file in declared {
-        let path = dir.join(file);
-        if records.iter().any(|r| Path::new(&r.path) == path) || path.is_dir() {
-            continue;
-        }
-        let (checksum, bytes) = crate::checksum::record_file(&path, reported)
-            .map_err(|e| Failure::CorruptOutput(format!("cannot read {}: {e}", path.display())))?;
-        records.push(CheckpointRecord {
-            path: path.display().to_string(),
-            bytes,
-            checksum,
-        });
-    }
-    Ok(records)
 }
 
 /// Opens the stage's logs for appending (its directory exists: see

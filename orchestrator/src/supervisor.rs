@@ -125,6 +125,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             reaper,
         ) {
             Ok(pid) => {
+                proctree::note_stage(pid, &launch.token);
                 let process = StageProcess {
                     pid,
                     token: std::mem::take(&mut launch.token),
@@ -161,6 +162,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         None => reaper.watch(spawned.pid),
     };
     drop(env);
+    proctree::note_stage(spawned.pid, &launch.token);
     let process = StageProcess {
         pid: spawned.pid,
         token: std::mem::take(&mut launch.token),
@@ -209,7 +211,16 @@ fn describe(leader: i32, token: &str) -> Vec<StoppedProcess> {
 
 /// Stops every process of the stage: SIGTERM (unless `grace` is zero), up to `grace` for them
 /// to exit, then SIGKILL; returns once none is alive, or after 10 s more with the survivors.
+/// The stage is then over: orphans born later are not its ([`proctree::forget_stage`]).
 pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reaper) -> StopSummary {
+    /// Forgets the stage however `stop_tree` ends (returned, or dropped half-way).
+    struct Over(i32);
+    impl Drop for Over {
+        fn drop(&mut self) {
+            proctree::forget_stage(self.0);
+        }
+    }
+    let _over = Over(leader);
     let found = describe(leader, token);
     let mut summary = StopSummary {
         found,

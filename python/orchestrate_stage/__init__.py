@@ -84,15 +84,16 @@ def inputs():
 
 
 def input_dir(stage):
-    """Upstream stage `stage`'s output directory (ORCHESTRATE_INPUT_<STAGE>, or the inputs
-    file when there are too many inputs for one variable each)."""
+    """Upstream stage `stage`'s output directory: its exact name in the inputs file
+    (ORCHESTRATE_INPUTS_FILE), else ORCHESTRATE_INPUT_<STAGE>. `orchestrate validate` refuses
+    two stages whose names map to one variable (`a-b`, `a_b`), so either way it is `stage`'s."""
+    found = inputs().get(stage)
+    if found is not None:
+        return found
     var = "ORCHESTRATE_INPUT_" + "".join(c.upper() if c.isalnum() and c.isascii() else "_" for c in stage)
     value = os.environ.get(var)
     if value is None:
-        found = inputs().get(stage)
-        if found is None:
-            raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
-        return found
+        raise KeyError(f"{var} is not set: is `{stage}` in this stage's `after` list?")
     return Path(value)
 
 
@@ -134,8 +135,9 @@ def checkpoint_dir(directory, step=None):
 def checkpoint(path, step=None):
     """Reports a checkpoint file that is completely written (write it to a temporary name and
     rename it into place first). Its SHA-256 and size are computed here, with the file's
-    identity (device, inode, modification time), so that orchestrate can take the checksum for
-    that very file without reading it again."""
+    identity (device, inode, modification time); orchestrate records that SHA-256 for the file
+    after checking it against the bytes, and fails the stage if they differ (the file changed
+    after this report)."""
     path = Path(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:

@@ -75,6 +75,14 @@ pub enum DaemonError {
     /// The plan does not validate (or cannot be read); the report, for the client.
     #[error("{}", .0.to_string().trim_end())]
     InvalidPlan(#[source] crate::plan::PlanError),
+    /// The submission's `base_dir` is missing or not a directory.
+    #[error("base_dir {path}: {why}: give the directory the plan's stages run in and its relative paths start from")]
+    BaseDir {
+        /// The directory, as the daemon resolved it.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Reading the plan stopped without an answer (its thread panicked).
     #[error("the plan could not be read: {0}")]
     PlanUnread(#[source] tokio::task::JoinError),
@@ -111,6 +119,9 @@ pub async fn accept_plan(
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let base = base_dir.map(PathBuf::from).unwrap_or_else(|| cwd.clone());
         let base = cwd.join(base);
+        if !matches!(input, PlanInput::Path(_)) {
+            check_base_dir(&base)?;
+        }
         let (loaded, source, format) = match input {
             PlanInput::Toml(text) => (
                 crate::plan::parse_plan_toml(&text, "<submitted plan>", &base),
@@ -147,6 +158,23 @@ pub async fn accept_plan(
     })
     .await
     .unwrap_or_else(|e| Err(DaemonError::PlanUnread(e)))
+}
+
+/// A submission's base directory exists and is a directory (its stages start there).
+fn check_base_dir(base: &Path) -> Result<(), DaemonError> {
+    let why = match std::fs::metadata(base) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(meta) => format!(
+            "it is {}",
+            crate::user_file::non_regular_kind(&meta).unwrap_or("a file")
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "it does not exist".into(),
+        Err(e) => format!("it cannot be read: {e}"),
+    };
+    Err(DaemonError::BaseDir {
+        path: base.to_path_buf(),
+        why,
+    })
 }
 
 impl Daemon {

@@ -88,13 +88,14 @@ fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
 /// Why a matrix axis's values could not be read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AxisError {
-    /// Its `lines` file cannot be read.
+    /// Its `lines` file cannot be read (missing, not a regular file, larger than
+    /// [`MAX_LINES_BYTES`], not UTF-8).
     #[error("cannot read {path}: {source}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The failure.
-        source: std::io::Error,
+        source: crate::user_file::UserFileError,
     },
     /// Its `glob` has a wildcard before the last path component.
     #[error("`{glob}`: wildcards are supported in the last path component only")]
@@ -112,16 +113,27 @@ pub(crate) enum AxisError {
     },
 }
 
+/// The most a matrix's `lines` file may hold, in bytes: the plan's own limit.
+pub const MAX_LINES_BYTES: u64 = super::MAX_PLAN_BYTES;
+
 /// The values of one axis; `Err` says why they could not be read.
 pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<String>, AxisError> {
     match axis {
         MatrixAxis::Values(values) => Ok(values.iter().map(ToString::to_string).collect()),
         MatrixAxis::Lines { lines } => {
             let path = base_dir.join(lines);
-            let text = match std::fs::read_to_string(&path) {
-                Ok(text) => text,
+            let bytes = match crate::user_file::read_regular(&path, MAX_LINES_BYTES) {
+                Ok(bytes) => bytes,
                 Err(source) => return Err(AxisError::Read { path, source }),
             };
+            let text = String::from_utf8(bytes).map_err(|_| AxisError::Read {
+                path: path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "it is not UTF-8 text",
+                )
+                .into(),
+            })?;
             Ok(text
                 .lines()
                 .map(str::trim)
@@ -355,6 +367,25 @@ pub fn expand(
         }
     }
     drop(seen);
+    // Instances, like stages, must not share an input variable (`x[v=a-b]`, `x[v=a_b]`).
+    let mut variables: HashMap<String, &str> = HashMap::with_capacity(total);
+    for stage in &plan.stages {
+        for (name, _) in &instances[stage.name.as_str()] {
+            let variable = protocol::plan::input_env_var(name);
+            match variables.get(&variable) {
+                Some(first) if first != name => problems.push(problem(
+                    &stage.name,
+                    format!("`{first}` and `{name}` would both get the input variable {variable}"),
+                    Some("give values (or stage names) that differ in more than case and the characters `-`, `_` and `.`".into()),
+                )),
+                Some(_) => {}
+                None => {
+                    variables.insert(variable, name.as_str());
+                }
+            }
+        }
+    }
+    drop(variables);
     let mut stages: Vec<Stage> = Vec::with_capacity(total);
     let mut origins = Vec::with_capacity(total);
     let base_names: HashMap<&str, Arc<str>> = plan

@@ -109,7 +109,8 @@ impl serde::Serialize for AsRun<'_> {
 
 /// Reads and validates the plan file at `path`: JSON if its extension is `.json`, else TOML.
 ///
-/// A file that cannot be read (missing, a directory, not UTF-8, over [`MAX_PLAN_BYTES`])
+/// A file that cannot be read (missing, not a regular file: a directory, a FIFO, a device;
+/// not UTF-8, over [`MAX_PLAN_BYTES`]), read without blocking and never past that limit,
 /// gives a single diagnostic that names it.
 pub fn load_plan(path: &Path) -> Result<LoadedPlan, PlanError> {
     read_plan(path).map(|(plan, _)| plan)
@@ -165,25 +166,12 @@ fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
             help: None,
         }],
     };
-    let io = |e: std::io::Error| {
-        let text = e.to_string();
-        // "No such file or directory (os error 2)" → "No such file or directory".
-        match text.rfind(" (os error ") {
-            Some(cut) => text[..cut].to_string(),
-            None => text,
-        }
-    };
-    let meta = std::fs::metadata(path).map_err(|e| fail(io(e)))?;
-    if meta.is_dir() {
-        return Err(fail("it is a directory".into()));
-    }
-    if meta.len() > MAX_PLAN_BYTES {
-        return Err(fail(format!(
-            "it is {} bytes, more than a plan may be ({MAX_PLAN_BYTES})",
-            meta.len()
-        )));
-    }
-    let bytes = std::fs::read(path).map_err(|e| fail(io(e)))?;
+    let bytes = crate::user_file::read_regular(path, MAX_PLAN_BYTES).map_err(|e| match e {
+        crate::user_file::UserFileError::TooLarge { .. } => fail(format!(
+            "it is more than a plan may be ({MAX_PLAN_BYTES} bytes)"
+        )),
+        other => fail(other.to_string()),
+    })?;
     String::from_utf8(bytes).map_err(|e| {
         let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
         // The prefix is valid UTF-8 by construction.

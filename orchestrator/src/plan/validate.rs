@@ -30,6 +30,7 @@ pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
         tree,
         rep,
         first_of: HashMap::new(),
+        variable_of: HashMap::new(),
         names: Vec::new(),
         guesses: 0,
     };
@@ -65,6 +66,8 @@ pub(crate) struct Validator<'p, 'r, 's> {
     rep: &'r mut Reporter<'s>,
     /// Each stage name and the first stage that has it.
     first_of: HashMap<&'p str, usize>,
+    /// Each input variable (`ORCHESTRATE_INPUT_<NAME>`) and the first stage it names.
+    variable_of: HashMap<String, usize>,
     /// The distinct stage names in plan order, for suggestions.
     names: Vec<&'p str>,
     /// How many "did you mean" searches were made: each compares with every name, so a plan
@@ -219,7 +222,32 @@ impl<'p> Validator<'p, '_, '_> {
             None => {
                 self.first_of.insert(name, i);
                 self.names.push(name);
+                self.check_variable(i);
             }
+        }
+    }
+
+    /// The name's input variable (which also names its output for the Python helper's
+    /// `input_dir`) is no other stage's: `a-b`, `a_b`, `a.b` and `A-B` would all hand their
+    /// output over as `ORCHESTRATE_INPUT_A_B`, and a downstream stage would get one of them
+    /// for all.
+    fn check_variable(&mut self, i: usize) {
+        let name = self.stage(i).name.as_str();
+        let variable = protocol::plan::input_env_var(name);
+        if let Some(&first) = self.variable_of.get(&variable) {
+            let other = self.stage(first).name.as_str();
+            let there = match self.field(first, "name") {
+                Some(s) => format!(" on line {}", self.rep.line_of(s.start)),
+                None => String::new(),
+            };
+            self.error(
+                self.field(i, "name"),
+                i,
+                format!("stages `{other}`{there} and `{name}` would both get the input variable {variable} (and could not be told apart on a case-insensitive file system)"),
+                Some("rename one: names must differ in more than case and the characters `-`, `_` and `.`".into()),
+            );
+        } else {
+            self.variable_of.insert(variable, i);
         }
     }
 
