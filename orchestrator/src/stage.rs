@@ -497,6 +497,9 @@ pub async fn supervise(
 
     let reaped = loop {
         tokio::select! {
+            // An exit that is there wins over a timer that is due with it (orchestrate was
+            // stalled, or the runtime saw both at once): `biased` polls it first.
+            biased;
             reaped = &mut child.exit => break reaped,
             // A stage is first sampled a whole period after it started, as it was with a
             // timer of its own: a sweep's short stages never scan `/proc` for it.
@@ -507,6 +510,11 @@ pub async fn supervise(
             },
             item = channel.next() => state.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
+                // A process that ended before the timeout was looked at finished in time,
+                // even if its exit was not collected yet (orchestrate itself was stopped).
+                if let Some(reaped) = child.exit.try_wait() {
+                    break reaped;
+                }
                 timed_out = true;
                 console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
                 graceful_stop(plan, child.pid, &child.token);
