@@ -113,16 +113,15 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
         }
         share.set(buf.capacity());
         if buf.len() > MAX_REQUEST_BYTES {
-            let _ = send(
-                stream,
-                &error(
-                    ErrorCode::TooLarge,
-                    format!(
-                        "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
-                    ),
+            drop(buf);
+            drop(share);
+            let answer = error(
+                ErrorCode::TooLarge,
+                format!(
+                    "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
                 ),
-            )
-            .await;
+            );
+            refuse(stream, &answer).await;
             return;
         }
         let read = tokio::time::timeout(daemon.config.idle_timeout, stream.readable()).await;
@@ -131,17 +130,9 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
             Ok(Ok(())) => {
                 let wanted = buf.len() + READ_CHUNK;
                 if !share.allows(buf.capacity().max(wanted)) {
-                    let _ = send(
-                        stream,
-                        &error(
-                            ErrorCode::TooLarge,
-                            format!(
-                                "the daemon holds {} MiB of unfinished requests for its connections, its most (the limit is for all connections together): closing this one; send the request again, or a big plan as a path (\"plan\": {{\"path\": …}})",
-                                MAX_BUFFERED_REQUEST_BYTES >> 20
-                            ),
-                        ),
-                    )
-                    .await;
+                    drop(buf);
+                    drop(share);
+                    refuse(stream, &over_budget()).await;
                     return;
                 }
                 buf.reserve(READ_CHUNK);
@@ -169,6 +160,44 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
             }
         }
     }
+}
+
+/// How long a refused connection's further bytes are read and dropped, so that its client,
+/// still sending, gets the answer rather than a reset connection.
+const REFUSED_DRAIN: Duration = Duration::from_secs(2);
+
+fn over_budget() -> Response {
+    error(
+        ErrorCode::TooLarge,
+        format!(
+            "the daemon holds {} MiB of unfinished requests, its most for all connections together: closing this connection; send the request again later, or a big plan as a path (\"plan\": {{\"path\": …}})",
+            MAX_BUFFERED_REQUEST_BYTES >> 20
+        ),
+    )
+}
+
+/// Sends `answer`, then reads and drops what the client still sends (for at most
+/// [`REFUSED_DRAIN`], holding nothing), so that it reads the answer before the close.
+async fn refuse(stream: &mut UnixStream, answer: &Response) {
+    if !send(stream, answer).await {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(REFUSED_DRAIN, async {
+        loop {
+            if stream.readable().await.is_err() {
+                return;
+            }
+            match stream.try_read(&mut sink) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    })
+    .await;
 }
 
 const KNOWN: [&str; 7] = [

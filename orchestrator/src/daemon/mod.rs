@@ -303,9 +303,14 @@ impl Daemon {
                 };
                 if *run.cancel.borrow() == CancelLevel::None && !run.stopped_by_daemon() {
                     let mark = run.run_dir.join(STOPPED_FILE);
-                    match crate::rundir::write_atomic(&mark, b"stopped by the daemon's shutdown; the next daemon resumes this run\n") {
+                    match crate::rundir::write_atomic(
+                        &mark,
+                        b"stopped by the daemon's shutdown; the next daemon resumes this run\n",
+                    ) {
                         Ok(()) => run.mark_stopped_by_daemon(),
-                        Err(e) => tracing::warn!(run = %id, "cannot write {}: {e}; the run will not be resumed by the next daemon", mark.display()),
+                        Err(e) => {
+                            tracing::warn!(run = %id, "cannot write {}: {e}; the run will not be resumed by the next daemon", mark.display())
+                        }
                     }
                 }
                 run.cancel.send_replace(CancelLevel::Graceful);

@@ -150,7 +150,8 @@ pub fn succeeded_stages(records: &[JournalRecord]) -> HashSet<String> {
     let mut succeeded = HashSet::new();
     for record in records {
         match record {
-            JournalRecord::StageStarted { stage, .. } | JournalRecord::StageSkipped { stage, .. } => {
+            JournalRecord::StageStarted { stage, .. }
+            | JournalRecord::StageSkipped { stage, .. } => {
                 succeeded.remove(stage);
             }
             JournalRecord::StageFinished { stage, status, .. } => {

@@ -86,7 +86,10 @@ mod tests {
         assert!(b.allows(40));
         assert!(!b.allows(41), "60 + 41 is over 100");
         b.set(40);
-        assert!(a.allows(60) && a.allows(10), "holding as much or less is always allowed");
+        assert!(
+            a.allows(60) && a.allows(10),
+            "holding as much or less is always allowed"
+        );
         assert!(!a.allows(61));
         a.set(10);
         assert_eq!(budget.held(), 50);
