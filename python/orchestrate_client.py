@@ -8,7 +8,8 @@
         print(c.wait(run["id"])["state"])     # "succeeded", "failed", ...
 
 Every method sends one request (one JSON line with "v": 1 and a "type") and reads the
-answer; an error answer raises DaemonError with its code and text. docs/protocol.md has
+answer; an error answer raises DaemonError with its code and text. `watch` streams on a
+connection of its own, so a loop over it may be left at any point. docs/protocol.md has
 every message.
 """
 

@@ -91,20 +91,13 @@ impl TestDaemon {
 
     /// Sends `signal` and waits (up to 30 s) for the daemon to end; how it ended.
     pub fn stop_with(&mut self, signal: Signal) -> ExitStatus {
-        let mut child = self.child.take().expect("the daemon runs");
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        panic!("the daemon did not end within 30 s of {signal}");
+        let pid = self.pid();
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        self.wait_exit()
     }
 
-    /// Waits (up to 30 s) for the daemon to end by itself (a `shutdown`); how it ended.
+    /// Waits (up to 30 s) for the daemon to end (a `shutdown`, a signal); how it ended. A
+    /// daemon that does not end is killed, and the test fails.
     pub fn wait_exit(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("the daemon runs");
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -115,6 +108,7 @@ impl TestDaemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = child.kill();
+        let _ = child.wait();
         panic!("the daemon did not end within 30 s");
     }
 }

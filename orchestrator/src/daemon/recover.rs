@@ -62,7 +62,7 @@ impl Daemon {
             Ended::Finished(RunStatus::Interrupted, _, _) if stopped_by_daemon => {}
             Ended::Finished(status, code, at) => {
                 let _ = std::fs::remove_file(&stopped_file);
-                let at = at.unwrap_or_else(|| entry.submission.submitted_unix);
+                let at = at.unwrap_or(entry.submission.submitted_unix);
                 entry.finish_at(status, code, at);
                 self.registry.borrow_mut().insert(entry);
                 return;
