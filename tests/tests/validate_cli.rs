@@ -160,3 +160,28 @@ fn gpu_check_json_stays_json_without_nvml() {
         assert!(v["gpus"].is_array(), "with NVML: the inventory");
     }
 }
+
+#[test]
+fn an_argument_longer_than_the_kernel_takes_fails_validation_and_a_long_one_warns() {
+    let s = e2e_tests::Scratch::new("validate-arg-size");
+    let plan = |kib: usize| {
+        format!(
+            "[[stage]]\nname = \"big\"\ncommand = [\"echo\", \"{}\"]\n",
+            "x".repeat(kib << 10)
+        )
+    };
+    let over = s.write("over.toml", &plan(130));
+    let out = validate(&over);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: stage `big`: one of its arguments or variables is 130 KiB"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ok"));
+    // Near the limit but under it: a warning, and the plan is valid.
+    let near = s.write("near.toml", &plan(100));
+    let out = validate(&near);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: stage `big`"));
+}
