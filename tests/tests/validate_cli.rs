@@ -185,3 +185,20 @@ fn an_argument_longer_than_the_kernel_takes_fails_validation_and_a_long_one_warn
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("warning: stage `big`"));
 }
+
+#[test]
+fn a_duration_too_long_to_hold_is_called_too_long() {
+    let s = e2e_tests::Scratch::new("validate-duration-overflow");
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ntimeout = \"99999999999999999999d\"\n",
+    );
+    let out = validate(&plan);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is longer than the most a plan may give"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("write a number and a unit"), "{stderr}");
+}
