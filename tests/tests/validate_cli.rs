@@ -202,3 +202,27 @@ fn a_duration_too_long_to_hold_is_called_too_long() {
     );
     assert!(!stderr.contains("write a number and a unit"), "{stderr}");
 }
+
+#[test]
+fn a_json_plan_naming_a_key_twice_is_refused_as_a_toml_one_is() {
+    let s = e2e_tests::Scratch::new("validate-json-duplicate");
+    let plan = s.write(
+        "plan.json",
+        "{\"stage\": [{\"name\": \"a\", \"command\": [\"true\"],\n  \"env\": {\"A\": \"1\", \"A\": \"2\"}}]}\n",
+    );
+    let out = validate(&plan);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let name = plan.display().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "{name}:2:21: error: `A` is given twice in one object (first at line 2)"
+        )),
+        "{stderr}"
+    );
+    let toml = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\nenv = { A = \"1\", A = \"2\" }\n",
+    );
+    assert_eq!(validate(&toml).status.code(), Some(2));
+}

@@ -218,6 +218,21 @@ pub fn parse_plan_json(
 ) -> Result<LoadedPlan, PlanError> {
     let tree = json_tree::from_json(source);
     let mut rep = Reporter::new(source, source_name);
+    for duplicate in tree.iter().flat_map(json_tree::duplicate_keys) {
+        let first = duplicate
+            .first
+            .map(|span| format!(" (first at line {})", rep.line_of(span.start)))
+            .unwrap_or_default();
+        rep.error(
+            duplicate.again,
+            None,
+            format!(
+                "`{}` is given twice in one object{first}; a JSON plan names each key once",
+                duplicate.key
+            ),
+            Some("remove one of them (TOML plans refuse a repeated key too)".into()),
+        );
+    }
     let plan = decode::json_plan(source, tree.as_ref(), &mut rep);
     finish(plan, tree.as_ref(), rep, source_name, base_dir)
 }
