@@ -226,3 +226,26 @@ fn a_json_plan_naming_a_key_twice_is_refused_as_a_toml_one_is() {
     );
     assert_eq!(validate(&toml).status.code(), Some(2));
 }
+
+#[test]
+fn a_byte_order_mark_is_skipped_in_json_plans_as_in_toml_ones() {
+    let s = e2e_tests::Scratch::new("validate-bom");
+    let toml = s.write(
+        "plan.toml",
+        "\u{feff}[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+    );
+    let json = s.write(
+        "plan.json",
+        "\u{feff}{\"stage\": [{\"name\": \"a\", \"command\": [\"true\"]}]}\n",
+    );
+    for plan in [toml, json] {
+        let out = validate(&plan);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: {}",
+            plan.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -210,12 +210,13 @@ pub fn parse_plan_toml(
 }
 
 /// Validates a plan given as JSON text (the same format, as a JSON object); see
-/// [`parse_plan_toml`].
+/// [`parse_plan_toml`]. A leading byte-order mark is skipped, as a TOML plan's is.
 pub fn parse_plan_json(
     source: &str,
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
+    let source = source.strip_prefix('\u{feff}').unwrap_or(source);
     let tree = json_tree::from_json(source);
     let mut rep = Reporter::new(source, source_name);
     for duplicate in tree.iter().flat_map(json_tree::duplicate_keys) {
