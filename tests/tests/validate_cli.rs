@@ -249,3 +249,40 @@ fn a_byte_order_mark_is_skipped_in_json_plans_as_in_toml_ones() {
         );
     }
 }
+
+#[test]
+fn matrix_problems_are_said_in_the_plan_s_words_and_non_ascii_values_name_instances() {
+    let s = e2e_tests::Scratch::new("validate-matrix-words");
+    let plan = |name: &str, matrix: &str| {
+        s.write(
+            name,
+            &format!(
+                "[[stage]]\nname = \"m\"\ncommand = [\"true\"]\nmatrix = {{ v = {matrix} }}\n"
+            ),
+        )
+    };
+    let out = validate(&plan("number.toml", "3"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`matrix.v` must be a list of values, `{ lines = \"FILE\" }` or `{ glob = \"PATTERN\" }`"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("enum"), "no Rust internals: {stderr}");
+    let out = validate(&plan("twice.toml", "[1, 2, 1]"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("matrix key `v` has the value `1` twice"),
+        "{stderr}"
+    );
+    let out = validate(&plan("words.toml", "[\"日本\", \"中文\"]"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 stages"), "{stdout}");
+}
