@@ -497,9 +497,6 @@ pub async fn supervise(
 
     let reaped = loop {
         tokio::select! {
-            // An exit that is there wins over a timer that is due with it (orchestrate was
-            // stalled, or the runtime saw both at once): `biased` polls it first.
-            biased;
             reaped = &mut child.exit => break reaped,
             // A stage is first sampled a whole period after it started, as it was with a
             // timer of its own: a sweep's short stages never scan `/proc` for it.
@@ -511,7 +508,8 @@ pub async fn supervise(
             item = channel.next() => state.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
                 // A process that ended before the timeout was looked at finished in time,
-                // even if its exit was not collected yet (orchestrate itself was stopped).
+                // even if its exit was not collected yet (orchestrate itself was stopped, or
+                // the runtime saw the exit and the timer at once and picked the timer).
                 if let Some(reaped) = child.exit.try_wait() {
                     break reaped;
                 }
