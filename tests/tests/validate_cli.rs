@@ -286,3 +286,39 @@ fn matrix_problems_are_said_in_the_plan_s_words_and_non_ascii_values_name_instan
     );
     assert!(stdout.contains("2 stages"), "{stdout}");
 }
+
+#[test]
+fn a_matrix_source_table_names_one_source_and_nothing_else() {
+    let s = e2e_tests::Scratch::new("validate-matrix-source");
+    s.write("vals.txt", "a\nb\n");
+    for (name, table, found) in [
+        (
+            "both.toml",
+            "{ lines = \"vals.txt\", glob = \"*.txt\" }",
+            "`glob`, `lines`",
+        ),
+        ("typo.toml", "{ line = \"vals.txt\" }", "`line`"),
+        (
+            "extra.toml",
+            "{ lines = \"vals.txt\", sort = true }",
+            "`lines`, `sort`",
+        ),
+    ] {
+        let plan = s.write(
+            name,
+            &format!("[[stage]]\nname = \"m\"\ncommand = [\"true\"]\nmatrix = {{ v = {table} }}\n"),
+        );
+        let out = validate(&plan);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("a matrix source table has exactly one key, `lines` (a file) or `glob` (a pattern); this one has {found}")),
+            "{name}: {stderr}"
+        );
+    }
+    let plan = s.write(
+        "good.toml",
+        "[[stage]]\nname = \"m\"\ncommand = [\"true\"]\nmatrix = { v = { lines = \"vals.txt\" } }\n",
+    );
+    assert_eq!(validate(&plan).status.code(), Some(0));
+}
