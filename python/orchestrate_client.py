@@ -8,7 +8,8 @@
         print(c.wait(run["id"])["state"])     # "succeeded", "failed", ...
 
 Every method sends one request (one JSON line with "v": 1 and a "type") and reads the
-answer; an error answer raises DaemonError with its code and text. docs/protocol.md has
+answer; an error answer raises DaemonError with its code and text. `watch` streams on a
+connection of its own, so a loop over it may be left at any point. docs/protocol.md has
 every message.
 """
 
@@ -37,12 +38,15 @@ class DaemonError(Exception):
 
 
 class Client:
-    """One connection to the daemon."""
+    """One connection to the daemon for requests and answers; each `watch` streams on a
+    connection of its own, so leaving one early leaves this one as it was."""
 
     def __init__(self, path=None, timeout=None):
+        self.path = path or default_socket()
+        self.timeout = timeout
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(path or default_socket())
+        self.sock.connect(self.path)
         self.reader = self.sock.makefile("rb")
         self.hello = self._read()
 
@@ -102,14 +106,19 @@ class Client:
 
     def watch(self, run_id, start=0):
         """Yields the run's events (dicts with "seq" and "event") from `start` until it ends;
-        then returns. The final state is what `wait` gives."""
-        self._send("watch", id=run_id, **({"from": start} if start else {}))
-        while True:
-            answer = self._read()
-            if answer["type"] == "finished":
-                self.last_finished = answer["run"]
-                return
-            yield answer
+        then returns. The final state is what `wait` gives (and `last_finished` holds).
+
+        The events come on a connection of the watch's own, closed when the loop ends or is
+        left (`break`, an exception): the rest of the stream is never read as an answer to a
+        later request on this client."""
+        with Client(self.path, self.timeout) as stream:
+            stream._send("watch", id=run_id, **({"from": start} if start else {}))
+            while True:
+                answer = stream._read()
+                if answer["type"] == "finished":
+                    self.last_finished = answer["run"]
+                    return
+                yield answer
 
     def wait(self, run_id):
         """Blocks until the run has ended; its final state."""

@@ -1,7 +1,8 @@
 //! The CLI's daemon clients: `submit`, `runs`, `watch`, `wait`, `cancel`, `shutdown`.
 //!
 //! Exit statuses: a run's own status for `submit --watch/--wait`, `watch` and `wait` (0 only
-//! if it succeeded); 2 for a plan the daemon refused or an unknown run id; 4 when the daemon
+//! if it succeeded); 2 for a plan the daemon refused, an unknown run id or a `cancel` of a run
+//! that has already finished; 4 when the daemon
 //! cannot be reached or answers with an error of its own.
 
 use orchestrator::client::{render_event, Client, ClientError, V};
@@ -23,7 +24,9 @@ fn failed(e: ClientError) -> ExitCode {
 fn refused(code_: ErrorCode, error: &str) -> ExitCode {
     eprintln!("error: {error}");
     match code_ {
-        ErrorCode::InvalidPlan | ErrorCode::NotFound => code(exit::INVALID_INPUT),
+        ErrorCode::InvalidPlan | ErrorCode::NotFound | ErrorCode::AlreadyFinished => {
+            code(exit::INVALID_INPUT)
+        }
         _ => code(exit::RUN_ERROR),
     }
 }
@@ -265,7 +268,13 @@ pub fn shutdown(socket: &Path, cancel: bool) -> ExitCode {
     };
     match client.call(&Request::Shutdown { v: V, mode }) {
         Ok(Response::ShuttingDown { running, .. }) => {
-            eprintln!("the daemon stops after its {running} running run(s) end");
+            if cancel {
+                eprintln!(
+                    "the daemon is stopping its {running} unfinished run(s) and then itself; they resume when a daemon starts again with the same --runs-dir"
+                );
+            } else {
+                eprintln!("the daemon stops after its {running} unfinished run(s) end");
+            }
             ExitCode::SUCCESS
         }
         Ok(Response::Error { code: c, error, .. }) => refused(c, &error),

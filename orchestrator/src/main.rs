@@ -336,8 +336,13 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Validate { plan }) => match load_or_report(&plan) {
             Ok(loaded) => {
-                for warning in orchestrator::plan::launch_size_warnings(&loaded) {
-                    eprintln!("{}: warning: {warning}", plan.display());
+                let problems = orchestrator::plan::launch_size_problems(&loaded);
+                for problem in &problems {
+                    let kind = if problem.fatal { "error" } else { "warning" };
+                    eprintln!("{}: {kind}: {}", plan.display(), problem.text);
+                }
+                if problems.iter().any(|p| p.fatal) {
+                    return ExitCode::from(exit::INVALID_INPUT as u8);
                 }
                 println!(
                     "{}: ok ({} stage{}; order: {})",

@@ -294,14 +294,28 @@ impl RunDir {
 
     /// A fresh directory under `parent` named `<name>-<UTC stamp>`, with a suffix if taken.
     pub fn create_fresh(parent: &Path, name: &str) -> Result<RunDir, RunDirError> {
+        RunDir::create_fresh_avoiding(parent, name, |_| false)
+    }
+
+    /// [`RunDir::create_fresh`], skipping the names `taken` says are in use elsewhere (the
+    /// daemon's run ids, whose directories may have gone from `parent`).
+    pub fn create_fresh_avoiding(
+        parent: &Path,
+        name: &str,
+        taken: impl Fn(&str) -> bool,
+    ) -> Result<RunDir, RunDirError> {
         let stamp = crate::timefmt::compact_stamp(crate::timefmt::unix_ms() / 1000);
         fs::create_dir_all(parent).map_err(io_at(parent))?;
         for n in 0..1000 {
-            let candidate = if n == 0 {
-                parent.join(format!("{name}-{stamp}"))
+            let leaf = if n == 0 {
+                format!("{name}-{stamp}")
             } else {
-                parent.join(format!("{name}-{stamp}-{n}"))
+                format!("{name}-{stamp}-{n}")
             };
+            if taken(&leaf) {
+                continue;
+            }
+            let candidate = parent.join(leaf);
             match fs::create_dir(&candidate) {
                 Ok(()) => return RunDir::create(&candidate),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,

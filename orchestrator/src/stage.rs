@@ -507,6 +507,12 @@ pub async fn supervise(
             },
             item = channel.next() => state.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
+                // A process that ended before the timeout was looked at finished in time,
+                // even if its exit was not collected yet (orchestrate itself was stopped, or
+                // the runtime saw the exit and the timer at once and picked the timer).
+                if let Some(reaped) = child.exit.try_wait() {
+                    break reaped;
+                }
                 timed_out = true;
                 console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
                 graceful_stop(plan, child.pid, &child.token);
@@ -673,6 +679,7 @@ pub async fn supervise(
     if failed && clean_exit {
         stderr_tail = read_tail(&stderr_path, stderr_offset);
     }
+    let violations = state.violations_listed();
     AttemptResult {
         outcome,
         exit,
@@ -681,7 +688,7 @@ pub async fn supervise(
         metrics: state.metrics,
         gpu: gpu_records,
         leftovers: summary.found,
-        violations: state.violations,
+        violations,
         stderr_tail: if failed { Some(stderr_tail) } else { None },
         host: Some(protocol::report::HostUsage {
             cpu_user_s: usage.user_s,
@@ -697,18 +704,35 @@ pub async fn supervise(
     }
 }
 
+/// Protocol violations of one attempt listed one by one; the rest are counted.
+const LISTED_VIOLATIONS: usize = 20;
+
 /// What the stage said on its channel.
 #[derive(Debug, Default)]
 struct EventState {
     metrics: BTreeMap<String, f64>,
     failed: Option<(String, Option<String>)>,
     done: bool,
+    /// The first [`LISTED_VIOLATIONS`] protocol violations, and how many came after them.
     violations: Vec<String>,
+    unlisted_violations: u64,
     /// Files the stage reported writing, with the checksums it computed while writing.
     reported: Vec<crate::checksum::ReportedFile>,
 }
 
 impl EventState {
+    /// The violations as the report lists them: the first ones, then a count of the rest.
+    fn violations_listed(&mut self) -> Vec<String> {
+        let mut listed = std::mem::take(&mut self.violations);
+        if self.unlisted_violations > 0 {
+            listed.push(format!(
+                "and {} more violation(s) of the event protocol, not listed",
+                self.unlisted_violations
+            ));
+        }
+        listed
+    }
+
     fn absorb(&mut self, item: ChannelItem, stage: &str, console: &Console, started: Instant) {
         match item {
             ChannelItem::Event(WorkerEvent::Progress {
@@ -751,9 +775,16 @@ impl EventState {
                 }
             }
             ChannelItem::Violation(why) => {
-                if self.violations.len() < 20 {
+                if self.violations.len() < LISTED_VIOLATIONS {
                     console.warn(&format!("{stage}: ignored {why} on the event channel"));
                     self.violations.push(why);
+                } else {
+                    if self.unlisted_violations == 0 {
+                        console.warn(&format!(
+                            "{stage}: more violations on the event channel are counted, not listed"
+                        ));
+                    }
+                    self.unlisted_violations += 1;
                 }
             }
         }

@@ -16,6 +16,9 @@ pub const DAEMON_PROTOCOL_VERSION: u32 = 1;
 /// Longest request line the daemon reads (a plan sent inline must fit; send a `path` for
 /// bigger plans).
 pub const MAX_REQUEST_BYTES: usize = 8 << 20;
+/// The most bytes of unfinished request lines the daemon holds for all its connections
+/// together; a connection whose bytes would go over it gets a `too_large` error and is closed.
+pub const MAX_BUFFERED_REQUEST_BYTES: usize = 64 << 20;
 
 /// A client's request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -214,12 +217,15 @@ pub enum ErrorCode {
     UnknownType,
     /// A `v` this daemon does not speak.
     Version,
-    /// The line is longer than [`MAX_REQUEST_BYTES`].
+    /// The line is longer than [`MAX_REQUEST_BYTES`], or the daemon holds
+    /// [`MAX_BUFFERED_REQUEST_BYTES`] of unfinished lines in all.
     TooLarge,
     /// The plan does not validate.
     InvalidPlan,
     /// No run with that id.
     NotFound,
+    /// The run has already ended (a `cancel` of it has nothing to stop).
+    AlreadyFinished,
     /// The daemon is shutting down and takes no new runs.
     ShuttingDown,
     /// The peer's user may not use this daemon.

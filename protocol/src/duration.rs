@@ -5,6 +5,10 @@ use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::time::Duration;
 
+/// The longest duration a plan may give: 100 years (`36500d`). Longer ones are refused (a
+/// deadline that far cannot be computed on every clock).
+pub const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
+
 /// A duration written as a string of number+unit parts (`ms`, `s`, `m`, `h`, `d`).
 ///
 /// Serializes back to the canonical form (`"1h30m"`), so a resolved plan round-trips.
@@ -48,6 +52,11 @@ impl std::str::FromStr for HumanDuration {
         if s.is_empty() {
             return Err(refuse());
         }
+        let too_long = || {
+            DurationError(format!(
+                "invalid duration `{text}`: it is longer than the most a plan may give, 100 years (\"36500d\")"
+            ))
+        };
         let mut total_ms: u128 = 0;
         let mut rest = s;
         while !rest.is_empty() {
@@ -57,7 +66,7 @@ impl std::str::FromStr for HumanDuration {
             if digits == 0 {
                 return Err(refuse());
             }
-            let number: u128 = rest[..digits].parse().map_err(|_| refuse())?;
+            let number: u128 = rest[..digits].parse().map_err(|_| too_long())?;
             rest = &rest[digits..];
             let unit_len = rest
                 .find(|c: char| c.is_ascii_digit())
@@ -74,9 +83,12 @@ impl std::str::FromStr for HumanDuration {
             total_ms = number
                 .checked_mul(unit_ms)
                 .and_then(|v| v.checked_add(total_ms))
-                .ok_or_else(refuse)?;
+                .ok_or_else(too_long)?;
         }
-        let ms = u64::try_from(total_ms).map_err(|_| refuse())?;
+        if total_ms > MAX_DURATION.as_millis() {
+            return Err(too_long());
+        }
+        let ms = u64::try_from(total_ms).map_err(|_| too_long())?;
         Ok(HumanDuration(Duration::from_millis(ms)))
     }
 }
@@ -164,17 +176,27 @@ mod tests {
 
     #[test]
     fn refuses_malformed() {
-        for bad in [
-            "",
-            "90",
-            "s",
-            "1x",
-            "-5s",
-            "1.5h",
-            "99999999999999999999999d",
-        ] {
+        for bad in ["", "90", "s", "1x", "-5s", "1.5h"] {
             let err = bad.parse::<HumanDuration>().unwrap_err();
-            assert!(err.0.contains("invalid duration"), "{bad}: {err}");
+            assert!(err.0.contains("write a number and a unit"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_duration_too_long_is_called_too_long_not_malformed() {
+        for long in [
+            "99999999999999999999d",
+            "99999999999999999999999999999999999999999d",
+            "36501d",
+            "36500d1ms",
+        ] {
+            let err = long.parse::<HumanDuration>().unwrap_err();
+            assert!(err.0.contains("longer than the most"), "{long}: {err}");
+            assert!(!err.0.contains("write a number"), "{long}: {err}");
+        }
+        assert_eq!(
+            "36500d".parse::<HumanDuration>().unwrap().get(),
+            MAX_DURATION
+        );
     }
 }

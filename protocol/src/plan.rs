@@ -199,8 +199,9 @@ impl TaskLayout {
     }
 }
 
-/// The values of one matrix key.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// The values of one matrix key. A source table names exactly one source, `lines` or
+/// `glob`, and nothing else.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum MatrixAxis {
     /// The values, written out.
@@ -217,6 +218,43 @@ pub enum MatrixAxis {
         /// The pattern.
         glob: String,
     },
+}
+
+impl<'de> Deserialize<'de> for MatrixAxis {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        /// What a matrix key's value may look like before its table is checked.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum MatrixAxisForm {
+            Values(Vec<MatrixValue>),
+            Table(BTreeMap<String, serde_json::Value>),
+        }
+        let table = match MatrixAxisForm::deserialize(deserializer)? {
+            MatrixAxisForm::Values(values) => return Ok(MatrixAxis::Values(values)),
+            MatrixAxisForm::Table(table) => table,
+        };
+        let mut keys = table.keys().map(String::as_str);
+        let source = match (keys.next(), keys.next()) {
+            (Some(key @ ("lines" | "glob")), None) => key,
+            _ => {
+                let found: Vec<String> = table.keys().map(|k| format!("`{k}`")).collect();
+                return Err(D::Error::custom(format!(
+                    "a matrix source table has exactly one key, `lines` (a file) or `glob` (a pattern); this one has {}",
+                    if found.is_empty() { "none".to_string() } else { found.join(", ") }
+                )));
+            }
+        };
+        let Some(text) = table[source].as_str() else {
+            return Err(D::Error::custom(format!(
+                "`{source}` of a matrix source table is a string (a path or a pattern)"
+            )));
+        };
+        Ok(match source {
+            "lines" => MatrixAxis::Lines { lines: text.into() },
+            _ => MatrixAxis::Glob { glob: text.into() },
+        })
+    }
 }
 
 /// One matrix value.

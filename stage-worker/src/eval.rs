@@ -227,10 +227,16 @@ fn eval_pairs(
     sink: &mut EventSink,
 ) -> StageResult<BTreeMap<String, f64>> {
     let seq_len = p.seq_len as usize;
+    let asked = p.samples as usize;
+    let mut skipped = 0usize;
     let usable: Vec<&Example> = pairs
         .iter()
-        .filter(|e| fits(e, seq_len))
-        .take(p.samples as usize)
+        .filter(|e| {
+            let fit = fits(e, seq_len);
+            skipped += usize::from(!fit);
+            fit
+        })
+        .take(asked)
         .collect();
     if usable.is_empty() {
         return Err(Failure::bad_input(format!(
@@ -239,6 +245,12 @@ fn eval_pairs(
         )));
     }
     let total = usable.len();
+    if skipped > 0 || total < asked {
+        crate::log!(
+            "evaluating {total} of the {asked} examples asked: {skipped} skipped, their prompt does not fit in seq_len {seq_len}{}",
+            if total < asked { "; the data has no more that fit" } else { "" }
+        );
+    }
     let batch = p.batch_size as usize;
     let batches: Vec<HostBatch> = usable
         .chunks(batch)
@@ -277,6 +289,7 @@ fn eval_pairs(
     }
     let mut m = loss_metrics(loss, total);
     m.insert("accuracy".into(), correct as f64 / total as f64);
+    m.insert("skipped".into(), skipped as f64);
     Ok(m)
 }
 

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod daemon;
 pub mod fixtures;
 
 /// The directory holding the workspace's built binaries (`target/debug` for `cargo test`).

@@ -641,3 +641,30 @@ fn a_manifest_a_command_stage_writes_unannounced_is_verified() {
         "{bad}"
     );
 }
+
+#[test]
+fn protocol_violations_past_the_listed_ones_are_counted() {
+    let s = Scratch::new("many-violations");
+    s.write(
+        "garbage.py",
+        r#"
+import os, socket
+with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    sock.connect(os.environ["ORCHESTRATE_EVENTS"])
+    sock.sendall(b'{"v":1,"event":"teleport"}\n' * 50)
+"#,
+    );
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"noisy\"\ncommand = [\"python3\", \"garbage.py\"]\n",
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let violations = run.stage("noisy")["protocol_violations"].clone();
+    let listed = violations.as_array().unwrap();
+    assert_eq!(listed.len(), 21, "{violations}");
+    assert_eq!(
+        listed[20], "and 30 more violation(s) of the event protocol, not listed",
+        "{violations}"
+    );
+}

@@ -142,3 +142,54 @@ fn built_in_cpu_stages_side_by_side_share_the_cores() {
         );
     }
 }
+
+#[test]
+fn eval_says_how_many_examples_it_skipped_for_seq_len() {
+    let s = Scratch::new("eval-skipped");
+    let mut pairs = String::new();
+    for i in 0..10 {
+        // Every other prompt is longer than seq_len.
+        let prompt = if i % 2 == 0 {
+            "q".repeat(40)
+        } else {
+            format!("q{i}")
+        };
+        pairs.push_str(&format!(
+            "{{\"prompt\": \"{prompt}\", \"completion\": \"a\"}}\n"
+        ));
+    }
+    s.write("pairs.jsonl", &pairs);
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "train"
+kind = "train"
+[stage.params]
+steps = 2
+batch_size = 2
+seq_len = 16
+model = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }
+
+[[stage]]
+name = "eval"
+kind = "eval"
+after = ["train"]
+init = "train"
+[stage.params]
+data = "pairs.jsonl"
+seq_len = 16
+samples = 8
+"#,
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.metric("eval", "samples"), 5.0);
+    assert_eq!(run.metric("eval", "skipped"), 5.0);
+    let log =
+        std::fs::read_to_string(run.run_dir.join("stages/eval/stderr.log")).unwrap_or_default();
+    assert!(
+        log.contains("evaluating 5 of the 8 examples asked: 5 skipped, their prompt does not fit in seq_len 16"),
+        "{log}"
+    );
+}

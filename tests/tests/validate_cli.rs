@@ -160,3 +160,165 @@ fn gpu_check_json_stays_json_without_nvml() {
         assert!(v["gpus"].is_array(), "with NVML: the inventory");
     }
 }
+
+#[test]
+fn an_argument_longer_than_the_kernel_takes_fails_validation_and_a_long_one_warns() {
+    let s = e2e_tests::Scratch::new("validate-arg-size");
+    let plan = |kib: usize| {
+        format!(
+            "[[stage]]\nname = \"big\"\ncommand = [\"echo\", \"{}\"]\n",
+            "x".repeat(kib << 10)
+        )
+    };
+    let over = s.write("over.toml", &plan(130));
+    let out = validate(&over);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: stage `big`: one of its arguments or variables is 130 KiB"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ok"));
+    // Near the limit but under it: a warning, and the plan is valid.
+    let near = s.write("near.toml", &plan(100));
+    let out = validate(&near);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: stage `big`"));
+}
+
+#[test]
+fn a_duration_too_long_to_hold_is_called_too_long() {
+    let s = e2e_tests::Scratch::new("validate-duration-overflow");
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ntimeout = \"99999999999999999999d\"\n",
+    );
+    let out = validate(&plan);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("is longer than the most a plan may give"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("write a number and a unit"), "{stderr}");
+}
+
+#[test]
+fn a_json_plan_naming_a_key_twice_is_refused_as_a_toml_one_is() {
+    let s = e2e_tests::Scratch::new("validate-json-duplicate");
+    let plan = s.write(
+        "plan.json",
+        "{\"stage\": [{\"name\": \"a\", \"command\": [\"true\"],\n  \"env\": {\"A\": \"1\", \"A\": \"2\"}}]}\n",
+    );
+    let out = validate(&plan);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let name = plan.display().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "{name}:2:21: error: `A` is given twice in one object (first at line 2)"
+        )),
+        "{stderr}"
+    );
+    let toml = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\nenv = { A = \"1\", A = \"2\" }\n",
+    );
+    assert_eq!(validate(&toml).status.code(), Some(2));
+}
+
+#[test]
+fn a_byte_order_mark_is_skipped_in_json_plans_as_in_toml_ones() {
+    let s = e2e_tests::Scratch::new("validate-bom");
+    let toml = s.write(
+        "plan.toml",
+        "\u{feff}[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+    );
+    let json = s.write(
+        "plan.json",
+        "\u{feff}{\"stage\": [{\"name\": \"a\", \"command\": [\"true\"]}]}\n",
+    );
+    for plan in [toml, json] {
+        let out = validate(&plan);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: {}",
+            plan.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn matrix_problems_are_said_in_the_plan_s_words_and_non_ascii_values_name_instances() {
+    let s = e2e_tests::Scratch::new("validate-matrix-words");
+    let plan = |name: &str, matrix: &str| {
+        s.write(
+            name,
+            &format!(
+                "[[stage]]\nname = \"m\"\ncommand = [\"true\"]\nmatrix = {{ v = {matrix} }}\n"
+            ),
+        )
+    };
+    let out = validate(&plan("number.toml", "3"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`matrix.v` must be a list of values, `{ lines = \"FILE\" }` or `{ glob = \"PATTERN\" }`"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("enum"), "no Rust internals: {stderr}");
+    let out = validate(&plan("twice.toml", "[1, 2, 1]"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("matrix key `v` has the value `1` twice"),
+        "{stderr}"
+    );
+    let out = validate(&plan("words.toml", "[\"日本\", \"中文\"]"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("2 stages"), "{stdout}");
+}
+
+#[test]
+fn a_matrix_source_table_names_one_source_and_nothing_else() {
+    let s = e2e_tests::Scratch::new("validate-matrix-source");
+    s.write("vals.txt", "a\nb\n");
+    for (name, table, found) in [
+        (
+            "both.toml",
+            "{ lines = \"vals.txt\", glob = \"*.txt\" }",
+            "`glob`, `lines`",
+        ),
+        ("typo.toml", "{ line = \"vals.txt\" }", "`line`"),
+        (
+            "extra.toml",
+            "{ lines = \"vals.txt\", sort = true }",
+            "`lines`, `sort`",
+        ),
+    ] {
+        let plan = s.write(
+            name,
+            &format!("[[stage]]\nname = \"m\"\ncommand = [\"true\"]\nmatrix = {{ v = {table} }}\n"),
+        );
+        let out = validate(&plan);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("a matrix source table has exactly one key, `lines` (a file) or `glob` (a pattern); this one has {found}")),
+            "{name}: {stderr}"
+        );
+    }
+    let plan = s.write(
+        "good.toml",
+        "[[stage]]\nname = \"m\"\ncommand = [\"true\"]\nmatrix = { v = { lines = \"vals.txt\" } }\n",
+    );
+    assert_eq!(validate(&plan).status.code(), Some(0));
+}

@@ -2,7 +2,9 @@
 //!
 //! Promises: a peer of another user (not root) is refused before anything else; a line longer
 //! than [`MAX_REQUEST_BYTES`] is refused and the connection closed (the stream cannot be
-//! resynced); a connection that sends no complete request for the idle timeout is closed (a
+//! resynced), and so is a connection whose unfinished line would take the daemon's
+//! connections together over [`MAX_BUFFERED_REQUEST_BYTES`] (an idle connection holds no
+//! buffer); a request that names a key twice is refused; a connection that sends no complete request for the idle timeout is closed (a
 //! half line that stalls, a half-open peer); an answer that cannot be written within
 //! [`WRITE_TIMEOUT`] closes the connection (a client that does not read). A bad request gets
 //! an error answer naming the problem and the connection goes on. Each connection is its own
@@ -11,11 +13,12 @@
 use super::Daemon;
 use crate::stage::CancelLevel;
 use protocol::daemon::{
-    ErrorCode, Request, Response, RunInfo, DAEMON_PROTOCOL_VERSION, MAX_REQUEST_BYTES,
+    ErrorCode, Request, Response, RunInfo, DAEMON_PROTOCOL_VERSION, MAX_BUFFERED_REQUEST_BYTES,
+    MAX_REQUEST_BYTES,
 };
 use std::rc::Rc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 /// An answer that cannot be written in this time closes the connection.
@@ -86,9 +89,12 @@ pub async fn serve(daemon: Rc<Daemon>, mut stream: UnixStream) {
     daemon.connections.set(daemon.connections.get() - 1);
 }
 
+/// Bytes read from a connection at a time.
+const READ_CHUNK: usize = 64 << 10;
+
 async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
     let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 64 << 10];
+    let mut share = daemon.request_budget.share();
     loop {
         // Serve every complete line in the buffer.
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
@@ -101,23 +107,43 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
                 return;
             }
         }
+        // A connection between requests holds no buffer.
+        if buf.is_empty() {
+            buf = Vec::new();
+        }
+        share.set(buf.capacity());
         if buf.len() > MAX_REQUEST_BYTES {
-            let _ = send(
-                stream,
-                &error(
-                    ErrorCode::TooLarge,
-                    format!(
-                        "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
-                    ),
+            drop(buf);
+            drop(share);
+            let answer = error(
+                ErrorCode::TooLarge,
+                format!(
+                    "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
                 ),
-            )
-            .await;
+            );
+            refuse(stream, &answer).await;
             return;
         }
-        let read = tokio::time::timeout(daemon.config.idle_timeout, stream.read(&mut chunk)).await;
+        let read = tokio::time::timeout(daemon.config.idle_timeout, stream.readable()).await;
         match read {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Err(_)) => return,
+            Ok(Ok(())) => {
+                let wanted = buf.len() + READ_CHUNK;
+                if !share.allows(buf.capacity().max(wanted)) {
+                    drop(buf);
+                    drop(share);
+                    refuse(stream, &over_budget()).await;
+                    return;
+                }
+                buf.reserve(READ_CHUNK);
+                share.set(buf.capacity());
+                match stream.try_read_buf(&mut buf) {
+                    Ok(0) => return,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
             Err(_) => {
                 let _ = send(
                     stream,
@@ -136,12 +162,58 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
     }
 }
 
+/// How long a refused connection's further bytes are read and dropped, so that its client,
+/// still sending, gets the answer rather than a reset connection.
+const REFUSED_DRAIN: Duration = Duration::from_secs(2);
+
+fn over_budget() -> Response {
+    error(
+        ErrorCode::TooLarge,
+        format!(
+            "the daemon holds {} MiB of unfinished requests, its most for all connections together: closing this connection; send the request again later, or a big plan as a path (\"plan\": {{\"path\": …}})",
+            MAX_BUFFERED_REQUEST_BYTES >> 20
+        ),
+    )
+}
+
+/// Sends `answer`, then reads and drops what the client still sends (for at most
+/// [`REFUSED_DRAIN`], holding nothing), so that it reads the answer before the close.
+async fn refuse(stream: &mut UnixStream, answer: &Response) {
+    if !send(stream, answer).await {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(REFUSED_DRAIN, async {
+        loop {
+            if stream.readable().await.is_err() {
+                return;
+            }
+            match stream.try_read(&mut sink) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    })
+    .await;
+}
+
 const KNOWN: [&str; 7] = [
     "submit", "status", "list", "watch", "wait", "cancel", "shutdown",
 ];
 
 /// Parses a line into a request, or the error answer that says why it is not one.
 fn parse(line: &[u8]) -> Result<Request, Box<Response>> {
+    super::strict_json::check_unique_keys(line).map_err(|e| {
+        let text = if e.is_data() {
+            format!("{e}: a request names each key once")
+        } else {
+            format!("not JSON: {e}")
+        };
+        Box::new(error(ErrorCode::Malformed, text))
+    })?;
     let value: serde_json::Value = serde_json::from_slice(line)
         .map_err(|e| Box::new(error(ErrorCode::Malformed, format!("not JSON: {e}"))))?;
     let Some(object) = value.as_object() else {
@@ -150,12 +222,20 @@ fn parse(line: &[u8]) -> Result<Request, Box<Response>> {
             "a request is a JSON object with \"v\" and \"type\"",
         )));
     };
-    match object.get("v").and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(V) => {}
-        Some(v) => {
+    match object.get("v").map(|v| (v, v.as_u64())) {
+        Some((_, Some(v))) if v == u64::from(V) => {}
+        Some((_, Some(v))) => {
             return Err(Box::new(error(
                 ErrorCode::Version,
                 format!("protocol version {v} is not spoken here: this daemon speaks version {V}"),
+            )))
+        }
+        Some((other, None)) => {
+            return Err(Box::new(error(
+                ErrorCode::Version,
+                format!(
+                    "\"v\" is {other}, not a protocol version: write it as a whole number (\"v\": {V}); this daemon speaks version {V}"
+                ),
             )))
         }
         None => {
@@ -265,6 +345,14 @@ async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bo
             runs: daemon.registry.borrow().all().map(|r| r.info()).collect(),
         },
         Request::Cancel { id, kill, .. } => match daemon.registry.borrow().get(&id) {
+            Some(run) if run.finished() => error(
+                ErrorCode::AlreadyFinished,
+                format!(
+                    "run {id} has already finished ({}, exit status {}): there is nothing to cancel",
+                    run.state,
+                    run.exit_code.unwrap_or(crate::exit::RUN_ERROR)
+                ),
+            ),
             Some(run) => {
                 let level = if kill {
                     CancelLevel::Kill
@@ -280,10 +368,7 @@ async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bo
             let running = daemon.shutdown(mode);
             Response::ShuttingDown { v: V, running }
         }
-        Request::Wait { id, .. } => match finished(daemon, &id).await {
-            Some(run) => Response::Finished { v: V, id, run },
-            None => not_found(&id),
-        },
+        Request::Wait { id, .. } => outcome(daemon, &id).await,
         Request::Watch { id, from, .. } => return watch(daemon, stream, &id, from).await,
     };
     send(stream, &answer).await
@@ -294,6 +379,34 @@ async fn finished(daemon: &Rc<Daemon>, id: &str) -> Option<RunInfo> {
     let mut done = daemon.registry.borrow().get(id)?.done.subscribe();
     let _ = done.wait_for(|d| *d).await;
     daemon.registry.borrow().get(id).map(|r| r.info())
+}
+
+/// Waits for run `id` to end; the answer that says how. A run the daemon's own shutdown
+/// stopped has no outcome yet (the next daemon resumes it): its waiters are told so, with a
+/// `shutting_down` error, as a daemon killed under them would leave them with no answer.
+async fn outcome(daemon: &Rc<Daemon>, id: &str) -> Response {
+    let Some(run) = finished(daemon, id).await else {
+        return not_found(id);
+    };
+    let stopped = daemon
+        .registry
+        .borrow()
+        .get(id)
+        .is_some_and(|r| r.stopped_by_daemon());
+    if stopped {
+        return error(
+            ErrorCode::ShuttingDown,
+            format!(
+                "the daemon is shutting down and stopped run {id}; it resumes when a daemon starts again with the same --runs-dir ({})",
+                daemon.config.runs_dir.display()
+            ),
+        );
+    }
+    Response::Finished {
+        v: V,
+        id: id.to_string(),
+        run,
+    }
 }
 
 /// Sends the events numbered `next` and later, in order; `false` when the client is gone.
@@ -349,18 +462,5 @@ async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64
             }
         }
     }
-    match finished(daemon, id).await {
-        Some(run) => {
-            send(
-                stream,
-                &Response::Finished {
-                    v: V,
-                    id: id.to_string(),
-                    run,
-                },
-            )
-            .await
-        }
-        None => send(stream, &not_found(id)).await,
-    }
+    send(stream, &outcome(daemon, id).await).await
 }

@@ -2,19 +2,25 @@
 //!
 //! - [`socket`]: where the socket is, how it is created (0600, stale socket replaced, a live
 //!   daemon refused), who may connect (`SO_PEERCRED`: the same user or root);
+//! - [`runs_lock`]: the daemon's exclusive hold on its runs directory;
 //! - [`registry`]: the runs, their event logs and watchers;
+//! - [`recover`]: the runs a starting daemon finds, listed or resumed;
 //! - [`connection`]: one client's requests, with a size cap and an idle timeout, so a slow or
 //!   hostile client costs the others nothing.
 //!
 //! Runs share the host's GPU pool and CPU budget; each is driven by
 //! [`runner::run`](crate::runner::run) like a CLI run, its console a silent tap into the
-//! registry. On start the daemon recovers its runs from their directories under `--runs-dir`:
-//! finished ones as history, interrupted ones (the daemon died under them) resumed by the
-//! resume rules.
+//! registry. On start the daemon takes its runs directory for itself and recovers its runs from
+//! their directories under `--runs-dir`: finished ones as history, the ones the daemon's end
+//! interrupted (a crash, or its own shutdown) resumed by the resume rules.
 
 pub mod connection;
+pub mod recover;
 pub mod registry;
+pub mod request_budget;
+pub mod runs_lock;
 pub mod socket;
+pub mod strict_json;
 
 use crate::console::Console;
 use crate::host::Host;
@@ -22,7 +28,7 @@ use crate::plan::{LoadedPlan, PlanFormat};
 use crate::rundir::RunDir;
 use crate::stage::CancelLevel;
 use protocol::daemon::{PlanInput, ShutdownMode};
-use registry::{Registry, RunEntry, Submission, SUBMISSION_FILE};
+use registry::{Registry, RunEntry, Submission, STOPPED_FILE, SUBMISSION_FILE};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -67,6 +73,8 @@ pub struct Daemon {
     pub changed: tokio::sync::Notify,
     /// Open connections.
     pub connections: Cell<usize>,
+    /// What the connections' unfinished requests hold, all together.
+    pub request_budget: request_budget::RequestBudget,
 }
 
 /// Why the daemon could not take a plan, start a run or resume one.
@@ -192,7 +200,12 @@ impl Daemon {
             .name
             .clone()
             .unwrap_or_else(|| "run".into());
-        let run_dir = RunDir::create_fresh(&self.config.runs_dir, &name)?;
+        // The directory's name is the run's id: one no run of this daemon has, even one whose
+        // directory is gone from the runs directory (moved away while the daemon runs).
+        let registry = &self.registry;
+        let run_dir = RunDir::create_fresh_avoiding(&self.config.runs_dir, &name, |id| {
+            registry.borrow().contains(id)
+        })?;
         let id = run_dir
             .root()
             .file_name()
@@ -285,61 +298,6 @@ impl Daemon {
         });
     }
 
-    /// Recovers the runs under the runs directory: finished ones as history, interrupted ones
-    /// resumed.
-    pub fn recover(self: &Rc<Self>) {
-        let Ok(entries) = std::fs::read_dir(&self.config.runs_dir) else {
-            return;
-        };
-        let mut found: Vec<(Submission, PathBuf)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let dir = e.path();
-                let text = std::fs::read_to_string(dir.join(SUBMISSION_FILE)).ok()?;
-                let sub: Submission = serde_json::from_str(&text).ok()?;
-                Some((sub, dir))
-            })
-            .collect();
-        found.sort_by(|a, b| a.0.submitted_unix.total_cmp(&b.0.submitted_unix));
-        for (sub, dir) in found {
-            let id = sub.id.clone();
-            let priority = sub.priority;
-            let records = crate::journal::read_run_journal(&dir).unwrap_or_default();
-            let finished = records.iter().rev().find_map(|r| match r {
-                crate::journal::JournalRecord::RunFinished { status, exit_code } => {
-                    Some((Some(*status), *exit_code))
-                }
-                crate::journal::JournalRecord::RunStarted { .. } => Some((None, -1)),
-                _ => None,
-            });
-            let mut entry = RunEntry::new(sub, dir.clone());
-            match finished {
-                Some((Some(status), code)) => {
-                    entry.finish(status, code);
-                    self.registry.borrow_mut().insert(entry);
-                }
-                _ => {
-                    self.registry.borrow_mut().insert(entry);
-                    match self.resume_run(&dir) {
-                        Ok((plan, run_dir)) => {
-                            tracing::info!(run = %id, "resuming a run interrupted by the daemon's end");
-                            self.spawn_run(id, plan, run_dir, true, priority);
-                        }
-                        Err(why) => {
-                            tracing::warn!(run = %id, "cannot resume: {why}");
-                            if let Some(e) = self.registry.borrow_mut().get_mut(&id) {
-                                e.finish(
-                                    protocol::status::RunStatus::Interrupted,
-                                    crate::exit::INTERRUPTED,
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     fn resume_run(&self, dir: &Path) -> Result<(Accepted, RunDir), DaemonError> {
         let run_dir = RunDir::open_existing(dir)?;
         let (path, format, base) = crate::rundir::run_plan_location(run_dir.root())?;
@@ -355,23 +313,45 @@ impl Daemon {
         ))
     }
 
-    /// Stops taking runs; `Cancel` also stops the running ones gracefully.
+    /// Stops taking runs; `Cancel` also stops the running ones gracefully. A run this stops
+    /// is marked on disk first (`stopped-by-daemon`), so the next daemon resumes it as it
+    /// resumes a run whose daemon was killed; a run a user already cancelled is not marked.
     pub fn shutdown(&self, mode: ShutdownMode) -> usize {
         self.shutting_down.set(true);
-        let registry = self.registry.borrow();
         if mode == ShutdownMode::Cancel {
-            for run in registry.all().filter(|r| !r.finished()) {
+            let mut registry = self.registry.borrow_mut();
+            let ids: Vec<String> = registry
+                .all()
+                .filter(|r| !r.finished())
+                .map(|r| r.submission.id.clone())
+                .collect();
+            for id in ids {
+                let Some(run) = registry.get_mut(&id) else {
+                    continue;
+                };
+                if *run.cancel.borrow() == CancelLevel::None && !run.stopped_by_daemon() {
+                    let mark = run.run_dir.join(STOPPED_FILE);
+                    match crate::rundir::write_atomic(
+                        &mark,
+                        b"stopped by the daemon's shutdown; the next daemon resumes this run\n",
+                    ) {
+                        Ok(()) => run.mark_stopped_by_daemon(),
+                        Err(e) => {
+                            tracing::warn!(run = %id, "cannot write {}: {e}; the run will not be resumed by the next daemon", mark.display())
+                        }
+                    }
+                }
                 run.cancel.send_replace(CancelLevel::Graceful);
             }
         }
-        drop(registry);
         self.changed.notify_waiters();
         self.registry.borrow().running()
     }
 }
 
 /// Runs the daemon until it is shut down (a `shutdown` request, SIGINT or SIGTERM, which
-/// stop running runs gracefully: they resume when the daemon starts again).
+/// stop running runs gracefully: they resume when the daemon starts again). Refuses to start
+/// when another daemon owns the runs directory or serves the socket.
 pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
     use crate::error::Context;
     use tokio::signal::unix::{signal, SignalKind};
@@ -386,6 +366,7 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
             .with_context(|| format!("cannot resolve {}", config.runs_dir.display()))?,
         ..config
     };
+    let runs_lock = runs_lock::RunsDirLock::acquire(&config.runs_dir)?;
     let listening = socket::listen(&config.socket)?;
     let listener = tokio::net::UnixListener::from_std(listening.listener.try_clone()?)?;
     let host = Host::start()?;
@@ -396,6 +377,9 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         shutting_down: Cell::new(false),
         changed: tokio::sync::Notify::new(),
         connections: Cell::new(0),
+        request_budget: request_budget::RequestBudget::new(
+            protocol::daemon::MAX_BUFFERED_REQUEST_BYTES,
+        ),
     });
     daemon.recover();
     tracing::info!(
@@ -432,5 +416,6 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
     }
     tracing::info!("daemon stopped");
     drop(listening);
+    drop(runs_lock);
     Ok(())
 }

@@ -8,7 +8,7 @@
 use crate::stage::CancelLevel;
 use protocol::daemon::{RunEvent, RunEventKind, RunInfo};
 use protocol::status::RunStatus;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tokio::sync::{broadcast, watch};
@@ -20,6 +20,9 @@ pub type Numbered = (u64, RunEvent);
 pub const SUBMISSION_FILE: &str = "submission.json";
 /// File, in a run directory, of the run's events (one JSON object per line).
 pub const EVENTS_FILE: &str = "events.jsonl";
+/// File, in a run directory, that says the daemon's own shutdown stopped the run (written
+/// before the stop): the next daemon resumes it.
+pub const STOPPED_FILE: &str = "stopped-by-daemon";
 
 /// What a submission recorded, so a restarted daemon knows the run again.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -49,6 +52,9 @@ pub struct RunEntry {
     /// When it finished.
     pub finished_unix: Option<f64>,
     succeeded: usize,
+    /// Stages counted in `succeeded` from the journal of an earlier daemon (a recovered or
+    /// resumed run), until they start again.
+    earlier_successes: HashSet<String>,
     running: usize,
     waiting: BTreeMap<String, String>,
     /// Events while running (dropped when it ends).
@@ -60,6 +66,9 @@ pub struct RunEntry {
     pub done: watch::Sender<bool>,
     /// Cancels the run.
     pub cancel: watch::Sender<CancelLevel>,
+    /// The daemon's own shutdown stopped the run: it resumes when the daemon starts again, so
+    /// its end here is not its outcome (see [`RunEntry::mark_stopped_by_daemon`]).
+    stopped_by_daemon: bool,
 }
 
 impl RunEntry {
@@ -80,6 +89,7 @@ impl RunEntry {
             exit_code: None,
             finished_unix: None,
             succeeded: 0,
+            earlier_successes: HashSet::new(),
             running: 0,
             waiting: BTreeMap::new(),
             events: Vec::new(),
@@ -88,7 +98,27 @@ impl RunEntry {
             live: Some(broadcast::channel(1024).0),
             done: watch::channel(false).0,
             cancel: watch::channel(CancelLevel::None).0,
+            stopped_by_daemon: false,
         }
+    }
+
+    /// Counts the stages an earlier daemon recorded as succeeded (from the run's journal, see
+    /// [`succeeded_stages`]), so a recovered run shows them and a resumed run's kept stages
+    /// count; a stage that starts again here leaves the count until it succeeds again.
+    pub fn count_earlier_successes(&mut self, stages: HashSet<String>) {
+        self.succeeded = stages.len();
+        self.earlier_successes = stages;
+    }
+
+    /// Records that the daemon's own shutdown is stopping this run (marked on disk by the
+    /// caller): its end is then told as a stop, not as the run's outcome.
+    pub fn mark_stopped_by_daemon(&mut self) {
+        self.stopped_by_daemon = true;
+    }
+
+    /// Whether the daemon's own shutdown stopped the run (it resumes on the next start).
+    pub fn stopped_by_daemon(&self) -> bool {
+        self.stopped_by_daemon
     }
 
     /// The entry's public view.
@@ -126,9 +156,11 @@ impl RunEntry {
             RunEventKind::StageStarted { stage, .. } => {
                 self.running += 1;
                 self.waiting.remove(stage);
+                self.forget_earlier_success(stage);
             }
-            RunEventKind::StageFinished { status, .. } => {
+            RunEventKind::StageFinished { stage, status, .. } => {
                 self.running = self.running.saturating_sub(1);
+                self.forget_earlier_success(stage);
                 if *status == protocol::status::StageStatus::Succeeded {
                     self.succeeded += 1;
                 }
@@ -138,6 +170,7 @@ impl RunEntry {
             }
             _ => {}
         }
+        let event = self.as_told(event);
         if let Some(file) = &mut self.events_file {
             if let Ok(mut line) = serde_json::to_vec(&event) {
                 line.push(b'\n');
@@ -152,12 +185,40 @@ impl RunEntry {
         self.events.push(event);
     }
 
-    /// The run ended: its outcome recorded, its watchers told, its in-memory events dropped.
+    fn forget_earlier_success(&mut self, stage: &str) {
+        if self.earlier_successes.remove(stage) {
+            self.succeeded = self.succeeded.saturating_sub(1);
+        }
+    }
+
+    /// The event as watchers and the event log get it: the end of a run the daemon's shutdown
+    /// stopped is no end (the run resumes on the next start, as after a `kill -9`), so it is
+    /// told as a note.
+    fn as_told(&self, event: RunEvent) -> RunEvent {
+        match event.kind {
+            RunEventKind::RunFinished { .. } if self.stopped_by_daemon => RunEvent {
+                t_ms: event.t_ms,
+                kind: RunEventKind::Note {
+                    text: "the daemon stopped: this run resumes when it starts again with the same --runs-dir".into(),
+                },
+            },
+            _ => event,
+        }
+    }
+
+    /// The run ended now: its outcome recorded, its watchers told, its in-memory events
+    /// dropped.
     pub fn finish(&mut self, state: RunStatus, exit_code: i32) {
+        self.finish_at(state, exit_code, crate::timefmt::unix_secs_f64());
+    }
+
+    /// The run ended at `finished_unix` (a recovered run: when its journal says).
+    pub fn finish_at(&mut self, state: RunStatus, exit_code: i32, finished_unix: f64) {
         self.state = state;
         self.exit_code = Some(exit_code);
-        self.finished_unix = Some(crate::timefmt::unix_secs_f64());
+        self.finished_unix = Some(finished_unix);
         self.running = 0;
+        self.earlier_successes = HashSet::new();
         self.waiting.clear();
         self.events = Vec::new();
         self.events_file = None;
@@ -221,14 +282,28 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Adds a run.
+    /// Adds a run; its id must be new (see [`Registry::contains`]): an entry with an id
+    /// already taken is not added (and a debug build panics).
     pub fn insert(&mut self, entry: RunEntry) {
         let id = entry.submission.id.clone();
+        debug_assert!(!self.runs.contains_key(&id), "run id {id} registered twice");
+        if self.runs.contains_key(&id) {
+            tracing::error!(run = %id, "a second run with this id was not registered");
+            return;
+        }
         if let Some(client) = &entry.submission.client_id {
-            self.by_client.insert(client.clone(), id.clone());
+            // The first run submitted under a client id keeps it.
+            self.by_client
+                .entry(client.clone())
+                .or_insert_with(|| id.clone());
         }
         self.order.push(id.clone());
         self.runs.insert(id, entry);
+    }
+
+    /// Whether a run has the id `id`.
+    pub fn contains(&self, id: &str) -> bool {
+        self.runs.contains_key(id)
     }
 
     /// The run with `id`.

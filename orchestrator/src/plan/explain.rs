@@ -228,6 +228,15 @@ fn render(finding: &Finding, tree: &Node) -> (String, Option<String>) {
             };
             (message, help)
         }
+        Problem::BadDuration(text) if too_long(text) => {
+            (
+                format!(
+                    "{unnamed_prefix}`{}` is too long: `{text}` is longer than the most a plan may give, 100 years",
+                    label(relative)
+                ),
+                Some("write at most \"36500d\"".into()),
+            )
+        }
         Problem::BadDuration(text) => (
             format!(
                 "{unnamed_prefix}`{}` is not a valid duration: `{text}`",
@@ -243,4 +252,11 @@ fn render(finding: &Finding, tree: &Node) -> (String, Option<String>) {
             None,
         ),
     }
+}
+
+/// Whether a refused duration is well formed but longer than a plan may give.
+fn too_long(text: &str) -> bool {
+    text.trim()
+        .parse::<protocol::duration::HumanDuration>()
+        .is_err_and(|e| e.0.contains("longer than the most"))
 }

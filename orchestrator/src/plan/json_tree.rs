@@ -20,6 +20,44 @@ pub(crate) fn from_json(source: &str) -> Option<Node> {
     (scanner.pos == scanner.bytes.len()).then_some(node)
 }
 
+/// A key an object of the document names twice: the key, where it first is and where again.
+pub(crate) struct DuplicateKey {
+    pub key: String,
+    pub first: Option<std::ops::Range<usize>>,
+    pub again: Option<std::ops::Range<usize>>,
+}
+
+/// Every key that an object of the tree names more than once, in document order.
+/// (`serde_json` would keep the last value silently; TOML refuses them.)
+pub(crate) fn duplicate_keys(node: &Node) -> Vec<DuplicateKey> {
+    let mut found = Vec::new();
+    let mut stack = vec![node];
+    while let Some(node) = stack.pop() {
+        match &node.value {
+            Value::Table(entries) => {
+                let mut seen: std::collections::HashMap<&str, &Entry> = Default::default();
+                for entry in entries {
+                    match seen.get(entry.key.as_str()) {
+                        Some(first) => found.push(DuplicateKey {
+                            key: entry.key.clone(),
+                            first: first.key_span.clone(),
+                            again: entry.key_span.clone(),
+                        }),
+                        None => {
+                            seen.insert(&entry.key, entry);
+                        }
+                    }
+                }
+                stack.extend(entries.iter().rev().map(|e| &e.node));
+            }
+            Value::Array(items) => stack.extend(items.iter().rev()),
+            _ => {}
+        }
+    }
+    found.sort_by_key(|d| d.again.as_ref().map(|r| r.start));
+    found
+}
+
 struct Scanner<'a> {
     text: &'a str,
     bytes: &'a [u8],
@@ -168,6 +206,22 @@ mod tests {
             ])
             .unwrap();
         assert_eq!(&src[num.span.clone().unwrap()], "1.5e3");
+    }
+
+    #[test]
+    fn keys_named_twice_are_found_at_any_depth_with_both_places() {
+        let text = r#"{"stage":[{"name":"a","env":{"A":"1","B":"2","A":"3"}}],"stage":[]}"#;
+        let tree = from_json(text).unwrap();
+        let found = duplicate_keys(&tree);
+        let keys: Vec<&str> = found.iter().map(|d| d.key.as_str()).collect();
+        assert_eq!(keys, ["A", "stage"]);
+        let again = found[0].again.clone().unwrap();
+        assert_eq!(&text[again], "\"A\"");
+        assert!(found[0].first.as_ref().unwrap().start < found[0].again.as_ref().unwrap().start);
+        assert!(
+            duplicate_keys(&from_json(r#"{"a":{"a":1},"b":[{"a":1},{"a":2}]}"#).unwrap())
+                .is_empty()
+        );
     }
 
     #[test]

@@ -27,7 +27,9 @@ fn valid_key(key: &str) -> bool {
 }
 
 /// A value as it appears in an instance's name: a path is named by its file stem
-/// (`data/a.jsonl` → `a`); characters outside `[A-Za-z0-9_.-]` become `_`.
+/// (`data/a.jsonl` → `a`); characters outside `[A-Za-z0-9_.-]` become `_`, and a value with
+/// characters beyond ASCII (`日本`) gets a short digest of itself after them, so that two such
+/// values of one length still name two instances (`__-1a2b3c4d`).
 fn label(value: &str) -> String {
     let value = if value.contains('/') {
         Path::new(value)
@@ -47,11 +49,23 @@ fn label(value: &str) -> String {
             }
         })
         .collect();
-    if s.is_empty() {
-        "_".into()
-    } else {
-        s
+    let s = if s.is_empty() { "_".into() } else { s };
+    if value.is_ascii() {
+        return s;
     }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(value.as_bytes());
+    let short: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{s}-{short}")
+}
+
+/// The first value an axis gives twice, if one is.
+fn repeated_value(values: &[String]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::with_capacity(values.len());
+    values
+        .iter()
+        .find(|v| !seen.insert(v.as_str()))
+        .map(String::as_str)
 }
 
 /// Whether `name` matches `pattern`, where `*` matches any run of bytes and `?` any one byte.
@@ -325,7 +339,14 @@ pub fn expand(
                     format!("matrix key `{key}` has no values"),
                     None,
                 )),
-                Ok(values) => axes.push((Arc::<str>::from(key.as_str()), values)),
+                Ok(values) => match repeated_value(&values) {
+                    Some(value) => problems.push(problem(
+                        &stage.name,
+                        format!("matrix key `{key}` has the value `{value}` twice"),
+                        Some("each value makes one instance: remove the repeated one".into()),
+                    )),
+                    None => axes.push((Arc::<str>::from(key.as_str()), values)),
+                },
                 Err(why) => problems.push(problem(
                     &stage.name,
                     format!("matrix key `{key}`: {why}"),
@@ -544,6 +565,18 @@ mod tests {
         assert_eq!(value_of(&c[1], "b"), Some("x/y"));
         assert_eq!(label("data/x.jsonl"), "x");
         assert_eq!(label("a b"), "a_b");
+        let (a, b) = (label("日本"), label("中文"));
+        assert!(a.starts_with("__-") && b.starts_with("__-"), "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(label("日本"), a, "the same value, the same name");
+        assert!(a
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)));
+        assert_eq!(
+            repeated_value(&["x".into(), "y".into(), "x".into()]),
+            Some("x")
+        );
+        assert_eq!(repeated_value(&["x".into(), "y".into()]), None);
     }
 
     #[test]

@@ -198,14 +198,30 @@ pub fn parse_plan_toml(
 }
 
 /// Validates a plan given as JSON text (the same format, as a JSON object); see
-/// [`parse_plan_toml`].
+/// [`parse_plan_toml`]. A leading byte-order mark is skipped, as a TOML plan's is.
 pub fn parse_plan_json(
     source: &str,
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
+    let source = source.strip_prefix('\u{feff}').unwrap_or(source);
     let tree = json_tree::from_json(source);
     let mut rep = Reporter::new(source, source_name);
+    for duplicate in tree.iter().flat_map(json_tree::duplicate_keys) {
+        let first = duplicate
+            .first
+            .map(|span| format!(" (first at line {})", rep.line_of(span.start)))
+            .unwrap_or_default();
+        rep.error(
+            duplicate.again,
+            None,
+            format!(
+                "`{}` is given twice in one object{first}; a JSON plan names each key once",
+                duplicate.key
+            ),
+            Some("remove one of them (TOML plans refuse a repeated key too)".into()),
+        );
+    }
     let plan = decode::json_plan(source, tree.as_ref(), &mut rep);
     finish(plan, tree.as_ref(), rep, source_name, base_dir)
 }
@@ -296,15 +312,27 @@ const ARG_MAX: usize = 2 << 20;
 /// ... or any one of whose arguments or variables exceeds this (`MAX_ARG_STRLEN`).
 const ARG_STRLEN_MAX: usize = 128 << 10;
 
+/// A stage whose command line or environment comes near, or over, the kernel's limits on a
+/// new process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSizeProblem {
+    /// The stage cannot start as written (one argument or variable over `MAX_ARG_STRLEN`):
+    /// `validate` fails.
+    pub fatal: bool,
+    /// What is wrong, naming the stage.
+    pub text: String,
+}
+
 /// Stages whose command line and environment would come near the kernel's limits on a new
 /// process (counting the environment `orchestrate` itself runs with, the contract's variables
 /// and about 200 bytes per path it hands over): a warning each, so `validate` says so before
-/// a run fails to start them.
-pub fn launch_size_warnings(plan: &LoadedPlan) -> Vec<String> {
+/// a run fails to start them; one argument or variable longer than the kernel takes for one
+/// is fatal (the stage could never start).
+pub fn launch_size_problems(plan: &LoadedPlan) -> Vec<LaunchSizeProblem> {
     let inherited: usize = std::env::vars_os()
         .map(|(k, v)| k.len() + v.len() + 2)
         .sum();
-    let mut warnings = Vec::new();
+    let mut problems = Vec::new();
     for i in 0..plan.plan.stages.len() {
         let stage = plan.stage_as_run(i);
         let inputs = plan.upstream[i].len().min(protocol::worker::MAX_INPUT_VARS);
@@ -316,29 +344,46 @@ pub fn launch_size_warnings(plan: &LoadedPlan) -> Vec<String> {
             .sum();
         let env: usize = stage.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
         let total = inherited + argv + env + 2048 + 200 * inputs;
+        // The kernel's limit is on each string it copies: an argument, or `NAME=value`.
         let longest = stage
             .command
             .iter()
             .flatten()
-            .map(String::len)
-            .chain(stage.env.values().map(String::len))
+            .map(|a| a.len() + 1)
+            .chain(stage.env.iter().map(|(k, v)| k.len() + v.len() + 2))
             .max()
             .unwrap_or(0);
-        if total > ARG_MAX / 2 {
-            warnings.push(format!(
-                "stage `{}`: its command line and environment take about {} KiB; Linux refuses to start a program with more than {} KiB (\"Argument list too long\")",
-                stage.name,
-                total >> 10,
-                ARG_MAX >> 10
-            ));
+        if longest > ARG_STRLEN_MAX {
+            problems.push(LaunchSizeProblem {
+                fatal: true,
+                text: format!(
+                    "stage `{}`: one of its arguments or variables is {} KiB; Linux refuses to start a program with one longer than {} KiB (\"Argument list too long\"): pass it in a file instead",
+                    stage.name,
+                    longest >> 10,
+                    ARG_STRLEN_MAX >> 10
+                ),
+            });
+        } else if total > ARG_MAX / 2 {
+            problems.push(LaunchSizeProblem {
+                fatal: false,
+                text: format!(
+                    "stage `{}`: its command line and environment take about {} KiB; Linux refuses to start a program with more than {} KiB (\"Argument list too long\")",
+                    stage.name,
+                    total >> 10,
+                    ARG_MAX >> 10
+                ),
+            });
         } else if longest > ARG_STRLEN_MAX / 2 {
-            warnings.push(format!(
-                "stage `{}`: one of its arguments or variables is {} KiB; Linux refuses any longer than {} KiB",
-                stage.name,
-                longest >> 10,
-                ARG_STRLEN_MAX >> 10
-            ));
+            problems.push(LaunchSizeProblem {
+                fatal: false,
+                text: format!(
+                    "stage `{}`: one of its arguments or variables is {} KiB; Linux refuses any longer than {} KiB",
+                    stage.name,
+                    longest >> 10,
+                    ARG_STRLEN_MAX >> 10
+                ),
+            });
         }
     }
-    warnings
+    problems
 }

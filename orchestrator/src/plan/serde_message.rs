@@ -70,6 +70,18 @@ pub(crate) fn classify(raw: &str) -> Problem {
     if let Some(rest) = raw.strip_prefix("duplicate field ") {
         return Problem::DuplicateField(quoted(rest).unwrap_or_default());
     }
+    if raw.contains("untagged enum MatrixAxis") {
+        return Problem::WrongType {
+            found: None,
+            expected: "a list of values, `{ lines = \"FILE\" }` or `{ glob = \"PATTERN\" }`".into(),
+        };
+    }
+    if raw.contains("untagged enum MatrixValue") {
+        return Problem::WrongType {
+            found: None,
+            expected: "a number, a boolean or text".into(),
+        };
+    }
     if raw.starts_with("invalid duration ") {
         return Problem::BadDuration(quoted(raw).unwrap_or_default());
     }
