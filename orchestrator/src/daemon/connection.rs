@@ -98,6 +98,14 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
     loop {
         // Serve every complete line in the buffer.
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            // One read can bring a whole over-long line, end included: it is refused all the
+            // same, whatever the reads' sizes were.
+            if end > MAX_REQUEST_BYTES {
+                drop(buf);
+                drop(share);
+                refuse(stream, &too_long()).await;
+                return;
+            }
             let line: Vec<u8> = buf.drain(..=end).collect();
             let line = &line[..line.len() - 1];
             if line.iter().all(u8::is_ascii_whitespace) {
@@ -115,13 +123,7 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
         if buf.len() > MAX_REQUEST_BYTES {
             drop(buf);
             drop(share);
-            let answer = error(
-                ErrorCode::TooLarge,
-                format!(
-                    "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
-                ),
-            );
-            refuse(stream, &answer).await;
+            refuse(stream, &too_long()).await;
             return;
         }
         let read = tokio::time::timeout(daemon.config.idle_timeout, stream.readable()).await;
@@ -160,6 +162,15 @@ async fn requests(daemon: &Rc<Daemon>, stream: &mut UnixStream) {
             }
         }
     }
+}
+
+fn too_long() -> Response {
+    error(
+        ErrorCode::TooLarge,
+        format!(
+            "request line longer than {MAX_REQUEST_BYTES} bytes; send a plan that big as a path (\"plan\": {{\"path\": …}})"
+        ),
+    )
 }
 
 /// How long a refused connection's further bytes are read and dropped, so that its client,
