@@ -268,6 +268,14 @@ pub(crate) fn prepare_attempt(
     } = StagePaths::of(run_dir, &stage.name);
     let socket = socket_path(socket_dir, i, attempt);
 
+    let resumable =
+        !fresh_output && std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some());
+    // What earlier attempts left counts for this one only if it writes it again.
+    let left_over = if resumable && !stage.outputs.is_empty() {
+        crate::outputs::LeftOver::find(&output_dir, &stage.outputs)
+    } else {
+        crate::outputs::LeftOver::default()
+    };
     let paths = ContractPaths {
         stage: &stage.name,
         run_dir: run_dir.root(),
@@ -277,8 +285,7 @@ pub(crate) fn prepare_attempt(
         spec: &spec_path,
         inputs_file: &inputs_path,
         attempt,
-        resumable: !fresh_output
-            && std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some()),
+        resumable,
         master_port: crate::rendezvous::stage_port(&stage.env).map(|(port, _)| port),
     };
     let mut env = contract::environment(&paths, &stage.env);
@@ -317,6 +324,7 @@ pub(crate) fn prepare_attempt(
         output_dir,
         builtin: stage.kind.is_some(),
         declared_outputs: stage.outputs.clone(),
+        left_over: std::sync::Arc::new(left_over),
         gpus: gpus.to_vec(),
         timeout: stage.timeout(),
         grace: plan.plan.run.grace.get(),

@@ -285,10 +285,13 @@ fn print_json(value: &impl serde::Serialize) {
 }
 
 fn plan_error(e: orchestrator::plan::PlanError) -> ExitCode {
-    eprint!("{e}");
-    if !e.to_string().ends_with('\n') {
-        eprintln!();
+    // Rendered first and written at once: stderr is unbuffered, and a plan with 100,000
+    // problems would otherwise take a write per piece of each.
+    let mut text = e.to_string();
+    if !text.ends_with('\n') {
+        text.push('\n');
     }
+    eprint!("{text}");
     ExitCode::from(exit::INVALID_INPUT as u8)
 }
 

@@ -12,10 +12,16 @@
 //!   the bytes, never taken instead of them), except the files of a built-in stage's manifest
 //!   that its worker, this project's own `stage-worker`, reported with the manifest's checksum
 //!   and whose identity (device, inode, modification time) and size are unchanged;
-//! - the hashing gives up within a mebibyte once the caller raises its abort flag.
+//! - the hashing gives up within a mebibyte once the caller raises its abort flag;
+//! - a declared output counts only if the attempt being judged wrote it: one an earlier attempt
+//!   left ([`LeftOver`], found before a retry or a resumed attempt started) and this attempt
+//!   did not write, rename onto or touch is missing; a declared directory counts when this
+//!   attempt wrote at least one file in it (the rest may be what it resumed from).
 
 use crate::checksum::ReportedFile;
 use protocol::report::CheckpointRecord;
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
@@ -24,6 +30,101 @@ pub const MAX_OUTPUT_FILES: usize = 100_000;
 
 /// How deep a declared directory is walked.
 const MAX_DEPTH: usize = 64;
+
+/// What tells a file an attempt left alone from one it wrote: writing it, renaming another
+/// file onto it, `touch` or `chmod` all change its inode or its change time (which, unlike the
+/// modification time, no program can set back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    ctime: (i64, i64),
+    bytes: u64,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            bytes: meta.size(),
+        }
+    }
+}
+
+/// The declared outputs that earlier attempts left in an output directory, as they were just
+/// before the next attempt started (see the module's promises). Empty for an attempt that
+/// starts with an empty output directory.
+#[derive(Debug, Clone, Default)]
+pub struct LeftOver {
+    files: HashMap<PathBuf, Stamp>,
+}
+
+impl LeftOver {
+    /// The regular files the declared outputs (`declared`, relative to `dir`) name now, each
+    /// with its stamp. What cannot be read is left out: the attempt's end judges it.
+    pub fn find(dir: &Path, declared: &[String]) -> LeftOver {
+        let files = std::fs::canonicalize(dir)
+            .map(|root| declared_files(dir, &root, declared))
+            .unwrap_or_default();
+        let files = files
+            .into_iter()
+            .filter_map(|path| {
+                let meta = std::fs::metadata(&path).ok()?;
+                Some((path, Stamp::of(&meta)))
+            })
+            .collect();
+        LeftOver { files }
+    }
+
+    /// Whether `path` is a file this set holds, as it was (not written since).
+    fn unchanged(&self, path: &Path) -> bool {
+        self.files.get(path).is_some_and(|stamp| {
+            std::fs::metadata(path).is_ok_and(|meta| Stamp::of(&meta) == *stamp)
+        })
+    }
+
+    /// The declared outputs (of `dir`) that only hold what an earlier attempt left: a file as
+    /// it was, a directory none of whose files was written since. Each named for the user.
+    fn not_rewritten(&self, dir: &Path, declared: &[String]) -> Vec<String> {
+        if self.files.is_empty() {
+            return Vec::new();
+        }
+        let Ok(root) = std::fs::canonicalize(dir) else {
+            return Vec::new();
+        };
+        declared
+            .iter()
+            .filter(|name| {
+                let files = declared_files(dir, &root, std::slice::from_ref(name));
+                !files.is_empty() && files.iter().all(|f| self.unchanged(f))
+            })
+            .map(|name| {
+                format!(
+                    "{} (left by an earlier attempt; this attempt did not write it: write it again, or, if the stage checked that it is complete, touch it)",
+                    dir.join(name).display()
+                )
+            })
+            .collect()
+    }
+}
+
+/// The regular files that the declared outputs `declared` of `dir` (whose canonical path is
+/// `root`) name, as [`record`] walks them; as many as were found before anything unreadable.
+fn declared_files(dir: &Path, root: &Path, declared: &[String]) -> Vec<PathBuf> {
+    let mut walk = Walk {
+        root,
+        files: Vec::new(),
+    };
+    for name in declared {
+        let path: PathBuf = dir.join(name).components().collect();
+        if walk.declared(&path, 0).is_err() {
+            break;
+        }
+    }
+    walk.files
+}
 
 /// Why an attempt's outputs were not recorded.
 #[derive(Debug, thiserror::Error)]
@@ -41,21 +142,26 @@ pub enum OutputError {
 
 /// Checks and records the outputs of an attempt whose output directory is `dir`: the files its
 /// manifest lists (required when `builtin`), then every declared output (`declared`, relative
-/// to `dir`) not already recorded. `reported` are the files the stage said it wrote; see the
-/// module's promises.
+/// to `dir`) not already recorded. `reported` are the files the stage said it wrote; `left`
+/// what earlier attempts left there before this one started (a declared output this attempt
+/// did not write is missing); see the module's promises.
 pub fn record(
     dir: &Path,
     declared: &[String],
     builtin: bool,
     reported: &[ReportedFile],
+    left: &LeftOver,
     abort: &AtomicBool,
 ) -> Result<Vec<CheckpointRecord>, OutputError> {
-    let missing: Vec<String> = declared
+    let mut missing: Vec<String> = declared
         .iter()
         .map(|f| dir.join(f))
         .filter(|p| std::fs::metadata(p).is_err() && std::fs::symlink_metadata(p).is_err())
         .map(|p| p.display().to_string())
         .collect();
+    if missing.is_empty() {
+        missing = left.not_rewritten(dir, declared);
+    }
     if !missing.is_empty() {
         return Err(OutputError::Missing(missing));
     }
@@ -226,14 +332,30 @@ mod tests {
         std::fs::write(dir.join("ckpt/shard/0.bin"), b"zero").unwrap();
         std::fs::write(dir.join("loose.txt"), b"x").unwrap();
         std::os::unix::fs::symlink("config.json", dir.join("ckpt/alias.json")).unwrap();
-        let records = record(&dir, &["ckpt".into()], false, &[], &NEVER).unwrap();
+        let records = record(
+            &dir,
+            &["ckpt".into()],
+            false,
+            &[],
+            &LeftOver::default(),
+            &NEVER,
+        )
+        .unwrap();
         assert_eq!(
             paths(&records, &dir),
             ["ckpt/alias.json", "ckpt/config.json", "ckpt/shard/0.bin"]
         );
         assert_eq!(records[2].bytes, 4);
         // "." is the whole output directory, each file once.
-        let records = record(&dir, &[".".into(), "loose.txt".into()], false, &[], &NEVER).unwrap();
+        let records = record(
+            &dir,
+            &[".".into(), "loose.txt".into()],
+            false,
+            &[],
+            &LeftOver::default(),
+            &NEVER,
+        )
+        .unwrap();
         assert_eq!(records.len(), 4, "{:?}", paths(&records, &dir));
     }
 
@@ -258,7 +380,15 @@ mod tests {
             ),
             (".", "outside the stage's output directory"),
         ] {
-            let err = record(&dir, &[name.into()], false, &[], &NEVER).unwrap_err();
+            let err = record(
+                &dir,
+                &[name.into()],
+                false,
+                &[],
+                &LeftOver::default(),
+                &NEVER,
+            )
+            .unwrap_err();
             assert!(err.to_string().contains(says), "{name}: {err}");
             assert!(
                 err.to_string().contains(&dir.display().to_string()),
@@ -266,7 +396,15 @@ mod tests {
             );
         }
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
-        let err = record(&dir, &["none".into()], false, &[], &NEVER).unwrap_err();
+        let err = record(
+            &dir,
+            &["none".into()],
+            false,
+            &[],
+            &LeftOver::default(),
+            &NEVER,
+        )
+        .unwrap_err();
         assert!(matches!(err, OutputError::Missing(_)), "{err}");
     }
 
@@ -275,7 +413,15 @@ mod tests {
         let s = crate::testutil::scratch("outputs-abort");
         std::fs::write(s.join("big"), vec![0u8; 1 << 16]).unwrap();
         let abort = AtomicBool::new(true);
-        let err = record(&s, &["big".into()], false, &[], &abort).unwrap_err();
+        let err = record(
+            &s,
+            &["big".into()],
+            false,
+            &[],
+            &LeftOver::default(),
+            &abort,
+        )
+        .unwrap_err();
         assert!(matches!(err, OutputError::Interrupted), "{err}");
     }
 }

@@ -64,6 +64,17 @@ pub enum RunDirError {
         /// The directory.
         dir: PathBuf,
     },
+    /// The path given for a new run cannot be a directory: a file is there, a symbolic link
+    /// that leads nowhere (or to a file), or a file among its parents.
+    #[error("{dir} {why}: {help}", dir = .dir.display())]
+    NotADirectory {
+        /// The path.
+        dir: PathBuf,
+        /// What it is ("is a regular file, not a directory").
+        why: String,
+        /// What to do.
+        help: String,
+    },
     /// Nothing to resume or show there.
     #[error("{dir} {why}", dir = .dir.display())]
     NoRun {
@@ -88,6 +99,7 @@ impl RunDirError {
     pub fn exit_code(&self) -> i32 {
         match self {
             RunDirError::NotARunDir { .. }
+            | RunDirError::NotADirectory { .. }
             | RunDirError::HoldsRun { .. }
             | RunDirError::NoRun { .. } => crate::exit::INVALID_INPUT,
             RunDirError::InUse { .. } | RunDirError::Io { .. } => crate::exit::RUN_ERROR,
@@ -230,18 +242,71 @@ pub fn live_owner(root: &Path) -> Option<LockOwner> {
     }))
 }
 
+/// Creates `dir` (and its parents) for a new run; its canonical path. A path that cannot be
+/// a directory is refused as [`RunDirError::NotADirectory`] (a wrong argument), saying what is
+/// there and what to do, before anything is created.
 fn make_dir(dir: &Path) -> Result<PathBuf, RunDirError> {
-    if dir.exists() && !dir.is_dir() {
-        return Err(RunDirError::Io {
-            path: dir.to_path_buf(),
-            source: io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "exists and is not a directory",
-            ),
+    if let Some((why, help)) = not_a_directory(dir) {
+        return Err(RunDirError::NotADirectory {
+            dir: dir.to_path_buf(),
+            why,
+            help,
         });
     }
-    fs::create_dir_all(dir).map_err(io_at(dir))?;
+    match fs::create_dir_all(dir) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            let parent = dir
+                .ancestors()
+                .skip(1)
+                .find(|a| fs::metadata(a).is_ok())
+                .map_or_else(|| "one of its parents".into(), |a| a.display().to_string());
+            return Err(RunDirError::NotADirectory {
+                dir: dir.to_path_buf(),
+                why: format!("cannot be created: {parent} is a file, not a directory"),
+                help: "choose a --run-dir whose parents are directories".into(),
+            });
+        }
+        other => other.map_err(io_at(dir))?,
+    }
     fs::canonicalize(dir).map_err(io_at(dir))
+}
+
+/// Why `dir` cannot be made a run directory, and what to do, when something that is not a
+/// directory is there: a file of any kind, or a symbolic link to nothing or to a file. `None`
+/// for a directory (or a link to one) and for a path where nothing is.
+fn not_a_directory(dir: &Path) -> Option<(String, String)> {
+    let here = fs::symlink_metadata(dir).ok()?;
+    let choose = "choose a new or empty directory for --run-dir";
+    if !here.file_type().is_symlink() {
+        let kind = crate::user_file::non_regular_kind(&here).unwrap_or("a regular file");
+        return (!here.is_dir()).then(|| {
+            (
+                format!("is {kind}, not a directory"),
+                format!("--run-dir names the directory a run writes into; {choose} (or remove the file)"),
+            )
+        });
+    }
+    let target = fs::read_link(dir)
+        .map(|t| t.display().to_string())
+        .unwrap_or_else(|_| "somewhere unreadable".into());
+    match fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => None,
+        Ok(meta) => Some((
+            format!(
+                "is a symbolic link to {target}, which is {}, not a directory",
+                crate::user_file::non_regular_kind(&meta).unwrap_or("a regular file")
+            ),
+            format!("{choose} (or point the link at a directory)"),
+        )),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Some((
+            format!("is a symbolic link to {target}, which cannot be followed ({e})"),
+            format!("{choose} (or point the link at a directory)"),
+        )),
+        Err(_) => Some((
+            format!("is a symbolic link to {target}, which does not exist"),
+            format!("create the directory it points to, or {choose} (a run directory is not created through a broken link)"),
+        )),
+    }
 }
 
 impl RunDir {

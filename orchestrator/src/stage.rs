@@ -78,6 +78,9 @@ pub struct AttemptPlan {
     pub builtin: bool,
     /// Output files a command stage declared.
     pub declared_outputs: Vec<String>,
+    /// The declared outputs earlier attempts left in the output directory, found before this
+    /// attempt started: they count only if this attempt writes them again.
+    pub left_over: std::sync::Arc<crate::outputs::LeftOver>,
     /// GPUs given to the attempt.
     pub gpus: Vec<GpuInfo>,
     /// Time limit.
@@ -864,14 +867,23 @@ async fn verify_outputs(
     let verdict =
         if plan.declared_outputs.is_empty() && std::fs::symlink_metadata(&manifest).is_err() {
             // Nothing to read: one failed look is cheaper than a trip to a blocking thread.
-            crate::outputs::record(&plan.output_dir, &[], plan.builtin, &reported, &abort)
+            let none = crate::outputs::LeftOver::default();
+            crate::outputs::record(
+                &plan.output_dir,
+                &[],
+                plan.builtin,
+                &reported,
+                &none,
+                &abort,
+            )
         } else {
             let dir = plan.output_dir.clone();
             let declared = plan.declared_outputs.clone();
             let builtin = plan.builtin;
+            let left = plan.left_over.clone();
             let flag = abort.clone();
             let mut work = tokio::task::spawn_blocking(move || {
-                crate::outputs::record(&dir, &declared, builtin, &reported, &flag)
+                crate::outputs::record(&dir, &declared, builtin, &reported, &left, &flag)
             });
             let mut cancel_open = true;
             loop {

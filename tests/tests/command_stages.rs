@@ -668,3 +668,78 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         "{violations}"
     );
 }
+
+/// Runs a one-stage plan whose command is `script` (run by `sh`), retried once, with
+/// `outputs`; returns the run and the stage's report record.
+fn retried(
+    name: &str,
+    script: &str,
+    outputs: &str,
+) -> (Scratch, e2e_tests::RunResult, serde_json::Value) {
+    let s = Scratch::new(name);
+    s.write("stage.sh", script);
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[[stage]]\nname = \"s\"\ncommand = [\"sh\", \"stage.sh\"]\nretries = 1\noutputs = {outputs}\n"
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    let stage = run.stage("s");
+    (s, run, stage)
+}
+
+#[test]
+fn a_retry_succeeds_only_on_outputs_it_wrote_itself() {
+    // Before: a second attempt that exited 0 without writing succeeded on the partial file the
+    // failed first attempt had left.
+    let first_fails = "out=\"$ORCHESTRATE_OUTPUT_DIR\"\nif [ \"$ORCHESTRATE_ATTEMPT\" = 1 ]; then printf half > \"$out/model.bin\"; exit 1; fi\n";
+    let (_s, run, stage) = retried(
+        "retry-left-over",
+        &format!("{first_fails}test -n \"$ORCHESTRATE_RESUME_DIR\" || exit 9\nexit 0\n"),
+        "[\"model.bin\"]",
+    );
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(stage["attempts"], 2, "{stage}");
+    assert_eq!(stage["failure"], "missing_outputs", "{stage}");
+    let error = stage["error"].as_str().unwrap();
+    assert!(
+        error.contains("model.bin (left by an earlier attempt; this attempt did not write it: write it again, or, if the stage checked that it is complete, touch it)"),
+        "{error}"
+    );
+
+    // Written again, or touched after checking it: the retry succeeds.
+    for (name, then) in [
+        ("retry-rewrites", "printf whole > \"$out/model.bin\"\n"),
+        ("retry-touches", "touch \"$out/model.bin\"\n"),
+    ] {
+        let (_s, run, stage) = retried(name, &format!("{first_fails}{then}"), "[\"model.bin\"]");
+        assert_eq!(run.code, Some(0), "{name}: {}", run.stderr);
+        assert_eq!(stage["attempts"], 2, "{name}: {stage}");
+    }
+
+    // A declared directory that a retry resumes in: what the failed attempt left there (its
+    // checkpoint) stays and counts along with what the retry wrote; a retry that wrote nothing
+    // in it does not succeed.
+    let resumes = "out=\"$ORCHESTRATE_OUTPUT_DIR\"; mkdir -p \"$out/ckpt\"\nif [ \"$ORCHESTRATE_ATTEMPT\" = 1 ]; then echo 1 > \"$out/ckpt/step-1\"; exit 1; fi\ntest -f \"$ORCHESTRATE_RESUME_DIR/ckpt/step-1\" || exit 9\n";
+    let (_s, run, stage) = retried(
+        "retry-resumes",
+        &format!("{resumes}echo 2 > \"$out/ckpt/step-2\"\n"),
+        "[\"ckpt\"]",
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let recorded: Vec<&str> = stage["checkpoints"]
+        .as_array()
+        .unwrap_or_else(|| panic!("outputs recorded: {stage}"))
+        .iter()
+        .map(|o| o["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        recorded.iter().any(|p| p.ends_with("ckpt/step-1"))
+            && recorded.iter().any(|p| p.ends_with("ckpt/step-2")),
+        "{recorded:?}"
+    );
+    let (_s, run, stage) = retried("retry-resumes-idle", resumes, "[\"ckpt\"]");
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(stage["failure"], "missing_outputs", "{stage}");
+}

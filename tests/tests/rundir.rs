@@ -674,3 +674,51 @@ fn a_complete_final_checkpoint_survives_a_kill_between_done_and_exit() {
         );
     }
 }
+
+#[test]
+fn a_run_dir_that_cannot_be_a_directory_is_a_bad_argument_that_says_what_is_there() {
+    // Before: a file exited 4 ("exists and is not a directory"), a broken link 4 with "File
+    // exists", while a non-empty directory exited 2.
+    let s = Scratch::new("rundir-not-a-dir");
+    let plan = s.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+    );
+    s.write("file", "mine\n");
+    std::os::unix::fs::symlink("nowhere", s.path().join("broken")).unwrap();
+    std::os::unix::fs::symlink("file", s.path().join("to-file")).unwrap();
+    for (dir, says) in [
+        (
+            "file",
+            "file is a regular file, not a directory: --run-dir names the directory a run writes into; choose a new or empty directory",
+        ),
+        (
+            "broken",
+            "broken is a symbolic link to nowhere, which does not exist: create the directory it points to, or choose a new or empty directory",
+        ),
+        (
+            "to-file",
+            "to-file is a symbolic link to file, which is a regular file, not a directory",
+        ),
+        (
+            "file/run",
+            "file/run cannot be created: file is a file, not a directory",
+        ),
+    ] {
+        let out = run_quiet(&plan, Path::new(dir), s.path());
+        assert_eq!(out.status.code(), Some(2), "{dir}: {}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("error: {says}")), "{dir}: {stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(s.path().join("file")).unwrap(),
+        "mine\n"
+    );
+    assert!(!s.path().join("nowhere").exists(), "nothing created");
+    // A link to a directory is a directory.
+    std::fs::create_dir(s.path().join("real")).unwrap();
+    std::os::unix::fs::symlink("real", s.path().join("to-dir")).unwrap();
+    let out = run_quiet(&plan, Path::new("to-dir"), s.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(s.path().join("real/journal.jsonl").is_file());
+}

@@ -3,11 +3,12 @@
 //! Its position comes from the decoder (a byte span from `toml`, a line and byte column from
 //! `serde_json`); the wording comes from [`explain`](super::explain).
 
-use super::diagnostic::Reporter;
+use super::diagnostic::{LineIndex, Reporter};
 use super::expect::{node_text, shape_mistake, stage_of};
 use super::explain::data_error;
 use super::tree::{Node, Seg, Value};
 use protocol::plan::{Plan, Stage};
+use std::ops::Range;
 
 /// Decodes TOML text, reporting the first syntax or type error. `document` is the text
 /// parsed (`None` if it is not valid TOML) and `tree` its tree.
@@ -45,40 +46,82 @@ pub(crate) fn toml_plan(
         rep.error(span, None, message, help);
     } else {
         data_error(&message, span.clone(), tree, rep);
-        if let Ok(table) = toml::from_str::<toml::Table>(source) {
-            let stages: Vec<Result<Stage, String>> = match table.get("stage") {
-                Some(toml::Value::Array(items)) => items
-                    .iter()
-                    .map(|v| {
-                        v.clone()
-                            .try_into::<Stage>()
-                            .map_err(|e| e.message().to_string())
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            };
-            let names = stage_names(table.get("stage").and_then(|s| s.as_array()).map(|a| {
-                a.iter()
-                    .map(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
-                    .collect()
-            }));
-            report_other_stages(&stages, &names, span, tree, rep);
-        }
+        report_other_stages(&toml_stages(source), span, tree, rep);
     }
     None
 }
 
-fn stage_names(names: Option<Vec<Option<String>>>) -> Vec<Option<String>> {
-    names.unwrap_or_default()
+/// One stage of a plan decoded on its own: its name, and, when it does not decode, the
+/// decoder's message and the byte span of the plan's text it is about (when known).
+struct StageDecoded {
+    name: Option<String>,
+    error: Option<(String, Option<Range<usize>>)>,
+}
+
+/// Every stage of a TOML plan decoded on its own, from the parsed document, whose values keep
+/// their spans: an error points into the plan's text as the first one does.
+fn toml_stages(source: &str) -> Vec<StageDecoded> {
+    use serde::de::IntoDeserializer;
+    use toml_edit::{Item, Value as TomlValue};
+    let Ok(document) = toml_edit::ImDocument::parse(source) else {
+        return Vec::new();
+    };
+    // `[[stage]]` tables become inline tables (their values keep their spans), so that each
+    // decodes as a value; `stage = [{ … }]` is one already.
+    let stages: Vec<TomlValue> = match document.get("stage") {
+        Some(Item::ArrayOfTables(tables)) => tables
+            .iter()
+            .map(|t| TomlValue::InlineTable(t.clone().into_inline_table()))
+            .collect(),
+        Some(Item::Value(TomlValue::Array(items))) => items.iter().cloned().collect(),
+        _ => Vec::new(),
+    };
+    stages
+        .into_iter()
+        .map(|stage| {
+            let name = stage
+                .as_inline_table()
+                .and_then(|t| t.get("name"))
+                .and_then(TomlValue::as_str)
+                .map(str::to_string);
+            let error = <Stage as serde::Deserialize>::deserialize(stage.into_deserializer())
+                .err()
+                .map(|e| (e.message().to_string(), e.span()));
+            StageDecoded { name, error }
+        })
+        .collect()
+}
+
+/// Every stage of a JSON plan decoded on its own, from its own text (the tree says where each
+/// is), so that an error's line and column lead back into the plan's text.
+fn json_stages(source: &str, tree: Option<&Node>) -> Vec<StageDecoded> {
+    let Some(Value::Array(items)) = tree.and_then(|t| t.get("stage")).map(|s| &s.value) else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .map(|node| {
+            let name = node.get("name").and_then(Node::as_str).map(str::to_string);
+            let error = node.span.clone().and_then(|span| {
+                let text = source.get(span.clone())?;
+                let error = serde_json::from_str::<Stage>(text).err()?;
+                let (message, at) = json_error(&error, text, &LineIndex::new(text));
+                Some((
+                    message,
+                    at.map(|r| r.start + span.start..r.end + span.start),
+                ))
+            });
+            StageDecoded { name, error }
+        })
+        .collect()
 }
 
 /// After the first type error (which the decoder stops at), every other stage is decoded on
-/// its own, so that one `validate` lists the problems of all of them; they are named by stage
-/// (their positions are not known this way).
+/// its own, so that one `validate` lists the problems of all of them, each in the plan's words
+/// at its place (named by stage only where its position is not known).
 fn report_other_stages(
-    stages: &[Result<Stage, String>],
-    names: &[Option<String>],
-    first: Option<std::ops::Range<usize>>,
+    stages: &[StageDecoded],
+    first: Option<Range<usize>>,
     tree: Option<&Node>,
     rep: &mut Reporter,
 ) {
@@ -90,29 +133,35 @@ fn report_other_stages(
         if Some(i) == first_stage {
             continue;
         }
-        if let Err(why) = decoded {
-            let label = names
-                .get(i)
-                .cloned()
-                .flatten()
-                .unwrap_or_else(|| format!("#{}", i + 1));
-            rep.error(None, Some(&label), why.clone(), None);
+        match &decoded.error {
+            Some((why, Some(span))) if tree.is_some() => {
+                data_error(why, Some(span.clone()), tree, rep)
+            }
+            Some((why, _)) => {
+                let label = decoded
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| format!("#{}", i + 1));
+                rep.error(None, Some(&label), why.clone(), None);
+            }
+            None => {}
         }
     }
 }
 
-/// Decodes JSON text, reporting the first syntax or type error.
-pub(crate) fn json_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -> Option<Plan> {
-    let error = match serde_json::from_str::<Plan>(source) {
-        Ok(plan) => return tables_are_tables(plan, tree, rep),
-        Err(error) => error,
-    };
+/// serde_json's error without its " at line L column C" and the byte span it is about in
+/// `source` (whose line index is `index`).
+fn json_error(
+    error: &serde_json::Error,
+    source: &str,
+    index: &LineIndex,
+) -> (String, Option<Range<usize>>) {
     let full = error.to_string();
     let suffix = format!(" at line {} column {}", error.line(), error.column());
     let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
     // serde_json's column is that of the last byte it read: inside the offending token, or,
     // when it only peeked at a value (a table where a string belongs), just before it.
-    let mut offset = rep.index().offset_of(error.line(), error.column().max(1));
+    let mut offset = index.offset_of(error.line(), error.column().max(1));
     if let Some(o) = offset.as_mut() {
         let bytes = source.as_bytes();
         if bytes
@@ -129,25 +178,19 @@ pub(crate) fn json_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -
         }
     }
     let span = offset.map(|o| o..(o + 1).min(source.len()).max(o));
+    (message, span)
+}
+
+/// Decodes JSON text, reporting the first syntax or type error.
+pub(crate) fn json_plan(source: &str, tree: Option<&Node>, rep: &mut Reporter) -> Option<Plan> {
+    let error = match serde_json::from_str::<Plan>(source) {
+        Ok(plan) => return tables_are_tables(plan, tree, rep),
+        Err(error) => error,
+    };
+    let (message, span) = json_error(&error, source, rep.index());
     let valid_json = || serde_json::from_str::<serde::de::IgnoredAny>(source).is_ok();
-    let other_stages = |span: Option<std::ops::Range<usize>>, rep: &mut Reporter| {
-        let Ok(doc) = serde_json::from_str::<serde_json::Value>(source) else {
-            return;
-        };
-        let items = doc
-            .get("stage")
-            .and_then(|s| s.as_array())
-            .cloned()
-            .unwrap_or_default();
-        let stages: Vec<Result<Stage, String>> = items
-            .iter()
-            .map(|v| serde_json::from_value::<Stage>(v.clone()).map_err(|e| e.to_string()))
-            .collect();
-        let names: Vec<Option<String>> = items
-            .iter()
-            .map(|v| v.get("name").and_then(|n| n.as_str()).map(str::to_string))
-            .collect();
-        report_other_stages(&stages, &names, span, tree, rep);
+    let other_stages = |span: Option<Range<usize>>, rep: &mut Reporter| {
+        report_other_stages(&json_stages(source, tree), span, tree, rep);
     };
     match error.classify() {
         serde_json::error::Category::Data => {

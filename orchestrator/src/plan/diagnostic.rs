@@ -73,20 +73,47 @@ impl fmt::Display for PlanError {
 
 impl std::error::Error for PlanError {}
 
-/// Turns byte offsets of a source text into 1-based line and character columns.
+/// Turns byte offsets of a source text into 1-based line and character columns, each in time
+/// independent of the text's length: a plan of 100,000 problems on one line (a JSON plan
+/// written without newlines) is not counted through 100,000 times.
 pub(crate) struct LineIndex<'a> {
     source: &'a str,
     line_starts: Vec<usize>,
+    /// The number of characters before each multiple of [`CHARS_EVERY`] bytes.
+    chars_before: Vec<usize>,
+}
+
+/// How many bytes apart the character counts of a [`LineIndex`] are kept.
+const CHARS_EVERY: usize = 64;
+
+/// Whether `byte` begins a UTF-8 character (is not a continuation byte).
+fn starts_char(byte: &u8) -> bool {
+    byte & 0xC0 != 0x80
 }
 
 impl<'a> LineIndex<'a> {
     pub(crate) fn new(source: &'a str) -> Self {
         let mut line_starts = vec![0];
         line_starts.extend(source.match_indices('\n').map(|(i, _)| i + 1));
+        let mut chars_before = Vec::with_capacity(source.len() / CHARS_EVERY + 1);
+        let mut count = 0;
+        for block in source.as_bytes().chunks(CHARS_EVERY) {
+            chars_before.push(count);
+            count += block.iter().filter(|b| starts_char(b)).count();
+        }
         LineIndex {
             source,
             line_starts,
+            chars_before,
         }
+    }
+
+    /// The number of characters before byte `offset` (a character boundary).
+    fn chars_to(&self, offset: usize) -> usize {
+        let block = offset / CHARS_EVERY;
+        let before = self.chars_before.get(block).copied().unwrap_or(0);
+        let rest = &self.source.as_bytes()[block * CHARS_EVERY..offset];
+        before + rest.iter().filter(|b| starts_char(b)).count()
     }
 
     /// Line and column of `offset` (clamped into the text).
@@ -97,7 +124,7 @@ impl<'a> LineIndex<'a> {
         }
         let line = self.line_starts.partition_point(|&start| start <= offset);
         let start = self.line_starts[line - 1];
-        let column = self.source[start..offset].chars().count() + 1;
+        let column = self.chars_to(offset) - self.chars_to(start) + 1;
         (line, column)
     }
 
@@ -191,6 +218,22 @@ mod tests {
         assert_eq!(index.position(999), (3, 1));
         assert_eq!(index.offset_of(2, 5), Some(7));
         assert_eq!(index.offset_of(0, 1), None);
+    }
+
+    #[test]
+    fn columns_count_characters_across_the_kept_counts() {
+        let line = "é".repeat(CHARS_EVERY) + "x";
+        let source = format!("ab\n{line}\n");
+        let index = LineIndex::new(&source);
+        let x = source.find('x').unwrap();
+        assert_eq!(index.position(x), (2, CHARS_EVERY + 1));
+        assert_eq!(index.position(x + 1), (2, CHARS_EVERY + 2));
+        assert_eq!(
+            index.position(x - 1),
+            (2, CHARS_EVERY),
+            "inside a character: its start"
+        );
+        assert_eq!(index.position(source.len()), (3, 1));
     }
 
     #[test]

@@ -66,6 +66,20 @@ impl Node {
         }
     }
 
+    /// Every entry of this table by its key (the first, should a key be there twice), for
+    /// looking up many keys at once: one pass over the table instead of one per key.
+    /// Empty for anything but a table.
+    pub fn entries_by_key(&self) -> std::collections::HashMap<&str, &Entry> {
+        let mut index = std::collections::HashMap::new();
+        if let Value::Table(entries) = &self.value {
+            index.reserve(entries.len());
+            for entry in entries {
+                index.entry(entry.key.as_str()).or_insert(entry);
+            }
+        }
+        index
+    }
+
     /// Element `index`, if this is an array that long.
     pub fn at(&self, index: usize) -> Option<&Node> {
         match &self.value {
