@@ -103,7 +103,7 @@ impl RunEntry {
     }
 
     /// Counts the stages an earlier daemon recorded as succeeded (from the run's journal, see
-    /// [`succeeded_stages`]), so a recovered run shows them and a resumed run's kept stages
+    /// [`succeeded_stages`](super::recover::succeeded_stages)), so a recovered run shows them and a resumed run's kept stages
     /// count; a stage that starts again here leaves the count until it succeeds again.
     pub fn count_earlier_successes(&mut self, stages: HashSet<String>) {
         self.succeeded = stages.len();
