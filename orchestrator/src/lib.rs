@@ -26,6 +26,7 @@ pub mod daemon;
 pub mod echo;
 pub mod error;
 pub mod exit;
+pub(crate) mod file_lock;
 pub mod fingerprint;
 pub mod forkserver;
 pub mod gpu;

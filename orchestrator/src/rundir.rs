@@ -28,7 +28,7 @@
 
 use protocol::run::{PlanFormat, RunMeta};
 use serde::{Deserialize, Serialize};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -170,29 +170,17 @@ fn has_entries(root: &Path) -> Result<bool, RunDirError> {
 /// Takes the exclusive lock of `root`, or says who holds it.
 fn lock(root: &Path) -> Result<File, RunDirError> {
     let path = root.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io_at(&path))?;
-    // SAFETY: flock(2) on a descriptor this function owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let owner = read_owner(&path).unwrap_or(LockOwner {
-                pid: 0,
-                host: String::new(),
-                since_unix: 0,
-            });
-            return Err(RunDirError::InUse {
-                dir: root.to_path_buf(),
-                owner,
-            });
-        }
-        return Err(RunDirError::Io { path, source: err });
+    let (mut file, locked) = crate::file_lock::open_and_try_lock(&path).map_err(io_at(&path))?;
+    if !locked {
+        let owner = read_owner(&path).unwrap_or(LockOwner {
+            pid: 0,
+            host: String::new(),
+            since_unix: 0,
+        });
+        return Err(RunDirError::InUse {
+            dir: root.to_path_buf(),
+            owner,
+        });
     }
     let owner = LockOwner {
         pid: std::process::id(),

@@ -7,9 +7,8 @@
 //! file never blocks a restart. Stages never inherit it (the descriptor is close-on-exec).
 
 use crate::error::{Context, Error, Result};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// The lock file's name in the runs directory.
@@ -26,15 +25,9 @@ impl RunsDirLock {
     /// Takes `runs_dir` for this process, or says which daemon holds it.
     pub fn acquire(runs_dir: &Path) -> Result<RunsDirLock> {
         let path = runs_dir.join(LOCK_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        // SAFETY: flock(2) on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let (mut file, locked) = crate::file_lock::open_and_try_lock(&path)
+            .with_context(|| format!("cannot lock {}", path.display()))?;
+        if !locked {
             let holder = holder_pid(&mut file)
                 .map(|pid| format!("pid {pid}"))
                 .unwrap_or_else(|| "a process that has not written its pid yet".into());
