@@ -3,9 +3,11 @@
 # $OUT/results.tar.gz (every run's report.json, console and stage logs) and a summary on stdout.
 #   part a: HF Trainer, Lightning, torchrun (NCCL), seed 000 with Accelerate, and the HF Trainer
 #           plan stopped by SIGTERM during training, then resumed;
+#   part c: Lightning and seed 001's DeepSpeed fine-tune (the small model) each stopped by SIGTERM
+#           during training, then resumed;
 #   part b: seed 001 with DeepSpeed ZeRO-2 on a 1.1B Llama, one fresh process per stage, and the
 #           seed's loop in one Python process with each of its two cleanups.
-# Usage: bench/frameworks/h200-examples.sh BIN_DIR a|b   (wheels for DeepSpeed in .whl/)
+# Usage: bench/frameworks/h200-examples.sh BIN_DIR a|b|c   (wheels for DeepSpeed in .whl/)
 set -uo pipefail
 bin=$(cd "$1" && pwd)
 part=$2
@@ -15,7 +17,7 @@ res=$(mktemp -d)/results
 mkdir -p "$out" "$res"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$repo/python"
-if [ "$part" = b ]; then
+if [ "$part" != a ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$repo"/.whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
@@ -75,5 +77,30 @@ if [ "$part" = b ]; then
     summary "one_process --cleanup $cleanup: exit $?"
     python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1])))[:1500])" "$res/one_process-$cleanup.json" | tee -a "$res/summary.txt"
   done
+fi
+stop_and_resume() { # name, plan, seconds after the stage started: SIGTERM, then resume
+  local name=$1 plan=$2 after=$3 dir="$res/../run-$1"
+  "$bin/orchestrate" --plan "$plan" --run-dir "$dir" > "$res/$name-stop.console" 2>&1 &
+  local pid=$!
+  for _ in $(seq 600); do grep -q '"stage_started"' "$dir/journal.jsonl" 2>/dev/null && break; sleep 0.1; done
+  sleep "$after"
+  kill -TERM $pid; wait $pid; summary "$name-stop: exit $? after SIGTERM"
+  keep "$dir" "$name-stop"
+  "$bin/orchestrate" resume "$dir" > "$res/$name-resume.console" 2>&1
+  summary "$name-resume: exit $?"
+  keep "$dir" "$name-resume"
+}
+if [ "$part" = c ]; then
+  sed 's|"--steps", "150"\]|"--steps", "20000"]|' "$repo/examples/lightning/plan-gpu.toml" \
+    > "$repo/examples/lightning/plan-gpu-stop.toml"
+  stop_and_resume lightning "$repo/examples/lightning/plan-gpu-stop.toml" 30
+  cat > "$repo/examples/deepspeed-seed001/plan-stop.toml" <<'PLAN'
+[[stage]]
+name = "finetune"
+gpus = 1
+command = ["python3", "finetune.py", "--sample", "../../configs/data/samples/sample-0.jsonl", "--steps", "3000"]
+outputs = ["model.safetensors", "config.json"]
+PLAN
+  stop_and_resume deepspeed "$repo/examples/deepspeed-seed001/plan-stop.toml" 35
 fi
 tar czf "$out/results-$part.tar.gz" -C "$(dirname "$res")" results
