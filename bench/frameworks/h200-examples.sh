@@ -91,14 +91,14 @@ stop_and_resume() { # name, plan, seconds after the stage started: SIGTERM, then
   keep "$dir" "$name-resume"
 }
 if [ "$part" = c ]; then
-  sed 's|"--steps", "150"\]|"--steps", "20000"]|' "$repo/examples/lightning/plan-gpu.toml" \
+  sed 's|"--steps", "150"\]|"--steps", "5000"]|' "$repo/examples/lightning/plan-gpu.toml" \
     > "$repo/examples/lightning/plan-gpu-stop.toml"
   stop_and_resume lightning "$repo/examples/lightning/plan-gpu-stop.toml" 30
   cat > "$repo/examples/deepspeed-seed001/plan-stop.toml" <<'PLAN'
 [[stage]]
 name = "finetune"
 gpus = 1
-command = ["python3", "finetune.py", "--sample", "../../configs/data/samples/sample-0.jsonl", "--steps", "3000"]
+command = ["python3", "finetune.py", "--sample", "../../configs/data/samples/sample-0.jsonl", "--steps", "1000"]
 outputs = ["model.safetensors", "config.json"]
 PLAN
   stop_and_resume deepspeed "$repo/examples/deepspeed-seed001/plan-stop.toml" 35
