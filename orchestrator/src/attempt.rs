@@ -286,7 +286,7 @@ pub(crate) fn prepare_attempt(
         inputs_file: &inputs_path,
         attempt,
         resumable,
-        master_port: crate::rendezvous::stage_port(&stage.env).map(|(port, _)| port),
+        master_port: crate::rendezvous::stage_port(&stage.env),
     };
     let mut env = contract::environment(&paths, &stage.env);
     if let Some(n) = cpu_threads {

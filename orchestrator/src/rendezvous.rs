@@ -40,13 +40,12 @@ pub fn free_port() -> Option<u16> {
 }
 
 /// The port of a stage attempt: the one its plan `env` sets in `MASTER_PORT`, else a
-/// [`free_port`]. The bool says whether the port is orchestrate's choice (and so must be put
-/// in the stage's environment).
-pub fn stage_port(plan_env: &std::collections::BTreeMap<String, String>) -> Option<(u16, bool)> {
-    if let Some(p) = plan_env.get("MASTER_PORT") {
-        return p.trim().parse().ok().map(|p| (p, false));
+/// [`free_port`] (which the contract then puts in the stage's environment).
+pub fn stage_port(plan_env: &std::collections::BTreeMap<String, String>) -> Option<u16> {
+    match plan_env.get("MASTER_PORT") {
+        Some(p) => p.trim().parse().ok(),
+        None => free_port(),
     }
-    free_port().map(|p| (p, true))
 }
 
 #[cfg(test)]
@@ -66,8 +65,7 @@ mod tests {
     #[test]
     fn a_port_the_plan_sets_is_kept() {
         let env = BTreeMap::from([("MASTER_PORT".to_string(), "23456".to_string())]);
-        assert_eq!(stage_port(&env), Some((23456, false)));
-        let (_, chosen) = stage_port(&BTreeMap::new()).unwrap();
-        assert!(chosen);
+        assert_eq!(stage_port(&env), Some(23456));
+        assert!(stage_port(&BTreeMap::new()).is_some());
     }
 }

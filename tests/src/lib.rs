@@ -164,8 +164,18 @@ impl RunResult {
 
 /// Runs `orchestrate --plan <plan> --run-dir <dir>/run` and waits for it.
 pub fn run_plan(scratch: &Scratch, plan: &Path, extra: &[&str]) -> RunResult {
+    run_plan_with(Command::new(orchestrate()), scratch, plan, extra)
+}
+
+/// [`run_plan`] with `orchestrate` started by `cmd` (its own environment, say).
+pub fn run_plan_with(
+    mut cmd: Command,
+    scratch: &Scratch,
+    plan: &Path,
+    extra: &[&str],
+) -> RunResult {
     let run_dir = scratch.path().join("run");
-    let out: Output = Command::new(orchestrate())
+    let out: Output = cmd
         .arg("--plan")
         .arg(plan)
         .arg("--run-dir")

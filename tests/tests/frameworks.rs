@@ -63,21 +63,7 @@ fn orchestrate_with(python: &Path) -> Command {
 
 /// Runs `plan` to its end into `<scratch>/run` (with `extra` arguments).
 fn run(python: &Path, s: &Scratch, plan: &Path, extra: &[&str]) -> RunResult {
-    let run_dir = s.path().join("run");
-    let out = orchestrate_with(python)
-        .arg("--plan")
-        .arg(plan)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .args(extra)
-        .output()
-        .expect("orchestrate runs");
-    RunResult {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        run_dir,
-    }
+    e2e_tests::run_plan_with(orchestrate_with(python), s, plan, extra)
 }
 
 /// Every event of a stage (all attempts, in order), without the timestamp wrapper.
