@@ -5,7 +5,7 @@
 //! that has already finished; 4 when the daemon
 //! cannot be reached or answers with an error of its own.
 
-use orchestrator::client::{render_event, Client, ClientError, V};
+use orchestrator::daemon::client::{render_event, Client, ClientError, V};
 use orchestrator::exit;
 use protocol::daemon::{ErrorCode, PlanInput, Request, Response, RunInfo, ShutdownMode};
 use std::path::Path;
@@ -190,7 +190,8 @@ pub fn runs(socket: &Path, json: bool) -> ExitCode {
             let Response::Runs { runs, .. } = response else {
                 unreachable!()
             };
-            let width = orchestrator::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
+            let width =
+                orchestrator::report::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
             println!(
                 "{:<width$}  {:<11} {:>9}  waiting / directory",
                 "id", "state", "stages"

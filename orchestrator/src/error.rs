@@ -23,7 +23,7 @@ pub enum Error {
     Os(#[from] std::io::Error),
     /// The run directory refused: its lock is held, or its files are not a run's.
     #[error(transparent)]
-    RunDir(#[from] crate::rundir::RunDirError),
+    RunDir(#[from] crate::store::rundir::RunDirError),
     /// The plan cannot run in (or outside) this Slurm job as it stands.
     #[error(transparent)]
     Slurm(#[from] crate::slurm::SlurmError),

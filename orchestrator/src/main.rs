@@ -5,13 +5,13 @@
 #![allow(rustdoc::invalid_html_tags)]
 
 use clap::{Parser, Subcommand, ValueEnum};
-use orchestrator::console::Console;
+use orchestrator::attempt::supervise::CancelLevel;
 use orchestrator::exit;
 use orchestrator::plan::PlanFormat;
 use orchestrator::plan::{load_plan, LoadedPlan};
-use orchestrator::rundir::{RunDir, RunDirError};
-use orchestrator::runner::{self, RunOptions};
-use orchestrator::stage::CancelLevel;
+use orchestrator::report::console::Console;
+use orchestrator::run::{self, RunOptions};
+use orchestrator::store::rundir::{RunDir, RunDirError};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -320,12 +320,12 @@ fn order_text(loaded: &orchestrator::plan::LoadedPlan) -> String {
 
 fn main() -> ExitCode {
     // Before any thread exists, so that every thread blocks it (see `reaper`).
-    orchestrator::reaper::block_child_signals();
+    orchestrator::process::reaper::block_child_signals();
     let mut args = std::env::args();
-    if args.nth(1).as_deref() == Some(orchestrator::guard::GUARD_SUBCOMMAND) {
+    if args.nth(1).as_deref() == Some(orchestrator::process::guard::GUARD_SUBCOMMAND) {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
         let cleanup = args.next().map(PathBuf::from);
-        return ExitCode::from(orchestrator::guard::run(pid, cleanup) as u8);
+        return ExitCode::from(orchestrator::process::guard::run(pid, cleanup) as u8);
     }
     let argv: Vec<String> = std::env::args().collect();
     if let Some(code) = orchestrator::slurm::launch::hidden_subcommand(&argv) {
@@ -488,7 +488,7 @@ fn main() -> ExitCode {
 
 /// The CLI's shape: one host, one run, and the terminal's signals mapped to cancellation:
 /// SIGINT, SIGTERM or SIGHUP stop the run gracefully, a second one kills its stages.
-async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunSummary> {
+async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSummary> {
     use tokio::signal::unix::{signal, SignalKind};
     let in_slurm = orchestrator::slurm::Allocation::detect().is_some();
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -528,7 +528,7 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<runner::RunS
             cancel.send_replace(next);
         }
     });
-    Ok(runner::run(options, &host, cancelled).await?)
+    Ok(run::run(options, &host, cancelled).await?)
 }
 
 /// A run's name: the plan's `run.name`, else the plan file's stem.
@@ -648,10 +648,11 @@ type PlanToRun = (PathBuf, PlanFormat, LoadedPlan, String);
 
 /// Loads the plan copy kept in the run directory `root`, based where the original plan was.
 fn load_run_plan(root: &Path) -> Result<PlanToRun, ExitCode> {
-    let (path, format, base) = orchestrator::rundir::run_plan_location(root).map_err(|e| {
-        eprintln!("error: {e}");
-        ExitCode::from(e.exit_code() as u8)
-    })?;
+    let (path, format, base) =
+        orchestrator::store::rundir::run_plan_location(root).map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        })?;
     if !base.is_dir() {
         eprintln!(
             "error: the plan of the run in {} refers to paths relative to {}, which no longer exists; resume it with the plan from its new place: `orchestrate --plan PLAN --run-dir {} --resume`",
@@ -667,7 +668,7 @@ fn load_run_plan(root: &Path) -> Result<PlanToRun, ExitCode> {
 }
 
 fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
-    let root = match orchestrator::rundir::existing_run(run_dir) {
+    let root = match orchestrator::store::rundir::existing_run(run_dir) {
         Ok(r) => r,
         Err(e) => return run_dir_error(&e),
     };
@@ -681,25 +682,25 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             Err(code) => return code,
         },
     };
-    let records = match orchestrator::journal::read_run_journal(&root) {
+    let records = match orchestrator::store::journal::read_run_journal(&root) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot read the journal: {e}");
             return ExitCode::from(exit::RUN_ERROR as u8);
         }
     };
-    let owner = orchestrator::rundir::live_owner(&root);
+    let owner = orchestrator::store::rundir::live_owner(&root);
     // While the run is live, a stage started and not finished is running, not interrupted.
     let running = match owner {
-        Some(_) => {
-            orchestrator::journal::open_attempts(&root.join(orchestrator::rundir::JOURNAL_FILE))
-                .unwrap_or_default()
-        }
+        Some(_) => orchestrator::store::journal::open_attempts(
+            &root.join(orchestrator::store::rundir::JOURNAL_FILE),
+        )
+        .unwrap_or_default(),
         None => Vec::new(),
     };
     let running_of = |stage: &str| running.iter().find(|a| a.stage == stage);
-    let prints = orchestrator::fingerprint::stage_fingerprints(&loaded);
-    let decisions = orchestrator::resume::decide(&loaded, &prints, &records);
+    let prints = orchestrator::store::fingerprint::stage_fingerprints(&loaded);
+    let decisions = orchestrator::store::resume::decide(&loaded, &prints, &records);
     if json {
         let rows: Vec<serde_json::Value> = loaded
             .plan
@@ -726,9 +727,9 @@ fn status(run_dir: &Path, plan: Option<&Path>, json: bool) -> ExitCode {
             );
         }
         let now_ms = orchestrator::timefmt::unix_ms();
-        let text = orchestrator::resume::render(&loaded, &decisions);
+        let text = orchestrator::store::resume::render(&loaded, &decisions);
         let names = loaded.plan.stages.iter().map(|s| s.name.as_str());
-        let width = orchestrator::table::column_width("stage", names);
+        let width = orchestrator::report::table::column_width("stage", names);
         for (line, stage) in text.lines().zip(&loaded.plan.stages) {
             match running_of(&stage.name) {
                 Some(a) => {

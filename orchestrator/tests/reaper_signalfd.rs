@@ -1,7 +1,7 @@
 //! The reaper as the orchestrator runs it: SIGCHLD blocked in every thread, every child's end
 //! learned from one signalfd (no pidfd per child).
 
-use orchestrator::reaper::{block_child_signals, ExitStatus, Reaper};
+use orchestrator::process::reaper::{block_child_signals, ExitStatus, Reaper};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -78,10 +78,14 @@ fn main() {
 }
 
 /// Starts `sh -c script` as a stage is started, its stdout to `stdout`.
-fn sh(script: &str, stdout: &std::fs::File, reaper: &Reaper) -> orchestrator::spawn::Spawned {
+fn sh(
+    script: &str,
+    stdout: &std::fs::File,
+    reaper: &Reaper,
+) -> orchestrator::process::spawn::Spawned {
     let argv = ["sh", "-c", script].map(String::from);
     let null = std::fs::File::open("/dev/null").unwrap();
-    orchestrator::spawn::spawn(&orchestrator::spawn::Request {
+    orchestrator::process::spawn::spawn(&orchestrator::process::spawn::Request {
         argv: &argv,
         env: &[("PATH", "/usr/bin:/bin")],
         env_base: None,

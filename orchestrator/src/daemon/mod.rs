@@ -9,11 +9,12 @@
 //!   hostile client costs the others nothing.
 //!
 //! Runs share the host's GPU pool and CPU budget; each is driven by
-//! [`runner::run`](crate::runner::run) like a CLI run, its console a silent tap into the
+//! [`runner::run`](crate::run::run) like a CLI run, its console a silent tap into the
 //! registry. On start the daemon takes its runs directory for itself and recovers its runs from
 //! their directories under `--runs-dir`: finished ones as history, the ones the daemon's end
 //! interrupted (a crash, or its own shutdown) resumed by the resume rules.
 
+pub mod client;
 pub mod connection;
 pub mod recover;
 pub mod registry;
@@ -22,11 +23,11 @@ pub mod runs_lock;
 pub mod socket;
 pub mod strict_json;
 
-use crate::console::Console;
+use crate::attempt::supervise::CancelLevel;
 use crate::host::Host;
 use crate::plan::{LoadedPlan, PlanFormat};
-use crate::rundir::RunDir;
-use crate::stage::CancelLevel;
+use crate::report::console::Console;
+use crate::store::rundir::RunDir;
 use protocol::daemon::{PlanInput, ShutdownMode};
 use registry::{Registry, RunEntry, Submission, STOPPED_FILE, SUBMISSION_FILE};
 use std::cell::{Cell, RefCell};
@@ -96,7 +97,7 @@ pub enum DaemonError {
     PlanUnread(#[source] tokio::task::JoinError),
     /// The run directory could not be made, opened or read.
     #[error(transparent)]
-    RunDir(#[from] crate::rundir::RunDirError),
+    RunDir(#[from] crate::store::rundir::RunDirError),
     /// The run's submission record could not be encoded.
     #[error(transparent)]
     Encode(#[from] serde_json::Error),
@@ -174,7 +175,7 @@ fn check_base_dir(base: &Path) -> Result<(), DaemonError> {
         Ok(meta) if meta.is_dir() => return Ok(()),
         Ok(meta) => format!(
             "it is {}",
-            crate::user_file::non_regular_kind(&meta).unwrap_or("a file")
+            crate::store::user_file::non_regular_kind(&meta).unwrap_or("a file")
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => "it does not exist".into(),
         Err(e) => format!("it cannot be read: {e}"),
@@ -220,7 +221,7 @@ impl Daemon {
         };
         let path = run_dir.root().join(SUBMISSION_FILE);
         let bytes = serde_json::to_vec_pretty(&submission)?;
-        if let Err(source) = crate::rundir::write_atomic(&path, &bytes) {
+        if let Err(source) = crate::store::rundir::write_atomic(&path, &bytes) {
             return Err(DaemonError::Write { path, source });
         }
         let root = run_dir.root().to_path_buf();
@@ -248,7 +249,7 @@ impl Daemon {
             .map(|e| e.cancel.subscribe())
             .expect("the run was just registered");
         let (tap, mut events) = tokio::sync::mpsc::unbounded_channel();
-        let options = crate::runner::RunOptions {
+        let options = crate::run::RunOptions {
             plan: plan.loaded,
             plan_source: plan.source,
             plan_format: plan.format,
@@ -273,8 +274,7 @@ impl Daemon {
                     }
                 }
             };
-            let (result, ()) =
-                tokio::join!(crate::runner::run(options, &daemon.host, cancel), pump);
+            let (result, ()) = tokio::join!(crate::run::run(options, &daemon.host, cancel), pump);
             let (state, code) = match result {
                 Ok(summary) => (summary.status, summary.exit_code),
                 Err(e) => {
@@ -300,7 +300,7 @@ impl Daemon {
 
     fn resume_run(&self, dir: &Path) -> Result<(Accepted, RunDir), DaemonError> {
         let run_dir = RunDir::open_existing(dir)?;
-        let (path, format, base) = crate::rundir::run_plan_location(run_dir.root())?;
+        let (path, format, base) = crate::store::rundir::run_plan_location(run_dir.root())?;
         let (loaded, source) =
             crate::plan::load_plan_based(&path, format, &base).map_err(DaemonError::InvalidPlan)?;
         Ok((
@@ -331,7 +331,7 @@ impl Daemon {
                 };
                 if *run.cancel.borrow() == CancelLevel::None && !run.stopped_by_daemon() {
                     let mark = run.run_dir.join(STOPPED_FILE);
-                    match crate::rundir::write_atomic(
+                    match crate::store::rundir::write_atomic(
                         &mark,
                         b"stopped by the daemon's shutdown; the next daemon resumes this run\n",
                     ) {

@@ -15,7 +15,7 @@
 
 use super::registry::{RunEntry, Submission, STOPPED_FILE, SUBMISSION_FILE};
 use super::Daemon;
-use crate::journal::JournalRecord;
+use crate::store::journal::JournalRecord;
 use protocol::status::{RunStatus, StageStatus};
 use std::collections::HashSet;
 use std::io::Read;
@@ -53,7 +53,7 @@ impl Daemon {
         let Found { submission, dir } = found;
         let id = submission.id.clone();
         let priority = submission.priority;
-        let records = crate::journal::read_run_journal(&dir).unwrap_or_default();
+        let records = crate::store::journal::read_run_journal(&dir).unwrap_or_default();
         let stopped_file = dir.join(STOPPED_FILE);
         let stopped_by_daemon = stopped_file.exists();
         let mut entry = RunEntry::new(submission, dir.clone());
@@ -176,7 +176,7 @@ fn ended(dir: &Path, records: &[JournalRecord]) -> Ended {
             JournalRecord::RunFinished { status, exit_code } => Some(Ended::Finished(
                 *status,
                 *exit_code,
-                finished_time(&dir.join(crate::rundir::JOURNAL_FILE)),
+                finished_time(&dir.join(crate::store::rundir::JOURNAL_FILE)),
             )),
             JournalRecord::RunStarted { .. } => Some(Ended::Open),
             _ => None,

@@ -25,7 +25,7 @@ impl RunsDirLock {
     /// Takes `runs_dir` for this process, or says which daemon holds it.
     pub fn acquire(runs_dir: &Path) -> Result<RunsDirLock> {
         let path = runs_dir.join(LOCK_FILE);
-        let (mut file, locked) = crate::file_lock::open_and_try_lock(&path)
+        let (mut file, locked) = crate::store::file_lock::open_and_try_lock(&path)
             .with_context(|| format!("cannot lock {}", path.display()))?;
         if !locked {
             let holder = holder_pid(&mut file)

@@ -78,13 +78,13 @@ pub fn attribute(
 /// its ancestors or its environment carries `token_prefix` (`ORCHESTRATE_STAGE_TOKEN=<our
 /// pid>-`), unknown when `/proc` does not show it, else foreign.
 pub fn owner_of(pid: u32, token_prefix: &[u8]) -> Owner {
-    let me = crate::proctree::own_pid();
+    let me = crate::process::scan::own_pid();
     let mut current = pid as i32;
     let mut seen = 0;
     loop {
         let Some(stat) = std::fs::read_to_string(format!("/proc/{current}/stat"))
             .ok()
-            .and_then(|t| crate::proctree::parse_stat(&t))
+            .and_then(|t| crate::process::scan::parse_stat(&t))
         else {
             // The holder itself invisible: another namespace. An ancestor gone mid-walk: the
             // walk ends there.
@@ -103,7 +103,7 @@ pub fn owner_of(pid: u32, token_prefix: &[u8]) -> Owner {
         current = stat.ppid;
         seen += 1;
     }
-    if crate::proctree::environ_any(pid as i32, |entry| entry.starts_with(token_prefix)) {
+    if crate::process::scan::environ_any(pid as i32, |entry| entry.starts_with(token_prefix)) {
         Owner::Ours
     } else {
         Owner::Foreign

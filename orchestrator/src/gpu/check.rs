@@ -38,7 +38,7 @@ pub fn run(max_used_bytes: u64, wait: Option<Duration>) -> Result<CheckResult, N
     };
     let start = Instant::now();
     let mut states = Vec::new();
-    crate::backoff::poll_blocking(
+    crate::process::backoff::poll_blocking(
         wait.unwrap_or(Duration::ZERO),
         Duration::from_millis(100),
         || {

@@ -109,7 +109,7 @@ impl MemoryProbe for NvmlProbe {
             .into_iter()
             .map(|p| Holder {
                 pid: p.pid,
-                name: crate::proctree::comm(p.pid as i32),
+                name: crate::process::scan::comm(p.pid as i32),
                 bytes: match p.used_gpu_memory {
                     UsedGpuMemory::Used(b) => Some(b),
                     UsedGpuMemory::Unavailable => None,

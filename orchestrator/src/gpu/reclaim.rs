@@ -54,7 +54,7 @@ pub async fn await_reclaim(
     let mut error: Option<String> = None;
     let mut clean = false;
     let mut taken = false;
-    crate::backoff::poll(timeout, Duration::from_millis(20), || {
+    crate::process::backoff::poll(timeout, Duration::from_millis(20), || {
         match probe.used_bytes(uuid) {
             Ok(used) => {
                 (last, error) = (used, None);

@@ -109,7 +109,7 @@ pub(crate) enum AxisError {
         /// The file.
         path: PathBuf,
         /// The failure.
-        source: crate::user_file::UserFileError,
+        source: crate::store::user_file::UserFileError,
     },
     /// Its `glob` has a wildcard before the last path component.
     #[error("`{glob}`: wildcards are supported in the last path component only")]
@@ -136,7 +136,7 @@ pub(crate) fn axis_values(axis: &MatrixAxis, base_dir: &Path) -> Result<Vec<Stri
         MatrixAxis::Values(values) => Ok(values.iter().map(ToString::to_string).collect()),
         MatrixAxis::Lines { lines } => {
             let path = base_dir.join(lines);
-            let bytes = match crate::user_file::read_regular(&path, MAX_LINES_BYTES) {
+            let bytes = match crate::store::user_file::read_regular(&path, MAX_LINES_BYTES) {
                 Ok(bytes) => bytes,
                 Err(source) => return Err(AxisError::Read { path, source }),
             };

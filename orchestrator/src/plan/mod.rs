@@ -166,12 +166,13 @@ fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
             help: None,
         }],
     };
-    let bytes = crate::user_file::read_regular(path, MAX_PLAN_BYTES).map_err(|e| match e {
-        crate::user_file::UserFileError::TooLarge { .. } => fail(format!(
-            "it is more than a plan may be ({MAX_PLAN_BYTES} bytes)"
-        )),
-        other => fail(other.to_string()),
-    })?;
+    let bytes =
+        crate::store::user_file::read_regular(path, MAX_PLAN_BYTES).map_err(|e| match e {
+            crate::store::user_file::UserFileError::TooLarge { .. } => fail(format!(
+                "it is more than a plan may be ({MAX_PLAN_BYTES} bytes)"
+            )),
+            other => fail(other.to_string()),
+        })?;
     String::from_utf8(bytes).map_err(|e| {
         let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
         // The prefix is valid UTF-8 by construction.

@@ -3,7 +3,7 @@
 //! In each argument, `{output}` stands for the stage's output directory, `{input.NAME}` for the
 //! output directory of upstream stage `NAME`, `{run_dir}` for the run directory and `{stage}`
 //! for the stage's name, `{master_port}` for the attempt's rendezvous port. `{{` and `}}` stand for literal braces; any other brace is an error.
-//! (`crate::contract::expand` does the expansion at run time; this is the strict reading that
+//! (`crate::attempt::contract::expand` does the expansion at run time; this is the strict reading that
 //! validation applies first.)
 
 use std::fmt;

@@ -5,7 +5,7 @@
 //! [`run`] registers the helper with the reaper in the same breath as spawning it, and
 //! collects its output from files, not pipes, so a helper that prints a lot cannot block.
 
-use crate::reaper::{ExitStatus, Reaper};
+use crate::process::reaper::{ExitStatus, Reaper};
 use std::io;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -33,7 +33,7 @@ impl HelperOutput {
             None => "timed out".to_string(),
             Some(ExitStatus::Code(c)) => format!("exited with code {c}"),
             Some(ExitStatus::Signal(s)) => {
-                format!("killed by {}", crate::supervisor::signal_name(s))
+                format!("killed by {}", crate::process::tree::signal_name(s))
             }
         };
         let said = self.stderr.trim();

@@ -2,7 +2,7 @@
 //! and stop of the job (the journal has the same facts as records), and shown in the report.
 
 use super::Allocation;
-use crate::journal::{Journal, JournalRecord};
+use crate::store::journal::{Journal, JournalRecord};
 use protocol::report::{SlurmJobReport, SlurmStart, SlurmStop};
 use std::path::{Path, PathBuf};
 
@@ -18,7 +18,7 @@ pub fn load(run_dir: &Path) -> Option<SlurmJobReport> {
 
 fn save(run_dir: &Path, report: &SlurmJobReport) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
-    crate::rundir::write_atomic(&path(run_dir), &bytes)
+    crate::store::rundir::write_atomic(&path(run_dir), &bytes)
 }
 
 /// Journals this start of the job and adds it to `slurm.json`.

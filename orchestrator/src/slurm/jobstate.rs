@@ -5,7 +5,7 @@
 //! `squeue` when `scontrol` cannot answer. It is never guessed from how long the job ran.
 
 use super::helper;
-use crate::reaper::Reaper;
+use crate::process::reaper::Reaper;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -383,7 +383,7 @@ mod tests {
 
     #[test]
     fn a_failed_query_says_why_each_command_did_not_answer() {
-        use crate::reaper::ExitStatus;
+        use crate::process::reaper::ExitStatus;
         use helper::{HelperError, HelperOutput};
         let err = QueryError {
             tries: vec![

@@ -4,8 +4,8 @@
 //! NVML says "unavailable"; a check that could not run at all says "failed" and why.
 
 use super::{helper, srun, Allocation};
-use crate::reaper::{ExitStatus, Reaper};
-use crate::stage::{AttemptResult, Outcome};
+use crate::attempt::supervise::{AttemptResult, Outcome};
+use crate::process::reaper::{ExitStatus, Reaper};
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::NodeGpuCheck;
 use protocol::status::NodeVerdict;
@@ -71,7 +71,7 @@ pub async fn after_stage(
         Err(e) => vec![failed(format!("cannot create {}: {e}", dir.display()))],
     };
     if let Ok(bytes) = serde_json::to_vec_pretty(&checks) {
-        let _ = crate::rundir::write_atomic(&result_path(stage_dir), &bytes);
+        let _ = crate::store::rundir::write_atomic(&result_path(stage_dir), &bytes);
     }
     checks
 }

@@ -9,7 +9,7 @@
 //! exited 0) with the declared outputs present.
 
 use super::{task, Allocation};
-use crate::stage::AttemptPlan;
+use crate::attempt::supervise::AttemptPlan;
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::{NodeGpuCheck, TaskRecord};
 use std::path::{Path, PathBuf};
@@ -71,7 +71,7 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
     plan.argv = argv;
     // srun kills the step's tasks when it gets SIGTERM: only the launcher gets it.
     plan.graceful_to_leader = true;
-    // `MASTER_PORT` is the attempt's own already (crate::rendezvous), as for every stage.
+    // `MASTER_PORT` is the attempt's own already (crate::attempt::rendezvous), as for every stage.
     plan
 }
 
@@ -79,7 +79,7 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
 /// stage that does not run through srun (nothing is read for it).
 pub fn stage_records(
     stage: &Stage,
-    run_dir: &crate::rundir::RunDir,
+    run_dir: &crate::store::rundir::RunDir,
 ) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
     if stage.task_layout().is_none() {
         return (Vec::new(), Vec::new());

@@ -9,10 +9,10 @@
 
 use super::jobstate::{self, StopCause};
 use super::{helper, history, Allocation};
-use crate::console::Console;
 use crate::exit;
-use crate::journal::Journal;
-use crate::reaper::Reaper;
+use crate::process::reaper::Reaper;
+use crate::report::console::Console;
+use crate::store::journal::Journal;
 use protocol::report::SlurmStop;
 use std::path::Path;
 use std::time::Duration;

@@ -205,11 +205,11 @@ fn write_record(
         local_rank,
         node: node.to_string(),
         exit_code,
-        signal: signal.map(crate::supervisor::signal_name),
+        signal: signal.map(crate::process::tree::signal_name),
     };
     let written = std::fs::create_dir_all(dir).and_then(|()| {
         let bytes = serde_json::to_vec_pretty(&record).map_err(std::io::Error::other)?;
-        crate::rundir::write_atomic(&dir.join(format!("rank-{rank}.json")), &bytes)
+        crate::store::rundir::write_atomic(&dir.join(format!("rank-{rank}.json")), &bytes)
     });
     if let Err(e) = written {
         eprintln!(

@@ -3,7 +3,7 @@
 //! One server per `stage-worker` binary, started on first use as a child of this process
 //! (so a worker it forks through an intermediate process is re-parented to us, a child
 //! subreaper). The worker is then our child like an exec'd one: the [`Reaper`] collects its
-//! exit status and resource usage, [`crate::proctree`] finds it as a session leader, and
+//! exit status and resource usage, [`crate::process::scan`] finds it as a session leader, and
 //! `stop_tree` stops it. The server never holds a stage's process; killing it leaves every
 //! running stage alone.
 //!
@@ -13,7 +13,7 @@
 //!
 //! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
 
-use crate::reaper::Reaper;
+use crate::process::reaper::Reaper;
 use protocol::fork::{ForkReply, ForkRequest, FORK_SERVER_SUBCOMMAND};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -45,7 +45,7 @@ pub fn enabled() -> bool {
 struct Server {
     pid: i32,
     sock: UnixStream,
-    exit: crate::reaper::ExitWait,
+    exit: crate::process::reaper::ExitWait,
     reaper: Reaper,
 }
 
@@ -229,10 +229,14 @@ fn stop(server: Server) {
     drop(sock);
     // SAFETY: signalling a child of ours that the reaper has not collected (it holds `exit`).
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    crate::backoff::poll_blocking(Duration::from_secs(1), Duration::from_millis(10), || {
-        reaper.reap_now();
-        exit.try_wait().is_some()
-    });
+    crate::process::backoff::poll_blocking(
+        Duration::from_secs(1),
+        Duration::from_millis(10),
+        || {
+            reaper.reap_now();
+            exit.try_wait().is_some()
+        },
+    );
 }
 
 /// Whether this process is a child subreaper (required: the worker must be re-parented here).
@@ -284,7 +288,7 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
     let pid = child.id() as i32;
     drop(child);
     // In a session of its own but no stage's: never a stage's orphan.
-    crate::proctree::note_helper(pid);
+    crate::process::scan::note_helper(pid);
     let exit = reaper.watch(pid);
     drop(theirs);
     let mut server = Server {

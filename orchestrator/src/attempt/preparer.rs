@@ -14,12 +14,12 @@
 //! stage that will not start gives its files back through [`Preparer::release`].
 //!
 //! The same thread closes and removes the event sockets of the stages it opened once they end
-//! (each attempt's [`crate::channel::EventChannel`] hands its listener and file over instead
+//! (each attempt's [`crate::attempt::channel::EventChannel`] hands its listener and file over instead
 //! of closing and removing them on the scheduling thread), before each stage it writes and
 //! when the run ends.
 
-use crate::attempt::Layout;
-use crate::stage::Opened;
+use crate::attempt::prepare::Layout;
+use crate::attempt::supervise::Opened;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -67,7 +67,7 @@ pub(crate) struct Preparer {
     thread: Option<std::thread::JoinHandle<()>>,
     /// Socket files of ended attempts and log files of started ones, closed (and removed) by
     /// the thread.
-    discards: crate::channel::Discards,
+    discards: crate::attempt::channel::Discards,
 }
 
 impl Preparer {
@@ -85,7 +85,7 @@ impl Preparer {
         let table = written.clone();
         let opening = Arc::new(AtomicUsize::new(0));
         let open_count = opening.clone();
-        let discards = crate::channel::Discards::default();
+        let discards = crate::attempt::channel::Discards::default();
         let to_remove = discards.clone();
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
@@ -265,7 +265,7 @@ impl Drop for Preparer {
 }
 
 /// Closes the listeners and log files and removes the socket files in `discards`.
-fn remove_all(discards: &crate::channel::Discards) {
+fn remove_all(discards: &crate::attempt::channel::Discards) {
     let ended = std::mem::take(&mut *discards.lock().unwrap_or_else(|e| e.into_inner()));
     for discarded in ended {
         discarded.remove();
@@ -276,7 +276,7 @@ fn remove_all(discards: &crate::channel::Discards) {
 mod tests {
     use super::*;
     use crate::plan::{parse_plan_toml, LoadedPlan};
-    use crate::rundir::RunDir;
+    use crate::store::rundir::RunDir;
     use protocol::worker::Device;
     use std::os::fd::AsRawFd;
     use std::path::Path;
@@ -315,7 +315,7 @@ mod tests {
         // Odd stages are queued; even ones never are.
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
-        let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
+        let socket = |i: usize| crate::attempt::prepare::socket_path(&sockets, i, 1);
         for i in (1..200).step_by(2) {
             // Every other one opens its logs and binds its socket too.
             preparer.queue(i, layout(i), (i % 4 == 1).then(|| socket(i)));
@@ -385,7 +385,7 @@ mod tests {
         let layout = |i: usize| layout(&plan, &run_dir, i);
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
-        let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
+        let socket = |i: usize| crate::attempt::prepare::socket_path(&sockets, i, 1);
         let runtime = runtime();
         let preparer = Preparer::start(3, runtime.handle().clone()).unwrap();
         preparer.queue(0, layout(0), Some(socket(0)));
@@ -423,14 +423,14 @@ mod tests {
         discards
             .lock()
             .unwrap()
-            .push(crate::channel::Discarded::Logs([
+            .push(crate::attempt::channel::Discarded::Logs([
                 claimed.stdout.into(),
                 claimed.stderr.into(),
             ]));
         discards
             .lock()
             .unwrap()
-            .push(crate::channel::Discarded::Socket {
+            .push(crate::attempt::channel::Discarded::Socket {
                 path: socket(0),
                 listener: Some(claimed.events),
             });
@@ -456,7 +456,7 @@ mod tests {
         discards
             .lock()
             .unwrap()
-            .push(crate::channel::Discarded::Socket {
+            .push(crate::attempt::channel::Discarded::Socket {
                 path: late.clone(),
                 listener: None,
             });
@@ -472,7 +472,7 @@ mod tests {
         let layout = |i: usize| layout(&plan, &run_dir, i);
         let sockets = dir.join("sockets");
         std::fs::create_dir_all(&sockets).unwrap();
-        let socket = |i: usize| crate::attempt::socket_path(&sockets, i, 1);
+        let socket = |i: usize| crate::attempt::prepare::socket_path(&sockets, i, 1);
         let runtime = runtime();
         let preparer = Preparer::start(n, runtime.handle().clone()).unwrap();
         let mut opened = 0;

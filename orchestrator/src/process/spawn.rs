@@ -134,7 +134,7 @@ pub struct Spawned {
     /// Its pid.
     pub pid: i32,
     /// Its pidfd, readable once it has ended, when the clone gave one
-    /// ([`crate::reaper::Reaper::watch_pidfd`] takes it).
+    /// ([`crate::process::reaper::Reaper::watch_pidfd`] takes it).
     pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 
@@ -244,7 +244,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
             req.stdout.as_raw_fd(),
             req.stderr.as_raw_fd(),
         ],
-        parent: crate::proctree::own_pid(),
+        parent: crate::process::scan::own_pid(),
         // SAFETY: an all-zero sigset_t is a valid (empty) set; it is overwritten below.
         mask: unsafe { std::mem::zeroed() },
         error: 0,
@@ -542,7 +542,7 @@ mod clone3 {
         let prepared = &mut *(arg as *mut super::Prepared);
         prepared.handlers_cleared = true;
         // A pidfd, when asked for, is how the reaper learns that the child ended (see
-        // `crate::reaper`).
+        // `crate::process::reaper`).
         let pidfd = if prepared.want_pidfd {
             libc::CLONE_PIDFD as u64
         } else {

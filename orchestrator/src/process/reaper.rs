@@ -18,7 +18,7 @@
 //! No handler ever runs for SIGCHLD (a handler cost every stage a signal delivery, an
 //! interrupted `epoll_wait`, a self-pipe write and two reads). Whatever the mode, everything
 //! that has ended is also reaped every [`REAP_EVERY`] and while a stage's leftovers are being
-//! stopped ([`crate::supervisor::stop_tree`]), and whatever is reaped that someone waits for
+//! stopped ([`crate::process::tree::stop_tree`]), and whatever is reaped that someone waits for
 //! goes to that waiter.
 
 use std::cell::RefCell;
@@ -144,7 +144,7 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
 /// Blocks SIGCHLD in the calling thread, and so in every thread it starts from then on. Call
 /// first thing in `main`, before any thread exists: [`Reaper::start`] then learns of every
 /// child's end from one signalfd (see the module documentation). Children started by
-/// [`crate::spawn`] and `std::process::Command` begin with no signal blocked.
+/// [`crate::process::spawn`] and `std::process::Command` begin with no signal blocked.
 pub fn block_child_signals() {
     // SAFETY: sigset_t is plain data, initialised by sigemptyset; pthread_sigmask only reads it.
     unsafe {
@@ -448,7 +448,7 @@ mod tests {
             // Cloned with a pidfd, as a stage's first process is.
             let null = std::fs::File::open("/dev/null").unwrap();
             let argv = ["sh", "-c", "sleep 0.2; exit 3"].map(String::from);
-            let spawned = crate::spawn::spawn(&crate::spawn::Request {
+            let spawned = crate::process::spawn::spawn(&crate::process::spawn::Request {
                 argv: &argv,
                 env: &[("PATH", "/usr/bin:/bin")],
                 env_base: None,

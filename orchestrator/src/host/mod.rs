@@ -7,7 +7,7 @@
 //! - the directory of event sockets;
 //! - NVML (or its absence), one GPU pool for all runs, and the idle baseline of each GPU;
 //! - the CPU budget that built-in CPU stages share;
-//! - the fork servers of built-in workers (see [`crate::forkserver`]), stopped with it.
+//! - the fork servers of built-in workers (see [`crate::process::fork_server`]), stopped with it.
 //!
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
 //! driver lists no process on it and its memory is at its idle baseline (a GPU held by a
@@ -15,10 +15,12 @@
 //! runs waiting for GPUs are served in ticket order (higher priority first, then submission
 //! order), so a run never waits behind a later one of the same priority.
 
+pub mod sockets;
+
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
-use crate::guard::Guard;
-use crate::reaper::Reaper;
-use crate::sockets::SocketDir;
+use crate::host::sockets::SocketDir;
+use crate::process::guard::Guard;
+use crate::process::reaper::Reaper;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
@@ -140,7 +142,7 @@ impl Drop for Host {
     /// The host is done (the CLI's run ended, the daemon stops): the fork servers its runs
     /// shared go with it, stopped and reaped, so that nothing of it outlives it.
     fn drop(&mut self) {
-        crate::forkserver::shutdown();
+        crate::process::fork_server::shutdown();
     }
 }
 
@@ -151,8 +153,8 @@ impl Host {
     pub fn start() -> crate::error::Result<Rc<Host>> {
         use crate::error::Context;
         let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
-        let guard =
-            crate::guard::start(Some(sockets.path())).context("cannot start the guard process")?;
+        let guard = crate::process::guard::start(Some(sockets.path()))
+            .context("cannot start the guard process")?;
         let reaper = Reaper::start().context("cannot become a child subreaper")?;
         let mut inventory = match gpu::fake::from_env() {
             Some((gpus, probe)) => GpuInventory {

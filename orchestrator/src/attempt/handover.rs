@@ -8,7 +8,7 @@
 //! have started it:
 //! - [`Kind::Slot`]: the first ready stage, which starts as soon as the running stage gives its
 //!   slot back (its first process exited with 0 and nothing of its tree is left; see
-//!   [`crate::stage::supervise`]), before that stage's outputs are verified;
+//!   [`crate::attempt::supervise::supervise`]), before that stage's outputs are verified;
 //! - [`Kind::Chain`]: the downstream stage that waits on the running stage alone, which starts
 //!   once that stage succeeded (outputs verified), when no other stage is ready.
 //!
@@ -18,7 +18,9 @@
 //! that does not start gives back the files opened for it (its socket file is removed) and is
 //! left to the runner, which starts it the ordinary way.
 
-use crate::stage::{start_attempt, AttemptPlan, CancelLevel, Failure, Launched, Opened, Services};
+use crate::attempt::supervise::{
+    start_attempt, AttemptPlan, CancelLevel, Failure, Launched, Opened, Services,
+};
 use std::cell::RefCell;
 use std::rc::Rc;
 use tokio::sync::watch;

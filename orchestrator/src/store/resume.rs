@@ -5,9 +5,9 @@
 //! the plan gives it now, every output recorded for it still verifies (size and checksum), and
 //! every upstream stage is kept. Otherwise it runs again, with the reason said.
 
-use crate::checksum::{check_file_until, Depth, FileMismatch};
-use crate::journal::JournalRecord;
 use crate::plan::LoadedPlan;
+use crate::store::checksum::{check_file_until, Depth, FileMismatch};
+use crate::store::journal::JournalRecord;
 use protocol::checkpoint::Checksum;
 use protocol::report::CheckpointRecord;
 use std::path::Path;
@@ -203,7 +203,7 @@ pub fn decide_until(
 /// A table of the decisions, for `orchestrate status` and the start of a resumed run.
 pub fn render(plan: &LoadedPlan, decisions: &[Decision]) -> String {
     let names = plan.plan.stages.iter().map(|s| s.name.as_str());
-    let width = crate::table::column_width("stage", names);
+    let width = crate::report::table::column_width("stage", names);
     let mut out = String::new();
     for (stage, d) in plan.plan.stages.iter().zip(decisions) {
         let line = match d {

@@ -170,7 +170,8 @@ fn has_entries(root: &Path) -> Result<bool, RunDirError> {
 /// Takes the exclusive lock of `root`, or says who holds it.
 fn lock(root: &Path) -> Result<File, RunDirError> {
     let path = root.join(LOCK_FILE);
-    let (mut file, locked) = crate::file_lock::open_and_try_lock(&path).map_err(io_at(&path))?;
+    let (mut file, locked) =
+        crate::store::file_lock::open_and_try_lock(&path).map_err(io_at(&path))?;
     if !locked {
         let owner = read_owner(&path).unwrap_or(LockOwner {
             pid: 0,
@@ -266,7 +267,7 @@ fn not_a_directory(dir: &Path) -> Option<(String, String)> {
     let here = fs::symlink_metadata(dir).ok()?;
     let choose = "choose a new or empty directory for --run-dir";
     if !here.file_type().is_symlink() {
-        let kind = crate::user_file::non_regular_kind(&here).unwrap_or("a regular file");
+        let kind = crate::store::user_file::non_regular_kind(&here).unwrap_or("a regular file");
         return (!here.is_dir()).then(|| {
             (
                 format!("is {kind}, not a directory"),
@@ -282,7 +283,7 @@ fn not_a_directory(dir: &Path) -> Option<(String, String)> {
         Ok(meta) => Some((
             format!(
                 "is a symbolic link to {target}, which is {}, not a directory",
-                crate::user_file::non_regular_kind(&meta).unwrap_or("a regular file")
+                crate::store::user_file::non_regular_kind(&meta).unwrap_or("a regular file")
             ),
             format!("{choose} (or point the link at a directory)"),
         )),

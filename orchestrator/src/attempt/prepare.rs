@@ -2,13 +2,13 @@
 //! was verified), `spec.json` and `inputs.json`, the worker contract's environment and argv,
 //! and where its program is.
 
-use crate::contract::{self, ContractPaths};
+use crate::attempt::contract::{self, ContractPaths};
+use crate::attempt::supervise::{AttemptPlan, Failure};
 use crate::error::{Context, Error};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
-use crate::rundir::RunDir;
-use crate::stage::{AttemptPlan, Failure};
-use crate::state::StageState;
+use crate::run::state::StageState;
+use crate::store::rundir::RunDir;
 use protocol::worker::{Device, StageSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> crate::erro
 
 /// The files a stage's attempt starts with: its directories, `inputs.json`, `spec.json` and
 /// its (empty) logs. What they hold depends on the plan, the attempt number and the device
-/// only, so the preparer ([`crate::prepare`]) can write a first attempt's ahead of its start.
+/// only, so the preparer ([`crate::attempt::preparer`]) can write a first attempt's ahead of its start.
 pub(crate) struct Layout {
     name: String,
     paths: StagePaths,
@@ -126,25 +126,25 @@ impl Layout {
 
     /// [`Layout::write`], keeping the logs open and the event socket at `socket` bound and
     /// registered with `runtime`, so that the attempt starts without opening anything (see
-    /// [`crate::prepare`]).
+    /// [`crate::attempt::preparer`]).
     pub(crate) fn write_and_open(
         &self,
         socket: &Path,
         runtime: &tokio::runtime::Handle,
-    ) -> std::io::Result<(bool, crate::stage::Opened)> {
+    ) -> std::io::Result<(bool, crate::attempt::supervise::Opened)> {
         let (fresh, logs) = self.write_files(true)?;
         let (stdout, mut stderr) = logs.expect("opened");
         use std::io::Seek;
         let stderr_offset = stderr.seek(std::io::SeekFrom::End(0))?;
-        let events = crate::channel::bind_socket(socket)
+        let events = crate::attempt::channel::bind_socket(socket)
             .and_then(|bound| {
                 let _entered = runtime.enter();
-                crate::channel::register(bound)
+                crate::attempt::channel::register(bound)
             })
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
         Ok((
             fresh,
-            crate::stage::Opened {
+            crate::attempt::supervise::Opened {
                 stdout,
                 stderr,
                 stderr_offset,
@@ -232,9 +232,9 @@ pub(crate) fn prepare_attempt(
         if let Some(result) = &states[u].last {
             for record in result.checkpoints() {
                 let path = Path::new(&record.path);
-                let depth = crate::checksum::Depth::Size;
+                let depth = crate::store::checksum::Depth::Size;
                 if let Err(mismatch) =
-                    crate::checksum::check_file(path, record.bytes, &record.checksum, depth)
+                    crate::store::checksum::check_file(path, record.bytes, &record.checksum, depth)
                 {
                     return Err(Failure::BadInput(format!(
                         "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
@@ -242,7 +242,7 @@ pub(crate) fn prepare_attempt(
                         up.name,
                         record.path,
                         match mismatch {
-                            crate::checksum::FileMismatch::Missing(_) => "missing",
+                            crate::store::checksum::FileMismatch::Missing(_) => "missing",
                             _ => "changed since it was verified",
                         }
                     )));
@@ -272,9 +272,9 @@ pub(crate) fn prepare_attempt(
         !fresh_output && std::fs::read_dir(&output_dir).is_ok_and(|mut d| d.next().is_some());
     // What earlier attempts left counts for this one only if it writes it again.
     let left_over = if resumable && !stage.outputs.is_empty() {
-        crate::outputs::LeftOver::find(&output_dir, &stage.outputs)
+        crate::attempt::outputs::LeftOver::find(&output_dir, &stage.outputs)
     } else {
-        crate::outputs::LeftOver::default()
+        crate::attempt::outputs::LeftOver::default()
     };
     let paths = ContractPaths {
         stage: &stage.name,
@@ -286,7 +286,7 @@ pub(crate) fn prepare_attempt(
         inputs_file: &inputs_path,
         attempt,
         resumable,
-        master_port: crate::rendezvous::stage_port(&stage.env),
+        master_port: crate::attempt::rendezvous::stage_port(&stage.env),
     };
     let mut env = contract::environment(&paths, &stage.env);
     if let Some(n) = cpu_threads {

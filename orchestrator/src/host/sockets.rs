@@ -188,8 +188,8 @@ mod tests {
         }
         // The same stage of two runs gets two sockets.
         assert_ne!(
-            crate::attempt::socket_path(&a, 0, 1),
-            crate::attempt::socket_path(&b, 0, 1)
+            crate::attempt::prepare::socket_path(&a, 0, 1),
+            crate::attempt::prepare::socket_path(&b, 0, 1)
         );
         let again = host.for_run(1).unwrap();
         assert_eq!(again.path(), b, "asking again is harmless");

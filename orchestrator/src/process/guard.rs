@@ -8,7 +8,7 @@
 //! environment carries a stage token of that orchestrator, until none is left, removes the
 //! orchestrator's event-socket directory, and exits.
 
-use crate::proctree::TOKEN_VAR;
+use crate::process::scan::TOKEN_VAR;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -37,7 +37,7 @@ pub fn start(cleanup: Option<&std::path::Path>) -> std::io::Result<Guard> {
     cmd.process_group(0);
     let child = cmd.spawn()?;
     // It lives as long as this process: it never holds a stage's token.
-    crate::proctree::note_helper(child.id() as i32);
+    crate::process::scan::note_helper(child.id() as i32);
     Ok(Guard { _child: child })
 }
 
@@ -84,10 +84,10 @@ fn sweep_after_eof(orchestrator_pid: u32) -> i32 {
 
 fn processes_with_env_prefix(prefix: &[u8]) -> Vec<i32> {
     let me = std::process::id() as i32;
-    crate::proctree::snapshot()
+    crate::process::scan::snapshot()
         .into_iter()
         .filter(|p| p.pid != me && p.state != 'Z')
-        .filter(|p| crate::proctree::environ_any(p.pid, |e| e.starts_with(prefix)))
+        .filter(|p| crate::process::scan::environ_any(p.pid, |e| e.starts_with(prefix)))
         .map(|p| p.pid)
         .collect()
 }

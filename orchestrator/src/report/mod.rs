@@ -1,10 +1,14 @@
 //! Building `report.json` and the end-of-run summary from the runner's state.
 
-use crate::console::human_duration;
+pub mod console;
+pub mod results;
+pub mod table;
+
 use crate::plan::LoadedPlan;
-use crate::reaper::ExitStatus;
-use crate::rundir::{RunDir, RunDirError};
-use crate::state::{StageState, Status};
+use crate::process::reaper::ExitStatus;
+use crate::report::console::human_duration;
+use crate::run::state::{StageState, Status};
+use crate::store::rundir::{RunDir, RunDirError};
 use protocol::report::{Report, StageReport};
 use protocol::status::{RunStatus, StageStatus};
 use std::path::Path;
@@ -16,7 +20,7 @@ use std::time::Instant;
 pub fn write(path: &std::path::Path, report: &Report) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
-    crate::rundir::write_replace(path, &bytes)
+    crate::store::rundir::write_replace(path, &bytes)
 }
 
 /// The report of a run directory, for `orchestrate report`. The journal is the truth:
@@ -25,9 +29,9 @@ pub fn write(path: &std::path::Path, report: &Report) -> std::io::Result<()> {
 /// report is rebuilt from it, and the run is shown as running (its directory's lock is held),
 /// finished, or interrupted (neither).
 pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
-    use crate::journal::{read_run_journal, JournalRecord};
-    let root = crate::rundir::existing_run(run_dir)?;
-    let records = read_run_journal(&root).map_err(crate::rundir::io_at(&root))?;
+    use crate::store::journal::{read_run_journal, JournalRecord};
+    let root = crate::store::rundir::existing_run(run_dir)?;
+    let records = read_run_journal(&root).map_err(crate::store::rundir::io_at(&root))?;
     let path = root.join("report.json");
     let mut report: Report = std::fs::read_to_string(&path)
         .ok()
@@ -122,7 +126,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
             }
         }
     }
-    let live = crate::rundir::live_owner(&root);
+    let live = crate::store::rundir::live_owner(&root);
     report.status = match (finished, &live) {
         (Some(status), _) => status,
         (None, Some(_)) => RunStatus::Running,
@@ -168,7 +172,11 @@ fn empty_stage(name: &str, root: &Path) -> StageReport {
 }
 
 /// Writes the report, or tells the user on the console why it could not.
-pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::console::Console) {
+pub fn write_or_warn(
+    path: &std::path::Path,
+    report: &Report,
+    console: &crate::report::console::Console,
+) {
     if let Err(e) = write(path, report) {
         console.warn(&format!("cannot write {}: {e}", path.display()));
     }
@@ -206,7 +214,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
         shown.retain(|s| s.status != StageStatus::Succeeded);
         hidden += before - shown.len();
     }
-    let name_w = crate::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
+    let name_w = crate::report::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
     let mut out = String::new();
     out.push_str(&format!(
         "\n{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
@@ -387,7 +395,7 @@ impl<'a> Snapshot<'a> {
                 _ => None,
             }),
             signal: last.and_then(|r| match r.exit {
-                Some(ExitStatus::Signal(s)) => Some(crate::supervisor::signal_name(s)),
+                Some(ExitStatus::Signal(s)) => Some(crate::process::tree::signal_name(s)),
                 _ => None,
             }),
             error,
@@ -421,8 +429,8 @@ impl<'a> Snapshot<'a> {
 
     /// Writes `report.json` (streamed; see [`write`] for the promises), or tells the user on
     /// the console why it could not.
-    pub(crate) fn write_or_warn(&self, path: &Path, console: &crate::console::Console) {
-        if let Err(e) = crate::rundir::write_json_replace(path, self) {
+    pub(crate) fn write_or_warn(&self, path: &Path, console: &crate::report::console::Console) {
+        if let Err(e) = crate::store::rundir::write_json_replace(path, self) {
             console.warn(&format!("cannot write {}: {e}", path.display()));
         }
     }

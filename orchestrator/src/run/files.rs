@@ -11,7 +11,7 @@
 use crate::error::Context;
 use crate::plan::LoadedPlan;
 use crate::report::Snapshot;
-use crate::rundir::RunDir;
+use crate::store::rundir::RunDir;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -38,14 +38,14 @@ impl RunFiles {
             .name("run-files".into())
             .spawn(move || {
                 let resolved = run_dir.root().join("plan.resolved.json");
-                let written = crate::rundir::write_json_replace(&resolved, &plan.as_run())
+                let written = crate::store::rundir::write_json_replace(&resolved, &plan.as_run())
                     .with_context(|| format!("cannot write {}", resolved.display()));
                 if !first_report {
                     return (written, None);
                 }
                 let report = run_dir.report_path();
                 let snapshot = Snapshot::all_pending(&plan, &run_dir, &gpu_check, started);
-                let warning = crate::rundir::write_json_replace(&report, &snapshot)
+                let warning = crate::store::rundir::write_json_replace(&report, &snapshot)
                     .err()
                     .map(|e| format!("cannot write {}: {e}", report.display()));
                 (written, warning)
@@ -55,7 +55,10 @@ impl RunFiles {
 
     /// Waits until the files are written. Returns the plan copy's failure, and tells
     /// `console` of the report's; `Ok` once they were waited for.
-    pub(crate) fn finish(&mut self, console: &crate::console::Console) -> crate::error::Result<()> {
+    pub(crate) fn finish(
+        &mut self,
+        console: &crate::report::console::Console,
+    ) -> crate::error::Result<()> {
         let Some(thread) = self.0.take() else {
             return Ok(());
         };
@@ -98,7 +101,7 @@ mod tests {
     fn the_plan_copy_and_a_first_report_with_every_stage_pending_are_written() {
         let dir = crate::testutil::scratch("run-files");
         let run_dir = RunDir::create(&dir.join("run")).unwrap();
-        let console = crate::console::Console::new(false, true);
+        let console = crate::report::console::Console::new(false, true);
         let mut files =
             RunFiles::start(plan(3), run_dir.clone(), "off".into(), Instant::now(), true).unwrap();
         files.finish(&console).unwrap();
@@ -124,7 +127,7 @@ mod tests {
         // A directory where the file goes: the rename over it fails.
         std::fs::create_dir(run_dir.root().join("plan.resolved.json")).unwrap();
         std::fs::write(run_dir.root().join("plan.resolved.json/x"), "x").unwrap();
-        let console = crate::console::Console::new(false, true);
+        let console = crate::report::console::Console::new(false, true);
         let mut files = RunFiles::start(
             plan(2),
             run_dir.clone(),

@@ -18,7 +18,7 @@
 //!   did not write, rename onto or touch is missing; a declared directory counts when this
 //!   attempt wrote at least one file in it (the rest may be what it resumed from).
 
-use crate::checksum::ReportedFile;
+use crate::store::checksum::ReportedFile;
 use protocol::report::CheckpointRecord;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -168,22 +168,23 @@ pub fn record(
     // The built-in worker is this project's own binary, which hashed its checkpoint as it
     // wrote it: its manifest's files are taken by identity. Anything else is read.
     let written_by_us = if builtin { reported } else { &[] };
-    let mut records = match crate::checksum::verify_manifest_dir_until(dir, written_by_us, abort) {
-        Ok(Some(records)) => records,
-        Ok(None) if builtin => {
-            return Err(OutputError::Missing(vec![dir
-                .join(protocol::checkpoint::MANIFEST_FILE)
-                .display()
-                .to_string()]))
-        }
-        Ok(None) => Vec::new(),
-        Err(crate::checksum::VerifyError::Unreadable { source, .. })
-            if source.kind() == std::io::ErrorKind::Interrupted =>
-        {
-            return Err(OutputError::Interrupted)
-        }
-        Err(why) => return Err(OutputError::Refused(why.to_string())),
-    };
+    let mut records =
+        match crate::store::checksum::verify_manifest_dir_until(dir, written_by_us, abort) {
+            Ok(Some(records)) => records,
+            Ok(None) if builtin => {
+                return Err(OutputError::Missing(vec![dir
+                    .join(protocol::checkpoint::MANIFEST_FILE)
+                    .display()
+                    .to_string()]))
+            }
+            Ok(None) => Vec::new(),
+            Err(crate::store::checksum::VerifyError::Unreadable { source, .. })
+                if source.kind() == std::io::ErrorKind::Interrupted =>
+            {
+                return Err(OutputError::Interrupted)
+            }
+            Err(why) => return Err(OutputError::Refused(why.to_string())),
+        };
     let root = std::fs::canonicalize(dir).map_err(|e| {
         OutputError::Refused(format!(
             "cannot open the output directory {}: {e}",
@@ -206,8 +207,8 @@ pub fn record(
         if records.len() >= MAX_OUTPUT_FILES {
             return Err(too_many(dir));
         }
-        let (checksum, bytes) =
-            crate::checksum::record_file(&path, reported, abort).map_err(|e| {
+        let (checksum, bytes) = crate::store::checksum::record_file(&path, reported, abort)
+            .map_err(|e| {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     OutputError::Interrupted
                 } else {
@@ -276,7 +277,7 @@ impl Walk<'_> {
             return Ok(());
         }
         if !meta.is_dir() {
-            let kind = crate::user_file::non_regular_kind(&meta).unwrap_or("not a file");
+            let kind = crate::store::user_file::non_regular_kind(&meta).unwrap_or("not a file");
             return Err(OutputError::Refused(format!(
                 "{} is {kind}: an output must be a regular file, or a directory of them",
                 path.display()

@@ -1,5 +1,5 @@
 //! Starting and stopping a stage's process tree. [`spawn`] is the one spawn path of the
-//! orchestrator: a built-in worker is forked by the fork server ([`crate::forkserver`]) when
+//! orchestrator: a built-in worker is forked by the fork server ([`crate::process::fork_server`]) when
 //! it can be, and exec'd otherwise; both give the same process, as promised below.
 //!
 //! Promises:
@@ -10,8 +10,8 @@
 //! - [`stop_tree`] returns only once no process of the stage is alive (or reports the ones
 //!   the kernel would not kill).
 
-use crate::proctree::{self, TOKEN_VAR};
-use crate::reaper::{ExitWait, Reaper};
+use crate::process::reaper::{ExitWait, Reaper};
+use crate::process::scan::{self, TOKEN_VAR};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::io;
@@ -41,16 +41,16 @@ pub struct Launch {
     pub gpu_holders: Vec<u32>,
     /// Where `stdout` and `stderr` go once the stage has its own descriptors of them (closed
     /// there, off this thread); closed here when `None`.
-    pub close_later: Option<crate::channel::Discards>,
+    pub close_later: Option<crate::attempt::channel::Discards>,
 }
 
 impl Launch {
     /// Gives the log descriptors to [`Launch::close_later`], if set (dropped otherwise).
     fn release_logs(self) {
         if let Some(list) = self.close_later {
-            list.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(crate::channel::Discarded::Logs([self.stdout, self.stderr]));
+            list.lock().unwrap_or_else(|e| e.into_inner()).push(
+                crate::attempt::channel::Discarded::Logs([self.stdout, self.stderr]),
+            );
         }
     }
 }
@@ -69,16 +69,17 @@ pub struct StageProcess {
 }
 
 /// The orchestrator's environment without its own `ORCHESTRATE_*` variables: what every
-/// stage inherits, written out for `execve` ([`crate::spawn::EnvBase`]). Read once (the
+/// stage inherits, written out for `execve` ([`crate::process::spawn::EnvBase`]). Read once (the
 /// orchestrator never changes its environment).
-fn inherited() -> &'static crate::spawn::EnvBase {
-    static INHERITED: std::sync::OnceLock<crate::spawn::EnvBase> = std::sync::OnceLock::new();
+fn inherited() -> &'static crate::process::spawn::EnvBase {
+    static INHERITED: std::sync::OnceLock<crate::process::spawn::EnvBase> =
+        std::sync::OnceLock::new();
     INHERITED.get_or_init(|| {
         let vars: Vec<(String, String)> = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| !k.starts_with("ORCHESTRATE_"))
             .collect();
-        crate::spawn::EnvBase::new(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        crate::process::spawn::EnvBase::new(vars.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     })
 }
 
@@ -114,8 +115,8 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
     if launch.argv.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     }
-    if launch.fork_server && crate::forkserver::enabled() {
-        match crate::forkserver::spawn(
+    if launch.fork_server && crate::process::fork_server::enabled() {
+        match crate::process::fork_server::spawn(
             &launch.argv,
             &stage_environment(&launch),
             &launch.cwd,
@@ -125,7 +126,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             reaper,
         ) {
             Ok(pid) => {
-                proctree::note_stage(pid, &launch.token);
+                scan::note_stage(pid, &launch.token);
                 let process = StageProcess {
                     pid,
                     token: std::mem::take(&mut launch.token),
@@ -147,7 +148,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             DEV_NULL.get_or_init(|| file)
         }
     };
-    let spawned = crate::spawn::spawn(&crate::spawn::Request {
+    let spawned = crate::process::spawn::spawn(&crate::process::spawn::Request {
         argv: &launch.argv,
         env: &env,
         env_base: Some(inherited()),
@@ -162,7 +163,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         None => reaper.watch(spawned.pid),
     };
     drop(env);
-    proctree::note_stage(spawned.pid, &launch.token);
+    scan::note_stage(spawned.pid, &launch.token);
     let process = StageProcess {
         pid: spawned.pid,
         token: std::mem::take(&mut launch.token),
@@ -176,7 +177,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
 /// Sends `signal` to the stage's process group and to every process of its tree.
 pub fn signal_tree(leader: i32, token: &str, signal: Signal) {
     let _ = killpg(Pid::from_raw(leader), signal);
-    for p in proctree::stage_members(leader, token) {
+    for p in scan::stage_members(leader, token) {
         let _ = kill(Pid::from_raw(p.pid), signal);
     }
 }
@@ -200,24 +201,24 @@ pub struct StopSummary {
 }
 
 fn describe(leader: i32, token: &str) -> Vec<StoppedProcess> {
-    proctree::stage_members(leader, token)
+    scan::stage_members(leader, token)
         .into_iter()
         .map(|p| StoppedProcess {
             pid: p.pid,
-            name: proctree::comm(p.pid),
+            name: scan::comm(p.pid),
         })
         .collect()
 }
 
 /// Stops every process of the stage: SIGTERM (unless `grace` is zero), up to `grace` for them
 /// to exit, then SIGKILL; returns once none is alive, or after 10 s more with the survivors.
-/// The stage is then over: orphans born later are not its ([`proctree::forget_stage`]).
+/// The stage is then over: orphans born later are not its ([`scan::forget_stage`]).
 pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reaper) -> StopSummary {
     /// Forgets the stage however `stop_tree` ends (returned, or dropped half-way).
     struct Over(i32);
     impl Drop for Over {
         fn drop(&mut self) {
-            proctree::forget_stage(self.0);
+            scan::forget_stage(self.0);
         }
     }
     let _over = Over(leader);
@@ -250,9 +251,9 @@ pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reape
 
 /// Polls until no process of the stage is alive; false if `limit` passed first.
 pub async fn wait_until_gone(leader: i32, token: &str, limit: Duration, reaper: &Reaper) -> bool {
-    crate::backoff::poll(limit, Duration::from_millis(25), || {
+    crate::process::backoff::poll(limit, Duration::from_millis(25), || {
         reaper.reap_now();
-        proctree::stage_members(leader, token).is_empty()
+        scan::stage_members(leader, token).is_empty()
     })
     .await
 }

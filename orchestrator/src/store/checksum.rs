@@ -17,7 +17,7 @@ pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// Checksum under `algorithm` and size of a regular file, read once. Anything else (a FIFO, a
-/// device, a directory) is refused without blocking: see [`crate::user_file::open_regular`].
+/// device, a directory) is refused without blocking: see [`crate::store::user_file::open_regular`].
 pub fn checksum_file(path: &Path, algorithm: Algorithm) -> std::io::Result<(Checksum, u64)> {
     checksum_file_until(path, algorithm, &NEVER)
 }
@@ -29,7 +29,7 @@ pub fn checksum_file_until(
     algorithm: Algorithm,
     abort: &AtomicBool,
 ) -> std::io::Result<(Checksum, u64)> {
-    let (mut file, _) = crate::user_file::open_regular(path).map_err(into_io)?;
+    let (mut file, _) = crate::store::user_file::open_regular(path).map_err(into_io)?;
     let mut hasher = Hasher::new(algorithm);
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
@@ -55,9 +55,9 @@ pub fn interrupted() -> std::io::Error {
     )
 }
 
-fn into_io(e: crate::user_file::UserFileError) -> std::io::Error {
+fn into_io(e: crate::store::user_file::UserFileError) -> std::io::Error {
     match e {
-        crate::user_file::UserFileError::Io(e) => e,
+        crate::store::user_file::UserFileError::Io(e) => e,
         other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
     }
 }
@@ -153,7 +153,7 @@ pub fn check_file_until(
     abort: &AtomicBool,
 ) -> Result<(), FileMismatch> {
     let meta = std::fs::metadata(path).map_err(FileMismatch::Missing)?;
-    if let Some(kind) = crate::user_file::non_regular_kind(&meta) {
+    if let Some(kind) = crate::store::user_file::non_regular_kind(&meta) {
         return Err(FileMismatch::Unreadable(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!("it is {kind}, not a regular file"),
@@ -287,9 +287,11 @@ pub fn verify_manifest_dir_until(
     abort: &AtomicBool,
 ) -> Result<Option<Vec<CheckpointRecord>>, VerifyError> {
     let manifest_path = dir.join(MANIFEST_FILE);
-    let text = match crate::user_file::read_regular(&manifest_path, MAX_MANIFEST_BYTES) {
+    let text = match crate::store::user_file::read_regular(&manifest_path, MAX_MANIFEST_BYTES) {
         Ok(bytes) => bytes,
-        Err(crate::user_file::UserFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(crate::store::user_file::UserFileError::Io(e))
+            if e.kind() == std::io::ErrorKind::NotFound =>
+        {
             return Ok(None)
         }
         Err(e) => {

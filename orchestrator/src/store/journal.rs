@@ -301,7 +301,7 @@ impl Journal {
 /// `root` (they are stored relative to it; older journals hold absolute paths, kept as they
 /// are).
 pub fn read_run_journal(root: &Path) -> io::Result<Vec<JournalRecord>> {
-    let path = root.join(crate::rundir::JOURNAL_FILE);
+    let path = root.join(crate::store::rundir::JOURNAL_FILE);
     let mut records = read_journal(&path).map_err(|e| match e.kind() {
         io::ErrorKind::InvalidData => e, // names the file already
         _ => at(&path, e),

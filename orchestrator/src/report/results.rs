@@ -61,7 +61,7 @@ pub fn has_rows(plan: &LoadedPlan) -> bool {
 /// Writes `results.csv` and `results.json` into `dir` and returns the console table, taking
 /// the rows one at a time from `report` (stage index → record): memory stays flat however
 /// many instances there are. Each file is replaced atomically (see
-/// [`crate::rundir::write_replace`]).
+/// [`crate::store::rundir::write_replace`]).
 pub fn write(
     plan: &LoadedPlan,
     report: &dyn Fn(usize) -> StageReport,
@@ -80,7 +80,7 @@ pub fn write(
     let mut seen = BTreeSet::new();
     let mut total = 0usize;
     let mut shown: Vec<Row> = Vec::new();
-    crate::rundir::write_replace_with(&dir.join("results.json"), |out| {
+    crate::store::rundir::write_replace_with(&dir.join("results.json"), |out| {
         out.write_all(b"[")?;
         for row in rows() {
             out.write_all(if total == 0 { b"\n" } else { b",\n" })?;
@@ -97,7 +97,7 @@ pub fn write(
         }
         out.write_all(b"\n]\n")
     })?;
-    crate::rundir::write_replace_with(&dir.join("results.csv"), |out| {
+    crate::store::rundir::write_replace_with(&dir.join("results.csv"), |out| {
         writeln!(out, "{}", columns.join(","))?;
         for row in rows() {
             let line: Vec<String> = columns
@@ -151,7 +151,7 @@ fn to_table(rows: &[Row], total: usize) -> String {
     let instances = rows
         .iter()
         .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()));
-    let width = crate::table::column_width("instance", instances);
+    let width = crate::report::table::column_width("instance", instances);
     let mut out = format!("\n{:<width$}  {:<10} results\n", "instance", "status");
     let mut hidden = total - rows.len();
     for row in rows {

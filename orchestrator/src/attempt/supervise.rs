@@ -5,11 +5,11 @@
 //! it used have a reclaim verdict (when the check runs); the outputs of a successful attempt
 //! are verified and checksummed; a failed attempt has a [`Failure`] that names what happened.
 
-use crate::channel::{ChannelItem, EventChannel};
-use crate::console::Console;
+use crate::attempt::channel::{ChannelItem, EventChannel};
 use crate::gpu::{await_reclaim, GpuInfo, MemoryProbe};
-use crate::reaper::{ExitStatus, Reaper, ResourceUsage};
-use crate::supervisor::{self, Launch, StoppedProcess};
+use crate::process::reaper::{ExitStatus, Reaper, ResourceUsage};
+use crate::process::tree::{self as tree, Launch, StoppedProcess};
+use crate::report::console::Console;
 use nix::sys::signal::Signal;
 use protocol::report::{CheckpointRecord, GpuRecord, GpuVerdict};
 use protocol::worker::{WorkerEvent, EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY};
@@ -46,7 +46,7 @@ pub struct Opened {
     pub socket: PathBuf,
     /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]), and
     /// the log files once its process has them.
-    pub discards: Option<crate::channel::Discards>,
+    pub discards: Option<crate::attempt::channel::Discards>,
 }
 
 impl Opened {
@@ -80,7 +80,7 @@ pub struct AttemptPlan {
     pub declared_outputs: Vec<String>,
     /// The declared outputs earlier attempts left in the output directory, found before this
     /// attempt started: they count only if this attempt writes them again.
-    pub left_over: std::sync::Arc<crate::outputs::LeftOver>,
+    pub left_over: std::sync::Arc<crate::attempt::outputs::LeftOver>,
     /// GPUs given to the attempt.
     pub gpus: Vec<GpuInfo>,
     /// Time limit.
@@ -291,14 +291,14 @@ fn graceful_stop(plan: &AttemptPlan, leader: i32, token: &str) {
     if plan.graceful_to_leader {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(leader), Signal::SIGTERM);
     } else {
-        supervisor::signal_tree(leader, token, Signal::SIGTERM);
+        tree::signal_tree(leader, token, Signal::SIGTERM);
     }
 }
 
 /// An attempt whose processes are running.
 pub struct Launched {
     plan: AttemptPlan,
-    child: supervisor::StageProcess,
+    child: tree::StageProcess,
     copiers: Vec<tokio::task::JoinHandle<()>>,
     spawned_unix: f64,
     channel: EventChannel,
@@ -399,7 +399,7 @@ pub fn start_attempt(
     }
     let token = format!(
         "{}-{}-{}-{}",
-        crate::proctree::own_pid(),
+        crate::process::scan::own_pid(),
         services.run_id,
         plan.name,
         crate::timefmt::unix_ms()
@@ -408,11 +408,14 @@ pub fn start_attempt(
         let fail =
             |e: std::io::Error| Failure::SpawnFailed(format!("cannot create an output pipe: {e}"));
         (
-            crate::echo::echoed(stdout, &plan.name, false).map_err(fail)?,
-            crate::echo::echoed(stderr, &plan.name, true).map_err(fail)?,
+            crate::attempt::echo::echoed(stdout, &plan.name, false).map_err(fail)?,
+            crate::attempt::echo::echoed(stderr, &plan.name, true).map_err(fail)?,
         )
     } else {
-        (crate::echo::direct(stdout), crate::echo::direct(stderr))
+        (
+            crate::attempt::echo::direct(stdout),
+            crate::attempt::echo::direct(stderr),
+        )
     };
     let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
     let gpu_holders = match &services.probe {
@@ -440,7 +443,7 @@ pub fn start_attempt(
     };
     // Taken before the spawn, so that start-up figures include the spawn itself.
     let spawned_unix = crate::timefmt::unix_secs_f64();
-    let child = supervisor::spawn(launch, &services.reaper).map_err(|e| {
+    let child = tree::spawn(launch, &services.reaper).map_err(|e| {
         Failure::SpawnFailed(format!(
             "`{}`: {e}",
             plan.argv.first().map(String::as_str).unwrap_or("")
@@ -464,7 +467,7 @@ pub fn start_attempt(
 /// another stage then); when it returns true (the caller has a stage to start), this function
 /// yields once right after, so that the caller can start it. `succeeded` is
 /// called, if given, as soon as the attempt is known to have succeeded (its outputs verified),
-/// before its result is put together (see [`crate::handover`]).
+/// before its result is put together (see `crate::attempt::handover`).
 pub async fn supervise(
     launched: Launched,
     services: &Services,
@@ -504,8 +507,8 @@ pub async fn supervise(
             // A stage is first sampled a whole period after it started, as it was with a
             // timer of its own: a sweep's short stages never scan `/proc` for it.
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
-                let members = crate::proctree::stage_members(child.pid, &child.token);
-                let rss = members.iter().map(|p| crate::proctree::rss_bytes(p.pid)).sum::<u64>();
+                let members = crate::process::scan::stage_members(child.pid, &child.token);
+                let rss = members.iter().map(|p| crate::process::scan::rss_bytes(p.pid)).sum::<u64>();
                 tree_rss_peak = tree_rss_peak.max(rss);
             },
             item = channel.next() => state.absorb(item, &plan.name, console, started),
@@ -522,7 +525,7 @@ pub async fn supervise(
                 kill_at = Some(tokio::time::Instant::now() + plan.grace);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && !sent_kill => {
-                supervisor::signal_tree(child.pid, &child.token, Signal::SIGKILL);
+                tree::signal_tree(child.pid, &child.token, Signal::SIGKILL);
                 sent_kill = true;
             }
             changed = cancel.changed(), if !cancel_closed => {
@@ -537,7 +540,7 @@ pub async fn supervise(
                     },
                     CancelLevel::Kill => {
                         cancelled = true;
-                        supervisor::signal_tree(child.pid, &child.token, Signal::SIGKILL);
+                        tree::signal_tree(child.pid, &child.token, Signal::SIGKILL);
                         sent_kill = true;
                     }
                 }
@@ -562,7 +565,7 @@ pub async fn supervise(
     } else {
         plan.grace
     };
-    let summary = supervisor::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
+    let summary = tree::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
     if !summary.found.is_empty() {
         // A fork bomb's worth of pids on one line helps nobody: the first few, then a count
         // (the report lists every one).
@@ -610,7 +613,7 @@ pub async fn supervise(
     // GPU verdicts, now that every process of the stage is gone.
     let mut gpu_records = Vec::new();
     if let Some(probe) = &probe {
-        let ours = crate::guard::token_prefix(std::process::id()).into_bytes();
+        let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
         let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
         for (uuid, baseline, peak) in &baselines {
             let v = await_reclaim(
@@ -720,7 +723,7 @@ struct EventState {
     violations: Vec<String>,
     unlisted_violations: u64,
     /// Files the stage reported writing, with the checksums it computed while writing.
-    reported: Vec<crate::checksum::ReportedFile>,
+    reported: Vec<crate::store::checksum::ReportedFile>,
 }
 
 impl EventState {
@@ -769,7 +772,7 @@ impl EventState {
                 let checksum = protocol::checkpoint::Checksum::from_event(sha256, blake3);
                 if let (Some(checksum), Some(bytes), Some(identity)) = (checksum, bytes, identity) {
                     if self.reported.len() < 10_000 {
-                        self.reported.push(crate::checksum::ReportedFile {
+                        self.reported.push(crate::store::checksum::ReportedFile {
                             checksum,
                             bytes,
                             identity,
@@ -845,21 +848,19 @@ fn classify(
         Some(ExitStatus::Signal(sig)) if sig == libc::SIGKILL && !we_killed => {
             Outcome::Failed(Failure::KilledExternally)
         }
-        Some(ExitStatus::Signal(sig)) => {
-            Outcome::Failed(Failure::Signal(supervisor::signal_name(sig)))
-        }
+        Some(ExitStatus::Signal(sig)) => Outcome::Failed(Failure::Signal(tree::signal_name(sig))),
     }
 }
 
-/// Verifies and records a finished attempt's outputs ([`crate::outputs::record`]) on a
+/// Verifies and records a finished attempt's outputs ([`crate::attempt::outputs::record`]) on a
 /// blocking thread, while still answering `cancel`: a stop request raises the hashing's abort
 /// flag, which ends it within a mebibyte, and the attempt is then cancelled.
 async fn verify_outputs(
     plan: &AttemptPlan,
-    reported: Vec<crate::checksum::ReportedFile>,
+    reported: Vec<crate::store::checksum::ReportedFile>,
     cancel: &mut watch::Receiver<CancelLevel>,
 ) -> Result<Vec<CheckpointRecord>, Outcome> {
-    use crate::outputs::OutputError;
+    use crate::attempt::outputs::OutputError;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let abort = Arc::new(AtomicBool::new(false));
@@ -867,8 +868,8 @@ async fn verify_outputs(
     let verdict =
         if plan.declared_outputs.is_empty() && std::fs::symlink_metadata(&manifest).is_err() {
             // Nothing to read: one failed look is cheaper than a trip to a blocking thread.
-            let none = crate::outputs::LeftOver::default();
-            crate::outputs::record(
+            let none = crate::attempt::outputs::LeftOver::default();
+            crate::attempt::outputs::record(
                 &plan.output_dir,
                 &[],
                 plan.builtin,
@@ -883,7 +884,7 @@ async fn verify_outputs(
             let left = plan.left_over.clone();
             let flag = abort.clone();
             let mut work = tokio::task::spawn_blocking(move || {
-                crate::outputs::record(&dir, &declared, builtin, &reported, &left, &flag)
+                crate::attempt::outputs::record(&dir, &declared, builtin, &reported, &left, &flag)
             });
             let mut cancel_open = true;
             loop {
@@ -909,7 +910,7 @@ async fn verify_outputs(
 }
 
 /// Opens the stage's logs for appending (its directory exists: see
-/// [`crate::rundir::RunDir::prepare_stage_dirs`]), writes `header` to both, and returns them with
+/// [`crate::store::rundir::RunDir::prepare_stage_dirs`]), writes `header` to both, and returns them with
 /// the length of stderr after the header (where this attempt's stderr begins).
 fn open_logs(
     stage_dir: &Path,

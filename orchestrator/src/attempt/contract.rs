@@ -30,7 +30,7 @@ pub struct ContractPaths<'a> {
     pub attempt: u32,
     /// Whether the output directory holds an earlier attempt's files.
     pub resumable: bool,
-    /// The attempt's rendezvous port ([`crate::rendezvous`]): `{master_port}`, and
+    /// The attempt's rendezvous port ([`crate::attempt::rendezvous`]): `{master_port}`, and
     /// `MASTER_PORT`/`PET_MASTER_PORT` unless the plan's `env` sets them.
     pub master_port: Option<u16>,
 }
@@ -79,7 +79,7 @@ pub fn environment(
         env.push((input_env_var(name), dir.to_string_lossy().into_owned()));
     }
     if let Some(port) = paths.master_port {
-        for var in crate::rendezvous::PORT_VARS {
+        for var in crate::attempt::rendezvous::PORT_VARS {
             if !plan_env.contains_key(var) {
                 env.push((var.to_string(), port.to_string()));
             }

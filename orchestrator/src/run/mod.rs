@@ -3,28 +3,31 @@
 //!
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
 //! were verified; a GPU is given to one stage at a time; the journal gets a record at every
-//! state change (fsynced as [`crate::journal`] says) and `report.json` is rewritten as attempts
+//! state change (fsynced as [`crate::store::journal`] says) and `report.json` is rewritten as attempts
 //! finish (at most once a second, at most 0.2% of the time, and at the end); SIGINT/SIGTERM stop
 //! running stages gracefully (a second one kills them); when it returns no stage process is
 //! alive.
 //!
 //! While a single stage runs, the stage that will start when it ends may be started by that
-//! stage's own task at the point the runner would have started it ([`crate::handover`]); the
+//! stage's own task at the point the runner would have started it (`crate::attempt::handover`); the
 //! runner records such a start (journal, console, its supervising task) when it learns of it,
 //! after the ending stage's own end record for a chain's next stage.
 
-use crate::console::Console;
+pub(crate) mod files;
+pub mod state;
+
+use crate::attempt::handover::{self, NextUp, Started, Successor};
+use crate::attempt::supervise::{self as stage, AttemptResult, CancelLevel, Outcome, Services};
 use crate::error::{Context, Error, Result};
 use crate::exit;
 use crate::gpu::{self, GpuInfo, MemoryProbe};
-use crate::handover::{self, NextUp, Started, Successor};
 use crate::host::Host;
-use crate::journal::{Journal, JournalRecord};
 use crate::plan::LoadedPlan;
+use crate::report::console::Console;
 use crate::report::Snapshot;
-use crate::rundir::{write_replace, RunDir};
-use crate::stage::{self, AttemptResult, CancelLevel, Outcome, Services};
-use crate::state::{LastAttempt, StageState, Status};
+use crate::run::state::{LastAttempt, StageState, Status};
+use crate::store::journal::{Journal, JournalRecord};
+use crate::store::rundir::{write_replace, RunDir};
 use protocol::plan::{GpuCheck, OnLeak};
 use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
@@ -45,7 +48,7 @@ enum StageNews {
     /// Stage `i` gave its slot back early (its tree is gone; its result follows).
     Freed(usize),
     /// Stage `i` gave its slot to its planned successor, which it started (see
-    /// [`crate::handover`]; its result follows).
+    /// [`crate::attempt::handover`]; its result follows).
     HandedOver(usize, Started),
     /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
     /// when it succeeded ([`handover::Kind::Chain`]).
@@ -143,7 +146,10 @@ async fn run_in_span(
     }
     let needs_worker = stages.iter().any(|s| s.kind.is_some());
     let worker = if needs_worker {
-        Some(crate::attempt::resolve_worker(worker.as_deref(), &plan)?)
+        Some(crate::attempt::prepare::resolve_worker(
+            worker.as_deref(),
+            &plan,
+        )?)
     } else {
         None
     };
@@ -197,15 +203,15 @@ async fn run_in_span(
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
-    let fingerprints = crate::fingerprint::Background::start(plan.clone());
+    let fingerprints = crate::store::fingerprint::Background::start(plan.clone());
     let decisions = if resume {
         let path = run_dir.journal_path();
-        if crate::journal::repair_tail(&path)
+        if crate::store::journal::repair_tail(&path)
             .with_context(|| format!("cannot repair {}", path.display()))?
         {
             console.warn("the journal's last line was torn (a crash mid-write); it was cut off");
         }
-        let records = crate::journal::read_run_journal(run_dir.root())?;
+        let records = crate::store::journal::read_run_journal(run_dir.root())?;
         // Verifying kept outputs re-reads every checkpoint: off this thread, which other runs
         // of the same host (the daemon's) share, and given up at once when the run is stopped
         // (the stop then applies before any stage starts).
@@ -216,7 +222,7 @@ async fn run_in_span(
             let abort = std::sync::Arc::new(AtomicBool::new(false));
             let flag = abort.clone();
             let mut work = tokio::task::spawn_blocking(move || {
-                crate::resume::decide_until(&plan, &prints.all(), &records, &flag)
+                crate::store::resume::decide_until(&plan, &prints.all(), &records, &flag)
             });
             let mut listening = true;
             loop {
@@ -236,7 +242,7 @@ async fn run_in_span(
         console.detail(&format!(
             "resuming {}:\n{}",
             run_dir.root().display(),
-            crate::resume::render(&plan, &decisions)
+            crate::store::resume::render(&plan, &decisions)
         ));
         Some(decisions)
     } else {
@@ -280,7 +286,7 @@ async fn run_in_span(
     let mut states: Vec<StageState> = Vec::with_capacity(stages.len());
     for (i, stage) in stages.iter().enumerate() {
         let state = match decisions.as_ref().map(|d| &d[i]) {
-            Some(crate::resume::Decision::Keep {
+            Some(crate::store::resume::Decision::Keep {
                 attempts,
                 checkpoints,
                 metrics,
@@ -295,7 +301,7 @@ async fn run_in_span(
                 )),
                 failure: None,
             },
-            Some(crate::resume::Decision::Run {
+            Some(crate::store::resume::Decision::Run {
                 attempts,
                 clear_output,
                 ..
@@ -369,7 +375,7 @@ async fn run_in_span(
     // A report exists from the start, so `orchestrate report` has something to show even if
     // this process is killed before the first stage ends: with `plan.resolved.json`, written
     // while the first stages run (a resumed run's, with the stages it keeps, here).
-    let mut run_files = crate::run_files::RunFiles::start(
+    let mut run_files = crate::run::files::RunFiles::start(
         plan.clone(),
         run_dir.clone(),
         gpu_check.clone(),
@@ -423,8 +429,9 @@ async fn run_in_span(
     let sockets = run_sockets.path();
     // First attempts' files are written ahead by the preparer thread: the next ready stages,
     // and the stages that wait only on a stage that just started.
-    let preparer = crate::prepare::Preparer::start(stages.len(), tokio::runtime::Handle::current())
-        .context("cannot start the stage-files thread")?;
+    let preparer =
+        crate::attempt::preparer::Preparer::start(stages.len(), tokio::runtime::Handle::current())
+            .context("cannot start the stage-files thread")?;
     let on_cpu = |j: usize| stages[j].gpus_wanted() == 0 || !machine_has_gpus;
     // Whether stage `j` is one whose first attempt's files the preparer should write.
     let wants_files = |j: usize, states: &[StageState]| {
@@ -434,8 +441,8 @@ async fn run_in_span(
     // and its socket bound too, not only written.
     let prepare_ahead = |j: usize, states: &[StageState], open: bool| {
         if wants_files(j, states) {
-            let inputs = crate::attempt::Layout::inputs_of(&plan, j, &run_dir);
-            let layout = crate::attempt::Layout::new(
+            let inputs = crate::attempt::prepare::Layout::inputs_of(&plan, j, &run_dir);
+            let layout = crate::attempt::prepare::Layout::new(
                 &plan,
                 j,
                 &run_dir,
@@ -443,7 +450,7 @@ async fn run_in_span(
                 protocol::worker::Device::Cpu,
                 inputs,
             );
-            let socket = open.then(|| crate::attempt::socket_path(sockets, j, 1));
+            let socket = open.then(|| crate::attempt::prepare::socket_path(sockets, j, 1));
             preparer.queue(j, layout, socket);
         }
     };
@@ -557,7 +564,7 @@ async fn run_in_span(
                             .max(1);
                         (cpus / sharing).max(1)
                     });
-                    let attempt_plan = match crate::attempt::prepare_attempt(
+                    let attempt_plan = match crate::attempt::prepare::prepare_attempt(
                         &plan,
                         i,
                         attempt,
@@ -753,7 +760,7 @@ async fn run_in_span(
                 };
                 if let Some((j, kind)) = candidate.filter(|&(j, _)| eligible(j)) {
                     let written = preparer.claim(j);
-                    let planned = crate::attempt::prepare_attempt(
+                    let planned = crate::attempt::prepare::prepare_attempt(
                         &plan,
                         j,
                         1,
@@ -888,7 +895,7 @@ async fn run_in_span(
                     Outcome::Failed(failure) => {
                         let msg = failure.describe();
                         let retry = failure.retryable() && attempt <= stages[i].retries && !interrupted;
-                        let note = if retry { format!("{msg}; retrying in {}", crate::console::human_duration(retry_backoff(attempt))) } else { msg.clone() };
+                        let note = if retry { format!("{msg}; retrying in {}", crate::report::console::human_duration(retry_backoff(attempt))) } else { msg.clone() };
                         console.stage_finished(&name, StageStatus::Failed, &note, result.wall);
                         if let Some(tail) = result.stderr_tail.as_deref().filter(|t| !t.trim().is_empty() && !retry) {
                             console.detail(&format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n"));
@@ -1030,8 +1037,10 @@ async fn run_in_span(
     // `report.json` and the results are independent files: written at once, on two threads
     // (at 100,000 stages each takes a tenth of a second or more, after the last stage).
     let results = std::thread::scope(|scope| {
-        let results = crate::results::has_rows(&plan).then(|| {
-            scope.spawn(|| crate::results::write(&plan, &|i| report.stage(i), run_dir.root()))
+        let results = crate::report::results::has_rows(&plan).then(|| {
+            scope.spawn(|| {
+                crate::report::results::write(&plan, &|i| report.stage(i), run_dir.root())
+            })
         });
         report.write_or_warn(&report_path, &console);
         results.map(|thread| {
@@ -1106,7 +1115,7 @@ fn fail_before_start(
     class: FailureClass,
     msg: String,
     plan: &LoadedPlan,
-    fingerprints: &crate::fingerprint::Background,
+    fingerprints: &crate::store::fingerprint::Background,
     states: &mut [StageState],
     journal: &mut Journal,
     console: &Console,
@@ -1167,7 +1176,7 @@ fn escalate(
             *interrupted = true;
             console.warn(&format!(
                 "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
-                crate::console::human_duration(grace)
+                crate::report::console::human_duration(grace)
             ));
             let _ = stages.send(CancelLevel::Graceful);
         }

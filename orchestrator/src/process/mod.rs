@@ -1,0 +1,19 @@
+//! Processes: starting a stage's first process (by `clone` and exec, or through the fork
+//! server), collecting exit statuses, finding every live process of a stage, and the guard that
+//! kills them all if `orchestrate` dies.
+//!
+//! - [`spawn`]: the exec path, at a cost that does not grow with the orchestrator;
+//! - [`fork_server`]: built-in workers forked from a warm `stage-worker`;
+//! - [`tree`]: starting and stopping a stage's process tree through either;
+//! - [`reaper`]: the one place that reaps;
+//! - [`scan`]: a stage's members, from `/proc`;
+//! - [`guard`]: the companion that outlives a crash;
+//! - [`backoff`]: polling for what is expected to happen soon.
+
+pub mod backoff;
+pub mod fork_server;
+pub mod guard;
+pub mod reaper;
+pub mod scan;
+pub mod spawn;
+pub mod tree;
