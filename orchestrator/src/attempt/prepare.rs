@@ -200,20 +200,43 @@ fn pretty(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
     serde_json::to_vec_pretty(value).map_err(std::io::Error::other)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What every attempt of a run is prepared from.
+#[derive(Clone, Copy)]
+pub(crate) struct AttemptContext<'a> {
+    /// The run's plan.
+    pub(crate) plan: &'a LoadedPlan,
+    /// Where the run writes.
+    pub(crate) run_dir: &'a RunDir,
+    /// Every stage's state (an attempt's inputs are its upstream stages' verified outputs).
+    pub(crate) states: &'a [StageState],
+    /// The `stage-worker` binary, when a stage of the plan is built in.
+    pub(crate) worker: Option<&'a Path>,
+    /// Whether stages that ask for GPUs get them (else they run on the CPU).
+    pub(crate) machine_has_gpus: bool,
+    /// The run's event sockets' directory.
+    pub(crate) socket_dir: &'a Path,
+}
+
+/// Prepares attempt `attempt` of stage `i` on `gpus`: checks that its inputs are still what
+/// was verified, writes its files (unless the preparer did: `prepared` says whether its output
+/// directory was new then), and makes its environment and argv. `cpu_threads`: the threads a
+/// built-in stage on the CPU uses (its `OMP_NUM_THREADS`, unless set).
 pub(crate) fn prepare_attempt(
-    plan: &LoadedPlan,
+    context: &AttemptContext<'_>,
     i: usize,
     attempt: u32,
-    run_dir: &RunDir,
-    states: &[StageState],
-    worker: Option<&Path>,
     gpus: &[GpuInfo],
-    machine_has_gpus: bool,
-    socket_dir: &Path,
     cpu_threads: Option<usize>,
     prepared: Option<bool>,
 ) -> Result<AttemptPlan, Failure> {
+    let AttemptContext {
+        plan,
+        run_dir,
+        states,
+        worker,
+        machine_has_gpus,
+        socket_dir,
+    } = *context;
     let stage = plan.stage_as_run(i);
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
     let device = if gpus.is_empty() {

@@ -460,20 +460,104 @@ pub fn start_attempt(
     })
 }
 
-/// Supervises a launched attempt to its end. See the module promises.
-///
-/// `tree_gone` is called, if given, as soon as the first process has exited with status 0 and
-/// no process of the stage is left, before the outputs are verified (the caller may start
-/// another stage then); when it returns true (the caller has a stage to start), this function
-/// yields once right after, so that the caller can start it. `succeeded` is
-/// called, if given, as soon as the attempt is known to have succeeded (its outputs verified),
-/// before its result is put together (see `crate::attempt::handover`).
+/// The run's side of an attempt's hand-over points (see `crate::attempt::handover`).
+pub trait AttemptHooks {
+    /// Called as soon as the first process has exited with status 0 and no process of the
+    /// stage is left, before the outputs are verified (the caller may start another stage
+    /// then). True when the caller has a stage to start: [`supervise`] then yields once right
+    /// after, so that the caller can start it.
+    fn tree_gone(&mut self) -> bool;
+    /// Called as soon as the attempt is known to have succeeded (its outputs verified), before
+    /// its result is put together.
+    fn succeeded(&mut self);
+}
+
+/// Hooks that do nothing: an attempt nobody hands over from.
+pub struct NoHooks;
+
+impl AttemptHooks for NoHooks {
+    fn tree_gone(&mut self) -> bool {
+        false
+    }
+    fn succeeded(&mut self) {}
+}
+
+/// Why an attempt is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopWhy {
+    /// It ran past its timeout.
+    TimedOut,
+    /// The run was cancelled.
+    Cancelled,
+    /// It ran past its timeout, and the run was then cancelled with a kill.
+    TimedOutThenCancelled,
+}
+
+/// How far the stopping of an attempt went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopState {
+    /// Nobody asked it to stop.
+    Running,
+    /// SIGTERM went out (to the tree, or to the leader); SIGKILL is due at `kill_at`.
+    Terminating {
+        why: StopWhy,
+        kill_at: tokio::time::Instant,
+    },
+    /// SIGKILL went to the whole tree.
+    Killed { why: StopWhy },
+}
+
+impl StopState {
+    fn why(self) -> Option<StopWhy> {
+        match self {
+            StopState::Running => None,
+            StopState::Terminating { why, .. } | StopState::Killed { why } => Some(why),
+        }
+    }
+
+    /// Whether it ran past its timeout.
+    fn timed_out(self) -> bool {
+        matches!(
+            self.why(),
+            Some(StopWhy::TimedOut | StopWhy::TimedOutThenCancelled)
+        )
+    }
+
+    /// Whether a cancel stopped it.
+    fn cancelled(self) -> bool {
+        matches!(
+            self.why(),
+            Some(StopWhy::Cancelled | StopWhy::TimedOutThenCancelled)
+        )
+    }
+
+    /// The state after a kill that a cancel asked for.
+    fn killed_by_cancel(self) -> StopState {
+        let why = match self.why() {
+            None | Some(StopWhy::Cancelled) => StopWhy::Cancelled,
+            Some(_) => StopWhy::TimedOutThenCancelled,
+        };
+        StopState::Killed { why }
+    }
+}
+
+/// An attempt being watched: what it has said, how far its stop went, its memory.
+struct Watch {
+    stop: StopState,
+    events: EventState,
+    /// The highest resident memory of the stage's tree, sampled.
+    tree_rss_peak: u64,
+}
+
+/// Supervises a launched attempt to its end, in phases: watch it until its first process
+/// exits ([`watch`]); stop and reap the rest of its tree ([`reap_tree`]), telling `hooks`
+/// when a clean tree is gone; drain its channel; the GPU verdicts ([`gpu_verdicts`]); and its
+/// outcome and result ([`conclude`]). See the module promises.
 pub async fn supervise(
     launched: Launched,
     services: &Services,
     mut cancel: watch::Receiver<CancelLevel>,
-    tree_gone: Option<Box<dyn FnOnce() -> bool>>,
-    succeeded: Option<Box<dyn FnOnce()>>,
+    hooks: &mut dyn AttemptHooks,
 ) -> AttemptResult {
     let Launched {
         plan,
@@ -486,87 +570,178 @@ pub async fn supervise(
     } = launched;
     let plan = &plan;
     let console = &services.console;
+    let mut watched = Watch {
+        stop: StopState::Running,
+        events: EventState::default(),
+        tree_rss_peak: 0,
+    };
+    let reaped = watch(
+        plan,
+        &mut child,
+        &mut channel,
+        &mut baselines,
+        &mut watched,
+        &mut cancel,
+        services,
+    )
+    .await;
+    let exited_unix = crate::timefmt::unix_secs_f64();
+    let exit = reaped.map(|r| r.status);
+    let summary = reap_tree(plan, &child, watched.stop, services).await;
+    let wall = child.started.elapsed();
+    let clean = exit == Some(ExitStatus::Code(0)) && watched.stop == StopState::Running;
+    if clean && summary.found.is_empty() && summary.survivors.is_empty() && hooks.tree_gone() {
+        tokio::task::yield_now().await;
+    }
+    let tree_gone_unix = crate::timefmt::unix_secs_f64();
+    channel.drained(Duration::from_secs(1)).await;
+    while let Some(item) = channel.try_next() {
+        watched
+            .events
+            .absorb(item, &plan.name, console, child.started);
+    }
+    drop(channel);
+    let gpu = gpu_verdicts(plan, &baselines, services).await;
+    let verified_unix = crate::timefmt::unix_secs_f64();
+    // With --follow, the log files are complete once the copiers have seen end of file, which
+    // they do now that no process of the stage holds the pipes.
+    for copier in copiers {
+        let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
+    }
+    let usage: ResourceUsage = reaped.map(|r| r.usage).unwrap_or_default();
+    let ended = Ended {
+        exit,
+        wall,
+        gpu,
+        leftovers: summary.found,
+        stderr_offset,
+        host: protocol::report::HostUsage {
+            cpu_user_s: usage.user_s,
+            cpu_system_s: usage.system_s,
+            peak_rss_bytes: watched.tree_rss_peak.max(usage.max_rss_bytes),
+        },
+        timing: protocol::report::StageTiming {
+            spawned: spawned_unix,
+            exited: exited_unix,
+            tree_gone: tree_gone_unix,
+            verified: verified_unix,
+        },
+    };
+    conclude(plan, watched, ended, &mut cancel, hooks).await
+}
+
+/// Watches the attempt until its first process exits: samples its tree's memory and its
+/// GPUs' peaks, takes in its events, and stops it on its timeout or a cancel (SIGTERM, then
+/// SIGKILL after the grace). `None`: the exit status was lost.
+async fn watch(
+    plan: &AttemptPlan,
+    child: &mut tree::StageProcess,
+    channel: &mut EventChannel,
+    baselines: &mut [(String, u64, u64)],
+    w: &mut Watch,
+    cancel: &mut watch::Receiver<CancelLevel>,
+    services: &Services,
+) -> Option<crate::process::reaper::Reaped> {
+    let console = &services.console;
     let probe = services.probe.clone();
     let started = child.started;
     let timeout_at = plan
         .timeout
         .map(|t| tokio::time::Instant::from_std(started + t));
-    let mut kill_at: Option<tokio::time::Instant> = None;
-    let mut sent_kill = false;
-    let mut timed_out = false;
-    let mut cancelled = false;
     let mut cancel_closed = false;
-    let mut state = EventState::default();
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
-    let mut tree_rss_peak = 0u64;
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-
-    let reaped = loop {
+    loop {
+        let kill_at = match w.stop {
+            StopState::Terminating { kill_at, .. } => Some(kill_at),
+            _ => None,
+        };
+        let running = w.stop == StopState::Running;
         tokio::select! {
-            reaped = &mut child.exit => break reaped,
+            reaped = &mut child.exit => return reaped,
             // A stage is first sampled a whole period after it started, as it was with a
             // timer of its own: a sweep's short stages never scan `/proc` for it.
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
-                let members = crate::process::scan::stage_members(child.pid, &child.token);
-                let rss = members.iter().map(|p| crate::process::scan::rss_bytes(p.pid)).sum::<u64>();
-                tree_rss_peak = tree_rss_peak.max(rss);
+                w.tree_rss_peak = w.tree_rss_peak.max(tree_rss(child));
             },
-            item = channel.next() => state.absorb(item, &plan.name, console, started),
-            _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && !timed_out && kill_at.is_none() => {
+            item = channel.next() => w.events.absorb(item, &plan.name, console, started),
+            _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && running => {
                 // A process that ended before the timeout was looked at finished in time,
                 // even if its exit was not collected yet (orchestrate itself was stopped, or
                 // the runtime saw the exit and the timer at once and picked the timer).
                 if let Some(reaped) = child.exit.try_wait() {
-                    break reaped;
+                    return reaped;
                 }
-                timed_out = true;
-                console.warn(&format!("{}: timed out after {}; stopping it", plan.name, protocol::duration::HumanDuration(plan.timeout.unwrap_or_default())));
-                graceful_stop(plan, child.pid, &child.token);
-                kill_at = Some(tokio::time::Instant::now() + plan.grace);
+                let after = protocol::duration::HumanDuration(plan.timeout.unwrap_or_default());
+                console.warn(&format!("{}: timed out after {after}; stopping it", plan.name));
+                w.stop = terminate(plan, child, StopWhy::TimedOut);
             }
-            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && !sent_kill => {
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
                 tree::signal_tree(child.pid, &child.token, Signal::SIGKILL);
-                sent_kill = true;
+                w.stop = StopState::Killed { why: w.stop.why().unwrap_or(StopWhy::Cancelled) };
             }
             changed = cancel.changed(), if !cancel_closed => {
-                if changed.is_err() { cancel_closed = true; continue; }
+                if changed.is_err() {
+                    cancel_closed = true;
+                    continue;
+                }
                 let level = *cancel.borrow();
                 match level {
                     CancelLevel::None => {}
-                    CancelLevel::Graceful => if kill_at.is_none() {
-                        cancelled = true;
-                        graceful_stop(plan, child.pid, &child.token);
-                        kill_at = Some(tokio::time::Instant::now() + plan.grace);
-                    },
+                    CancelLevel::Graceful if running => {
+                        w.stop = terminate(plan, child, StopWhy::Cancelled);
+                    }
+                    CancelLevel::Graceful => {}
                     CancelLevel::Kill => {
-                        cancelled = true;
                         tree::signal_tree(child.pid, &child.token, Signal::SIGKILL);
-                        sent_kill = true;
+                        w.stop = w.stop.killed_by_cancel();
                     }
                 }
             }
             _ = sampler.tick(), if probe.is_some() && !baselines.is_empty() => {
                 if let Some(probe) = &probe {
                     for (uuid, _, peak) in baselines.iter_mut() {
-                        if let Ok(used) = probe.used_bytes(uuid) { *peak = (*peak).max(used); }
+                        if let Ok(used) = probe.used_bytes(uuid) {
+                            *peak = (*peak).max(used);
+                        }
                     }
                 }
             }
         }
-    };
+    }
+}
 
-    let exited_unix = crate::timefmt::unix_secs_f64();
-    let exit = reaped.map(|r| r.status);
-    let usage: ResourceUsage = reaped.map(|r| r.usage).unwrap_or_default();
-    // The first process is gone; anything of its tree still alive is a leftover.
-    let stopping = kill_at.is_some() || sent_kill;
-    let grace = if stopping || sent_kill {
-        Duration::ZERO
-    } else {
-        plan.grace
-    };
+/// The resident memory of every live process of the stage.
+fn tree_rss(child: &tree::StageProcess) -> u64 {
+    let members = crate::process::scan::stage_members(child.pid, &child.token);
+    members
+        .iter()
+        .map(|p| crate::process::scan::rss_bytes(p.pid))
+        .sum()
+}
+
+/// Asks the attempt to stop (SIGTERM), with SIGKILL due after its grace.
+fn terminate(plan: &AttemptPlan, child: &tree::StageProcess, why: StopWhy) -> StopState {
+    graceful_stop(plan, child.pid, &child.token);
+    StopState::Terminating {
+        why,
+        kill_at: tokio::time::Instant::now() + plan.grace,
+    }
+}
+
+/// The first process is gone: anything of its tree still alive is a leftover, stopped (at
+/// once if the attempt was being stopped, else after its grace) and reaped.
+async fn reap_tree(
+    plan: &AttemptPlan,
+    child: &tree::StageProcess,
+    stop: StopState,
+    services: &Services,
+) -> tree::StopSummary {
+    let console = &services.console;
+    let stopping = stop != StopState::Running;
+    let grace = if stopping { Duration::ZERO } else { plan.grace };
     let summary = tree::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
-    if !summary.found.is_empty() {
+    if !summary.found.is_empty() && !stopping {
         // A fork bomb's worth of pids on one line helps nobody: the first few, then a count
         // (the report lists every one).
         let mut list = summary
@@ -577,18 +752,14 @@ pub async fn supervise(
             .collect::<Vec<_>>()
             .join(", ");
         if summary.found.len() > 8 {
-            list.push_str(&format!(
-                ", and {} more (see report.json)",
-                summary.found.len() - 8
-            ));
+            let more = summary.found.len() - 8;
+            list.push_str(&format!(", and {more} more (see report.json)"));
         }
-        if !stopping {
-            console.warn(&format!(
-                "{}: {} process(es) outlived the stage's main process and were stopped: {list}",
-                plan.name,
-                summary.found.len()
-            ));
-        }
+        console.warn(&format!(
+            "{}: {} process(es) outlived the stage's main process and were stopped: {list}",
+            plan.name,
+            summary.found.len()
+        ));
     }
     if !summary.survivors.is_empty() {
         console.warn(&format!(
@@ -596,117 +767,120 @@ pub async fn supervise(
             plan.name, summary.survivors
         ));
     }
-    let wall = started.elapsed();
-    if let Some(tree_gone) = tree_gone {
-        let clean = exit == Some(ExitStatus::Code(0)) && !stopping && !cancelled && !timed_out;
-        if clean && summary.found.is_empty() && summary.survivors.is_empty() && tree_gone() {
-            tokio::task::yield_now().await;
-        }
-    }
-    let tree_gone_unix = crate::timefmt::unix_secs_f64();
-    channel.drained(Duration::from_secs(1)).await;
-    while let Some(item) = channel.try_next() {
-        state.absorb(item, &plan.name, console, started);
-    }
-    drop(channel);
+    summary
+}
 
-    // GPU verdicts, now that every process of the stage is gone.
-    let mut gpu_records = Vec::new();
-    if let Some(probe) = &probe {
-        let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
-        let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
-        for (uuid, baseline, peak) in &baselines {
-            let v = await_reclaim(
-                probe.as_ref(),
-                uuid,
-                *baseline,
-                services.tolerance_bytes,
-                services.reclaim_timeout,
-                &owner,
-            )
-            .await;
-            if !v.clean {
-                console.warn(&verdict_line(&plan.name, &v));
-            }
-            gpu_records.push(GpuRecord {
-                uuid: uuid.clone(),
-                baseline_bytes: *baseline,
-                peak_bytes: (*peak).max(v.after_bytes),
-                after_bytes: v.after_bytes,
-                reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
-                verdict: if v.clean {
-                    GpuVerdict::Clean
-                } else if v.taken_by_other {
-                    GpuVerdict::TakenByOther
-                } else {
-                    GpuVerdict::Leaked
-                },
-                holders: v.holders.iter().map(|h| h.to_string()).collect(),
-                note: v.note.clone(),
-            });
+/// The GPU verdicts, now that every process of the stage is gone: each GPU's memory awaited
+/// back to its baseline, and whose it is if it does not come back.
+async fn gpu_verdicts(
+    plan: &AttemptPlan,
+    baselines: &[(String, u64, u64)],
+    services: &Services,
+) -> Vec<GpuRecord> {
+    let Some(probe) = &services.probe else {
+        return Vec::new();
+    };
+    let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
+    let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
+    let mut records = Vec::new();
+    for (uuid, baseline, peak) in baselines {
+        let v = await_reclaim(
+            probe.as_ref(),
+            uuid,
+            *baseline,
+            services.tolerance_bytes,
+            services.reclaim_timeout,
+            &owner,
+        )
+        .await;
+        if !v.clean {
+            services.console.warn(&verdict_line(&plan.name, &v));
         }
+        records.push(GpuRecord {
+            uuid: uuid.clone(),
+            baseline_bytes: *baseline,
+            peak_bytes: (*peak).max(v.after_bytes),
+            after_bytes: v.after_bytes,
+            reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
+            verdict: if v.clean {
+                GpuVerdict::Clean
+            } else if v.taken_by_other {
+                GpuVerdict::TakenByOther
+            } else {
+                GpuVerdict::Leaked
+            },
+            holders: v.holders.iter().map(|h| h.to_string()).collect(),
+            note: v.note.clone(),
+        });
     }
+    records
+}
 
-    let verified_unix = crate::timefmt::unix_secs_f64();
-    // With --follow, the log files are complete once the copiers have seen end of file, which
-    // they do now that no process of the stage holds the pipes.
-    for copier in copiers {
-        let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
-    }
+/// What is known of an attempt once its tree is gone and its GPUs judged.
+struct Ended {
+    exit: Option<ExitStatus>,
+    wall: Duration,
+    gpu: Vec<GpuRecord>,
+    leftovers: Vec<StoppedProcess>,
+    stderr_offset: u64,
+    host: protocol::report::HostUsage,
+    timing: protocol::report::StageTiming,
+}
+
+/// The attempt's outcome (its outputs verified when it exited cleanly) and result.
+async fn conclude(
+    plan: &AttemptPlan,
+    mut watched: Watch,
+    ended: Ended,
+    cancel: &mut watch::Receiver<CancelLevel>,
+    hooks: &mut dyn AttemptHooks,
+) -> AttemptResult {
     // The tail serves failures (and their classification): a clean exit reads it only if
     // the attempt fails after all (its outputs do not verify).
     let stderr_path = plan.stage_dir.join("stderr.log");
-    let clean_exit = exit == Some(ExitStatus::Code(0));
-    let mut stderr_tail = if clean_exit {
-        String::new()
-    } else {
-        read_tail(&stderr_path, stderr_offset)
+    let clean_exit = ended.exit == Some(ExitStatus::Code(0));
+    let mut stderr_tail = match clean_exit {
+        true => String::new(),
+        false => read_tail(&stderr_path, ended.stderr_offset),
     };
+    let stop = watched.stop;
     let mut outcome = classify(
         plan,
-        exit,
-        &state,
-        timed_out,
-        cancelled,
-        sent_kill,
+        ended.exit,
+        &watched.events,
+        stop.timed_out(),
+        stop.cancelled(),
+        matches!(stop, StopState::Killed { .. }),
         &stderr_tail,
     );
     let mut checkpoints = Vec::new();
     if outcome == Outcome::Succeeded {
-        match verify_outputs(plan, std::mem::take(&mut state.reported), &mut cancel).await {
+        let reported = std::mem::take(&mut watched.events.reported);
+        match verify_outputs(plan, reported, cancel).await {
             Ok(records) => checkpoints = records,
             Err(stopped) => outcome = stopped,
         }
     }
-    if let Some(succeeded) = succeeded.filter(|_| outcome == Outcome::Succeeded) {
-        succeeded();
+    if outcome == Outcome::Succeeded {
+        hooks.succeeded();
     }
     let failed = matches!(outcome, Outcome::Failed(_));
     if failed && clean_exit {
-        stderr_tail = read_tail(&stderr_path, stderr_offset);
+        stderr_tail = read_tail(&stderr_path, ended.stderr_offset);
     }
-    let violations = state.violations_listed();
+    let violations = watched.events.violations_listed();
     AttemptResult {
         outcome,
-        exit,
-        wall,
+        exit: ended.exit,
+        wall: ended.wall,
         checkpoints,
-        metrics: state.metrics,
-        gpu: gpu_records,
-        leftovers: summary.found,
+        metrics: watched.events.metrics,
+        gpu: ended.gpu,
+        leftovers: ended.leftovers,
         violations,
-        stderr_tail: if failed { Some(stderr_tail) } else { None },
-        host: Some(protocol::report::HostUsage {
-            cpu_user_s: usage.user_s,
-            cpu_system_s: usage.system_s,
-            peak_rss_bytes: tree_rss_peak.max(usage.max_rss_bytes),
-        }),
-        timing: Some(protocol::report::StageTiming {
-            spawned: spawned_unix,
-            exited: exited_unix,
-            tree_gone: tree_gone_unix,
-            verified: verified_unix,
-        }),
+        stderr_tail: failed.then_some(stderr_tail),
+        host: Some(ended.host),
+        timing: Some(ended.timing),
     }
 }
 

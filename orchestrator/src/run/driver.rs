@@ -1,0 +1,703 @@
+//! The run loop: turns what happens (a stage's news, a cancel, GPUs coming free, a retry
+//! falling due) into [`Event`]s for the [`Scheduler`], and carries out what it decides —
+//! starting attempts, supervising them on tasks of their own, writing the journal, the
+//! console and the report. It decides nothing itself.
+//!
+//! A stage on the CPU gives its slot back (`Freed`) as soon as its main process exited with 0
+//! and nothing of its tree is left (see [`stage::supervise`]), before its outputs are verified
+//! and its end recorded: the next stage starts while that bookkeeping runs. Its result
+//! (`Done`) comes after, on the same channel, and its downstream stages wait for that.
+
+use super::lookahead::Lookahead;
+use super::preflight::Cleared;
+use super::scheduler::{Action, Event, Resources, Rules, Scheduler, Start, Stopping};
+use super::state::StageState;
+use super::{ending, RunSummary, StopSignal};
+use crate::attempt::handover::{self, NextUp, Started};
+use crate::attempt::supervise::{self as stage, AttemptResult, CancelLevel, Launched, Services};
+use crate::error::{Context, Result};
+use crate::gpu::{self, GpuInfo};
+use crate::host::{Host, Ticket};
+use crate::plan::LoadedPlan;
+use crate::report::console::{human_duration, Console};
+use crate::report::Snapshot;
+use crate::slurm::Allocation;
+use crate::store::fingerprint::Background;
+use crate::store::journal::{Journal, JournalRecord};
+use crate::store::rundir::RunDir;
+use protocol::status::{RunStatus, StageStatus};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
+
+/// What a running stage tells the run.
+pub(super) enum StageNews {
+    /// Stage `i` gave its slot back early (its tree is gone; its result follows).
+    Freed(usize),
+    /// Stage `i` gave its slot to its planned successor, which it started (see
+    /// `crate::attempt::handover`; its result follows).
+    HandedOver(usize, Started),
+    /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
+    /// when it succeeded ([`handover::Kind::Chain`]).
+    Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
+}
+
+/// What the run was set up with before its first stage (see [`super::run`]).
+pub(super) struct Setup {
+    pub(super) plan: Arc<LoadedPlan>,
+    pub(super) run_dir: RunDir,
+    pub(super) worker: Option<PathBuf>,
+    pub(super) console: Console,
+    pub(super) resume: bool,
+    pub(super) run_id: String,
+    pub(super) ticket: Ticket,
+    pub(super) slurm: Option<Allocation>,
+    pub(super) cleared: Cleared,
+    pub(super) journal: Journal,
+    pub(super) services: Rc<Services>,
+    pub(super) fingerprints: Background,
+}
+
+/// The run loop's I/O: everything it writes to and starts with.
+pub(super) struct Driver<'h> {
+    pub(super) setup: Setup,
+    pub(super) host: &'h Rc<Host>,
+    /// The cancel level passed on to every running stage.
+    cancel_tx: watch::Sender<CancelLevel>,
+    news_tx: mpsc::UnboundedSender<StageNews>,
+    /// The stage planned to start when the one stage running ends (see `handover`).
+    next_up: NextUp,
+    /// Stages that ending stages started in their place, not yet recorded.
+    handed: BTreeMap<usize, std::result::Result<Launched, stage::Failure>>,
+    lookahead: Lookahead,
+    pub(super) started: Instant,
+    pub(super) started_unix: f64,
+    pub(super) spans: Vec<gpu::timeline::StageSpan>,
+    pub(super) sampler: Option<tokio::task::JoinHandle<()>>,
+    pub(super) run_files: super::files::RunFiles,
+    last_report: Instant,
+    report_every: Duration,
+}
+
+/// Runs the stages of a run set up as `setup`, from `states`, to the run's end.
+pub(super) async fn drive(
+    setup: Setup,
+    states: Vec<StageState>,
+    host: &Rc<Host>,
+    mut cancel: watch::Receiver<CancelLevel>,
+    stop_signal: StopSignal,
+) -> Result<RunSummary> {
+    let plan = setup.plan.clone();
+    let settings = &plan.plan.run;
+    let rules = Rules {
+        max_parallel: settings
+            .max_parallel
+            .map(|n| n as usize)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        fail_fast: settings.fail_fast,
+        on_leak: settings.on_leak,
+        machine_has_gpus: !setup.cleared.gpus.is_empty(),
+    };
+    let mut sched = Scheduler::new(&plan, rules, states);
+    let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
+    let mut driver = Driver::start(setup, host, news_tx, sched.states())?;
+    // A cancel that came before the run started applies at once.
+    let early = *cancel.borrow_and_update();
+    let actions = sched.on(Event::Cancel(early), Instant::now());
+    driver.carry_out(actions, None)?;
+    let mut cancel_closed = false;
+    loop {
+        driver.round(&mut sched)?;
+        if sched.is_done() {
+            break;
+        }
+        let gpu_waiting = sched.gpu_waiting();
+        let far = Instant::now() + Duration::from_secs(86_400);
+        let next_retry = sched.next_retry();
+        let retry_at = tokio::time::Instant::from_std(next_retry.unwrap_or(far));
+        let services = driver.setup.services.clone();
+        tokio::select! {
+            Some(news) = news_rx.recv() => driver.on_news(&mut sched, news)?,
+            changed = cancel.changed(), if !cancel_closed => match changed {
+                Err(_) => cancel_closed = true, // nobody can cancel any more
+                Ok(()) => {
+                    let level = *cancel.borrow_and_update();
+                    let actions = sched.on(Event::Cancel(level), Instant::now());
+                    driver.carry_out(actions, None)?;
+                }
+            },
+            _ = host.gpus_freed.notified(), if gpu_waiting => {}
+            // A stage's start waits in the journal for the next record; a long stage's is
+            // written at the next tick of the run's sampling clock.
+            _ = services.tree_sampling.next(), if driver.setup.journal.has_pending() => {
+                driver.setup.journal.flush_pending().context("cannot write the journal")?;
+            }
+            // A GPU held by a process that is not ours frees without telling anyone.
+            _ = tokio::time::sleep(Duration::from_millis(500)), if gpu_waiting => {}
+            _ = tokio::time::sleep_until(retry_at), if next_retry.is_some() => {}
+        }
+    }
+    if !cancel_closed {
+        ending::wait_for_late_stop(&driver.setup, &mut sched, &mut cancel).await;
+    }
+    ending::finish(driver, sched, stop_signal).await
+}
+
+/// The host's GPUs and cores as one run's scheduler sees them.
+struct HostResources<'a> {
+    host: &'a Host,
+    ticket: Ticket,
+    run_id: &'a str,
+    plan: &'a LoadedPlan,
+    tolerance_bytes: u64,
+}
+
+impl Resources for HostResources<'_> {
+    fn usable_gpus(&self) -> usize {
+        self.host.usable_gpus()
+    }
+    fn total_gpus(&self) -> usize {
+        self.host.gpus().len()
+    }
+    fn take_gpus(&mut self, stage: usize, n: usize) -> std::result::Result<Vec<GpuInfo>, String> {
+        let owner = format!(
+            "run {}, stage `{}`",
+            self.run_id, self.plan.plan.stages[stage].name
+        );
+        self.host
+            .take_gpus(n, self.ticket, &owner, self.tolerance_bytes)
+            .map_err(|wait| wait.to_string())
+    }
+    fn cpu_builtins_running(&self) -> usize {
+        self.host.cpu_builtin_running.get()
+    }
+    fn cpus(&self) -> usize {
+        self.host.cpus
+    }
+}
+
+impl<'h> Driver<'h> {
+    /// The loop's I/O, started: the GPU sampler, the run's files, the preparer.
+    fn start(
+        setup: Setup,
+        host: &'h Rc<Host>,
+        news_tx: mpsc::UnboundedSender<StageNews>,
+        states: &[StageState],
+    ) -> Result<Driver<'h>> {
+        let started = Instant::now();
+        let run_dir = &setup.run_dir;
+        let timeline_csv = run_dir.root().join("gpu-timeline.csv");
+        let sampler = match &setup.services.probe {
+            Some(probe) if !setup.cleared.gpus.is_empty() => Some(
+                gpu::timeline::start_sampler(
+                    probe.clone(),
+                    setup.cleared.gpus.clone(),
+                    timeline_csv,
+                    started,
+                    Duration::from_millis(50),
+                )
+                .context("cannot write gpu-timeline.csv")?,
+            ),
+            _ => None,
+        };
+        // A report exists from the start, so `orchestrate report` has something to show even
+        // if this process is killed before the first stage ends: with `plan.resolved.json`,
+        // written while the first stages run (a resumed run's, with the stages it keeps, here).
+        let run_files = super::files::RunFiles::start(
+            setup.plan.clone(),
+            run_dir.clone(),
+            setup.cleared.gpu_check.clone(),
+            started,
+            !setup.resume,
+        )
+        .context("cannot start the thread writing the run's files")?;
+        if setup.resume {
+            Snapshot::new(
+                &setup.plan,
+                states,
+                run_dir,
+                &setup.cleared.gpu_check,
+                started,
+                RunStatus::Running,
+            )
+            .write_or_warn(&run_dir.report_path(), &setup.console);
+        }
+        let lookahead = Lookahead::start(&setup, host)?;
+        Ok(Driver {
+            host,
+            cancel_tx: watch::channel(CancelLevel::None).0,
+            news_tx,
+            next_up: NextUp::default(),
+            handed: BTreeMap::new(),
+            lookahead,
+            started,
+            started_unix: crate::timefmt::unix_secs_f64(),
+            spans: Vec::new(),
+            sampler,
+            run_files,
+            last_report: Instant::now(),
+            report_every: Duration::from_secs(1),
+            setup,
+        })
+    }
+
+    fn resources(&self) -> HostResources<'_> {
+        HostResources {
+            host: self.host,
+            ticket: self.setup.ticket,
+            run_id: &self.setup.run_id,
+            plan: &self.setup.plan,
+            tolerance_bytes: self.setup.services.tolerance_bytes,
+        }
+    }
+
+    /// One round: starts what the scheduler chooses, plans the hand-over, hands the next
+    /// stages' files to the preparer.
+    fn round(&mut self, sched: &mut Scheduler<'_>) -> Result<()> {
+        sched.begin_round(Instant::now());
+        loop {
+            let mut actions = Vec::new();
+            let next = {
+                let mut resources = self.resources();
+                sched.next_start(&mut resources, &mut actions)
+            };
+            self.carry_out(actions, None)?;
+            match next {
+                None => break,
+                Some(Start::HandedOver(j)) => {
+                    let started = self.handed.remove(&j).ok_or_else(|| {
+                        crate::error::Error::Internal(format!("no hand-over for stage {j}"))
+                    })?;
+                    self.record_start(sched, j, Vec::new(), started)?;
+                }
+                Some(Start::Fresh {
+                    stage,
+                    attempt,
+                    gpus,
+                    cpu_threads,
+                }) => self.launch(sched, stage, attempt, gpus, cpu_threads)?,
+            }
+        }
+        if let Some((after, j, kind)) = sched.handover_candidate() {
+            if self.next_up.is_empty() {
+                let successor = self.lookahead.successor(&self.setup, sched, after, j, kind);
+                if let Some(successor) = successor {
+                    self.next_up.plan(successor);
+                }
+            }
+        }
+        self.lookahead.prepare_ready(&self.setup, sched);
+        if !sched.gpu_waiting() {
+            self.host.stop_waiting(self.setup.ticket);
+        }
+        Ok(())
+    }
+
+    /// Prepares and spawns attempt `attempt` of stage `i` on `gpus`.
+    fn launch(
+        &mut self,
+        sched: &mut Scheduler<'_>,
+        i: usize,
+        attempt: u32,
+        gpus: Vec<GpuInfo>,
+        cpu_threads: Option<usize>,
+    ) -> Result<()> {
+        let setup = &self.setup;
+        let stage = &setup.plan.plan.stages[i];
+        // The preparer's files serve a first attempt on the CPU only.
+        let written = self
+            .lookahead
+            .claim(i)
+            .filter(|_| attempt == 1 && gpus.is_empty());
+        let prepared = self.lookahead.prepare_attempt(
+            setup,
+            sched.states(),
+            i,
+            attempt,
+            &gpus,
+            cpu_threads,
+            written.as_ref().map(|&(fresh, _)| fresh),
+        );
+        let attempt_plan = match prepared {
+            Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, setup.slurm.as_ref()),
+            Err(failure) => {
+                self.host.give_back_gpus(&gpus);
+                let event = Event::StartFailed {
+                    stage: i,
+                    class: failure.class(),
+                    message: failure.describe(),
+                };
+                let actions = sched.on(event, Instant::now());
+                return self.carry_out(actions, None);
+            }
+        };
+        if cpu_threads.is_some() {
+            let running = &self.host.cpu_builtin_running;
+            running.set(running.get() + 1);
+        }
+        let span = stage_span(&stage.name, attempt);
+        let started = span.in_scope(|| {
+            stage::start_attempt(
+                attempt_plan,
+                written.and_then(|(_, files)| files),
+                &setup.services,
+            )
+        });
+        self.record_start(sched, i, gpus, started)
+    }
+
+    /// Records stage `i`'s start (console, journal) and supervises it on a task of its own;
+    /// an attempt that could not spawn ends at once.
+    fn record_start(
+        &mut self,
+        sched: &mut Scheduler<'_>,
+        i: usize,
+        given: Vec<GpuInfo>,
+        started: std::result::Result<Launched, stage::Failure>,
+    ) -> Result<()> {
+        let launched = match started {
+            Ok(launched) => launched,
+            Err(failure) => {
+                let event = Event::Launched {
+                    stage: i,
+                    may_hand_over: false,
+                };
+                sched.on(event, Instant::now());
+                let failed = Box::new(AttemptResult::early_failure(failure));
+                let _ = self.news_tx.send(StageNews::Done(i, failed, given, None));
+                return Ok(());
+            }
+        };
+        let setup = &mut self.setup;
+        let stage = &setup.plan.plan.stages[i];
+        let attempt = sched.states()[i].attempts;
+        let span = stage_span(&stage.name, attempt);
+        span.in_scope(|| launched.announce(&setup.console));
+        setup.journal.append(&JournalRecord::StageStarted {
+            stage: stage.name.clone(),
+            attempt,
+            pid: launched.pid() as u32,
+            gpus: given.iter().map(|g| g.uuid.clone()).collect(),
+            plan_hash: setup.fingerprints.get(i),
+        })?;
+        let node_check = crate::slurm::node_check::NodeCheck::for_stage(
+            stage,
+            setup.slurm.as_ref(),
+            &setup.run_dir.stage_dir(&stage.name),
+        );
+        // A GPU or srun stage's verdicts come after its tree is gone: it neither frees its
+        // slot early nor hands over to a successor.
+        let may_hand_over = given.is_empty() && node_check.is_none();
+        sched.on(
+            Event::Launched {
+                stage: i,
+                may_hand_over,
+            },
+            Instant::now(),
+        );
+        let task = self.supervisor(i, may_hand_over);
+        let services = self.setup.services.clone();
+        tokio::task::spawn_local(
+            async move {
+                let (result, chained) = task.supervise(launched, &services).await;
+                // srun stages: the GPU check of every node of the stage.
+                if let Some(check) = node_check {
+                    check.run(&result, &services.reaper).await;
+                }
+                let news = StageNews::Done(i, Box::new(result), given, chained);
+                let _ = task.news_tx.send(news);
+            }
+            .instrument(span),
+        );
+        // Once it runs: the stages that wait only on it are prepared while it does.
+        self.lookahead.prepare_downstream(&self.setup, sched, i);
+        Ok(())
+    }
+
+    /// The supervising task of stage `i`'s attempt.
+    fn supervisor(&self, i: usize, may_hand_over: bool) -> SupervisorTask {
+        let mut cancel = self.cancel_tx.subscribe();
+        // A stage handed over as a stop was asked for learns of it at once.
+        if *cancel.borrow() != CancelLevel::None {
+            cancel.mark_changed();
+        }
+        let hand_off = may_hand_over.then(|| handover::HandOff {
+            after: i,
+            next_up: self.next_up.clone(),
+            cancel: cancel.clone(),
+            services: self.setup.services.clone(),
+        });
+        SupervisorTask {
+            stage: i,
+            cancel,
+            hand_off,
+            // Not with fail_fast (a failure must stop what starts next).
+            frees_early: !self.setup.plan.plan.run.fail_fast,
+            news_tx: self.news_tx.clone(),
+        }
+    }
+
+    /// A stage's news: the scheduler's view updated, its consequences carried out.
+    fn on_news(&mut self, sched: &mut Scheduler<'_>, news: StageNews) -> Result<()> {
+        let now = Instant::now();
+        let (i, result, given, chained) = match news {
+            StageNews::Freed(i) => {
+                sched.on(Event::SlotFreed(i), now);
+                return Ok(());
+            }
+            StageNews::HandedOver(from, (to, started)) => {
+                self.handed.insert(to, started);
+                sched.on(Event::HandedOver { from, to }, now);
+                return Ok(());
+            }
+            StageNews::Done(i, result, given, chained) => (i, result, given, chained),
+        };
+        // A successor planned after it that it did not start is started the ordinary way,
+        // if it still should.
+        self.next_up.abandon(i);
+        let chained = chained.map(|(j, started)| {
+            self.handed.insert(j, started);
+            j
+        });
+        if self.setup.plan.plan.stages[i].kind.is_some() && given.is_empty() {
+            let running = &self.host.cpu_builtin_running;
+            running.set(running.get().saturating_sub(1));
+        }
+        self.host.give_back_gpus(&given);
+        self.note_spans(i, &result);
+        let event = Event::AttemptEnded {
+            stage: i,
+            result: &result,
+            chained,
+        };
+        let actions = sched.on(event, now);
+        self.carry_out(actions, Some(&result))?;
+        sched.keep_last(i, *result);
+        self.rewrite_report(sched)
+    }
+
+    /// The GPU spans of an attempt, for the run's memory picture.
+    fn note_spans(&mut self, i: usize, result: &AttemptResult) {
+        let Some(t) = result.timing else { return };
+        let name = &self.setup.plan.plan.stages[i].name;
+        for g in &result.gpu {
+            self.spans.push(gpu::timeline::StageSpan {
+                stage: name.clone(),
+                uuid: g.uuid.clone(),
+                start_s: t.spawned - self.started_unix,
+                end_s: t.verified - self.started_unix,
+                baseline_bytes: g.baseline_bytes,
+                clean: g.verdict != protocol::report::GpuVerdict::Leaked,
+            });
+        }
+    }
+
+    /// Rewrites `report.json`. The whole report costs O(stages): at most once a second, and
+    /// never more than 0.2% of the time (a 100,000-stage sweep's report is tens of megabytes;
+    /// every rewrite is time the next stage waits, so its share is a cost per stage that grows
+    /// with the plan: at 0.5% it was 3% of the scheduling thread's time in a 20,000-stage
+    /// sweep, two runs by hand).
+    fn rewrite_report(&mut self, sched: &Scheduler<'_>) -> Result<()> {
+        if self.last_report.elapsed() < self.report_every {
+            return Ok(());
+        }
+        let setup = &self.setup;
+        self.run_files.finish(&setup.console)?;
+        let t = Instant::now();
+        Snapshot::new(
+            &setup.plan,
+            sched.states(),
+            &setup.run_dir,
+            &setup.cleared.gpu_check,
+            self.started,
+            RunStatus::Running,
+        )
+        .write_or_warn(&setup.run_dir.report_path(), &setup.console);
+        self.report_every = (t.elapsed() * 500).max(Duration::from_secs(1));
+        self.last_report = Instant::now();
+        Ok(())
+    }
+
+    /// Carries out the scheduler's actions, in order; `result`: the attempt whose end they
+    /// follow from, if one did.
+    pub(super) fn carry_out(
+        &mut self,
+        actions: Vec<Action>,
+        result: Option<&AttemptResult>,
+    ) -> Result<()> {
+        for action in actions {
+            self.carry_out_one(action, result)?;
+        }
+        Ok(())
+    }
+
+    fn carry_out_one(&mut self, action: Action, result: Option<&AttemptResult>) -> Result<()> {
+        let setup = &mut self.setup;
+        let console = &setup.console;
+        let name = |i: usize| setup.plan.plan.stages[i].name.clone();
+        match action {
+            Action::Finished {
+                stage,
+                attempt,
+                status,
+                error,
+                retry_in,
+            } => {
+                let note = match (&error, retry_in) {
+                    (Some(e), Some(wait)) => format!("{e}; retrying in {}", human_duration(wait)),
+                    (Some(e), None) => e.clone(),
+                    (None, _) => String::new(),
+                };
+                let wall = result.map_or(Duration::ZERO, |r| r.wall);
+                console.stage_finished(&name(stage), status, &note, wall);
+                let tail = result.and_then(|r| r.stderr_tail.as_deref());
+                if let Some(tail) = tail.filter(|t| !t.trim().is_empty()) {
+                    if status == StageStatus::Failed && retry_in.is_none() {
+                        let name = name(stage);
+                        let text = format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n");
+                        console.detail(&text);
+                    }
+                }
+                let record = finished_record(
+                    name(stage),
+                    attempt,
+                    status,
+                    error,
+                    setup.fingerprints.get(stage),
+                    result,
+                );
+                setup.journal.append(&record)?;
+            }
+            Action::Skipped { stage, reason, .. } => {
+                setup.journal.append(&JournalRecord::StageSkipped {
+                    stage: name(stage),
+                    reason,
+                })?;
+            }
+            Action::Waiting { stage, why } => console.waiting(&name(stage), &why),
+            Action::Quarantine(uuid) => {
+                self.host.quarantine(&uuid);
+                console.warn(&format!(
+                    "GPU {uuid} quarantined: no further stage will run on it"
+                ));
+            }
+            Action::Stop(Stopping::GpuLeaked) => console.warn(
+                "a GPU leaked and on_leak = \"fail\": no further stage starts; the run will exit with code 3",
+            ),
+            Action::Stop(Stopping::FailFast) => {
+                console.warn("a stage failed and fail_fast = true: no further stage starts")
+            }
+            Action::Stop(Stopping::Interrupted) => {}
+            Action::CancelStages(level) => {
+                match level {
+                    CancelLevel::Kill => console.warn("killing running stages now"),
+                    _ => console.warn(&format!(
+                        "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
+                        human_duration(setup.plan.plan.run.grace.get())
+                    )),
+                }
+                let _ = self.cancel_tx.send(level);
+            }
+            Action::ReleaseFiles(stage) => self.lookahead.release(stage),
+        }
+        Ok(())
+    }
+}
+
+/// The tracing span of one attempt.
+fn stage_span(name: &str, attempt: u32) -> tracing::Span {
+    tracing::info_span!(target: "orchestrate::stage", "stage", stage = %name, attempt)
+}
+
+/// What a stage's supervising task holds: how it learns of a cancel, whom it may hand its
+/// slot to, and where it sends its news.
+struct SupervisorTask {
+    stage: usize,
+    cancel: watch::Receiver<CancelLevel>,
+    hand_off: Option<handover::HandOff>,
+    frees_early: bool,
+    news_tx: mpsc::UnboundedSender<StageNews>,
+}
+
+impl SupervisorTask {
+    /// Supervises the attempt to its result; the successor it started when it succeeded.
+    async fn supervise(
+        &self,
+        launched: Launched,
+        services: &Services,
+    ) -> (AttemptResult, Option<Started>) {
+        let mut hooks = Hooks {
+            task: self,
+            chained: None,
+        };
+        let result = stage::supervise(launched, services, self.cancel.clone(), &mut hooks).await;
+        (result, hooks.chained)
+    }
+}
+
+/// The run's side of a supervised attempt's hand-over points.
+struct Hooks<'a> {
+    task: &'a SupervisorTask,
+    chained: Option<Started>,
+}
+
+impl stage::AttemptHooks for Hooks<'_> {
+    fn tree_gone(&mut self) -> bool {
+        let Some(hand_off) = self
+            .task
+            .hand_off
+            .as_ref()
+            .filter(|_| self.task.frees_early)
+        else {
+            return false;
+        };
+        let i = self.task.stage;
+        match hand_off.slot_freed() {
+            handover::Slot::HandedOver(started) => {
+                let _ = self.task.news_tx.send(StageNews::HandedOver(i, started));
+                false
+            }
+            handover::Slot::NoTaker => false,
+            // True: the runner has a stage to start; the task then waits for it to.
+            handover::Slot::Free => {
+                let _ = self.task.news_tx.send(StageNews::Freed(i));
+                true
+            }
+        }
+    }
+
+    fn succeeded(&mut self) {
+        if let Some(hand_off) = &self.task.hand_off {
+            self.chained = hand_off.start(handover::Kind::Chain);
+        }
+    }
+}
+
+/// The journal's record of an attempt's end: what `resume` keeps of it (outputs only when it
+/// succeeded; metrics and wall time when it ran at all).
+pub(super) fn finished_record(
+    stage: String,
+    attempt: u32,
+    status: StageStatus,
+    error: Option<String>,
+    plan_hash: String,
+    result: Option<&AttemptResult>,
+) -> JournalRecord {
+    JournalRecord::StageFinished {
+        stage,
+        attempt,
+        status,
+        error,
+        checkpoints: match (status, result) {
+            (StageStatus::Succeeded, Some(r)) => r.checkpoints.clone(),
+            _ => Vec::new(),
+        },
+        plan_hash,
+        metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
+        wall_s: result.map(|r| r.wall.as_secs_f64()),
+    }
+}

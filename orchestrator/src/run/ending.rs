@@ -1,0 +1,147 @@
+//! The end of a run: the stages that never started skipped, the run's status and exit code
+//! (inside Slurm, after asking Slurm why the job stopped), and the files a finished run
+//! leaves: the journal's last record, `report.json`, the results table, the GPU memory
+//! picture.
+
+use super::driver::{Driver, Setup};
+use super::scheduler::{Scheduler, Verdict};
+use super::{RunSummary, StopSignal};
+use crate::attempt::supervise::CancelLevel;
+use crate::error::Result;
+use crate::exit;
+use crate::gpu;
+use crate::report::Snapshot;
+use crate::store::journal::JournalRecord;
+use crate::store::rundir::write_replace;
+use protocol::status::RunStatus;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Inside Slurm, `scancel` and the time limit signal every process of the job at once: the
+/// stop can arrive with the last stage's end. Waits a moment for it.
+pub(super) async fn wait_for_late_stop(
+    setup: &Setup,
+    sched: &mut Scheduler<'_>,
+    cancel: &mut watch::Receiver<CancelLevel>,
+) {
+    if setup.slurm.is_none() || sched.stopping() == Some(super::scheduler::Stopping::Interrupted) {
+        return;
+    }
+    tokio::select! {
+        biased;
+        changed = cancel.changed() => {
+            if changed.is_ok() && *cancel.borrow() != CancelLevel::None {
+                sched.note_interrupted();
+            }
+        }
+        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+    }
+}
+
+/// Ends the run: skips, status, the final records and files.
+pub(super) async fn finish(
+    mut driver: Driver<'_>,
+    mut sched: Scheduler<'_>,
+    stop_signal: StopSignal,
+) -> Result<RunSummary> {
+    let (skipped, verdict) = sched.finish();
+    driver.carry_out(skipped, None)?;
+    let (status, exit_code) = match verdict {
+        Verdict::Interrupted => (RunStatus::Interrupted, exit::INTERRUPTED),
+        Verdict::Failed => (RunStatus::Failed, exit::STAGE_FAILED),
+        Verdict::Leaked => (RunStatus::Leaked, exit::GPU_LEAK),
+        Verdict::Succeeded => (RunStatus::Succeeded, exit::SUCCESS),
+    };
+    let setup = &mut driver.setup;
+    // Slurm: why the job stopped (from Slurm's job state), journaled, and the requeue asked
+    // for.
+    let (status, exit_code) = match (&setup.slurm, stop_signal.get()) {
+        (Some(job), Some((signal, at))) if verdict == Verdict::Interrupted => {
+            let verdict = crate::slurm::stop::after_stop(
+                job,
+                signal,
+                at,
+                &setup.services.reaper,
+                &mut setup.journal,
+                &setup.console,
+                setup.run_dir.root(),
+            )
+            .await;
+            (verdict.status, verdict.exit_code)
+        }
+        _ => (status, exit_code),
+    };
+    setup
+        .journal
+        .append(&JournalRecord::RunFinished { status, exit_code })?;
+    driver.host.stop_waiting(setup.ticket);
+    driver.run_files.finish(&setup.console)?;
+    let states = sched.into_states();
+    let setup = &driver.setup;
+    let report = Snapshot::new(
+        &setup.plan,
+        &states,
+        &setup.run_dir,
+        &setup.cleared.gpu_check,
+        driver.started,
+        status,
+    );
+    write_report_and_results(setup, &report);
+    if let Some(sampler) = driver.sampler.take() {
+        sampler.abort();
+        draw_gpu_memory(&driver);
+    }
+    setup.console.run_finished(status, exit_code);
+    Ok(RunSummary {
+        exit_code,
+        status: report.status(),
+        summary: report.summary(),
+    })
+}
+
+/// `report.json` and the results are independent files: written at once, on two threads (at
+/// 100,000 stages each takes a tenth of a second or more, after the last stage).
+fn write_report_and_results(setup: &Setup, report: &Snapshot<'_>) {
+    let (plan, console, root) = (&setup.plan, &setup.console, setup.run_dir.root());
+    let results = std::thread::scope(|scope| {
+        let results = crate::report::results::has_rows(plan).then(|| {
+            scope.spawn(|| crate::report::results::write(plan, &|i| report.stage(i), root))
+        });
+        report.write_or_warn(&setup.run_dir.report_path(), console);
+        results.map(|thread| {
+            thread
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the results writer panicked")))
+        })
+    });
+    match results {
+        Some(Ok(table)) => {
+            console.detail(&table);
+            let csv = root.join("results.csv");
+            console.note(&format!("results: {}", csv.display()));
+        }
+        Some(Err(e)) => console.warn(&format!(
+            "cannot write the results in {}: {e}",
+            root.display()
+        )),
+        None => {}
+    }
+}
+
+/// The picture of every GPU's memory over the run, with the stages' spans.
+fn draw_gpu_memory(driver: &Driver<'_>) {
+    let setup = &driver.setup;
+    let root = setup.run_dir.root();
+    let samples = gpu::timeline::read_samples(&root.join("gpu-timeline.csv"));
+    let wall = driver.started.elapsed().as_secs_f64();
+    let picture = gpu::svg::render(&setup.cleared.gpus, &samples, &driver.spans, wall);
+    let svg_path = root.join("gpu-memory.svg");
+    match write_replace(&svg_path, picture.as_bytes()) {
+        Ok(()) => setup
+            .console
+            .note(&format!("GPU memory picture: {}", svg_path.display())),
+        Err(e) => setup
+            .console
+            .warn(&format!("cannot write {}: {e}", svg_path.display())),
+    }
+}

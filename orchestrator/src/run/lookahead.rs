@@ -1,0 +1,176 @@
+//! Work done ahead of the scheduler: the files of the stages about to start, written (and for
+//! the very next ones opened) by the preparer thread while earlier stages run, and each
+//! attempt's plan made from them.
+
+use super::driver::Setup;
+use super::scheduler::Scheduler;
+use super::state::StageState;
+use crate::attempt::handover::{Kind, Successor};
+use crate::attempt::prepare::{prepare_attempt, socket_path, AttemptContext, Layout};
+use crate::attempt::preparer::{Preparer, Written};
+use crate::attempt::supervise::{AttemptPlan, Failure};
+use crate::error::{Context, Result};
+use crate::gpu::GpuInfo;
+use crate::host::sockets::RunSocketDir;
+use crate::host::Host;
+
+/// The preparer gets the next ready stages when one of the next `PREPARE_LOW + 1` has no
+/// files...
+const PREPARE_LOW: usize = 2;
+/// ...and up to this many of them at a time (each opened one holds three descriptors, which
+/// every spawn copies into its child until `execve` closes them).
+const PREPARE_BATCH: usize = 8;
+
+/// The preparer of one run and the directory of its event sockets.
+pub(super) struct Lookahead {
+    // Declared before the sockets' directory: it removes the sockets it holds first.
+    preparer: Preparer,
+    /// This run's event sockets, apart from other runs' of the same host (removed when the
+    /// run ends).
+    sockets: RunSocketDir,
+}
+
+impl Lookahead {
+    /// The run's socket directory and preparer thread.
+    pub(super) fn start(setup: &Setup, host: &Host) -> Result<Lookahead> {
+        let sockets = host
+            .sockets
+            .for_run(setup.ticket.1)
+            .context("cannot create the directory of the run's event sockets")?;
+        let stages = setup.plan.plan.stages.len();
+        let preparer = Preparer::start(stages, tokio::runtime::Handle::current())
+            .context("cannot start the stage-files thread")?;
+        Ok(Lookahead { preparer, sockets })
+    }
+
+    /// The files written ahead for stage `i`, if any: whether they are fresh, and those opened.
+    pub(super) fn claim(&self, i: usize) -> Option<Written> {
+        self.preparer.claim(i)
+    }
+
+    /// Files prepared for stage `i` will not be used.
+    pub(super) fn release(&self, i: usize) {
+        self.preparer.release(i);
+    }
+
+    /// The plan of attempt `attempt` of stage `i` (`prepared`: its files were written ahead,
+    /// fresh or not).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn prepare_attempt(
+        &self,
+        setup: &Setup,
+        states: &[StageState],
+        i: usize,
+        attempt: u32,
+        gpus: &[GpuInfo],
+        cpu_threads: Option<usize>,
+        prepared: Option<bool>,
+    ) -> std::result::Result<AttemptPlan, Failure> {
+        let context = AttemptContext {
+            plan: &setup.plan,
+            run_dir: &setup.run_dir,
+            states,
+            worker: setup.worker.as_deref(),
+            machine_has_gpus: !setup.cleared.gpus.is_empty(),
+            socket_dir: self.sockets.path(),
+        };
+        prepare_attempt(&context, i, attempt, gpus, cpu_threads, prepared)
+    }
+
+    /// The successor of stage `after` chosen by the scheduler, planned from the files the
+    /// preparer wrote for it; none if they are not written yet or it cannot be planned (its
+    /// own start, the ordinary way, then reports why).
+    pub(super) fn successor(
+        &self,
+        setup: &Setup,
+        sched: &Scheduler<'_>,
+        after: usize,
+        j: usize,
+        kind: Kind,
+    ) -> Option<Successor> {
+        let srun = setup.slurm.is_some() && setup.plan.plan.stages[j].task_layout().is_some();
+        if srun || !self.preparer.written(j) {
+            return None;
+        }
+        let written = self.preparer.claim(j);
+        let fresh = written.as_ref().map(|&(fresh, _)| fresh);
+        let planned = self.prepare_attempt(setup, sched.states(), j, 1, &[], None, fresh);
+        let files = written.and_then(|(_, files)| files);
+        match planned {
+            Ok(p) => Some(Successor::new(after, j, kind, p, files)),
+            Err(_) => {
+                if let Some(files) = files {
+                    files.give_back();
+                }
+                None
+            }
+        }
+    }
+
+    /// Whether stage `j` is one whose first attempt's files the preparer should write.
+    fn wants_files(&self, setup: &Setup, sched: &Scheduler<'_>, j: usize) -> bool {
+        let on_cpu = setup.plan.plan.stages[j].gpus_wanted() == 0 || setup.cleared.gpus.is_empty();
+        sched.states()[j].attempts == 0 && on_cpu && self.preparer.untouched(j)
+    }
+
+    /// Queues stage `j`'s first attempt's files; `open`: it is about to start (one of the
+    /// next ready ones), so its logs are opened and its socket bound too, not only written.
+    fn prepare_ahead(&self, setup: &Setup, sched: &Scheduler<'_>, j: usize, open: bool) {
+        if !self.wants_files(setup, sched, j) {
+            return;
+        }
+        let (plan, run_dir) = (&setup.plan, &setup.run_dir);
+        let inputs = Layout::inputs_of(plan, j, run_dir);
+        let layout = Layout::new(plan, j, run_dir, 1, protocol::worker::Device::Cpu, inputs);
+        let socket = open.then(|| socket_path(self.sockets.path(), j, 1));
+        self.preparer.queue(j, layout, socket);
+    }
+
+    /// Stage `i` just started: the stages that wait only on it are prepared while it runs,
+    /// opened too while few are (a chain's next stage then starts without opening anything),
+    /// if they will be among the next to start (not behind a long queue of ready stages: their
+    /// files would wait unopened). Down a chain of single stages, the next `PREPARE_BATCH` are
+    /// handed over at once when the first has no files yet (one wake-up of the preparer per
+    /// batch).
+    pub(super) fn prepare_downstream(&self, setup: &Setup, sched: &Scheduler<'_>, i: usize) {
+        let downstream = &setup.plan.downstream;
+        let soon = |d: usize| sched.ready_before(d, PREPARE_BATCH) < PREPARE_BATCH;
+        for &d in &downstream[i] {
+            if !sched.waits_on_one(d) || !soon(d) {
+                continue;
+            }
+            let batch = self.wants_files(setup, sched, d);
+            self.prepare_ahead(setup, sched, d, self.preparer.may_open());
+            let mut at = d;
+            for _ in 1..PREPARE_BATCH {
+                if !batch {
+                    break;
+                }
+                // The one stage after `at` that waits on nothing else.
+                let next = match downstream[at].as_slice() {
+                    &[n] if sched.waits_on_one(n) && soon(n) => n,
+                    _ => break,
+                };
+                self.prepare_ahead(setup, sched, next, self.preparer.may_open());
+                at = next;
+            }
+        }
+    }
+
+    /// The next ready stages' files go to the preparer in batches, once one of the next
+    /// `PREPARE_LOW + 1` has none: one wake-up of its thread per batch, not one per stage (on
+    /// a small machine each wake-up took time from the stage just started). Then everything
+    /// queued goes to its thread in one message.
+    pub(super) fn prepare_ready(&self, setup: &Setup, sched: &Scheduler<'_>) {
+        let short = sched
+            .ready()
+            .take(PREPARE_LOW + 1)
+            .any(|j| self.wants_files(setup, sched, j));
+        if sched.stopping().is_none() && short {
+            for j in sched.ready().take(PREPARE_BATCH) {
+                self.prepare_ahead(setup, sched, j, true);
+            }
+        }
+        self.preparer.flush();
+    }
+}

@@ -1,0 +1,118 @@
+//! Preflight: whether a plan can run on this host at all, checked before anything of the run
+//! exists. The CLI runs it before the run starts; the daemon before it accepts a plan, so an
+//! impossible plan is refused in the answer to `submit`, not accepted and then failed.
+
+use crate::gpu::{GpuInfo, MemoryProbe};
+use crate::host::Host;
+use crate::plan::LoadedPlan;
+use crate::slurm::{Allocation, SlurmError};
+use protocol::plan::GpuCheck;
+use std::rc::Rc;
+
+/// Why a plan cannot run on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A stage run through `srun` outside a Slurm allocation, or one the allocation cannot
+    /// hold.
+    #[error(transparent)]
+    Slurm(#[from] SlurmError),
+    /// `gpu_check = "required"` but NVML cannot be used.
+    #[error("the plan sets gpu_check = \"required\" but {why}; run on a machine with an NVIDIA driver, or set gpu_check = \"auto\"")]
+    GpuCheckUnavailable {
+        /// Why NVML cannot be used.
+        why: String,
+    },
+    /// `gpu_check = "required"` but NVML lists no GPU.
+    #[error("the plan sets gpu_check = \"required\" but NVML lists no GPU on this machine")]
+    NoGpuListed,
+    /// A stage asks for more GPUs than the machine has.
+    #[error("stage `{stage}` asks for {wants} GPUs but this machine has {has}")]
+    TooManyGpus {
+        /// The stage.
+        stage: String,
+        /// The GPUs it asks for.
+        wants: u32,
+        /// The GPUs of the machine.
+        has: usize,
+    },
+}
+
+impl Refusal {
+    /// A stable name of the refusal, for programs (the daemon's error answers).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Slurm(_) => "slurm",
+            Refusal::GpuCheckUnavailable { .. } => "gpu_check_unavailable",
+            Refusal::NoGpuListed => "no_gpu",
+            Refusal::TooManyGpus { .. } => "too_many_gpus",
+        }
+    }
+}
+
+/// What a plan that passed preflight runs with.
+pub(crate) struct Cleared {
+    /// The memory probe, when the GPU check runs.
+    pub(crate) probe: Option<Rc<dyn MemoryProbe>>,
+    /// The GPU check as the report and the journal describe it.
+    pub(crate) gpu_check: String,
+    /// The machine's GPUs (stages get them by UUID).
+    pub(crate) gpus: Vec<GpuInfo>,
+}
+
+/// Whether `plan` can run on `host` (inside `job`, if in a Slurm allocation); what it runs
+/// with if so.
+pub(crate) fn check(
+    plan: &LoadedPlan,
+    host: &Host,
+    job: Option<&Allocation>,
+) -> Result<Cleared, Refusal> {
+    let stages = &plan.plan.stages;
+    crate::slurm::srun::check_plan(stages, job)?;
+    let gpus = host.gpus().to_vec();
+    let setting = plan.plan.run.gpu_check;
+    let (probe, gpu_check) = match (&host.inventory.status, setting) {
+        (_, GpuCheck::Off) => (None, "off (gpu_check = \"off\")".to_string()),
+        (Ok(driver), _) => (
+            host.inventory.probe.clone(),
+            format!(
+                "verified with NVML (driver {driver}, {} GPU(s))",
+                gpus.len()
+            ),
+        ),
+        (Err(why), GpuCheck::Required) => {
+            return Err(Refusal::GpuCheckUnavailable {
+                why: why.to_string(),
+            })
+        }
+        (Err(why), _) => (None, format!("unavailable: {why}")),
+    };
+    if setting == GpuCheck::Required && gpus.is_empty() {
+        return Err(Refusal::NoGpuListed);
+    }
+    if !gpus.is_empty() {
+        if let Some(s) = stages
+            .iter()
+            .find(|s| s.gpus_wanted() as usize > gpus.len())
+        {
+            return Err(Refusal::TooManyGpus {
+                stage: s.name.clone(),
+                wants: s.gpus_wanted(),
+                has: gpus.len(),
+            });
+        }
+    }
+    Ok(Cleared {
+        probe,
+        gpu_check,
+        gpus,
+    })
+}
+
+impl From<Refusal> for crate::error::Error {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Slurm(e) => crate::error::Error::Slurm(e),
+            other => crate::error::Error::Refused(other.to_string()),
+        }
+    }
+}

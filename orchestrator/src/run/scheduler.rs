@@ -1,0 +1,1407 @@
+//! The run's decisions, without I/O: which stage starts next, what an attempt's end means
+//! (success, retry after a backoff, failure and the skips it causes), what a leaked GPU means
+//! under `on_leak`, and how a cancel or a stop ends the run.
+//!
+//! [`Scheduler`] holds the state of every stage of one run. The run loop ([`super`]) turns
+//! what happens (an attempt ended, a slot came free, a cancel) into [`Event`]s, asks for the
+//! next stages to start with [`Scheduler::next_start`], and carries out the [`Action`]s it gets
+//! back (journal and console records, quarantines, passing a cancel on). Nothing here touches
+//! a process, a file or the clock: time comes in as an argument, GPUs through [`Resources`].
+//!
+//! Readiness is tracked incrementally, so each event costs O(its neighbours), not O(stages): a
+//! 10,000-stage sweep schedules in linear time.
+
+use crate::attempt::handover;
+use crate::attempt::supervise::{AttemptResult, CancelLevel, Outcome};
+use crate::gpu::GpuInfo;
+use crate::plan::LoadedPlan;
+use crate::run::state::{StageState, Status};
+use protocol::plan::OnLeak;
+use protocol::report::GpuVerdict;
+use protocol::status::{FailureClass, StageStatus};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ops::Bound;
+use std::time::{Duration, Instant};
+
+/// The wait before attempt `attempt + 1` of a stage whose attempt `attempt` failed: 0.5 s,
+/// doubling per attempt up to the sixth (16 s), and never more than 30 s.
+pub(crate) fn retry_backoff(attempt: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6).saturating_sub(1)))
+        .min(Duration::from_secs(30))
+}
+
+/// The plan's rules that decide the run, as the scheduler applies them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rules {
+    /// Stages holding a slot at once (at least 1).
+    pub(crate) max_parallel: usize,
+    /// A failure (after retries) stops further starts.
+    pub(crate) fail_fast: bool,
+    /// What a leaked GPU does.
+    pub(crate) on_leak: OnLeak,
+    /// Whether stages that ask for GPUs get them (else they run on the CPU).
+    pub(crate) machine_has_gpus: bool,
+}
+
+/// Why a run starts no further stage. Ordered by precedence: the greatest cause is the one
+/// the stages left unstarted are skipped for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stopping {
+    /// A GPU leaked and `on_leak = "fail"`.
+    GpuLeaked,
+    /// A stage failed and `fail_fast = true`.
+    FailFast,
+    /// The run was cancelled (a signal, `orchestrate cancel`).
+    Interrupted,
+}
+
+impl Stopping {
+    /// The failure class and reason of a stage skipped because of this stop.
+    fn skip_reason(self) -> (FailureClass, &'static str) {
+        match self {
+            Stopping::Interrupted => (
+                FailureClass::Interrupted,
+                "not started: the run was interrupted",
+            ),
+            Stopping::FailFast => (
+                FailureClass::FailFast,
+                "not started: a stage failed and fail_fast = true",
+            ),
+            Stopping::GpuLeaked => (
+                FailureClass::GpuLeaked,
+                "not started: a GPU leaked and on_leak = \"fail\"",
+            ),
+        }
+    }
+}
+
+/// What the run loop tells the scheduler.
+pub(crate) enum Event<'a> {
+    /// Stage `stage`'s attempt started (or failed to spawn; its end follows); `may_hand_over`:
+    /// it may free its slot early or start its successor itself ([`handover`]).
+    Launched { stage: usize, may_hand_over: bool },
+    /// The attempt could not be prepared: no process ran (an input that no longer verifies).
+    StartFailed {
+        stage: usize,
+        class: FailureClass,
+        message: String,
+    },
+    /// Stage `stage` gave its slot back before its result (its tree is gone).
+    SlotFreed(usize),
+    /// Stage `from` gave its slot to `to`, which it started ([`handover::Kind::Slot`]).
+    HandedOver { from: usize, to: usize },
+    /// Stage `stage`'s attempt ended with `result`; `chained`: the successor it started when it
+    /// succeeded ([`handover::Kind::Chain`]).
+    AttemptEnded {
+        stage: usize,
+        result: &'a AttemptResult,
+        chained: Option<usize>,
+    },
+    /// The run was asked to stop.
+    Cancel(CancelLevel),
+}
+
+/// What the scheduler asks the run loop to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Action {
+    /// Record an attempt's end (console and journal); `retry_in`: it will be retried then.
+    Finished {
+        stage: usize,
+        attempt: u32,
+        status: StageStatus,
+        error: Option<String>,
+        retry_in: Option<Duration>,
+    },
+    /// Record that a stage will not run.
+    Skipped {
+        stage: usize,
+        class: FailureClass,
+        reason: String,
+    },
+    /// Tell the user why a stage waits for GPUs (once per change of reason).
+    Waiting { stage: usize, why: String },
+    /// No further stage runs on this GPU (`on_leak = "quarantine"`).
+    Quarantine(String),
+    /// No further stage starts, for this reason (said once per cause).
+    Stop(Stopping),
+    /// Pass the cancel on to the running stages.
+    CancelStages(CancelLevel),
+    /// Files prepared ahead for this stage will not be used: release them.
+    ReleaseFiles(usize),
+}
+
+/// An attempt to start, as [`Scheduler::next_start`] chose it.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Start {
+    /// A stage an ending stage already started in its slot: record it.
+    HandedOver(usize),
+    /// Start attempt `attempt` of `stage` on `gpus`; `cpu_threads`: the threads a built-in
+    /// stage on the CPU should use (shared with the other built-in CPU stages).
+    Fresh {
+        stage: usize,
+        attempt: u32,
+        gpus: Vec<GpuInfo>,
+        cpu_threads: Option<usize>,
+    },
+}
+
+/// What the host offers the stages about to start: GPUs and the CPU.
+pub(crate) trait Resources {
+    /// GPUs not quarantined.
+    fn usable_gpus(&self) -> usize;
+    /// All GPUs of the machine.
+    fn total_gpus(&self) -> usize;
+    /// Takes `n` GPUs for `stage`, or says why it must wait.
+    fn take_gpus(&mut self, stage: usize, n: usize) -> Result<Vec<GpuInfo>, String>;
+    /// Built-in stages running on the CPU, this run's and other runs' of the host.
+    fn cpu_builtins_running(&self) -> usize;
+    /// The host's CPU cores.
+    fn cpus(&self) -> usize;
+}
+
+/// How a run ended, as the scheduler decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Every stage succeeded (a leak with `on_leak` other than `fail` included).
+    Succeeded,
+    /// A stage failed or was skipped.
+    Failed,
+    /// A GPU leaked and `on_leak = "fail"`.
+    Leaked,
+    /// The run was cancelled.
+    Interrupted,
+}
+
+/// The state of one run: every stage's, the ready set, the slots, and the stop.
+pub(crate) struct Scheduler<'p> {
+    plan: &'p LoadedPlan,
+    rules: Rules,
+    states: Vec<StageState>,
+    /// Each stage's place in the plan's order (ready stages start in that order).
+    position: Vec<usize>,
+    /// Per stage: upstream stages not yet succeeded.
+    waiting_on: Vec<usize>,
+    /// Stages ready to start, by position.
+    ready: BTreeSet<(usize, usize)>,
+    /// Failed stages waiting for their retry, and when it is due.
+    retry_queue: Vec<(Instant, usize)>,
+    /// Stages holding a slot (at most `max_parallel`, hand-overs aside).
+    slots_held: usize,
+    /// Attempts whose result has not come, and whether each may hand over.
+    live: BTreeMap<usize, bool>,
+    /// Stages that gave their slot back before their result.
+    freed_early: HashSet<usize>,
+    /// Stages an ending stage started in its place, not yet recorded.
+    handed: Vec<usize>,
+    /// Why the run starts nothing more (empty while it goes on).
+    stops: BTreeSet<Stopping>,
+    leaked_any: bool,
+    /// Per stage: why it waits for GPUs (told once per change).
+    waiting_why: BTreeMap<usize, String>,
+    /// Within one round of starts: the last ready stage looked at.
+    cursor: Option<(usize, usize)>,
+    /// Within one round: whether a stage was left waiting for GPUs.
+    gpu_waiting: bool,
+}
+
+impl<'p> Scheduler<'p> {
+    /// A run of `plan` whose stages stand as `states` (pending, or kept by a resume).
+    pub(crate) fn new(plan: &'p LoadedPlan, rules: Rules, states: Vec<StageState>) -> Self {
+        let mut position = vec![0; states.len()];
+        for (p, &i) in plan.order.iter().enumerate() {
+            position[i] = p;
+        }
+        let waiting_on: Vec<usize> = plan
+            .upstream
+            .iter()
+            .map(|ups| {
+                ups.iter()
+                    .filter(|&&u| states[u].status != Status::Succeeded)
+                    .count()
+            })
+            .collect();
+        let ready = (0..states.len())
+            .filter(|&i| waiting_on[i] == 0 && states[i].status == Status::Pending)
+            .map(|i| (position[i], i))
+            .collect();
+        Scheduler {
+            plan,
+            rules: Rules {
+                max_parallel: rules.max_parallel.max(1),
+                ..rules
+            },
+            states,
+            position,
+            waiting_on,
+            ready,
+            retry_queue: Vec::new(),
+            slots_held: 0,
+            live: BTreeMap::new(),
+            freed_early: HashSet::new(),
+            handed: Vec::new(),
+            stops: BTreeSet::new(),
+            leaked_any: false,
+            waiting_why: BTreeMap::new(),
+            cursor: None,
+            gpu_waiting: false,
+        }
+    }
+
+    /// Every stage's state, by index.
+    pub(crate) fn states(&self) -> &[StageState] {
+        &self.states
+    }
+
+    /// Keeps what the report needs of stage `i`'s last attempt.
+    pub(crate) fn keep_last(&mut self, i: usize, result: AttemptResult) {
+        self.states[i].last = Some(crate::run::state::LastAttempt::of(result));
+    }
+
+    /// Why no further stage starts, if it does not.
+    pub(crate) fn stopping(&self) -> Option<Stopping> {
+        self.stops.last().copied()
+    }
+
+    /// Whether the last round of starts left a stage waiting for GPUs.
+    pub(crate) fn gpu_waiting(&self) -> bool {
+        self.gpu_waiting
+    }
+
+    /// When the next retry is due.
+    pub(crate) fn next_retry(&self) -> Option<Instant> {
+        self.retry_queue.iter().map(|&(t, _)| t).min()
+    }
+
+    /// Stages holding a slot.
+    #[cfg(test)]
+    pub(crate) fn slots_held(&self) -> usize {
+        self.slots_held
+    }
+
+    /// Whether the run is over: nothing runs and nothing more will start.
+    pub(crate) fn is_done(&self) -> bool {
+        self.slots_held == 0
+            && self.live.is_empty()
+            && (!self.stops.is_empty() || (self.ready.is_empty() && self.retry_queue.is_empty()))
+    }
+
+    /// The ready stages in the order they start.
+    pub(crate) fn ready(&self) -> impl Iterator<Item = usize> + '_ {
+        self.ready.iter().map(|&(_, i)| i)
+    }
+
+    /// How many ready stages (at most `limit`) start before `stage` would.
+    pub(crate) fn ready_before(&self, stage: usize, limit: usize) -> usize {
+        self.ready
+            .range(..(self.position[stage], stage))
+            .take(limit)
+            .count()
+    }
+
+    /// Whether `stage` waits on exactly one upstream stage that has not succeeded.
+    pub(crate) fn waits_on_one(&self, stage: usize) -> bool {
+        self.waiting_on[stage] == 1
+    }
+
+    /// The stage to plan now to start the moment the one running stage ends, and how
+    /// ([`handover`]): only while exactly one stage runs, alone (no hand-over, retry or GPU
+    /// wait pending, not stopping), and only a command stage's first attempt on the CPU. The
+    /// first ready stage takes its slot (with `max_parallel = 1`, not with `fail_fast`); with
+    /// none ready, the first stage that waits on it alone follows it as a chain.
+    pub(crate) fn handover_candidate(&self) -> Option<(usize, usize, handover::Kind)> {
+        if !self.stops.is_empty()
+            || self.slots_held != 1
+            || self.live.len() != 1
+            || !self.handed.is_empty()
+            || !self.retry_queue.is_empty()
+            || self.gpu_waiting
+        {
+            return None;
+        }
+        let (&i, &may_hand_over) = self.live.iter().next()?;
+        if !may_hand_over {
+            return None;
+        }
+        let (j, kind) = match self.ready.iter().next() {
+            Some(&(_, j)) => (self.rules.max_parallel == 1 && !self.rules.fail_fast)
+                .then_some((j, handover::Kind::Slot))?,
+            None => self.plan.downstream[i]
+                .iter()
+                .copied()
+                .filter(|&d| self.waiting_on[d] == 1 && self.states[d].status == Status::Pending)
+                .min_by_key(|&d| self.position[d])
+                .map(|d| (d, handover::Kind::Chain))?,
+        };
+        let eligible = self.states[j].attempts == 0 && !self.is_builtin(j) && self.on_cpu(j);
+        eligible.then_some((i, j, kind))
+    }
+
+    /// Begins a round of starts at `now`: retries that are due become ready.
+    pub(crate) fn begin_round(&mut self, now: Instant) {
+        let (position, ready) = (&self.position, &mut self.ready);
+        self.retry_queue.retain(|&(t, i)| {
+            if t <= now {
+                ready.insert((position[i], i));
+                false
+            } else {
+                true
+            }
+        });
+        self.cursor = None;
+        self.gpu_waiting = false;
+    }
+
+    /// The next attempt to start in this round, if any: first the stages an ending stage
+    /// started in its place (even while stopping: they run already), then ready stages in
+    /// order while slots are free and the run is not stopping. A stage that needs more GPUs
+    /// than remain usable fails here; one whose GPUs are busy is passed over (its reason in
+    /// `actions` once per change) until the next round.
+    pub(crate) fn next_start(
+        &mut self,
+        resources: &mut dyn Resources,
+        actions: &mut Vec<Action>,
+    ) -> Option<Start> {
+        if let Some(i) = self.handed.pop() {
+            self.ready.remove(&(self.position[i], i));
+            self.occupy(i);
+            return Some(Start::HandedOver(i));
+        }
+        while self.stops.is_empty() && self.slots_held < self.rules.max_parallel {
+            let next = match self.cursor {
+                None => self.ready.iter().next(),
+                Some(c) => self
+                    .ready
+                    .range((Bound::Excluded(c), Bound::Unbounded))
+                    .next(),
+            };
+            let &(pos, i) = next?;
+            self.cursor = Some((pos, i));
+            if let Some(start) = self.try_start(i, resources, actions) {
+                return Some(start);
+            }
+        }
+        None
+    }
+
+    /// Stage `i`'s start if its GPUs can be had now.
+    fn try_start(
+        &mut self,
+        i: usize,
+        resources: &mut dyn Resources,
+        actions: &mut Vec<Action>,
+    ) -> Option<Start> {
+        let want = if self.rules.machine_has_gpus {
+            self.plan.plan.stages[i].gpus_wanted() as usize
+        } else {
+            0
+        };
+        let usable = resources.usable_gpus();
+        if want > usable {
+            self.ready.remove(&(self.position[i], i));
+            let message = format!(
+                "needs {want} GPU(s) but only {usable} are usable ({} quarantined after leaks)",
+                resources.total_gpus() - usable
+            );
+            self.fail_without_attempt(i, FailureClass::NoGpu, message, actions);
+            return None;
+        }
+        let gpus = if want == 0 {
+            Vec::new()
+        } else {
+            match resources.take_gpus(i, want) {
+                Ok(gpus) => {
+                    self.waiting_why.remove(&i);
+                    gpus
+                }
+                Err(why) => {
+                    self.gpu_waiting = true;
+                    if self.waiting_why.get(&i) != Some(&why) {
+                        actions.push(Action::Waiting {
+                            stage: i,
+                            why: why.clone(),
+                        });
+                        self.waiting_why.insert(i, why);
+                    }
+                    return None;
+                }
+            }
+        };
+        self.ready.remove(&(self.position[i], i));
+        let cpu_threads = (self.is_builtin(i) && gpus.is_empty())
+            .then(|| self.cpu_threads(resources.cpu_builtins_running(), resources.cpus()));
+        self.occupy(i);
+        Some(Start::Fresh {
+            stage: i,
+            attempt: self.states[i].attempts,
+            gpus,
+            cpu_threads,
+        })
+    }
+
+    /// Stage `i` takes a slot for a new attempt.
+    fn occupy(&mut self, i: usize) {
+        self.states[i].attempts += 1;
+        self.states[i].status = Status::Running;
+        self.slots_held += 1;
+        self.live.insert(i, false);
+    }
+
+    fn is_builtin(&self, i: usize) -> bool {
+        self.plan.plan.stages[i].kind.is_some()
+    }
+
+    fn on_cpu(&self, i: usize) -> bool {
+        self.plan.plan.stages[i].gpus_wanted() == 0 || !self.rules.machine_has_gpus
+    }
+
+    /// Built-in CPU stages that run side by side share the cores instead of each starting a
+    /// thread per core: the cores divided among those running, this one, and those ready.
+    fn cpu_threads(&self, running: usize, cpus: usize) -> usize {
+        let ready_cpu = self
+            .ready
+            .iter()
+            .filter(|&&(_, j)| self.is_builtin(j) && self.on_cpu(j))
+            .take(self.rules.max_parallel)
+            .count();
+        let sharing = (running + ready_cpu + 1)
+            .min(self.rules.max_parallel)
+            .max(1);
+        (cpus / sharing).max(1)
+    }
+
+    /// Takes in one event; what it asks the run loop to do, in order.
+    pub(crate) fn on(&mut self, event: Event<'_>, now: Instant) -> Vec<Action> {
+        let mut actions = Vec::new();
+        match event {
+            Event::Launched {
+                stage,
+                may_hand_over,
+            } => {
+                self.live.insert(stage, may_hand_over);
+            }
+            Event::StartFailed {
+                stage,
+                class,
+                message,
+            } => {
+                self.slots_held -= 1;
+                self.live.remove(&stage);
+                self.fail_without_attempt(stage, class, message, &mut actions);
+            }
+            Event::SlotFreed(stage) => {
+                self.slots_held -= 1;
+                self.freed_early.insert(stage);
+            }
+            Event::HandedOver { from, to } => {
+                self.slots_held -= 1;
+                self.freed_early.insert(from);
+                self.handed.push(to);
+            }
+            Event::AttemptEnded {
+                stage,
+                result,
+                chained,
+            } => {
+                self.handed.extend(chained);
+                self.live.remove(&stage);
+                if !self.freed_early.remove(&stage) {
+                    self.slots_held -= 1;
+                }
+                self.judge_gpus(result, &mut actions);
+                self.conclude(stage, &result.outcome, now, &mut actions);
+            }
+            Event::Cancel(level) => self.cancel(level, &mut actions),
+        }
+        actions
+    }
+
+    /// Leaked GPUs under `on_leak`.
+    fn judge_gpus(&mut self, result: &AttemptResult, actions: &mut Vec<Action>) {
+        for g in result
+            .gpu
+            .iter()
+            .filter(|g| g.verdict == GpuVerdict::Leaked)
+        {
+            self.leaked_any = true;
+            match self.rules.on_leak {
+                OnLeak::Quarantine => actions.push(Action::Quarantine(g.uuid.clone())),
+                OnLeak::Fail => self.stop_for(Stopping::GpuLeaked, actions),
+                OnLeak::Warn => {}
+            }
+        }
+    }
+
+    /// What an attempt's end means for its stage and the stages after it.
+    fn conclude(&mut self, i: usize, outcome: &Outcome, now: Instant, out: &mut Vec<Action>) {
+        let attempt = self.states[i].attempts;
+        let finished = |status, error, retry_in| Action::Finished {
+            stage: i,
+            attempt,
+            status,
+            error,
+            retry_in,
+        };
+        match outcome {
+            Outcome::Succeeded => {
+                out.push(finished(StageStatus::Succeeded, None, None));
+                self.states[i].status = Status::Succeeded;
+                self.states[i].failure = None;
+                self.release_downstream(i);
+            }
+            Outcome::Failed(failure) => {
+                let message = failure.describe();
+                let retry = failure.retryable()
+                    && attempt <= self.plan.plan.stages[i].retries
+                    && !self.stops.contains(&Stopping::Interrupted);
+                let retry_in = retry.then(|| retry_backoff(attempt));
+                out.push(finished(
+                    StageStatus::Failed,
+                    Some(message.clone()),
+                    retry_in,
+                ));
+                self.states[i].failure = Some(Box::new((failure.class(), message)));
+                match retry_in {
+                    Some(wait) => {
+                        let at = now + wait;
+                        self.states[i].status = Status::RetryAt(at);
+                        self.retry_queue.push((at, i));
+                    }
+                    None => self.fail(i, out),
+                }
+            }
+            Outcome::Cancelled => {
+                // Its downstream stages are skipped as interrupted when the run ends (a cancel
+                // is what stops a stage here).
+                let why = Some("stopped by a signal".to_string());
+                out.push(finished(StageStatus::Cancelled, why, None));
+                self.states[i].status = Status::Cancelled;
+            }
+        }
+    }
+
+    /// Stage `i` succeeded: the stages waiting on it alone become ready (a successor it
+    /// started itself is recorded by the next round instead).
+    fn release_downstream(&mut self, i: usize) {
+        for &d in &self.plan.downstream[i] {
+            self.waiting_on[d] -= 1;
+            if self.waiting_on[d] == 0
+                && self.states[d].status == Status::Pending
+                && !self.handed.contains(&d)
+            {
+                self.ready.insert((self.position[d], d));
+            }
+        }
+    }
+
+    /// Records a stage that failed before any of its processes started, and its consequences.
+    fn fail_without_attempt(
+        &mut self,
+        i: usize,
+        class: FailureClass,
+        message: String,
+        out: &mut Vec<Action>,
+    ) {
+        out.push(Action::Finished {
+            stage: i,
+            attempt: self.states[i].attempts,
+            status: StageStatus::Failed,
+            error: Some(message.clone()),
+            retry_in: None,
+        });
+        self.states[i].failure = Some(Box::new((class, message)));
+        self.fail(i, out);
+    }
+
+    /// Stage `i` failed for good: everything downstream of it is skipped, and with
+    /// `fail_fast` the run stops.
+    fn fail(&mut self, i: usize, out: &mut Vec<Action>) {
+        self.states[i].status = Status::Failed;
+        self.skip_downstream(i, out);
+        // Only stages waiting on it alone were opened ahead.
+        out.extend(
+            self.plan.downstream[i]
+                .iter()
+                .map(|&d| Action::ReleaseFiles(d)),
+        );
+        if self.rules.fail_fast {
+            self.stop_for(Stopping::FailFast, out);
+        }
+    }
+
+    /// Every stage downstream of `failed` (transitively) that has not run is skipped, each
+    /// once, naming the stage it waited on.
+    fn skip_downstream(&mut self, failed: usize, out: &mut Vec<Action>) {
+        let mut stack = vec![failed];
+        while let Some(u) = stack.pop() {
+            for &d in &self.plan.downstream[u] {
+                if matches!(self.states[d].status, Status::Pending | Status::RetryAt(_)) {
+                    let reason = format!(
+                        "upstream stage `{}` did not succeed",
+                        self.plan.plan.stages[u].name
+                    );
+                    let class = FailureClass::UpstreamFailed;
+                    self.states[d].status = Status::Skipped(class, reason.clone());
+                    out.push(Action::Skipped {
+                        stage: d,
+                        class,
+                        reason,
+                    });
+                    stack.push(d);
+                }
+            }
+        }
+    }
+
+    /// The run starts nothing more, for `cause` (said once per cause).
+    fn stop_for(&mut self, cause: Stopping, out: &mut Vec<Action>) {
+        if self.stops.insert(cause) {
+            out.push(Action::Stop(cause));
+        }
+    }
+
+    /// A cancel: the running stages are told (once per level; a kill each time), nothing
+    /// more starts, and the run ends interrupted.
+    fn cancel(&mut self, level: CancelLevel, out: &mut Vec<Action>) {
+        match level {
+            CancelLevel::None => {}
+            CancelLevel::Graceful => {
+                if self.stops.insert(Stopping::Interrupted) {
+                    out.push(Action::CancelStages(CancelLevel::Graceful));
+                }
+            }
+            CancelLevel::Kill => {
+                self.stops.insert(Stopping::Interrupted);
+                out.push(Action::CancelStages(CancelLevel::Kill));
+            }
+        }
+    }
+
+    /// The run was stopped as it ended (inside Slurm, a stop that came with the last stage's
+    /// end): it ends interrupted, with nothing left to tell.
+    pub(crate) fn note_interrupted(&mut self) {
+        self.stops.insert(Stopping::Interrupted);
+    }
+
+    /// Ends the run: every stage that did not start is skipped for the run's stop, and the
+    /// run's verdict.
+    pub(crate) fn finish(&mut self) -> (Vec<Action>, Verdict) {
+        let mut out = Vec::new();
+        let (class, reason) = self.stopping().unwrap_or(Stopping::GpuLeaked).skip_reason();
+        for (i, state) in self.states.iter_mut().enumerate() {
+            if matches!(state.status, Status::Pending | Status::RetryAt(_)) {
+                state.status = Status::Skipped(class, reason.to_string());
+                out.push(Action::Skipped {
+                    stage: i,
+                    class,
+                    reason: reason.to_string(),
+                });
+            }
+        }
+        let any_failed = self
+            .states
+            .iter()
+            .any(|s| matches!(s.status, Status::Failed | Status::Skipped(..)));
+        let leak_stop = self.stops.contains(&Stopping::GpuLeaked);
+        let verdict = if self.stops.contains(&Stopping::Interrupted) {
+            Verdict::Interrupted
+        } else if any_failed && !leak_stop {
+            Verdict::Failed
+        } else if self.leaked_any && self.rules.on_leak == OnLeak::Fail {
+            Verdict::Leaked
+        } else {
+            Verdict::Succeeded
+        };
+        (out, verdict)
+    }
+
+    /// The stages left as the run ends.
+    pub(crate) fn into_states(self) -> Vec<StageState> {
+        self.states
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every scheduling rule, without a process: plans parsed from TOML, attempts ended by
+    //! hand, GPUs from a [`Resources`] of the test's own.
+    use super::*;
+    use crate::attempt::supervise::Failure;
+    use crate::plan::parse_plan_toml;
+    use protocol::report::GpuRecord;
+    use std::path::Path;
+
+    /// A plan of command stages (`name after...` per line) with `[run]` settings `run`.
+    fn plan(run: &str, stages: &[(&str, &[&str], &str)]) -> LoadedPlan {
+        let mut text = format!("[run]\n{run}\n");
+        for (name, after, extra) in stages {
+            let after: Vec<String> = after.iter().map(|a| format!("\"{a}\"")).collect();
+            text.push_str(&format!(
+                "[[stage]]\nname = \"{name}\"\ncommand = [\"true\"]\nafter = [{}]\n{extra}\n",
+                after.join(", ")
+            ));
+        }
+        parse_plan_toml(&text, "t.toml", Path::new("/")).expect("the test plan is valid")
+    }
+
+    fn rules(max_parallel: usize) -> Rules {
+        Rules {
+            max_parallel,
+            fail_fast: false,
+            on_leak: OnLeak::Warn,
+            machine_has_gpus: false,
+        }
+    }
+
+    fn scheduler(plan: &LoadedPlan, rules: Rules) -> Scheduler<'_> {
+        let states = (0..plan.plan.stages.len())
+            .map(|_| StageState::pending(0))
+            .collect();
+        Scheduler::new(plan, rules, states)
+    }
+
+    /// A machine of `n` GPUs, each free unless `busy` says why not.
+    struct Gpus {
+        free: Vec<GpuInfo>,
+        total: usize,
+        busy: Option<String>,
+        cpus: usize,
+        builtins: usize,
+    }
+
+    impl Gpus {
+        fn new(n: usize) -> Gpus {
+            Gpus {
+                free: (0..n).map(gpu).collect(),
+                total: n,
+                busy: None,
+                cpus: 8,
+                builtins: 0,
+            }
+        }
+    }
+
+    fn gpu(i: usize) -> GpuInfo {
+        GpuInfo {
+            index: i as u32,
+            cuda_index: i as u32,
+            uuid: format!("GPU-{i}"),
+            name: "test".into(),
+            total_bytes: 1 << 30,
+        }
+    }
+
+    impl Resources for Gpus {
+        fn usable_gpus(&self) -> usize {
+            self.total
+        }
+        fn total_gpus(&self) -> usize {
+            self.total
+        }
+        fn take_gpus(&mut self, _stage: usize, n: usize) -> Result<Vec<GpuInfo>, String> {
+            if let Some(why) = &self.busy {
+                return Err(why.clone());
+            }
+            if self.free.len() < n {
+                return Err("not enough".into());
+            }
+            Ok(self.free.drain(..n).collect())
+        }
+        fn cpu_builtins_running(&self) -> usize {
+            self.builtins
+        }
+        fn cpus(&self) -> usize {
+            self.cpus
+        }
+    }
+
+    /// Starts everything the scheduler starts now; the stages started, and the actions.
+    fn round(s: &mut Scheduler<'_>, gpus: &mut Gpus, now: Instant) -> (Vec<usize>, Vec<Action>) {
+        s.begin_round(now);
+        let mut actions = Vec::new();
+        let mut started = Vec::new();
+        while let Some(start) = s.next_start(gpus, &mut actions) {
+            let stage = match start {
+                Start::HandedOver(i) => i,
+                Start::Fresh { stage, .. } => stage,
+            };
+            s.on(
+                Event::Launched {
+                    stage,
+                    may_hand_over: true,
+                },
+                now,
+            );
+            started.push(stage);
+        }
+        (started, actions)
+    }
+
+    fn result(outcome: Outcome) -> AttemptResult {
+        let mut r = AttemptResult::early_failure(Failure::Exit(1));
+        r.outcome = outcome;
+        r
+    }
+
+    fn succeeded() -> AttemptResult {
+        result(Outcome::Succeeded)
+    }
+
+    fn failed(failure: Failure) -> AttemptResult {
+        result(Outcome::Failed(failure))
+    }
+
+    fn leaked(uuid: &str) -> AttemptResult {
+        let mut r = succeeded();
+        r.gpu.push(GpuRecord {
+            uuid: uuid.into(),
+            baseline_bytes: 0,
+            peak_bytes: 1 << 30,
+            after_bytes: 1 << 30,
+            reclaim_ms: 0.0,
+            verdict: GpuVerdict::Leaked,
+            holders: Vec::new(),
+            note: None,
+        });
+        r
+    }
+
+    fn end(s: &mut Scheduler<'_>, stage: usize, r: &AttemptResult, now: Instant) -> Vec<Action> {
+        s.on(
+            Event::AttemptEnded {
+                stage,
+                result: r,
+                chained: None,
+            },
+            now,
+        )
+    }
+
+    fn skipped(actions: &[Action]) -> Vec<(usize, FailureClass, String)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Skipped {
+                    stage,
+                    class,
+                    reason,
+                } => Some((*stage, *class, reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stage_starts_only_after_every_upstream_stage_succeeded() {
+        let p = plan(
+            "",
+            &[("a", &[], ""), ("b", &[], ""), ("c", &["a", "b"], "")],
+        );
+        let mut s = scheduler(&p, rules(4));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 1]);
+        end(&mut s, 0, &succeeded(), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        end(&mut s, 1, &succeeded(), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+        end(&mut s, 2, &succeeded(), now);
+        assert!(s.is_done());
+        assert_eq!(s.finish().1, Verdict::Succeeded);
+    }
+
+    #[test]
+    fn max_parallel_bounds_the_slots_and_ready_stages_start_in_plan_order() {
+        let p = plan("", &[("z", &[], ""), ("y", &[], ""), ("x", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        assert_eq!(s.slots_held(), 1);
+        // A slot given back early lets the next stage in before the result comes.
+        s.on(Event::SlotFreed(0), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        end(&mut s, 0, &succeeded(), now);
+        assert_eq!(
+            s.slots_held(),
+            1,
+            "the early-freed slot is not given back twice"
+        );
+        assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        end(&mut s, 1, &succeeded(), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+    }
+
+    #[test]
+    fn a_retryable_failure_is_retried_after_its_backoff_until_the_retries_are_spent() {
+        let p = plan("", &[("a", &[], "retries = 2"), ("b", &["a"], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let t0 = Instant::now();
+        round(&mut s, &mut gpus, t0);
+        let actions = end(&mut s, 0, &failed(Failure::Exit(3)), t0);
+        assert_eq!(
+            actions,
+            vec![Action::Finished {
+                stage: 0,
+                attempt: 1,
+                status: StageStatus::Failed,
+                error: Some("exited with code 3".into()),
+                retry_in: Some(Duration::from_millis(500)),
+            }]
+        );
+        assert_eq!(s.next_retry(), Some(t0 + Duration::from_millis(500)));
+        // Not before its backoff.
+        assert!(round(&mut s, &mut gpus, t0 + Duration::from_millis(499))
+            .0
+            .is_empty());
+        let t1 = t0 + Duration::from_millis(500);
+        assert_eq!(round(&mut s, &mut gpus, t1).0, vec![0]);
+        assert_eq!(s.states()[0].attempts, 2);
+        // The second retry waits twice as long.
+        let actions = end(&mut s, 0, &failed(Failure::Exit(3)), t1);
+        assert!(
+            matches!(actions[0], Action::Finished { retry_in: Some(d), .. } if d == Duration::from_secs(1))
+        );
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(round(&mut s, &mut gpus, t2).0, vec![0]);
+        // Retries spent: it fails, and its downstream stage is skipped.
+        let actions = end(&mut s, 0, &failed(Failure::Exit(3)), t2);
+        assert!(matches!(
+            actions[0],
+            Action::Finished {
+                attempt: 3,
+                retry_in: None,
+                ..
+            }
+        ));
+        assert_eq!(skipped(&actions).len(), 1);
+        assert!(s.is_done());
+        assert_eq!(s.finish().1, Verdict::Failed);
+        assert_eq!(retry_backoff(6), Duration::from_secs(16));
+        assert_eq!(
+            retry_backoff(60),
+            Duration::from_secs(16),
+            "the backoff stops growing"
+        );
+    }
+
+    #[test]
+    fn a_failure_that_cannot_pass_on_a_retry_is_not_retried() {
+        for failure in [
+            Failure::BadInput("x".into()),
+            Failure::SpawnFailed("x".into()),
+            Failure::MissingOutputs(vec!["m".into()]),
+        ] {
+            let p = plan("", &[("a", &[], "retries = 5")]);
+            let mut s = scheduler(&p, rules(1));
+            let now = Instant::now();
+            round(&mut s, &mut Gpus::new(0), now);
+            let actions = end(&mut s, 0, &failed(failure), now);
+            assert!(matches!(
+                actions[0],
+                Action::Finished { retry_in: None, .. }
+            ));
+            assert!(s.is_done());
+        }
+    }
+
+    #[test]
+    fn a_failure_skips_every_stage_downstream_naming_the_stage_each_waited_on() {
+        let p = plan(
+            "",
+            &[
+                ("a", &[], ""),
+                ("b", &["a"], ""),
+                ("c", &["b"], ""),
+                ("d", &[], ""),
+            ],
+        );
+        let mut s = scheduler(&p, rules(4));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 3]);
+        let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
+        let class = FailureClass::UpstreamFailed;
+        assert_eq!(
+            skipped(&actions),
+            vec![
+                (1, class, "upstream stage `a` did not succeed".into()),
+                (2, class, "upstream stage `b` did not succeed".into()),
+            ]
+        );
+        assert!(actions.contains(&Action::ReleaseFiles(1)));
+        // The independent stage goes on; no stop without fail_fast.
+        assert_eq!(s.stopping(), None);
+        end(&mut s, 3, &succeeded(), now);
+        assert!(s.is_done());
+        let (late, verdict) = s.finish();
+        assert!(late.is_empty(), "skipped stages are not skipped twice");
+        assert_eq!(verdict, Verdict::Failed);
+    }
+
+    #[test]
+    fn fail_fast_stops_every_further_start_and_skips_what_did_not_start() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], ""), ("c", &[], "")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                fail_fast: true,
+                ..rules(2)
+            },
+        );
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 1]);
+        let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
+        assert_eq!(actions.last(), Some(&Action::Stop(Stopping::FailFast)));
+        assert!(round(&mut s, &mut gpus, now).0.is_empty());
+        assert!(!s.is_done(), "the running stage is waited for");
+        end(&mut s, 1, &succeeded(), now);
+        assert!(s.is_done());
+        let (actions, verdict) = s.finish();
+        assert_eq!(
+            skipped(&actions),
+            vec![(
+                2,
+                FailureClass::FailFast,
+                "not started: a stage failed and fail_fast = true".into()
+            )]
+        );
+        assert_eq!(verdict, Verdict::Failed);
+    }
+
+    #[test]
+    fn without_fail_fast_a_failure_stops_nothing_else() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
+        assert!(!actions.iter().any(|a| matches!(a, Action::Stop(_))));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+    }
+
+    #[test]
+    fn on_leak_quarantine_quarantines_the_gpu_and_the_run_goes_on() {
+        let p = plan("", &[("a", &[], "gpus = 1"), ("b", &["a"], "gpus = 1")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                on_leak: OnLeak::Quarantine,
+                machine_has_gpus: true,
+                ..rules(1)
+            },
+        );
+        let mut gpus = Gpus::new(2);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        let actions = end(&mut s, 0, &leaked("GPU-0"), now);
+        assert_eq!(actions[0], Action::Quarantine("GPU-0".into()));
+        assert!(matches!(
+            actions[1],
+            Action::Finished {
+                status: StageStatus::Succeeded,
+                ..
+            }
+        ));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        end(&mut s, 1, &succeeded(), now);
+        assert_eq!(s.finish().1, Verdict::Succeeded);
+    }
+
+    #[test]
+    fn on_leak_fail_stops_the_run_once_and_it_ends_leaked() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], ""), ("c", &[], "")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                on_leak: OnLeak::Fail,
+                ..rules(2)
+            },
+        );
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        let first = end(&mut s, 0, &leaked("GPU-0"), now);
+        assert_eq!(first[0], Action::Stop(Stopping::GpuLeaked));
+        let second = end(&mut s, 1, &leaked("GPU-1"), now);
+        assert!(
+            !second.iter().any(|a| matches!(a, Action::Stop(_))),
+            "said once"
+        );
+        assert!(s.is_done());
+        let (actions, verdict) = s.finish();
+        assert_eq!(skipped(&actions)[0].1, FailureClass::GpuLeaked);
+        assert_eq!(verdict, Verdict::Leaked);
+    }
+
+    #[test]
+    fn on_leak_warn_changes_nothing_but_the_verdict_line() {
+        let p = plan("", &[("a", &[], ""), ("b", &["a"], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        let actions = end(&mut s, 0, &leaked("GPU-0"), now);
+        assert_eq!(actions.len(), 1, "only the stage's end: {actions:?}");
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        end(&mut s, 1, &succeeded(), now);
+        assert_eq!(s.finish().1, Verdict::Succeeded);
+    }
+
+    #[test]
+    fn a_cancel_before_the_start_starts_nothing_and_skips_every_stage_as_interrupted() {
+        let p = plan("", &[("a", &[], ""), ("b", &["a"], "")]);
+        let mut s = scheduler(&p, rules(2));
+        let now = Instant::now();
+        assert!(s.on(Event::Cancel(CancelLevel::None), now).is_empty());
+        let actions = s.on(Event::Cancel(CancelLevel::Graceful), now);
+        assert_eq!(actions, vec![Action::CancelStages(CancelLevel::Graceful)]);
+        assert!(round(&mut s, &mut Gpus::new(0), now).0.is_empty());
+        assert!(s.is_done());
+        let (actions, verdict) = s.finish();
+        let classes: Vec<_> = skipped(&actions)
+            .into_iter()
+            .map(|(i, c, _)| (i, c))
+            .collect();
+        assert_eq!(
+            classes,
+            vec![
+                (0, FailureClass::Interrupted),
+                (1, FailureClass::Interrupted)
+            ]
+        );
+        assert_eq!(verdict, Verdict::Interrupted);
+    }
+
+    #[test]
+    fn a_cancel_while_stages_run_is_passed_on_once_per_level_and_stops_retries() {
+        let p = plan(
+            "",
+            &[("a", &[], "retries = 3"), ("b", &[], ""), ("c", &[], "")],
+        );
+        let mut s = scheduler(&p, rules(2));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 1]);
+        let graceful = s.on(Event::Cancel(CancelLevel::Graceful), now);
+        assert_eq!(graceful, vec![Action::CancelStages(CancelLevel::Graceful)]);
+        assert!(s.on(Event::Cancel(CancelLevel::Graceful), now).is_empty());
+        let kill = s.on(Event::Cancel(CancelLevel::Kill), now);
+        assert_eq!(kill, vec![Action::CancelStages(CancelLevel::Kill)]);
+        // A stage that fails as it is stopped is not retried.
+        let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
+        assert!(matches!(
+            actions[0],
+            Action::Finished { retry_in: None, .. }
+        ));
+        let actions = end(&mut s, 1, &result(Outcome::Cancelled), now);
+        assert!(matches!(
+            &actions[0],
+            Action::Finished { status: StageStatus::Cancelled, error: Some(e), .. } if e == "stopped by a signal"
+        ));
+        assert!(round(&mut s, &mut gpus, now).0.is_empty());
+        assert!(s.is_done());
+        let (actions, verdict) = s.finish();
+        assert_eq!(skipped(&actions)[0].0, 2);
+        assert_eq!(verdict, Verdict::Interrupted);
+    }
+
+    #[test]
+    fn a_stage_waiting_for_gpus_says_why_once_per_reason_and_starts_when_they_free() {
+        let p = plan("", &[("a", &[], "gpus = 1")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                machine_has_gpus: true,
+                ..rules(1)
+            },
+        );
+        let mut gpus = Gpus::new(1);
+        gpus.busy = Some("GPU 0 is held by pid 7 (python3)".into());
+        let now = Instant::now();
+        let (started, actions) = round(&mut s, &mut gpus, now);
+        assert!(started.is_empty());
+        assert!(s.gpu_waiting());
+        let waiting = Action::Waiting {
+            stage: 0,
+            why: "GPU 0 is held by pid 7 (python3)".into(),
+        };
+        assert_eq!(actions, vec![waiting]);
+        // The same reason is not told again; a new one is.
+        assert!(round(&mut s, &mut gpus, now).1.is_empty());
+        gpus.busy = Some("GPU 0 is held by pid 8 (python3)".into());
+        assert_eq!(round(&mut s, &mut gpus, now).1.len(), 1);
+        assert!(!s.is_done(), "a waiting stage keeps the run going");
+        gpus.busy = None;
+        let (started, actions) = round(&mut s, &mut gpus, now);
+        assert_eq!((started, actions), (vec![0], vec![]));
+        assert!(!s.gpu_waiting());
+    }
+
+    #[test]
+    fn a_stage_waiting_for_gpus_does_not_hold_back_the_stages_behind_it() {
+        let p = plan("", &[("g", &[], "gpus = 2"), ("c", &[], "")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                machine_has_gpus: true,
+                ..rules(2)
+            },
+        );
+        let mut gpus = Gpus::new(2);
+        gpus.free.truncate(1);
+        let (started, _) = round(&mut s, &mut gpus, Instant::now());
+        assert_eq!(started, vec![1]);
+    }
+
+    #[test]
+    fn a_stage_that_needs_more_gpus_than_remain_usable_fails_and_skips_its_downstream() {
+        let p = plan("", &[("a", &[], "gpus = 2"), ("b", &["a"], "")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                machine_has_gpus: true,
+                ..rules(1)
+            },
+        );
+        let mut gpus = Gpus::new(2);
+        gpus.total = 1; // one quarantined
+        let (started, actions) = round(&mut s, &mut gpus, Instant::now());
+        assert!(started.is_empty());
+        assert!(matches!(
+            &actions[0],
+            Action::Finished { stage: 0, attempt: 0, status: StageStatus::Failed, error: Some(e), .. }
+                if e.starts_with("needs 2 GPU(s) but only 1 are usable")
+        ));
+        assert_eq!(
+            s.states()[0].failure.as_deref().map(|f| f.0),
+            Some(FailureClass::NoGpu)
+        );
+        assert_eq!(skipped(&actions).len(), 1);
+        assert!(s.is_done());
+    }
+
+    #[test]
+    fn gpus_are_ignored_on_a_machine_without_them() {
+        let p = plan("", &[("a", &[], "gpus = 4")]);
+        let mut s = scheduler(&p, rules(1));
+        assert_eq!(round(&mut s, &mut Gpus::new(0), Instant::now()).0, vec![0]);
+    }
+
+    #[test]
+    fn an_attempt_that_cannot_be_prepared_gives_its_slot_back_and_fails() {
+        let p = plan(
+            "",
+            &[("a", &[], "retries = 3"), ("b", &["a"], ""), ("c", &[], "")],
+        );
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        let actions = s.on(
+            Event::StartFailed {
+                stage: 0,
+                class: FailureClass::BadInput,
+                message: "an input changed".into(),
+            },
+            now,
+        );
+        assert!(matches!(
+            actions[0],
+            Action::Finished { retry_in: None, .. }
+        ));
+        assert_eq!(skipped(&actions).len(), 1);
+        assert_eq!(s.slots_held(), 0);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+    }
+
+    #[test]
+    fn a_stage_handed_a_slot_is_recorded_first_even_while_the_run_stops() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        assert_eq!(s.handover_candidate(), Some((0, 1, handover::Kind::Slot)));
+        s.on(Event::HandedOver { from: 0, to: 1 }, now);
+        s.on(Event::Cancel(CancelLevel::Graceful), now);
+        s.begin_round(now);
+        let mut actions = Vec::new();
+        assert_eq!(
+            s.next_start(&mut gpus, &mut actions),
+            Some(Start::HandedOver(1))
+        );
+        assert_eq!(s.next_start(&mut gpus, &mut actions), None);
+        assert_eq!(s.states()[1].attempts, 1);
+    }
+
+    #[test]
+    fn a_chain_successor_started_by_its_upstream_is_not_started_again() {
+        let p = plan("", &[("a", &[], ""), ("b", &["a"], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        assert_eq!(s.handover_candidate(), Some((0, 1, handover::Kind::Chain)));
+        let r = succeeded();
+        s.on(
+            Event::AttemptEnded {
+                stage: 0,
+                result: &r,
+                chained: Some(1),
+            },
+            now,
+        );
+        let (started, _) = round(&mut s, &mut gpus, now);
+        assert_eq!(started, vec![1]);
+        assert_eq!(s.states()[1].attempts, 1, "started once");
+        assert!(round(&mut s, &mut gpus, now).0.is_empty());
+    }
+
+    #[test]
+    fn no_hand_over_with_fail_fast_or_beside_other_work() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], "")]);
+        let mut s = scheduler(
+            &p,
+            Rules {
+                fail_fast: true,
+                ..rules(1)
+            },
+        );
+        round(&mut s, &mut Gpus::new(0), Instant::now());
+        assert_eq!(s.handover_candidate(), None);
+        let mut s = scheduler(&p, rules(2));
+        round(&mut s, &mut Gpus::new(0), Instant::now());
+        assert_eq!(s.handover_candidate(), None, "two stages run");
+    }
+
+    #[test]
+    fn built_in_cpu_stages_side_by_side_share_the_cores() {
+        let text = "[[stage]]\nname = \"a\"\nkind = \"train\"\n[stage.params]\ndata = \"synthetic:sft\"\n\
+                    [[stage]]\nname = \"b\"\nkind = \"train\"\n[stage.params]\ndata = \"synthetic:sft\"\n";
+        let p = parse_plan_toml(text, "t.toml", Path::new("/")).unwrap();
+        let mut s = scheduler(&p, rules(2));
+        let mut gpus = Gpus::new(0);
+        s.begin_round(Instant::now());
+        let mut actions = Vec::new();
+        let threads = |start: Option<Start>| match start {
+            Some(Start::Fresh { cpu_threads, .. }) => cpu_threads,
+            other => panic!("{other:?}"),
+        };
+        // The first shares with the one ready behind it, the second with the one running.
+        assert_eq!(threads(s.next_start(&mut gpus, &mut actions)), Some(4));
+        gpus.builtins = 1;
+        assert_eq!(threads(s.next_start(&mut gpus, &mut actions)), Some(4));
+    }
+
+    #[test]
+    fn a_stage_kept_by_a_resume_counts_as_succeeded_for_its_downstream() {
+        let p = plan("", &[("a", &[], ""), ("b", &["a"], "")]);
+        let mut states = vec![StageState::pending(1), StageState::pending(0)];
+        states[0].status = Status::Succeeded;
+        let mut s = Scheduler::new(&p, rules(1), states);
+        assert_eq!(round(&mut s, &mut Gpus::new(0), Instant::now()).0, vec![1]);
+    }
+}
