@@ -222,6 +222,9 @@ pub enum ErrorCode {
     TooLarge,
     /// The plan does not validate.
     InvalidPlan,
+    /// The plan validates but cannot run on this host (GPUs it requires, a Slurm allocation
+    /// its stages need); checked before the run is accepted.
+    Refused,
     /// No run with that id.
     NotFound,
     /// The run has already ended (a `cancel` of it has nothing to stop).
@@ -232,6 +235,9 @@ pub enum ErrorCode {
     PermissionDenied,
     /// Anything else (I/O).
     Internal,
+    /// A code this client does not know (sent by a newer daemon).
+    #[serde(other)]
+    Unknown,
 }
 
 /// A run as the daemon sees it.

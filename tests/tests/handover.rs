@@ -1,5 +1,5 @@
 //! Hand-over: while one stage runs alone, the stage that will start when it ends is planned
-//! ahead and started by the ending stage's own task (`orchestrator::handover`), at the point
+//! ahead and started by the ending stage's own task (`orchestrator::attempt::handover`), at the point
 //! where the runner would have started it: the next ready stage once the slot is free (the
 //! tree gone), a chain's next stage once its upstream succeeded; never after a failure.
 

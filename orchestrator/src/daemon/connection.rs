@@ -317,30 +317,7 @@ async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bo
             } else {
                 match super::accept_plan(plan, base_dir).await {
                     Err(report) => error(ErrorCode::InvalidPlan, report.to_string()),
-                    Ok(accepted) => {
-                        // Another submit with the same id may have won while this one was
-                        // being validated.
-                        let raced = client_id
-                            .as_deref()
-                            .and_then(|c| daemon.registry.borrow().by_client(c).map(|r| r.info()));
-                        match raced {
-                            Some(existing) => Response::Submitted {
-                                v: V,
-                                id: existing.id,
-                                run_dir: existing.run_dir,
-                                existing: true,
-                            },
-                            None => match daemon.start_run(accepted, client_id, priority) {
-                                Ok((id, dir)) => Response::Submitted {
-                                    v: V,
-                                    id,
-                                    run_dir: dir.display().to_string(),
-                                    existing: false,
-                                },
-                                Err(why) => error(ErrorCode::Internal, why.to_string()),
-                            },
-                        }
-                    }
+                    Ok(accepted) => start_accepted(daemon, accepted, client_id, priority),
                 }
             }
         }
@@ -474,4 +451,37 @@ async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64
         }
     }
     send(stream, &outcome(daemon, id).await).await
+}
+
+/// Starts a validated plan, unless a submit with the same client id won while it was being
+/// validated (that run is the answer) or it cannot run on this host (refused).
+fn start_accepted(
+    daemon: &Rc<Daemon>,
+    accepted: super::Accepted,
+    client_id: Option<String>,
+    priority: i32,
+) -> Response {
+    let raced = client_id
+        .as_deref()
+        .and_then(|c| daemon.registry.borrow().by_client(c).map(|r| r.info()));
+    if let Some(existing) = raced {
+        return Response::Submitted {
+            v: V,
+            id: existing.id,
+            run_dir: existing.run_dir,
+            existing: true,
+        };
+    }
+    if let Err(refusal) = daemon.preflight(&accepted) {
+        return error(ErrorCode::Refused, refusal.to_string());
+    }
+    match daemon.start_run(accepted, client_id, priority) {
+        Ok((id, dir)) => Response::Submitted {
+            v: V,
+            id,
+            run_dir: dir.display().to_string(),
+            existing: false,
+        },
+        Err(why) => error(ErrorCode::Internal, why.to_string()),
+    }
 }

@@ -187,6 +187,14 @@ fn check_base_dir(base: &Path) -> Result<(), DaemonError> {
 }
 
 impl Daemon {
+    /// Whether a validated plan can run on this daemon's host (the check every run makes
+    /// before its first stage), so that a plan that cannot is refused in the answer to its
+    /// `submit` rather than accepted and then failed.
+    pub fn preflight(&self, plan: &Accepted) -> Result<(), crate::run::preflight::Refusal> {
+        let job = crate::slurm::Allocation::detect();
+        crate::run::preflight::check(&plan.loaded, &self.host, job.as_ref()).map(|_| ())
+    }
+
     /// Starts a validated plan as a new run; returns its id and directory.
     pub fn start_run(
         self: &Rc<Self>,
