@@ -352,4 +352,88 @@ pub enum RunEventKind {
         /// `orchestrate`'s exit status.
         exit_code: i32,
     },
+    /// A stage's attempt failed and the stage will be tried again (after its
+    /// `stage_finished`).
+    StageRetrying {
+        /// Stage.
+        stage: String,
+        /// The attempt that failed, from 1.
+        attempt: u32,
+        /// Why it failed.
+        error: String,
+        /// Seconds until the next attempt starts.
+        retry_in_s: f64,
+    },
+    /// A stage will not run.
+    StageSkipped {
+        /// Stage.
+        stage: String,
+        /// Why, as a class (`upstream_failed`, `interrupted`, `fail_fast`, `gpu_leaked`).
+        class: crate::status::FailureClass,
+        /// Why, for a human.
+        reason: String,
+    },
+    /// A GPU's memory did not come back to its baseline after a stage's processes were gone.
+    GpuNotReclaimed {
+        /// The stage.
+        stage: String,
+        /// The GPU.
+        uuid: String,
+        /// `leaked`, or `taken_by_other` (held by processes outside the stage's tree).
+        verdict: crate::report::GpuVerdict,
+        /// Used bytes before the stage.
+        baseline_bytes: u64,
+        /// Used bytes when the wait for reclaim ended.
+        after_bytes: u64,
+        /// How long the wait for reclaim lasted, milliseconds.
+        reclaim_ms: f64,
+        /// The processes holding it, as "pid N (name)".
+        holders: Vec<String>,
+        /// Why a leak is a leak where that is not obvious.
+        note: Option<String>,
+    },
+    /// No further stage runs on this GPU (`on_leak = "quarantine"`).
+    GpuQuarantined {
+        /// The GPU.
+        uuid: String,
+    },
+    /// The run starts no further stage; the running ones end as they were going to (or as
+    /// the cancel that stopped the run says).
+    RunStopping {
+        /// Why: `interrupted`, `fail_fast` or `gpu_leaked`.
+        reason: crate::status::FailureClass,
+    },
+    /// An event this client does not know (sent by a newer `orchestrate`): skip it.
+    #[serde(other)]
+    Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_or_error_code_from_a_newer_peer_reads_as_unknown() {
+        let event: RunEvent =
+            serde_json::from_str(r#"{"t_ms":1,"event":"stage_teleported","stage":"a"}"#).unwrap();
+        assert_eq!(event.kind, RunEventKind::Unknown);
+        let code: ErrorCode = serde_json::from_str(r#""quota_exceeded""#).unwrap();
+        assert_eq!(code, ErrorCode::Unknown);
+    }
+
+    #[test]
+    fn typed_events_keep_their_fields() {
+        let skipped = RunEvent {
+            t_ms: 5,
+            kind: RunEventKind::StageSkipped {
+                stage: "b".into(),
+                class: crate::status::FailureClass::UpstreamFailed,
+                reason: "upstream stage `a` did not succeed".into(),
+            },
+        };
+        let text = serde_json::to_string(&skipped).unwrap();
+        assert!(text.contains(r#""event":"stage_skipped""#), "{text}");
+        assert!(text.contains(r#""class":"upstream_failed""#), "{text}");
+        assert_eq!(serde_json::from_str::<RunEvent>(&text).unwrap(), skipped);
+    }
 }

@@ -11,6 +11,7 @@ use crate::process::reaper::{ExitStatus, Reaper, ResourceUsage};
 use crate::process::tree::{self as tree, Launch, StoppedProcess};
 use crate::report::console::Console;
 use nix::sys::signal::Signal;
+use protocol::daemon::RunEventKind;
 use protocol::report::{CheckpointRecord, GpuRecord, GpuVerdict};
 use protocol::worker::{WorkerEvent, EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY};
 use std::collections::BTreeMap;
@@ -793,10 +794,7 @@ async fn gpu_verdicts(
             &owner,
         )
         .await;
-        if !v.clean {
-            services.console.warn(&verdict_line(&plan.name, &v));
-        }
-        records.push(GpuRecord {
+        let record = GpuRecord {
             uuid: uuid.clone(),
             baseline_bytes: *baseline,
             peak_bytes: (*peak).max(v.after_bytes),
@@ -811,7 +809,20 @@ async fn gpu_verdicts(
             },
             holders: v.holders.iter().map(|h| h.to_string()).collect(),
             note: v.note.clone(),
-        });
+        };
+        if !v.clean {
+            services.console.event(RunEventKind::GpuNotReclaimed {
+                stage: plan.name.clone(),
+                uuid: record.uuid.clone(),
+                verdict: record.verdict,
+                baseline_bytes: record.baseline_bytes,
+                after_bytes: record.after_bytes,
+                reclaim_ms: record.reclaim_ms,
+                holders: record.holders.clone(),
+                note: record.note.clone(),
+            });
+        }
+        records.push(record);
     }
     records
 }
@@ -1110,30 +1121,6 @@ fn open_logs(
 /// The last 20 lines (at most 4 KiB) that the attempt wrote to `path` after `offset`.
 /// The console's line for a GPU that did not come back clean: a leak, or memory someone else
 /// took while the stage ran (who, how much, and that the next stage waits for it).
-fn verdict_line(stage: &str, v: &crate::gpu::ReclaimVerdict) -> String {
-    let holders = v.holders.iter().map(|h| h.to_string()).collect::<Vec<_>>();
-    let mib = v.excess_bytes() / (1 << 20);
-    if v.taken_by_other {
-        return format!(
-            "{stage}: GPU {} is busy, not leaked: {mib} MiB above its baseline are held by {}, outside the stage's tree; stages wait for it to be empty",
-            v.uuid,
-            holders.join(", ")
-        );
-    }
-    let mut line = format!(
-        "{stage}: GPU {} leaked: {mib} MiB above its baseline after {} ms",
-        v.uuid,
-        v.reclaim.as_millis()
-    );
-    if !holders.is_empty() {
-        line.push_str(&format!("; held by {}", holders.join(", ")));
-    }
-    if let Some(note) = &v.note {
-        line.push_str(&format!(" ({note})"));
-    }
-    line
-}
-
 fn read_tail(path: &Path, offset: u64) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut file) = std::fs::File::open(path) else {

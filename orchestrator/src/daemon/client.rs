@@ -137,6 +137,13 @@ pub fn render_event(event: &RunEvent) -> String {
         RunEventKind::RunFinished { status, exit_code } => {
             format!("run {status} (exit status {exit_code})")
         }
+        RunEventKind::StageSkipped { stage, reason, .. } => format!("{stage}: skipped: {reason}"),
+        // The stage's end said it will be retried; a newer daemon's events are skipped.
+        RunEventKind::StageRetrying { .. } | RunEventKind::Unknown => return String::new(),
+        kind => match crate::report::console::warning_of(kind) {
+            Some(text) => format!("warning: {text}"),
+            None => return String::new(),
+        },
     };
     format!("[{time}] {text}\n")
 }

@@ -328,6 +328,22 @@ impl Console {
         }
     }
 
+    /// A typed event of the run's own (a retry, a skip, a GPU not reclaimed or quarantined,
+    /// the run stopping): sent to the tap, and shown as a warning where it is one
+    /// ([`warning_of`]); retries and skips show no line of their own (the stage's end and the
+    /// report say them).
+    pub fn event(&self, kind: RunEventKind) {
+        let warning = warning_of(&kind);
+        self.emit(|| kind);
+        if let Some(text) = warning.filter(|_| !self.silent) {
+            if self.json {
+                tracing::warn!(target: "orchestrate::run", "{text}");
+            } else {
+                self.line(&format!("warning: {text}"));
+            }
+        }
+    }
+
     /// Prints a block of text as is (a resume plan, a results table, a failed stage's stderr),
     /// unless quiet or in JSON mode.
     pub fn detail(&self, text: &str) {
@@ -358,5 +374,54 @@ impl Console {
         } else {
             write_stderr(text);
         }
+    }
+}
+
+/// The warning a typed event is shown as, if it is one.
+pub fn warning_of(kind: &RunEventKind) -> Option<String> {
+    use protocol::status::FailureClass;
+    match kind {
+        RunEventKind::GpuNotReclaimed {
+            stage,
+            uuid,
+            verdict,
+            baseline_bytes,
+            after_bytes,
+            reclaim_ms,
+            holders,
+            note,
+        } => {
+            let mib = after_bytes.saturating_sub(*baseline_bytes) / (1 << 20);
+            if *verdict == protocol::report::GpuVerdict::TakenByOther {
+                return Some(format!(
+                    "{stage}: GPU {uuid} is busy, not leaked: {mib} MiB above its baseline are held by {}, outside the stage's tree; stages wait for it to be empty",
+                    holders.join(", ")
+                ));
+            }
+            let mut line = format!(
+                "{stage}: GPU {uuid} leaked: {mib} MiB above its baseline after {} ms",
+                *reclaim_ms as u64
+            );
+            if !holders.is_empty() {
+                line.push_str(&format!("; held by {}", holders.join(", ")));
+            }
+            if let Some(note) = note {
+                line.push_str(&format!(" ({note})"));
+            }
+            Some(line)
+        }
+        RunEventKind::GpuQuarantined { uuid } => Some(format!(
+            "GPU {uuid} quarantined: no further stage will run on it"
+        )),
+        RunEventKind::RunStopping {
+            reason: FailureClass::FailFast,
+        } => Some("a stage failed and fail_fast = true: no further stage starts".into()),
+        RunEventKind::RunStopping {
+            reason: FailureClass::GpuLeaked,
+        } => Some(
+            "a GPU leaked and on_leak = \"fail\": no further stage starts; the run will exit with code 3"
+                .into(),
+        ),
+        _ => None,
     }
 }

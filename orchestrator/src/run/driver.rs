@@ -25,7 +25,8 @@ use crate::slurm::Allocation;
 use crate::store::fingerprint::Background;
 use crate::store::journal::{Journal, JournalRecord};
 use crate::store::rundir::RunDir;
-use protocol::status::{RunStatus, StageStatus};
+use protocol::daemon::RunEventKind;
+use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -558,10 +559,12 @@ impl<'h> Driver<'h> {
                 if let Some(tail) = tail.filter(|t| !t.trim().is_empty()) {
                     if status == StageStatus::Failed && retry_in.is_none() {
                         let name = name(stage);
-                        let text = format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n");
+                        let text =
+                            format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n");
                         console.detail(&text);
                     }
                 }
+                let error_text = error.clone();
                 let record = finished_record(
                     name(stage),
                     attempt,
@@ -571,27 +574,42 @@ impl<'h> Driver<'h> {
                     result,
                 );
                 setup.journal.append(&record)?;
+                if let (Some(error), Some(wait)) = (error_text, retry_in) {
+                    console.event(RunEventKind::StageRetrying {
+                        stage: name(stage),
+                        attempt,
+                        error,
+                        retry_in_s: wait.as_secs_f64(),
+                    });
+                }
             }
-            Action::Skipped { stage, reason, .. } => {
+            Action::Skipped {
+                stage,
+                class,
+                reason,
+            } => {
                 setup.journal.append(&JournalRecord::StageSkipped {
                     stage: name(stage),
-                    reason,
+                    reason: reason.clone(),
                 })?;
+                console.event(RunEventKind::StageSkipped {
+                    stage: name(stage),
+                    class,
+                    reason,
+                });
             }
             Action::Waiting { stage, why } => console.waiting(&name(stage), &why),
             Action::Quarantine(uuid) => {
                 self.host.quarantine(&uuid);
-                console.warn(&format!(
-                    "GPU {uuid} quarantined: no further stage will run on it"
-                ));
+                console.event(RunEventKind::GpuQuarantined { uuid });
             }
-            Action::Stop(Stopping::GpuLeaked) => console.warn(
-                "a GPU leaked and on_leak = \"fail\": no further stage starts; the run will exit with code 3",
-            ),
-            Action::Stop(Stopping::FailFast) => {
-                console.warn("a stage failed and fail_fast = true: no further stage starts")
-            }
-            Action::Stop(Stopping::Interrupted) => {}
+            Action::Stop(cause) => console.event(RunEventKind::RunStopping {
+                reason: match cause {
+                    Stopping::Interrupted => FailureClass::Interrupted,
+                    Stopping::FailFast => FailureClass::FailFast,
+                    Stopping::GpuLeaked => FailureClass::GpuLeaked,
+                },
+            }),
             Action::CancelStages(level) => {
                 match level {
                     CancelLevel::Kill => console.warn("killing running stages now"),

@@ -665,12 +665,13 @@ impl<'p> Scheduler<'p> {
         match level {
             CancelLevel::None => {}
             CancelLevel::Graceful => {
-                if self.stops.insert(Stopping::Interrupted) {
+                if !self.stops.contains(&Stopping::Interrupted) {
+                    self.stop_for(Stopping::Interrupted, out);
                     out.push(Action::CancelStages(CancelLevel::Graceful));
                 }
             }
             CancelLevel::Kill => {
-                self.stops.insert(Stopping::Interrupted);
+                self.stop_for(Stopping::Interrupted, out);
                 out.push(Action::CancelStages(CancelLevel::Kill));
             }
         }
@@ -1157,7 +1158,8 @@ mod tests {
         let now = Instant::now();
         assert!(s.on(Event::Cancel(CancelLevel::None), now).is_empty());
         let actions = s.on(Event::Cancel(CancelLevel::Graceful), now);
-        assert_eq!(actions, vec![Action::CancelStages(CancelLevel::Graceful)]);
+        let graceful = Action::CancelStages(CancelLevel::Graceful);
+        assert_eq!(actions, vec![Action::Stop(Stopping::Interrupted), graceful]);
         assert!(round(&mut s, &mut Gpus::new(0), now).0.is_empty());
         assert!(s.is_done());
         let (actions, verdict) = s.finish();
@@ -1186,10 +1188,16 @@ mod tests {
         let now = Instant::now();
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 1]);
         let graceful = s.on(Event::Cancel(CancelLevel::Graceful), now);
-        assert_eq!(graceful, vec![Action::CancelStages(CancelLevel::Graceful)]);
+        let stop = Action::Stop(Stopping::Interrupted);
+        let pass_on = Action::CancelStages(CancelLevel::Graceful);
+        assert_eq!(graceful, vec![stop, pass_on]);
         assert!(s.on(Event::Cancel(CancelLevel::Graceful), now).is_empty());
         let kill = s.on(Event::Cancel(CancelLevel::Kill), now);
-        assert_eq!(kill, vec![Action::CancelStages(CancelLevel::Kill)]);
+        assert_eq!(
+            kill,
+            vec![Action::CancelStages(CancelLevel::Kill)],
+            "stopping is said once"
+        );
         // A stage that fails as it is stopped is not retried.
         let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
         assert!(matches!(
