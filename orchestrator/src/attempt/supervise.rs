@@ -288,11 +288,11 @@ impl AttemptResult {
 }
 
 /// SIGTERM to the attempt's tree, or to its first process only when the plan says so.
-fn graceful_stop(plan: &AttemptPlan, leader: i32, token: &str) {
+fn graceful_stop(plan: &AttemptPlan, child: &tree::StageProcess) {
     if plan.graceful_to_leader {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(leader), Signal::SIGTERM);
+        child.signal_leader(Signal::SIGTERM);
     } else {
-        tree::signal_tree(leader, token, Signal::SIGTERM);
+        child.signal(Signal::SIGTERM);
     }
 }
 
@@ -663,7 +663,7 @@ async fn watch(
             // A stage is first sampled a whole period after it started, as it was with a
             // timer of its own: a sweep's short stages never scan `/proc` for it.
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
-                w.tree_rss_peak = w.tree_rss_peak.max(tree_rss(child));
+                w.tree_rss_peak = w.tree_rss_peak.max(child.resident_bytes());
             },
             item = channel.next() => w.events.absorb(item, &plan.name, console, started),
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && running => {
@@ -678,7 +678,7 @@ async fn watch(
                 w.stop = terminate(plan, child, StopWhy::TimedOut);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
-                tree::signal_tree(child.pid, &child.token, Signal::SIGKILL);
+                child.signal(Signal::SIGKILL);
                 w.stop = StopState::Killed { why: w.stop.why().unwrap_or(StopWhy::Cancelled) };
             }
             changed = cancel.changed(), if !cancel_closed => {
@@ -694,7 +694,7 @@ async fn watch(
                     }
                     CancelLevel::Graceful => {}
                     CancelLevel::Kill => {
-                        tree::signal_tree(child.pid, &child.token, Signal::SIGKILL);
+                        child.signal(Signal::SIGKILL);
                         w.stop = w.stop.killed_by_cancel();
                     }
                 }
@@ -712,18 +712,9 @@ async fn watch(
     }
 }
 
-/// The resident memory of every live process of the stage.
-fn tree_rss(child: &tree::StageProcess) -> u64 {
-    let members = crate::process::scan::stage_members(child.pid, &child.token);
-    members
-        .iter()
-        .map(|p| crate::process::scan::rss_bytes(p.pid))
-        .sum()
-}
-
 /// Asks the attempt to stop (SIGTERM), with SIGKILL due after its grace.
 fn terminate(plan: &AttemptPlan, child: &tree::StageProcess, why: StopWhy) -> StopState {
-    graceful_stop(plan, child.pid, &child.token);
+    graceful_stop(plan, child);
     StopState::Terminating {
         why,
         kill_at: tokio::time::Instant::now() + plan.grace,
@@ -741,7 +732,7 @@ async fn reap_tree(
     let console = &services.console;
     let stopping = stop != StopState::Running;
     let grace = if stopping { Duration::ZERO } else { plan.grace };
-    let summary = tree::stop_tree(child.pid, &child.token, grace, &services.reaper).await;
+    let summary = child.stop(grace, &services.reaper).await;
     if !summary.found.is_empty() && !stopping {
         // A fork bomb's worth of pids on one line helps nobody: the first few, then a count
         // (the report lists every one).

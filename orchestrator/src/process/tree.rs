@@ -174,8 +174,39 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
     Ok(process)
 }
 
+impl StageProcess {
+    /// Sends `signal` to the stage's process group and to every process of its tree (found
+    /// by its token, wherever it went: another session, another group).
+    pub fn signal(&self, signal: Signal) {
+        signal_tree(self.pid, &self.token, signal);
+    }
+
+    /// Sends `signal` to the first process only (a stage that signals its own children).
+    pub fn signal_leader(&self, signal: Signal) {
+        let _ = kill(Pid::from_raw(self.pid), signal);
+    }
+
+    /// Every live process of the stage, with its name.
+    pub fn members(&self) -> Vec<StoppedProcess> {
+        describe(self.pid, &self.token)
+    }
+
+    /// The resident memory of every live process of the stage, summed.
+    pub fn resident_bytes(&self) -> u64 {
+        scan::stage_members(self.pid, &self.token)
+            .iter()
+            .map(|p| scan::rss_bytes(p.pid))
+            .sum()
+    }
+
+    /// Stops every process of the stage and reaps it; see [`stop_tree`].
+    pub async fn stop(&self, grace: Duration, reaper: &Reaper) -> StopSummary {
+        stop_tree(self.pid, &self.token, grace, reaper).await
+    }
+}
+
 /// Sends `signal` to the stage's process group and to every process of its tree.
-pub fn signal_tree(leader: i32, token: &str, signal: Signal) {
+fn signal_tree(leader: i32, token: &str, signal: Signal) {
     let _ = killpg(Pid::from_raw(leader), signal);
     for p in scan::stage_members(leader, token) {
         let _ = kill(Pid::from_raw(p.pid), signal);
@@ -250,7 +281,7 @@ pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reape
 }
 
 /// Polls until no process of the stage is alive; false if `limit` passed first.
-pub async fn wait_until_gone(leader: i32, token: &str, limit: Duration, reaper: &Reaper) -> bool {
+async fn wait_until_gone(leader: i32, token: &str, limit: Duration, reaper: &Reaper) -> bool {
     crate::process::backoff::poll(limit, Duration::from_millis(25), || {
         reaper.reap_now();
         scan::stage_members(leader, token).is_empty()
