@@ -5,7 +5,7 @@
 #![allow(rustdoc::invalid_html_tags)]
 
 use clap::{Parser, Subcommand, ValueEnum};
-use orchestrator::attempt::supervise::CancelLevel;
+use orchestrator::attempt::launch::CancelLevel;
 use orchestrator::exit;
 use orchestrator::plan::PlanFormat;
 use orchestrator::plan::{load_plan, LoadedPlan};

@@ -18,9 +18,8 @@
 //! that does not start gives back the files opened for it (its socket file is removed) and is
 //! left to the runner, which starts it the ordinary way.
 
-use crate::attempt::supervise::{
-    start_attempt, AttemptPlan, CancelLevel, Failure, Launched, Opened, Services,
-};
+use crate::attempt::launch::{start_attempt, AttemptPlan, CancelLevel, Launched, Opened, Services};
+use crate::attempt::outcome::Failure;
 use std::cell::RefCell;
 use std::rc::Rc;
 use tokio::sync::watch;

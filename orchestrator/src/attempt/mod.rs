@@ -1,13 +1,16 @@
 //! One attempt of one stage: its files prepared ([`prepare`], ahead of time by the
 //! `preparer` thread), its contract with the stage ([`contract`], [`rendezvous`]), its start
-//! and supervision to a verdict ([`supervise`]), the events it sends ([`channel`]), its output
-//! shown as it comes ([`echo`]), its outputs checked ([`outputs`]), and the stage that starts
-//! the moment it ends (`handover`).
+//! ([`launch`]), its supervision to a verdict ([`supervise`]) and how it ended
+//! ([`outcome`]), the events it sends ([`channel`]), its output shown as it comes ([`echo`]),
+//! its outputs checked ([`outputs`]), and the stage that starts the moment it ends
+//! (`handover`).
 
 pub mod channel;
 pub mod contract;
 pub mod echo;
 pub(crate) mod handover;
+pub mod launch;
+pub mod outcome;
 pub mod outputs;
 pub mod prepare;
 pub(crate) mod preparer;

@@ -3,7 +3,8 @@
 //! and where its program is.
 
 use crate::attempt::contract::{self, ContractPaths};
-use crate::attempt::supervise::{AttemptPlan, Failure};
+use crate::attempt::launch::AttemptPlan;
+use crate::attempt::outcome::Failure;
 use crate::error::{Context, Error};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
@@ -131,7 +132,7 @@ impl Layout {
         &self,
         socket: &Path,
         runtime: &tokio::runtime::Handle,
-    ) -> std::io::Result<(bool, crate::attempt::supervise::Opened)> {
+    ) -> std::io::Result<(bool, crate::attempt::launch::Opened)> {
         let (fresh, logs) = self.write_files(true)?;
         let (stdout, mut stderr) = logs.expect("opened");
         use std::io::Seek;
@@ -144,7 +145,7 @@ impl Layout {
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", socket.display())))?;
         Ok((
             fresh,
-            crate::attempt::supervise::Opened {
+            crate::attempt::launch::Opened {
                 stdout,
                 stderr,
                 stderr_offset,

@@ -18,8 +18,8 @@
 //! of closing and removing them on the scheduling thread), before each stage it writes and
 //! when the run ends.
 
+use crate::attempt::launch::Opened;
 use crate::attempt::prepare::Layout;
-use crate::attempt::supervise::Opened;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};

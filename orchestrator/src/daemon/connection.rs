@@ -11,7 +11,7 @@
 //! task, so none of this touches running stages or other clients.
 
 use super::Daemon;
-use crate::attempt::supervise::CancelLevel;
+use crate::attempt::launch::CancelLevel;
 use protocol::daemon::{
     ErrorCode, Request, Response, RunInfo, DAEMON_PROTOCOL_VERSION, MAX_BUFFERED_REQUEST_BYTES,
     MAX_REQUEST_BYTES,

@@ -23,7 +23,7 @@ pub mod runs_lock;
 pub mod socket;
 pub mod strict_json;
 
-use crate::attempt::supervise::CancelLevel;
+use crate::attempt::launch::CancelLevel;
 use crate::host::Host;
 use crate::plan::{LoadedPlan, PlanFormat};
 use crate::report::console::Console;

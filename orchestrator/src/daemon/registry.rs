@@ -5,7 +5,7 @@
 //! finished run keeps only its summary in memory (watchers of it read the file), so the
 //! daemon's memory does not grow with the events of finished runs.
 
-use crate::attempt::supervise::CancelLevel;
+use crate::attempt::launch::CancelLevel;
 use protocol::daemon::{RunEvent, RunEventKind, RunInfo};
 use protocol::status::RunStatus;
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -4,7 +4,7 @@
 //! console and the report. It decides nothing itself.
 //!
 //! A stage on the CPU gives its slot back (`Freed`) as soon as its main process exited with 0
-//! and nothing of its tree is left (see [`stage::supervise`]), before its outputs are verified
+//! and nothing of its tree is left (see [`supervise::supervise`]), before its outputs are verified
 //! and its end recorded: the next stage starts while that bookkeeping runs. Its result
 //! (`Done`) comes after, on the same channel, and its downstream stages wait for that.
 
@@ -14,7 +14,9 @@ use super::scheduler::{Action, Event, Resources, Rules, Scheduler, Start, Stoppi
 use super::state::StageState;
 use super::{ending, RunSummary, StopSignal};
 use crate::attempt::handover::{self, NextUp, Started};
-use crate::attempt::supervise::{self as stage, AttemptResult, CancelLevel, Launched, Services};
+use crate::attempt::launch::{self, CancelLevel, Launched, Services};
+use crate::attempt::outcome::{AttemptResult, Failure};
+use crate::attempt::supervise;
 use crate::error::{Context, Result};
 use crate::gpu::{self, GpuInfo};
 use crate::host::{Host, Ticket};
@@ -73,7 +75,7 @@ pub(super) struct Driver<'h> {
     /// The stage planned to start when the one stage running ends (see `handover`).
     next_up: NextUp,
     /// Stages that ending stages started in their place, not yet recorded.
-    handed: BTreeMap<usize, std::result::Result<Launched, stage::Failure>>,
+    handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
     lookahead: Lookahead,
     pub(super) started: Instant,
     pub(super) started_unix: f64,
@@ -342,7 +344,7 @@ impl<'h> Driver<'h> {
         }
         let span = stage_span(&stage.name, attempt);
         let started = span.in_scope(|| {
-            stage::start_attempt(
+            launch::start_attempt(
                 attempt_plan,
                 written.and_then(|(_, files)| files),
                 &setup.services,
@@ -358,7 +360,7 @@ impl<'h> Driver<'h> {
         sched: &mut Scheduler<'_>,
         i: usize,
         given: Vec<GpuInfo>,
-        started: std::result::Result<Launched, stage::Failure>,
+        started: std::result::Result<Launched, Failure>,
     ) -> Result<()> {
         let launched = match started {
             Ok(launched) => launched,
@@ -652,7 +654,8 @@ impl SupervisorTask {
             task: self,
             chained: None,
         };
-        let result = stage::supervise(launched, services, self.cancel.clone(), &mut hooks).await;
+        let result =
+            supervise::supervise(launched, services, self.cancel.clone(), &mut hooks).await;
         (result, hooks.chained)
     }
 }
@@ -663,7 +666,7 @@ struct Hooks<'a> {
     chained: Option<Started>,
 }
 
-impl stage::AttemptHooks for Hooks<'_> {
+impl supervise::AttemptHooks for Hooks<'_> {
     fn tree_gone(&mut self) -> bool {
         let Some(hand_off) = self
             .task

@@ -6,7 +6,7 @@
 use super::driver::{Driver, Setup};
 use super::scheduler::{Scheduler, Verdict};
 use super::{RunSummary, StopSignal};
-use crate::attempt::supervise::CancelLevel;
+use crate::attempt::launch::CancelLevel;
 use crate::error::Result;
 use crate::exit;
 use crate::gpu;

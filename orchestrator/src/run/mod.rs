@@ -21,7 +21,7 @@ pub mod preflight;
 pub(crate) mod scheduler;
 pub mod state;
 
-use crate::attempt::supervise::{CancelLevel, Services, TreeSampling};
+use crate::attempt::launch::{CancelLevel, Services, TreeSampling};
 use crate::error::{Context, Error, Result};
 use crate::host::Host;
 use crate::plan::LoadedPlan;

@@ -12,7 +12,8 @@
 //! 10,000-stage sweep schedules in linear time.
 
 use crate::attempt::handover;
-use crate::attempt::supervise::{AttemptResult, CancelLevel, Outcome};
+use crate::attempt::launch::CancelLevel;
+use crate::attempt::outcome::{AttemptResult, Outcome};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
 use crate::run::state::{StageState, Status};
@@ -726,7 +727,7 @@ mod tests {
     //! Every scheduling rule, without a process: plans parsed from TOML, attempts ended by
     //! hand, GPUs from a [`Resources`] of the test's own.
     use super::*;
-    use crate::attempt::supervise::Failure;
+    use crate::attempt::outcome::Failure;
     use crate::plan::parse_plan_toml;
     use protocol::report::GpuRecord;
     use std::path::Path;

@@ -4,7 +4,7 @@
 //! (checkpoints, metrics, GPU records, leftovers, protocol violations, a stderr tail) sits
 //! behind one pointer that is absent when it is all empty.
 
-use crate::attempt::supervise::{AttemptResult, Outcome};
+use crate::attempt::outcome::{AttemptResult, Outcome};
 use crate::process::reaper::ExitStatus;
 use crate::process::tree::StoppedProcess;
 use protocol::report::{CheckpointRecord, GpuRecord, HostUsage, StageTiming};
@@ -125,7 +125,7 @@ impl LastAttempt {
             wall,
             checkpoints,
             metrics,
-            ..AttemptResult::early_failure(crate::attempt::supervise::Failure::Exit(0))
+            ..AttemptResult::early_failure(crate::attempt::outcome::Failure::Exit(0))
         })
     }
 
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_quiet_success_keeps_no_details_and_stays_small() {
-        let mut result = AttemptResult::early_failure(crate::attempt::supervise::Failure::Exit(0));
+        let mut result = AttemptResult::early_failure(crate::attempt::outcome::Failure::Exit(0));
         result.outcome = Outcome::Succeeded;
         result.exit = Some(ExitStatus::Code(0));
         let last = LastAttempt::of(result);

@@ -4,7 +4,7 @@
 //! NVML says "unavailable"; a check that could not run at all says "failed" and why.
 
 use super::{helper, srun, Allocation};
-use crate::attempt::supervise::{AttemptResult, Outcome};
+use crate::attempt::outcome::{AttemptResult, Outcome};
 use crate::process::reaper::{ExitStatus, Reaper};
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::NodeGpuCheck;

@@ -9,7 +9,7 @@
 //! exited 0) with the declared outputs present.
 
 use super::{task, Allocation};
-use crate::attempt::supervise::AttemptPlan;
+use crate::attempt::launch::AttemptPlan;
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::{NodeGpuCheck, TaskRecord};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,340 @@
+//! Starting one attempt of a stage: its GPUs' baselines taken, its event channel opened, its
+//! logs opened (or taken from the preparer), its first process spawned ([`start_attempt`]);
+//! what a started attempt is ([`Launched`]) and what every attempt of a run shares
+//! ([`Services`]).
+
+use crate::attempt::channel::EventChannel;
+use crate::attempt::outcome::Failure;
+use crate::gpu::{GpuInfo, MemoryProbe};
+use crate::process::reaper::Reaper;
+use crate::process::tree::{self as tree, Launch};
+use crate::report::console::Console;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+/// How hard the run is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CancelLevel {
+    /// Not stopping.
+    None,
+    /// SIGTERM, grace period, then SIGKILL.
+    Graceful,
+    /// SIGKILL now.
+    Kill,
+}
+
+/// A first attempt's files opened ahead of its start by the preparer thread (the run's
+/// `stage-files` thread): its logs and its event socket, bound.
+#[derive(Debug)]
+pub struct Opened {
+    /// `stdout.log`, open for appending.
+    pub stdout: std::fs::File,
+    /// `stderr.log`, open for appending.
+    pub stderr: std::fs::File,
+    /// Where this attempt's stderr begins in `stderr.log`.
+    pub stderr_offset: u64,
+    /// The event socket, listening and registered with the runtime.
+    pub events: tokio::net::UnixListener,
+    /// Where `events` is bound.
+    pub socket: PathBuf,
+    /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]), and
+    /// the log files once its process has them.
+    pub discards: Option<crate::attempt::channel::Discards>,
+}
+
+impl Opened {
+    /// Gives up files opened for an attempt that will not start with them: the logs and the
+    /// listener are closed, the socket file removed (files written beside them stay).
+    pub fn give_back(self) {
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Everything one attempt needs, resolved by the runner.
+#[derive(Debug, Clone)]
+pub struct AttemptPlan {
+    /// Stage name.
+    pub name: String,
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// argv, placeholders expanded.
+    pub argv: Vec<String>,
+    /// Stage environment (contract variables and the plan's `env`).
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// The stage's directory (logs, events).
+    pub stage_dir: PathBuf,
+    /// The output directory.
+    pub output_dir: PathBuf,
+    /// Whether the stage is a built-in one (its outputs must carry a manifest).
+    pub builtin: bool,
+    /// Output files a command stage declared.
+    pub declared_outputs: Vec<String>,
+    /// The declared outputs earlier attempts left in the output directory, found before this
+    /// attempt started: they count only if this attempt writes them again.
+    pub left_over: std::sync::Arc<crate::attempt::outputs::LeftOver>,
+    /// GPUs given to the attempt.
+    pub gpus: Vec<GpuInfo>,
+    /// Time limit.
+    pub timeout: Option<Duration>,
+    /// SIGTERM → SIGKILL grace.
+    pub grace: Duration,
+    /// Event socket path.
+    pub socket: PathBuf,
+    /// Graceful stops (timeout, cancel) send SIGTERM to the first process only, which passes
+    /// the stop on its own way (the srun launcher of `slurm::launch`); SIGKILL after the grace
+    /// period still goes to every process of the tree.
+    pub graceful_to_leader: bool,
+}
+
+/// Shared services of the run.
+pub struct Services {
+    /// The reaper.
+    pub reaper: Reaper,
+    /// Memory probe when the GPU check runs.
+    pub probe: Option<Rc<dyn MemoryProbe>>,
+    /// Tolerance above baseline, bytes.
+    pub tolerance_bytes: u64,
+    /// How long to wait for reclaim.
+    pub reclaim_timeout: Duration,
+    /// Progress display.
+    pub console: Console,
+    /// Echo every stage's output lines on the console (`--follow`).
+    pub follow: bool,
+    /// The run's id: stage tokens are scoped by it.
+    pub run_id: String,
+    /// The run's quarter-second clock: when running stages sample their process tree's
+    /// memory, and when the runner writes a stage start still waiting in the journal.
+    pub tree_sampling: TreeSampling,
+}
+
+/// How often a running stage's process tree has its resident memory summed.
+pub const TREE_SAMPLE_PERIOD: Duration = Duration::from_millis(250);
+
+/// One clock for every running stage's tree sampling, ticking every [`TREE_SAMPLE_PERIOD`]
+/// for as long as it lives: a timer per stage, armed when the stage starts, made every start
+/// wake the runtime's driver to re-arm its own (a sweep starts thousands of stages).
+pub struct TreeSampling {
+    tick: Rc<tokio::sync::Notify>,
+    clock: tokio::task::JoinHandle<()>,
+}
+
+impl TreeSampling {
+    /// Starts the clock. Call inside a `LocalSet`.
+    pub fn start() -> TreeSampling {
+        let tick = Rc::new(tokio::sync::Notify::new());
+        let theirs = tick.clone();
+        let clock = tokio::task::spawn_local(async move {
+            let start = tokio::time::Instant::now() + TREE_SAMPLE_PERIOD;
+            let mut every = tokio::time::interval_at(start, TREE_SAMPLE_PERIOD);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                theirs.notify_waiters();
+            }
+        });
+        TreeSampling { tick, clock }
+    }
+
+    /// The next tick.
+    pub fn next(&self) -> tokio::sync::futures::Notified<'_> {
+        self.tick.notified()
+    }
+}
+
+impl Drop for TreeSampling {
+    fn drop(&mut self) {
+        self.clock.abort();
+    }
+}
+
+/// An attempt whose processes are running.
+pub struct Launched {
+    pub(crate) plan: AttemptPlan,
+    pub(crate) child: tree::StageProcess,
+    pub(crate) copiers: Vec<tokio::task::JoinHandle<()>>,
+    pub(crate) spawned_unix: f64,
+    pub(crate) channel: EventChannel,
+    pub(crate) baselines: Vec<(String, u64, u64)>,
+    pub(crate) stderr_offset: u64,
+}
+
+impl Launched {
+    /// PID of the attempt's first process.
+    pub fn pid(&self) -> i32 {
+        self.child.pid
+    }
+
+    /// Tells the console that the attempt started, and where.
+    pub fn announce(&self, console: &Console) {
+        let placement = if self.plan.gpus.is_empty() {
+            "cpu".to_string()
+        } else {
+            self.plan
+                .gpus
+                .iter()
+                .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        console.stage_started(
+            &self.plan.name,
+            self.plan.attempt,
+            self.child.pid,
+            &placement,
+        );
+    }
+}
+
+/// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
+/// cannot start comes back as its [`Failure`].
+pub fn start_attempt(
+    mut plan: AttemptPlan,
+    opened: Option<Opened>,
+    services: &Services,
+) -> Result<Launched, Failure> {
+    // Files opened ahead serve only the attempt they were made for.
+    let opened = opened.filter(|o| o.socket == plan.socket && plan.attempt == 1);
+    // A first attempt's output starts its logs; later attempts (retries, resumes) are
+    // marked where they begin. (No header on the first keeps an attempt that writes nothing
+    // from costing its stage two disk blocks: a 100,000-stage sweep has 200,000 logs.)
+    let header = (plan.attempt > 1).then(|| {
+        format!(
+            "==== orchestrate: {} attempt {} ====\n",
+            plan.name, plan.attempt
+        )
+    });
+    let (stdout, stderr, stderr_offset, events) = match opened {
+        Some(o) => (
+            o.stdout,
+            o.stderr,
+            o.stderr_offset,
+            Some((o.events, o.discards)),
+        ),
+        None => {
+            let (stdout, stderr, offset) =
+                open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {
+                    Failure::SpawnFailed(format!(
+                        "cannot open log files in {}: {e}",
+                        plan.stage_dir.display()
+                    ))
+                })?;
+            (stdout, stderr, offset, None)
+        }
+    };
+
+    // Baselines come before anything of the stage exists.
+    let mut baselines: Vec<(String, u64, u64)> = Vec::new(); // uuid, baseline, peak
+    if let Some(probe) = &services.probe {
+        for g in &plan.gpus {
+            let used = probe.used_bytes(&g.uuid).unwrap_or(0);
+            baselines.push((g.uuid.clone(), used, used));
+        }
+    }
+
+    let record_to = plan.stage_dir.join("events.jsonl");
+    let mut discards = None;
+    let mut channel = match events {
+        Some((listener, later)) => {
+            discards = later;
+            EventChannel::listen(listener, &plan.socket, record_to)
+        }
+        None => EventChannel::bind(&plan.socket, record_to),
+    }
+    .map_err(|e| {
+        Failure::SpawnFailed(format!(
+            "cannot create the event socket {}: {e}",
+            plan.socket.display()
+        ))
+    })?;
+    if let Some(discards) = &discards {
+        channel.remove_later(discards.clone());
+    }
+    let token = format!(
+        "{}-{}-{}-{}",
+        crate::process::scan::own_pid(),
+        services.run_id,
+        plan.name,
+        crate::timefmt::unix_ms()
+    );
+    let (out, err) = if services.follow {
+        let fail =
+            |e: std::io::Error| Failure::SpawnFailed(format!("cannot create an output pipe: {e}"));
+        (
+            crate::attempt::echo::echoed(stdout, &plan.name, false).map_err(fail)?,
+            crate::attempt::echo::echoed(stderr, &plan.name, true).map_err(fail)?,
+        )
+    } else {
+        (
+            crate::attempt::echo::direct(stdout),
+            crate::attempt::echo::direct(stderr),
+        )
+    };
+    let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
+    let gpu_holders = match &services.probe {
+        Some(probe) if plan.builtin => plan
+            .gpus
+            .iter()
+            .flat_map(|g| probe.holders(&g.uuid))
+            .map(|h| h.pid)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let launch = Launch {
+        argv: plan.argv.clone(),
+        // Nothing after the spawn reads it: moved, not copied.
+        env: std::mem::take(&mut plan.env),
+        cwd: plan.cwd.clone(),
+        stdout: out.stdio,
+        stderr: err.stdio,
+        token,
+        fork_server: plan.builtin,
+        gpu_holders,
+        // Log files (not `--follow`'s pipes, whose copiers wait for every writer to close)
+        // are closed by the thread that opened them ahead.
+        close_later: discards.filter(|_| !services.follow),
+    };
+    // Taken before the spawn, so that start-up figures include the spawn itself.
+    let spawned_unix = crate::timefmt::unix_secs_f64();
+    let child = tree::spawn(launch, &services.reaper).map_err(|e| {
+        Failure::SpawnFailed(format!(
+            "`{}`: {e}",
+            plan.argv.first().map(String::as_str).unwrap_or("")
+        ))
+    })?;
+    Ok(Launched {
+        plan,
+        child,
+        copiers,
+        spawned_unix,
+        channel,
+        baselines,
+        stderr_offset,
+    })
+}
+
+/// Opens the stage's logs for appending (its directory exists: see
+/// [`crate::store::rundir::RunDir::prepare_stage_dirs`]), writes `header` to both, and returns them with
+/// the length of stderr after the header (where this attempt's stderr begins).
+fn open_logs(
+    stage_dir: &Path,
+    header: Option<&str>,
+) -> std::io::Result<(std::fs::File, std::fs::File, u64)> {
+    use std::io::{Seek, Write};
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(stage_dir.join(name))
+    };
+    let mut out = open("stdout.log")?;
+    let mut err = open("stderr.log")?;
+    if let Some(header) = header {
+        out.write_all(header.as_bytes())?;
+        err.write_all(header.as_bytes())?;
+    }
+    let offset = err.seek(std::io::SeekFrom::End(0))?;
+    Ok((out, err, offset))
+}

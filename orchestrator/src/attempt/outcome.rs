@@ -1,0 +1,138 @@
+//! How an attempt ended: its [`Outcome`], the [`Failure`] that names what went wrong, and
+//! everything known about it when it ended ([`AttemptResult`]).
+
+use crate::process::reaper::ExitStatus;
+use crate::process::tree::StoppedProcess;
+use protocol::report::{CheckpointRecord, GpuRecord};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Why an attempt failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// The program could not be started.
+    SpawnFailed(String),
+    /// It exited with a non-zero code.
+    Exit(i32),
+    /// A signal ended it.
+    Signal(String),
+    /// SIGKILL that the orchestrator did not send: most likely the kernel's OOM killer.
+    KilledExternally,
+    /// It ran past its timeout and was stopped.
+    Timeout(Duration),
+    /// The device ran out of memory.
+    CudaOutOfMemory(String),
+    /// The stage reported a failure (exit code, its message).
+    Reported(i32, String),
+    /// Its inputs were unusable (missing or corrupt checkpoint, bad data or params).
+    BadInput(String),
+    /// It contradicted the protocol (e.g. reported failure and exited 0).
+    ProtocolViolation(String),
+    /// It exited 0 without its declared outputs.
+    MissingOutputs(Vec<String>),
+    /// Its outputs did not verify.
+    CorruptOutput(String),
+}
+
+impl Failure {
+    /// One sentence for the console and the report.
+    pub fn describe(&self) -> String {
+        match self {
+            Failure::SpawnFailed(why) => format!("could not start: {why}"),
+            Failure::Exit(code) => format!("exited with code {code}"),
+            Failure::Signal(name) => format!("killed by {name}"),
+            Failure::KilledExternally => "killed by SIGKILL that orchestrate did not send (most likely the kernel's out-of-memory killer: check `dmesg`)".into(),
+            Failure::Timeout(d) => format!("timed out after {}", protocol::duration::HumanDuration(*d)),
+            Failure::CudaOutOfMemory(msg) => format!("CUDA out of memory: {msg}"),
+            Failure::Reported(code, msg) => format!("exited with code {code}: {msg}"),
+            Failure::BadInput(msg) => format!("bad input: {msg}"),
+            Failure::ProtocolViolation(msg) => format!("protocol violation: {msg}"),
+            Failure::MissingOutputs(files) => format!("exited 0 but its declared outputs are missing: {}", files.join(", ")),
+            Failure::CorruptOutput(msg) => format!("its outputs do not verify: {msg}"),
+        }
+    }
+
+    /// A short machine-readable class for the report.
+    pub fn class(&self) -> protocol::status::FailureClass {
+        use protocol::status::FailureClass as C;
+        match self {
+            Failure::SpawnFailed(_) => C::SpawnFailed,
+            Failure::Exit(_) => C::ExitCode,
+            Failure::Signal(_) => C::Signal,
+            Failure::KilledExternally => C::KilledExternally,
+            Failure::Timeout(_) => C::Timeout,
+            Failure::CudaOutOfMemory(_) => C::CudaOom,
+            Failure::Reported(..) => C::Reported,
+            Failure::BadInput(_) => C::BadInput,
+            Failure::ProtocolViolation(_) => C::ProtocolViolation,
+            Failure::MissingOutputs(_) => C::MissingOutputs,
+            Failure::CorruptOutput(_) => C::CorruptOutput,
+        }
+    }
+
+    /// Whether another attempt could succeed (a retry is pointless for bad input, a missing
+    /// program or missing outputs).
+    pub fn retryable(&self) -> bool {
+        !matches!(
+            self,
+            Failure::SpawnFailed(_) | Failure::BadInput(_) | Failure::MissingOutputs(_)
+        )
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Exit 0, outputs verified.
+    Succeeded,
+    /// See the failure.
+    Failed(Failure),
+    /// Stopped because the run was stopped.
+    Cancelled,
+}
+
+/// Everything known about a finished attempt.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    /// How it ended.
+    pub outcome: Outcome,
+    /// The first process's exit status.
+    pub exit: Option<ExitStatus>,
+    /// Wall time from spawn to the last process gone.
+    pub wall: Duration,
+    /// Verified outputs.
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// The last metrics reported.
+    pub metrics: BTreeMap<String, f64>,
+    /// Per-GPU verification.
+    pub gpu: Vec<GpuRecord>,
+    /// Processes that outlived the first process and had to be stopped.
+    pub leftovers: Vec<StoppedProcess>,
+    /// Malformed messages received.
+    pub violations: Vec<String>,
+    /// Last lines of stderr, when it failed.
+    pub stderr_tail: Option<String>,
+    /// Milestones (absent for an attempt that never started).
+    pub timing: Option<protocol::report::StageTiming>,
+    /// CPU time and memory of the stage's processes.
+    pub host: Option<protocol::report::HostUsage>,
+}
+
+impl AttemptResult {
+    /// The result of an attempt that never started.
+    pub fn early_failure(failure: Failure) -> AttemptResult {
+        AttemptResult {
+            outcome: Outcome::Failed(failure),
+            exit: None,
+            wall: Duration::ZERO,
+            checkpoints: Vec::new(),
+            metrics: BTreeMap::new(),
+            gpu: Vec::new(),
+            leftovers: Vec::new(),
+            violations: Vec::new(),
+            stderr_tail: None,
+            timing: None,
+            host: None,
+        }
+    }
+}
