@@ -23,6 +23,9 @@ stage started (from the journal), and, once per size, `orchestrate validate` wal
   bench/overhead/bench.py --bin target/release/orchestrate --sizes 1000:7,10000:5,100000 --reps 3 \
       --out bench/overhead/results-DATE.json      (N:REPS overrides --reps for that size)
   --plans independent,chain   runs only those plans, in that order, in each repetition
+  --baseline OLD_BIN          also runs OLD_BIN on every plan of every repetition, right after
+                              the new binary (each run bracketed by loop runs as above), and
+                              gives each plan's new/old ratio of stages/s in the same run
 """
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
 
@@ -170,12 +173,16 @@ def main():
     ap.add_argument("--plans", default=None,
                     help="comma-separated plan names, run in this order in each repetition "
                          "(default: all, in the order above)")
+    ap.add_argument("--baseline", default=None,
+                    help="an older orchestrate binary run beside --bin on every plan (A/B in one run)")
     args = ap.parse_args()
     if args.plans:
         unknown = set(args.plans.split(",")) - set(PLAN_NAMES)
         if unknown:
             ap.error(f"--plans: no plan named {', '.join(sorted(unknown))} (plans: {', '.join(PLAN_NAMES)})")
     binary = os.path.abspath(args.bin)
+    # The binaries each plan runs with, in this order in every repetition.
+    bins = [("", binary)] + ([(" [baseline]", os.path.abspath(args.baseline))] if args.baseline else [])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
     result = {
@@ -187,6 +194,10 @@ def main():
         # Other work on the machine skews a 2-core benchmark: its load when this began and ended.
         "load_average_1_5_15_min_at_start": os.getloadavg(),
         "plans_in_order": args.plans,
+        "baseline": ({"bin": os.path.abspath(args.baseline),
+                      "version": subprocess.run([args.baseline, "--version"], capture_output=True,
+                                                text=True).stdout.strip()}
+                     if args.baseline else None),
         "sizes": {},
     }
     base = args.run_base or tempfile.gettempdir()
@@ -201,10 +212,11 @@ def main():
             # The names were checked above; `chain-explicit` exists only up to 10,000 stages.
             if args.plans:
                 plans = {k: plans[k] for k in args.plans.split(",") if k in plans}
-            size = {"validate": {}, "plans": {k: [] for k in plans}, "subprocess_run_loop": [],
-                    "settle_s": []}
+            size = {"validate": {}, "plans": {k + label: [] for k in plans for label, _ in bins},
+                    "subprocess_run_loop": [], "settle_s": []}
             for name, plan in plans.items():
-                size["validate"][name] = validate(binary, plan)
+                for label, exe in bins:
+                    size["validate"][name + label] = validate(exe, plan)
             loops = size["subprocess_run_loop"]
             # Every orchestrate run is bracketed by a loop run just before and one just after
             # (L P1 L P2 L P1 L ...): its ratio is against the loop's rate over those two, so a
@@ -213,17 +225,17 @@ def main():
             size["settle_s"].append(settle())
             loops.append(run_loop(n))
             for rep in range(reps):
-                for name, plan in plans.items():
-                    run_dir = os.path.join(d, f"run-{name}-{n}-{rep}")
+                for (name, plan), (label, exe) in ((p, b) for p in plans.items() for b in bins):
+                    run_dir = os.path.join(d, f"run-{name}-{n}-{rep}{'-baseline' if label else ''}")
                     size["settle_s"].append(settle())
                     # Kept until the end: see the README on deleting during the benchmark.
-                    run = run_orchestrate(binary, plan, run_dir, n)
+                    run = run_orchestrate(exe, plan, run_dir, n)
                     size["settle_s"].append(settle())
                     loops.append(run_loop(n))
                     before, after = loops[-2], loops[-1]
                     run["loop_stages_per_s"] = 2 * n / (before["wall_s"] + after["wall_s"])
                     run["ratio_to_subprocess_run_loop"] = run["stages_per_s"] / run["loop_stages_per_s"]
-                    size["plans"][name].append(run)
+                    size["plans"][name + label].append(run)
                 print(f"{n}: rep {rep + 1}/{reps}: "
                       + ", ".join(f"{k} {v[-1]['stages_per_s']:.0f}/s (loop {v[-1]['loop_stages_per_s']:.0f}/s, "
                                   f"ratio {v[-1]['ratio_to_subprocess_run_loop']:.3f}) {v[-1]['peak_rss_kib'] / 1024:.1f} MiB"
@@ -240,6 +252,13 @@ def main():
                     "peak_rss_mib": spread([r["peak_rss_kib"] / 1024 for r in runs]),
                     "first_stage_started_s": spread([r["first_stage_started_s"] for r in runs if r["first_stage_started_s"] is not None] or [float("nan")]),
                 }
+            if args.baseline:
+                # New over old, same plan, same run: the median of the per-repetition ratios
+                # (each repetition ran both binaries back to back).
+                for name in plans:
+                    new, old = size["plans"][name], size["plans"][name + bins[1][0]]
+                    summary[name]["new_over_baseline"] = spread(
+                        [a["stages_per_s"] / b["stages_per_s"] for a, b in zip(new, old)])
             size["summary"] = summary
             result["sizes"][str(n)] = size
             print(json.dumps({n: summary}, indent=1), file=sys.stderr)
