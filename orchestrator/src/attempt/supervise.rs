@@ -663,3 +663,52 @@ fn read_tail(path: &Path, offset: u64) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at() -> tokio::time::Instant {
+        tokio::time::Instant::now()
+    }
+
+    #[test]
+    fn a_stop_state_says_why_it_stopped() {
+        assert!(!StopState::Running.timed_out() && !StopState::Running.cancelled());
+        let timed_out = StopState::Terminating {
+            why: StopWhy::TimedOut,
+            kill_at: at(),
+        };
+        assert!(timed_out.timed_out() && !timed_out.cancelled());
+        let cancelled = StopState::Killed {
+            why: StopWhy::Cancelled,
+        };
+        assert!(cancelled.cancelled() && !cancelled.timed_out());
+    }
+
+    #[test]
+    fn a_kill_asked_for_during_a_timeout_stop_keeps_the_timeout() {
+        let timed_out = StopState::Terminating {
+            why: StopWhy::TimedOut,
+            kill_at: at(),
+        };
+        let killed = timed_out.killed_by_cancel();
+        assert_eq!(
+            killed,
+            StopState::Killed {
+                why: StopWhy::TimedOutThenCancelled
+            }
+        );
+        assert!(killed.timed_out() && killed.cancelled());
+        // A kill of a running stage, or of one a cancel was stopping, is a cancel.
+        let cancelled = StopState::Killed {
+            why: StopWhy::Cancelled,
+        };
+        assert_eq!(StopState::Running.killed_by_cancel(), cancelled);
+        let terminating = StopState::Terminating {
+            why: StopWhy::Cancelled,
+            kill_at: at(),
+        };
+        assert_eq!(terminating.killed_by_cancel(), cancelled);
+    }
+}

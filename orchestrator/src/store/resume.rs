@@ -216,3 +216,111 @@ pub fn render(plan: &LoadedPlan, decisions: &[Decision]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::parse_plan_toml;
+    use protocol::status::StageStatus;
+    use std::path::Path;
+
+    fn plan() -> LoadedPlan {
+        let text = "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n\
+                    [[stage]]\nname = \"b\"\ncommand = [\"true\"]\nafter = [\"a\"]\n\
+                    [[stage]]\nname = \"c\"\ncommand = [\"true\"]\n";
+        parse_plan_toml(text, "t.toml", Path::new("/")).unwrap()
+    }
+
+    fn started(stage: &str) -> JournalRecord {
+        JournalRecord::StageStarted {
+            stage: stage.into(),
+            attempt: 1,
+            pid: 1,
+            gpus: Vec::new(),
+            plan_hash: "h".into(),
+        }
+    }
+
+    fn finished(stage: &str, status: StageStatus, plan_hash: &str) -> JournalRecord {
+        JournalRecord::StageFinished {
+            stage: stage.into(),
+            attempt: 1,
+            status,
+            error: None,
+            checkpoints: Vec::new(),
+            plan_hash: plan_hash.into(),
+            metrics: Default::default(),
+            wall_s: Some(1.0),
+        }
+    }
+
+    fn reason(d: &Decision) -> &str {
+        match d {
+            Decision::Run { reason, .. } => reason,
+            Decision::Keep { .. } => "keep",
+        }
+    }
+
+    #[test]
+    fn a_finished_stage_is_kept_and_one_that_never_ran_or_did_not_finish_runs() {
+        let p = plan();
+        let records = [
+            started("a"),
+            finished("a", StageStatus::Succeeded, "h"),
+            started("b"),
+        ];
+        let d = decide(&p, &["h".into(), "h".into(), "h".into()], &records);
+        assert!(d[0].kept());
+        assert_eq!(
+            reason(&d[1]),
+            "it did not finish in the earlier run (interrupted or failed)"
+        );
+        assert_eq!(reason(&d[2]), "it has not run yet");
+    }
+
+    #[test]
+    fn a_changed_stage_runs_again_with_everything_downstream_and_its_old_output_cleared() {
+        let p = plan();
+        let records = [
+            started("a"),
+            finished("a", StageStatus::Succeeded, "old"),
+            started("b"),
+            finished("b", StageStatus::Succeeded, "h"),
+        ];
+        let d = decide(&p, &["new".into(), "h".into(), "h".into()], &records);
+        assert_eq!(
+            reason(&d[0]),
+            "its definition in the plan changed since it ran"
+        );
+        assert!(matches!(
+            d[0],
+            Decision::Run {
+                clear_output: true,
+                attempts: 1,
+                ..
+            }
+        ));
+        assert_eq!(reason(&d[1]), "upstream stage `a` runs again");
+        assert!(matches!(
+            d[1],
+            Decision::Run {
+                clear_output: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_later_attempt_supersedes_an_earlier_success() {
+        let p = plan();
+        let records = [
+            started("a"),
+            finished("a", StageStatus::Succeeded, "h"),
+            started("a"),
+            finished("a", StageStatus::Failed, "h"),
+        ];
+        let d = decide(&p, &["h".into(), "h".into(), "h".into()], &records);
+        assert!(!d[0].kept());
+        assert!(matches!(d[0], Decision::Run { attempts: 2, .. }));
+    }
+}
