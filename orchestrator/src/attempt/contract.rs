@@ -89,10 +89,10 @@ pub fn environment(
     env
 }
 
-/// Expands `{output}`, `{input.NAME}`, `{run_dir}`, `{stage}` and `{master_port}` in one argument; `{{` and `}}`
-/// stand for literal braces (the grammar of [`crate::plan::placeholder`]). An argument that
-/// does not parse, or names no known input, is passed as written: validation refuses those
-/// before a run starts.
+/// Expands `{output}`, `{input.NAME}`, `{run_dir}`, `{stage}` and `{master_port}` in one argument;
+/// `{{` and `}}` stand for literal braces (the grammar of [`crate::plan::placeholder`]). An
+/// argument that does not parse, or names no known input, is passed as written: validation refuses
+/// those before a run starts.
 pub fn expand(arg: &str, paths: &ContractPaths<'_>) -> String {
     use crate::plan::placeholder::{parse, Piece, Placeholder};
     // Most arguments hold no brace at all: nothing to parse (a sweep expands thousands).

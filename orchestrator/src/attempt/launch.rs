@@ -316,8 +316,8 @@ pub fn start_attempt(
 }
 
 /// Opens the stage's logs for appending (its directory exists: see
-/// [`crate::store::rundir::RunDir::prepare_stage_dirs`]), writes `header` to both, and returns them with
-/// the length of stderr after the header (where this attempt's stderr begins).
+/// [`crate::store::rundir::RunDir::prepare_stage_dirs`]), writes `header` to both, and returns them
+/// with the length of stderr after the header (where this attempt's stderr begins).
 fn open_logs(
     stage_dir: &Path,
     header: Option<&str>,

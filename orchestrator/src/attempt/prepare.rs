@@ -36,9 +36,9 @@ pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> crate::erro
     Ok(candidate)
 }
 
-/// The files a stage's attempt starts with: its directories, `inputs.json`, `spec.json` and
-/// its (empty) logs. What they hold depends on the plan, the attempt number and the device
-/// only, so the preparer ([`crate::attempt::preparer`]) can write a first attempt's ahead of its start.
+/// The files a stage's attempt starts with: its directories, `inputs.json`, `spec.json` and its
+/// (empty) logs. What they hold depends on the plan, the attempt number and the device only, so the
+/// preparer ([`crate::attempt::preparer`]) can write a first attempt's ahead of its start.
 pub(crate) struct Layout {
     name: String,
     paths: StagePaths,

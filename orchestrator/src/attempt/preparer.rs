@@ -13,10 +13,10 @@
 //! through [`Preparer::may_open`] hold opened files at a time (three descriptors each), and a
 //! stage that will not start gives its files back through [`Preparer::release`].
 //!
-//! The same thread closes and removes the event sockets of the stages it opened once they end
-//! (each attempt's [`crate::attempt::channel::EventChannel`] hands its listener and file over instead
-//! of closing and removing them on the scheduling thread), before each stage it writes and
-//! when the run ends.
+//! The same thread closes and removes the event sockets of the stages it opened once they end (each
+//! attempt's [`crate::attempt::channel::EventChannel`] hands its listener and file over instead of
+//! closing and removing them on the scheduling thread), before each stage it writes and when the
+//! run ends.
 
 use crate::attempt::launch::Opened;
 use crate::attempt::prepare::Layout;

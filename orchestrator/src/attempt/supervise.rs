@@ -1,9 +1,10 @@
 //! One attempt of one stage, from spawn to verdict.
 //!
-//! An attempt is started by [`crate::attempt::launch::start_attempt`] and seen to its end by [`supervise`]. Promises
-//! of [`supervise`]: when it returns, no process of the attempt is alive; the GPUs
-//! it used have a reclaim verdict (when the check runs); the outputs of a successful attempt
-//! are verified and checksummed; a failed attempt has a [`Failure`] that names what happened.
+//! An attempt is started by [`crate::attempt::launch::start_attempt`] and seen to its end by
+//! [`supervise`]. Promises of [`supervise`]: when it returns, no process of the attempt is alive;
+//! the GPUs it used have a reclaim verdict (when the check runs); the outputs of a successful
+//! attempt are verified and checksummed; a failed attempt has a [`Failure`] that names what
+//! happened.
 
 use crate::attempt::channel::{ChannelItem, EventChannel};
 use crate::attempt::launch::{AttemptPlan, CancelLevel, Launched, Services, TREE_SAMPLE_PERIOD};
@@ -217,6 +218,7 @@ async fn watch(
             _ => None,
         };
         let running = w.stop == StopState::Running;
+        let timing_out = timeout_at.is_some() && running;
         tokio::select! {
             reaped = &mut child.exit => return reaped,
             // A stage is first sampled a whole period after it started, as it was with a
@@ -225,7 +227,7 @@ async fn watch(
                 w.tree_rss_peak = w.tree_rss_peak.max(child.resident_bytes());
             },
             item = channel.next() => w.events.absorb(item, &plan.name, console, started),
-            _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timeout_at.is_some() && running => {
+            _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timing_out => {
                 // A process that ended before the timeout was looked at finished in time,
                 // even if its exit was not collected yet (orchestrate itself was stopped, or
                 // the runtime saw the exit and the timer at once and picked the timer).

@@ -1,14 +1,14 @@
 //! One client connection: newline-delimited JSON requests in, answers out.
 //!
-//! Promises: a peer of another user (not root) is refused before anything else; a line longer
-//! than [`MAX_REQUEST_BYTES`] is refused and the connection closed (the stream cannot be
-//! resynced), and so is a connection whose unfinished line would take the daemon's
-//! connections together over [`MAX_BUFFERED_REQUEST_BYTES`] (an idle connection holds no
-//! buffer); a request that names a key twice is refused; a connection that sends no complete request for the idle timeout is closed (a
+//! Promises: a peer of another user (not root) is refused before anything else; a line longer than
+//! [`MAX_REQUEST_BYTES`] is refused and the connection closed (the stream cannot be resynced), and
+//! so is a connection whose unfinished line would take the daemon's connections together over
+//! [`MAX_BUFFERED_REQUEST_BYTES`] (an idle connection holds no buffer); a request that names a key
+//! twice is refused; a connection that sends no complete request for the idle timeout is closed (a
 //! half line that stalls, a half-open peer); an answer that cannot be written within
-//! [`WRITE_TIMEOUT`] closes the connection (a client that does not read). A bad request gets
-//! an error answer naming the problem and the connection goes on. Each connection is its own
-//! task, so none of this touches running stages or other clients.
+//! [`WRITE_TIMEOUT`] closes the connection (a client that does not read). A bad request gets an
+//! error answer naming the problem and the connection goes on. Each connection is its own task, so
+//! none of this touches running stages or other clients.
 
 use super::Daemon;
 use crate::attempt::launch::CancelLevel;

@@ -103,8 +103,9 @@ impl RunEntry {
     }
 
     /// Counts the stages an earlier daemon recorded as succeeded (from the run's journal, see
-    /// [`succeeded_stages`](super::recover::succeeded_stages)), so a recovered run shows them and a resumed run's kept stages
-    /// count; a stage that starts again here leaves the count until it succeeds again.
+    /// [`succeeded_stages`](super::recover::succeeded_stages)), so a recovered run shows them and a
+    /// resumed run's kept stages count; a stage that starts again here leaves the count until it
+    /// succeeds again.
     pub fn count_earlier_successes(&mut self, stages: HashSet<String>) {
         self.succeeded = stages.len();
         self.earlier_successes = stages;

@@ -1,10 +1,10 @@
 //! The placeholders a command stage's argv may hold, and their expansion.
 //!
 //! In each argument, `{output}` stands for the stage's output directory, `{input.NAME}` for the
-//! output directory of upstream stage `NAME`, `{run_dir}` for the run directory and `{stage}`
-//! for the stage's name, `{master_port}` for the attempt's rendezvous port. `{{` and `}}` stand for literal braces; any other brace is an error.
-//! (`crate::attempt::contract::expand` does the expansion at run time; this is the strict reading that
-//! validation applies first.)
+//! output directory of upstream stage `NAME`, `{run_dir}` for the run directory and `{stage}` for
+//! the stage's name, `{master_port}` for the attempt's rendezvous port. `{{` and `}}` stand for
+//! literal braces; any other brace is an error. (`crate::attempt::contract::expand` does the
+//! expansion at run time; this is the strict reading that validation applies first.)
 
 use std::fmt;
 

@@ -424,11 +424,11 @@ fn forget(program: &str) {
     FOUND.with(|found| found.borrow_mut().remove(program));
 }
 
-/// The file `program` names: itself when it holds a `/`, else the first executable regular
-/// file called so in the directories of `path_var`, the environment's `PATH` (the
-/// orchestrator's when the environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
-/// it is absolute; the second value says the answer came from memory). Relative results are
-/// made absolute against `cwd`, where the child will run.
+/// The file `program` names: itself when it holds a `/`, else the first executable regular file
+/// called so in the directories of `path_var`, the environment's `PATH` (the orchestrator's when
+/// the environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
+/// it is absolute; the second value says the answer came from memory). Relative results are made
+/// absolute against `cwd`, where the child will run.
 fn resolve(program: &str, path_var: Option<&str>, cwd: &Path) -> io::Result<(PathBuf, bool)> {
     if program.contains('/') {
         return Ok((PathBuf::from(program), false));

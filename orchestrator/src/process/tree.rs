@@ -1,6 +1,6 @@
 //! Starting and stopping a stage's process tree. [`spawn`] is the one spawn path of the
-//! orchestrator: a built-in worker is forked by the fork server ([`crate::process::fork_server`]) when
-//! it can be, and exec'd otherwise; both give the same process, as promised below.
+//! orchestrator: a built-in worker is forked by the fork server ([`crate::process::fork_server`])
+//! when it can be, and exec'd otherwise; both give the same process, as promised below.
 //!
 //! Promises:
 //! - every stage starts in a new session and process group, with stdin closed and its output

@@ -1,12 +1,11 @@
 //! The scheduler: runs a validated plan's stages in dependency order, each attempt in a fresh
 //! process tree, as many at once as `max_parallel` and the GPUs allow.
 //!
-//! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs
-//! were verified; a GPU is given to one stage at a time; the journal gets a record at every
-//! state change (fsynced as [`crate::store::journal`] says) and `report.json` is rewritten as attempts
-//! finish (at most once a second, at most 0.2% of the time, and at the end); SIGINT/SIGTERM stop
-//! running stages gracefully (a second one kills them); when it returns no stage process is
-//! alive.
+//! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs were
+//! verified; a GPU is given to one stage at a time; the journal gets a record at every state change
+//! (fsynced as [`crate::store::journal`] says) and `report.json` is rewritten as attempts finish
+//! (at most once a second, at most 0.2% of the time, and at the end); SIGINT/SIGTERM stop running
+//! stages gracefully (a second one kills them); when it returns no stage process is alive.
 //!
 //! While a single stage runs, the stage that will start when it ends may be started by that
 //! stage's own task at the point the runner would have started it (`crate::attempt::handover`); the
