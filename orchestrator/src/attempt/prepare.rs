@@ -8,7 +8,6 @@ use crate::attempt::outcome::Failure;
 use crate::error::{Context, Error};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
-use crate::run::state::StageState;
 use crate::store::rundir::RunDir;
 use protocol::worker::{Device, StageSpec};
 use std::collections::BTreeMap;
@@ -201,6 +200,13 @@ fn pretty(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
     serde_json::to_vec_pretty(value).map_err(std::io::Error::other)
 }
 
+/// The verified outputs of a run's stages, by stage index (none for a stage that has not
+/// finished).
+pub(crate) trait FinishedOutputs {
+    /// Stage `stage`'s verified outputs.
+    fn outputs_of(&self, stage: usize) -> &[protocol::report::CheckpointRecord];
+}
+
 /// What every attempt of a run is prepared from.
 #[derive(Clone, Copy)]
 pub(crate) struct AttemptContext<'a> {
@@ -208,8 +214,9 @@ pub(crate) struct AttemptContext<'a> {
     pub(crate) plan: &'a LoadedPlan,
     /// Where the run writes.
     pub(crate) run_dir: &'a RunDir,
-    /// Every stage's state (an attempt's inputs are its upstream stages' verified outputs).
-    pub(crate) states: &'a [StageState],
+    /// The verified outputs of the stages that finished (an attempt's inputs are its upstream
+    /// stages' outputs).
+    pub(crate) outputs: &'a dyn FinishedOutputs,
     /// The `stage-worker` binary, when a stage of the plan is built in.
     pub(crate) worker: Option<&'a Path>,
     /// Whether stages that ask for GPUs get them (else they run on the CPU).
@@ -233,7 +240,7 @@ pub(crate) fn prepare_attempt(
     let AttemptContext {
         plan,
         run_dir,
-        states,
+        outputs,
         worker,
         machine_has_gpus,
         socket_dir,
@@ -253,24 +260,22 @@ pub(crate) fn prepare_attempt(
     for &u in &plan.upstream[i] {
         let up = &plan.plan.stages[u];
         let dir = run_dir.output_dir(&up.name);
-        if let Some(result) = &states[u].last {
-            for record in result.checkpoints() {
-                let path = Path::new(&record.path);
-                let depth = crate::store::checksum::Depth::Size;
-                if let Err(mismatch) =
-                    crate::store::checksum::check_file(path, record.bytes, &record.checksum, depth)
-                {
-                    return Err(Failure::BadInput(format!(
-                        "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
-                        stage.name,
-                        up.name,
-                        record.path,
-                        match mismatch {
-                            crate::store::checksum::FileMismatch::Missing(_) => "missing",
-                            _ => "changed since it was verified",
-                        }
-                    )));
-                }
+        for record in outputs.outputs_of(u) {
+            let path = Path::new(&record.path);
+            let depth = crate::store::checksum::Depth::Size;
+            if let Err(mismatch) =
+                crate::store::checksum::check_file(path, record.bytes, &record.checksum, depth)
+            {
+                return Err(Failure::BadInput(format!(
+                    "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
+                    stage.name,
+                    up.name,
+                    record.path,
+                    match mismatch {
+                        crate::store::checksum::FileMismatch::Missing(_) => "missing",
+                        _ => "changed since it was verified",
+                    }
+                )));
             }
         }
         inputs.insert(up.name.clone(), dir);

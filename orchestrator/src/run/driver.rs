@@ -9,8 +9,8 @@
 //! (`Done`) comes after, on the same channel, and its downstream stages wait for that.
 
 use super::lookahead::Lookahead;
-use super::preflight::Cleared;
 use super::scheduler::{Action, Event, Resources, Rules, Scheduler, Start, Stopping};
+use super::setup::Setup;
 use super::state::StageState;
 use super::{ending, RunSummary, StopSignal};
 use crate::attempt::handover::{self, NextUp, Started};
@@ -21,18 +21,13 @@ use crate::error::{Context, Result};
 use crate::gpu::{self, GpuInfo};
 use crate::host::{Host, Ticket};
 use crate::plan::LoadedPlan;
-use crate::report::console::{human_duration, Console};
+use crate::report::console::human_duration;
 use crate::report::Snapshot;
-use crate::slurm::Allocation;
-use crate::store::fingerprint::Background;
-use crate::store::journal::{Journal, JournalRecord};
-use crate::store::rundir::RunDir;
+use crate::store::journal::JournalRecord;
 use protocol::daemon::RunEventKind;
 use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
@@ -49,25 +44,9 @@ pub(super) enum StageNews {
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
 }
 
-/// What the run was set up with before its first stage (see [`super::run`]).
-pub(super) struct Setup {
-    pub(super) plan: Arc<LoadedPlan>,
-    pub(super) run_dir: RunDir,
-    pub(super) worker: Option<PathBuf>,
-    pub(super) console: Console,
-    pub(super) resume: bool,
-    pub(super) run_id: String,
-    pub(super) ticket: Ticket,
-    pub(super) slurm: Option<Allocation>,
-    pub(super) cleared: Cleared,
-    pub(super) journal: Journal,
-    pub(super) services: Rc<Services>,
-    pub(super) fingerprints: Background,
-}
-
 /// The run loop's I/O: everything it writes to and starts with.
-pub(super) struct Driver<'h> {
-    pub(super) setup: Setup,
+struct Driver<'h> {
+    setup: Setup,
     pub(super) host: &'h Rc<Host>,
     /// The cancel level passed on to every running stage.
     cancel_tx: watch::Sender<CancelLevel>,
@@ -77,11 +56,11 @@ pub(super) struct Driver<'h> {
     /// Stages that ending stages started in their place, not yet recorded.
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
     lookahead: Lookahead,
-    pub(super) started: Instant,
-    pub(super) started_unix: f64,
-    pub(super) spans: Vec<gpu::timeline::StageSpan>,
-    pub(super) sampler: Option<tokio::task::JoinHandle<()>>,
-    pub(super) run_files: super::files::RunFiles,
+    started: Instant,
+    started_unix: f64,
+    spans: Vec<gpu::timeline::StageSpan>,
+    sampler: Option<tokio::task::JoinHandle<()>>,
+    run_files: super::files::RunFiles,
     last_report: Instant,
     report_every: Duration,
 }
@@ -147,7 +126,7 @@ pub(super) async fn drive(
     if !cancel_closed {
         ending::wait_for_late_stop(&driver.setup, &mut sched, &mut cancel).await;
     }
-    ending::finish(driver, sched, stop_signal).await
+    driver.finish(sched, stop_signal).await
 }
 
 /// The host's GPUs and cores as one run's scheduler sees them.
@@ -527,11 +506,7 @@ impl<'h> Driver<'h> {
 
     /// Carries out the scheduler's actions, in order; `result`: the attempt whose end they
     /// follow from, if one did.
-    pub(super) fn carry_out(
-        &mut self,
-        actions: Vec<Action>,
-        result: Option<&AttemptResult>,
-    ) -> Result<()> {
+    fn carry_out(&mut self, actions: Vec<Action>, result: Option<&AttemptResult>) -> Result<()> {
         for action in actions {
             self.carry_out_one(action, result)?;
         }
@@ -625,6 +600,46 @@ impl<'h> Driver<'h> {
             Action::ReleaseFiles(stage) => self.lookahead.release(stage),
         }
         Ok(())
+    }
+    /// Ends the run: the stages that did not start skipped, its status (inside Slurm, after
+    /// asking Slurm why the job stopped), the journal's last record, `report.json`, the
+    /// results and the GPU memory picture.
+    async fn finish(
+        mut self,
+        mut sched: Scheduler<'_>,
+        stop_signal: StopSignal,
+    ) -> Result<RunSummary> {
+        let (skipped, verdict) = sched.finish();
+        self.carry_out(skipped, None)?;
+        let (status, exit_code) =
+            ending::status_of(verdict, &mut self.setup, stop_signal.get()).await;
+        let setup = &mut self.setup;
+        setup
+            .journal
+            .append(&JournalRecord::RunFinished { status, exit_code })?;
+        self.host.stop_waiting(setup.ticket);
+        self.run_files.finish(&setup.console)?;
+        let states = sched.into_states();
+        let setup = &self.setup;
+        let report = Snapshot::new(
+            &setup.plan,
+            &states,
+            &setup.run_dir,
+            &setup.cleared.gpu_check,
+            self.started,
+            status,
+        );
+        ending::write_report_and_results(setup, &report);
+        if let Some(sampler) = self.sampler.take() {
+            sampler.abort();
+            ending::draw_gpu_memory(setup, &self.spans, self.started);
+        }
+        setup.console.run_finished(status, exit_code);
+        Ok(RunSummary {
+            exit_code,
+            status: report.status(),
+            summary: report.summary(),
+        })
     }
 }
 

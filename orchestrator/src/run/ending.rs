@@ -3,18 +3,15 @@
 //! leaves: the journal's last record, `report.json`, the results table, the GPU memory
 //! picture.
 
-use super::driver::{Driver, Setup};
 use super::scheduler::{Scheduler, Verdict};
-use super::{RunSummary, StopSignal};
+use super::setup::Setup;
 use crate::attempt::launch::CancelLevel;
-use crate::error::Result;
 use crate::exit;
 use crate::gpu;
 use crate::report::Snapshot;
-use crate::store::journal::JournalRecord;
 use crate::store::rundir::write_replace;
 use protocol::status::RunStatus;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Inside Slurm, `scancel` and the time limit signal every process of the job at once: the
@@ -38,24 +35,20 @@ pub(super) async fn wait_for_late_stop(
     }
 }
 
-/// Ends the run: skips, status, the final records and files.
-pub(super) async fn finish(
-    mut driver: Driver<'_>,
-    mut sched: Scheduler<'_>,
-    stop_signal: StopSignal,
-) -> Result<RunSummary> {
-    let (skipped, verdict) = sched.finish();
-    driver.carry_out(skipped, None)?;
+/// The run's status and exit code from the scheduler's verdict; inside Slurm, after a stop,
+/// why the job stopped (from Slurm's job state), journaled, and the requeue asked for.
+pub(super) async fn status_of(
+    verdict: Verdict,
+    setup: &mut Setup,
+    stop_signal: Option<(&'static str, f64)>,
+) -> (RunStatus, i32) {
     let (status, exit_code) = match verdict {
         Verdict::Interrupted => (RunStatus::Interrupted, exit::INTERRUPTED),
         Verdict::Failed => (RunStatus::Failed, exit::STAGE_FAILED),
         Verdict::Leaked => (RunStatus::Leaked, exit::GPU_LEAK),
         Verdict::Succeeded => (RunStatus::Succeeded, exit::SUCCESS),
     };
-    let setup = &mut driver.setup;
-    // Slurm: why the job stopped (from Slurm's job state), journaled, and the requeue asked
-    // for.
-    let (status, exit_code) = match (&setup.slurm, stop_signal.get()) {
+    match (&setup.slurm, stop_signal) {
         (Some(job), Some((signal, at))) if verdict == Verdict::Interrupted => {
             let verdict = crate::slurm::stop::after_stop(
                 job,
@@ -70,38 +63,12 @@ pub(super) async fn finish(
             (verdict.status, verdict.exit_code)
         }
         _ => (status, exit_code),
-    };
-    setup
-        .journal
-        .append(&JournalRecord::RunFinished { status, exit_code })?;
-    driver.host.stop_waiting(setup.ticket);
-    driver.run_files.finish(&setup.console)?;
-    let states = sched.into_states();
-    let setup = &driver.setup;
-    let report = Snapshot::new(
-        &setup.plan,
-        &states,
-        &setup.run_dir,
-        &setup.cleared.gpu_check,
-        driver.started,
-        status,
-    );
-    write_report_and_results(setup, &report);
-    if let Some(sampler) = driver.sampler.take() {
-        sampler.abort();
-        draw_gpu_memory(&driver);
     }
-    setup.console.run_finished(status, exit_code);
-    Ok(RunSummary {
-        exit_code,
-        status: report.status(),
-        summary: report.summary(),
-    })
 }
 
 /// `report.json` and the results are independent files: written at once, on two threads (at
 /// 100,000 stages each takes a tenth of a second or more, after the last stage).
-fn write_report_and_results(setup: &Setup, report: &Snapshot<'_>) {
+pub(super) fn write_report_and_results(setup: &Setup, report: &Snapshot<'_>) {
     let (plan, console, root) = (&setup.plan, &setup.console, setup.run_dir.root());
     let results = std::thread::scope(|scope| {
         let results = crate::report::results::has_rows(plan).then(|| {
@@ -129,12 +96,11 @@ fn write_report_and_results(setup: &Setup, report: &Snapshot<'_>) {
 }
 
 /// The picture of every GPU's memory over the run, with the stages' spans.
-fn draw_gpu_memory(driver: &Driver<'_>) {
-    let setup = &driver.setup;
+pub(super) fn draw_gpu_memory(setup: &Setup, spans: &[gpu::timeline::StageSpan], started: Instant) {
     let root = setup.run_dir.root();
     let samples = gpu::timeline::read_samples(&root.join("gpu-timeline.csv"));
-    let wall = driver.started.elapsed().as_secs_f64();
-    let picture = gpu::svg::render(&setup.cleared.gpus, &samples, &driver.spans, wall);
+    let wall = started.elapsed().as_secs_f64();
+    let picture = gpu::svg::render(&setup.cleared.gpus, &samples, spans, wall);
     let svg_path = root.join("gpu-memory.svg");
     match write_replace(&svg_path, picture.as_bytes()) {
         Ok(()) => setup

@@ -2,8 +2,8 @@
 //! the very next ones opened) by the preparer thread while earlier stages run, and each
 //! attempt's plan made from them.
 
-use super::driver::Setup;
 use super::scheduler::Scheduler;
+use super::setup::Setup;
 use super::state::StageState;
 use crate::attempt::handover::{Kind, Successor};
 use crate::attempt::launch::AttemptPlan;
@@ -70,7 +70,7 @@ impl Lookahead {
         let context = AttemptContext {
             plan: &setup.plan,
             run_dir: &setup.run_dir,
-            states,
+            outputs: &states,
             worker: setup.worker.as_deref(),
             machine_has_gpus: !setup.cleared.gpus.is_empty(),
             socket_dir: self.sockets.path(),

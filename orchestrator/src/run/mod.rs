@@ -18,6 +18,7 @@ pub(crate) mod files;
 mod lookahead;
 pub mod preflight;
 pub(crate) mod scheduler;
+mod setup;
 pub mod state;
 
 use crate::attempt::launch::{CancelLevel, Services, TreeSampling};
@@ -165,7 +166,7 @@ async fn run_in_span(
         tree_sampling: TreeSampling::start(),
     });
     let states = initial_states(&plan, decisions.as_deref(), &run_dir)?;
-    let setup = driver::Setup {
+    let setup = setup::Setup {
         plan: plan.clone(),
         run_dir,
         worker,

@@ -162,6 +162,15 @@ impl LastAttempt {
     }
 }
 
+impl crate::attempt::prepare::FinishedOutputs for &[StageState] {
+    fn outputs_of(&self, stage: usize) -> &[CheckpointRecord] {
+        self[stage]
+            .last
+            .as_ref()
+            .map_or(&[], |last| last.checkpoints())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

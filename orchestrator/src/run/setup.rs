@@ -1,0 +1,31 @@
+//! What a run was set up with before its first stage: its plan, directory, journal, GPU
+//! check and the services every attempt shares.
+
+use super::preflight::Cleared;
+use crate::attempt::launch::Services;
+use crate::host::Ticket;
+use crate::plan::LoadedPlan;
+use crate::report::console::Console;
+use crate::slurm::Allocation;
+use crate::store::fingerprint::Background;
+use crate::store::journal::Journal;
+use crate::store::rundir::RunDir;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// What the run was set up with before its first stage (see [`super::run`]).
+pub(super) struct Setup {
+    pub(super) plan: Arc<LoadedPlan>,
+    pub(super) run_dir: RunDir,
+    pub(super) worker: Option<PathBuf>,
+    pub(super) console: Console,
+    pub(super) resume: bool,
+    pub(super) run_id: String,
+    pub(super) ticket: Ticket,
+    pub(super) slurm: Option<Allocation>,
+    pub(super) cleared: Cleared,
+    pub(super) journal: Journal,
+    pub(super) services: Rc<Services>,
+    pub(super) fingerprints: Background,
+}
