@@ -7,7 +7,7 @@
 //! and tensors are parsed from those same verified bytes.
 
 use crate::failure::{Failure, StageResult};
-use crate::fsio::{checksum, remove_durably, write_atomic};
+use crate::fsio::{checksum, remove_durably, write_atomic, WrittenFile};
 use crate::model::{config_from_manifest, manifest_model, ByteGpt};
 use crate::optim::AdamW;
 use crate::stream::{self, FileSpec, HeaderEntry, Run};
@@ -40,20 +40,6 @@ pub struct TrainingState {
     pub data: String,
     /// The seed it trained with.
     pub seed: u64,
-}
-
-/// A checkpoint file that was written: its path and its manifest entry.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WrittenFile {
-    /// Path of the file (the output directory joined with the entry's path).
-    pub path: PathBuf,
-    /// Size and checksum.
-    pub entry: ManifestFile,
-    /// Which file it is on disk, once in place (for the orchestrator to recognise it).
-    pub identity: Option<FileIdentity>,
-    /// When its writing passed each phase, as `t_*` metrics (files streamed from tensors:
-    /// `t_copied_STEM`, `t_hashed_STEM`, `t_written_STEM`, `t_synced_STEM`).
-    pub phases: Vec<(String, f64)>,
 }
 
 /// Parses safetensors bytes into named CPU tensors; `what` names the source in errors.

@@ -151,12 +151,8 @@ impl EventSink {
     }
 
     /// `checkpoint` for each file of a checkpoint just written (see
-    /// [`crate::checkpoint::WrittenFile`]), as of `step`.
-    pub fn checkpoint_files(
-        &mut self,
-        files: Vec<crate::checkpoint::WrittenFile>,
-        step: Option<u64>,
-    ) {
+    /// [`crate::fsio::WrittenFile`]), as of `step`.
+    pub fn checkpoint_files(&mut self, files: Vec<crate::fsio::WrittenFile>, step: Option<u64>) {
         for f in files {
             self.checkpoint(f.path, f.entry.checksum, f.entry.bytes, step, f.identity);
         }

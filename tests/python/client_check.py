@@ -1,7 +1,7 @@
 """Drives the real daemon with python/orchestrate_client.py (standard library only).
 
 Usage: python3 client_check.py SOCKET WORKDIR. Exits 0 when every check passed; prints what
-failed otherwise. Run by tests/tests/daemon.rs against a daemon it started.
+failed otherwise. Run by tests/tests/e2e/daemon.rs against a daemon it started.
 """
 
 import json

@@ -1,7 +1,7 @@
 """Leaves a `watch` of python/orchestrate_client.py early and checks the client still works.
 
 Usage: python3 watch_break_check.py SOCKET WORKDIR. Prints "all checks passed" and exits 0
-when every check passed; raises otherwise. Run by tests/tests/daemon_requests.rs against a
+when every check passed; raises otherwise. Run by tests/tests/e2e/daemon_requests.rs against a
 daemon it started.
 """
 

@@ -1,9 +1,9 @@
 //! A real `orchestrate daemon` for a test, and raw protocol connections to it.
 //!
 //! The daemon's stderr (its log) goes to a file the test can read ([`TestDaemon::log`]); it is
-//! stopped with SIGTERM when dropped (SIGKILL if it does not end within 15 s).
+//! stopped with SIGTERM when dropped (SIGKILL if it does not end within 30 s).
 
-use crate::{orchestrate, wait_for};
+use crate::{orchestrate, repo_root, wait_for};
 pub use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -26,12 +26,26 @@ impl TestDaemon {
     /// Starts `orchestrate daemon --socket <socket> --runs-dir <runs>` and waits until it
     /// listens; its log goes to `<log>`.
     pub fn start(socket: &Path, runs: &Path, log: &Path) -> TestDaemon {
-        Self::start_with(socket, runs, log, "5s")
+        Self::start_with(socket, runs, log, "5s", &[])
     }
 
-    /// [`TestDaemon::start`] with another `--idle-timeout` than 5 s.
-    pub fn start_with(socket: &Path, runs: &Path, log: &Path, idle_timeout: &str) -> TestDaemon {
+    /// [`TestDaemon::start`] in the test's directory `dir`: socket `dir/sock/d.sock`, runs
+    /// directory `dir/runs`, log `dir/<log>`.
+    pub fn start_in(dir: &Path, log: &str) -> TestDaemon {
+        Self::start(&dir.join("sock/d.sock"), &dir.join("runs"), &dir.join(log))
+    }
+
+    /// [`TestDaemon::start`] with another `--idle-timeout` than 5 s (how long a connection may
+    /// sit in the middle of a request), and `env` added to the daemon's environment.
+    pub fn start_with(
+        socket: &Path,
+        runs: &Path,
+        log: &Path,
+        idle_timeout: &str,
+        env: &[(&str, &str)],
+    ) -> TestDaemon {
         let child = Self::command_with(socket, runs, idle_timeout)
+            .envs(env.iter().copied())
             .stderr(std::fs::File::create(log).expect("daemon log file"))
             .spawn()
             .expect("daemon starts");
@@ -154,6 +168,14 @@ impl Conn {
         self.writer.write_all(bytes).is_ok()
     }
 
+    /// Another handle on the connection's writing side, for a thread that writes while this
+    /// one reads the answers.
+    pub fn writer(&self) -> UnixStream {
+        self.writer
+            .try_clone()
+            .expect("a second handle on the connection")
+    }
+
     /// The next answer line; None when the connection is closed.
     pub fn read(&mut self) -> Option<Value> {
         let mut line = String::new();
@@ -175,12 +197,18 @@ impl Conn {
         answer
     }
 
-    /// Sends one request and reads its answer.
+    /// Sends one request and reads its answer (within 60 s).
     pub fn call(&mut self, request: Value) -> Value {
+        self.call_within(request, Duration::from_secs(60))
+    }
+
+    /// Sends one request and reads its answer, which must come within `limit`.
+    pub fn call_within(&mut self, request: Value, limit: Duration) -> Value {
         let mut line = request.to_string().into_bytes();
         line.push(b'\n');
         assert!(self.send_raw(&line), "the daemon closed the connection");
-        self.read().expect("an answer")
+        self.read_within(limit)
+            .unwrap_or_else(|| panic!("no answer to {request} within {limit:?}"))
     }
 
     /// Submits a TOML plan based at `base`; the run's id.
@@ -208,4 +236,22 @@ impl Conn {
         let answer = self.call(json!({"v": 1, "type": "list"}));
         answer["runs"].as_array().expect("a list of runs").clone()
     }
+}
+
+/// Runs the Python client check `tests/python/<script>` against the daemon listening on
+/// `socket`, with `dir` for its files, and asserts that it passed; what it printed.
+pub fn run_python_check(script: &str, socket: &Path, dir: &Path) -> String {
+    let out = Command::new("python3")
+        .arg(repo_root().join("tests/python").join(script))
+        .arg(socket)
+        .arg(dir)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "python client ({script}): {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

@@ -3,19 +3,10 @@
 //! version that is not a number, is refused with an answer that says so; the Python client
 //! survives a `watch` left early.
 
-use e2e_tests::daemon::TestDaemon;
-use e2e_tests::{repo_root, Scratch};
+use e2e_tests::daemon::{run_python_check, TestDaemon};
+use e2e_tests::Scratch;
 use serde_json::json;
-use std::process::Command;
 use std::time::Duration;
-
-fn start(s: &Scratch) -> TestDaemon {
-    TestDaemon::start(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join("daemon.log"),
-    )
-}
 
 #[test]
 fn unfinished_requests_of_many_connections_together_are_bounded() {
@@ -26,6 +17,7 @@ fn unfinished_requests_of_many_connections_together_are_bounded() {
         &s.path().join("runs"),
         &s.path().join("daemon.log"),
         "120s",
+        &[],
     );
     // Each line is under the 8 MiB cap of one line; twelve of them are far over the 64 MiB
     // the daemon holds for all connections.
@@ -74,7 +66,7 @@ fn unfinished_requests_of_many_connections_together_are_bounded() {
 #[test]
 fn a_request_naming_a_key_twice_or_a_version_as_text_is_refused_with_what_is_wrong() {
     let s = Scratch::new("request-keys");
-    let d = start(&s);
+    let d = TestDaemon::start_in(&s, "daemon.log");
     let mut c = d.connect();
     c.send_raw(b"{\"v\":1,\"type\":\"list\",\"type\":\"shutdown\"}\n");
     let answer = c.read().unwrap();
@@ -114,18 +106,7 @@ fn a_request_naming_a_key_twice_or_a_version_as_text_is_refused_with_what_is_wro
 #[test]
 fn the_python_client_serves_requests_after_a_watch_left_early() {
     let s = Scratch::new("python-watch-break");
-    let d = start(&s);
-    let out = Command::new("python3")
-        .arg(repo_root().join("tests/python/watch_break_check.py"))
-        .arg(&d.socket)
-        .arg(s.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python client: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("all checks passed"));
+    let d = TestDaemon::start_in(&s, "daemon.log");
+    let stdout = run_python_check("watch_break_check.py", &d.socket, s.path());
+    assert!(stdout.contains("all checks passed"), "{stdout}");
 }

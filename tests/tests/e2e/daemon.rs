@@ -2,158 +2,38 @@
 //! other clients are served; several runs at once sharing processes and GPUs (stand-in GPUs
 //! on CPU machines); restart recovery; the Python client.
 
+use e2e_tests::daemon::{run_python_check, Conn, Signal, TestDaemon};
 use e2e_tests::{
-    alive, journal_records as journal, orchestrate, processes_with_env, read_report, repo_root,
-    report_stage, stage_starts as starts, wait_for, Scratch,
+    alive, journal_records as journal, orchestrate, processes_with_env, read_report, report_stage,
+    stage_starts as starts, wait_for, Scratch,
 };
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A daemon started for one test, stopped (SIGTERM) when dropped.
-struct Daemon {
-    child: Option<Child>,
-    socket: PathBuf,
-    runs: PathBuf,
-}
+/// How long the daemons here let a connection sit in the middle of a request: short, so that
+/// a half-sent request is seen closed within the test.
+const IDLE_TIMEOUT: &str = "2s";
 
-impl Daemon {
-    fn start(s: &Scratch, env: &[(&str, &str)]) -> Daemon {
-        let socket = s.path().join("sock/d.sock");
-        let runs = s.path().join("runs");
-        Daemon::start_at(&socket, &runs, env)
-    }
-
-    fn start_at(socket: &Path, runs: &Path, env: &[(&str, &str)]) -> Daemon {
-        let mut cmd = Command::new(orchestrate());
-        cmd.arg("daemon")
-            .arg("--socket")
-            .arg(socket)
-            .arg("--runs-dir")
-            .arg(runs)
-            .args(["--idle-timeout", "2s"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("daemon starts");
-        let d = Daemon {
-            child: Some(child),
-            socket: socket.to_path_buf(),
-            runs: runs.to_path_buf(),
-        };
-        assert!(
-            wait_for(Duration::from_secs(20), || UnixStream::connect(socket)
-                .is_ok()),
-            "the daemon listens on {}",
-            socket.display()
-        );
-        d
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn connect(&self) -> Conn {
-        Conn::open(&self.socket)
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A raw protocol connection.
-struct Conn {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
-    hello: Value,
-}
-
-impl Conn {
-    fn open(socket: &Path) -> Conn {
-        let writer = UnixStream::connect(socket).expect("connect");
-        writer
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let mut reader = BufReader::new(writer.try_clone().unwrap());
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        let hello: Value = serde_json::from_str(&line).expect("hello is JSON");
-        Conn {
-            reader,
-            writer,
-            hello,
-        }
-    }
-
-    fn send_raw(&mut self, bytes: &[u8]) {
-        self.writer.write_all(bytes).unwrap();
-    }
-
-    fn read(&mut self) -> Option<Value> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => Some(serde_json::from_str(&line).expect("an answer is JSON")),
-        }
-    }
-
-    fn call(&mut self, request: Value) -> Value {
-        let mut line = request.to_string().into_bytes();
-        line.push(b'\n');
-        self.send_raw(&line);
-        self.read().expect("an answer")
-    }
-
-    fn submit_toml(&mut self, toml: &str, base: &Path) -> String {
-        let answer =
-            self.call(json!({"v": 1, "type": "submit", "plan": {"toml": toml}, "base_dir": base}));
-        assert_eq!(answer["type"], "submitted", "{answer}");
-        answer["id"].as_str().unwrap().to_string()
-    }
-
-    fn wait(&mut self, id: &str) -> Value {
-        let answer = self.call(json!({"v": 1, "type": "wait", "id": id}));
-        assert_eq!(answer["type"], "finished", "{answer}");
-        answer["run"].clone()
-    }
+/// A daemon on the scratch directory's `sock/d.sock` and `runs` (its log `daemon.log`), with
+/// `env` added to its environment.
+fn start(s: &Scratch, env: &[(&str, &str)]) -> TestDaemon {
+    TestDaemon::start_with(
+        &s.path().join("sock/d.sock"),
+        &s.path().join("runs"),
+        &s.path().join("daemon.log"),
+        IDLE_TIMEOUT,
+        env,
+    )
 }
 
 #[test]
 fn broken_and_hostile_clients_are_refused_while_a_stage_runs_and_others_are_served() {
     let s = Scratch::new("daemon-hostile");
-    let d = Daemon::start(&s, &[]);
+    let d = start(&s, &[]);
     let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket mode");
     let marker = format!("hostile-{}", std::process::id());
@@ -175,7 +55,7 @@ fn broken_and_hostile_clients_are_refused_while_a_stage_runs_and_others_are_serv
     let mut c = d.connect();
     let a = c.call(json!("not an object"));
     assert_eq!(a["code"], "malformed", "{a}");
-    c.send_raw(b"{this is not json\n");
+    assert!(c.send_raw(b"{this is not json\n"));
     let a = c.read().unwrap();
     assert_eq!(a["code"], "malformed", "{a}");
     let a = c.call(json!({"v": 1, "type": "explode"}));
@@ -195,7 +75,7 @@ fn broken_and_hostile_clients_are_refused_while_a_stage_runs_and_others_are_serv
         "{{\"v\":1,\"type\":\"submit\",\"plan\":{{\"toml\":\"{}\"}}}}\n",
         "x".repeat(10 << 20)
     );
-    let writer = big.writer.try_clone().unwrap();
+    let writer = big.writer();
     let sender = std::thread::spawn(move || {
         let mut w = writer;
         let _ = w.write_all(line.as_bytes());
@@ -207,7 +87,7 @@ fn broken_and_hostile_clients_are_refused_while_a_stage_runs_and_others_are_serv
 
     // Half a line, then silence: closed after the idle timeout (2 s here).
     let mut half = d.connect();
-    half.send_raw(b"{\"v\":1,\"ty");
+    assert!(half.send_raw(b"{\"v\":1,\"ty"));
     let t = Instant::now();
     let a = half.read().expect("told why");
     assert!(
@@ -220,7 +100,7 @@ fn broken_and_hostile_clients_are_refused_while_a_stage_runs_and_others_are_serv
     // 500 connections at once, all served.
     let mut many: Vec<Conn> = (0..500).map(|_| d.connect()).collect();
     for conn in &mut many {
-        conn.send_raw(b"{\"v\":1,\"type\":\"list\"}\n");
+        assert!(conn.send_raw(b"{\"v\":1,\"type\":\"list\"}\n"));
     }
     for conn in &mut many {
         assert_eq!(conn.read().unwrap()["type"], "runs");
@@ -292,7 +172,7 @@ fn broken_and_hostile_clients_are_refused_while_a_stage_runs_and_others_are_serv
 #[test]
 fn two_runs_at_once_with_grandchildren_both_finish_and_leave_nothing() {
     let s = Scratch::new("daemon-two");
-    let d = Daemon::start(&s, &[]);
+    let d = start(&s, &[]);
     let marker = format!("two-{}", std::process::id());
     let plan = |secs: &str| {
         format!(
@@ -350,7 +230,7 @@ const TALK: &str = "import json, os, socket, sys, time\nopen(os.path.join(os.env
 fn the_same_stage_of_two_runs_at_once_gets_its_own_event_socket() {
     let s = Scratch::new("daemon-sockets");
     let talk = s.write("talk.py", TALK);
-    let d = Daemon::start(&s, &[]);
+    let d = start(&s, &[]);
     let plan = |k: u32| {
         format!(
             "[[stage]]\nname = \"talk\"\ncommand = [\"python3\", \"{}\", \"{k}\"]\n",
@@ -387,7 +267,7 @@ fn gpu_plan(name: &str, record: &Path, secs: &str) -> String {
 #[test]
 fn two_runs_on_one_gpu_take_it_in_turn() {
     let s = Scratch::new("daemon-one-gpu");
-    let d = Daemon::start(&s, &[("ORCHESTRATE_FAKE_GPUS", "1")]);
+    let d = start(&s, &[("ORCHESTRATE_FAKE_GPUS", "1")]);
     let rec_a = s.path().join("a.txt");
     let rec_b = s.path().join("b.txt");
     let mut c = d.connect();
@@ -424,7 +304,7 @@ fn a_gpu_held_by_a_foreign_process_is_not_assigned_and_the_wait_names_the_holder
     let holders = s.path().join("holders");
     std::fs::create_dir_all(&holders).unwrap();
     std::fs::write(holders.join("GPU-fake-0"), "4242 python3 22548578304\n").unwrap();
-    let d = Daemon::start(
+    let d = start(
         &s,
         &[
             ("ORCHESTRATE_FAKE_GPUS", "2"),
@@ -483,7 +363,7 @@ fn a_gpu_held_by_a_foreign_process_is_not_assigned_and_the_wait_names_the_holder
 #[test]
 fn the_daemon_recovers_its_runs_after_being_killed() {
     let s = Scratch::new("daemon-restart");
-    let mut d = Daemon::start(&s, &[]);
+    let mut d = start(&s, &[]);
     let marker = format!("restart-{}", std::process::id());
     let flag = s.path().join("second-time");
     let mut c = d.connect();
@@ -506,7 +386,7 @@ fn the_daemon_recovers_its_runs_after_being_killed() {
     assert!(wait_for(Duration::from_secs(10), || starts(
         &run_dir, "second"
     ) == 1));
-    d.kill9();
+    d.stop_with(Signal::SIGKILL);
     assert!(
         wait_for(Duration::from_secs(5), || processes_with_env(&format!(
             "MARKER={marker}"
@@ -517,7 +397,13 @@ fn the_daemon_recovers_its_runs_after_being_killed() {
     let socket = d.socket.clone();
     let runs = d.runs.clone();
     drop(d);
-    let d = Daemon::start_at(&socket, &runs, &[]);
+    let d = TestDaemon::start_with(
+        &socket,
+        &runs,
+        &s.path().join("daemon-restarted.log"),
+        IDLE_TIMEOUT,
+        &[],
+    );
     let mut c = d.connect();
     let run = c.wait(&id);
     assert_eq!(run["state"], "succeeded", "{run}");
@@ -544,7 +430,7 @@ fn the_daemon_recovers_its_runs_after_being_killed() {
     );
     // Events from before the restart are still there to watch.
     let mut w = d.connect();
-    w.send_raw(format!("{{\"v\":1,\"type\":\"watch\",\"id\":\"{done}\"}}\n").as_bytes());
+    assert!(w.send_raw(format!("{{\"v\":1,\"type\":\"watch\",\"id\":\"{done}\"}}\n").as_bytes()));
     let mut seqs = Vec::new();
     loop {
         let a = w.read().unwrap();
@@ -560,7 +446,7 @@ fn the_daemon_recovers_its_runs_after_being_killed() {
 #[test]
 fn the_cli_client_and_the_python_client_drive_the_daemon() {
     let s = Scratch::new("daemon-clients");
-    let d = Daemon::start(&s, &[]);
+    let d = start(&s, &[]);
     let plan = s.write("plan.toml", "[[stage]]\nname = \"a\"\ncommand = [\"sh\", \"-c\", \"echo hi\"]\n[[stage]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"false\"]\n");
     let out = Command::new(orchestrate())
         .args(["submit", "--watch", "--socket"])
@@ -582,18 +468,7 @@ fn the_cli_client_and_the_python_client_drive_the_daemon() {
         .unwrap();
     let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(runs["runs"][0]["state"], "failed");
-    let out = Command::new("python3")
-        .arg(repo_root().join("tests/python/client_check.py"))
-        .arg(&d.socket)
-        .arg(s.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python client: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_python_check("client_check.py", &d.socket, s.path());
     // A second daemon on the same socket is refused; shutdown stops the first.
     let second = Command::new(orchestrate())
         .args(["daemon", "--socket"])
@@ -611,14 +486,14 @@ fn the_cli_client_and_the_python_client_drive_the_daemon() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    assert!(wait_for(Duration::from_secs(10), || !alive(pid as i32)));
+    assert!(wait_for(Duration::from_secs(10), || !alive(pid)));
     assert!(!d.socket.exists(), "the socket is removed on shutdown");
 }
 
 #[test]
 fn a_higher_priority_run_gets_the_gpu_first_and_equal_ones_keep_submission_order() {
     let s = Scratch::new("daemon-priority");
-    let d = Daemon::start(&s, &[("ORCHESTRATE_FAKE_GPUS", "1")]);
+    let d = start(&s, &[("ORCHESTRATE_FAKE_GPUS", "1")]);
     let rec = |n: &str| s.path().join(format!("{n}.txt"));
     let mut c = d.connect();
     let submit = |c: &mut Conn, name: &str, priority: i32| -> String {

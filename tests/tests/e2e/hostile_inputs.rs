@@ -3,12 +3,11 @@
 //! a grandchild that escapes with an empty environment; stage names that collide; declared
 //! output directories; checkpoint records that lie; a submission's missing `base_dir`.
 
+use e2e_tests::daemon::TestDaemon;
 use e2e_tests::{orchestrate, run_plan, spawn_plan, wait_for, Scratch};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Runs `cmd` for at most `limit` (then SIGKILL): its output, and how long it took.
@@ -98,80 +97,29 @@ fn plans_and_matrix_lines_that_are_devices_or_fifos_are_refused_at_once() {
     }
 }
 
-/// A daemon of this test's own, stopped (SIGTERM, then SIGKILL) when dropped.
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
+/// Sends one request on a new connection and returns the answer, which must come within 10 s.
+fn call(d: &TestDaemon, request: Value) -> Value {
+    d.connect().call_within(request, Duration::from_secs(10))
 }
 
-impl Daemon {
-    fn start(s: &Scratch) -> Daemon {
-        let socket = s.path().join("sock/d.sock");
-        let child = Command::new(orchestrate())
-            .arg("daemon")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--runs-dir")
-            .arg(s.path().join("runs"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("daemon starts");
-        assert!(
-            wait_for(Duration::from_secs(20), || UnixStream::connect(&socket)
-                .is_ok()),
-            "the daemon listens"
-        );
-        Daemon { child, socket }
-    }
-
-    /// Sends one request on a new connection and returns the answer (within 10 s).
-    fn call(&self, request: &Value) -> Value {
-        let mut stream = UnixStream::connect(&self.socket).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut hello = String::new();
-        reader.read_line(&mut hello).unwrap();
-        stream.write_all(format!("{request}\n").as_bytes()).unwrap();
-        let mut line = String::new();
-        reader
-            .read_line(&mut line)
-            .unwrap_or_else(|e| panic!("no answer to {request} within 10 s: {e}"));
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    }
-
-    /// The daemon's resident memory, in KiB.
-    fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        if !wait_for(Duration::from_secs(10), || {
-            matches!(self.child.try_wait(), Ok(Some(_)))
-        }) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
 
 #[test]
 fn the_daemon_refuses_device_and_fifo_plan_paths_and_keeps_answering() {
     let s = Scratch::new("hostile-daemon-paths");
-    let d = Daemon::start(&s);
-    let answer = d.call(&json!({"v": 1, "type": "submit", "plan": {"path": "/dev/zero"}}));
+    let d = TestDaemon::start_in(&s, "daemon.log");
+    let answer = call(
+        &d,
+        json!({"v": 1, "type": "submit", "plan": {"path": "/dev/zero"}}),
+    );
     assert_eq!(answer["type"], "error", "{answer}");
     let message = answer["error"].to_string();
     assert!(
@@ -182,35 +130,45 @@ fn the_daemon_refuses_device_and_fifo_plan_paths_and_keeps_answering() {
     let fifo = s.path().join("plan.fifo");
     mkfifo(&fifo);
     for _ in 0..40 {
-        let answer = d.call(&json!({"v": 1, "type": "submit", "plan": {"path": fifo}}));
+        let answer = call(
+            &d,
+            json!({"v": 1, "type": "submit", "plan": {"path": fifo}}),
+        );
         assert_eq!(answer["type"], "error", "{answer}");
         assert!(answer["error"].to_string().contains("FIFO"), "{answer}");
     }
-    let threads = std::fs::read_dir(format!("/proc/{}/task", d.child.id()))
+    let threads = std::fs::read_dir(format!("/proc/{}/task", d.pid()))
         .unwrap()
         .count();
     assert!(threads < 30, "{threads} daemon threads");
     // A real submission still runs to its end, and the daemon stayed small.
-    let answer = d.call(&json!({"v": 1, "type": "submit",
-        "plan": {"toml": "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n"}, "base_dir": s.path()}));
+    let answer = call(
+        &d,
+        json!({"v": 1, "type": "submit",
+        "plan": {"toml": "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n"}, "base_dir": s.path()}),
+    );
     assert_eq!(answer["type"], "submitted", "{answer}");
     let id = answer["id"].as_str().unwrap();
-    let done = d.call(&json!({"v": 1, "type": "wait", "id": id}));
+    let done = call(&d, json!({"v": 1, "type": "wait", "id": id}));
     assert_eq!(done["type"], "finished", "{done}");
-    assert!(d.rss_kib() < 200 * 1024, "{} KiB", d.rss_kib());
+    let rss = rss_kib(d.pid());
+    assert!(rss < 200 * 1024, "{rss} KiB");
 }
 
 #[test]
 fn a_missing_or_non_directory_base_dir_is_refused_at_submit() {
     let s = Scratch::new("hostile-base-dir");
-    let d = Daemon::start(&s);
+    let d = TestDaemon::start_in(&s, "daemon.log");
     let file = s.write("a-file", "x");
     let plan = json!({"toml": "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n"});
     for (base, says) in [
         (s.path().join("nowhere"), "it does not exist"),
         (file, "it is a file"),
     ] {
-        let answer = d.call(&json!({"v": 1, "type": "submit", "plan": plan, "base_dir": base}));
+        let answer = call(
+            &d,
+            json!({"v": 1, "type": "submit", "plan": plan, "base_dir": base}),
+        );
         assert_eq!(answer["type"], "error", "{answer}");
         let message = answer["error"].as_str().unwrap();
         assert!(message.contains(base.to_str().unwrap()), "{message}");

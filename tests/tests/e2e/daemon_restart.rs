@@ -10,14 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-fn start(s: &Scratch, log: &str) -> TestDaemon {
-    TestDaemon::start(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join(log),
-    )
-}
-
 /// A plan whose first stage writes an output at once and whose second sleeps 60 s the first
 /// time (after creating `flag`) and succeeds at once the next.
 fn interruptible_plan(flag: &Path) -> String {
@@ -52,7 +44,7 @@ fn find<'a>(runs: &'a [Value], id: &str) -> &'a Value {
 /// run is resumed to success exactly as after a `kill -9`.
 fn a_stopped_run_resumes_after_a_restart(name: &str, stop: impl FnOnce(&mut TestDaemon)) {
     let s = Scratch::new(name);
-    let mut d = start(&s, "first.log");
+    let mut d = TestDaemon::start_in(&s, "first.log");
     let (id, run_dir) = submit_interruptible(&s, &d);
     // A client waiting on the run while the daemon stops is told it will resume, not that it
     // ended.
@@ -73,7 +65,7 @@ fn a_stopped_run_resumes_after_a_restart(name: &str, stop: impl FnOnce(&mut Test
     );
     drop(d);
 
-    let d = start(&s, "second.log");
+    let d = TestDaemon::start_in(&s, "second.log");
     let mut c = d.connect();
     let run = c.wait(&id);
     assert_eq!(run["state"], "succeeded", "{run}\n{}", d.log());
@@ -119,7 +111,7 @@ fn a_run_stopped_by_shutdown_cancel_resumes_when_the_daemon_starts_again() {
 #[test]
 fn a_run_a_user_cancelled_stays_interrupted_after_a_restart_and_cannot_be_cancelled_again() {
     let s = Scratch::new("restart-user-cancel");
-    let mut d = start(&s, "first.log");
+    let mut d = TestDaemon::start_in(&s, "first.log");
     let (id, run_dir) = submit_interruptible(&s, &d);
     let mut c = d.connect();
     let answer = c.call(json!({"v": 1, "type": "cancel", "id": id}));
@@ -142,7 +134,7 @@ fn a_run_a_user_cancelled_stays_interrupted_after_a_restart_and_cannot_be_cancel
     assert!(d.stop_with(Signal::SIGTERM).success());
     drop(d);
 
-    let d = start(&s, "second.log");
+    let d = TestDaemon::start_in(&s, "second.log");
     let runs = d.connect().list();
     assert_eq!(find(&runs, &id)["state"], "interrupted", "{runs:?}");
     assert_eq!(find(&runs, &id)["exit_code"], 130);
@@ -152,7 +144,7 @@ fn a_run_a_user_cancelled_stays_interrupted_after_a_restart_and_cannot_be_cancel
 #[test]
 fn a_second_daemon_on_the_same_runs_directory_is_refused_and_names_the_holder() {
     let s = Scratch::new("runs-dir-owner");
-    let d = start(&s, "first.log");
+    let d = TestDaemon::start_in(&s, "first.log");
     // Another socket, and another path to the same runs directory.
     let alias = s.path().join("runs-alias");
     std::os::unix::fs::symlink(&d.runs, &alias).unwrap();
@@ -180,7 +172,7 @@ fn a_second_daemon_on_the_same_runs_directory_is_refused_and_names_the_holder() 
 #[test]
 fn a_restarted_daemon_lists_finished_runs_as_they_ended() {
     let s = Scratch::new("restart-history");
-    let mut d = start(&s, "first.log");
+    let mut d = TestDaemon::start_in(&s, "first.log");
     let mut c = d.connect();
     let id = c.submit_toml(
         "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n[[stage]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"true\"]\n",
@@ -192,7 +184,7 @@ fn a_restarted_daemon_lists_finished_runs_as_they_ended() {
     d.stop_with(Signal::SIGKILL);
     drop(d);
     std::thread::sleep(Duration::from_millis(1100));
-    let d = start(&s, "second.log");
+    let d = TestDaemon::start_in(&s, "second.log");
     let runs = d.connect().list();
     let after = find(&runs, &id);
     assert_eq!(after["state"], "succeeded");
@@ -220,7 +212,7 @@ fn a_restarted_daemon_lists_finished_runs_as_they_ended() {
 #[test]
 fn run_ids_stay_unique_for_copied_directories_and_a_moved_runs_directory() {
     let s = Scratch::new("run-ids");
-    let mut d = start(&s, "first.log");
+    let mut d = TestDaemon::start_in(&s, "first.log");
     let quick = "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n";
     let mut c = d.connect();
     let id = c.submit_toml(quick, s.path());
@@ -240,7 +232,7 @@ fn run_ids_stay_unique_for_copied_directories_and_a_moved_runs_directory() {
     std::fs::create_dir(s.path().join("runs/bad-submission")).unwrap();
     std::fs::write(s.path().join("runs/bad-submission/submission.json"), "{").unwrap();
 
-    let d = start(&s, "second.log");
+    let d = TestDaemon::start_in(&s, "second.log");
     let mut c = d.connect();
     let runs = c.list();
     let mut ids: Vec<&str> = runs.iter().map(|r| r["id"].as_str().unwrap()).collect();

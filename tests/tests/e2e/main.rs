@@ -1,0 +1,28 @@
+//! The end-to-end tests: one test binary (`e2e`, so one link step), one module per area, each
+//! driving the real `orchestrate` and `stage-worker` binaries (built first by
+//! `cargo build --bins`, see [`e2e_tests::bin_dir`]).
+//!
+//! Run one area with a filter on its module path, for instance
+//! `cargo nextest run -p e2e-tests -E 'test(/^slurm::/)'` (or `cargo test -p e2e-tests --test e2e
+//! slurm::`). The helpers the areas share are in the `e2e_tests` library (`tests/src`).
+
+mod chain;
+mod command_stages;
+mod daemon;
+mod daemon_requests;
+mod daemon_restart;
+mod fork_server;
+mod frameworks;
+mod gpu_handout;
+mod handover;
+mod hostile_inputs;
+mod matrix;
+mod pipeline;
+mod python_stage;
+mod resume;
+mod rundir;
+mod signals;
+mod slots;
+mod slurm;
+mod timeout_stall;
+mod validate_cli;
