@@ -9,6 +9,7 @@
 mod chain;
 mod command_stages;
 mod daemon;
+mod daemon_events;
 mod daemon_requests;
 mod daemon_restart;
 mod fork_server;
