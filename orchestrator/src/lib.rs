@@ -1,7 +1,7 @@
 //! `orchestrate`: runs a training pipeline stage by stage, every stage in a fresh process tree,
 //! hands checkpoints downstream, and verifies that each stage's GPU memory came back.
 //!
-//! The binary (`src/main.rs`) is a thin shell over this library. The layers, from the top:
+//! The binary (`src/bin/orchestrate/`) is a thin shell over this library. The layers, from the top:
 //! - [`daemon`] serves plans over a Unix socket, many runs on one host (its client is in
 //!   [`daemon::client`]); [`slurm`] makes a run a good citizen of a Slurm allocation;
 //! - [`run`] schedules one plan's stages on the [`host`] (what exists once per process: reaper,

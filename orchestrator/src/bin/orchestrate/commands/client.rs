@@ -1,4 +1,4 @@
-//! The CLI's daemon clients: `submit`, `runs`, `watch`, `wait`, `cancel`, `shutdown`.
+//! The daemon's clients: `submit`, `runs`, `watch`, `wait`, `cancel`, `shutdown`.
 //!
 //! Exit statuses: a run's own status for `submit --watch/--wait`, `watch` and `wait` (0 only
 //! if it succeeded); 2 for a plan the daemon refused, an unknown run id or a `cancel` of a run
@@ -85,7 +85,7 @@ fn follow(client: &mut Client, id: &str, from: u64, json: bool) -> ExitCode {
 }
 
 /// `orchestrate submit`.
-pub fn submit(
+pub(crate) fn submit(
     socket: &Path,
     plan: &Path,
     watch: bool,
@@ -176,7 +176,7 @@ fn wait_on(client: &mut Client, id: &str, json: bool) -> ExitCode {
 }
 
 /// `orchestrate runs`.
-pub fn runs(socket: &Path, json: bool) -> ExitCode {
+pub(crate) fn runs(socket: &Path, json: bool) -> ExitCode {
     let mut client = match connect(socket) {
         Ok(c) => c,
         Err(c) => return c,
@@ -218,7 +218,7 @@ pub fn runs(socket: &Path, json: bool) -> ExitCode {
 }
 
 /// `orchestrate watch`.
-pub fn watch(socket: &Path, id: &str, from: u64, json: bool) -> ExitCode {
+pub(crate) fn watch(socket: &Path, id: &str, from: u64, json: bool) -> ExitCode {
     match connect(socket) {
         Ok(mut client) => follow(&mut client, id, from, json),
         Err(c) => c,
@@ -226,7 +226,7 @@ pub fn watch(socket: &Path, id: &str, from: u64, json: bool) -> ExitCode {
 }
 
 /// `orchestrate wait`.
-pub fn wait(socket: &Path, id: &str, json: bool) -> ExitCode {
+pub(crate) fn wait(socket: &Path, id: &str, json: bool) -> ExitCode {
     match connect(socket) {
         Ok(mut client) => wait_on(&mut client, id, json),
         Err(c) => c,
@@ -234,7 +234,7 @@ pub fn wait(socket: &Path, id: &str, json: bool) -> ExitCode {
 }
 
 /// `orchestrate cancel`.
-pub fn cancel(socket: &Path, id: &str, kill: bool) -> ExitCode {
+pub(crate) fn cancel(socket: &Path, id: &str, kill: bool) -> ExitCode {
     let mut client = match connect(socket) {
         Ok(c) => c,
         Err(c) => return c,
@@ -257,7 +257,7 @@ pub fn cancel(socket: &Path, id: &str, kill: bool) -> ExitCode {
 }
 
 /// `orchestrate shutdown`.
-pub fn shutdown(socket: &Path, cancel: bool) -> ExitCode {
+pub(crate) fn shutdown(socket: &Path, cancel: bool) -> ExitCode {
     let mut client = match connect(socket) {
         Ok(c) => c,
         Err(c) => return c,
