@@ -366,7 +366,7 @@ impl<'a> Snapshot<'a> {
         let run_dir = self.run_dir;
         let last = state.last.as_ref();
         // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
-        let (tasks, nodes) = crate::slurm::srun::stage_records(stage, run_dir);
+        let (tasks, nodes) = crate::slurm::records::stage_records(stage, run_dir);
         let failure = state.failure.as_deref();
         let (status, failure, error) = match &state.status {
             Status::Succeeded => (StageStatus::Succeeded, None, None),

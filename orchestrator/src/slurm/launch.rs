@@ -12,16 +12,13 @@
 //! whatever its program did (see [`super::task`]), so when srun ends with 0 the launcher takes
 //! the exit of the first task whose record says it failed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The hidden subcommand that runs the launcher.
 pub const LAUNCH_SUBCOMMAND: &str = "__slurm-srun";
-
-/// The file in the records directory where the tasks name their job step (`JOB.STEP`).
-pub const STEP_FILE: &str = "step";
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -32,11 +29,11 @@ extern "C" fn note_stop(_: libc::c_int) {
 /// Runs the launcher with its arguments (after the subcommand): `--records DIR -- srun ARGS…`.
 /// Returns srun's exit status (128 + signal when a signal ended it).
 pub fn run(args: Vec<String>) -> i32 {
-    let (records, program) = match parse_hidden_args(LAUNCH_SUBCOMMAND, args) {
+    let (records, program) = match super::hidden_args::parse(LAUNCH_SUBCOMMAND, args) {
         Ok(parsed) => parsed,
         Err(code) => return code,
     };
-    let (exe, exe_args) = program.split_first().expect("parse_hidden_args checks it");
+    let (exe, exe_args) = program.split_first().expect("hidden_args::parse checks it");
     for signal in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: `note_stop` only stores to an atomic.
         unsafe { libc::signal(signal, note_stop as *const () as libc::sighandler_t) };
@@ -68,7 +65,7 @@ pub fn run(args: Vec<String>) -> i32 {
                 return match (status.code(), status.signal()) {
                     (Some(0), _) => records
                         .as_deref()
-                        .and_then(super::task::first_failure)
+                        .and_then(super::records::first_failure)
                         .unwrap_or(0),
                     (Some(code), _) => code,
                     (None, Some(sig)) => 128 + sig,
@@ -95,7 +92,7 @@ pub fn run(args: Vec<String>) -> i32 {
 /// `scancel --signal=TERM JOB.STEP` for the step the tasks named; false when it could not.
 fn stop_step(records: Option<&Path>) -> bool {
     let Some(step) = records
-        .and_then(|d| std::fs::read_to_string(d.join(STEP_FILE)).ok())
+        .and_then(|d| std::fs::read_to_string(d.join(super::records::STEP_FILE)).ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
     else {
@@ -118,35 +115,6 @@ fn stop_step(records: Option<&Path>) -> bool {
             false
         }
     }
-}
-
-/// The arguments of both hidden subcommands: `[--records DIR] -- PROGRAM ARGS…`. `Err` is the
-/// exit status after saying what is wrong.
-pub(crate) fn parse_hidden_args(
-    subcommand: &str,
-    args: Vec<String>,
-) -> Result<(Option<PathBuf>, Vec<String>), i32> {
-    let mut records: Option<PathBuf> = None;
-    let mut rest = args.into_iter();
-    let mut program: Vec<String> = Vec::new();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--records" => records = rest.next().map(PathBuf::from),
-            "--" => {
-                program = rest.by_ref().collect();
-                break;
-            }
-            other => {
-                eprintln!("orchestrate {subcommand}: unexpected argument `{other}`");
-                return Err(2);
-            }
-        }
-    }
-    if program.is_empty() {
-        eprintln!("orchestrate {subcommand}: no program after `--`");
-        return Err(2);
-    }
-    Ok((records, program))
 }
 
 /// Runs a hidden subcommand of `orchestrate` (the srun launcher or the per-task wrapper) when

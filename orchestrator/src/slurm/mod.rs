@@ -8,16 +8,20 @@
 //! - [`srun`] launches stages that set `nodes`/`tasks_per_node`/`gpus_per_task` as a job
 //!   step, started by the launcher in [`launch`] (which turns the orchestrator's SIGTERM into
 //!   SIGTERM for every process of the step, not srun's SIGKILL) through the per-task wrapper
-//!   in [`task`], and checks every node's GPUs after them ([`node_check`]);
+//!   in [`task`] (both take the arguments [`hidden_args`] reads), and checks every node's GPUs
+//!   after them ([`node_check`]); what the tasks and the check leave in the stage's directory
+//!   is in [`records`];
 //! - [`history`] is the job's record in the run directory (`slurm.json`) and in the report;
 //! - every helper program (`scontrol`, `squeue`, `srun`) is started through [`helper`], which
 //!   registers it with the orchestrator's reaper so its exit status is not lost.
 
 pub mod helper;
+pub mod hidden_args;
 pub mod history;
 pub mod jobstate;
 pub mod launch;
 pub mod node_check;
+pub mod records;
 pub mod srun;
 pub mod stop;
 pub mod task;

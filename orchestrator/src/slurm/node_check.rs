@@ -15,18 +15,6 @@ use std::time::Duration;
 /// How long the per-node check may take in all.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn result_path(stage_dir: &Path) -> PathBuf {
-    stage_dir.join("node-gpu-check.json")
-}
-
-/// The verdicts of a stage's last node check (empty when none ran).
-pub fn load(stage_dir: &Path) -> Vec<NodeGpuCheck> {
-    std::fs::read(result_path(stage_dir))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
-}
-
 /// The check due after one attempt of a stage that runs through srun inside a job.
 #[derive(Debug, Clone)]
 pub struct NodeCheck {
@@ -71,7 +59,10 @@ pub async fn after_stage(
         Err(e) => vec![failed(format!("cannot create {}: {e}", dir.display()))],
     };
     if let Ok(bytes) = serde_json::to_vec_pretty(&checks) {
-        let _ = crate::store::rundir::write_atomic(&result_path(stage_dir), &bytes);
+        let _ = crate::store::rundir::write_atomic(
+            &super::records::node_checks_path(stage_dir),
+            &bytes,
+        );
     }
     checks
 }

@@ -11,13 +11,6 @@
 use super::{task, Allocation};
 use crate::attempt::launch::AttemptPlan;
 use protocol::plan::{Stage, TaskLayout};
-use protocol::report::{NodeGpuCheck, TaskRecord};
-use std::path::{Path, PathBuf};
-
-/// The directory where the tasks of a stage's last attempt leave their records.
-pub fn records_dir(stage_dir: &Path) -> PathBuf {
-    stage_dir.join("tasks")
-}
 
 /// Where `orchestrate` itself is, for srun to start the wrapper and the GPU check with.
 pub fn orchestrate_exe() -> String {
@@ -45,7 +38,7 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
     let (Some(layout), Some(_)) = (stage.task_layout(), job) else {
         return plan;
     };
-    let records = records_dir(&plan.stage_dir);
+    let records = super::records::records_dir(&plan.stage_dir);
     let _ = std::fs::remove_dir_all(&records);
     let _ = std::fs::create_dir_all(&records);
     let mut argv = vec![
@@ -73,22 +66,6 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
     plan.graceful_to_leader = true;
     // `MASTER_PORT` is the attempt's own already (crate::attempt::rendezvous), as for every stage.
     plan
-}
-
-/// The task records and node checks of a stage's last attempt, for its report; empty for a
-/// stage that does not run through srun (nothing is read for it).
-pub fn stage_records(
-    stage: &Stage,
-    run_dir: &crate::store::rundir::RunDir,
-) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
-    if stage.task_layout().is_none() {
-        return (Vec::new(), Vec::new());
-    }
-    let stage_dir = run_dir.stage_dir(&stage.name);
-    (
-        task::load_records(&records_dir(&stage_dir)),
-        super::node_check::load(&stage_dir),
-    )
 }
 
 /// Refuses, with what to do, a plan whose srun stages cannot run here: outside a Slurm

@@ -8,7 +8,7 @@
 //! are kept. Only rank 0 keeps the orchestrator's event channel, so events come from rank 0.
 //! The wrapper runs the program as its child (Slurm's signals to the step reach both; the
 //! wrapper outlives them), names the job step in `DIR/step` for the launcher
-//! ([`super::launch`]), writes `DIR/rank-<RANK>.json` (a [`protocol::report::TaskRecord`]) when the
+//! (`launch`), writes `DIR/rank-<RANK>.json` (a [`protocol::report::TaskRecord`]) when the
 //! program ends, and exits as the program did — except while the step is being stopped (the
 //! wrapper got SIGTERM or SIGINT): then it exits 0 whatever the program did. srun runs the step
 //! with `--kill-on-bad-exit`, and a task that has written its checkpoint and exits with its
@@ -77,11 +77,11 @@ extern "C" fn outlive(signal: libc::c_int) {
 
 /// Runs the wrapper with its arguments (after the subcommand) and returns the exit status.
 pub fn run(args: Vec<String>) -> i32 {
-    let (records, program) = match super::launch::parse_hidden_args(TASK_SUBCOMMAND, args) {
+    let (records, program) = match super::hidden_args::parse(TASK_SUBCOMMAND, args) {
         Ok(parsed) => parsed,
         Err(code) => return code,
     };
-    let (exe, exe_args) = program.split_first().expect("parse_hidden_args checks it");
+    let (exe, exe_args) = program.split_first().expect("hidden_args::parse checks it");
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let num = |k: &str| var(k).and_then(|v| v.parse::<u32>().ok());
     let rank = num("SLURM_PROCID").unwrap_or(0);
@@ -123,7 +123,7 @@ pub fn run(args: Vec<String>) -> i32 {
         // The launcher stops the step by this name (see `launch`).
         let _ = std::fs::create_dir_all(dir).and_then(|()| {
             std::fs::write(
-                dir.join(super::launch::STEP_FILE),
+                dir.join(super::records::STEP_FILE),
                 format!("{job}.{step}\n"),
             )
         });
@@ -174,23 +174,6 @@ pub fn run(args: Vec<String>) -> i32 {
     }
 }
 
-/// The exit status of the first task (by rank) of `dir`'s records that did not exit 0: its
-/// exit code, or 128 + the signal that ended it; `None` when every recorded task exited 0.
-pub fn first_failure(dir: &std::path::Path) -> Option<i32> {
-    load_records(dir)
-        .iter()
-        .find_map(|r| match (r.exit_code, &r.signal) {
-            (_, Some(signal)) => Some(
-                signal
-                    .parse::<nix::sys::signal::Signal>()
-                    .map_or(1, |s| 128 + s as i32),
-            ),
-            (Some(0), None) => None,
-            (Some(code), None) => Some(code),
-            (None, None) => Some(1),
-        })
-}
-
 fn write_record(
     dir: &Option<PathBuf>,
     rank: u32,
@@ -219,23 +202,10 @@ fn write_record(
     }
 }
 
-/// The task records of a stage's last attempt (`DIR/rank-*.json`), by rank.
-pub fn load_records(dir: &std::path::Path) -> Vec<TaskRecord> {
-    let mut records: Vec<TaskRecord> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("rank-"))
-        .filter_map(|e| std::fs::read(e.path()).ok())
-        .filter_map(|b| serde_json::from_slice(&b).ok())
-        .collect();
-    records.sort_by_key(|r| r.rank);
-    records
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slurm::records::first_failure;
 
     #[test]
     fn first_host_of_slurm_host_lists() {
