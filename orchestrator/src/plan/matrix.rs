@@ -298,6 +298,35 @@ impl<'a> Aligner<'a> {
     }
 }
 
+/// The problems expansion finds, each about one stage of the plan named `source_name`.
+struct Problems<'s> {
+    source_name: &'s str,
+    found: Vec<Diagnostic>,
+}
+
+impl Problems<'_> {
+    fn push(&mut self, stage: &str, message: String, help: Option<String>) {
+        self.found.push(Diagnostic {
+            source_name: self.source_name.to_string(),
+            line: None,
+            column: None,
+            stage: Some(stage.to_string()),
+            message,
+            help,
+        });
+    }
+
+    fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+}
+
+/// Every stage's instances, as (name, values), and its matrix keys; by the stage's name.
+struct Instances<'p> {
+    of: HashMap<&'p str, Vec<(String, Values)>>,
+    keys_of: HashMap<&'p str, Vec<Arc<str>>>,
+}
+
 /// Expands every matrix stage. Returns the plan of instances and, per instance, what it came
 /// from (`None` for a stage without a matrix), or the problems found. Linear in the number of
 /// instances and their dependencies.
@@ -310,173 +339,18 @@ pub fn expand(
         let n = plan.stages.len();
         return Ok((plan, vec![None; n]));
     }
-    let mut problems = Vec::new();
-    let problem = |stage: &str, message: String, help: Option<String>| Diagnostic {
-        source_name: source_name.to_string(),
-        line: None,
-        column: None,
-        stage: Some(stage.to_string()),
-        message,
-        help,
+    let mut problems = Problems {
+        source_name,
+        found: Vec::new(),
     };
-    // Instances of every stage: (name, values).
-    let mut instances: HashMap<&str, Vec<(String, Values)>> = HashMap::new();
-    let mut keys_of: HashMap<&str, Vec<Arc<str>>> = HashMap::new();
-    for stage in &plan.stages {
-        let mut axes = Vec::new();
-        for (key, axis) in &stage.matrix {
-            if !valid_key(key) {
-                problems.push(problem(
-                    &stage.name,
-                    format!("matrix key `{key}` is not a valid name"),
-                    Some("use letters, digits and `_`".into()),
-                ));
-                continue;
-            }
-            match axis_values(axis, base_dir) {
-                Ok(values) if values.is_empty() => problems.push(problem(
-                    &stage.name,
-                    format!("matrix key `{key}` has no values"),
-                    None,
-                )),
-                Ok(values) => match repeated_value(&values) {
-                    Some(value) => problems.push(problem(
-                        &stage.name,
-                        format!("matrix key `{key}` has the value `{value}` twice"),
-                        Some("each value makes one instance: remove the repeated one".into()),
-                    )),
-                    None => axes.push((Arc::<str>::from(key.as_str()), values)),
-                },
-                Err(why) => problems.push(problem(
-                    &stage.name,
-                    format!("matrix key `{key}`: {why}"),
-                    None,
-                )),
-            }
-        }
-        keys_of.insert(
-            stage.name.as_str(),
-            axes.iter().map(|(k, _)| k.clone()).collect(),
-        );
-        let list = combinations(&axes)
-            .into_iter()
-            .map(|values| {
-                let name = if values.is_empty() {
-                    stage.name.clone()
-                } else {
-                    let parts: Vec<String> = values
-                        .iter()
-                        .map(|(k, v)| format!("{k}={}", label(v)))
-                        .collect();
-                    format!("{}[{}]", stage.name, parts.join(","))
-                };
-                (name, values)
-            })
-            .collect();
-        instances.insert(stage.name.as_str(), list);
-    }
+    let instances = instances_of(&plan, base_dir, &mut problems);
     if !problems.is_empty() {
-        return Err(problems);
+        return Err(problems.found);
     }
-    let total: usize = instances.values().map(Vec::len).sum();
-    let mut seen: HashMap<&str, &str> = HashMap::with_capacity(total);
-    for stage in &plan.stages {
-        for (name, _) in &instances[stage.name.as_str()] {
-            if let Some(first) = seen.insert(name.as_str(), stage.name.as_str()) {
-                problems.push(problem(&stage.name, format!("two instances are both named `{name}` (also from `{first}`): their values differ only in characters a name cannot hold"), None));
-            }
-        }
-    }
-    drop(seen);
-    // Instances, like stages, must not share an input variable (`x[v=a-b]`, `x[v=a_b]`).
-    let mut variables: HashMap<String, &str> = HashMap::with_capacity(total);
-    for stage in &plan.stages {
-        for (name, _) in &instances[stage.name.as_str()] {
-            let variable = protocol::plan::input_env_var(name);
-            match variables.get(&variable) {
-                Some(first) if first != name => problems.push(problem(
-                    &stage.name,
-                    format!("`{first}` and `{name}` would both get the input variable {variable}"),
-                    Some("give values (or stage names) that differ in more than case and the characters `-`, `_` and `.`".into()),
-                )),
-                Some(_) => {}
-                None => {
-                    variables.insert(variable, name.as_str());
-                }
-            }
-        }
-    }
-    drop(variables);
-    let mut stages: Vec<Stage> = Vec::with_capacity(total);
-    let mut origins = Vec::with_capacity(total);
-    let base_names: HashMap<&str, Arc<str>> = plan
-        .stages
-        .iter()
-        .map(|s| (s.name.as_str(), Arc::<str>::from(s.name.as_str())))
-        .collect();
-    for stage in &plan.stages {
-        let own_keys = &keys_of[stage.name.as_str()];
-        let aligners: HashMap<&str, Aligner> = stage
-            .after
-            .iter()
-            .chain(stage.init.iter())
-            .map(|up| (up.as_str(), Aligner::new(&instances[up.as_str()], own_keys)))
-            .collect();
-        for (name, values) in &instances[stage.name.as_str()] {
-            let aligned = |up: &str| aligners[up].aligned(values);
-            let mut inst = skeleton(stage);
-            inst.name = name.clone();
-            inst.after = stage
-                .after
-                .iter()
-                .flat_map(|u| aligned(u).iter().map(|n| n.to_string()))
-                .collect();
-            if let Some(init) = &stage.init {
-                match aligned(init) {
-                    [one] => inst.init = Some(one.to_string()),
-                    many => problems.push(problem(&stage.name, format!("`init = \"{init}\"` matches {} instances of `{init}` for `{name}`; it must match exactly one", many.len()), Some("give both stages the same matrix key, so that each instance starts from its own".into()))),
-                }
-            }
-            if let Some(command) = &stage.command {
-                let mut args = Vec::with_capacity(command.len());
-                for arg in command {
-                    let mut arg = substitute(arg, values, true);
-                    for up in &stage.after {
-                        let placeholder = format!("{{input.{up}}}");
-                        if !arg.contains(&placeholder)
-                            || instances[up.as_str()].len() == 1
-                                && instances[up.as_str()][0].0 == *up
-                        {
-                            continue;
-                        }
-                        match aligned(up) {
-                            [one] => arg = arg.replace(&placeholder, &format!("{{input.{one}}}")),
-                            many => problems.push(problem(&stage.name, format!("`{placeholder}` matches {} instances of `{up}` for `{name}`", many.len()), Some("an aggregate stage finds every input in $ORCHESTRATE_SPEC (`inputs`) or the ORCHESTRATE_INPUT_* variables".into()))),
-                        }
-                    }
-                    args.push(arg);
-                }
-                inst.command = Some(args);
-            }
-            inst.params = stage.params.clone();
-            if !values.is_empty() {
-                for v in inst.params.values_mut() {
-                    substitute_json(v, values);
-                }
-            }
-            stages.push(inst);
-            origins.push(if values.is_empty() {
-                None
-            } else {
-                Some(Instance {
-                    base: base_names[stage.name.as_str()].clone(),
-                    values: values.clone(),
-                })
-            });
-        }
-    }
+    name_clashes(&plan, &instances, &mut problems);
+    let (stages, origins) = instantiate(&plan, &instances, &mut problems);
     if !problems.is_empty() {
-        return Err(problems);
+        return Err(problems.found);
     }
     Ok((
         Plan {
@@ -485,6 +359,228 @@ pub fn expand(
         },
         origins,
     ))
+}
+
+/// The instances of every stage of `plan`: one per combination of its matrix values.
+fn instances_of<'p>(plan: &'p Plan, base_dir: &Path, problems: &mut Problems) -> Instances<'p> {
+    let mut instances = Instances {
+        of: HashMap::new(),
+        keys_of: HashMap::new(),
+    };
+    for stage in &plan.stages {
+        let axes = axes_of(stage, base_dir, problems);
+        instances.keys_of.insert(
+            stage.name.as_str(),
+            axes.iter().map(|(k, _)| k.clone()).collect(),
+        );
+        let list = combinations(&axes)
+            .into_iter()
+            .map(|values| (instance_name(&stage.name, &values), values))
+            .collect();
+        instances.of.insert(stage.name.as_str(), list);
+    }
+    instances
+}
+
+/// The matrix of `stage` as (key, values) axes; the keys and axes in error are left out, and
+/// said in `problems`.
+fn axes_of(
+    stage: &Stage,
+    base_dir: &Path,
+    problems: &mut Problems,
+) -> Vec<(Arc<str>, Vec<String>)> {
+    let mut axes = Vec::new();
+    for (key, axis) in &stage.matrix {
+        if !valid_key(key) {
+            problems.push(
+                &stage.name,
+                format!("matrix key `{key}` is not a valid name"),
+                Some("use letters, digits and `_`".into()),
+            );
+            continue;
+        }
+        match axis_values(axis, base_dir) {
+            Ok(values) if values.is_empty() => problems.push(
+                &stage.name,
+                format!("matrix key `{key}` has no values"),
+                None,
+            ),
+            Ok(values) => match repeated_value(&values) {
+                Some(value) => problems.push(
+                    &stage.name,
+                    format!("matrix key `{key}` has the value `{value}` twice"),
+                    Some("each value makes one instance: remove the repeated one".into()),
+                ),
+                None => axes.push((Arc::<str>::from(key.as_str()), values)),
+            },
+            Err(why) => problems.push(&stage.name, format!("matrix key `{key}`: {why}"), None),
+        }
+    }
+    axes
+}
+
+/// An instance's name: `stage[key=value,…]`, or the stage's own without a matrix.
+fn instance_name(stage: &str, values: &Values) -> String {
+    if values.is_empty() {
+        return stage.to_string();
+    }
+    let parts: Vec<String> = values
+        .iter()
+        .map(|(k, v)| format!("{k}={}", label(v)))
+        .collect();
+    format!("{stage}[{}]", parts.join(","))
+}
+
+/// Instances that would share a name, or an input variable, as stages must not.
+fn name_clashes(plan: &Plan, instances: &Instances, problems: &mut Problems) {
+    let total: usize = instances.of.values().map(Vec::len).sum();
+    let mut seen: HashMap<&str, &str> = HashMap::with_capacity(total);
+    for stage in &plan.stages {
+        for (name, _) in &instances.of[stage.name.as_str()] {
+            if let Some(first) = seen.insert(name.as_str(), stage.name.as_str()) {
+                problems.push(&stage.name, format!("two instances are both named `{name}` (also from `{first}`): their values differ only in characters a name cannot hold"), None);
+            }
+        }
+    }
+    drop(seen);
+    // Instances, like stages, must not share an input variable (`x[v=a-b]`, `x[v=a_b]`).
+    let mut variables: HashMap<String, &str> = HashMap::with_capacity(total);
+    for stage in &plan.stages {
+        for (name, _) in &instances.of[stage.name.as_str()] {
+            let variable = protocol::plan::input_env_var(name);
+            match variables.get(&variable) {
+                Some(first) if first != name => problems.push(
+                    &stage.name,
+                    format!("`{first}` and `{name}` would both get the input variable {variable}"),
+                    Some("give values (or stage names) that differ in more than case and the characters `-`, `_` and `.`".into()),
+                ),
+                Some(_) => {}
+                None => {
+                    variables.insert(variable, name.as_str());
+                }
+            }
+        }
+    }
+}
+
+/// The stages of the expanded plan, one per instance, and what each came from.
+fn instantiate(
+    plan: &Plan,
+    instances: &Instances,
+    problems: &mut Problems,
+) -> (Vec<Stage>, Vec<Option<Instance>>) {
+    let total: usize = instances.of.values().map(Vec::len).sum();
+    let mut stages: Vec<Stage> = Vec::with_capacity(total);
+    let mut origins = Vec::with_capacity(total);
+    for stage in &plan.stages {
+        let own_keys = &instances.keys_of[stage.name.as_str()];
+        let aligners: HashMap<&str, Aligner> = stage
+            .after
+            .iter()
+            .chain(stage.init.iter())
+            .map(|up| {
+                (
+                    up.as_str(),
+                    Aligner::new(&instances.of[up.as_str()], own_keys),
+                )
+            })
+            .collect();
+        let base: Arc<str> = Arc::from(stage.name.as_str());
+        for (name, values) in &instances.of[stage.name.as_str()] {
+            let upstream = Upstream {
+                instances,
+                aligners: &aligners,
+                values,
+            };
+            stages.push(instance_stage(stage, name, &upstream, problems));
+            origins.push(if values.is_empty() {
+                None
+            } else {
+                Some(Instance {
+                    base: base.clone(),
+                    values: values.clone(),
+                })
+            });
+        }
+    }
+    (stages, origins)
+}
+
+/// What one instance sees upstream: every stage's instances, and those of its own upstream
+/// stages that agree with its `values`.
+struct Upstream<'i, 'p> {
+    instances: &'i Instances<'p>,
+    aligners: &'i HashMap<&'p str, Aligner<'i>>,
+    values: &'i Values,
+}
+
+impl Upstream<'_, '_> {
+    /// The instances of the upstream stage `up` that agree with this instance's values.
+    fn aligned(&self, up: &str) -> &[&str] {
+        self.aligners[up].aligned(self.values)
+    }
+}
+
+/// The instance `name` of `stage`: its dependencies, `init`, command and parameters those of
+/// its values and its aligned upstream instances.
+fn instance_stage(
+    stage: &Stage,
+    name: &str,
+    upstream: &Upstream,
+    problems: &mut Problems,
+) -> Stage {
+    let values = upstream.values;
+    let mut inst = skeleton(stage);
+    inst.name = name.to_string();
+    inst.after = stage
+        .after
+        .iter()
+        .flat_map(|u| upstream.aligned(u).iter().map(|n| n.to_string()))
+        .collect();
+    if let Some(init) = &stage.init {
+        match upstream.aligned(init) {
+            [one] => inst.init = Some(one.to_string()),
+            many => problems.push(&stage.name, format!("`init = \"{init}\"` matches {} instances of `{init}` for `{name}`; it must match exactly one", many.len()), Some("give both stages the same matrix key, so that each instance starts from its own".into())),
+        }
+    }
+    if let Some(command) = &stage.command {
+        let args = command
+            .iter()
+            .map(|arg| instance_arg(stage, name, arg, upstream, problems))
+            .collect();
+        inst.command = Some(args);
+    }
+    inst.params = stage.params.clone();
+    if !values.is_empty() {
+        for v in inst.params.values_mut() {
+            substitute_json(v, values);
+        }
+    }
+    inst
+}
+
+/// One argument of the command of the instance `name` of `stage`: its matrix values
+/// substituted, and each `{input.X}` of a matrix stage X naming the one aligned instance.
+fn instance_arg(
+    stage: &Stage,
+    name: &str,
+    arg: &str,
+    upstream: &Upstream,
+    problems: &mut Problems,
+) -> String {
+    let mut arg = substitute(arg, upstream.values, true);
+    for up in &stage.after {
+        let placeholder = format!("{{input.{up}}}");
+        let ups = &upstream.instances.of[up.as_str()];
+        if !arg.contains(&placeholder) || ups.len() == 1 && ups[0].0 == *up {
+            continue;
+        }
+        match upstream.aligned(up) {
+            [one] => arg = arg.replace(&placeholder, &format!("{{input.{one}}}")),
+            many => problems.push(&stage.name, format!("`{placeholder}` matches {} instances of `{up}` for `{name}`", many.len()), Some("an aggregate stage finds every input in $ORCHESTRATE_SPEC (`inputs`) or the ORCHESTRATE_INPUT_* variables".into())),
+        }
+    }
+    arg
 }
 
 /// `stage` without its name, dependencies, command, parameters and matrix, which each
