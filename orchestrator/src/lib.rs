@@ -15,7 +15,7 @@
 
 pub mod attempt;
 pub mod daemon;
-pub mod error;
+pub(crate) mod error;
 pub mod exit;
 pub mod gpu;
 pub mod host;

@@ -19,7 +19,7 @@ pub fn unix_secs_f64() -> f64 {
 }
 
 /// UTC civil date and time of `unix_secs`: (year, month, day, hour, minute, second).
-pub fn civil_utc(unix_secs: u64) -> (i64, u32, u32, u32, u32, u32) {
+pub(crate) fn civil_utc(unix_secs: u64) -> (i64, u32, u32, u32, u32, u32) {
     let days = (unix_secs / 86_400) as i64;
     let rem = unix_secs % 86_400;
     // Days-to-civil conversion (proleptic Gregorian), valid for all dates after 1970.
@@ -43,7 +43,7 @@ pub fn civil_utc(unix_secs: u64) -> (i64, u32, u32, u32, u32, u32) {
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, for run directory names.
-pub fn compact_stamp(unix_secs: u64) -> String {
+pub(crate) fn compact_stamp(unix_secs: u64) -> String {
     let (y, mo, d, h, mi, s) = civil_utc(unix_secs);
     format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}")
 }

@@ -200,11 +200,6 @@ impl EventChannel {
         let n = unsafe { libc::poll(&mut pfd, 1, 0) };
         n > 0 && pfd.revents & libc::POLLIN != 0
     }
-
-    /// The socket path, for `ORCHESTRATE_EVENTS`.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for EventChannel {

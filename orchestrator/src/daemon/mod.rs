@@ -2,10 +2,10 @@
 //!
 //! - [`socket`]: where the socket is, how it is created (0600, stale socket replaced, a live
 //!   daemon refused), who may connect (`SO_PEERCRED`: the same user or root);
-//! - [`runs_lock`]: the daemon's exclusive hold on its runs directory;
-//! - [`registry`]: the runs, their event logs and watchers;
-//! - [`recover`]: the runs a starting daemon finds, listed or resumed;
-//! - [`connection`]: one client's requests, with a size cap and an idle timeout, so a slow or
+//! - `runs_lock`: the daemon's exclusive hold on its runs directory;
+//! - `registry`: the runs, their event logs and watchers;
+//! - `recover`: the runs a starting daemon finds, listed or resumed;
+//! - `connection`: one client's requests, with a size cap and an idle timeout, so a slow or
 //!   hostile client costs the others nothing.
 //!
 //! Runs share the host's GPU pool and CPU budget; each is driven by
@@ -15,13 +15,13 @@
 //! interrupted (a crash, or its own shutdown) resumed by the resume rules.
 
 pub mod client;
-pub mod connection;
-pub mod recover;
-pub mod registry;
-pub mod request_budget;
-pub mod runs_lock;
+pub(crate) mod connection;
+pub(crate) mod recover;
+pub(crate) mod registry;
+pub(crate) mod request_budget;
+pub(crate) mod runs_lock;
 pub mod socket;
-pub mod strict_json;
+pub(crate) mod strict_json;
 
 use crate::attempt::launch::CancelLevel;
 use crate::host::Host;
@@ -80,7 +80,7 @@ pub struct Daemon {
 
 /// Why the daemon could not take a plan, start a run or resume one.
 #[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
+pub(crate) enum DaemonError {
     /// The plan does not validate (or cannot be read); the report, for the client.
     #[error("{}", .0.to_string().trim_end())]
     InvalidPlan(#[source] crate::plan::PlanError),
@@ -112,7 +112,7 @@ pub enum DaemonError {
 }
 
 /// A plan ready to run: validated, with the text and format the run directory keeps.
-pub struct Accepted {
+pub(crate) struct Accepted {
     loaded: LoadedPlan,
     source: String,
     format: PlanFormat,
@@ -120,7 +120,7 @@ pub struct Accepted {
 
 /// Reads and validates a submitted plan (on a blocking thread: a big plan must not stall the
 /// runs). `Err` is the validation report, for the client.
-pub async fn accept_plan(
+pub(crate) async fn accept_plan(
     input: PlanInput,
     base_dir: Option<String>,
 ) -> Result<Accepted, DaemonError> {
@@ -196,7 +196,7 @@ impl Daemon {
     }
 
     /// Starts a validated plan as a new run; returns its id and directory.
-    pub fn start_run(
+    pub(crate) fn start_run(
         self: &Rc<Self>,
         plan: Accepted,
         client_id: Option<String>,

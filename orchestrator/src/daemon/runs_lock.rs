@@ -9,7 +9,7 @@
 use crate::error::{Context, Error, Result};
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The lock file's name in the runs directory.
 pub const LOCK_FILE: &str = "daemon.lock";
@@ -18,7 +18,6 @@ pub const LOCK_FILE: &str = "daemon.lock";
 #[derive(Debug)]
 pub struct RunsDirLock {
     _file: File,
-    path: PathBuf,
 }
 
 impl RunsDirLock {
@@ -44,12 +43,7 @@ impl RunsDirLock {
             .and_then(|()| writeln!(file, "{pid}"))
             .and_then(|()| file.sync_data())
             .with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(RunsDirLock { _file: file, path })
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(RunsDirLock { _file: file })
     }
 }
 

@@ -135,6 +135,6 @@ pub fn listen(path: &Path) -> Result<Listening> {
 }
 
 /// Whether a peer with `uid` may use a daemon run by this user: the same user, or root.
-pub fn peer_allowed(uid: u32) -> bool {
+pub(crate) fn peer_allowed(uid: u32) -> bool {
     uid == 0 || uid == nix::unistd::getuid().as_raw()
 }

@@ -6,15 +6,15 @@
 //! timeout, verdict, quarantine) works on the [`MemoryProbe`] trait, so it is tested against
 //! recorded samples; [`NvmlProbe`] is the only production probe.
 
-pub mod attribution;
+pub(crate) mod attribution;
 pub mod check;
-pub mod fake;
+pub(crate) mod fake;
 mod nvml;
 mod pool;
 mod reclaim;
-pub mod svg;
-pub mod timeline;
-pub mod visible;
+pub(crate) mod svg;
+pub(crate) mod timeline;
+pub(crate) mod visible;
 
 pub use nvml::{discover, Inventory, NvmlProbe, NvmlUnavailable};
 pub use pool::GpuPool;
@@ -27,7 +27,7 @@ pub struct GpuInfo {
     pub index: u32,
     /// The index CUDA gives this GPU under `CUDA_DEVICE_ORDER=PCI_BUS_ID`: its place among
     /// every GPU of the machine sorted by PCI bus id (equal to `index` where NVML keeps its
-    /// documented order; [`visible`] hands stages this one).
+    /// documented order; `visible` hands stages this one).
     pub cuda_index: u32,
     /// NVML UUID ("GPU-…").
     pub uuid: String,

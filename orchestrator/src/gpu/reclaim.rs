@@ -18,7 +18,7 @@ pub struct ReclaimVerdict {
     /// Whether the GPU came back within tolerance.
     pub clean: bool,
     /// Not clean, but only because processes outside the stage's tree hold the memory
-    /// ([`super::attribution`]): not the stage's leak.
+    /// (`super::attribution`): not the stage's leak.
     pub taken_by_other: bool,
     /// When not clean: who holds memory now.
     pub holders: Vec<Holder>,

@@ -7,7 +7,7 @@
 //! - the directory of event sockets;
 //! - NVML (or its absence), one GPU pool for all runs, and the idle baseline of each GPU;
 //! - the CPU budget that built-in CPU stages share;
-//! - the fork servers of built-in workers (see [`crate::process::fork_server`]), stopped with it.
+//! - the fork servers of built-in workers (see `crate::process::fork_server`), stopped with it.
 //!
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
 //! driver lists no process on it and its memory is at its idle baseline (a GPU held by a
@@ -15,7 +15,7 @@
 //! runs waiting for GPUs are served in ticket order (higher priority first, then submission
 //! order), so a run never waits behind a later one of the same priority.
 
-pub mod sockets;
+pub(crate) mod sockets;
 
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
 use crate::host::sockets::SocketDir;
@@ -26,7 +26,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 
 /// A run's place in the queue for GPUs: lower is served first.
-pub type Ticket = (i64, u64);
+pub(crate) type Ticket = (i64, u64);
 
 /// What the machine's GPUs are and how they are read.
 pub struct GpuInventory {
@@ -43,7 +43,7 @@ pub struct GpuInventory {
 /// Why a stage waits for GPUs: not a failure, the stage is placed once they come free. Said
 /// to the user (and compared, to say it again only when it changes).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GpuWait {
+pub(crate) enum GpuWait {
     /// Runs ahead of this one in the queue wait for GPUs.
     #[error("waiting for {n} GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first")]
     Queued {
@@ -62,7 +62,7 @@ pub enum GpuWait {
 
 /// Why one GPU (or none) could not be given to a waiting stage.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GpuBusy {
+pub(crate) enum GpuBusy {
     /// The driver lists processes on it.
     #[error("GPU {index} held by {}", join(.holders, ", "))]
     Held {
@@ -234,14 +234,14 @@ impl Host {
     }
 
     /// GPUs that can still be given (not quarantined).
-    pub fn usable_gpus(&self) -> usize {
+    pub(crate) fn usable_gpus(&self) -> usize {
         self.pool.borrow().usable()
     }
 
     /// Takes `n` GPUs for `owner` of the run holding `ticket`, each clean (no process on it,
     /// memory within `tolerance` of its idle baseline), or says why the stage must wait. A run
     /// whose ticket is not the first among the waiting runs waits for them.
-    pub fn take_gpus(
+    pub(crate) fn take_gpus(
         &self,
         n: usize,
         ticket: Ticket,
@@ -309,7 +309,7 @@ impl Host {
     }
 
     /// Gives GPUs back and wakes waiting runs.
-    pub fn give_back_gpus(&self, gpus: &[GpuInfo]) {
+    pub(crate) fn give_back_gpus(&self, gpus: &[GpuInfo]) {
         if gpus.is_empty() {
             return;
         }
@@ -318,13 +318,13 @@ impl Host {
     }
 
     /// No further stage of any run is placed on `uuid`.
-    pub fn quarantine(&self, uuid: &str) {
+    pub(crate) fn quarantine(&self, uuid: &str) {
         self.pool.borrow_mut().quarantine(uuid);
         self.gpus_freed.notify_waiters();
     }
 
     /// The run holding `ticket` no longer waits for GPUs (it ended or has nothing ready).
-    pub fn stop_waiting(&self, ticket: Ticket) {
+    pub(crate) fn stop_waiting(&self, ticket: Ticket) {
         if self.waiting.borrow_mut().remove(&ticket) {
             self.gpus_freed.notify_waiters();
         }

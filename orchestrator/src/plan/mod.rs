@@ -17,9 +17,9 @@ mod files;
 mod graph;
 mod json_tree;
 mod layout;
-pub mod matrix;
+pub(crate) mod matrix;
 mod params;
-pub mod placeholder;
+pub(crate) mod placeholder;
 mod process;
 mod serde_message;
 mod suggest;
@@ -37,7 +37,7 @@ pub use protocol::run::PlanFormat;
 use std::path::{Path, PathBuf};
 
 /// Plans larger than this are refused before parsing.
-pub const MAX_PLAN_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_PLAN_BYTES: u64 = 16 << 20;
 
 /// A plan that passed every check, with its dependency graph worked out.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ impl LoadedPlan {
 
     /// Stage `i` as it runs: a matrix instance with its `ORCHESTRATE_MATRIX_*` variables in
     /// its `env` (stored apart, see [`matrix::matrix_env`]); other stages as they are.
-    pub fn stage_as_run(&self, i: usize) -> std::borrow::Cow<'_, Stage> {
+    pub(crate) fn stage_as_run(&self, i: usize) -> std::borrow::Cow<'_, Stage> {
         let stage = &self.plan.stages[i];
         match self.instances.get(i).and_then(Option::as_ref) {
             Some(instance) if !instance.values.is_empty() => {
@@ -83,7 +83,7 @@ impl LoadedPlan {
 
     /// The plan as run (every stage as [`Self::stage_as_run`] gives it), serialized one stage
     /// at a time.
-    pub fn as_run(&self) -> impl serde::Serialize + '_ {
+    pub(crate) fn as_run(&self) -> impl serde::Serialize + '_ {
         AsRun(self)
     }
 }
@@ -110,7 +110,7 @@ impl serde::Serialize for AsRun<'_> {
 /// Reads and validates the plan file at `path`: JSON if its extension is `.json`, else TOML.
 ///
 /// A file that cannot be read (missing, not a regular file: a directory, a FIFO, a device;
-/// not UTF-8, over [`MAX_PLAN_BYTES`]), read without blocking and never past that limit,
+/// not UTF-8, over `MAX_PLAN_BYTES`), read without blocking and never past that limit,
 /// gives a single diagnostic that names it.
 pub fn load_plan(path: &Path) -> Result<LoadedPlan, PlanError> {
     read_plan(path).map(|(plan, _)| plan)

@@ -194,19 +194,6 @@ pub fn spawn(
     })
 }
 
-/// The PIDs of the fork servers this process runs (for tests and reports).
-pub fn server_pids() -> Vec<i32> {
-    SERVERS.with(|s| {
-        s.borrow()
-            .values()
-            .filter_map(|st| match st {
-                State::Serving(server) => Some(server.pid),
-                State::Failed(_) => None,
-            })
-            .collect()
-    })
-}
-
 /// Stops every fork server of this process and waits until they are gone.
 pub fn shutdown() {
     SERVERS.with(|s| {

@@ -42,7 +42,7 @@ pub fn start(cleanup: Option<&std::path::Path>) -> std::io::Result<Guard> {
 }
 
 /// The token prefix of every stage process that `orchestrator_pid` started.
-pub fn token_prefix(orchestrator_pid: u32) -> String {
+pub(crate) fn token_prefix(orchestrator_pid: u32) -> String {
     format!("{TOKEN_VAR}={orchestrator_pid}-")
 }
 

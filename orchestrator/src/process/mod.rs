@@ -3,17 +3,17 @@
 //! kills them all if `orchestrate` dies.
 //!
 //! - [`spawn`]: the exec path, at a cost that does not grow with the orchestrator;
-//! - [`fork_server`]: built-in workers forked from a warm `stage-worker`;
-//! - [`tree`]: starting and stopping a stage's process tree through either;
+//! - `fork_server`: built-in workers forked from a warm `stage-worker`;
+//! - `tree`: starting and stopping a stage's process tree through either;
 //! - [`reaper`]: the one place that reaps;
-//! - [`scan`]: a stage's members, from `/proc`;
+//! - `scan`: a stage's members, from `/proc`;
 //! - [`guard`]: the companion that outlives a crash;
-//! - [`backoff`]: polling for what is expected to happen soon.
+//! - `backoff`: polling for what is expected to happen soon.
 
-pub mod backoff;
-pub mod fork_server;
+pub(crate) mod backoff;
+pub(crate) mod fork_server;
 pub mod guard;
 pub mod reaper;
-pub mod scan;
+pub(crate) mod scan;
 pub mod spawn;
-pub mod tree;
+pub(crate) mod tree;

@@ -17,8 +17,8 @@
 //!
 //! No handler ever runs for SIGCHLD (a handler cost every stage a signal delivery, an
 //! interrupted `epoll_wait`, a self-pipe write and two reads). Whatever the mode, everything
-//! that has ended is also reaped every [`REAP_EVERY`] and while a stage's leftovers are being
-//! stopped ([`crate::process::tree::stop_tree`]), and whatever is reaped that someone waits for
+//! that has ended is also reaped every `REAP_EVERY` and while a stage's leftovers are being
+//! stopped (`crate::process::tree::stop_tree`), and whatever is reaped that someone waits for
 //! goes to that waiter.
 
 use std::cell::RefCell;
@@ -33,7 +33,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 /// How often orphaned descendants are reaped when nothing else reaps them.
-pub const REAP_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const REAP_EVERY: Duration = Duration::from_secs(1);
 
 /// What the kernel accounted to a reaped process: its own use and that of the descendants it
 /// waited for.
@@ -194,7 +194,7 @@ fn take_child_signal(fd: &OwnedFd) {
 
 impl Reaper {
     /// Makes the calling process a child subreaper and starts reaping: at every child's end
-    /// when SIGCHLD is blocked (see [`block_child_signals`]), and every [`REAP_EVERY`] in any
+    /// when SIGCHLD is blocked (see [`block_child_signals`]), and every `REAP_EVERY` in any
     /// case. Must be called inside a tokio `LocalSet` or current-thread runtime.
     pub fn start() -> std::io::Result<Reaper> {
         // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integer arguments.
@@ -233,7 +233,7 @@ impl Reaper {
         Ok(reaper)
     }
 
-    /// Whether a waiter needs the process's pidfd ([`Reaper::watch_pidfd`]): false when ends
+    /// Whether a waiter needs the process's pidfd (`Reaper::watch_pidfd`): false when ends
     /// are learned from the reaper's signalfd.
     pub fn wants_pidfds(&self) -> bool {
         !self.table.borrow().by_signal
@@ -267,7 +267,7 @@ impl Reaper {
     }
 
     /// [`Reaper::watch`] with the child's pidfd already in hand (from `clone3`).
-    pub fn watch_pidfd(&self, pid: i32, pidfd: OwnedFd) -> ExitWait {
+    pub(crate) fn watch_pidfd(&self, pid: i32, pidfd: OwnedFd) -> ExitWait {
         // SAFETY: an OwnedFd's descriptor stays open, the same, until the AsyncFd drops it.
         let registered =
             unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
@@ -291,7 +291,7 @@ impl Reaper {
     }
 
     /// Reaps every child that has ended, now, handing each status to its waiter.
-    pub fn reap_now(&self) {
+    pub(crate) fn reap_now(&self) {
         while let Waited::Ended(pid, reaped) = wait_one(-1) {
             self.deliver(pid, reaped);
         }
@@ -359,7 +359,7 @@ impl std::fmt::Debug for ExitWait {
 impl ExitWait {
     /// The status if the process has ended (reaping it if need be): `Some(None)` when it
     /// cannot be had, `None` while it runs. Does not block.
-    pub fn try_wait(&mut self) -> Option<Option<Reaped>> {
+    pub(crate) fn try_wait(&mut self) -> Option<Option<Reaped>> {
         check(&mut self.rx, &self.reaper, self.pid)
     }
 }

@@ -134,7 +134,7 @@ pub struct Spawned {
     /// Its pid.
     pub pid: i32,
     /// Its pidfd, readable once it has ended, when the clone gave one
-    /// ([`crate::process::reaper::Reaper::watch_pidfd`] takes it).
+    /// (`crate::process::reaper::Reaper::watch_pidfd` takes it).
     pub pidfd: Option<std::os::fd::OwnedFd>,
 }
 

@@ -36,7 +36,7 @@ pub struct Console {
 /// Past this many stages, the terminal shows a count every [`PROGRESS_EVERY`] and the stages
 /// that did not succeed, not a line for every start and end (events and JSON logs still have
 /// every one).
-pub const SWEEP_STAGES: usize = 100;
+pub(crate) const SWEEP_STAGES: usize = 100;
 
 /// The running count of a sweep.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ struct Sweep {
 }
 
 /// A stage's progress is shown at most this often (a stage may report every step).
-pub const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 fn human_rate(rate: f64) -> String {
     if rate >= 1e6 {
@@ -63,7 +63,7 @@ fn human_rate(rate: f64) -> String {
 }
 
 /// `1.2s`, `3m04s`, `1h02m`.
-pub fn human_duration(d: Duration) -> String {
+pub(crate) fn human_duration(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s < 60.0 {
         format!("{s:.1}s")
@@ -94,7 +94,7 @@ impl Console {
 
     /// Tells the console how many stages the run has: past [`SWEEP_STAGES`] it counts instead
     /// of listing every start and success.
-    pub fn plan_size(&self, stages: usize) {
+    pub(crate) fn plan_size(&self, stages: usize) {
         if stages > SWEEP_STAGES {
             let now = Instant::now();
             *self.sweep.lock().unwrap_or_else(|e| e.into_inner()) = Some(Sweep {
@@ -149,7 +149,7 @@ impl Console {
     }
 
     /// A console that prints nothing and sends every event to `tap`.
-    pub fn silent(tap: UnboundedSender<RunEvent>) -> Console {
+    pub(crate) fn silent(tap: UnboundedSender<RunEvent>) -> Console {
         Console {
             silent: true,
             tap: Some(tap),
@@ -180,7 +180,7 @@ impl Console {
     }
 
     /// The run ended (to the tap only; the summary is a [`Console::block`]).
-    pub fn run_finished(&self, status: RunStatus, exit_code: i32) {
+    pub(crate) fn run_finished(&self, status: RunStatus, exit_code: i32) {
         self.emit(|| RunEventKind::RunFinished { status, exit_code });
     }
 
@@ -194,7 +194,7 @@ impl Console {
     }
 
     /// A general note about the run.
-    pub fn note(&self, text: &str) {
+    pub(crate) fn note(&self, text: &str) {
         self.emit(|| RunEventKind::Note {
             text: text.to_string(),
         });
@@ -224,7 +224,7 @@ impl Console {
     }
 
     /// A stage attempt started.
-    pub fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
+    pub(crate) fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
         self.emit(|| RunEventKind::StageStarted {
             stage: stage.to_string(),
             attempt,
@@ -249,7 +249,7 @@ impl Console {
     }
 
     /// A progress event.
-    pub fn progress(
+    pub(crate) fn progress(
         &self,
         stage: &str,
         step: u64,
@@ -299,7 +299,13 @@ impl Console {
     }
 
     /// A stage attempt ended.
-    pub fn stage_finished(&self, stage: &str, status: StageStatus, detail: &str, wall: Duration) {
+    pub(crate) fn stage_finished(
+        &self,
+        stage: &str,
+        status: StageStatus,
+        detail: &str,
+        wall: Duration,
+    ) {
         self.emit(|| RunEventKind::StageFinished {
             stage: stage.to_string(),
             status,

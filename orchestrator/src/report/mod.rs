@@ -1,7 +1,7 @@
 //! Building `report.json` and the end-of-run summary from the runner's state.
 
 pub mod console;
-pub mod results;
+pub(crate) mod results;
 pub mod table;
 
 use crate::plan::LoadedPlan;
@@ -269,7 +269,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
 /// The metrics a stage reported, as `name=value` pairs: the usual ones first (loss,
 /// accuracy, …), then every other one the stage chose to report (milestone timestamps `t_*`
 /// aside), at most 8 in all.
-pub fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String {
+pub(crate) fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) -> String {
     const FIRST: [&str; 5] = [
         "final_loss",
         "loss",

@@ -9,7 +9,7 @@
 //! started, or without `scancel`, srun itself gets the SIGTERM. The orchestrator's SIGKILL
 //! after the grace period, or its death, still ends srun (SIGTERM through `PR_SET_PDEATHSIG`)
 //! and with it the step. A task that ends while the step is being stopped exits 0 to srun
-//! whatever its program did (see [`super::task`]), so when srun ends with 0 the launcher takes
+//! whatever its program did (see `super::task`), so when srun ends with 0 the launcher takes
 //! the exit of the first task whose record says it failed.
 
 use std::path::Path;
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The hidden subcommand that runs the launcher.
-pub const LAUNCH_SUBCOMMAND: &str = "__slurm-srun";
+pub(crate) const LAUNCH_SUBCOMMAND: &str = "__slurm-srun";
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

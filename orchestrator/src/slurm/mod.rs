@@ -3,28 +3,28 @@
 //! - [`Allocation`] is the job this process runs in, read from the environment;
 //! - [`choose_run_dir`] keeps a run directory that stays the same across requeues of a job,
 //!   and resumes the run in it after a requeue;
-//! - [`stop`] is the stop sequence: read why the job is stopping from Slurm's own job state
-//!   ([`jobstate`]), journal it, and ask for the requeue;
-//! - [`srun`] launches stages that set `nodes`/`tasks_per_node`/`gpus_per_task` as a job
+//! - `stop` is the stop sequence: read why the job is stopping from Slurm's own job state
+//!   (`jobstate`), journal it, and ask for the requeue;
+//! - `srun` launches stages that set `nodes`/`tasks_per_node`/`gpus_per_task` as a job
 //!   step, started by the launcher in [`launch`] (which turns the orchestrator's SIGTERM into
 //!   SIGTERM for every process of the step, not srun's SIGKILL) through the per-task wrapper
-//!   in [`task`] (both take the arguments [`hidden_args`] reads), and checks every node's GPUs
-//!   after them ([`node_check`]); what the tasks and the check leave in the stage's directory
-//!   is in [`records`];
-//! - [`history`] is the job's record in the run directory (`slurm.json`) and in the report;
-//! - every helper program (`scontrol`, `squeue`, `srun`) is started through [`helper`], which
+//!   in `task` (both take the arguments `hidden_args` reads), and checks every node's GPUs
+//!   after them (`node_check`); what the tasks and the check leave in the stage's directory
+//!   is in `records`;
+//! - `history` is the job's record in the run directory (`slurm.json`) and in the report;
+//! - every helper program (`scontrol`, `squeue`, `srun`) is started through `helper`, which
 //!   registers it with the orchestrator's reaper so its exit status is not lost.
 
-pub mod helper;
-pub mod hidden_args;
-pub mod history;
-pub mod jobstate;
+pub(crate) mod helper;
+pub(crate) mod hidden_args;
+pub(crate) mod history;
+pub(crate) mod jobstate;
 pub mod launch;
-pub mod node_check;
-pub mod records;
-pub mod srun;
-pub mod stop;
-pub mod task;
+pub(crate) mod node_check;
+pub(crate) mod records;
+pub(crate) mod srun;
+pub(crate) mod stop;
+pub(crate) mod task;
 
 use std::path::{Path, PathBuf};
 
@@ -94,7 +94,7 @@ impl Allocation {
 
     /// The job described by these variables (`get` returns a variable's value), or `None`
     /// without a `SLURM_JOB_ID`.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Option<Allocation> {
+    pub(crate) fn from_vars(get: impl Fn(&str) -> Option<String>) -> Option<Allocation> {
         let job_id = get("SLURM_JOB_ID")
             .or_else(|| get("SLURM_JOBID"))
             .filter(|v| !v.trim().is_empty())?
@@ -134,7 +134,7 @@ impl Allocation {
 
 impl Allocation {
     /// One line for the console: the job, which start this is, its nodes and GPUs.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let start = if self.restart_count == 0 {
             "first start".to_string()
         } else {
@@ -166,7 +166,7 @@ impl Allocation {
 /// was given and their indices are not all among the job's, that view is already the job's
 /// and all of it is kept. Without that variable, or outside Slurm, all of them. A stage is
 /// never handed a GPU another job on the node was given.
-pub fn allowed_gpus(
+pub(crate) fn allowed_gpus(
     gpus: Vec<crate::gpu::GpuInfo>,
     job: Option<&Allocation>,
 ) -> (Vec<crate::gpu::GpuInfo>, Option<String>) {
@@ -202,11 +202,11 @@ pub struct RunDirChoice {
 /// The default run directory of plan `name` in job `job_id`: `runs/<name>-slurm-<job id>`
 /// under the current directory (the job's working directory), the same at every start of the
 /// job.
-pub fn default_run_dir(name: &str, job_id: &str) -> PathBuf {
+pub(crate) fn default_run_dir(name: &str, job_id: &str) -> PathBuf {
     Path::new("runs").join(format!("{name}-slurm-{job_id}"))
 }
 
-/// Inside a Slurm job, the run directory (the explicit one, else [`default_run_dir`]) and
+/// Inside a Slurm job, the run directory (the explicit one, else `default_run_dir`) and
 /// whether to resume: after a requeue (`SLURM_RESTART_COUNT` ≥ 1) the run already in that
 /// directory is continued, so finished stages are not run again. `None` outside Slurm.
 ///

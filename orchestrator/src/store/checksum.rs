@@ -18,6 +18,7 @@ static NEVER: AtomicBool = AtomicBool::new(false);
 
 /// Checksum under `algorithm` and size of a regular file, read once. Anything else (a FIFO, a
 /// device, a directory) is refused without blocking: see [`crate::store::user_file::open_regular`].
+#[cfg(test)]
 pub fn checksum_file(path: &Path, algorithm: Algorithm) -> std::io::Result<(Checksum, u64)> {
     checksum_file_until(path, algorithm, &NEVER)
 }
@@ -267,6 +268,7 @@ pub enum VerifyError {
 /// Returns `Ok(None)` when the directory has no manifest; `Err` says, for the user, why the
 /// manifest is unreadable or which file is missing, truncated, altered or not the directory's
 /// own (see [`verify_manifest_dir_until`]).
+#[cfg(test)]
 pub fn verify_manifest_dir(dir: &Path) -> Result<Option<Vec<CheckpointRecord>>, VerifyError> {
     verify_manifest_dir_until(dir, &[], &NEVER)
 }

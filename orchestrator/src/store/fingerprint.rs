@@ -56,7 +56,7 @@ fn fingerprint(plan: &LoadedPlan, i: usize, upstream: impl Fn(usize) -> Digest32
 /// outlives one stage: what it allocates stays in its own allocator arena, which the run's
 /// thread does not reuse.
 #[derive(Debug, Clone)]
-pub struct Background {
+pub(crate) struct Background {
     shared: Arc<Shared>,
 }
 
@@ -70,7 +70,7 @@ struct Shared {
 
 impl Background {
     /// Plans smaller than this are fingerprinted without a thread (starting one costs more).
-    pub const INLINE: usize = 256;
+    pub(crate) const INLINE: usize = 256;
     /// How many fingerprints the thread computes between two wake-ups of a waiting caller.
     const BATCH: usize = 256;
 

@@ -4,18 +4,18 @@
 //! instant leaves every line but possibly the last complete; readers skip a torn last line.
 //!
 //! Durability: every record is written to the file (the kernel's page cache) before
-//! [`Journal::append`] returns, so a killed `orchestrate` (`kill -9`, OOM) loses nothing, with
+//! `Journal::append` returns, so a killed `orchestrate` (`kill -9`, OOM) loses nothing, with
 //! one exception: a stage's start is written with the next record, or by
-//! [`Journal::flush_pending`] (the runner calls it at least every quarter second while one
+//! `Journal::flush_pending` (the runner calls it at least every quarter second while one
 //! waits), one `write` fewer per stage of a sweep. A killed `orchestrate` may lose the start of
 //! a stage that began less than that ago: the stage then counts as not started and runs again
 //! on resume (its output directory, not the journal, says whether an earlier attempt left
 //! files there). What a machine crash may lose is bounded by when records reach the disk:
 //! - the run's start and end, Slurm records, and every record appended with
 //!   [`Journal::append_durable`] are fsynced before the call returns;
-//! - a stage's end (finished or skipped) is fsynced within [`GROUP_COMMIT`]: finishes that
+//! - a stage's end (finished or skipped) is fsynced within `GROUP_COMMIT`: finishes that
 //!   come close together share one fsync (group commit), so a sweep of short stages does not
-//!   pay one disk flush per stage; a crash can lose only the last [`GROUP_COMMIT`] of them,
+//!   pay one disk flush per stage; a crash can lose only the last `GROUP_COMMIT` of them,
 //!   and those stages run again on resume;
 //! - a stage's start is not fsynced on its own (losing it means the stage counts as not
 //!   started, and runs again on resume); the next fsync covers it.
@@ -32,7 +32,7 @@ use std::time::Duration;
 /// short stages flushed about 85 times a second; at 100 ms 5,000-stage sweeps on this
 /// project's development machine ran 2% faster (one A/B of eight alternations by hand:
 /// `bench/overhead/README.md`, the tenth round).
-pub const GROUP_COMMIT: Duration = Duration::from_millis(100);
+pub(crate) const GROUP_COMMIT: Duration = Duration::from_millis(100);
 
 pub use protocol::journal::JournalRecord;
 
@@ -207,7 +207,7 @@ impl Journal {
 
     /// Appends `record` as one line, written before returning and fsynced as the module
     /// documentation says for its kind. An error names the journal.
-    pub fn append(&mut self, record: &JournalRecord) -> io::Result<()> {
+    pub(crate) fn append(&mut self, record: &JournalRecord) -> io::Result<()> {
         let durability = match record {
             JournalRecord::StageStarted { .. } => Durability::Lazy,
             JournalRecord::StageFinished { .. } | JournalRecord::StageSkipped { .. } => {
@@ -224,13 +224,13 @@ impl Journal {
     }
 
     /// Whether a stage's start waits to be written (see [`Journal::flush_pending`]).
-    pub fn has_pending(&self) -> bool {
+    pub(crate) fn has_pending(&self) -> bool {
         !self.pending.is_empty()
     }
 
     /// Writes the stage starts appended since the last record (they are otherwise written
     /// with the next one).
-    pub fn flush_pending(&mut self) -> io::Result<()> {
+    pub(crate) fn flush_pending(&mut self) -> io::Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -318,7 +318,7 @@ pub fn read_run_journal(root: &Path) -> io::Result<Vec<JournalRecord>> {
 
 /// Cuts a torn last line (a write that never finished) off the journal, so appends after it
 /// start on a line of their own. Returns whether anything was cut.
-pub fn repair_tail(path: &Path) -> io::Result<bool> {
+pub(crate) fn repair_tail(path: &Path) -> io::Result<bool> {
     let bytes = std::fs::read(path)?;
     if bytes.is_empty() || bytes.ends_with(b"\n") {
         return Ok(false);
@@ -331,7 +331,7 @@ pub fn repair_tail(path: &Path) -> io::Result<bool> {
 }
 
 /// Reads every complete record of a journal, skipping a torn last line.
-pub fn read_journal(path: &Path) -> io::Result<Vec<JournalRecord>> {
+pub(crate) fn read_journal(path: &Path) -> io::Result<Vec<JournalRecord>> {
     let text = std::fs::read_to_string(path)?;
     let mut records = Vec::new();
     let lines: Vec<&str> = text.split('\n').collect();

@@ -65,7 +65,7 @@ pub fn verify_record(record: &CheckpointRecord) -> Result<(), OutputChanged> {
 
 /// [`verify_record`], given up (as [`OutputChanged::Unreadable`], "verification interrupted")
 /// within a mebibyte once `abort` is raised.
-pub fn verify_record_until(
+pub(crate) fn verify_record_until(
     record: &CheckpointRecord,
     abort: &AtomicBool,
 ) -> Result<(), OutputChanged> {
@@ -107,7 +107,7 @@ pub fn decide(
 
 /// [`decide`], whose re-hashing of kept outputs gives up once `abort` is raised (a stage whose
 /// check was given up is then run again: the caller is stopping anyway).
-pub fn decide_until(
+pub(crate) fn decide_until(
     plan: &LoadedPlan,
     fingerprints: &[String],
     records: &[JournalRecord],

@@ -35,9 +35,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The lock file's name.
-pub const LOCK_FILE: &str = "lock";
+pub(crate) const LOCK_FILE: &str = "lock";
 /// The run metadata file's name.
-pub const META_FILE: &str = "run.json";
+pub(crate) const META_FILE: &str = "run.json";
 /// The journal's file name.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 
@@ -108,7 +108,7 @@ impl RunDirError {
 }
 
 /// Attaches `path` to an I/O error.
-pub fn io_at(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
+pub(crate) fn io_at(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
     move |source| RunDirError::Io {
         path: path.to_path_buf(),
         source,
@@ -353,7 +353,7 @@ impl RunDir {
 
     /// [`RunDir::create_fresh`], skipping the names `taken` says are in use elsewhere (the
     /// daemon's run ids, whose directories may have gone from `parent`).
-    pub fn create_fresh_avoiding(
+    pub(crate) fn create_fresh_avoiding(
         parent: &Path,
         name: &str,
         taken: impl Fn(&str) -> bool,
@@ -393,22 +393,22 @@ impl RunDir {
     }
 
     /// The journal file.
-    pub fn journal_path(&self) -> PathBuf {
+    pub(crate) fn journal_path(&self) -> PathBuf {
         self.root.join(JOURNAL_FILE)
     }
 
     /// The report file.
-    pub fn report_path(&self) -> PathBuf {
+    pub(crate) fn report_path(&self) -> PathBuf {
         self.root.join("report.json")
     }
 
     /// Stage `name`'s directory (logs, spec, events).
-    pub fn stage_dir(&self, name: &str) -> PathBuf {
+    pub(crate) fn stage_dir(&self, name: &str) -> PathBuf {
         self.stage_path(name, None)
     }
 
     /// Stage `name`'s output directory: what downstream stages receive.
-    pub fn output_dir(&self, name: &str) -> PathBuf {
+    pub(crate) fn output_dir(&self, name: &str) -> PathBuf {
         self.stage_path(name, Some("output"))
     }
 
@@ -431,7 +431,7 @@ impl RunDir {
 
     /// Creates a stage's directory and its output directory inside it (what exists is kept);
     /// returns whether the output directory was created just now (and so is empty).
-    pub fn prepare_stage_dirs(stage_dir: &Path, output_dir: &Path) -> io::Result<bool> {
+    pub(crate) fn prepare_stage_dirs(stage_dir: &Path, output_dir: &Path) -> io::Result<bool> {
         match fs::create_dir(stage_dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -448,7 +448,7 @@ impl RunDir {
     /// Records the plan the run uses, in its own format, and `run.json` with the directory
     /// its relative paths mean; a plan copy of the other format left by an earlier start of
     /// the run is removed.
-    pub fn record_plan(
+    pub(crate) fn record_plan(
         &self,
         source: &str,
         format: PlanFormat,
@@ -548,13 +548,13 @@ pub fn run_plan_location(root: &Path) -> Result<(PathBuf, PlanFormat, PathBuf), 
 /// temporary file beside it, renamed over it), without waiting for the disk: for files the
 /// journal can rebuild (`report.json`, `plan.resolved.json`, results), which a crash may leave
 /// at their previous version. On failure the temporary file is removed.
-pub fn write_replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, |file| file.write_all(bytes), false)
 }
 
 /// [`write_replace`] of what `fill` writes, streamed through a buffer: a large file (the
 /// report of a 100,000-stage sweep) is never held in memory whole.
-pub fn write_replace_with(
+pub(crate) fn write_replace_with(
     path: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<()> {
@@ -570,7 +570,7 @@ pub fn write_replace_with(
 }
 
 /// [`write_replace_with`] of `value` as pretty JSON and a newline.
-pub fn write_json_replace(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
+pub(crate) fn write_json_replace(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
     write_replace_with(path, |out| {
         serde_json::to_writer_pretty(&mut *out, value).map_err(io::Error::other)?;
         out.write_all(b"\n")
@@ -580,7 +580,7 @@ pub fn write_json_replace(path: &Path, value: &impl serde::Serialize) -> io::Res
 /// Writes `bytes` to `path` so that readers see the old content or the new, never a mix,
 /// durably: a temporary file beside it, fsync, rename, fsync of the directory. On failure
 /// the temporary file is removed and the old content stays.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, |file| file.write_all(bytes), true)
 }
 
