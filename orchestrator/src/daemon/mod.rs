@@ -190,7 +190,7 @@ impl Daemon {
     /// Whether a validated plan can run on this daemon's host (the check every run makes
     /// before its first stage), so that a plan that cannot is refused in the answer to its
     /// `submit` rather than accepted and then failed.
-    pub fn preflight(&self, plan: &Accepted) -> Result<(), crate::run::preflight::Refusal> {
+    pub(crate) fn preflight(&self, plan: &Accepted) -> Result<(), crate::run::preflight::Refusal> {
         let job = crate::slurm::Allocation::detect();
         crate::run::preflight::check(&plan.loaded, &self.host, job.as_ref()).map(|_| ())
     }
