@@ -63,7 +63,7 @@ mod tests {
     fn a_second_hold_on_one_runs_directory_is_refused_naming_the_holder() {
         let dir = crate::testutil::scratch("runs-lock");
         let first = RunsDirLock::acquire(&dir).unwrap();
-        let written = std::fs::read_to_string(first.path()).unwrap();
+        let written = std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap();
         assert_eq!(written.trim(), std::process::id().to_string());
         // Another open file description of the same file conflicts, as another process's does.
         let err = RunsDirLock::acquire(&dir).unwrap_err().to_string();

@@ -31,6 +31,18 @@ fn refused(code_: ErrorCode, error: &str) -> ExitCode {
     }
 }
 
+/// The exit status of an answer other than the one asked for: an error answer's (said
+/// first), or 4 for an answer that makes no sense here or none at all.
+fn not_expected(answer: Result<Response, ClientError>) -> ExitCode {
+    match answer {
+        Ok(Response::Error { code: c, error, .. }) => refused(c, &error),
+        Ok(other) => failed(ClientError::Protocol(format!(
+            "unexpected answer {other:?}"
+        ))),
+        Err(e) => failed(e),
+    }
+}
+
 fn connect(socket: &Path) -> Result<Client, ExitCode> {
     Client::connect(socket).map_err(failed)
 }
@@ -73,13 +85,7 @@ fn follow(client: &mut Client, id: &str, from: u64, json: bool) -> ExitCode {
                 }
                 return outcome(&run);
             }
-            Ok(Response::Error { code: c, error, .. }) => return refused(c, &error),
-            Ok(other) => {
-                return failed(ClientError::Protocol(format!(
-                    "unexpected answer {other:?}"
-                )))
-            }
-            Err(e) => return failed(e),
+            other => return not_expected(other),
         }
     }
 }
@@ -133,13 +139,7 @@ pub(crate) fn submit(
             }
             id
         }
-        Ok(Response::Error { code: c, error, .. }) => return refused(c, &error),
-        Ok(other) => {
-            return failed(ClientError::Protocol(format!(
-                "unexpected answer {other:?}"
-            )))
-        }
-        Err(e) => return failed(e),
+        other => return not_expected(other),
     };
     if watch {
         return follow(&mut client, &id, 0, json);
@@ -167,11 +167,7 @@ fn wait_on(client: &mut Client, id: &str, json: bool) -> ExitCode {
             }
             outcome(&run)
         }
-        Ok(Response::Error { code: c, error, .. }) => refused(c, &error),
-        Ok(other) => failed(ClientError::Protocol(format!(
-            "unexpected answer {other:?}"
-        ))),
-        Err(e) => failed(e),
+        other => not_expected(other),
     }
 }
 
@@ -209,11 +205,7 @@ pub(crate) fn runs(socket: &Path, json: bool) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Ok(Response::Error { code: c, error, .. }) => refused(c, &error),
-        Ok(other) => failed(ClientError::Protocol(format!(
-            "unexpected answer {other:?}"
-        ))),
-        Err(e) => failed(e),
+        other => not_expected(other),
     }
 }
 
@@ -248,11 +240,7 @@ pub(crate) fn cancel(socket: &Path, id: &str, kill: bool) -> ExitCode {
             eprintln!("{id}: cancelling");
             ExitCode::SUCCESS
         }
-        Ok(Response::Error { code: c, error, .. }) => refused(c, &error),
-        Ok(other) => failed(ClientError::Protocol(format!(
-            "unexpected answer {other:?}"
-        ))),
-        Err(e) => failed(e),
+        other => not_expected(other),
     }
 }
 
@@ -278,10 +266,6 @@ pub(crate) fn shutdown(socket: &Path, cancel: bool) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Ok(Response::Error { code: c, error, .. }) => refused(c, &error),
-        Ok(other) => failed(ClientError::Protocol(format!(
-            "unexpected answer {other:?}"
-        ))),
-        Err(e) => failed(e),
+        other => not_expected(other),
     }
 }
