@@ -1,15 +1,15 @@
 //! One attempt of one stage: its files prepared (`prepare`, ahead of time by the
 //! `preparer` thread), its contract with the stage (`contract`, `rendezvous`), its start
-//! ([`launch`]), its supervision to a verdict (`supervise`) and how it ended (`outcome`), the
-//! events it sends (`channel`), its output shown as it comes (`echo`), its outputs checked
+//! ([`launch`]), its supervision to a verdict (`supervise`) and how it ended ([`outcome`]), the
+//! events it sends ([`channel`]), its output shown as it comes (`echo`), its outputs checked
 //! (`outputs`), and the stage that starts the moment it ends (`handover`).
 
-pub(crate) mod channel;
+pub mod channel;
 pub(crate) mod contract;
 pub(crate) mod echo;
 pub(crate) mod handover;
 pub mod launch;
-pub(crate) mod outcome;
+pub mod outcome;
 pub(crate) mod outputs;
 pub(crate) mod prepare;
 pub(crate) mod preparer;

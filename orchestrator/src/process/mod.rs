@@ -4,7 +4,7 @@
 //!
 //! - [`spawn`]: the exec path, at a cost that does not grow with the orchestrator;
 //! - `fork_server`: built-in workers forked from a warm `stage-worker`;
-//! - `tree`: starting and stopping a stage's process tree through either;
+//! - [`tree`]: starting and stopping a stage's process tree through either;
 //! - [`reaper`]: the one place that reaps;
 //! - `scan`: a stage's members, from `/proc`;
 //! - [`guard`]: the companion that outlives a crash;
@@ -16,4 +16,4 @@ pub mod guard;
 pub mod reaper;
 pub(crate) mod scan;
 pub mod spawn;
-pub(crate) mod tree;
+pub mod tree;

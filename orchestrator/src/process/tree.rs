@@ -1,5 +1,5 @@
 //! Starting and stopping a stage's process tree. [`spawn`] is the one spawn path of the
-//! orchestrator: a built-in worker is forked by the fork server ([`crate::process::fork_server`])
+//! orchestrator: a built-in worker is forked by the fork server (`crate::process::fork_server`)
 //! when it can be, and exec'd otherwise; both give the same process, as promised below.
 //!
 //! Promises:
@@ -243,7 +243,7 @@ fn describe(leader: i32, token: &str) -> Vec<StoppedProcess> {
 
 /// Stops every process of the stage: SIGTERM (unless `grace` is zero), up to `grace` for them
 /// to exit, then SIGKILL; returns once none is alive, or after 10 s more with the survivors.
-/// The stage is then over: orphans born later are not its ([`scan::forget_stage`]).
+/// The stage is then over: orphans born later are not its (`scan::forget_stage`).
 pub async fn stop_tree(leader: i32, token: &str, grace: Duration, reaper: &Reaper) -> StopSummary {
     /// Forgets the stage however `stop_tree` ends (returned, or dropped half-way).
     struct Over(i32);
