@@ -183,8 +183,14 @@ def main():
     binary = os.path.abspath(args.bin)
     # The binaries each plan runs with, in this order in every repetition.
     bins = [("", binary)] + ([(" [baseline]", os.path.abspath(args.baseline))] if args.baseline else [])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    def git(*argv):
+        # A copy of the tree without its history (the GPU machine's) has no commit to name.
+        try:
+            return subprocess.run(["git", *argv], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+    commit = os.environ.get("BENCH_COMMIT") or git("rev-parse", "--short", "HEAD")
+    dirty = "" if os.environ.get("BENCH_COMMIT") else git("status", "--porcelain", "--untracked-files=no")
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
