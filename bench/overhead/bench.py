@@ -26,6 +26,7 @@ stage started (from the journal), and, once per size, `orchestrate validate` wal
   --baseline OLD_BIN          also runs OLD_BIN on every plan of every repetition, right after
                               the new binary (each run bracketed by loop runs as above), and
                               gives each plan's new/old ratio of stages/s in the same run
+  --alternate                 with --baseline: the baseline first in every other repetition
 """
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
 
@@ -175,6 +176,9 @@ def main():
                          "(default: all, in the order above)")
     ap.add_argument("--baseline", default=None,
                     help="an older orchestrate binary run beside --bin on every plan (A/B in one run)")
+    ap.add_argument("--alternate", action="store_true",
+                    help="with --baseline: the baseline runs first in every other repetition (ABBA), "
+                         "so neither binary always follows the other")
     args = ap.parse_args()
     if args.plans:
         unknown = set(args.plans.split(",")) - set(PLAN_NAMES)
@@ -200,6 +204,7 @@ def main():
         # Other work on the machine skews a 2-core benchmark: its load when this began and ended.
         "load_average_1_5_15_min_at_start": os.getloadavg(),
         "plans_in_order": args.plans,
+        "alternate": args.alternate,
         "baseline": ({"bin": os.path.abspath(args.baseline),
                       "version": subprocess.run([args.baseline, "--version"], capture_output=True,
                                                 text=True).stdout.strip()}
@@ -231,7 +236,8 @@ def main():
             size["settle_s"].append(settle())
             loops.append(run_loop(n))
             for rep in range(reps):
-                for (name, plan), (label, exe) in ((p, b) for p in plans.items() for b in bins):
+                order = bins[::-1] if args.alternate and rep % 2 else bins
+                for (name, plan), (label, exe) in ((p, b) for p in plans.items() for b in order):
                     run_dir = os.path.join(d, f"run-{name}-{n}-{rep}{'-baseline' if label else ''}")
                     size["settle_s"].append(settle())
                     # Kept until the end: see the README on deleting during the benchmark.
