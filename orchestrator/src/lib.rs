@@ -11,7 +11,8 @@
 //! - [`gpu`] is the NVML inventory and the reclaim verdict;
 //! - [`store`] makes a run durable (run directory, journal, resume), [`report`] makes it
 //!   readable (console, `report.json`, results);
-//! - [`plan`] loads and validates plans.
+//! - [`plan`] loads and validates plans;
+//! - [`table`] and [`timefmt`] are plain-text helpers every layer may use.
 
 pub mod attempt;
 pub mod daemon;
@@ -25,6 +26,7 @@ pub mod report;
 pub mod run;
 pub mod slurm;
 pub mod store;
+pub mod table;
 #[cfg(test)]
 mod testutil;
 pub mod timefmt;

@@ -40,7 +40,7 @@ pub struct Opened {
     pub socket: PathBuf,
     /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]), and
     /// the log files once its process has them.
-    pub discards: Option<crate::attempt::channel::Discards>,
+    pub discards: Option<crate::process::discard::Discards>,
 }
 
 impl Opened {

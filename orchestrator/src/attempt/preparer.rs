@@ -67,7 +67,7 @@ pub(crate) struct Preparer {
     thread: Option<std::thread::JoinHandle<()>>,
     /// Socket files of ended attempts and log files of started ones, closed (and removed) by
     /// the thread.
-    discards: crate::attempt::channel::Discards,
+    discards: crate::process::discard::Discards,
 }
 
 impl Preparer {
@@ -85,7 +85,7 @@ impl Preparer {
         let table = written.clone();
         let opening = Arc::new(AtomicUsize::new(0));
         let open_count = opening.clone();
-        let discards = crate::attempt::channel::Discards::default();
+        let discards = crate::process::discard::Discards::default();
         let to_remove = discards.clone();
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
@@ -265,7 +265,7 @@ impl Drop for Preparer {
 }
 
 /// Closes the listeners and log files and removes the socket files in `discards`.
-fn remove_all(discards: &crate::attempt::channel::Discards) {
+fn remove_all(discards: &crate::process::discard::Discards) {
     let ended = std::mem::take(&mut *discards.lock().unwrap_or_else(|e| e.into_inner()));
     for discarded in ended {
         discarded.remove();
@@ -423,14 +423,14 @@ mod tests {
         discards
             .lock()
             .unwrap()
-            .push(crate::attempt::channel::Discarded::Logs([
+            .push(crate::process::discard::Discarded::Logs([
                 claimed.stdout.into(),
                 claimed.stderr.into(),
             ]));
         discards
             .lock()
             .unwrap()
-            .push(crate::attempt::channel::Discarded::Socket {
+            .push(crate::process::discard::Discarded::Socket {
                 path: socket(0),
                 listener: Some(claimed.events),
             });
@@ -456,7 +456,7 @@ mod tests {
         discards
             .lock()
             .unwrap()
-            .push(crate::attempt::channel::Discarded::Socket {
+            .push(crate::process::discard::Discarded::Socket {
                 path: late.clone(),
                 listener: None,
             });

@@ -8,9 +8,11 @@
 //! - [`reaper`]: the one place that reaps;
 //! - `scan`: a stage's members, from `/proc`;
 //! - [`guard`]: the companion that outlives a crash;
-//! - `backoff`: polling for what is expected to happen soon.
+//! - `backoff`: polling for what is expected to happen soon;
+//! - [`discard`]: what is closed off the scheduling thread.
 
 pub(crate) mod backoff;
+pub mod discard;
 pub(crate) mod fork_server;
 pub mod guard;
 pub mod reaper;

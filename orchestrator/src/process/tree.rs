@@ -41,7 +41,7 @@ pub struct Launch {
     pub gpu_holders: Vec<u32>,
     /// Where `stdout` and `stderr` go once the stage has its own descriptors of them (closed
     /// there, off this thread); closed here when `None`.
-    pub close_later: Option<crate::attempt::channel::Discards>,
+    pub close_later: Option<crate::process::discard::Discards>,
 }
 
 impl Launch {
@@ -49,7 +49,7 @@ impl Launch {
     fn release_logs(self) {
         if let Some(list) = self.close_later {
             list.lock().unwrap_or_else(|e| e.into_inner()).push(
-                crate::attempt::channel::Discarded::Logs([self.stdout, self.stderr]),
+                crate::process::discard::Discarded::Logs([self.stdout, self.stderr]),
             );
         }
     }

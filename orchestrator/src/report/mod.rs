@@ -2,7 +2,6 @@
 
 pub mod console;
 pub(crate) mod results;
-pub mod table;
 
 use crate::plan::LoadedPlan;
 use crate::process::reaper::ExitStatus;
@@ -214,7 +213,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
         shown.retain(|s| s.status != StageStatus::Succeeded);
         hidden += before - shown.len();
     }
-    let name_w = crate::report::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
+    let name_w = crate::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
     let mut out = String::new();
     out.push_str(&format!(
         "\n{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",

@@ -151,7 +151,7 @@ fn to_table(rows: &[Row], total: usize) -> String {
     let instances = rows
         .iter()
         .filter_map(|r| get(r, "instance").and_then(|v| v.as_str()));
-    let width = crate::report::table::column_width("instance", instances);
+    let width = crate::table::column_width("instance", instances);
     let mut out = format!("\n{:<width$}  {:<10} results\n", "instance", "status");
     let mut hidden = total - rows.len();
     for row in rows {

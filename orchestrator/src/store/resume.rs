@@ -203,7 +203,7 @@ pub(crate) fn decide_until(
 /// A table of the decisions, for `orchestrate status` and the start of a resumed run.
 pub fn render(plan: &LoadedPlan, decisions: &[Decision]) -> String {
     let names = plan.plan.stages.iter().map(|s| s.name.as_str());
-    let width = crate::report::table::column_width("stage", names);
+    let width = crate::table::column_width("stage", names);
     let mut out = String::new();
     for (stage, d) in plan.plan.stages.iter().zip(decisions) {
         let line = match d {

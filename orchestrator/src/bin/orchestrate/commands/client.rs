@@ -186,8 +186,7 @@ pub(crate) fn runs(socket: &Path, json: bool) -> ExitCode {
             let Response::Runs { runs, .. } = response else {
                 unreachable!()
             };
-            let width =
-                orchestrator::report::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
+            let width = orchestrator::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
             println!(
                 "{:<width$}  {:<11} {:>9}  waiting / directory",
                 "id", "state", "stages"

@@ -102,7 +102,7 @@ fn print_status_text(status: &RunStatus) {
     let now_ms = orchestrator::timefmt::unix_ms();
     let text = orchestrator::store::resume::render(loaded, &status.decisions);
     let names = loaded.plan.stages.iter().map(|s| s.name.as_str());
-    let width = orchestrator::report::table::column_width("stage", names);
+    let width = orchestrator::table::column_width("stage", names);
     for (line, stage) in text.lines().zip(&loaded.plan.stages) {
         match status.running_of(&stage.name) {
             Some(a) => {
