@@ -8,7 +8,7 @@
 //! and its end recorded: the next stage starts while that bookkeeping runs. Its result
 //! (`Done`) comes after, on the same channel, and its downstream stages wait for that.
 
-use super::lookahead::Lookahead;
+use super::lookahead::{Lookahead, Request};
 use super::scheduler::{Action, Event, Resources, Rules, Scheduler, Start, Stopping};
 use super::setup::Setup;
 use super::state::StageState;
@@ -47,7 +47,7 @@ pub(super) enum StageNews {
 /// The run loop's I/O: everything it writes to and starts with.
 struct Driver<'h> {
     setup: Setup,
-    pub(super) host: &'h Rc<Host>,
+    host: &'h Rc<Host>,
     /// The cancel level passed on to every running stage.
     cancel_tx: watch::Sender<CancelLevel>,
     news_tx: mpsc::UnboundedSender<StageNews>,
@@ -295,15 +295,16 @@ impl<'h> Driver<'h> {
             .lookahead
             .claim(i)
             .filter(|_| attempt == 1 && gpus.is_empty());
-        let prepared = self.lookahead.prepare_attempt(
-            setup,
-            sched.states(),
-            i,
+        let request = Request {
+            stage: i,
             attempt,
-            &gpus,
+            gpus: &gpus,
             cpu_threads,
-            written.as_ref().map(|&(fresh, _)| fresh),
-        );
+            prepared: written.as_ref().map(|&(fresh, _)| fresh),
+        };
+        let prepared = self
+            .lookahead
+            .prepare_attempt(setup, sched.states(), request);
         let attempt_plan = match prepared {
             Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, setup.slurm.as_ref()),
             Err(failure) => {

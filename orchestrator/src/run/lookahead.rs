@@ -22,6 +22,17 @@ const PREPARE_LOW: usize = 2;
 /// every spawn copies into its child until `execve` closes them).
 const PREPARE_BATCH: usize = 8;
 
+/// One attempt to plan: attempt `attempt` of stage `stage` on `gpus`; `cpu_threads`, a built-in
+/// CPU stage's share of the cores; `prepared`, whether its files were written ahead (and its
+/// output directory was new then).
+pub(super) struct Request<'g> {
+    pub(super) stage: usize,
+    pub(super) attempt: u32,
+    pub(super) gpus: &'g [GpuInfo],
+    pub(super) cpu_threads: Option<usize>,
+    pub(super) prepared: Option<bool>,
+}
+
 /// The preparer of one run and the directory of its event sockets.
 pub(super) struct Lookahead {
     // Declared before the sockets' directory: it removes the sockets it holds first.
@@ -54,18 +65,12 @@ impl Lookahead {
         self.preparer.release(i);
     }
 
-    /// The plan of attempt `attempt` of stage `i` (`prepared`: its files were written ahead,
-    /// fresh or not).
-    #[allow(clippy::too_many_arguments)]
+    /// The plan of one attempt (see [`Request`]).
     pub(super) fn prepare_attempt(
         &self,
         setup: &Setup,
         states: &[StageState],
-        i: usize,
-        attempt: u32,
-        gpus: &[GpuInfo],
-        cpu_threads: Option<usize>,
-        prepared: Option<bool>,
+        request: Request<'_>,
     ) -> std::result::Result<AttemptPlan, Failure> {
         let context = AttemptContext {
             plan: &setup.plan,
@@ -75,7 +80,14 @@ impl Lookahead {
             machine_has_gpus: !setup.cleared.gpus.is_empty(),
             socket_dir: self.sockets.path(),
         };
-        prepare_attempt(&context, i, attempt, gpus, cpu_threads, prepared)
+        let Request {
+            stage,
+            attempt,
+            gpus,
+            cpu_threads,
+            prepared,
+        } = request;
+        prepare_attempt(&context, stage, attempt, gpus, cpu_threads, prepared)
     }
 
     /// The successor of stage `after` chosen by the scheduler, planned from the files the
@@ -95,7 +107,14 @@ impl Lookahead {
         }
         let written = self.preparer.claim(j);
         let fresh = written.as_ref().map(|&(fresh, _)| fresh);
-        let planned = self.prepare_attempt(setup, sched.states(), j, 1, &[], None, fresh);
+        let request = Request {
+            stage: j,
+            attempt: 1,
+            gpus: &[],
+            cpu_threads: None,
+            prepared: fresh,
+        };
+        let planned = self.prepare_attempt(setup, sched.states(), request);
         let files = written.and_then(|(_, files)| files);
         match planned {
             Ok(p) => Some(Successor::new(after, j, kind, p, files)),
@@ -109,15 +128,14 @@ impl Lookahead {
     }
 
     /// Whether stage `j` is one whose first attempt's files the preparer should write.
-    fn wants_files(&self, setup: &Setup, sched: &Scheduler<'_>, j: usize) -> bool {
-        let on_cpu = setup.plan.plan.stages[j].gpus_wanted() == 0 || setup.cleared.gpus.is_empty();
-        sched.states()[j].attempts == 0 && on_cpu && self.preparer.untouched(j)
+    fn wants_files(&self, sched: &Scheduler<'_>, j: usize) -> bool {
+        sched.states()[j].attempts == 0 && sched.on_cpu(j) && self.preparer.untouched(j)
     }
 
     /// Queues stage `j`'s first attempt's files; `open`: it is about to start (one of the
     /// next ready ones), so its logs are opened and its socket bound too, not only written.
     fn prepare_ahead(&self, setup: &Setup, sched: &Scheduler<'_>, j: usize, open: bool) {
-        if !self.wants_files(setup, sched, j) {
+        if !self.wants_files(sched, j) {
             return;
         }
         let (plan, run_dir) = (&setup.plan, &setup.run_dir);
@@ -140,7 +158,7 @@ impl Lookahead {
             if !sched.waits_on_one(d) || !soon(d) {
                 continue;
             }
-            let batch = self.wants_files(setup, sched, d);
+            let batch = self.wants_files(sched, d);
             self.prepare_ahead(setup, sched, d, self.preparer.may_open());
             let mut at = d;
             for _ in 1..PREPARE_BATCH {
@@ -166,7 +184,7 @@ impl Lookahead {
         let short = sched
             .ready()
             .take(PREPARE_LOW + 1)
-            .any(|j| self.wants_files(setup, sched, j));
+            .any(|j| self.wants_files(sched, j));
         if sched.stopping().is_none() && short {
             for j in sched.ready().take(PREPARE_BATCH) {
                 self.prepare_ahead(setup, sched, j, true);

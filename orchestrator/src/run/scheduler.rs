@@ -451,7 +451,8 @@ impl<'p> Scheduler<'p> {
         self.plan.plan.stages[i].kind.is_some()
     }
 
-    fn on_cpu(&self, i: usize) -> bool {
+    /// Whether stage `i` runs on the CPU (it asks for no GPU, or the machine has none).
+    pub(crate) fn on_cpu(&self, i: usize) -> bool {
         self.plan.plan.stages[i].gpus_wanted() == 0 || !self.rules.machine_has_gpus
     }
 
