@@ -38,22 +38,7 @@ cp "$work/run-which/report.json" "$out/which.report.json"
 cp "$work/run-which/stages/which/output/which_gpu.json" "$out/which_gpu.json"
 
 # 2. A foreign holder during a stage.
-cat > "$work/taken.toml" <<'PLAN'
-[run]
-on_leak = "quarantine"
-[[stage]]
-name = "first"
-gpus = 1
-command = ["python3", "which_gpu.py"]
-outputs = ["which_gpu.json"]
-env = { HOLD_S = "8" }
-[[stage]]
-name = "second"
-after = ["first"]
-gpus = 1
-command = ["sh", "-c", "date +%s.%N > {output}/start.txt; python3 which_gpu.py"]
-outputs = ["which_gpu.json", "start.txt"]
-PLAN
+cp taken.toml "$work/taken.toml"
 "$bin/orchestrate" --plan "$work/taken.toml" --run-dir "$work/run-taken" > "$out/taken.console" 2>&1 &
 orch=$!
 for _ in $(seq 600); do [ -f "$work/run-taken/stages/first/output/which_gpu.json" ] && break; sleep 0.1; done

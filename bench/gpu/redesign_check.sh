@@ -28,22 +28,7 @@ sock="$work/d.sock"
 "$bin/orchestrate" daemon --socket "$sock" --runs-dir "$work/runs" > "$out/daemon/daemon.log" 2>&1 &
 daemon=$!
 for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-cat > "$work/taken.toml" <<'PLAN'
-[run]
-on_leak = "quarantine"
-[[stage]]
-name = "first"
-gpus = 1
-command = ["python3", "which_gpu.py"]
-outputs = ["which_gpu.json"]
-env = { HOLD_S = "8" }
-[[stage]]
-name = "second"
-after = ["first"]
-gpus = 1
-command = ["python3", "which_gpu.py"]
-outputs = ["which_gpu.json"]
-PLAN
+cp "$here/../frameworks/taken.toml" "$work/taken.toml"
 (cd "$work" && "$bin/orchestrate" submit taken.toml --socket "$sock" --wait) > "$out/daemon/submit.console" 2>&1 &
 submit=$!
 for _ in $(seq 600); do
