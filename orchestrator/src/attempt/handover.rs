@@ -2,9 +2,9 @@
 //!
 //! Between one stage's end and the next one's spawn, a sweep of short stages run one at a
 //! time waits for the scheduler's whole turn: the ended attempt's bookkeeping, its journal
-//! record, the next attempt's plan. When a single stage runs and the runner can already tell
+//! record, the next attempt's plan. When a single stage runs and the scheduler can already tell
 //! which stage will start when it ends, it plans that successor's first attempt while the
-//! stage runs, and the ending stage's own task spawns it at the point where the runner would
+//! stage runs, and the ending stage's own task spawns it at the point where the run loop would
 //! have started it:
 //! - [`Kind::Slot`]: the first ready stage, which starts as soon as the running stage gives its
 //!   slot back (its first process exited with 0 and nothing of its tree is left; see
@@ -12,11 +12,11 @@
 //! - [`Kind::Chain`]: the downstream stage that waits on the running stage alone, which starts
 //!   once that stage succeeded (outputs verified), when no other stage is ready.
 //!
-//! The runner records the start afterwards as if it had made it. Promises: at most one
+//! The run loop records the start afterwards as if it had made it. Promises: at most one
 //! successor is planned at a time, and only for a command stage's first attempt on the CPU; it
 //! starts at most once, only at its point, and never after a stop was asked for; a successor
 //! that does not start gives back the files opened for it (its socket file is removed) and is
-//! left to the runner, which starts it the ordinary way.
+//! left to the run loop, which starts it the ordinary way.
 
 use crate::attempt::launch::{start_attempt, AttemptPlan, CancelLevel, Launched, Opened, Services};
 use crate::attempt::outcome::Failure;
@@ -113,9 +113,9 @@ impl HandOff {
 
     /// What becomes of the stage's slot once its tree is gone with exit status 0: the
     /// successor planned for it starts there, or the slot waits for the stage's result (its
-    /// chain successor is planned, which the runner does only while nothing else is ready or
+    /// chain successor is planned, which the scheduler does only while nothing else is ready or
     /// can become ready before the stage ends: no other stage runs, no retry or GPU waits),
-    /// or the runner may give it to a ready stage now.
+    /// or the run loop may give it to a ready stage now.
     pub(crate) fn slot_freed(&self) -> Slot {
         match self.start(Kind::Slot) {
             Some(started) => Slot::HandedOver(started),
@@ -129,15 +129,15 @@ impl HandOff {
 // Returned and taken apart at once; boxing the started attempt would cost an allocation a stage.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Slot {
-    /// The successor runs in it already; the runner records it at its next turn.
+    /// The successor runs in it already; the run loop records it at its next turn.
     HandedOver(Started),
     /// Nobody can take it before the stage ends: it is given back with the result.
     NoTaker,
-    /// The runner may start a ready stage in it.
+    /// The run loop may start a ready stage in it.
     Free,
 }
 
-/// The run's planned successor, shared by the runner (which plans it) and the task of the
+/// The run's planned successor, shared by the run loop (which plans it) and the task of the
 /// stage it follows (which starts it).
 #[derive(Clone, Default)]
 pub(crate) struct NextUp(Rc<RefCell<Option<Successor>>>);
@@ -148,7 +148,7 @@ impl NextUp {
         self.0.borrow().is_none()
     }
 
-    /// Plans `successor` (replacing none: the runner plans one only while none is planned).
+    /// Plans `successor` (replacing none: the run loop plans one only while none is planned).
     pub(crate) fn plan(&self, successor: Successor) {
         let old = self.0.borrow_mut().replace(successor);
         debug_assert!(old.is_none(), "a second successor planned");
@@ -179,7 +179,7 @@ impl NextUp {
     }
 
     /// Gives back the successor planned after stage `after` if it did not start (that stage
-    /// has ended): the runner starts it the ordinary way if it still should.
+    /// has ended): the run loop starts it the ordinary way if it still should.
     pub(crate) fn abandon(&self, after: usize) {
         let taken = {
             let mut slot = self.0.borrow_mut();

@@ -51,7 +51,7 @@ impl Opened {
     }
 }
 
-/// Everything one attempt needs, resolved by the runner.
+/// Everything one attempt needs, resolved by the run loop.
 #[derive(Debug, Clone)]
 pub struct AttemptPlan {
     /// Stage name.
@@ -106,7 +106,7 @@ pub struct Services {
     /// The run's id: stage tokens are scoped by it.
     pub run_id: String,
     /// The run's quarter-second clock: when running stages sample their process tree's
-    /// memory, and when the runner writes a stage start still waiting in the journal.
+    /// memory, and when the run loop writes a stage start still waiting in the journal.
     pub tree_sampling: TreeSampling,
 }
 

@@ -9,7 +9,7 @@
 //!   hostile client costs the others nothing.
 //!
 //! Runs share the host's GPU pool and CPU budget; each is driven by
-//! [`runner::run`](crate::run::run) like a CLI run, its console a silent tap into the
+//! [`run::run`](crate::run::run) like a CLI run, its console a silent tap into the
 //! registry. On start the daemon takes its runs directory for itself and recovers its runs from
 //! their directories under `--runs-dir`: finished ones as history, the ones the daemon's end
 //! interrupted (a crash, or its own shutdown) resumed by the resume rules.

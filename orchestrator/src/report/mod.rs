@@ -1,4 +1,4 @@
-//! Building `report.json` and the end-of-run summary from the runner's state.
+//! Building `report.json` and the end-of-run summary from the run's stage states.
 
 pub mod console;
 pub(crate) mod results;
@@ -297,7 +297,7 @@ pub(crate) fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) ->
     parts.join(" ")
 }
 
-/// A run's report as of now, built one stage at a time from the runner's state as it is
+/// A run's report as of now, built one stage at a time from the run's stage states as it is
 /// written or summarised: never held whole (a 100,000-stage sweep's report is tens of
 /// megabytes of JSON). Serializes exactly as [`Report`] does.
 pub(crate) struct Snapshot<'a> {

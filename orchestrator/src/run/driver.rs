@@ -699,7 +699,7 @@ impl supervise::AttemptHooks for Hooks<'_> {
                 false
             }
             handover::Slot::NoTaker => false,
-            // True: the runner has a stage to start; the task then waits for it to.
+            // True: the run loop has a stage to start; the task then waits for it to.
             handover::Slot::Free => {
                 let _ = self.task.news_tx.send(StageNews::Freed(i));
                 true

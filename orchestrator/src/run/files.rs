@@ -3,7 +3,7 @@
 //! (every stage pending). For a sweep of 100,000 stages they are tens of megabytes of JSON,
 //! which the first stage no longer waits for.
 //!
-//! Promises: [`RunFiles::finish`] returns once both are written (or failed), and the runner
+//! Promises: [`RunFiles::finish`] returns once both are written (or failed), and the run loop
 //! calls it before it writes `report.json` itself, so the two never write it at once; a
 //! `plan.resolved.json` that cannot be written fails the run there, as it did when it was
 //! written before the first stage; a first report that cannot be written is a warning.

@@ -1,6 +1,6 @@
 //! The stop sequence of a run inside a Slurm job, once its stages have stopped: read why the
 //! job is stopping from Slurm, journal it, ask Slurm to requeue the job, and pick the exit
-//! status. The runner calls [`after_stop`] after the run was interrupted by a signal.
+//! status. The run calls [`after_stop`] after the run was interrupted by a signal.
 //!
 //! Promises: a job that was cancelled (`scancel`) is never requeued; one that Slurm already
 //! requeues is not requeued twice; every other stop asks `scontrol requeue` (30 s at most) and

@@ -6,7 +6,7 @@
 //! Durability: every record is written to the file (the kernel's page cache) before
 //! `Journal::append` returns, so a killed `orchestrate` (`kill -9`, OOM) loses nothing, with
 //! one exception: a stage's start is written with the next record, or by
-//! `Journal::flush_pending` (the runner calls it at least every quarter second while one
+//! `Journal::flush_pending` (the run loop calls it at least every quarter second while one
 //! waits), one `write` fewer per stage of a sweep. A killed `orchestrate` may lose the start of
 //! a stage that began less than that ago: the stage then counts as not started and runs again
 //! on resume (its output directory, not the journal, says whether an earlier attempt left
