@@ -24,9 +24,9 @@ pub(crate) struct RunFiles(Option<JoinHandle<Outcome>>);
 
 impl RunFiles {
     /// Starts writing `plan`'s files in `run_dir`, the report with every stage pending
-    /// (`gpu_check` and `started` as the runner's reports give them).
+    /// (`gpu_check` and `started` as the run's reports give them).
     /// Without `first_report`, only the plan (a resumed run's first report, with the stages
-    /// it keeps, is the runner's to write).
+    /// it keeps, is the run loop's to write).
     pub(crate) fn start(
         plan: Arc<LoadedPlan>,
         run_dir: RunDir,
@@ -76,7 +76,7 @@ impl RunFiles {
 
 impl Drop for RunFiles {
     /// A run that ends early (an error) still waits for the thread: nothing writes into its
-    /// directory after the runner returned.
+    /// directory after the run returned.
     fn drop(&mut self) {
         if let Some(thread) = self.0.take() {
             let _ = thread.join();

@@ -1,5 +1,6 @@
-//! The scheduler: runs a validated plan's stages in dependency order, each attempt in a fresh
-//! process tree, as many at once as `max_parallel` and the GPUs allow.
+//! Running a validated plan: its stages in dependency order, each attempt in a fresh process
+//! tree, as many at once as `max_parallel` and the GPUs allow. The decisions are the
+//! scheduler's (`scheduler`, no I/O); the run loop (`driver`) carries them out.
 //!
 //! Promises of [`run`]: stages start only after every upstream stage succeeded and its outputs were
 //! verified; a GPU is given to one stage at a time; the journal gets a record at every state change
@@ -8,9 +9,10 @@
 //! stages gracefully (a second one kills them); when it returns no stage process is alive.
 //!
 //! While a single stage runs, the stage that will start when it ends may be started by that
-//! stage's own task at the point the runner would have started it (`crate::attempt::handover`); the
-//! runner records such a start (journal, console, its supervising task) when it learns of it,
-//! after the ending stage's own end record for a chain's next stage.
+//! stage's own task at the point the run loop would have started it
+//! (`crate::attempt::handover`); the run loop records such a start (journal, console, its
+//! supervising task) when it learns of it, after the ending stage's own end record for a
+//! chain's next stage.
 
 mod driver;
 mod ending;
