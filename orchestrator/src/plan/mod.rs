@@ -9,6 +9,7 @@
 //! Positions come from a second reading of the text into a spanned tree (see `tree`), since
 //! the typed plan keeps none.
 
+mod by_stage;
 mod decode;
 mod diagnostic;
 mod expect;
@@ -21,6 +22,7 @@ pub(crate) mod matrix;
 mod params;
 pub(crate) mod placeholder;
 mod process;
+mod sections;
 mod serde_message;
 mod suggest;
 mod toml_tree;
@@ -186,11 +188,20 @@ fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
 
 /// Validates a plan given as TOML text. `source_name` names it in messages; `base_dir` is the
 /// directory stages run in (made absolute against the current directory if it is relative).
+///
+/// A long written-out plan is decoded one stage at a time, so that its whole parsed document is
+/// never held at once; any problem in it is then found and explained by reading it whole.
 pub fn parse_plan_toml(
     source: &str,
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
+    if let Some(plan) = by_stage::decode(source) {
+        let rep = Reporter::new(source, source_name);
+        if let Ok(loaded) = finish(Some(plan), None, rep, source_name, base_dir) {
+            return Ok(loaded);
+        }
+    }
     let document = toml_edit::ImDocument::parse(source).ok();
     let tree = document.as_ref().map(toml_tree::of_document);
     let mut rep = Reporter::new(source, source_name);
