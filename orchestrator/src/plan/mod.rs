@@ -60,13 +60,20 @@ pub struct LoadedPlan {
     pub downstream: Vec<Vec<usize>>,
     /// Per stage: the matrix stage and values it is an instance of (`None`: no matrix).
     pub instances: Vec<Option<matrix::Instance>>,
-    names: std::collections::HashMap<String, usize>,
+    /// Every stage index, sorted by the stage's name: a lookup by name without a second copy
+    /// of every name (4 bytes a stage).
+    by_name: Vec<u32>,
 }
 
 impl LoadedPlan {
     /// The index of the stage called `name` (names are unique in a loaded plan).
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.names.get(name).copied()
+        let stages = &self.plan.stages;
+        let at = self
+            .by_name
+            .binary_search_by(|&i| stages[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        Some(self.by_name[at] as usize)
     }
 
     /// Stage `i` as it runs: a matrix instance with its `ORCHESTRATE_MATRIX_*` variables in
@@ -295,12 +302,14 @@ fn finish(
         (plan, instances, order, upstream)
     };
     let downstream = graph::invert(&upstream);
-    let names = plan
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.name.clone(), i))
-        .collect();
+    // Fewer stages than u32 counts: 2^32 stages of a few hundred bytes each would not fit in
+    // memory long before.
+    let mut by_name: Vec<u32> = (0..plan.stages.len() as u32).collect();
+    by_name.sort_unstable_by(|&a, &b| {
+        plan.stages[a as usize]
+            .name
+            .cmp(&plan.stages[b as usize].name)
+    });
     Ok(LoadedPlan {
         plan,
         source_name: source_name.to_string(),
@@ -309,7 +318,7 @@ fn finish(
         upstream,
         downstream,
         instances,
-        names,
+        by_name,
     })
 }
 
