@@ -138,7 +138,9 @@ impl<'a> LineIndex<'a> {
 /// Collects the diagnostics of one plan, turning byte spans into positions.
 pub(crate) struct Reporter<'a> {
     source_name: &'a str,
-    index: LineIndex<'a>,
+    source: &'a str,
+    /// Built at the first position asked for: a plan with no problem never needs it.
+    index: std::cell::OnceCell<LineIndex<'a>>,
     pub(crate) diagnostics: Vec<Diagnostic>,
 }
 
@@ -146,13 +148,14 @@ impl<'a> Reporter<'a> {
     pub(crate) fn new(source: &'a str, source_name: &'a str) -> Self {
         Reporter {
             source_name,
-            index: LineIndex::new(source),
+            source,
+            index: std::cell::OnceCell::new(),
             diagnostics: Vec::new(),
         }
     }
 
     pub(crate) fn index(&self) -> &LineIndex<'a> {
-        &self.index
+        self.index.get_or_init(|| LineIndex::new(self.source))
     }
 
     /// Records a problem at `span` (a byte range of the source), if known.
@@ -165,7 +168,7 @@ impl<'a> Reporter<'a> {
     ) {
         let (line, column) = match span {
             Some(span) => {
-                let (line, column) = self.index.position(span.start);
+                let (line, column) = self.index().position(span.start);
                 (Some(line), Some(column))
             }
             None => (None, None),
@@ -182,12 +185,12 @@ impl<'a> Reporter<'a> {
 
     /// The source text of a span, if it is one.
     pub(crate) fn text(&self, span: &Range<usize>) -> Option<&'a str> {
-        self.index.source.get(span.clone())
+        self.source.get(span.clone())
     }
 
     /// The line of a byte offset, for messages that refer to another place.
     pub(crate) fn line_of(&self, offset: usize) -> usize {
-        self.index.position(offset).0
+        self.index().position(offset).0
     }
 
     /// The collected problems in source order, or `None` if there were none.

@@ -9,6 +9,7 @@
 //! Positions come from a second reading of the text into a spanned tree (see `tree`), since
 //! the typed plan keeps none.
 
+mod by_stage;
 mod decode;
 mod diagnostic;
 mod expect;
@@ -21,6 +22,7 @@ pub(crate) mod matrix;
 mod params;
 pub(crate) mod placeholder;
 mod process;
+mod sections;
 mod serde_message;
 mod suggest;
 mod toml_tree;
@@ -58,13 +60,20 @@ pub struct LoadedPlan {
     pub downstream: Vec<Vec<usize>>,
     /// Per stage: the matrix stage and values it is an instance of (`None`: no matrix).
     pub instances: Vec<Option<matrix::Instance>>,
-    names: std::collections::HashMap<String, usize>,
+    /// Every stage index, sorted by the stage's name: a lookup by name without a second copy
+    /// of every name (4 bytes a stage).
+    by_name: Vec<u32>,
 }
 
 impl LoadedPlan {
     /// The index of the stage called `name` (names are unique in a loaded plan).
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.names.get(name).copied()
+        let stages = &self.plan.stages;
+        let at = self
+            .by_name
+            .binary_search_by(|&i| stages[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        Some(self.by_name[at] as usize)
     }
 
     /// Stage `i` as it runs: a matrix instance with its `ORCHESTRATE_MATRIX_*` variables in
@@ -186,11 +195,20 @@ fn read_source(path: &Path, source_name: &str) -> Result<String, PlanError> {
 
 /// Validates a plan given as TOML text. `source_name` names it in messages; `base_dir` is the
 /// directory stages run in (made absolute against the current directory if it is relative).
+///
+/// A long written-out plan is decoded one stage at a time, so that its whole parsed document is
+/// never held at once; any problem in it is then found and explained by reading it whole.
 pub fn parse_plan_toml(
     source: &str,
     source_name: &str,
     base_dir: &Path,
 ) -> Result<LoadedPlan, PlanError> {
+    if let Some(plan) = by_stage::decode(source) {
+        let rep = Reporter::new(source, source_name);
+        if let Ok(loaded) = finish(Some(plan), None, rep, source_name, base_dir) {
+            return Ok(loaded);
+        }
+    }
     let document = toml_edit::ImDocument::parse(source).ok();
     let tree = document.as_ref().map(toml_tree::of_document);
     let mut rep = Reporter::new(source, source_name);
@@ -284,12 +302,14 @@ fn finish(
         (plan, instances, order, upstream)
     };
     let downstream = graph::invert(&upstream);
-    let names = plan
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.name.clone(), i))
-        .collect();
+    // Fewer stages than u32 counts: 2^32 stages of a few hundred bytes each would not fit in
+    // memory long before.
+    let mut by_name: Vec<u32> = (0..plan.stages.len() as u32).collect();
+    by_name.sort_unstable_by(|&a, &b| {
+        plan.stages[a as usize]
+            .name
+            .cmp(&plan.stages[b as usize].name)
+    });
     Ok(LoadedPlan {
         plan,
         source_name: source_name.to_string(),
@@ -298,7 +318,7 @@ fn finish(
         upstream,
         downstream,
         instances,
-        names,
+        by_name,
     })
 }
 

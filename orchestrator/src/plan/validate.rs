@@ -46,9 +46,15 @@ pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
     for i in 0..plan.stages.len() {
         v.check_identity(i);
     }
+    // Every input variable is checked: what the map holds is not needed past here.
+    v.variable_of = HashMap::new();
     let upstream: Vec<Vec<usize>> = (0..plan.stages.len()).map(|i| v.check_after(i)).collect();
-    for cycle in graph::find_cycles(&upstream) {
-        v.report_cycle(&cycle);
+    // An order exists exactly when there is no cycle; only then is there none to look for.
+    let order = graph::topological_order(&upstream);
+    if order.is_none() {
+        for cycle in graph::find_cycles(&upstream) {
+            v.report_cycle(&cycle);
+        }
     }
     for i in 0..plan.stages.len() {
         v.check_body(i, &upstream);
@@ -56,8 +62,10 @@ pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
     if !v.rep.diagnostics.is_empty() {
         return None;
     }
-    let order = graph::topological_order(&upstream)?;
-    Some(Graph { order, upstream })
+    Some(Graph {
+        order: order?,
+        upstream,
+    })
 }
 
 pub(crate) struct Validator<'p, 'r, 's> {

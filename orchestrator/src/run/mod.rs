@@ -135,6 +135,8 @@ async fn run_in_span(
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
+    // Kept, it would be held for the whole run (a long written-out plan's text is megabytes).
+    drop(plan_source);
     let fingerprints = crate::store::fingerprint::Background::start(plan.clone());
     let decisions = match resume {
         true => {
