@@ -20,6 +20,7 @@ mod layout;
 pub(crate) mod matrix;
 mod params;
 pub(crate) mod placeholder;
+mod preload;
 mod process;
 mod serde_message;
 mod suggest;
