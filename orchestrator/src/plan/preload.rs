@@ -10,9 +10,7 @@ fn module_problem(name: &str) -> Option<&'static str> {
     }
     let part_ok = |part: &str| {
         let mut chars = part.chars();
-        chars
-            .next()
-            .is_some_and(|c| c.is_alphabetic() || c == '_')
+        chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
             && chars.all(|c| c.is_alphanumeric() || c == '_')
     };
     (!name.split('.').all(part_ok)).then_some("is not a module name (dotted identifiers, like \"torch\" or \"transformers.models.llama\")")

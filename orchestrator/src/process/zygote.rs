@@ -231,11 +231,18 @@ fn plain_python_run(stage: &PythonStage<'_>) -> Result<PathBuf, Fallback> {
     if !is_python_name(program.rsplit('/').next().unwrap_or(program)) {
         return Err(Fallback::NotPython(program.into()));
     }
-    let path_var = stage.env.iter().rev().find(|(k, _)| *k == "PATH").map(|(_, v)| *v);
-    let (interpreter, _) = crate::process::spawn::resolve(program, path_var, stage.cwd)
-        .map_err(|source| Fallback::NotFound {
-            program: program.into(),
-            source,
+    let path_var = stage
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| *k == "PATH")
+        .map(|(_, v)| *v);
+    let (interpreter, _) =
+        crate::process::spawn::resolve(program, path_var, stage.cwd).map_err(|source| {
+            Fallback::NotFound {
+                program: program.into(),
+                source,
+            }
         })?;
     let interpreter = if interpreter.is_relative() {
         stage.cwd.join(interpreter)
