@@ -9,7 +9,7 @@ carries the new stage's stdout and stderr as SCM_RIGHTS.
 Promises:
 - the preload imports run with `PYTORCH_NVML_BASED_CUDA_CHECK=1`, and the zygote refuses to
   serve (now or before any later fork) once CUDA was initialised in it: torch says so, the
-  CUDA driver says so, it holds an NVIDIA device file, or the simulated-device flag file of
+  CUDA driver says so, it holds `/dev/nvidia-uvm` or maps a device, or the flag file of
   `STAGE_WORKER_SIMULATED_DEVICE_FLAG` exists (tests on machines without a GPU);
 - every environment variable read through `os.environ`/`os.getenv` while importing is
   listed in the ready message, so that orchestrate forks only stages whose values of them
@@ -23,6 +23,7 @@ Promises:
 import ctypes
 import json
 import os
+import re
 import runpy
 import socket
 import struct
@@ -65,17 +66,21 @@ def cuda_touched():
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
         return "torch.cuda.is_initialized() is true in the zygote"
+    # NVML (DeepSpeed's accelerator initialises it at import) opens /dev/nvidiactl and the
+    # device files but creates no context; a CUDA context opens /dev/nvidia-uvm and maps
+    # device files.
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if target.startswith("/dev/nvidia"):
-            return f"the zygote holds an open {target}: CUDA or NVML was initialised in it"
+        if target.startswith("/dev/nvidia-uvm"):
+            return f"the zygote holds an open {target}: CUDA was initialised in it"
     with open("/proc/self/maps") as maps:
         for line in maps:
-            if "/dev/nvidia" in line:
-                return "the zygote maps an NVIDIA device: CUDA was initialised in it"
+            fields = line.split()
+            if len(fields) > 5 and re.match(r"/dev/nvidia(-uvm|[0-9])", fields[5]):
+                return f"the zygote maps {fields[5]}: CUDA was initialised in it"
     try:
         cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
     except OSError:

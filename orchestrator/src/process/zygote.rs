@@ -16,9 +16,11 @@
 //!   found in the stage's `PATH` as `execvp` would and is named like an interpreter
 //!   (`python`, `python3`, `python3.12`; a virtual environment's counts as its own);
 //! - no environment variable that the preload imports read through `os.environ` differs
-//!   between the zygote and the stage (the zygote is keyed by the whole environment except
-//!   the variables orchestrate sets per stage, so in practice: a preloaded module that read
-//!   `CUDA_VISIBLE_DEVICES` or an `ORCHESTRATE_*` variable at import);
+//!   between the zygote and the stage. The zygote is keyed by the whole environment except
+//!   the variables orchestrate sets for each stage alone (`ORCHESTRATE_*`, `MASTER_PORT`):
+//!   the GPUs a stage is given (`CUDA_VISIBLE_DEVICES`) are part of the key, because
+//!   frameworks read them at import (DeepSpeed's accelerator counts the devices). So in
+//!   practice a stage falls back when a preloaded module read an `ORCHESTRATE_*` variable;
 //! - the zygote did not initialise CUDA (it checks before every fork, and NVML must not list
 //!   it on the stage's GPUs), has not exited, and answers.
 //!
@@ -58,14 +60,10 @@ pub fn enabled() -> bool {
     )
 }
 
-/// Whether orchestrate sets `name` per stage (so it is not part of a zygote's key, and the
-/// zygote does not have it).
+/// Whether orchestrate sets `name` for one stage alone (so it is not part of a zygote's key,
+/// and the zygote does not have it).
 pub fn per_stage_variable(name: &str) -> bool {
-    name.starts_with("ORCHESTRATE_")
-        || matches!(
-            name,
-            "CUDA_VISIBLE_DEVICES" | "CUDA_DEVICE_ORDER" | "MASTER_PORT" | "PET_MASTER_PORT"
-        )
+    name.starts_with("ORCHESTRATE_") || crate::attempt::rendezvous::PORT_VARS.contains(&name)
 }
 
 /// Why a stage was exec'd instead of forked from a zygote.
@@ -333,7 +331,8 @@ mod tests {
             assert!(!is_python_name(no), "{no}");
         }
         assert!(per_stage_variable("ORCHESTRATE_OUTPUT_DIR"));
-        assert!(per_stage_variable("CUDA_VISIBLE_DEVICES"));
+        assert!(per_stage_variable("MASTER_PORT"));
+        assert!(!per_stage_variable("CUDA_VISIBLE_DEVICES"));
         assert!(!per_stage_variable("HF_HOME"));
     }
 }
