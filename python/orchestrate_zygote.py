@@ -192,16 +192,17 @@ def serve(fd, modules):
     recorder.install()
     try:
         for name in modules:
-            __import__(name)
-    except BaseException as error:  # noqa: BLE001 - any failure is a refusal
-        send(sock, {"reply": "refused", "reason": f"importing the preload modules failed: {error!r}"})
-        return None
+            try:
+                __import__(name)
+            except BaseException as error:  # noqa: BLE001 - any failure is a refusal
+                send(sock, {"reply": "refused", "reason": f"importing preload module `{name}` failed: {error!r}"})
+                return None
+            why = cuda_touched()
+            if why:  # say which import did it: the user can preload less
+                send(sock, {"reply": "refused", "reason": f"after importing `{name}`, {why}"})
+                return None
     finally:
         recorder.uninstall()
-    why = cuda_touched()
-    if why:
-        send(sock, {"reply": "refused", "reason": why})
-        return None
     send(sock, {
         "reply": "ready",
         "pid": os.getpid(),
