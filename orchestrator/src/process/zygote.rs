@@ -172,15 +172,14 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
         if let Some(State::Failed(why)) = zygotes.get(&key) {
             return Err(ForkServerError::Unusable(why.clone()).into());
         }
-        if !zygotes.contains_key(&key) {
-            let state = match start(&interpreter, stage.preload, env, reaper) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = zygotes.entry(key) {
+            slot.insert(match start(&interpreter, stage.preload, env, reaper) {
                 Ok(z) => State::Serving(z),
                 Err(why) => {
                     tracing::warn!(interpreter = %interpreter.display(), "zygote unavailable: {why}; Python stages are exec'd");
                     State::Failed(Arc::new(why))
                 }
-            };
-            zygotes.insert(key, state);
+            });
         }
         let zygote = match zygotes.get_mut(&key) {
             Some(State::Serving(z)) => z,
