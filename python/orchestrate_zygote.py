@@ -62,25 +62,29 @@ class _ReadRecorder:
 
 
 def cuda_touched():
-    """Why this process must not fork stages, or None."""
+    """Why this process must not fork stages, or None: every sign found, so that a refusal
+    says all that is known."""
+    signs = []
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
-        return "torch.cuda.is_initialized() is true in the zygote"
+        signs.append("torch.cuda.is_initialized() is true")
     # NVML (DeepSpeed's accelerator initialises it at import) opens /dev/nvidiactl and the
-    # device files but creates no context; a CUDA context opens /dev/nvidia-uvm and maps
-    # device files.
+    # device files but creates no context; the CUDA driver opens /dev/nvidia-uvm when it
+    # initialises, and a context maps device files.
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
         if target.startswith("/dev/nvidia-uvm"):
-            return f"the zygote holds an open {target}: CUDA was initialised in it"
+            signs.append(f"it holds an open {target}")
+            break
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split()
             if len(fields) > 5 and re.match(r"/dev/nvidia(-uvm|[0-9])", fields[5]):
-                return f"the zygote maps {fields[5]}: CUDA was initialised in it"
+                signs.append(f"it maps {fields[5]}")
+                break
     try:
         cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
     except OSError:
@@ -88,12 +92,15 @@ def cuda_touched():
     if cuda is not None:
         count = ctypes.c_int(0)
         # CUDA_ERROR_NOT_INITIALIZED (3) is the answer of a driver nobody initialised.
-        if cuda.cuDeviceGetCount(ctypes.byref(count)) != 3:
-            return "the CUDA driver reports it was initialised in the zygote"
+        answer = cuda.cuDeviceGetCount(ctypes.byref(count))
+        if answer != 3:
+            signs.append(f"the CUDA driver answers cuDeviceGetCount with {answer}, not 3 (not initialised)")
     flag = os.environ.get(SIMULATED_FLAG)
     if flag and os.path.exists(flag):
-        return f"a device was initialised in the zygote (simulated: {flag} exists)"
-    return None
+        signs.append(f"a device was initialised in the zygote (simulated: {flag} exists)")
+    if not signs:
+        return None
+    return "CUDA was initialised in the zygote: " + "; ".join(signs)
 
 
 def send(sock, message):

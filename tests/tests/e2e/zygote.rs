@@ -290,12 +290,14 @@ fn a_zygote_that_initialised_cuda_refuses_to_serve() {
     // The zygote whose import "initialised CUDA" refused at once...
     let touches = stage_start(&run_dir, "touches");
     assert_eq!(touches["via"], "exec", "{touches}");
+    let why = touches["fallback"].as_str().unwrap();
     assert!(
-        touches["fallback"]
-            .as_str()
-            .unwrap()
-            .contains("a device was initialised in the zygote"),
+        why.contains("a device was initialised in the zygote"),
         "{touches}"
+    );
+    assert!(
+        why.contains("after importing `initcuda`"),
+        "the culprit is named: {touches}"
     );
     // ...and the first zygote, checking again before its next fork, refused too.
     let after = stage_start(&run_dir, "after");
