@@ -45,6 +45,11 @@ pub enum ForkReply {
         pid: u32,
         /// Threads in the server (forking is only safe with one).
         threads: u32,
+        /// Environment variables the server's start-up read (a Python zygote's preload
+        /// imports): a worker whose value of one differs must not be forked from it. Absent
+        /// from `stage-worker`'s server, which reads none that a stage sets.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env_read: Vec<String>,
     },
     /// The server will not fork (sent instead of `Ready`, or to a request); it exits next.
     Refused {

@@ -56,6 +56,10 @@ pub struct RunSettings {
     /// How a stage's GPUs are named in `CUDA_VISIBLE_DEVICES` (default "index").
     #[serde(default)]
     pub cuda_visible_devices: VisibleDevices,
+    /// Modules every Python command stage (`python SCRIPT` / `python -m MODULE`) gets
+    /// preloaded: it is forked from a zygote that imported them (default none: exec'd).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preload: Vec<String>,
 }
 
 fn default_grace() -> HumanDuration {
@@ -81,6 +85,7 @@ impl Default for RunSettings {
             fail_fast: false,
             worker: None,
             cuda_visible_devices: VisibleDevices::default(),
+            preload: Vec::new(),
         }
     }
 }
@@ -179,6 +184,10 @@ pub struct Stage {
     /// orchestrator, assigns them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_per_task: Option<u32>,
+    /// A Python command stage: modules its zygote imports before forking it (replaces
+    /// `[run] preload`; `[]` execs it). Command stages only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preload: Option<Vec<String>>,
 }
 
 /// How a stage that runs through `srun` is laid out over the allocation.

@@ -148,6 +148,30 @@ pub struct StageReport {
     /// Stages run through `srun`: the GPU check of every node of the stage, after it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeGpuCheck>,
+    /// Stages with `preload`: how the last attempt's first process was started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StageStart>,
+}
+
+/// How a stage's first process was started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct StageStart {
+    /// `zygote` (forked from a Python process that had imported the stage's `preload`
+    /// modules) or `exec` (a fresh interpreter).
+    pub via: StartVia,
+    /// Why it was exec'd although it asked for the zygote (absent when forked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+}
+
+/// The path a stage's first process took; see [`StageStart`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StartVia {
+    /// Forked from the zygote.
+    Zygote,
+    /// Exec'd.
+    Exec,
 }
 
 /// Host resources of one attempt.

@@ -128,6 +128,7 @@ pub fn serve(fd: RawFd) -> i32 {
     let ready = ForkReply::Ready {
         pid: std::process::id(),
         threads: thread_count(),
+        env_read: Vec::new(),
     };
     if send(&mut sock, &ready).is_err() {
         return 1;

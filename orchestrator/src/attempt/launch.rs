@@ -87,6 +87,8 @@ pub struct AttemptPlan {
     /// the stop on its own way (the srun launcher of `slurm::launch`); SIGKILL after the grace
     /// period still goes to every process of the tree.
     pub graceful_to_leader: bool,
+    /// A command stage's `preload` (see [`crate::process::tree::Launch::preload`]).
+    pub preload: Vec<String>,
 }
 
 /// Shared services of the run.
@@ -178,6 +180,13 @@ impl Launched {
                 .map(|g| format!("GPU {} ({})", g.index, g.uuid))
                 .collect::<Vec<_>>()
                 .join(", ")
+        };
+        let placement = match &self.child.start {
+            Some(start) => match &start.fallback {
+                None => format!("{placement}, forked from the zygote"),
+                Some(why) => format!("{placement}, exec'd: {why}"),
+            },
+            None => placement,
         };
         console.stage_started(
             &self.plan.name,
@@ -274,7 +283,7 @@ pub fn start_attempt(
     };
     let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
     let gpu_holders = match &services.probe {
-        Some(probe) if plan.builtin => plan
+        Some(probe) if plan.builtin || !plan.preload.is_empty() => plan
             .gpus
             .iter()
             .flat_map(|g| probe.holders(&g.uuid))
@@ -292,6 +301,7 @@ pub fn start_attempt(
         token,
         fork_server: plan.builtin,
         gpu_holders,
+        preload: plan.preload.clone(),
         // Log files (not `--follow`'s pipes, whose copiers wait for every writer to close)
         // are closed by the thread that opened them ahead.
         close_later: discards.filter(|_| !services.follow),

@@ -116,6 +116,8 @@ pub struct AttemptResult {
     pub timing: Option<protocol::report::StageTiming>,
     /// CPU time and memory of the stage's processes.
     pub host: Option<protocol::report::HostUsage>,
+    /// Stages with `preload`: forked from the zygote, or exec'd and why.
+    pub start: Option<protocol::report::StageStart>,
 }
 
 impl AttemptResult {
@@ -133,6 +135,7 @@ impl AttemptResult {
             stderr_tail: None,
             timing: None,
             host: None,
+            start: None,
         }
     }
 }

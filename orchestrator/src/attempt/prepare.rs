@@ -359,5 +359,12 @@ pub(crate) fn prepare_attempt(
         grace: plan.plan.run.grace.get(),
         socket,
         graceful_to_leader: false,
+        preload: match &stage.command {
+            Some(_) => stage
+                .preload
+                .clone()
+                .unwrap_or_else(|| plan.plan.run.preload.clone()),
+            None => Vec::new(),
+        },
     })
 }

@@ -187,6 +187,7 @@ pub async fn supervise(
             tree_gone: tree_gone_unix,
             verified: verified_unix,
         },
+        start: child.start.take(),
     };
     conclude(plan, watched, ended, &mut cancel, hooks).await
 }
@@ -388,6 +389,7 @@ struct Ended {
     stderr_offset: u64,
     host: protocol::report::HostUsage,
     timing: protocol::report::StageTiming,
+    start: Option<protocol::report::StageStart>,
 }
 
 /// The attempt's outcome (its outputs verified when it exited cleanly) and result.
@@ -444,6 +446,7 @@ async fn conclude(
         stderr_tail: failed.then_some(stderr_tail),
         host: Some(ended.host),
         timing: Some(ended.timing),
+        start: ended.start,
     }
 }
 

@@ -143,6 +143,7 @@ impl Drop for Host {
     /// shared go with it, stopped and reaped, so that nothing of it outlives it.
     fn drop(&mut self) {
         crate::process::fork_server::shutdown();
+        crate::process::zygote::shutdown();
     }
 }
 

@@ -603,6 +603,7 @@ fn skeleton(stage: &Stage) -> Stage {
         nodes: stage.nodes,
         tasks_per_node: stage.tasks_per_node,
         gpus_per_task: stage.gpus_per_task,
+        preload: stage.preload.clone(),
     }
 }
 

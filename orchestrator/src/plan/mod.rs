@@ -21,6 +21,7 @@ mod layout;
 pub(crate) mod matrix;
 mod params;
 pub(crate) mod placeholder;
+mod preload;
 mod process;
 mod sections;
 mod serde_message;

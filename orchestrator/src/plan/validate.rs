@@ -69,9 +69,9 @@ pub(crate) fn check(plan: &Plan, tree: Option<&Node>, rep: &mut Reporter) -> Opt
 }
 
 pub(crate) struct Validator<'p, 'r, 's> {
-    plan: &'p Plan,
+    pub(super) plan: &'p Plan,
     tree: Option<&'p Node>,
-    rep: &'r mut Reporter<'s>,
+    pub(super) rep: &'r mut Reporter<'s>,
     /// Each stage name and the first stage that has it.
     first_of: HashMap<&'p str, usize>,
     /// Each input variable (`ORCHESTRATE_INPUT_<NAME>`) and the first stage it names.
@@ -198,6 +198,8 @@ impl<'p> Validator<'p, '_, '_> {
                 Some("give the path of the stage-worker binary, or leave it out".into()),
             );
         }
+        let span = run_field("preload");
+        self.check_run_preload(span);
     }
 
     /// The name: well formed and unique.
@@ -345,6 +347,7 @@ impl<'p> Validator<'p, '_, '_> {
         }
         self.check_env(i);
         self.check_outputs(i);
+        self.check_preload(i);
         self.check_task_layout(i);
     }
 

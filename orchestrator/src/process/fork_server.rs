@@ -42,11 +42,15 @@ pub fn enabled() -> bool {
     )
 }
 
-struct Server {
-    pid: i32,
+/// A running fork server (a `stage-worker` one, or a Python zygote of
+/// [`crate::process::zygote`]).
+pub(super) struct Server {
+    pub(super) pid: i32,
     sock: UnixStream,
     exit: crate::process::reaper::ExitWait,
     reaper: Reaper,
+    /// The environment variables its start-up read (see [`ForkReply::Ready`]).
+    pub(super) env_read: Vec<String>,
 }
 
 enum State {
@@ -68,9 +72,9 @@ pub enum ForkServerError {
     #[error("cannot create a socket pair: {0}")]
     SocketPair(#[source] io::Error),
     /// The server could not be started.
-    #[error("cannot start `{program} {}`: {source}", FORK_SERVER_SUBCOMMAND)]
+    #[error("cannot start the fork server `{}`: {source}", program.display())]
     Start {
-        /// The `stage-worker` binary.
+        /// The server's program (a `stage-worker` binary, or a Python interpreter).
         program: PathBuf,
         /// The failure.
         source: io::Error,
@@ -206,12 +210,13 @@ pub fn shutdown() {
 }
 
 /// Kills a server and waits (up to a second) until it has been reaped.
-fn stop(server: Server) {
+pub(super) fn stop(server: Server) {
     let Server {
         pid,
         sock,
         mut exit,
         reaper,
+        ..
     } = server;
     drop(sock);
     // SAFETY: signalling a child of ours that the reaper has not collected (it holds `exit`).
@@ -235,23 +240,32 @@ fn is_subreaper() -> bool {
 }
 
 fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServerError> {
-    if !is_subreaper() {
-        return Err(ForkServerError::NotSubreaper);
-    }
-    let (ours, theirs) = UnixStream::pair().map_err(ForkServerError::SocketPair)?;
-    let theirs_fd = theirs.as_raw_fd();
     let mut cmd = Command::new(program);
-    cmd.arg(FORK_SERVER_SUBCOMMAND)
-        .arg("--fd")
-        .arg("3")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.arg(FORK_SERVER_SUBCOMMAND).arg("--fd").arg("3");
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("ORCHESTRATE_") {
             cmd.env_remove(key);
         }
     }
+    start_server(cmd, READY_TIMEOUT, reaper)
+}
+
+/// Starts `cmd` as a fork server (its socket on descriptor 3, in a session of its own, killed
+/// when this process dies) and waits up to `ready_timeout` until it says it is ready.
+pub(super) fn start_server(
+    mut cmd: Command,
+    ready_timeout: Duration,
+    reaper: &Reaper,
+) -> Result<Server, ForkServerError> {
+    let program = PathBuf::from(cmd.get_program());
+    if !is_subreaper() {
+        return Err(ForkServerError::NotSubreaper);
+    }
+    let (ours, theirs) = UnixStream::pair().map_err(ForkServerError::SocketPair)?;
+    let theirs_fd = theirs.as_raw_fd();
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions.
     unsafe {
@@ -269,7 +283,7 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
         });
     }
     let child = cmd.spawn().map_err(|source| ForkServerError::Start {
-        program: program.to_path_buf(),
+        program: program.clone(),
         source,
     })?;
     let pid = child.id() as i32;
@@ -283,14 +297,18 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
         sock: ours,
         exit,
         reaper: reaper.clone(),
+        env_read: Vec::new(),
     };
     let ready = server
         .sock
-        .set_read_timeout(Some(READY_TIMEOUT))
+        .set_read_timeout(Some(ready_timeout))
         .map_err(ReplyError::Io)
         .and_then(|()| read_reply(&mut server.sock));
     match ready {
-        Ok(ForkReply::Ready { .. }) => Ok(server),
+        Ok(ForkReply::Ready { env_read, .. }) => {
+            server.env_read = env_read;
+            Ok(server)
+        }
         Ok(ForkReply::Refused { reason }) => {
             stop(server);
             Err(ForkServerError::Refused { reason })
@@ -306,7 +324,8 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
     }
 }
 
-fn fork(
+/// Asks `server` for a worker (see [`spawn`]); its PID.
+pub(super) fn fork(
     server: &mut Server,
     argv: &[String],
     env: &[(&str, &str)],

@@ -4,6 +4,7 @@
 //!
 //! - [`spawn`]: the exec path, at a cost that does not grow with the orchestrator;
 //! - `fork_server`: built-in workers forked from a warm `stage-worker`;
+//! - `zygote`: Python command stages forked from a process that imported their `preload`;
 //! - [`tree`]: starting and stopping a stage's process tree through either;
 //! - [`reaper`]: the one place that reaps;
 //! - `scan`: a stage's members, from `/proc`;
@@ -19,3 +20,4 @@ pub mod reaper;
 pub(crate) mod scan;
 pub mod spawn;
 pub mod tree;
+pub(crate) mod zygote;

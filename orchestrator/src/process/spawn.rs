@@ -429,7 +429,11 @@ fn forget(program: &str) {
 /// the environment has none), as `execvp` would find it (remembered per `PATH` when every entry of
 /// it is absolute; the second value says the answer came from memory). Relative results are made
 /// absolute against `cwd`, where the child will run.
-fn resolve(program: &str, path_var: Option<&str>, cwd: &Path) -> io::Result<(PathBuf, bool)> {
+pub(crate) fn resolve(
+    program: &str,
+    path_var: Option<&str>,
+    cwd: &Path,
+) -> io::Result<(PathBuf, bool)> {
     if program.contains('/') {
         return Ok((PathBuf::from(program), false));
     }

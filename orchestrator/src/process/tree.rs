@@ -39,6 +39,9 @@ pub struct Launch {
     /// PIDs that NVML lists on the stage's GPUs right now (a fork server among them has a
     /// CUDA context and is not used).
     pub gpu_holders: Vec<u32>,
+    /// A Python command stage's `preload`: forked from the zygote that imported these when it
+    /// can be (see `crate::process::zygote`); empty: exec'd.
+    pub preload: Vec<String>,
     /// Where `stdout` and `stderr` go once the stage has its own descriptors of them (closed
     /// there, off this thread); closed here when `None`.
     pub close_later: Option<crate::process::discard::Discards>,
@@ -66,6 +69,8 @@ pub struct StageProcess {
     pub started: Instant,
     /// Resolves with the first process's exit status.
     pub exit: ExitWait,
+    /// Stages with `preload`: whether it was forked from the zygote, or why not.
+    pub start: Option<protocol::report::StageStart>,
 }
 
 /// The orchestrator's environment without its own `ORCHESTRATE_*` variables: what every
@@ -125,19 +130,39 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             &launch.gpu_holders,
             reaper,
         ) {
-            Ok(pid) => {
-                scan::note_stage(pid, &launch.token);
-                let process = StageProcess {
-                    pid,
-                    token: std::mem::take(&mut launch.token),
-                    started: Instant::now(),
-                    exit: reaper.watch(pid),
-                };
-                launch.release_logs();
-                return Ok(process);
-            }
+            Ok(pid) => return Ok(forked(pid, launch, reaper, None)),
             Err(why) => tracing::debug!("not through the fork server: {why}"),
         }
+    }
+    let mut start = None;
+    if !launch.preload.is_empty() {
+        use protocol::report::{StageStart, StartVia};
+        let env = stage_environment(&launch);
+        let stage = crate::process::zygote::PythonStage {
+            argv: &launch.argv,
+            env: &env,
+            cwd: &launch.cwd,
+            stdout: &launch.stdout,
+            stderr: &launch.stderr,
+            gpu_holders: &launch.gpu_holders,
+            preload: &launch.preload,
+        };
+        let fallback = match crate::process::zygote::spawn(&stage, reaper) {
+            Ok(pid) => {
+                drop(env);
+                let via = StageStart {
+                    via: StartVia::Zygote,
+                    fallback: None,
+                };
+                return Ok(forked(pid, launch, reaper, Some(via)));
+            }
+            Err(why) => why.to_string(),
+        };
+        tracing::debug!("not forked from a zygote: {fallback}");
+        start = Some(StageStart {
+            via: StartVia::Exec,
+            fallback: Some(fallback),
+        });
     }
     let env = stage_variables(&launch);
     static DEV_NULL: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
@@ -169,9 +194,29 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         token: std::mem::take(&mut launch.token),
         started: Instant::now(),
         exit,
+        start,
     };
     launch.release_logs();
     Ok(process)
+}
+
+/// The stage process a fork server or zygote started for `launch`, registered.
+fn forked(
+    pid: i32,
+    mut launch: Launch,
+    reaper: &Reaper,
+    start: Option<protocol::report::StageStart>,
+) -> StageProcess {
+    scan::note_stage(pid, &launch.token);
+    let process = StageProcess {
+        pid,
+        token: std::mem::take(&mut launch.token),
+        started: Instant::now(),
+        exit: reaper.watch(pid),
+        start,
+    };
+    launch.release_logs();
+    process
 }
 
 impl StageProcess {

@@ -167,6 +167,7 @@ fn empty_stage(name: &str, root: &Path) -> StageReport {
         host: None,
         tasks: Vec::new(),
         nodes: Vec::new(),
+        start: None,
     }
 }
 
@@ -418,6 +419,7 @@ impl<'a> Snapshot<'a> {
             host: last.and_then(|r| r.host),
             tasks,
             nodes,
+            start: last.and_then(|r| r.start().cloned()),
         }
     }
 

@@ -80,6 +80,7 @@ struct Details {
     leftovers: Vec<StoppedProcess>,
     violations: Vec<String>,
     stderr_tail: Option<String>,
+    start: Option<protocol::report::StageStart>,
 }
 
 impl Details {
@@ -90,6 +91,7 @@ impl Details {
             && self.leftovers.is_empty()
             && self.violations.is_empty()
             && self.stderr_tail.is_none()
+            && self.start.is_none()
     }
 }
 
@@ -103,6 +105,7 @@ impl LastAttempt {
             leftovers: result.leftovers,
             violations: result.violations,
             stderr_tail: result.stderr_tail,
+            start: result.start,
         };
         LastAttempt {
             exit: result.exit,
@@ -159,6 +162,11 @@ impl LastAttempt {
         self.details
             .as_deref()
             .and_then(|d| d.stderr_tail.as_deref())
+    }
+
+    /// Stages with `preload`: how the attempt's first process was started.
+    pub(crate) fn start(&self) -> Option<&protocol::report::StageStart> {
+        self.details.as_deref().and_then(|d| d.start.as_ref())
     }
 }
 

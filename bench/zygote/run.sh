@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On the GPU machine: Python stages through the zygote (`preload`) against a fresh interpreter.
+#   1. first line: a stage that imports torch + transformers (Llama) + deepspeed, time from
+#      spawn (report.json timing.spawned) to its first line of user code; 4 chained stages
+#      through the zygote (the first waits for the zygote's own imports: reported apart) and
+#      3 exec'd (ORCHESTRATE_ZYGOTE=0);
+#   2. seed 001's DeepSpeed sweep (examples/deepspeed-seed001, small model, 3 samples):
+#      per-instance wall through the zygote and exec'd; while the zygote run runs, NVML's
+#      compute processes are sampled every 0.5 s to show the zygote never holds a context.
+# Usage: bench/zygote/run.sh BIN_DIR [REPO]   (REPO: the checkout with examples/, configs/,
+# python/ and DeepSpeed's wheels in .whl/, default this script's; results in $OUT/results.tar.gz)
+set -uo pipefail
+bin=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "${2:-$here/../..}" && pwd)
+out=${OUT:-/tmp/out}
+res=$(mktemp -d)/zygote
+mkdir -p "$out" "$res"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "$repo"/.whl/*.whl
+export PYTHONPATH="$repo/python:/tmp/site"
+export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))'):${LD_LIBRARY_PATH:-}"
+{ date -u; cat "$bin/COMMIT" 2>/dev/null;
+  nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.used --format=csv
+  python3 -c "import sys, torch, transformers, deepspeed; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" 2>/dev/null
+} > "$res/machine.txt" 2>&1
+preload='preload = ["torch", "transformers", "transformers.models.llama.modeling_llama", "deepspeed"]'
+
+# 1. First line.
+chain() { # N: N chained one-GPU stages running first_line.py
+  echo "[run]"; echo "$preload"; local prev=
+  for i in $(seq "$1"); do
+    echo "[[stage]]"; echo "name = \"s$i\""; echo "gpus = 1"
+    [ -n "$prev" ] && echo "after = [\"$prev\"]"
+    echo "command = [\"python3\", \"$here/first_line.py\"]"; prev=s$i
+  done
+}
+chain 4 > "$res/first-line-zygote.toml"
+chain 3 > "$res/first-line-exec.toml"
+timeout 150 "$bin/orchestrate" --plan "$res/first-line-zygote.toml" --run-dir "$res/run-first-zygote" > "$res/first-zygote.console" 2>&1
+echo "first-line zygote: exit $?" >> "$res/summary.txt"
+ORCHESTRATE_ZYGOTE=0 timeout 120 "$bin/orchestrate" --plan "$res/first-line-exec.toml" --run-dir "$res/run-first-exec" > "$res/first-exec.console" 2>&1
+echo "first-line exec: exit $?" >> "$res/summary.txt"
+
+# 2. Seed 001's DeepSpeed sweep, 3 samples.
+mkdir -p "$res/samples"
+cp "$repo"/configs/data/samples/sample-{0,1,2}.jsonl "$res/samples/"
+seed="$repo/examples/deepspeed-seed001"
+sed -e "s|^name = \"deepspeed-seed001\"|name = \"deepspeed-seed001\"\n$preload|" \
+    -e "s|\.\./\.\./configs/data/samples/\*\.jsonl|$res/samples/*.jsonl|" \
+    "$seed/plan.toml" > "$seed/plan-zygote.toml"
+( while sleep 0.5; do date +%s.%N; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; \
+    pgrep -f "orchestrate's zygote" | sed 's/^/zygote /'; done ) > "$res/nvml-during-zygote-sweep.txt" 2>&1 &
+sampler=$!
+timeout 170 "$bin/orchestrate" --plan "$seed/plan-zygote.toml" --run-dir "$res/run-seed-zygote" > "$res/seed-zygote.console" 2>&1
+echo "seed001 zygote: exit $?" >> "$res/summary.txt"
+kill $sampler
+ORCHESTRATE_ZYGOTE=0 timeout 200 "$bin/orchestrate" --plan "$seed/plan-zygote.toml" --run-dir "$res/run-seed-exec" > "$res/seed-exec.console" 2>&1
+echo "seed001 exec: exit $?" >> "$res/summary.txt"
+
+python3 "$here/summarize.py" "$res" >> "$res/summary.txt" 2>&1
+cat "$res/machine.txt" "$res/summary.txt"
+for d in "$res"/run-*; do
+  mkdir -p "$res/keep/$(basename "$d")"
+  cp "$d/report.json" "$res/keep/$(basename "$d")/" 2>/dev/null
+  (cd "$d" && find stages -name '*.log' | tar cf - -T -) | tar xf - -C "$res/keep/$(basename "$d")" 2>/dev/null
+done
+tar czf "$out/results.tar.gz" -C "$res" machine.txt summary.txt nvml-during-zygote-sweep.txt keep \
+  first-zygote.console first-exec.console seed-zygote.console seed-exec.console

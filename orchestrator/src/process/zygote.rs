@@ -1,0 +1,337 @@
+//! Python command stages forked from a zygote: one Python process per interpreter, preload
+//! list and shared environment, which has imported the stage's heavy modules (`preload` in
+//! the plan) without initialising CUDA, and forks each stage from there.
+//!
+//! The zygote speaks the fork server protocol of [`protocol::fork`] (its Python side,
+//! `python/orchestrate_zygote.py`, is embedded in this binary) and is started and spoken to
+//! by the same code as `stage-worker`'s fork server ([`crate::process::fork_server`]): a
+//! forked stage is re-parented to this process (a child subreaper), is in its own session,
+//! dies with it, and from then on is reaped, scanned, stopped and GPU-verified exactly like
+//! an exec'd stage. The zygote never holds a stage's process: killing it leaves every running
+//! stage alone.
+//!
+//! A stage is forked only when the zygote can promise what `exec` would have given it;
+//! otherwise [`spawn`] says why ([`Fallback`]) and the caller execs:
+//! - its command is `PYTHON SCRIPT ARGS…` or `PYTHON -m MODULE ARGS…`, where `PYTHON` is
+//!   found in the stage's `PATH` as `execvp` would and is named like an interpreter
+//!   (`python`, `python3`, `python3.12`; a virtual environment's counts as its own);
+//! - no environment variable that the preload imports read through `os.environ` differs
+//!   between the zygote and the stage. The zygote is keyed by the whole environment except
+//!   the variables orchestrate sets for each stage alone (`ORCHESTRATE_*`, `MASTER_PORT`):
+//!   the GPUs a stage is given (`CUDA_VISIBLE_DEVICES`) are part of the key, because
+//!   frameworks read them at import (DeepSpeed's accelerator counts the devices). So in
+//!   practice a stage falls back when a preloaded module read an `ORCHESTRATE_*` variable;
+//! - the zygote did not initialise CUDA (it checks before every fork, and NVML must not list
+//!   it on the stage's GPUs), has not exited, and answers.
+//!
+//! A zygote that failed once is not used again by this process. `ORCHESTRATE_ZYGOTE=0` turns
+//! zygotes off.
+
+use crate::process::fork_server::{self, ForkServerError, Server};
+use crate::process::reaper::Reaper;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Environment variable that turns zygotes off (`0`, `off`, `false`, `no`).
+pub const ENV_ZYGOTE: &str = "ORCHESTRATE_ZYGOTE";
+
+/// The zygote's Python side.
+const SOURCE: &str = include_str!("../../../python/orchestrate_zygote.py");
+
+/// How long a zygote may take to import its preload modules (`torch` + `transformers` +
+/// `deepspeed` took 10.7 s on a GPU host, 15 s on a small CPU one).
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Set in the zygote only: torch answers `is_available()` from NVML instead of initialising
+/// CUDA. Its value in the zygote is not compared with the stage's.
+const NVML_CHECK_VAR: &str = "PYTORCH_NVML_BASED_CUDA_CHECK";
+
+/// Whether Python stages with `preload` may be forked from a zygote.
+pub fn enabled() -> bool {
+    !matches!(
+        std::env::var(ENV_ZYGOTE).as_deref().map(str::trim),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+/// Whether orchestrate sets `name` for one stage alone (so it is not part of a zygote's key,
+/// and the zygote does not have it).
+pub fn per_stage_variable(name: &str) -> bool {
+    name.starts_with("ORCHESTRATE_") || crate::attempt::rendezvous::PORT_VARS.contains(&name)
+}
+
+/// Why a stage was exec'd instead of forked from a zygote.
+#[derive(Debug, thiserror::Error)]
+pub enum Fallback {
+    /// `ORCHESTRATE_ZYGOTE=0`.
+    #[error("zygotes are turned off ({ENV_ZYGOTE}=0)")]
+    Disabled,
+    /// The program is not a Python interpreter.
+    #[error("`{0}` is not a Python interpreter")]
+    NotPython(String),
+    /// The interpreter could not be found.
+    #[error("`{program}` is not found in the stage's PATH: {source}")]
+    NotFound {
+        /// argv\[0\].
+        program: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The command is not a plain `python SCRIPT` or `python -m MODULE`.
+    #[error("the command is not `python SCRIPT …` or `python -m MODULE …` (interpreter options, `-c` and launchers such as `torchrun` start fresh interpreters)")]
+    NotPlainRun,
+    /// The script does not exist (exec gives Python's own error for it).
+    #[error("the script {0} does not exist")]
+    NoScript(PathBuf),
+    /// A variable the preload imports read differs.
+    #[error("the preload imports read `{name}`, which is {} for this stage and {} in the zygote", shown(.stage), shown(.zygote))]
+    EnvRead {
+        /// The variable.
+        name: String,
+        /// Its value for the stage.
+        stage: Option<String>,
+        /// Its value in the zygote.
+        zygote: Option<String>,
+    },
+    /// The zygote cannot serve (it refused, is gone, or failed earlier).
+    #[error("the zygote cannot serve: {0}")]
+    Zygote(#[from] ForkServerError),
+}
+
+fn shown(value: &Option<String>) -> String {
+    match value {
+        Some(v) => format!("{v:?}"),
+        None => "unset".into(),
+    }
+}
+
+/// One Python stage to start: its whole environment, and the modules its zygote preloads.
+pub struct PythonStage<'a> {
+    /// The command line.
+    pub argv: &'a [String],
+    /// The stage's whole environment.
+    pub env: &'a [(&'a str, &'a str)],
+    /// Its working directory.
+    pub cwd: &'a Path,
+    /// Its stdout.
+    pub stdout: &'a OwnedFd,
+    /// Its stderr.
+    pub stderr: &'a OwnedFd,
+    /// PIDs NVML lists on the stage's GPUs now (a zygote among them is not used).
+    pub gpu_holders: &'a [u32],
+    /// The modules to preload.
+    pub preload: &'a [String],
+}
+
+struct Zygote {
+    server: Server,
+    /// The environment it was started with.
+    env: Vec<(String, String)>,
+}
+
+enum State {
+    Serving(Zygote),
+    Failed(Arc<ForkServerError>),
+}
+
+thread_local! {
+    static ZYGOTES: RefCell<HashMap<u64, State>> = RefCell::new(HashMap::new());
+}
+
+/// Starts `stage` by forking it from its zygote (started on first use, which waits for its
+/// imports). Returns the stage's PID: a child of this process in its own session, not yet
+/// registered with `reaper` (register it before the next `.await`). An error says why the
+/// caller should exec instead.
+pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> {
+    if !enabled() {
+        return Err(Fallback::Disabled);
+    }
+    let interpreter = plain_python_run(stage)?;
+    let env: Vec<(String, String)> = stage
+        .env
+        .iter()
+        .filter(|(k, _)| !per_stage_variable(k) && *k != NVML_CHECK_VAR)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([(NVML_CHECK_VAR.to_string(), "1".to_string())])
+        .collect();
+    let key = {
+        let mut sorted: Vec<&(String, String)> = env.iter().collect();
+        sorted.sort();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&interpreter, stage.preload, sorted).hash(&mut h);
+        h.finish()
+    };
+    ZYGOTES.with(|zygotes| {
+        let mut zygotes = zygotes.borrow_mut();
+        if let Some(State::Failed(why)) = zygotes.get(&key) {
+            return Err(ForkServerError::Unusable(why.clone()).into());
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = zygotes.entry(key) {
+            slot.insert(match start(&interpreter, stage.preload, env, reaper) {
+                Ok(z) => State::Serving(z),
+                Err(why) => {
+                    tracing::warn!(interpreter = %interpreter.display(), "zygote unavailable: {why}; Python stages are exec'd");
+                    State::Failed(Arc::new(why))
+                }
+            });
+        }
+        let zygote = match zygotes.get_mut(&key) {
+            Some(State::Serving(z)) => z,
+            Some(State::Failed(why)) => return Err(ForkServerError::Unusable(why.clone()).into()),
+            None => unreachable!("inserted above"),
+        };
+        env_mismatch(zygote, stage.env)?;
+        match fork_server::fork(
+            &mut zygote.server,
+            stage.argv,
+            stage.env,
+            stage.cwd,
+            stage.stdout,
+            stage.stderr,
+            stage.gpu_holders,
+        ) {
+            Ok(pid) => Ok(pid),
+            Err(why) => {
+                tracing::warn!("zygote stopped: {why}; its Python stages are exec'd from now on");
+                if let Some(State::Serving(z)) = zygotes.remove(&key) {
+                    fork_server::stop(z.server);
+                }
+                let why = Arc::new(why);
+                zygotes.insert(key, State::Failed(why.clone()));
+                Err(ForkServerError::Unusable(why).into())
+            }
+        }
+    })
+}
+
+/// Stops every zygote of this process and waits until they are gone.
+pub fn shutdown() {
+    ZYGOTES.with(|z| {
+        for (_, state) in z.borrow_mut().drain() {
+            if let State::Serving(zygote) = state {
+                fork_server::stop(zygote.server);
+            }
+        }
+    });
+}
+
+/// The interpreter of a `python SCRIPT …` / `python -m MODULE …` command, as exec would find
+/// it (not resolved further: a virtual environment's `bin/python` is what makes it one).
+fn plain_python_run(stage: &PythonStage<'_>) -> Result<PathBuf, Fallback> {
+    let program = stage.argv.first().map(String::as_str).unwrap_or("");
+    if !is_python_name(program.rsplit('/').next().unwrap_or(program)) {
+        return Err(Fallback::NotPython(program.into()));
+    }
+    let path_var = stage
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| *k == "PATH")
+        .map(|(_, v)| *v);
+    let (interpreter, _) =
+        crate::process::spawn::resolve(program, path_var, stage.cwd).map_err(|source| {
+            Fallback::NotFound {
+                program: program.into(),
+                source,
+            }
+        })?;
+    let interpreter = if interpreter.is_relative() {
+        stage.cwd.join(interpreter)
+    } else {
+        interpreter
+    };
+    match stage.argv.get(1).map(String::as_str) {
+        Some("-m") if stage.argv.get(2).is_some_and(|m| !m.starts_with('-')) => Ok(interpreter),
+        Some(script) if !script.starts_with('-') => {
+            let path = stage.cwd.join(script);
+            if path.is_file() {
+                Ok(interpreter)
+            } else {
+                Err(Fallback::NoScript(path))
+            }
+        }
+        _ => Err(Fallback::NotPlainRun),
+    }
+}
+
+/// `python`, `python3`, `python3.12`.
+fn is_python_name(name: &str) -> bool {
+    name.strip_prefix("python")
+        .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+}
+
+/// The first variable the zygote's imports read whose value differs for the stage.
+fn env_mismatch(zygote: &Zygote, stage_env: &[(&str, &str)]) -> Result<(), Fallback> {
+    for name in &zygote.server.env_read {
+        if name == NVML_CHECK_VAR {
+            continue;
+        }
+        let ours = zygote
+            .env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str());
+        let theirs = stage_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| *v);
+        if ours != theirs {
+            return Err(Fallback::EnvRead {
+                name: name.clone(),
+                stage: theirs.map(str::to_string),
+                zygote: ours.map(str::to_string),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn start(
+    interpreter: &Path,
+    preload: &[String],
+    env: Vec<(String, String)>,
+    reaper: &Reaper,
+) -> Result<Zygote, ForkServerError> {
+    let mut cmd = Command::new(interpreter);
+    cmd.arg("-c")
+        .arg(SOURCE)
+        .arg("3")
+        .args(preload)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/");
+    let server = fork_server::start_server(cmd, READY_TIMEOUT, reaper)?;
+    tracing::debug!(
+        pid = server.pid,
+        interpreter = %interpreter.display(),
+        "zygote ready, its imports read {} variables",
+        server.env_read.len()
+    );
+    Ok(Zygote { server, env })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interpreter_names_and_per_stage_variables() {
+        for yes in ["python", "python3", "python3.12"] {
+            assert!(is_python_name(yes), "{yes}");
+        }
+        for no in ["pythonw-x", "ipython", "torchrun", "python3-config", ""] {
+            assert!(!is_python_name(no), "{no}");
+        }
+        assert!(per_stage_variable("ORCHESTRATE_OUTPUT_DIR"));
+        assert!(per_stage_variable("MASTER_PORT"));
+        assert!(!per_stage_variable("CUDA_VISIBLE_DEVICES"));
+        assert!(!per_stage_variable("HF_HOME"));
+    }
+}

@@ -1,0 +1,266 @@
+"""orchestrate's zygote: one Python process that imports a stage's heavy modules once and
+forks a fresh process per stage from there.
+
+`orchestrate` runs this file (embedded in its binary) as `PYTHON -c SOURCE FD MODULE...` with
+the environment every stage of this zygote shares. It speaks the fork server protocol of
+`protocol::fork` on descriptor FD: 4-byte little-endian length, JSON body; each request
+carries the new stage's stdout and stderr as SCM_RIGHTS.
+
+Promises:
+- the preload imports run with `PYTORCH_NVML_BASED_CUDA_CHECK=1`, and the zygote refuses to
+  serve (now or before any later fork) once CUDA was initialised in it: torch says so, the
+  CUDA driver says so, it holds `/dev/nvidia-uvm` or maps a device, or the flag file of
+  `STAGE_WORKER_SIMULATED_DEVICE_FLAG` exists (tests on machines without a GPU);
+- every environment variable read through `os.environ`/`os.getenv` while importing is
+  listed in the ready message, so that orchestrate forks only stages whose values of them
+  match;
+- a stage process is re-parented to orchestrate (through an intermediate process that exits),
+  in its own session, with PR_SET_PDEATHSIG, stdin /dev/null, the stage's stdout/stderr,
+  environment, working directory and argv, and runs its script as `python script.py` or
+  `python -m module` would (sys.argv, sys.path[0], `__main__`).
+"""
+
+import ctypes
+import json
+import os
+import re
+import runpy
+import socket
+import struct
+import sys
+import time
+
+PROTOCOL_VERSION = 1
+SIMULATED_FLAG = "STAGE_WORKER_SIMULATED_DEVICE_FLAG"
+PR_SET_PDEATHSIG = 1
+
+
+class _ReadRecorder:
+    """Records the names of environment variables read through os.environ while installed."""
+
+    def __init__(self):
+        self.names = set()
+
+    def install(self):
+        recorder = self
+        plain = type(os.environ)
+
+        class Watched(plain):
+            def __getitem__(self, key):
+                recorder.names.add(key.decode() if isinstance(key, bytes) else key)
+                return plain.__getitem__(self, key)
+
+        self._plain = plain
+        os.environ.__class__ = Watched
+        if hasattr(os, "environb"):
+            os.environb.__class__ = Watched
+
+    def uninstall(self):
+        os.environ.__class__ = self._plain
+        if hasattr(os, "environb"):
+            os.environb.__class__ = self._plain
+
+
+def cuda_touched():
+    """Why this process must not fork stages, or None: every sign found, so that a refusal
+    says all that is known."""
+    signs = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
+        signs.append("torch.cuda.is_initialized() is true")
+    # NVML (DeepSpeed's accelerator initialises it at import) opens /dev/nvidiactl and the
+    # device files but creates no context; the CUDA driver opens /dev/nvidia-uvm when it
+    # initialises, and a context maps device files.
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia-uvm"):
+            signs.append(f"it holds an open {target}")
+            break
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) > 5 and re.match(r"/dev/nvidia(-uvm|[0-9])", fields[5]):
+                signs.append(f"it maps {fields[5]}")
+                break
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        cuda = None
+    if cuda is not None:
+        count = ctypes.c_int(0)
+        # CUDA_ERROR_NOT_INITIALIZED (3) is the answer of a driver nobody initialised.
+        answer = cuda.cuDeviceGetCount(ctypes.byref(count))
+        if answer != 3:
+            signs.append(f"the CUDA driver answers cuDeviceGetCount with {answer}, not 3 (not initialised)")
+    flag = os.environ.get(SIMULATED_FLAG)
+    if flag and os.path.exists(flag):
+        signs.append(f"a device was initialised in the zygote (simulated: {flag} exists)")
+    if not signs:
+        return None
+    return "CUDA was initialised in the zygote: " + "; ".join(signs)
+
+
+def send(sock, message):
+    body = json.dumps(message).encode()
+    sock.sendall(struct.pack("<I", len(body)) + body)
+
+
+def receive(sock):
+    """One request and its two descriptors, or None at end of file."""
+    head, fds, _, _ = socket.recv_fds(sock, 4, 2)
+    if not head:
+        return None
+    while len(head) < 4:
+        more = sock.recv(4 - len(head))
+        if not more:
+            raise EOFError("the request's length was cut short")
+        head += more
+    (length,) = struct.unpack("<I", head)
+    body = b""
+    while len(body) < length:
+        more = sock.recv(length - len(body))
+        if not more:
+            raise EOFError("the request was cut short")
+        body += more
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"a request carries 2 descriptors, this one {len(fds)}")
+    return json.loads(body), fds
+
+
+def become_stage(request, fds, sock, pid_pipe):
+    """In the new stage process: take on the stage's attributes. Returns its argv."""
+    parent = request["parent"]
+    deadline = time.monotonic() + 5
+    while os.getppid() != parent:
+        if time.monotonic() > deadline:
+            os._exit(1)
+        time.sleep(0.00005)
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0) != 0:
+        os._exit(1)
+    if os.getppid() != parent:  # orchestrate died before the flag was set
+        os._exit(1)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in (null, fds[0], fds[1], sock.fileno(), pid_pipe):
+        if fd > 2:
+            os.close(fd)
+    sock.detach()
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.environ.clear()
+    os.environ.update(dict(request["env"]))
+    os.chdir(request["cwd"])
+    return request["argv"]
+
+
+def fork_stage(request, fds, sock):
+    """Forks the stage through an intermediate process. In the zygote returns
+    ("forked", pid); in the stage ("stage", argv)."""
+    if request.get("v") != PROTOCOL_VERSION:
+        raise ValueError(f"request of protocol version {request.get('v')}, this zygote speaks {PROTOCOL_VERSION}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    intermediate = os.fork()
+    if intermediate == 0:
+        stage = os.fork()
+        if stage == 0:
+            os.close(read_end)
+            return "stage", become_stage(request, fds, sock, write_end)
+        os.write(write_end, struct.pack("<i", stage))
+        os._exit(0)
+    os.close(write_end)
+    for fd in fds:
+        os.close(fd)
+    data = os.read(read_end, 4)
+    os.close(read_end)
+    os.waitpid(intermediate, 0)
+    if len(data) != 4 or struct.unpack("<i", data)[0] <= 0:
+        raise OSError("the intermediate process could not fork")
+    return "forked", struct.unpack("<i", data)[0]
+
+
+def serve(fd, modules):
+    """Imports `modules`, then forks stages until end of file. Returns the argv of a stage
+    in a forked stage process, None in the zygote when it is done."""
+    sock = socket.socket(fileno=fd)
+    os.set_inheritable(fd, False)
+    recorder = _ReadRecorder()
+    recorder.install()
+    try:
+        for name in modules:
+            try:
+                __import__(name)
+            except BaseException as error:  # noqa: BLE001 - any failure is a refusal
+                send(sock, {"reply": "refused", "reason": f"importing preload module `{name}` failed: {error!r}"})
+                return None
+            why = cuda_touched()
+            if why:  # say which import did it: the user can preload less
+                send(sock, {"reply": "refused", "reason": f"after importing `{name}`, {why}"})
+                return None
+    finally:
+        recorder.uninstall()
+    send(sock, {
+        "reply": "ready",
+        "pid": os.getpid(),
+        "threads": len(os.listdir("/proc/self/task")),
+        "env_read": sorted(recorder.names),
+    })
+    while True:
+        try:
+            got = receive(sock)
+        except (OSError, ValueError, EOFError) as error:
+            send(sock, {"reply": "failed", "error": f"unreadable request: {error}"})
+            return None
+        if got is None:
+            return None
+        request, fds = got
+        why = cuda_touched()
+        if why:
+            send(sock, {"reply": "refused", "reason": why})
+            return None
+        try:
+            role, value = fork_stage(request, fds, sock)
+        except (OSError, ValueError, KeyError) as error:
+            send(sock, {"reply": "failed", "error": str(error)})
+            continue
+        if role == "stage":
+            return value
+        send(sock, {"reply": "forked", "pid": value})
+
+
+def run_as_python(argv):
+    """Runs `python script.py ARGS` or `python -m module ARGS` in this process."""
+    if argv[1] == "-m":
+        sys.argv = [argv[2]] + argv[3:]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[1]
+        sys.argv = argv[1:]
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+        runpy.run_path(script, run_name="__main__")
+
+
+def main():
+    # `-c` put the zygote's working directory first on sys.path: preload from the
+    # installed packages only; each stage gets its own sys.path[0].
+    if sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False):
+        del sys.path[0]
+    argv = serve(int(sys.argv[1]), sys.argv[2:])
+    if argv is None:
+        return
+    run_as_python(argv)
+
+
+main()

@@ -1,0 +1,414 @@
+//! Python command stages forked from a zygote (`preload`), end to end with real Python: a
+//! forked stage runs as `python SCRIPT` / `python -m MODULE` would, sooner, without importing
+//! its preload again, and its tree is reaped like an exec'd stage's; an import-time read of a
+//! per-stage variable, a zygote that initialised CUDA, and a zygote killed mid-stage all fall
+//! back to exec and leave nothing behind. The report says which path each stage took.
+
+use e2e_tests::{alive, children, orchestrate, read_report, report_stage, Scratch};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// A module whose import takes 1.5 s (a stand-in for `import torch`) and remembers the
+/// process that imported it.
+const HEAVY: &str = "import os, time\ntime.sleep(1.5)\nIMPORTED_IN = os.getpid()\n";
+
+/// A stage script (its first line of its own after `import heavy`): prints what `python SCRIPT` promises, starts a grandchild in a session of
+/// its own that would outlive it, and exits 0.
+const STAGE: &str = r#"import heavy
+import json, os, subprocess, sys, time
+first_line = time.time()
+sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+print(json.dumps({
+    "first_line": first_line,
+    "argv": sys.argv,
+    "path0": sys.path[0],
+    "name": __name__,
+    "cwd": os.getcwd(),
+    "pid": os.getpid(),
+    "imported_in": heavy.IMPORTED_IN,
+    "stage": os.environ.get("ORCHESTRATE_STAGE"),
+    "plan_var": os.environ.get("PLAN_VAR"),
+    "grandchild": sleeper.pid,
+    "sid_is_pid": os.getsid(0) == os.getpid(),
+}))
+"#;
+
+fn python_available() {
+    let ok = Command::new("python3")
+        .arg("-c")
+        .arg("import socket; socket.recv_fds")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "these tests need python3 (3.9 or later) on PATH");
+}
+
+fn write_modules(s: &Scratch) {
+    s.write("mods/heavy.py", HEAVY);
+    s.write("mods/stagemod.py", STAGE);
+    s.write("stage.py", STAGE);
+}
+
+fn run(plan: &Path, run_dir: &Path, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(orchestrate());
+    cmd.arg("--plan").arg(plan).arg("--run-dir").arg(run_dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("orchestrate runs")
+}
+
+fn stdout_json(run_dir: &Path, stage: &str) -> Value {
+    let path = run_dir.join("stages").join(stage).join("stdout.log");
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn stage_start(run_dir: &Path, stage: &str) -> Value {
+    report_stage(&read_report(run_dir), stage)["start"].clone()
+}
+
+fn journal_pids(run_dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(run_dir.join("journal.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["rec"] == "stage_started")
+        .filter_map(|r| r["pid"].as_i64().map(|p| p as i32))
+        .collect()
+}
+
+fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+fn ok(out: &Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_forked_stage_runs_like_python_would_sooner_and_is_reaped_like_an_exec_d_one() {
+    python_available();
+    let s = Scratch::new("zygote-like-exec");
+    write_modules(&s);
+    let mods = s.path().join("mods");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\"]\n\n\
+             [[stage]]\nname = \"script\"\ncommand = [\"python3\", \"stage.py\", \"--lr\", \"3\"]\n\
+             env = {{ PYTHONPATH = \"{m}\", PLAN_VAR = \"x\" }}\n\n\
+             [[stage]]\nname = \"module\"\nafter = [\"script\"]\ncommand = [\"python3\", \"-m\", \"stagemod\", \"a b\"]\n\
+             env = {{ PYTHONPATH = \"{m}\", PLAN_VAR = \"x\" }}\n",
+            m = mods.display()
+        ),
+    );
+    let zygote_dir = s.path().join("zygote");
+    ok(&run(&plan, &zygote_dir, &[]));
+    let exec_dir = s.path().join("exec");
+    ok(&run(&plan, &exec_dir, &[("ORCHESTRATE_ZYGOTE", "0")]));
+
+    let cwd = std::fs::canonicalize(s.path()).unwrap();
+    for name in ["script", "module"] {
+        let (forked, exec) = (stdout_json(&zygote_dir, name), stdout_json(&exec_dir, name));
+        // The report says which path each took.
+        assert_eq!(
+            stage_start(&zygote_dir, name),
+            serde_json::json!({"via": "zygote"})
+        );
+        let fell_back = stage_start(&exec_dir, name);
+        assert_eq!(fell_back["via"], "exec", "{fell_back}");
+        assert!(
+            fell_back["fallback"]
+                .as_str()
+                .unwrap()
+                .contains("turned off"),
+            "{fell_back}"
+        );
+        // What `python SCRIPT` / `python -m MODULE` promise, the same on both paths.
+        for key in [
+            "argv",
+            "path0",
+            "name",
+            "cwd",
+            "stage",
+            "plan_var",
+            "sid_is_pid",
+        ] {
+            assert_eq!(forked[key], exec[key], "{name}: {key}");
+        }
+        assert_eq!(forked["name"], "__main__");
+        assert_eq!(forked["stage"], name);
+        assert_eq!(forked["sid_is_pid"], true, "its own session");
+        assert_eq!(forked["cwd"], cwd.display().to_string());
+        // The preload ran in the zygote, not in the forked stage; exec imported it itself.
+        assert_ne!(forked["imported_in"], forked["pid"], "{forked}");
+        assert_eq!(exec["imported_in"], exec["pid"], "{exec}");
+        // Its first line came without the 1.5 s import; exec paid it. (The first stage of a
+        // zygote waits for the zygote's imports: the second one shows the difference.)
+        if name == "module" {
+            let spawned = |dir: &Path| {
+                report_stage(&read_report(dir), name)["timing"]["spawned"]
+                    .as_f64()
+                    .unwrap()
+            };
+            let via_zygote = forked["first_line"].as_f64().unwrap() - spawned(&zygote_dir);
+            let via_exec = exec["first_line"].as_f64().unwrap() - spawned(&exec_dir);
+            assert!(via_zygote < 1.0, "first line {via_zygote:.3} s after spawn");
+            assert!(via_exec > 1.5, "exec imports: {via_exec:.3} s");
+        }
+        // Its daemonised grandchild was found and stopped, as an exec'd stage's is.
+        for (dir, out) in [(&zygote_dir, &forked), (&exec_dir, &exec)] {
+            let grandchild = out["grandchild"].as_i64().unwrap() as i32;
+            assert!(
+                !alive(grandchild),
+                "{name}: grandchild {grandchild} outlived its stage"
+            );
+            let st = report_stage(&read_report(dir), name).clone();
+            assert_eq!(st["status"], "succeeded", "{st}");
+            assert_eq!(
+                st["leftover_processes"],
+                serde_json::json!([format!("pid {grandchild} (sleep)")]),
+                "{st}"
+            );
+        }
+    }
+    assert_eq!(
+        stdout_json(&zygote_dir, "module")["argv"][1],
+        "a b",
+        "arguments pass through"
+    );
+    for pid in journal_pids(&zygote_dir) {
+        assert!(!alive(pid), "stage process {pid} outlived the run");
+    }
+}
+
+#[test]
+fn an_import_time_read_of_a_per_stage_variable_or_another_command_falls_back_to_exec() {
+    python_available();
+    let s = Scratch::new("zygote-env-read");
+    write_modules(&s);
+    // Reads the stage's name while being imported: a zygote cannot have it right.
+    s.write(
+        "mods/readsenv.py",
+        "import os\nSTAGE_AT_IMPORT = os.environ.get('ORCHESTRATE_STAGE')\n",
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\"]\n\n\
+             [[stage]]\nname = \"plain\"\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"reads\"\npreload = [\"heavy\", \"readsenv\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"options\"\ncommand = [\"python3\", \"-u\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"shell\"\ncommand = [\"sh\", \"-c\", \"exit 0\"]\n",
+            m = s.path().join("mods").display()
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let out = run(&plan, &run_dir, &[]);
+    ok(&out);
+    assert_eq!(stage_start(&run_dir, "plain")["via"], "zygote");
+    let reads = stage_start(&run_dir, "reads");
+    assert_eq!(reads["via"], "exec", "{reads}");
+    let why = reads["fallback"].as_str().unwrap();
+    assert!(
+        why.contains("`ORCHESTRATE_STAGE`") && why.contains("\"reads\""),
+        "{why}"
+    );
+    // Exec'd, the stage imported its preload itself.
+    let st = stdout_json(&run_dir, "reads");
+    assert_eq!(st["imported_in"], st["pid"], "{st}");
+    let options = stage_start(&run_dir, "options");
+    assert!(
+        options["fallback"]
+            .as_str()
+            .unwrap()
+            .contains("not `python SCRIPT"),
+        "{options}"
+    );
+    let shell = stage_start(&run_dir, "shell");
+    assert!(
+        shell["fallback"]
+            .as_str()
+            .unwrap()
+            .contains("`sh` is not a Python interpreter"),
+        "{shell}"
+    );
+    // The console says it too.
+    let console = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        console.contains("plain: started") && console.contains("forked from the zygote"),
+        "{console}"
+    );
+    assert!(
+        console.contains("exec'd: the preload imports read `ORCHESTRATE_STAGE`"),
+        "{console}"
+    );
+}
+
+#[test]
+fn a_zygote_that_initialised_cuda_refuses_to_serve() {
+    python_available();
+    let s = Scratch::new("zygote-cuda");
+    write_modules(&s);
+    // On a machine without a GPU, "CUDA was initialised in the zygote" is simulated by the
+    // flag file the zygote's check treats as such (on a GPU host the same check looks at
+    // torch.cuda.is_initialized(), the CUDA driver and the NVIDIA device files it holds).
+    // `initcuda` stands for a preload module whose import initialises CUDA: it creates it.
+    let flag = s.path().join("cuda-initialised");
+    s.write(
+        "mods/initcuda.py",
+        &format!("open({:?}, 'w').close()\n", flag.display().to_string()),
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\"]\n\n\
+             [[stage]]\nname = \"before\"\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"touches\"\nafter = [\"before\"]\npreload = [\"heavy\", \"initcuda\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"after\"\nafter = [\"touches\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n",
+            m = s.path().join("mods").display()
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let flag_var = flag.display().to_string();
+    ok(&run(
+        &plan,
+        &run_dir,
+        &[("STAGE_WORKER_SIMULATED_DEVICE_FLAG", &flag_var)],
+    ));
+    assert_eq!(stage_start(&run_dir, "before")["via"], "zygote");
+    // The zygote whose import "initialised CUDA" refused at once...
+    let touches = stage_start(&run_dir, "touches");
+    assert_eq!(touches["via"], "exec", "{touches}");
+    let why = touches["fallback"].as_str().unwrap();
+    assert!(
+        why.contains("a device was initialised in the zygote"),
+        "{touches}"
+    );
+    assert!(
+        why.contains("after importing `initcuda`"),
+        "the culprit is named: {touches}"
+    );
+    // ...and the first zygote, checking again before its next fork, refused too.
+    let after = stage_start(&run_dir, "after");
+    assert_eq!(after["via"], "exec", "{after}");
+    assert!(
+        after["fallback"]
+            .as_str()
+            .unwrap()
+            .contains("a device was initialised in the zygote"),
+        "{after}"
+    );
+    for name in ["before", "touches", "after"] {
+        assert_eq!(
+            report_stage(&read_report(&run_dir), name)["status"],
+            "succeeded"
+        );
+    }
+}
+
+#[test]
+fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
+    python_available();
+    let s = Scratch::new("zygote-kill");
+    write_modules(&s);
+    let release = s.path().join("release");
+    s.write(
+        "wait.py",
+        &format!(
+            "import os, subprocess, time\nimport heavy\n\
+             child = subprocess.Popen(['sleep', '300'])\nprint(child.pid, flush=True)\n\
+             while not os.path.exists({:?}):\n    time.sleep(0.02)\n",
+            release.display().to_string()
+        ),
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\"]\n\n\
+             [[stage]]\nname = \"a\"\ncommand = [\"python3\", \"wait.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n",
+            m = s.path().join("mods").display()
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let orch = Command::new(orchestrate())
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let orch_pid = orch.id() as i32;
+    let a_out = run_dir.join("stages/a/stdout.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (zygote, stage_a, grandchild) = loop {
+        assert!(Instant::now() < deadline, "stage a never started");
+        let zygote = children(orch_pid)
+            .into_iter()
+            .find(|&p| cmdline(p).contains("orchestrate's zygote"));
+        let printed = std::fs::read_to_string(&a_out).unwrap_or_default();
+        if let (Some(z), Some(&a), Ok(g)) = (
+            zygote,
+            journal_pids(&run_dir).first(),
+            printed.trim().parse::<i32>(),
+        ) {
+            break (z, a, g);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(alive(stage_a) && alive(grandchild));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(
+        e2e_tests::wait_for(Duration::from_secs(5), || !alive(zygote)),
+        "the zygote is gone"
+    );
+    assert!(
+        alive(stage_a),
+        "the running stage is not the zygote's to take along"
+    );
+    std::fs::write(&release, "").unwrap();
+    let out = orch.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stage_start(&run_dir, "a")["via"], "zygote");
+    let b = stage_start(&run_dir, "b");
+    assert_eq!(b["via"], "exec", "{b}");
+    assert!(
+        b["fallback"]
+            .as_str()
+            .unwrap()
+            .contains("the zygote cannot serve"),
+        "{b}"
+    );
+    let report = read_report(&run_dir);
+    assert_eq!(report_stage(&report, "a")["status"], "succeeded");
+    assert_eq!(report_stage(&report, "b")["status"], "succeeded");
+    let b_grandchild = stdout_json(&run_dir, "b")["grandchild"].as_i64().unwrap() as i32;
+    for pid in journal_pids(&run_dir)
+        .into_iter()
+        .chain([zygote, grandchild, b_grandchild])
+    {
+        assert!(!alive(pid), "pid {pid} ({}) outlived the run", cmdline(pid));
+    }
+}
