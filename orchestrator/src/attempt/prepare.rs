@@ -359,5 +359,6 @@ pub(crate) fn prepare_attempt(
         grace: plan.plan.run.grace.get(),
         socket,
         graceful_to_leader: false,
+        limits: crate::process::cgroup::Limits::of(&stage),
     })
 }

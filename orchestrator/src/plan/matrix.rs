@@ -603,6 +603,10 @@ fn skeleton(stage: &Stage) -> Stage {
         nodes: stage.nodes,
         tasks_per_node: stage.tasks_per_node,
         gpus_per_task: stage.gpus_per_task,
+        memory: stage.memory,
+        pids: stage.pids,
+        cpus: stage.cpus,
+        retry_oom: stage.retry_oom,
     }
 }
 

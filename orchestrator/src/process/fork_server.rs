@@ -148,6 +148,7 @@ thread_local! {
 /// a child of this process, in its own session, not yet registered with `reaper` (register it
 /// before the next `.await`). `gpu_holders` are the PIDs NVML lists on the stage's GPUs; a
 /// server among them is refused. An error says why the caller should exec instead.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     argv: &[String],
     env: &[(&str, &str)],
@@ -155,6 +156,7 @@ pub fn spawn(
     stdout: &OwnedFd,
     stderr: &OwnedFd,
     gpu_holders: &[u32],
+    cgroup: Option<&std::path::Path>,
     reaper: &Reaper,
 ) -> Result<i32, ForkServerError> {
     let program = PathBuf::from(argv.first().ok_or(ForkServerError::EmptyCommand)?);
@@ -179,7 +181,7 @@ pub fn spawn(
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
-        match fork(server, argv, env, cwd, stdout, stderr, gpu_holders) {
+        match fork(server, argv, env, cwd, stdout, stderr, gpu_holders, cgroup) {
             Ok(pid) => Ok(pid),
             Err(why) => {
                 tracing::warn!(program = %program.display(), "fork server stopped: {why}; workers are exec'd from now on");
@@ -306,6 +308,7 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn fork(
     server: &mut Server,
     argv: &[String],
@@ -314,6 +317,7 @@ fn fork(
     stdout: &OwnedFd,
     stderr: &OwnedFd,
     gpu_holders: &[u32],
+    cgroup: Option<&std::path::Path>,
 ) -> Result<i32, ForkServerError> {
     if server.exit.try_wait().is_some() {
         return Err(ForkServerError::Exited);
@@ -330,6 +334,7 @@ fn fork(
             .collect(),
         cwd: cwd.to_path_buf(),
         parent: std::process::id(),
+        cgroup: cgroup.map(|c| c.to_path_buf()),
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
     send_with_fds(

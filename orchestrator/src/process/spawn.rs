@@ -47,6 +47,9 @@ pub struct Request<'a> {
     /// Whether to ask the kernel for the child's pidfd ([`Spawned::pidfd`]): creating one costs
     /// a few microseconds, wasted when the reaper learns of ends otherwise.
     pub pidfd: bool,
+    /// A cgroup's `cgroup.procs`, open for writing: the child moves itself in (writes `0` to
+    /// it) before anything else, so that all it runs is in the cgroup.
+    pub cgroup_procs: Option<BorrowedFd<'a>>,
 }
 
 /// A set of variables written out once as the `KEY=VALUE` strings `execve` takes, for every
@@ -126,6 +129,8 @@ struct Prepared {
     want_pidfd: bool,
     /// The child's pidfd from `clone3` (close-on-exec), or -1.
     pidfd: libc::c_int,
+    /// The `cgroup.procs` the child moves itself into first, or -1.
+    cgroup_procs: libc::c_int,
 }
 
 /// A started child.
@@ -252,6 +257,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         handlers_cleared: false,
         want_pidfd: req.pidfd,
         pidfd: -1,
+        cgroup_procs: req.cgroup_procs.map_or(-1, |fd| fd.as_raw_fd()),
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
     // for signal frames, of which there are none (no handler of ours runs in the child: the
@@ -352,6 +358,10 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             }
             libc::_exit(127)
         };
+        // Into the stage's cgroup before anything else (its limits hold from here on).
+        if p.cgroup_procs >= 0 && libc::write(p.cgroup_procs, b"0".as_ptr().cast(), 1) != 1 {
+            fail(p);
+        }
         // Default dispositions for every signal that has a handler (exec would reset those
         // anyway; this is for the instants before it) and for SIGPIPE, which is ignored here.
         let last = if p.handlers_cleared {
@@ -639,6 +649,7 @@ mod tests {
             stdout: out.as_fd(),
             stderr: out.as_fd(),
             pidfd: false,
+            cgroup_procs: None,
         })
         .map(|spawned| spawned.pid);
         if let Ok(pid) = pid {

@@ -416,6 +416,20 @@ pub fn warning_of(kind: &RunEventKind) -> Option<String> {
             }
             Some(line)
         }
+        RunEventKind::StageOomKilled {
+            stage,
+            attempt,
+            oom_kills,
+            peak_bytes,
+            limit_bytes,
+        } => {
+            let mib = |b: &Option<u64>| b.map_or("?".to_string(), |b| format!("{} MiB", b >> 20));
+            Some(format!(
+                "{stage}: attempt {attempt}: the kernel's OOM killer ended {oom_kills} process(es) of its cgroup (memory limit {}, peak {})",
+                mib(limit_bytes),
+                mib(peak_bytes)
+            ))
+        }
         RunEventKind::GpuQuarantined { uuid } => Some(format!(
             "GPU {uuid} quarantined: no further stage will run on it"
         )),
