@@ -174,6 +174,9 @@ pub struct HostUsage {
     /// Processes of its cgroup the kernel's OOM killer ended (`memory.events` `oom_kill`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kills: Option<u64>,
+    /// Forks its cgroup's `pids` limit refused (`pids.events` `max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_refused: Option<u64>,
 }
 
 /// How a stage's processes were held together and ended.

@@ -192,6 +192,7 @@ pub async fn supervise(
             memory_peak_bytes: cgroup.memory_peak,
             memory_limit_bytes: cgroup.memory_limit,
             oom_kills: cgroup.oom_kills,
+            pids_refused: cgroup.pids_refused,
         },
         timing: protocol::report::StageTiming {
             spawned: spawned_unix,
@@ -723,6 +724,7 @@ mod tests {
             memory_peak_bytes: Some(256 << 20),
             memory_limit_bytes: Some(256 << 20),
             oom_kills: Some(1),
+            pids_refused: None,
         };
         let killed = host_oom(Outcome::Failed(Failure::KilledExternally), &host);
         let Outcome::Failed(failure) = killed else {
