@@ -189,7 +189,10 @@ pub async fn supervise(
                 .max(usage.max_rss_bytes)
                 .max(cgroup.memory_peak.unwrap_or(0)),
             isolation: Some(isolation),
-            memory_peak_bytes: cgroup.memory_peak,
+            // Without `memory.peak` (before Linux 5.19): the highest `memory.current` sampled.
+            memory_peak_bytes: cgroup
+                .memory_peak
+                .or(cgroup.oom_kills.is_some().then_some(watched.tree_rss_peak)),
             memory_limit_bytes: cgroup.memory_limit,
             oom_kills: cgroup.oom_kills,
             pids_refused: cgroup.pids_refused,

@@ -276,8 +276,13 @@ async fn stop_cgroup(
         }
     }
     let _over = Over(leader);
+    // An empty cgroup (the usual end: the stage's one process is gone) costs one read.
+    let found = match cgroup.populated() {
+        true => named(cgroup.members()),
+        false => Vec::new(),
+    };
     let mut summary = StopSummary {
-        found: named(cgroup.members()),
+        found,
         ..Default::default()
     };
     let gone = |limit| {

@@ -445,3 +445,24 @@ pub fn warning_of(kind: &RunEventKind) -> Option<String> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_oom_kill_is_a_warning_naming_the_limit_and_the_peak() {
+        let line = warning_of(&RunEventKind::StageOomKilled {
+            stage: "prep".into(),
+            attempt: 2,
+            oom_kills: 1,
+            peak_bytes: Some(256 << 20),
+            limit_bytes: Some(256 << 20),
+        })
+        .expect("a warning");
+        assert_eq!(
+            line,
+            "prep: attempt 2: the kernel's OOM killer ended 1 process(es) of its cgroup (memory limit 256 MiB, peak 256 MiB)"
+        );
+    }
+}

@@ -155,3 +155,34 @@ fn a_limit_the_host_cannot_enforce_is_refused_with_exit_2_before_anything_runs()
     assert_eq!(result.code, Some(0), "{}", result.stderr);
     assert!(marker.exists());
 }
+
+#[test]
+fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
+    if !doctor(&[]).contains("stages get a cgroup each") {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "no cgroup v2 on CI"
+        );
+        return;
+    }
+    let scratch = Scratch::new("cgroups-fork-server");
+    let plan = scratch.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\nkind = \"train\"\n[stage.params]\nsteps = 4\nbatch_size = 4\n\
+         seq_len = 32\nseed = 3\nmodel = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }\n",
+    );
+    let result = run_plan(&scratch, &plan, &[]);
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    // The intermediate process moves itself into the stage's cgroup before forking the
+    // worker; had that failed, the fork server would have refused and the worker been exec'd.
+    let stderr = std::fs::read_to_string(result.run_dir.join("stages/a/stderr.log")).unwrap();
+    assert!(stderr.contains("started by the fork server"), "{stderr}");
+    let stage = result.stage("a");
+    assert_eq!(stage["host"]["isolation"], "cgroup", "{stage}");
+    assert_eq!(
+        stage["leftover_processes"],
+        serde_json::json!([]),
+        "{stage}"
+    );
+}

@@ -178,7 +178,8 @@ pub struct StageCgroup {
 pub struct CgroupUsage {
     /// Processes the kernel's OOM killer ended in it (`memory.events` `oom_kill`).
     pub oom_kills: Option<u64>,
-    /// Its highest memory use (`memory.peak`, Linux 5.19), bytes.
+    /// Its highest memory use (`memory.peak`, Linux 5.19), bytes. (`oom_kills` is set
+    /// whenever the memory controller is on.)
     pub memory_peak: Option<u64>,
     /// Its `memory.max`, if set.
     pub memory_limit: Option<u64>,
