@@ -15,12 +15,28 @@ set -uo pipefail
 BIN=$(realpath "$1"); OUT=$(realpath -m "$2"); mkdir -p "$OUT"
 HERE=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}   # the checkout holding bench/overhead
 W=$(mktemp -d /tmp/cgcheck.XXXXXX)
+own=/sys/fs/cgroup$(sed -n "s/^0:://p" /proc/self/cgroup)
 {
   date -u +%FT%TZ; uname -a; nvidia-smi --query-gpu=name,uuid --format=csv,noheader 2>&1
-  echo "own cgroup: $(cat /proc/self/cgroup)"
-  root=/sys/fs/cgroup; echo "subtree_control: $(cat $root/cgroup.subtree_control 2>&1)"
-  "$BIN" doctor
+  echo "own cgroup: $own"
+  echo "own cgroup.controllers: $(cat "$own/cgroup.controllers" 2>&1)"
+  echo "own cgroup.subtree_control: $(cat "$own/cgroup.subtree_control" 2>&1)"
+  echo "own cgroup.procs: $(wc -l < "$own/cgroup.procs") process(es)"
+  echo "root cgroup.subtree_control: $(cat /sys/fs/cgroup/cgroup.subtree_control 2>&1)"
+  echo "doctor (own cgroup): $("$BIN" doctor)"
 } > "$OUT/host.txt" 2>&1
+# A cgroup holding processes gives its children no controller (cgroup v2's rule, the root
+# aside): where this one does not delegate memory, a delegated subtree is made for the check
+# at the root of the hierarchy (as an administrator delegates one to a service), named to
+# orchestrate by ORCHESTRATE_CGROUP_PARENT, and removed at the end.
+PARENT=
+if ! "$BIN" doctor | grep -q "memory: yes"; then
+  PARENT=/sys/fs/cgroup/orchestrate-check-$$
+  mkdir "$PARENT" && echo "+memory +pids +cpu" > "$PARENT/cgroup.subtree_control"
+  export ORCHESTRATE_CGROUP_PARENT=$PARENT
+  echo "delegated subtree for the check: $PARENT ($(cat "$PARENT/cgroup.subtree_control"))" >> "$OUT/host.txt"
+  echo "doctor (with it): $("$BIN" doctor)" >> "$OUT/host.txt"
+fi
 cat "$OUT/host.txt"
 
 # 1. memory
@@ -76,8 +92,7 @@ TOML
 "$BIN" --plan "$W/escape.toml" --run-dir "$W/escape" > "$OUT/escape.console" 2>&1; echo "exit $?" >> "$OUT/escape.console"
 sleep 0.2
 echo "left: $(pgrep -fc "escapee-$$")" >> "$OUT/escape.console"
-own=/sys/fs/cgroup$(sed -n "s/^0:://p" /proc/self/cgroup)
-echo "run cgroups left: $(ls -d "$own"/orchestrate-* 2>/dev/null | wc -l)" >> "$OUT/escape.console"
+echo "run cgroups left: $(ls -d "${PARENT:-$own}"/orchestrate-* 2>/dev/null | wc -l)" >> "$OUT/escape.console"
 cp "$W/escape/report.json" "$OUT/escape.report.json" 2>/dev/null
 
 # 4. overhead, with and without cgroups
@@ -85,6 +100,12 @@ printf '#!/bin/sh\nORCHESTRATE_CGROUPS=0 exec %s "$@"\n' "$BIN" > "$W/nocgroups"
 python3 "$HERE/bench/overhead/bench.py" --bin "$BIN" --baseline "$W/nocgroups" --alternate \
   --sizes "${SIZES:-1000:5}" --plans independent,chain --run-base "$W" --out "$OUT/overhead.json" \
   > "$OUT/overhead.log" 2>&1
+
+# 5. the delegated subtree goes (orchestrate removed every cgroup it made under it).
+if [ -n "$PARENT" ]; then
+  echo "subtree left: $(find "$PARENT" -mindepth 1 -type d | wc -l) cgroup(s)" >> "$OUT/host.txt"
+  rmdir "$PARENT" && echo "subtree removed" >> "$OUT/host.txt"
+fi
 
 python3 - "$OUT" <<'PY'
 import json, re, sys

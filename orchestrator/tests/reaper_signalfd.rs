@@ -95,6 +95,7 @@ fn sh(
         stderr: null.as_fd(),
         pidfd: reaper.wants_pidfds(),
         cgroup_procs: None,
+        cgroup_dir: None,
     })
     .unwrap()
 }

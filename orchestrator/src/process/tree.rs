@@ -170,6 +170,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         stderr: launch.stderr.as_fd(),
         pidfd: reaper.wants_pidfds(),
         cgroup_procs: launch.cgroup.as_ref().and_then(StageCgroup::procs_fd),
+        cgroup_dir: launch.cgroup.as_ref().and_then(StageCgroup::dir_fd),
     })?;
     let exit = match spawned.pidfd {
         Some(pidfd) => reaper.watch_pidfd(spawned.pid, pidfd),

@@ -16,7 +16,8 @@ pub const LIMIT_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 pub struct HostCgroups {
     /// Where the cgroup v2 hierarchy is mounted, if it is.
     pub v2_mount: Option<PathBuf>,
-    /// This process's cgroup v2 directory (under `v2_mount`).
+    /// The cgroup v2 directory runs nest under: `ORCHESTRATE_CGROUP_PARENT` where set (a
+    /// subtree delegated to `orchestrate`), else this process's own cgroup.
     pub own: Option<PathBuf>,
     /// Controllers a child of `own` may enable (`own`'s `cgroup.subtree_control`).
     pub delegated: Vec<String>,
@@ -30,7 +31,9 @@ pub struct HostCgroups {
 
 impl HostCgroups {
     /// Reads the host's layout; `ORCHESTRATE_CGROUPS=0` (or `off`, `false`, `no`) makes it
-    /// report no cgroup v2 at all.
+    /// report no cgroup v2 at all. `ORCHESTRATE_CGROUP_PARENT=DIR` names the delegated
+    /// cgroup to nest runs under instead of this process's own (which, holding this process,
+    /// can give its children no controller unless it is the root).
     pub fn detect() -> HostCgroups {
         if matches!(
             std::env::var("ORCHESTRATE_CGROUPS")
@@ -50,8 +53,11 @@ impl HostCgroups {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let (v2_mount, v1) = parse_mounts(&mountinfo);
-        let own = match (&v2_mount, v2_path(&membership)) {
-            (Some(mount), Some(path)) => Some(mount.join(path.trim_start_matches('/'))),
+        let parent = std::env::var_os("ORCHESTRATE_CGROUP_PARENT").map(PathBuf::from);
+        let own = match (&v2_mount, v2_path(&membership), &parent) {
+            (Some(mount), _, Some(dir)) if dir.starts_with(mount) => Some(dir.clone()),
+            (_, _, Some(_)) => None,
+            (Some(mount), Some(path), None) => Some(mount.join(path.trim_start_matches('/'))),
             _ => None,
         };
         let words = |dir: &Path, file: &str| -> Vec<String> {
@@ -62,6 +68,11 @@ impl HostCgroups {
                 .collect()
         };
         let (delegated, available, writable) = match &own {
+            Some(dir) if !dir.join("cgroup.procs").exists() => (
+                Vec::new(),
+                Vec::new(),
+                Err(format!("{} is not a cgroup v2 directory", dir.display())),
+            ),
             Some(dir) => (
                 words(dir, "cgroup.subtree_control"),
                 words(dir, "cgroup.controllers"),
@@ -70,7 +81,13 @@ impl HostCgroups {
             None => (
                 Vec::new(),
                 Vec::new(),
-                Err("no cgroup v2 hierarchy is mounted".into()),
+                Err(match parent {
+                    Some(dir) => format!(
+                        "ORCHESTRATE_CGROUP_PARENT={} is not in the cgroup v2 hierarchy",
+                        dir.display()
+                    ),
+                    None => "no cgroup v2 hierarchy is mounted".into(),
+                }),
             ),
         };
         HostCgroups {

@@ -134,6 +134,7 @@ impl RunCgroup {
         // Removed again (when dropped) if a step below fails.
         let mut made = StageCgroup {
             procs: None,
+            dir_fd: None,
             memory: self.controllers.iter().any(|c| c == "memory"),
             limit: limits.memory,
             dir,
@@ -151,6 +152,7 @@ impl RunCgroup {
             .open(made.dir.join("cgroup.procs"))
             .map_err(|e| context(e, "cannot open", &made.dir.join("cgroup.procs")))?;
         made.procs = Some(procs);
+        made.dir_fd = File::open(&made.dir).ok();
         Ok(made)
     }
 }
@@ -167,6 +169,8 @@ pub struct StageCgroup {
     dir: PathBuf,
     /// `cgroup.procs`, open for writing: a child writes `0` to it to move itself in.
     procs: Option<File>,
+    /// The directory, open: `clone3` creates a child in it (`CLONE_INTO_CGROUP`).
+    dir_fd: Option<File>,
     /// Whether the memory controller is on (then `memory.*` files exist).
     memory: bool,
     /// `memory.max`, if set.
@@ -198,9 +202,9 @@ impl StageCgroup {
         self.procs.as_ref().map(|f| f.as_fd())
     }
 
-    /// Moves process `pid` in.
-    pub fn adopt(&self, pid: i32) -> io::Result<()> {
-        write_file(&self.dir.join("cgroup.procs"), &pid.to_string())
+    /// The directory, open for `CLONE_INTO_CGROUP`.
+    pub fn dir_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.dir_fd.as_ref().map(|f| f.as_fd())
     }
 
     /// Every live process in it or in a cgroup below it (zombies left out).
