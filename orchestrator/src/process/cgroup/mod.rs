@@ -6,7 +6,9 @@
 //! Layout: `<this process's cgroup>/orchestrate-<pid>-<run>/<n>-<stage>`. The run's cgroup
 //! holds no process (cgroup v2's rule for a group whose children use controllers) and enables
 //! the controllers its stages' limits need; a stage's cgroup is removed once empty, the run's
-//! when the run ends.
+//! when the run ends. In a run that enables no controller (no stage sets a limit) an empty
+//! stage cgroup holds no counter and no limit, and is kept for the next stage instead
+//! ([`RunCgroup::stage`]): a sweep of short stages is spared a `mkdir` and an `rmdir` each.
 //!
 //! - [`host`]: what the host offers (read only);
 //! - [`policy`]: whether a stage's limits are enforced, refused or left to Slurm.
@@ -21,7 +23,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// A stage's host limits, from its plan keys.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -89,6 +92,8 @@ pub struct RunCgroup {
     controllers: Vec<String>,
     /// Numbers the stages' cgroups (a stage's name may be long, or repeat over attempts).
     next: AtomicU64,
+    /// Empty stage cgroups kept for reuse (only when `controllers` is empty).
+    idle: Arc<Mutex<Vec<PathBuf>>>,
 }
 
 impl RunCgroup {
@@ -104,6 +109,7 @@ impl RunCgroup {
             dir,
             controllers: controllers.iter().map(|c| c.to_string()).collect(),
             next: AtomicU64::new(1),
+            idle: Arc::default(),
         };
         if !controllers.is_empty() {
             let line: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
@@ -119,7 +125,13 @@ impl RunCgroup {
 
     /// Makes the cgroup of one attempt of stage `name`, with `limits` written before any
     /// process is in it.
+    ///
+    /// Where the run enables no controller, an idle one is reused (named `stage-N`, not after
+    /// the stage), and the cgroup goes back to the idle ones once empty.
     pub fn stage(&self, name: &str, limits: &Limits) -> io::Result<StageCgroup> {
+        if self.controllers.is_empty() && limits.requested().is_empty() {
+            return self.reusable();
+        }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let safe: String = name
             .chars()
@@ -136,8 +148,11 @@ impl RunCgroup {
             procs: None,
             dir_fd: None,
             memory: self.controllers.iter().any(|c| c == "memory"),
+            pids: self.controllers.iter().any(|c| c == "pids"),
             limit: limits.memory,
             dir,
+            idle: None,
+            done: AtomicBool::new(false),
         };
         for (file, value) in limits.files() {
             let path = made.dir.join(file);
@@ -155,10 +170,51 @@ impl RunCgroup {
         made.dir_fd = File::open(&made.dir).ok();
         Ok(made)
     }
+
+    /// An idle stage cgroup, or a new one, that returns to the idle ones once empty.
+    fn reusable(&self) -> io::Result<StageCgroup> {
+        let kept = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let dir = match kept {
+            Some(dir) => dir,
+            None => {
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                let dir = self.dir.join(format!("stage-{n}"));
+                std::fs::create_dir(&dir).map_err(|e| context(e, "cannot create cgroup", &dir))?;
+                dir
+            }
+        };
+        let mut made = StageCgroup {
+            procs: None,
+            dir_fd: None,
+            memory: false,
+            pids: false,
+            limit: None,
+            dir,
+            idle: Some(self.idle.clone()),
+            done: AtomicBool::new(false),
+        };
+        let procs_path = made.dir.join("cgroup.procs");
+        made.procs = Some(
+            OpenOptions::new()
+                .write(true)
+                .open(&procs_path)
+                .map_err(|e| context(e, "cannot open", &procs_path))?,
+        );
+        made.dir_fd = File::open(&made.dir).ok();
+        Ok(made)
+    }
 }
 
 impl Drop for RunCgroup {
     fn drop(&mut self) {
+        for dir in self
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = remove_tree(&dir);
+        }
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
@@ -173,8 +229,14 @@ pub struct StageCgroup {
     dir_fd: Option<File>,
     /// Whether the memory controller is on (then `memory.*` files exist).
     memory: bool,
+    /// Whether the pids controller is on (then `pids.*` files exist).
+    pids: bool,
     /// `memory.max`, if set.
     limit: Option<u64>,
+    /// Where it goes back to once empty, when it is a reusable one.
+    idle: Option<Arc<Mutex<Vec<PathBuf>>>>,
+    /// Removed (or given back) already.
+    done: AtomicBool,
 }
 
 /// What a stage's cgroup counted, read once its processes are gone.
@@ -264,19 +326,35 @@ impl StageCgroup {
                 .then(|| read_number(&self.dir.join("memory.peak")))
                 .flatten(),
             memory_limit: self.limit,
-            pids_refused: events("pids.events", "max"),
+            pids_refused: self.pids.then(|| events("pids.events", "max")).flatten(),
         }
     }
 
     /// Removes it, and any cgroup a stage made below it; fails while a process is in one.
+    /// A reusable one (see [`RunCgroup::stage`]) that is empty goes back to the idle ones
+    /// instead.
     pub fn remove(&self) -> io::Result<()> {
-        remove_tree(&self.dir)
+        if self.done.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if let Some(idle) = &self.idle {
+            if !self.populated() && subgroups(&self.dir).is_empty() {
+                self.done.store(true, Ordering::Relaxed);
+                idle.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(self.dir.clone());
+                return Ok(());
+            }
+        }
+        remove_tree(&self.dir)?;
+        self.done.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 
 impl Drop for StageCgroup {
     fn drop(&mut self) {
-        let _ = remove_tree(&self.dir);
+        let _ = self.remove();
     }
 }
 
@@ -302,13 +380,19 @@ fn subgroups(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// Removes `dir` and the cgroups below it (looked for only when `dir` will not go alone).
 fn remove_tree(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
+    }
     for sub in subgroups(dir) {
         remove_tree(&sub)?;
     }
     match std::fs::remove_dir(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
+        other => other.map_err(|e| context(e, "cannot remove cgroup", dir)),
     }
 }
 
@@ -358,6 +442,71 @@ fn context(e: io::Error, what: &str, path: &Path) -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run cgroup under this process's own, where the host allows one (CI's does: it must).
+    fn run_cgroup(name: &str) -> Option<RunCgroup> {
+        let host = host::HostCgroups::detect();
+        let Some(own) = host.own.clone().filter(|_| host.usable()) else {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "no cgroup v2: {host:?}"
+            );
+            return None;
+        };
+        let name = format!("orchestrate-{}-unit-{name}", std::process::id());
+        Some(RunCgroup::create(&own, &name, &[]).unwrap())
+    }
+
+    #[test]
+    fn a_stage_cgroup_lists_its_members_kills_them_at_once_and_goes_back_to_the_run() {
+        let Some(run) = run_cgroup("kill") else {
+            return;
+        };
+        let stage = run.stage("a", &Limits::default()).unwrap();
+        let mut children: Vec<_> = (0..3)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in &children {
+            std::fs::write(stage.path().join("cgroup.procs"), child.id().to_string()).unwrap();
+        }
+        let mut members = stage.members();
+        members.sort();
+        let mut pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
+        pids.sort();
+        assert_eq!(members, pids);
+        assert!(stage.populated());
+        stage.kill();
+        for child in &mut children {
+            let status = child.wait().unwrap();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9)
+            );
+        }
+        assert!(!stage.populated() && stage.members().is_empty());
+        // Empty, in a run without limits: kept for the next stage, which gets the same one.
+        let dir = stage.path().to_path_buf();
+        stage.remove().unwrap();
+        assert!(dir.is_dir());
+        let again = run.stage("b", &Limits::default()).unwrap();
+        assert_eq!(again.path(), dir);
+        // One in use is nobody else's.
+        let other = run.stage("c", &Limits::default()).unwrap();
+        assert_ne!(other.path(), dir);
+        drop((again, other));
+        let run_dir = run.path().to_path_buf();
+        drop(run);
+        assert!(
+            !run_dir.exists(),
+            "the run's cgroup and its idle ones are removed"
+        );
+    }
 
     #[test]
     fn limits_become_the_kernels_files() {
