@@ -77,7 +77,7 @@ impl std::str::FromStr for ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (unit, size) in &UNITS[..4] {
-            if self.0 >= *size && self.0 % size == 0 {
+            if self.0 >= *size && self.0.is_multiple_of(*size) {
                 return write!(f, "{}{unit}", self.0 / size);
             }
         }
