@@ -113,8 +113,8 @@ pub(crate) fn host_limits(
 }
 
 /// The refusal of a plan whose host limits (`memory`, `pids`, `cpus`) this host cannot
-/// enforce, judged as the run's preflight would (inside the Slurm job this process is in, if any): for
-/// `validate` and `run`, which exit 2 with it before anything of the run exists.
+/// enforce, judged as the run's preflight would (inside the Slurm job this process is in, if
+/// any): for `validate` and `run`, which exit 2 with it before anything of the run exists.
 pub fn host_limits_refusal(plan: &LoadedPlan) -> Option<Refusal> {
     let job = Allocation::detect();
     host_limits(plan, &HostCgroups::detect(), job.as_ref()).err()
