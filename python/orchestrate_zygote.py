@@ -166,6 +166,15 @@ def fork_stage(request, fds, sock):
     read_end, write_end = os.pipe()
     intermediate = os.fork()
     if intermediate == 0:
+        # Into the stage's cgroup first, so that the stage is born in it.
+        cgroup = request.get("cgroup")
+        if cgroup:
+            try:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+                    procs.write("0")
+            except OSError:
+                os.write(write_end, struct.pack("<i", -1))
+                os._exit(0)
         stage = os.fork()
         if stage == 0:
             os.close(read_end)

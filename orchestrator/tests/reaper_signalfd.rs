@@ -94,6 +94,8 @@ fn sh(
         stdout: stdout.as_fd(),
         stderr: null.as_fd(),
         pidfd: reaper.wants_pidfds(),
+        cgroup_procs: None,
+        cgroup_dir: None,
     })
     .unwrap()
 }

@@ -392,6 +392,20 @@ pub enum RunEventKind {
         /// Why a leak is a leak where that is not obvious.
         note: Option<String>,
     },
+    /// The kernel's OOM killer ended a process of a stage's cgroup: the stage used all the
+    /// host memory its `memory` limit allows (it fails `oom_killed`).
+    StageOomKilled {
+        /// The stage.
+        stage: String,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// Processes the OOM killer ended (`memory.events` `oom_kill`).
+        oom_kills: u64,
+        /// The cgroup's highest memory use (`memory.peak`), bytes, where the kernel says.
+        peak_bytes: Option<u64>,
+        /// Its `memory.max`, bytes, if set.
+        limit_bytes: Option<u64>,
+    },
     /// No further stage runs on this GPU (`on_leak = "quarantine"`).
     GpuQuarantined {
         /// The GPU.

@@ -33,6 +33,10 @@ pub struct ForkRequest {
     /// subreaper and the server's parent): the worker waits to be re-parented to it, ties its
     /// `PR_SET_PDEATHSIG` to it, and exits at once if it is gone.
     pub parent: u32,
+    /// The stage's cgroup directory, if it has one: the worker is born in it (the
+    /// intermediate process moves itself in before forking it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// What the server says.

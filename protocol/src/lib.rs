@@ -16,6 +16,7 @@
 //! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
 //! not know with a message saying which side to upgrade.
 
+pub mod bytesize;
 pub mod checkpoint;
 pub mod daemon;
 pub mod duration;

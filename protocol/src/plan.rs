@@ -3,6 +3,7 @@
 //! The field names here are the plan format; `docs/plan-format.md` documents each one with a
 //! full example, and `orchestrate schema` prints the JSON Schema generated from these types.
 
+use crate::bytesize::ByteSize;
 use crate::duration::HumanDuration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -188,6 +189,21 @@ pub struct Stage {
     /// `[run] preload`; `[]` execs it). Command stages only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preload: Option<Vec<String>>,
+    /// Host memory the stage's processes may use together (cgroup v2 `memory.max`), such as
+    /// `"64GiB"`; past it the kernel's OOM killer ends one of them and the stage fails
+    /// `oom_killed`. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    /// Most processes and threads the stage may have at once (cgroup v2 `pids.max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    /// CPUs' worth of time the stage may use (cgroup v2 `cpu.max`), such as `8` or `0.5`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Retry (up to `retries`) an attempt the OOM killer ended (default false: it would run
+    /// out of memory again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry_oom: bool,
 }
 
 /// How a stage that runs through `srun` is laid out over the allocation.

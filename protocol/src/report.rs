@@ -182,8 +182,35 @@ pub struct HostUsage {
     /// System CPU seconds, likewise.
     pub cpu_system_s: f64,
     /// Peak resident memory of the whole tree (sampled every 250 ms, summed over its
-    /// processes), or of its largest single process if that was larger.
+    /// processes), or of its largest single process if that was larger; with a cgroup that
+    /// counts memory, the larger of that and `memory_peak_bytes`.
     pub peak_rss_bytes: u64,
+    /// How the stage's processes were held together: `cgroup` (a cgroup v2 of its own) or
+    /// `process_group` (its session and process group, found through `/proc`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
+    /// Its cgroup's highest memory use (`memory.peak`), bytes, where the kernel counts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
+    /// Its cgroup's `memory.max` (the plan's `memory`), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    /// Processes of its cgroup the kernel's OOM killer ended (`memory.events` `oom_kill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
+    /// Forks its cgroup's `pids` limit refused (`pids.events` `max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_refused: Option<u64>,
+}
+
+/// How a stage's processes were held together and ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// A cgroup v2 of its own: membership, `cgroup.kill`, limits where set.
+    Cgroup,
+    /// Its session and process group, and the orchestrator's `/proc` scan.
+    ProcessGroup,
 }
 
 /// Milestones of one attempt, as Unix time in seconds (microsecond precision).

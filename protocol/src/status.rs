@@ -121,6 +121,8 @@ words! {
         Timeout = "timeout",
         /// CUDA ran out of memory.
         CudaOom = "cuda_oom",
+        /// The kernel's OOM killer ended a process of its cgroup (host memory past `memory`).
+        OomKilled = "oom_killed",
         /// It reported a failure itself.
         Reported = "reported",
         /// An input it needs is missing or changed.

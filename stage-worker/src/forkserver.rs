@@ -241,9 +241,14 @@ fn fork_worker(request: &ForkRequest, fds: [OwnedFd; 2], server_sock: RawFd) -> 
         return Err(e);
     }
     if intermediate == 0 {
-        // The intermediate: fork the worker, report its PID, exit.
+        // The intermediate: into the stage's cgroup (the worker is born there), fork the
+        // worker, report its PID, exit.
+        let placed = request
+            .cgroup
+            .as_ref()
+            .is_none_or(|dir| std::fs::write(dir.join("cgroup.procs"), b"0").is_ok());
         // SAFETY: still single-threaded.
-        let worker = unsafe { libc::fork() };
+        let worker = if placed { unsafe { libc::fork() } } else { -1 };
         if worker == 0 {
             // SAFETY: closing our copy of the read end.
             unsafe { libc::close(pipe[0]) };

@@ -89,6 +89,8 @@ pub struct AttemptPlan {
     pub graceful_to_leader: bool,
     /// A command stage's `preload` (see [`crate::process::tree::Launch::preload`]).
     pub preload: Vec<String>,
+    /// Host limits for its cgroup (`memory`, `pids`, `cpus`).
+    pub limits: crate::process::cgroup::Limits,
 }
 
 /// Shared services of the run.
@@ -110,6 +112,8 @@ pub struct Services {
     /// The run's quarter-second clock: when running stages sample their process tree's
     /// memory, and when the run loop writes a stage start still waiting in the journal.
     pub tree_sampling: TreeSampling,
+    /// The run's cgroup, parent of every stage's, where the host lets stages have one.
+    pub cgroups: Option<Rc<crate::process::cgroup::RunCgroup>>,
 }
 
 /// How often a running stage's process tree has its resident memory summed.
@@ -291,6 +295,22 @@ pub fn start_attempt(
             .collect(),
         _ => Vec::new(),
     };
+    // Its own cgroup where the run has one; a stage that asked for limits fails without it.
+    let cgroup = match &services.cgroups {
+        Some(run) => match run.stage(&plan.name, &plan.limits) {
+            Ok(cgroup) => Some(cgroup),
+            Err(e) if plan.limits.requested().is_empty() => {
+                tracing::warn!("{}: in a process group only: {e}", plan.name);
+                None
+            }
+            Err(e) => {
+                return Err(Failure::SpawnFailed(format!(
+                    "its limits cannot be set: {e}"
+                )))
+            }
+        },
+        None => None,
+    };
     let launch = Launch {
         argv: plan.argv.clone(),
         // Nothing after the spawn reads it: moved, not copied.
@@ -305,6 +325,7 @@ pub fn start_attempt(
         // Log files (not `--follow`'s pipes, whose copiers wait for every writer to close)
         // are closed by the thread that opened them ahead.
         close_later: discards.filter(|_| !services.follow),
+        cgroup,
     };
     // Taken before the spawn, so that start-up figures include the spawn itself.
     let spawned_unix = crate::timefmt::unix_secs_f64();

@@ -22,6 +22,15 @@ pub enum Failure {
     Timeout(Duration),
     /// The device ran out of memory.
     CudaOutOfMemory(String),
+    /// The kernel's OOM killer ended processes of the stage's cgroup: it reached its `memory`.
+    OomKilled {
+        /// Processes killed.
+        kills: u64,
+        /// The cgroup's peak memory, bytes.
+        peak: Option<u64>,
+        /// Its limit, bytes.
+        limit: Option<u64>,
+    },
     /// The stage reported a failure (exit code, its message).
     Reported(i32, String),
     /// Its inputs were unusable (missing or corrupt checkpoint, bad data or params).
@@ -44,6 +53,10 @@ impl Failure {
             Failure::KilledExternally => "killed by SIGKILL that orchestrate did not send (most likely the kernel's out-of-memory killer: check `dmesg`)".into(),
             Failure::Timeout(d) => format!("timed out after {}", protocol::duration::HumanDuration(*d)),
             Failure::CudaOutOfMemory(msg) => format!("CUDA out of memory: {msg}"),
+            Failure::OomKilled { kills, peak, limit } => {
+                let size = |b: &Option<u64>| b.map_or("unknown".to_string(), |b| protocol::bytesize::ByteSize(b).to_string());
+                format!("killed by the kernel's OOM killer ({kills} process(es)): host memory reached its limit of {} (peak {})", size(limit), size(peak))
+            }
             Failure::Reported(code, msg) => format!("exited with code {code}: {msg}"),
             Failure::BadInput(msg) => format!("bad input: {msg}"),
             Failure::ProtocolViolation(msg) => format!("protocol violation: {msg}"),
@@ -62,6 +75,7 @@ impl Failure {
             Failure::KilledExternally => C::KilledExternally,
             Failure::Timeout(_) => C::Timeout,
             Failure::CudaOutOfMemory(_) => C::CudaOom,
+            Failure::OomKilled { .. } => C::OomKilled,
             Failure::Reported(..) => C::Reported,
             Failure::BadInput(_) => C::BadInput,
             Failure::ProtocolViolation(_) => C::ProtocolViolation,
@@ -71,12 +85,16 @@ impl Failure {
     }
 
     /// Whether another attempt could succeed (a retry is pointless for bad input, a missing
-    /// program or missing outputs).
-    pub fn retryable(&self) -> bool {
-        !matches!(
-            self,
-            Failure::SpawnFailed(_) | Failure::BadInput(_) | Failure::MissingOutputs(_)
-        )
+    /// program or missing outputs, and for a host OOM kill unless the stage sets
+    /// `retry_oom`: it would reach its limit again).
+    pub fn retryable(&self, retry_oom: bool) -> bool {
+        match self {
+            Failure::OomKilled { .. } => retry_oom,
+            other => !matches!(
+                other,
+                Failure::SpawnFailed(_) | Failure::BadInput(_) | Failure::MissingOutputs(_)
+            ),
+        }
     }
 }
 

@@ -366,5 +366,6 @@ pub(crate) fn prepare_attempt(
                 .unwrap_or_else(|| plan.plan.run.preload.clone()),
             None => Vec::new(),
         },
+        limits: crate::process::cgroup::Limits::of(&stage),
     })
 }

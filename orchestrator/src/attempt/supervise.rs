@@ -170,6 +170,11 @@ pub async fn supervise(
         let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
     }
     let usage: ResourceUsage = reaped.map(|r| r.usage).unwrap_or_default();
+    let cgroup = summary.cgroup.unwrap_or_default();
+    let isolation = match child.cgroup.is_some() {
+        true => protocol::report::Isolation::Cgroup,
+        false => protocol::report::Isolation::ProcessGroup,
+    };
     let ended = Ended {
         exit,
         wall,
@@ -179,7 +184,18 @@ pub async fn supervise(
         host: protocol::report::HostUsage {
             cpu_user_s: usage.user_s,
             cpu_system_s: usage.system_s,
-            peak_rss_bytes: watched.tree_rss_peak.max(usage.max_rss_bytes),
+            peak_rss_bytes: watched
+                .tree_rss_peak
+                .max(usage.max_rss_bytes)
+                .max(cgroup.memory_peak.unwrap_or(0)),
+            isolation: Some(isolation),
+            // Without `memory.peak` (before Linux 5.19): the highest `memory.current` sampled.
+            memory_peak_bytes: cgroup
+                .memory_peak
+                .or(cgroup.oom_kills.is_some().then_some(watched.tree_rss_peak)),
+            memory_limit_bytes: cgroup.memory_limit,
+            oom_kills: cgroup.oom_kills,
+            pids_refused: cgroup.pids_refused,
         },
         timing: protocol::report::StageTiming {
             spawned: spawned_unix,
@@ -189,7 +205,17 @@ pub async fn supervise(
         },
         start: child.start.take(),
     };
-    conclude(plan, watched, ended, &mut cancel, hooks).await
+    let result = conclude(plan, watched, ended, &mut cancel, hooks).await;
+    if let Outcome::Failed(Failure::OomKilled { kills, peak, limit }) = &result.outcome {
+        console.event(RunEventKind::StageOomKilled {
+            stage: plan.name.clone(),
+            attempt: plan.attempt,
+            oom_kills: *kills,
+            peak_bytes: *peak,
+            limit_bytes: *limit,
+        });
+    }
+    result
 }
 
 /// Watches the attempt until its first process exits: samples its tree's memory and its
@@ -418,6 +444,7 @@ async fn conclude(
         matches!(stop, StopState::Killed { .. }),
         &stderr_tail,
     );
+    outcome = host_oom(outcome, &ended.host);
     let mut checkpoints = Vec::new();
     if outcome == Outcome::Succeeded {
         let reported = std::mem::take(&mut watched.events.reported);
@@ -534,6 +561,22 @@ impl EventState {
                 }
             }
         }
+    }
+}
+
+/// A failure during which the kernel's OOM killer ended processes of the stage's cgroup is
+/// that (`oom_killed`): the SIGKILL, or the exit of a parent whose worker it killed, is its
+/// consequence. A timeout or a cancel stays what it was.
+fn host_oom(outcome: Outcome, host: &protocol::report::HostUsage) -> Outcome {
+    match (outcome, host.oom_kills) {
+        (Outcome::Failed(f), Some(kills)) if kills > 0 && !matches!(f, Failure::Timeout(_)) => {
+            Outcome::Failed(Failure::OomKilled {
+                kills,
+                peak: host.memory_peak_bytes,
+                limit: host.memory_limit_bytes,
+            })
+        }
+        (outcome, _) => outcome,
     }
 }
 
@@ -675,6 +718,49 @@ mod tests {
 
     fn at() -> tokio::time::Instant {
         tokio::time::Instant::now()
+    }
+
+    #[test]
+    fn a_failure_with_oom_kills_in_its_cgroup_is_oom_killed_and_not_retried() {
+        let mut host = protocol::report::HostUsage {
+            cpu_user_s: 0.0,
+            cpu_system_s: 0.0,
+            peak_rss_bytes: 0,
+            isolation: Some(protocol::report::Isolation::Cgroup),
+            memory_peak_bytes: Some(256 << 20),
+            memory_limit_bytes: Some(256 << 20),
+            oom_kills: Some(1),
+            pids_refused: None,
+        };
+        let killed = host_oom(Outcome::Failed(Failure::KilledExternally), &host);
+        let Outcome::Failed(failure) = killed else {
+            panic!("still a failure");
+        };
+        assert_eq!(
+            failure,
+            Failure::OomKilled {
+                kills: 1,
+                peak: Some(256 << 20),
+                limit: Some(256 << 20)
+            }
+        );
+        assert_eq!(failure.class().as_str(), "oom_killed");
+        assert!(
+            failure.describe().contains("limit of 256MiB"),
+            "{}",
+            failure.describe()
+        );
+        assert!(!failure.retryable(false) && failure.retryable(true));
+        // A parent that exited 1 because its worker was killed: the same verdict.
+        let parent = host_oom(Outcome::Failed(Failure::Exit(1)), &host);
+        assert!(matches!(parent, Outcome::Failed(Failure::OomKilled { .. })));
+        // A timeout stays a timeout; success, and failures without kills, stay as they were.
+        let timeout = Outcome::Failed(Failure::Timeout(Duration::from_secs(1)));
+        assert_eq!(host_oom(timeout.clone(), &host), timeout);
+        assert_eq!(host_oom(Outcome::Succeeded, &host), Outcome::Succeeded);
+        host.oom_kills = Some(0);
+        let exit = Outcome::Failed(Failure::Exit(1));
+        assert_eq!(host_oom(exit.clone(), &host), exit);
     }
 
     #[test]

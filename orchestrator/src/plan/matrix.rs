@@ -604,6 +604,10 @@ fn skeleton(stage: &Stage) -> Stage {
         tasks_per_node: stage.tasks_per_node,
         gpus_per_task: stage.gpus_per_task,
         preload: stage.preload.clone(),
+        memory: stage.memory,
+        pids: stage.pids,
+        cpus: stage.cpus,
+        retry_oom: stage.retry_oom,
     }
 }
 

@@ -349,6 +349,41 @@ impl<'p> Validator<'p, '_, '_> {
         self.check_outputs(i);
         self.check_preload(i);
         self.check_task_layout(i);
+        self.check_host_limits(i);
+    }
+
+    /// `memory`, `pids` and `cpus`: values a cgroup can hold (whether the host can enforce
+    /// them is preflight's question).
+    fn check_host_limits(&mut self, i: usize) {
+        let stage = self.stage(i);
+        let mut problems = Vec::new();
+        if stage.memory.is_some_and(|m| m.0 < 1 << 20) {
+            problems.push((
+                "memory",
+                "`memory` is under 1MiB, too little for any program to start",
+                "give a size like \"256MiB\" or \"64GiB\"",
+            ));
+        }
+        if stage.pids == Some(0) {
+            problems.push((
+                "pids",
+                "`pids = 0` lets the stage start no process",
+                "give at least 1, or leave `pids` out for no limit",
+            ));
+        }
+        if stage
+            .cpus
+            .is_some_and(|c| !(c.is_finite() && (0.01..=65_536.0).contains(&c)))
+        {
+            problems.push((
+                "cpus",
+                "`cpus` must be between 0.01 and 65536",
+                "give the CPUs' worth of time, like 8 or 0.5",
+            ));
+        }
+        for (key, text, help) in problems {
+            self.error(self.field(i, key), i, text.into(), Some(help.into()));
+        }
     }
 
     /// `init`: an existing stage upstream of this one (directly or not) that writes a checkpoint.

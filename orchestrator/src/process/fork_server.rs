@@ -152,6 +152,7 @@ thread_local! {
 /// a child of this process, in its own session, not yet registered with `reaper` (register it
 /// before the next `.await`). `gpu_holders` are the PIDs NVML lists on the stage's GPUs; a
 /// server among them is refused. An error says why the caller should exec instead.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     argv: &[String],
     env: &[(&str, &str)],
@@ -159,6 +160,7 @@ pub fn spawn(
     stdout: &OwnedFd,
     stderr: &OwnedFd,
     gpu_holders: &[u32],
+    cgroup: Option<&std::path::Path>,
     reaper: &Reaper,
 ) -> Result<i32, ForkServerError> {
     let program = PathBuf::from(argv.first().ok_or(ForkServerError::EmptyCommand)?);
@@ -183,7 +185,7 @@ pub fn spawn(
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
-        match fork(server, argv, env, cwd, stdout, stderr, gpu_holders) {
+        match fork(server, argv, env, cwd, stdout, stderr, gpu_holders, cgroup) {
             Ok(pid) => Ok(pid),
             Err(why) => {
                 tracing::warn!(program = %program.display(), "fork server stopped: {why}; workers are exec'd from now on");
@@ -325,6 +327,7 @@ pub(super) fn start_server(
 }
 
 /// Asks `server` for a worker (see [`spawn`]); its PID.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn fork(
     server: &mut Server,
     argv: &[String],
@@ -333,6 +336,7 @@ pub(super) fn fork(
     stdout: &OwnedFd,
     stderr: &OwnedFd,
     gpu_holders: &[u32],
+    cgroup: Option<&std::path::Path>,
 ) -> Result<i32, ForkServerError> {
     if server.exit.try_wait().is_some() {
         return Err(ForkServerError::Exited);
@@ -349,6 +353,7 @@ pub(super) fn fork(
             .collect(),
         cwd: cwd.to_path_buf(),
         parent: std::process::id(),
+        cgroup: cgroup.map(|c| c.to_path_buf()),
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
     send_with_fds(

@@ -8,11 +8,13 @@
 //! - [`tree`]: starting and stopping a stage's process tree through either;
 //! - [`reaper`]: the one place that reaps;
 //! - `scan`: a stage's members, from `/proc`;
+//! - [`cgroup`]: a cgroup v2 per stage, where the host delegates one;
 //! - [`guard`]: the companion that outlives a crash;
 //! - `backoff`: polling for what is expected to happen soon;
 //! - [`discard`]: what is closed off the scheduling thread.
 
 pub(crate) mod backoff;
+pub mod cgroup;
 pub mod discard;
 pub(crate) mod fork_server;
 pub mod guard;

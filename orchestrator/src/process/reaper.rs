@@ -457,6 +457,8 @@ mod tests {
                 stdout: std::os::fd::AsFd::as_fd(&null),
                 stderr: std::os::fd::AsFd::as_fd(&null),
                 pidfd: true,
+                cgroup_procs: None,
+                cgroup_dir: None,
             })
             .unwrap();
             let pidfd = spawned.pidfd.expect("clone3 gives a pidfd");

@@ -47,6 +47,13 @@ pub struct Request<'a> {
     /// Whether to ask the kernel for the child's pidfd ([`Spawned::pidfd`]): creating one costs
     /// a few microseconds, wasted when the reaper learns of ends otherwise.
     pub pidfd: bool,
+    /// A cgroup's `cgroup.procs`, open for writing: the child moves itself in (writes `0` to
+    /// it) before anything else, so that all it runs is in the cgroup; unless it was created
+    /// in it (`CLONE_INTO_CGROUP`, Linux 5.7, with [`Request::cgroup_dir`]), which spares the
+    /// kernel a migration.
+    pub cgroup_procs: Option<BorrowedFd<'a>>,
+    /// The cgroup's directory (open for reading), for `CLONE_INTO_CGROUP`.
+    pub cgroup_dir: Option<BorrowedFd<'a>>,
 }
 
 /// A set of variables written out once as the `KEY=VALUE` strings `execve` takes, for every
@@ -126,6 +133,12 @@ struct Prepared {
     want_pidfd: bool,
     /// The child's pidfd from `clone3` (close-on-exec), or -1.
     pidfd: libc::c_int,
+    /// The `cgroup.procs` the child moves itself into first, or -1.
+    cgroup_procs: libc::c_int,
+    /// The cgroup directory `clone3` creates the child in, or -1.
+    cgroup_dir: libc::c_int,
+    /// The child was created in its cgroup: it need not move itself.
+    placed: bool,
 }
 
 /// A started child.
@@ -252,6 +265,9 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         handlers_cleared: false,
         want_pidfd: req.pidfd,
         pidfd: -1,
+        cgroup_procs: req.cgroup_procs.map_or(-1, |fd| fd.as_raw_fd()),
+        cgroup_dir: req.cgroup_dir.map_or(-1, |fd| fd.as_raw_fd()),
+        placed: false,
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
     // for signal frames, of which there are none (no handler of ours runs in the child: the
@@ -352,6 +368,13 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             }
             libc::_exit(127)
         };
+        // Into the stage's cgroup before anything else (its limits hold from here on).
+        if p.cgroup_procs >= 0
+            && !p.placed
+            && libc::write(p.cgroup_procs, b"0".as_ptr().cast(), 1) != 1
+        {
+            fail(p);
+        }
         // Default dispositions for every signal that has a handler (exec would reset those
         // anyway; this is for the instants before it) and for SIGPIPE, which is ignored here.
         let last = if p.handlers_cleared {
@@ -510,6 +533,9 @@ mod clone3 {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     static UNAVAILABLE: AtomicBool = AtomicBool::new(false);
+    /// `CLONE_INTO_CGROUP` was refused once: children move themselves from then on.
+    static INTO_CGROUP_UNAVAILABLE: AtomicBool = AtomicBool::new(false);
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
     /// `struct clone_args` of `<linux/sched.h>`, as far as `CLONE_ARGS_SIZE_VER2`.
     #[repr(C)]
@@ -552,8 +578,15 @@ mod clone3 {
         } else {
             0
         };
+        // Created in its cgroup where the kernel can (no migration for the child to make).
+        let into = prepared.cgroup_dir >= 0 && !INTO_CGROUP_UNAVAILABLE.load(Ordering::Relaxed);
+        prepared.placed = into;
         let mut args = CloneArgs {
-            flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | pidfd | CLONE_CLEAR_SIGHAND,
+            flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64
+                | pidfd
+                | CLONE_CLEAR_SIGHAND
+                | if into { CLONE_INTO_CGROUP } else { 0 },
+            cgroup: if into { prepared.cgroup_dir as u64 } else { 0 },
             pidfd: &mut prepared.pidfd as *mut libc::c_int as u64,
             exit_signal: libc::SIGCHLD as u64,
             stack: stack as u64,
@@ -587,6 +620,17 @@ mod clone3 {
             lateout("r11") _,
             options(nostack),
         );
+        if ret < 0 && into {
+            // Refused with the cgroup (an older kernel, a cgroup it will not create into):
+            // the child moves itself instead, from now on.
+            INTO_CGROUP_UNAVAILABLE.store(true, Ordering::Relaxed);
+            prepared.placed = false;
+            tracing::debug!(
+                "CLONE_INTO_CGROUP refused (errno {}); children move themselves",
+                -ret
+            );
+            return spawn(stack, size, arg);
+        }
         if ret < 0 {
             prepared.handlers_cleared = false;
             prepared.pidfd = -1;
@@ -643,6 +687,8 @@ mod tests {
             stdout: out.as_fd(),
             stderr: out.as_fd(),
             pidfd: false,
+            cgroup_procs: None,
+            cgroup_dir: None,
         })
         .map(|spawned| spawned.pid);
         if let Ok(pid) = pid {

@@ -9,7 +9,13 @@
 //!   parent dying before the flag was set closed by re-checking the parent);
 //! - [`stop_tree`] returns only once no process of the stage is alive (or reports the ones
 //!   the kernel would not kill).
+//!
+//! A stage given a cgroup ([`Launch::cgroup`], see [`crate::process::cgroup`]) has its
+//! processes placed in it before they run (exec'd or forked by the fork server); its members
+//! are then the cgroup's, wherever they went, and SIGKILL is one write to `cgroup.kill`. The
+//! cgroup is removed once empty, after its counters were read ([`StopSummary::cgroup`]).
 
+use crate::process::cgroup::{CgroupUsage, StageCgroup};
 use crate::process::reaper::{ExitWait, Reaper};
 use crate::process::scan::{self, TOKEN_VAR};
 use nix::sys::signal::{kill, killpg, Signal};
@@ -45,6 +51,8 @@ pub struct Launch {
     /// Where `stdout` and `stderr` go once the stage has its own descriptors of them (closed
     /// there, off this thread); closed here when `None`.
     pub close_later: Option<crate::process::discard::Discards>,
+    /// The stage's cgroup, when it has one: its processes start in it.
+    pub cgroup: Option<StageCgroup>,
 }
 
 impl Launch {
@@ -71,6 +79,8 @@ pub struct StageProcess {
     pub exit: ExitWait,
     /// Stages with `preload`: whether it was forked from the zygote, or why not.
     pub start: Option<protocol::report::StageStart>,
+    /// Its cgroup, if it has one.
+    pub cgroup: Option<StageCgroup>,
 }
 
 /// The orchestrator's environment without its own `ORCHESTRATE_*` variables: what every
@@ -128,6 +138,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             &launch.stdout,
             &launch.stderr,
             &launch.gpu_holders,
+            launch.cgroup.as_ref().map(StageCgroup::path),
             reaper,
         ) {
             Ok(pid) => return Ok(forked(pid, launch, reaper, None)),
@@ -146,6 +157,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             stderr: &launch.stderr,
             gpu_holders: &launch.gpu_holders,
             preload: &launch.preload,
+            cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
         };
         let fallback = match crate::process::zygote::spawn(&stage, reaper) {
             Ok(pid) => {
@@ -182,6 +194,8 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         stdout: launch.stdout.as_fd(),
         stderr: launch.stderr.as_fd(),
         pidfd: reaper.wants_pidfds(),
+        cgroup_procs: launch.cgroup.as_ref().and_then(StageCgroup::procs_fd),
+        cgroup_dir: launch.cgroup.as_ref().and_then(StageCgroup::dir_fd),
     })?;
     let exit = match spawned.pidfd {
         Some(pidfd) => reaper.watch_pidfd(spawned.pid, pidfd),
@@ -195,6 +209,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         started: Instant::now(),
         exit,
         start,
+        cgroup: launch.cgroup.take(),
     };
     launch.release_logs();
     Ok(process)
@@ -214,6 +229,7 @@ fn forked(
         started: Instant::now(),
         exit: reaper.watch(pid),
         start,
+        cgroup: launch.cgroup.take(),
     };
     launch.release_logs();
     process
@@ -223,7 +239,10 @@ impl StageProcess {
     /// Sends `signal` to the stage's process group and to every process of its tree (found
     /// by its token, wherever it went: another session, another group).
     pub fn signal(&self, signal: Signal) {
-        signal_tree(self.pid, &self.token, signal);
+        match &self.cgroup {
+            Some(cgroup) => signal_cgroup(self.pid, cgroup, signal),
+            None => signal_tree(self.pid, &self.token, signal),
+        }
     }
 
     /// Sends `signal` to the first process only (a stage that signals its own children).
@@ -233,21 +252,116 @@ impl StageProcess {
 
     /// Every live process of the stage, with its name.
     pub fn members(&self) -> Vec<StoppedProcess> {
-        describe(self.pid, &self.token)
+        match &self.cgroup {
+            Some(cgroup) => named(cgroup.members()),
+            None => describe(self.pid, &self.token),
+        }
     }
 
-    /// The resident memory of every live process of the stage, summed.
+    /// The memory the stage uses: its cgroup's `memory.current` when the memory controller
+    /// counts it, else the resident memory of every live process of the stage, summed.
     pub fn resident_bytes(&self) -> u64 {
-        scan::stage_members(self.pid, &self.token)
-            .iter()
-            .map(|p| scan::rss_bytes(p.pid))
-            .sum()
+        if let Some(current) = self.cgroup.as_ref().and_then(StageCgroup::memory_current) {
+            return current;
+        }
+        let pids: Vec<i32> = match &self.cgroup {
+            Some(cgroup) => cgroup.members(),
+            None => scan::stage_members(self.pid, &self.token)
+                .iter()
+                .map(|p| p.pid)
+                .collect(),
+        };
+        pids.into_iter().map(scan::rss_bytes).sum()
     }
 
-    /// Stops every process of the stage and reaps it; see [`stop_tree`].
+    /// Stops every process of the stage and reaps it; see [`stop_tree`] (with a cgroup: the
+    /// same promises, through its membership and `cgroup.kill`; then its counters are read
+    /// and it is removed).
     pub async fn stop(&self, grace: Duration, reaper: &Reaper) -> StopSummary {
-        stop_tree(self.pid, &self.token, grace, reaper).await
+        match &self.cgroup {
+            Some(cgroup) => stop_cgroup(self.pid, cgroup, grace, reaper).await,
+            None => stop_tree(self.pid, &self.token, grace, reaper).await,
+        }
     }
+}
+
+/// Sends `signal` to the stage's process group and every process of its cgroup (SIGKILL: the
+/// whole cgroup at once, by `cgroup.kill`).
+fn signal_cgroup(leader: i32, cgroup: &StageCgroup, signal: Signal) {
+    let _ = killpg(Pid::from_raw(leader), signal);
+    if signal == Signal::SIGKILL {
+        cgroup.kill();
+        return;
+    }
+    for pid in cgroup.members() {
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+fn named(pids: Vec<i32>) -> Vec<StoppedProcess> {
+    pids.into_iter()
+        .map(|pid| StoppedProcess {
+            pid,
+            name: scan::comm(pid),
+        })
+        .collect()
+}
+
+/// [`stop_tree`] for a stage with a cgroup: SIGTERM to its members (unless `grace` is zero),
+/// up to `grace` for them to go, then `cgroup.kill` until it is empty (10 s at most); then its
+/// counters, and the cgroup removed.
+async fn stop_cgroup(
+    leader: i32,
+    cgroup: &StageCgroup,
+    grace: Duration,
+    reaper: &Reaper,
+) -> StopSummary {
+    struct Over(i32);
+    impl Drop for Over {
+        fn drop(&mut self) {
+            scan::forget_stage(self.0);
+        }
+    }
+    let _over = Over(leader);
+    // An empty cgroup (the usual end: the stage's one process is gone) costs one read.
+    let found = match cgroup.populated() {
+        true => named(cgroup.members()),
+        false => Vec::new(),
+    };
+    let mut summary = StopSummary {
+        found,
+        ..Default::default()
+    };
+    let gone = |limit| {
+        crate::process::backoff::poll(limit, Duration::from_millis(10), || {
+            reaper.reap_now();
+            !cgroup.populated()
+        })
+    };
+    if !summary.found.is_empty() {
+        let mut done = false;
+        if !grace.is_zero() {
+            signal_cgroup(leader, cgroup, Signal::SIGTERM);
+            done = gone(grace).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done {
+            cgroup.kill();
+            done = gone(Duration::from_millis(200)).await;
+            if !done && Instant::now() > deadline {
+                summary.survivors = named(cgroup.members());
+                break;
+            }
+        }
+    }
+    reaper.reap_now();
+    summary.cgroup = Some(cgroup.usage());
+    if summary.survivors.is_empty() {
+        if let Err(e) = cgroup.remove() {
+            tracing::warn!("{e}");
+        }
+    }
+    summary
 }
 
 /// Sends `signal` to the stage's process group and to every process of its tree.
@@ -274,6 +388,8 @@ pub struct StopSummary {
     pub found: Vec<StoppedProcess>,
     /// Processes still alive after SIGKILL and a wait (uninterruptible sleep): should be empty.
     pub survivors: Vec<StoppedProcess>,
+    /// The counters of the stage's cgroup, read once it was empty (`None`: it had none).
+    pub cgroup: Option<CgroupUsage>,
 }
 
 fn describe(leader: i32, token: &str) -> Vec<StoppedProcess> {

@@ -127,6 +127,8 @@ pub struct PythonStage<'a> {
     pub gpu_holders: &'a [u32],
     /// The modules to preload.
     pub preload: &'a [String],
+    /// The stage's cgroup directory, if it has one: the stage is born in it.
+    pub cgroup: Option<&'a std::path::Path>,
 }
 
 struct Zygote {
@@ -195,6 +197,7 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
             stage.stdout,
             stage.stderr,
             stage.gpu_holders,
+            stage.cgroup,
         ) {
             Ok(pid) => Ok(pid),
             Err(why) => {

@@ -416,6 +416,20 @@ pub fn warning_of(kind: &RunEventKind) -> Option<String> {
             }
             Some(line)
         }
+        RunEventKind::StageOomKilled {
+            stage,
+            attempt,
+            oom_kills,
+            peak_bytes,
+            limit_bytes,
+        } => {
+            let mib = |b: &Option<u64>| b.map_or("?".to_string(), |b| format!("{} MiB", b >> 20));
+            Some(format!(
+                "{stage}: attempt {attempt}: the kernel's OOM killer ended {oom_kills} process(es) of its cgroup (memory limit {}, peak {})",
+                mib(limit_bytes),
+                mib(peak_bytes)
+            ))
+        }
         RunEventKind::GpuQuarantined { uuid } => Some(format!(
             "GPU {uuid} quarantined: no further stage will run on it"
         )),
@@ -429,5 +443,26 @@ pub fn warning_of(kind: &RunEventKind) -> Option<String> {
                 .into(),
         ),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_oom_kill_is_a_warning_naming_the_limit_and_the_peak() {
+        let line = warning_of(&RunEventKind::StageOomKilled {
+            stage: "prep".into(),
+            attempt: 2,
+            oom_kills: 1,
+            peak_bytes: Some(256 << 20),
+            limit_bytes: Some(256 << 20),
+        })
+        .expect("a warning");
+        assert_eq!(
+            line,
+            "prep: attempt 2: the kernel's OOM killer ended 1 process(es) of its cgroup (memory limit 256 MiB, peak 256 MiB)"
+        );
     }
 }

@@ -132,6 +132,10 @@ async fn run_in_span(
         console.note(note);
     }
     console.note(&gpu_check_note(&plan, &cleared));
+    for line in &cleared.limit_notes {
+        console.note(line);
+    }
+    let cgroups = run_cgroup(&cleared, &run_id, &console)?;
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
@@ -168,6 +172,7 @@ async fn run_in_span(
         follow,
         run_id: run_id.clone(),
         tree_sampling: TreeSampling::start(),
+        cgroups,
     });
     let states = initial_states(&plan, decisions.as_deref(), &run_dir)?;
     let setup = setup::Setup {
@@ -185,6 +190,54 @@ async fn run_in_span(
         fingerprints,
     };
     driver::drive(setup, states, host, cancel, stop_signal).await
+}
+
+/// The run's cgroup, where the host lets stages have one (see [`crate::process::cgroup`]);
+/// said on the console either way. An error only when limits need it and it cannot be made.
+fn run_cgroup(
+    cleared: &preflight::Cleared,
+    run_id: &str,
+    console: &Console,
+) -> Result<Option<Rc<crate::process::cgroup::RunCgroup>>> {
+    let host = &cleared.cgroups;
+    let Some(own) = host.own.as_deref().filter(|_| host.usable()) else {
+        console.note(&format!("isolation: process groups ({})", host.describe()));
+        return Ok(None);
+    };
+    crate::process::cgroup::sweep_stale(own);
+    let name = format!(
+        "orchestrate-{}-{}",
+        std::process::id(),
+        run_id
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            })
+            .take(64)
+            .collect::<String>()
+    );
+    match crate::process::cgroup::RunCgroup::create(own, &name, &cleared.controllers) {
+        Ok(run) => {
+            let limits = match cleared.controllers.is_empty() {
+                true => String::new(),
+                false => format!("; limits with {}", cleared.controllers.join(", ")),
+            };
+            console.note(&format!(
+                "isolation: a cgroup per stage under {}{limits}",
+                run.path().display()
+            ));
+            Ok(Some(Rc::new(run)))
+        }
+        Err(e) if cleared.controllers.is_empty() => {
+            console.note(&format!("isolation: process groups ({e})"));
+            Ok(None)
+        }
+        Err(e) => Err(Error::Refused(format!(
+            "the stages' limits need a cgroup of the run's, which cannot be made: {e}"
+        ))),
+    }
 }
 
 /// How the run's GPUs are checked, for the console.

@@ -5,6 +5,7 @@
 use crate::gpu::{GpuInfo, MemoryProbe};
 use crate::host::Host;
 use crate::plan::LoadedPlan;
+use crate::process::cgroup::host::HostCgroups;
 use crate::slurm::{Allocation, SlurmError};
 use protocol::plan::GpuCheck;
 use std::rc::Rc;
@@ -35,6 +36,16 @@ pub enum Refusal {
         /// The GPUs of the machine.
         has: usize,
     },
+    /// A stage asks for a host limit (`memory`, `pids`, `cpus`) this host cannot enforce.
+    #[error("stage `{stage}` sets {keys} but {why}")]
+    HostLimits {
+        /// The stage.
+        stage: String,
+        /// Its limits as written (`memory = "256MiB"`).
+        keys: String,
+        /// Why they cannot be enforced, and what to do.
+        why: String,
+    },
 }
 
 impl Refusal {
@@ -45,6 +56,7 @@ impl Refusal {
             Refusal::GpuCheckUnavailable { .. } => "gpu_check_unavailable",
             Refusal::NoGpuListed => "no_gpu",
             Refusal::TooManyGpus { .. } => "too_many_gpus",
+            Refusal::HostLimits { .. } => "host_limits",
         }
     }
 }
@@ -57,6 +69,70 @@ pub(crate) struct Cleared {
     pub(crate) gpu_check: String,
     /// The machine's GPUs (stages get them by UUID).
     pub(crate) gpus: Vec<GpuInfo>,
+    /// What the host's cgroups offer.
+    pub(crate) cgroups: HostCgroups,
+    /// Controllers the stages' limits need (all enforceable: see [`host_limits`]).
+    pub(crate) controllers: Vec<&'static str>,
+    /// Lines for the console: limits left to Slurm.
+    pub(crate) limit_notes: Vec<String>,
+}
+
+/// Every stage's host limits judged ([`crate::process::cgroup::policy::judge`]): the
+/// controllers they need and the lines to say, or the first refusal.
+pub(crate) fn host_limits(
+    plan: &LoadedPlan,
+    cgroups: &HostCgroups,
+    job: Option<&Allocation>,
+) -> Result<(Vec<&'static str>, Vec<String>), Refusal> {
+    use crate::process::cgroup::{policy, Limits};
+    let mut controllers: Vec<&'static str> = Vec::new();
+    let mut notes = Vec::new();
+    for stage in &plan.plan.stages {
+        let limits = Limits::of(stage);
+        let srun = stage.task_layout().is_some();
+        match policy::judge(cgroups, &limits, job.is_some(), srun) {
+            policy::Judgement::NoLimits => {}
+            policy::Judgement::Enforced => {
+                for (_, controller) in limits.requested() {
+                    if !controllers.contains(&controller) {
+                        controllers.push(controller);
+                    }
+                }
+            }
+            policy::Judgement::LeftToSlurm(line) => notes.push(format!("{}: {line}", stage.name)),
+            policy::Judgement::Refused(why) => {
+                return Err(Refusal::HostLimits {
+                    stage: stage.name.clone(),
+                    keys: written(stage),
+                    why,
+                })
+            }
+        }
+    }
+    Ok((controllers, notes))
+}
+
+/// The refusal of a plan whose host limits (`memory`, `pids`, `cpus`) this host cannot
+/// enforce, judged as the run's preflight would (inside the Slurm job this process is in, if
+/// any): for `validate` and `run`, which exit 2 with it before anything of the run exists.
+pub fn host_limits_refusal(plan: &LoadedPlan) -> Option<Refusal> {
+    let job = Allocation::detect();
+    host_limits(plan, &HostCgroups::detect(), job.as_ref()).err()
+}
+
+/// A stage's limits as a plan writes them.
+fn written(stage: &protocol::plan::Stage) -> String {
+    let mut keys = Vec::new();
+    if let Some(m) = stage.memory {
+        keys.push(format!("memory = \"{m}\""));
+    }
+    if let Some(p) = stage.pids {
+        keys.push(format!("pids = {p}"));
+    }
+    if let Some(c) = stage.cpus {
+        keys.push(format!("cpus = {c}"));
+    }
+    keys.join(", ")
 }
 
 /// Whether `plan` can run on `host` (inside `job`, if in a Slurm allocation); what it runs
@@ -101,10 +177,15 @@ pub(crate) fn check(
             });
         }
     }
+    let cgroups = HostCgroups::detect();
+    let (controllers, limit_notes) = host_limits(plan, &cgroups, job)?;
     Ok(Cleared {
         probe,
         gpu_check,
         gpus,
+        cgroups,
+        controllers,
+        limit_notes,
     })
 }
 

@@ -551,7 +551,7 @@ impl<'p> Scheduler<'p> {
             }
             Outcome::Failed(failure) => {
                 let message = failure.describe();
-                let retry = failure.retryable()
+                let retry = failure.retryable(self.plan.plan.stages[i].retry_oom)
                     && attempt <= self.plan.plan.stages[i].retries
                     && !self.stops.contains(&Stopping::Interrupted);
                 let retry_in = retry.then(|| retry_backoff(attempt));

@@ -6,6 +6,7 @@
 //! `cargo nextest run -p e2e-tests -E 'test(/^slurm::/)'` (or `cargo test -p e2e-tests --test e2e
 //! slurm::`). The helpers the areas share are in the `e2e_tests` library (`tests/src`).
 
+mod cgroups;
 mod chain;
 mod command_stages;
 mod daemon;

@@ -207,6 +207,9 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What this host offers stages: cgroup v2 (where, which limits: memory, pids, cpus) or
+    /// process groups only, and whether a Slurm job's cgroup is the parent. Exit 0.
+    Doctor,
 }
 
 /// Where the daemon listens.

@@ -45,6 +45,7 @@ fn run_command(cli: Cli) -> ExitCode {
     match command {
         Command::Validate { plan } => commands::validate::validate(&plan),
         Command::Schema => commands::validate::schema(),
+        Command::Doctor => commands::doctor::doctor(),
         Command::GpuCheck {
             wait,
             max_used_mib,

@@ -4,6 +4,7 @@
 
 pub(crate) mod client;
 pub(crate) mod daemon;
+pub(crate) mod doctor;
 pub(crate) mod gpu_check;
 pub(crate) mod report;
 pub(crate) mod run;

@@ -26,6 +26,10 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         None => None,
     };
     if let Some((path, _, loaded, _)) = &given {
+        if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(loaded) {
+            eprintln!("error: {}: {refusal}", path.display());
+            return ExitCode::from(exit::INVALID_INPUT as u8);
+        }
         if let Err(code) = choose_slurm_run_dir(&mut args, &run_name(loaded, path)) {
             return code;
         }

@@ -20,6 +20,10 @@ pub(crate) fn validate(plan: &Path) -> ExitCode {
     if problems.iter().any(|p| p.fatal) {
         return ExitCode::from(exit::INVALID_INPUT as u8);
     }
+    if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(&loaded) {
+        eprintln!("{}: error: {refusal}", plan.display());
+        return ExitCode::from(exit::INVALID_INPUT as u8);
+    }
     println!(
         "{}: ok ({} stage{}; order: {})",
         plan.display(),
