@@ -186,3 +186,52 @@ fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
         "{stage}"
     );
 }
+
+#[test]
+fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
+    if !doctor(&[]).contains("stages get a cgroup each") {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "no cgroup v2 on CI"
+        );
+        return;
+    }
+    let scratch = Scratch::new("cgroups-zygote");
+    scratch.write(
+        "where.py",
+        "import os, sys\nopen(os.path.join(os.environ['ORCHESTRATE_OUTPUT_DIR'], 'cgroup.txt'), 'w')\
+         .write(open('/proc/self/cgroup').read())\n",
+    );
+    let plan = scratch.write(
+        "plan.toml",
+        "[run]\npreload = [\"json\"]\n[[stage]]\nname = \"a\"\ncommand = [\"python3\", \"where.py\"]\n",
+    );
+    let result = run_plan(&scratch, &plan, &[]);
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    let stage = result.stage("a");
+    assert_eq!(stage["start"]["via"], "zygote", "{stage}");
+    assert_eq!(stage["host"]["isolation"], "cgroup", "{stage}");
+    // Born in the stage's own cgroup (the zygote's intermediate moved itself there before
+    // forking), not in the zygote's or the test's.
+    let cgroup =
+        std::fs::read_to_string(result.run_dir.join("stages/a/output/cgroup.txt")).unwrap();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let v2 = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_ne!(v2(&cgroup), v2(&own), "{cgroup}");
+    // A stage's cgroup is `N-<stage>`, or `stage-N` where idle ones are reused.
+    let leaf = v2(&cgroup)
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        leaf.ends_with("-a") || leaf.starts_with("stage-"),
+        "{cgroup}"
+    );
+}
