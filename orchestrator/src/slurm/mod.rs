@@ -11,6 +11,8 @@
 //!   in `task` (both take the arguments `hidden_args` reads), and checks every node's GPUs
 //!   after them (`node_check`); what the tasks and the check leave in the stage's directory
 //!   is in `records`;
+//! - [`placement`] spreads the stages of a run over every node of an allocation of several,
+//!   each instance a job step of its own;
 //! - `history` is the job's record in the run directory (`slurm.json`) and in the report;
 //! - every helper program (`scontrol`, `squeue`, `srun`) is started through `helper`, which
 //!   registers it with the orchestrator's reaper so its exit status is not lost.
@@ -21,8 +23,10 @@ pub(crate) mod history;
 pub(crate) mod jobstate;
 pub mod launch;
 pub(crate) mod node_check;
+pub mod placement;
 pub(crate) mod records;
 pub(crate) mod srun;
+pub(crate) mod step_tree;
 pub(crate) mod stop;
 pub(crate) mod task;
 
@@ -84,6 +88,8 @@ pub struct Allocation {
     /// The GPUs Slurm gave the job on this node, as device indices (`SLURM_JOB_GPUS`, else
     /// `SLURM_STEP_GPUS`), when it says.
     pub gpu_indices: Option<Vec<u32>>,
+    /// The CPUs of the whole allocation (`SLURM_JOB_CPUS_PER_NODE`, summed), when Slurm says.
+    pub total_cpus: Option<u32>,
 }
 
 impl Allocation {
@@ -116,6 +122,9 @@ impl Allocation {
             });
         Some(Allocation {
             gpu_indices,
+            total_cpus: get("SLURM_JOB_CPUS_PER_NODE")
+                .as_deref()
+                .and_then(placement::total_cpus),
             job_id,
             restart_count: number("SLURM_RESTART_COUNT").unwrap_or(0),
             num_nodes: number("SLURM_JOB_NUM_NODES")
