@@ -25,6 +25,7 @@ pub mod launch;
 pub(crate) mod node_check;
 pub mod placement;
 pub(crate) mod records;
+pub(crate) mod shared_dir;
 pub(crate) mod srun;
 pub(crate) mod step_tree;
 pub(crate) mod stop;
@@ -58,6 +59,16 @@ pub enum SlurmError {
         /// The job's nodes.
         job_nodes: u32,
     },
+    /// A run spread over the nodes of an allocation has a run directory some node cannot see.
+    #[error("the run directory {dir} is not shared by every node of this allocation{}: {detail}. Stages placed on other nodes write their logs and outputs there: put it on a file system all nodes mount (pass --run-dir, or submit from such a directory)", not_seen_on(.nodes))]
+    RunDirNotShared {
+        /// The run directory.
+        dir: PathBuf,
+        /// The nodes that do not see it (empty when the check could not tell which).
+        nodes: Vec<String>,
+        /// What went wrong.
+        detail: String,
+    },
     /// A first start of the job finds its default run directory already holding a run.
     #[error("{dir} already holds a run, but this start of Slurm job {job_id} is not a requeue (SLURM_RESTART_COUNT is 0): the plan was run twice in one job, or the job id was reused. Move that directory away, or pass --run-dir")]
     RunDirHoldsRun {
@@ -66,6 +77,15 @@ pub enum SlurmError {
         /// The job.
         job_id: String,
     },
+}
+
+/// ` (not seen on n2, n3)`, or nothing when no node is named.
+fn not_seen_on(nodes: &[String]) -> String {
+    if nodes.is_empty() {
+        String::new()
+    } else {
+        format!(" (not seen on {})", nodes.join(", "))
+    }
 }
 
 /// The Slurm job this process runs in.

@@ -39,9 +39,9 @@ pub fn layout_args(layout: TaskLayout) -> Vec<String> {
 pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocation>) -> AttemptPlan {
     let placement = match (stage.task_layout(), job) {
         (Some(layout), Some(_)) => {
-            let mut args = vec!["--exact".to_string()];
-            args.extend(layout_args(layout));
-            args
+            // Beside placed steps, only what the layout asks for (a one-node job keeps all).
+            let exact = super::placement::spreads(job).then(|| "--exact".to_string());
+            exact.into_iter().chain(layout_args(layout)).collect()
         }
         (None, Some(_)) if super::placement::spreads(job) => {
             plan.env.push((task::ENV_PLACED.into(), "1".into()));
