@@ -406,3 +406,126 @@ fn a_requeue_mid_sweep_resumes_without_rerunning_finished_instances() {
         "{why}"
     );
 }
+
+/// Restarts the `slurmd` of `node` (killed by a test) when dropped, and waits for the node to
+/// be back in service, so the tests after it find three nodes.
+struct RestartSlurmd(String);
+
+impl Drop for RestartSlurmd {
+    fn drop(&mut self) {
+        let _ = Command::new("slurmd").args(["-N", &self.0]).status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            let _ = Command::new("scontrol")
+                .args(["update", &format!("NodeName={}", self.0), "State=RESUME"])
+                .stderr(Stdio::null())
+                .status();
+            let state = Command::new("sinfo")
+                .args(["-h", "-n", &self.0, "-o", "%T"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default();
+            if state == "idle" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        eprintln!("node {} did not come back within 60 s", self.0);
+    }
+}
+
+#[test]
+fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
+    let Some(nodes) = three_nodes("a_node_whose_slurmd_dies_loses_only_its_running_instances")
+    else {
+        return;
+    };
+    let _node = node_lock(true);
+    let s = Scratch::new("slurm-node-lost");
+    let ran = s.path().join("ran");
+    let plan = sweep_plan(
+        s.path(),
+        "lost",
+        60,
+        &format!(
+            "echo \"work[i={{matrix.i}}] $SLURMD_NODENAME\" >> {}; sleep 2",
+            ran.display()
+        ),
+        "retries = 3\n",
+    );
+    // --no-kill: the job keeps its other nodes when one fails.
+    let id = {
+        let out = Command::new("sbatch")
+            .arg("--parsable")
+            .arg(format!("--chdir={}", s.path().display()))
+            .args(["--nodes=3", "--ntasks-per-node=4", "--no-kill"])
+            .arg(repo_root().join("configs/slurm/pipeline.sbatch"))
+            .arg(&plan)
+            .env("ORCHESTRATE", orchestrate())
+            .stdin(Stdio::null())
+            .output()
+            .expect("sbatch runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // The batch script runs on the first node; the last one is lost once it runs instances.
+    let victim = nodes.last().unwrap().clone();
+    wait_until(
+        Duration::from_secs(120),
+        "an instance on the last node",
+        || {
+            runs_by_instance(&ran)
+                .values()
+                .any(|on| on.contains(&victim))
+        },
+    );
+    let pidfile = format!("/var/lib/orchestrate-slurm/slurmd-{victim}.pid");
+    let pid = std::fs::read_to_string(&pidfile).expect("the node's slurmd pid file");
+    let _restart = RestartSlurmd(victim.clone());
+    let killed = Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let end = wait_for_end(&id, Duration::from_secs(300), &job_log(s.path(), &id));
+    let why = context(s.path(), &id);
+    assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
+    let run_dir = s.path().join(format!("runs/lost-slurm-{id}"));
+    let r = report(&run_dir);
+    assert_eq!(r["status"], "succeeded", "{why}");
+    let all = instances(&r);
+    assert_eq!(all.len(), 60);
+    assert!(all.values().all(|st| st["status"] == "succeeded"), "{why}");
+    // Some attempts were lost with the node and retried; every instance's command ran to its
+    // end once (a lost step's command never started, or was cut off on the lost node).
+    let retried: Vec<&String> = all
+        .iter()
+        .filter(|(_, st)| st["attempts"].as_u64().unwrap() > 1)
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        !retried.is_empty(),
+        "no attempt was lost with {victim}: {why}"
+    );
+    let runs = runs_by_instance(&ran);
+    for (name, st) in &all {
+        let last = st["tasks"][0]["node"].as_str().unwrap();
+        let attempts = st["attempts"].as_u64().unwrap() as usize;
+        assert!(
+            runs[name].len() <= attempts,
+            "{name} ran {:?} in {attempts} attempts",
+            runs[name]
+        );
+        if attempts > 1 {
+            assert_ne!(last, victim, "{name} was retried on the lost node: {st}");
+        }
+    }
+    eprintln!(
+        "lost {victim}: {} instance(s) retried: {retried:?}",
+        retried.len()
+    );
+}
