@@ -25,6 +25,7 @@ pub mod launch;
 pub(crate) mod node_check;
 pub mod placement;
 pub(crate) mod records;
+pub mod relay;
 pub(crate) mod shared_dir;
 pub(crate) mod srun;
 pub(crate) mod step_tree;

@@ -61,8 +61,11 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
         "srun".to_string(),
         format!("--job-name={}", stage.name),
         "--kill-on-bad-exit=1".into(),
-        "--label".into(),
     ];
+    // Each line prefixed with its rank, where there are ranks (a placed step is one task).
+    if stage.task_layout().is_some() {
+        argv.push("--label".into());
+    }
     argv.extend(placement);
     argv.extend([
         orchestrate_exe(),

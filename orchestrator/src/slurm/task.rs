@@ -127,6 +127,21 @@ pub fn run(args: Vec<String>) -> i32 {
     if rank != 0 {
         cmd.env_remove(ENV_EVENTS);
     }
+    // A placed instance's events go to the batch node over the step's stdout.
+    let relay = match (placed && rank == 0, var(ENV_EVENTS)) {
+        (true, Some(_)) => match super::relay::NodeEnd::listen() {
+            Ok((end, socket)) => {
+                cmd.env(ENV_EVENTS, socket);
+                Some(end)
+            }
+            Err(e) => {
+                eprintln!("orchestrate {TASK_SUBCOMMAND}: cannot listen for the stage's events on this node ({e}): they are not relayed");
+                cmd.env_remove(ENV_EVENTS);
+                None
+            }
+        },
+        _ => None,
+    };
     if let (Some(dir), Some(job), Some(step)) =
         (&records, var("SLURM_JOB_ID"), var("SLURM_STEP_ID"))
     {
@@ -175,6 +190,9 @@ pub fn run(args: Vec<String>) -> i32 {
     if placed {
         // The instance's whole tree is gone before its record and its node's GPU check.
         super::step_tree::kill_and_reap(child.id() as i32);
+        if let Some(end) = relay {
+            end.finish();
+        }
         if let Some(stage_dir) = records.as_deref().and_then(std::path::Path::parent) {
             super::step_tree::check_gpus(stage_dir, &node);
         }

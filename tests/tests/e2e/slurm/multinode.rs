@@ -152,14 +152,22 @@ fn a_300_instance_sweep_reaches_all_three_nodes_within_the_query_bound() {
     let _node = node_lock(true);
     let s = Scratch::new("slurm-spread");
     let ran = s.path().join("ran");
-    // Each instance leaves a process behind in its session: the wrapper must kill and reap it.
+    // Each instance reports a metric (relayed from its node over the step's stdout) and leaves
+    // a process behind in its session (which the wrapper must kill and reap).
+    let send = s.path().join("send.py");
+    std::fs::write(
+        &send,
+        "import json, os, socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['ORCHESTRATE_EVENTS'])\ns.sendall((json.dumps({'v': 1, 'event': 'metrics', 'metrics': {'double': 2 * int(sys.argv[1])}}) + '\\n').encode())\n",
+    )
+    .unwrap();
     let plan = sweep_plan(
         s.path(),
         "spread",
         300,
         &format!(
-            "echo \"work[i={{matrix.i}}] $SLURMD_NODENAME\" >> {}; sleep 600 & echo $! > {{output}}/left",
-            ran.display()
+            "echo \"work[i={{matrix.i}}] $SLURMD_NODENAME\" >> {}; python3 {} {{matrix.i}}; echo out-{{matrix.i}}; if [ {{matrix.i}} = 1 ]; then scontrol --version >/dev/null; fi; sleep 600 & echo $! > {{output}}/left",
+            ran.display(),
+            send.display()
         ),
         "",
     );
@@ -185,6 +193,21 @@ fn a_300_instance_sweep_reaches_all_three_nodes_within_the_query_bound() {
         let node = tasks[0]["node"].as_str().unwrap();
         assert!(nodes.iter().any(|n| n == node), "{st}");
         seen.insert(node.to_string());
+        // Its event came back from its node; its stdout is in its log, without the events.
+        let i: u64 = name
+            .trim_start_matches("work[i=")
+            .trim_end_matches(']')
+            .parse()
+            .unwrap();
+        assert_eq!(
+            st["metrics"]["double"].as_f64(),
+            Some(2.0 * i as f64),
+            "{name}: {st}"
+        );
+        let log = std::fs::read_to_string(run_dir.join(format!("stages/{name}/stdout.log")))
+            .unwrap_or_else(|e| panic!("{name}'s stdout log: {e}"));
+        assert!(log.contains(&format!("out-{i}")), "{name}: {log:?}");
+        assert!(!log.contains("orchestrate-event"), "{name}: {log:?}");
         let checks = st["nodes"].as_array().expect("the node's GPU check");
         assert_eq!(checks.len(), 1, "{st}");
         assert_eq!(checks[0]["node"], node, "{st}");
@@ -224,9 +247,17 @@ fn a_300_instance_sweep_reaches_all_three_nodes_within_the_query_bound() {
         .map(|l| l.split(',').nth(col).unwrap())
         .collect();
     assert_eq!(csv_nodes.len(), 3, "{csv_nodes:?}");
-    // At most one squeue/sacct/scontrol query per 30 s of the run, plus one.
+    // At most one squeue/sacct/scontrol query per 30 s of the run, plus one; instance 1's own
+    // `scontrol --version` shows that the count sees the job's calls.
     let queries = std::fs::read_to_string(&calls).unwrap_or_default();
-    let count = queries.lines().count() as u64;
+    assert!(
+        queries.contains("scontrol --version"),
+        "the wrappers were not used: {queries:?}"
+    );
+    let count = queries
+        .lines()
+        .filter(|l| !l.ends_with("--version"))
+        .count() as u64;
     let bound = 1 + elapsed.as_secs() / 30;
     assert!(
         count <= bound,
