@@ -514,7 +514,10 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
                 .any(|on| on.contains(&victim))
         },
     );
-    let pidfile = format!("/var/lib/orchestrate-slurm/slurmd-{victim}.pid");
+    // Where scripts/slurm-cluster keeps its state (SLURM_CLUSTER_DIR there too).
+    let state =
+        std::env::var("SLURM_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/orchestrate-slurm".into());
+    let pidfile = format!("{state}/slurmd-{victim}.pid");
     let pid = std::fs::read_to_string(&pidfile).expect("the node's slurmd pid file");
     let _restart = RestartSlurmd(victim.clone());
     let killed = Command::new("kill")
