@@ -10,7 +10,8 @@ use std::collections::BTreeSet;
 /// One row: column name and value, in column order.
 pub type Row = Vec<(String, serde_json::Value)>;
 
-/// Instance `i`'s row: `stage`, `instance`, each matrix key, `status`, `error`, then every
+/// Instance `i`'s row: `stage`, `instance`, each matrix key, `status`, `node` (only where it ran
+/// as a Slurm job step: its first task's node), `error`, then every
 /// metric (as `metric.NAME` when a column of that name already exists). `None` for a stage
 /// that is not a matrix instance.
 pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
@@ -23,6 +24,10 @@ pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
         row.push((k.to_string(), v.clone().into()));
     }
     row.push(("status".into(), stage.status.as_str().into()));
+    // The node it ran on, where it ran as a job step (placed over an allocation, or srun).
+    if let Some(task) = stage.tasks.first() {
+        row.push(("node".into(), task.node.clone().into()));
+    }
     row.push((
         "error".into(),
         stage.error.clone().unwrap_or_default().into(),

@@ -76,10 +76,10 @@ pub(super) async fn drive(
     let plan = setup.plan.clone();
     let settings = &plan.plan.run;
     let rules = Rules {
-        max_parallel: settings
-            .max_parallel
-            .map(|n| n as usize)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        max_parallel: crate::slurm::placement::bound_parallel(
+            settings.max_parallel.map(|n| n as usize),
+            setup.slurm.as_ref(),
+        ),
         fail_fast: settings.fail_fast,
         on_leak: settings.on_leak,
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
@@ -374,7 +374,10 @@ impl<'h> Driver<'h> {
         );
         // A GPU or srun stage's verdicts come after its tree is gone: it neither frees its
         // slot early nor hands over to a successor.
-        let may_hand_over = given.is_empty() && node_check.is_none();
+        // A placed step's successor is placed as a step of its own, never handed over.
+        let may_hand_over = given.is_empty()
+            && node_check.is_none()
+            && !crate::slurm::placement::spreads(setup.slurm.as_ref());
         sched.on(
             Event::Launched {
                 stage: i,

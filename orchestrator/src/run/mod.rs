@@ -161,6 +161,12 @@ async fn run_in_span(
     if let Some(job) = &slurm {
         console.note(&job.describe());
         crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
+        // Placed steps write into the run directory from every node: all must see it.
+        if crate::slurm::placement::spreads(Some(job)) {
+            crate::slurm::shared_dir::check(run_dir.root(), job, &host.reaper)
+                .await
+                .map_err(|e| Error::from(preflight::Refusal::from(e)))?;
+        }
     }
     let settings = &plan.plan.run;
     let services = Rc::new(Services {

@@ -934,6 +934,40 @@ mod tests {
     }
 
     #[test]
+    fn a_run_spread_over_an_allocation_holds_no_more_steps_than_its_cpus_and_retries_a_lost_one_first(
+    ) {
+        // Three nodes of two CPUs: six placed steps at once, whatever max_parallel says.
+        let job = crate::slurm::Allocation::from_vars(|k| {
+            let v = match k {
+                "SLURM_JOB_ID" => "7",
+                "SLURM_JOB_NUM_NODES" => "3",
+                "SLURM_JOB_CPUS_PER_NODE" => "2(x3)",
+                _ => return None,
+            };
+            Some(v.to_string())
+        });
+        let bound = crate::slurm::placement::bound_parallel(Some(64), job.as_ref());
+        let names = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9"];
+        let stages: Vec<(&str, &[&str], &str)> =
+            names.iter().map(|n| (*n, &[][..], "retries = 1")).collect();
+        let p = plan("", &stages);
+        let mut s = scheduler(&p, rules(bound));
+        let mut gpus = Gpus::new(0);
+        let t0 = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, t0).0, vec![0, 1, 2, 3, 4, 5]);
+        // The step of s2 is lost with its node: one slot frees, the next stage takes it…
+        end(&mut s, 2, &failed(Failure::Exit(233)), t0);
+        assert_eq!(round(&mut s, &mut gpus, t0).0, vec![6]);
+        assert_eq!(s.slots_held(), 6);
+        // …and once its backoff is over, s2's retry comes before the stages after it.
+        end(&mut s, 0, &succeeded(), t0);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![2]);
+        assert_eq!(s.states()[2].attempts, 2);
+        assert_eq!(s.states()[0].attempts, 1, "what finished is not run again");
+    }
+
+    #[test]
     fn a_retryable_failure_is_retried_after_its_backoff_until_the_retries_are_spent() {
         let p = plan("", &[("a", &[], "retries = 2"), ("b", &["a"], "")]);
         let mut s = scheduler(&p, rules(1));

@@ -50,6 +50,11 @@ pub fn run(args: Vec<String>) -> i32 {
             Ok(())
         });
     }
+    // A placed instance: its events come back on srun's stdout (`super::relay`).
+    let relayed = std::env::var(super::task::ENV_PLACED).is_ok_and(|v| v == "1");
+    if relayed {
+        cmd.stdout(Stdio::piped());
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -57,11 +62,19 @@ pub fn run(args: Vec<String>) -> i32 {
             return 127;
         }
     };
+    let mut splitter = child.stdout.take().map(|out| {
+        let socket = std::env::var_os(protocol::worker::ENV_EVENTS).map(std::path::PathBuf::from);
+        std::thread::spawn(move || super::relay::split(out, std::io::stdout(), socket.as_deref()))
+    });
     let mut stop_sent = false;
     loop {
         match child.try_wait() {
             Ok(Some(status)) => {
                 use std::os::unix::process::ExitStatusExt;
+                // Every event and line srun passed on is delivered before the stage ends.
+                if let Some(s) = splitter.take() {
+                    let _ = s.join();
+                }
                 return match (status.code(), status.signal()) {
                     (Some(0), _) => records
                         .as_deref()

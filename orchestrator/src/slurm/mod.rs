@@ -11,6 +11,8 @@
 //!   in `task` (both take the arguments `hidden_args` reads), and checks every node's GPUs
 //!   after them (`node_check`); what the tasks and the check leave in the stage's directory
 //!   is in `records`;
+//! - [`placement`] spreads the stages of a run over every node of an allocation of several,
+//!   each instance a job step of its own;
 //! - `history` is the job's record in the run directory (`slurm.json`) and in the report;
 //! - every helper program (`scontrol`, `squeue`, `srun`) is started through `helper`, which
 //!   registers it with the orchestrator's reaper so its exit status is not lost.
@@ -21,8 +23,12 @@ pub(crate) mod history;
 pub(crate) mod jobstate;
 pub mod launch;
 pub(crate) mod node_check;
+pub mod placement;
 pub(crate) mod records;
+pub mod relay;
+pub(crate) mod shared_dir;
 pub(crate) mod srun;
+pub(crate) mod step_tree;
 pub(crate) mod stop;
 pub(crate) mod task;
 
@@ -54,6 +60,16 @@ pub enum SlurmError {
         /// The job's nodes.
         job_nodes: u32,
     },
+    /// A run spread over the nodes of an allocation has a run directory some node cannot see.
+    #[error("the run directory {dir} is not shared by every node of this allocation{}: {detail}. Stages placed on other nodes write their logs and outputs there: put it on a file system all nodes mount (pass --run-dir, or submit from such a directory)", not_seen_on(.nodes))]
+    RunDirNotShared {
+        /// The run directory.
+        dir: PathBuf,
+        /// The nodes that do not see it (empty when the check could not tell which).
+        nodes: Vec<String>,
+        /// What went wrong.
+        detail: String,
+    },
     /// A first start of the job finds its default run directory already holding a run.
     #[error("{dir} already holds a run, but this start of Slurm job {job_id} is not a requeue (SLURM_RESTART_COUNT is 0): the plan was run twice in one job, or the job id was reused. Move that directory away, or pass --run-dir")]
     RunDirHoldsRun {
@@ -62,6 +78,15 @@ pub enum SlurmError {
         /// The job.
         job_id: String,
     },
+}
+
+/// ` (not seen on n2, n3)`, or nothing when no node is named.
+fn not_seen_on(nodes: &[String]) -> String {
+    if nodes.is_empty() {
+        String::new()
+    } else {
+        format!(" (not seen on {})", nodes.join(", "))
+    }
 }
 
 /// The Slurm job this process runs in.
@@ -84,6 +109,8 @@ pub struct Allocation {
     /// The GPUs Slurm gave the job on this node, as device indices (`SLURM_JOB_GPUS`, else
     /// `SLURM_STEP_GPUS`), when it says.
     pub gpu_indices: Option<Vec<u32>>,
+    /// The CPUs of the whole allocation (`SLURM_JOB_CPUS_PER_NODE`, summed), when Slurm says.
+    pub total_cpus: Option<u32>,
 }
 
 impl Allocation {
@@ -116,6 +143,9 @@ impl Allocation {
             });
         Some(Allocation {
             gpu_indices,
+            total_cpus: get("SLURM_JOB_CPUS_PER_NODE")
+                .as_deref()
+                .and_then(placement::total_cpus),
             job_id,
             restart_count: number("SLURM_RESTART_COUNT").unwrap_or(0),
             num_nodes: number("SLURM_JOB_NUM_NODES")

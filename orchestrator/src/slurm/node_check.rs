@@ -84,11 +84,13 @@ async fn run_check(layout: TaskLayout, dir: &Path, reaper: &Reaper) -> Vec<NodeG
         format!("--nodes={}", layout.nodes),
         format!("--ntasks={}", layout.nodes),
         "--ntasks-per-node=1".into(),
-        format!("--output={}/%N.json", dir.display()),
-        format!("--error={}/%N.err", dir.display()),
+        // Each answer in a file named for the node as Slurm names it (`SLURMD_NODENAME`): srun's
+        // `%N` is the host name, the same for nodes that share a host.
+        "sh".into(),
+        "-c".into(),
+        r#"exe=$0 dir=$1; shift; n=${SLURMD_NODENAME:-$(hostname -s)}; exec "$exe" gpu-check --json "$@" >"$dir/$n.json" 2>"$dir/$n.err""#.into(),
         srun::orchestrate_exe(),
-        "gpu-check".into(),
-        "--json".into(),
+        dir.display().to_string(),
     ];
     if let Ok(limit) = std::env::var("ORCHESTRATE_NODE_CHECK_MAX_USED_MIB") {
         argv.extend(["--max-used-mib".into(), limit]);

@@ -32,11 +32,22 @@ pub fn layout_args(layout: TaskLayout) -> Vec<String> {
     args
 }
 
-/// Turns the attempt of a stage with an srun layout into an `srun` job step; other stages come
-/// back unchanged. Clears the task records of earlier attempts.
+/// Turns the attempt of a stage with an srun layout into an `srun` job step, and in an
+/// allocation of several nodes every other stage's into a one-task step Slurm places on a
+/// node with room ([`super::placement`]); other stages come back unchanged. Clears the task
+/// records of earlier attempts.
 pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocation>) -> AttemptPlan {
-    let (Some(layout), Some(_)) = (stage.task_layout(), job) else {
-        return plan;
+    let placement = match (stage.task_layout(), job) {
+        (Some(layout), Some(_)) => {
+            // Beside placed steps, only what the layout asks for (a one-node job keeps all).
+            let exact = super::placement::spreads(job).then(|| "--exact".to_string());
+            exact.into_iter().chain(layout_args(layout)).collect()
+        }
+        (None, Some(_)) if super::placement::spreads(job) => {
+            plan.env.push((task::ENV_PLACED.into(), "1".into()));
+            super::placement::step_args(stage.gpus_wanted())
+        }
+        _ => return plan,
     };
     let records = super::records::records_dir(&plan.stage_dir);
     let _ = std::fs::remove_dir_all(&records);
@@ -50,9 +61,12 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
         "srun".to_string(),
         format!("--job-name={}", stage.name),
         "--kill-on-bad-exit=1".into(),
-        "--label".into(),
     ];
-    argv.extend(layout_args(layout));
+    // Each line prefixed with its rank, where there are ranks (a placed step is one task).
+    if stage.task_layout().is_some() {
+        argv.push("--label".into());
+    }
+    argv.extend(placement);
     argv.extend([
         orchestrate_exe(),
         task::TASK_SUBCOMMAND.into(),

@@ -24,6 +24,11 @@ use std::process::Command;
 /// The hidden subcommand that runs the wrapper.
 pub const TASK_SUBCOMMAND: &str = "__slurm-task";
 
+/// Set (to 1) in the environment of a step that is one placed stage instance
+/// ([`super::placement`]): its wrapper runs the command in a session of its own, kills and
+/// reaps what is left of it, and checks the node's GPUs before it exits.
+pub const ENV_PLACED: &str = "ORCHESTRATE_PLACED_STEP";
+
 /// This machine's short host name (what Slurm calls the node), or "localhost".
 pub fn host_name() -> String {
     let mut buf = [0u8; 256];
@@ -93,8 +98,13 @@ pub fn run(args: Vec<String>) -> i32 {
         .or_else(|| num("SLURM_NNODES"))
         .unwrap_or(1);
     let node = var("SLURMD_NODENAME").unwrap_or_else(host_name);
+    let placed = var(ENV_PLACED).is_some_and(|v| v == "1");
     let mut cmd = Command::new(exe);
     cmd.args(exe_args);
+    cmd.env_remove(ENV_PLACED);
+    if placed {
+        super::step_tree::own_session(&mut cmd);
+    }
     let mut set_default = |k: &str, v: String| {
         if var(k).is_none() {
             cmd.env(k, v);
@@ -117,6 +127,21 @@ pub fn run(args: Vec<String>) -> i32 {
     if rank != 0 {
         cmd.env_remove(ENV_EVENTS);
     }
+    // A placed instance's events go to the batch node over the step's stdout.
+    let relay = match (placed && rank == 0, var(ENV_EVENTS)) {
+        (true, Some(_)) => match super::relay::NodeEnd::listen() {
+            Ok((end, socket)) => {
+                cmd.env(ENV_EVENTS, socket);
+                Some(end)
+            }
+            Err(e) => {
+                eprintln!("orchestrate {TASK_SUBCOMMAND}: cannot listen for the stage's events on this node ({e}): they are not relayed");
+                cmd.env_remove(ENV_EVENTS);
+                None
+            }
+        },
+        _ => None,
+    };
     if let (Some(dir), Some(job), Some(step)) =
         (&records, var("SLURM_JOB_ID"), var("SLURM_STEP_ID"))
     {
@@ -162,6 +187,16 @@ pub fn run(args: Vec<String>) -> i32 {
     };
     use std::os::unix::process::ExitStatusExt;
     let signal = status.signal();
+    if placed {
+        // The instance's whole tree is gone before its record and its node's GPU check.
+        super::step_tree::kill_and_reap(child.id() as i32);
+        if let Some(end) = relay {
+            end.finish();
+        }
+        if let Some(stage_dir) = records.as_deref().and_then(std::path::Path::parent) {
+            super::step_tree::check_gpus(stage_dir, &node);
+        }
+    }
     write_record(&records, rank, local_rank, &node, status.code(), signal);
     if STOPPING.load(std::sync::atomic::Ordering::SeqCst) {
         // Not a failure srun should answer by killing the other tasks (see the module's doc).

@@ -8,6 +8,8 @@
 //! and elsewhere say loudly that they did not run. The tests that need no cluster (a stage
 //! for srun outside Slurm, `scontrol` missing) always run.
 
+mod multinode;
+
 use e2e_tests::{
     journal_records as journal, orchestrate, read_report as report, repo_root,
     report_stage as stage, Scratch,
@@ -438,13 +440,16 @@ fn preemption_is_told_from_slurms_preempt_time_and_the_job_resumes() {
     wait_until(Duration::from_secs(120), "the stage to start", || {
         run_dir.join("stages/wait/output/started").exists()
     });
-    // …until a job of the higher-tier partition wants it.
+    // …until a job of the higher-tier partition wants it (that node: the cluster may have
+    // idle others).
+    let job_node = field(&job_fields(&id), "NodeList");
     let urgent = Command::new("sbatch")
         .args([
             "--parsable",
             "-p",
             "urgent",
             "--exclusive",
+            &format!("--nodelist={job_node}"),
             "-o",
             "/dev/null",
         ])
