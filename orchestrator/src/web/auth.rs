@@ -51,7 +51,7 @@ impl Auth {
     /// Whether `host` (a `Host` header's value, with or without a port) is allowed.
     pub fn host_allowed(&self, host: &str) -> bool {
         let name = host_name(host).to_ascii_lowercase();
-        self.hosts.iter().any(|h| *h == name)
+        self.hosts.contains(&name)
     }
 
     /// Whether `given` is the token (in time independent of where they differ).

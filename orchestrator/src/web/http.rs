@@ -136,7 +136,7 @@ pub fn parse_head(head: &[u8]) -> Result<Request, HeadError> {
 }
 
 /// An answer.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct Response {
     /// Status code.
     pub status: u16,

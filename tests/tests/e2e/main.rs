@@ -27,3 +27,4 @@ mod slots;
 mod slurm;
 mod timeout_stall;
 mod validate_cli;
+mod web;

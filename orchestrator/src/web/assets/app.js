@@ -244,7 +244,7 @@ function runPage(id) {
   source.addEventListener("run", (m) => {
     const { seq, event } = JSON.parse(m.data); st.events = seq + 1; apply(event);
     if (st.info) { if (event.event === "stage_finished" && event.status === "succeeded") st.info.succeeded += 1; st.info.state = st.info.finished_unix ? st.info.state : "running"; }
-    if (event.event === "stage_finished" || event.event === "stage_skipped") refreshSoon();
+    if (event.event === "stage_finished" || event.event === "stage_skipped") { refreshSoon(); if (event.stage === st.selected) fetchLog(); }
     schedule();
   });
   source.addEventListener("end", (m) => { source.close(); st.info = JSON.parse(m.data) || st.info; $("#conn").textContent = "run ended"; refresh(); memory(); });
