@@ -70,7 +70,12 @@ pub struct Web {
     pub auth: auth::Auth,
     /// The GPUs' memory.
     pub memory: memory::Memory,
+    /// Connections open now (at most [`MAX_CONNECTIONS`]; more are closed at once).
+    pub open: std::cell::Cell<usize>,
 }
+
+/// Connections (pages' event streams included) served at once.
+pub const MAX_CONNECTIONS: usize = 1024;
 
 /// A started web view; dropping it stops it.
 pub struct Running {
@@ -154,13 +159,23 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         daemon,
         auth: auth::Auth::new(token, &hosts),
         memory,
+        open: std::cell::Cell::new(0),
     });
     let accept = tokio::task::spawn_local(async move {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
+                    if web.open.get() >= MAX_CONNECTIONS {
+                        tracing::warn!("web view: {MAX_CONNECTIONS} connections open; one more closed");
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
-                    tokio::task::spawn_local(api::serve(web.clone(), stream));
+                    let web = web.clone();
+                    web.open.set(web.open.get() + 1);
+                    tokio::task::spawn_local(async move {
+                        api::serve(web.clone(), stream).await;
+                        web.open.set(web.open.get() - 1);
+                    });
                 }
                 Err(e) => {
                     tracing::warn!("web view: accept failed: {e}");

@@ -237,7 +237,8 @@ function runPage(id) {
   async function refresh() {
     try { const r = await getJSON(base); st.info = r.info; st.report = r.report; mergeReport(); schedule(); } catch (e) { $("#run-summary").textContent = String(e); }
   }
-  function refreshSoon() { if (!reportTimer) reportTimer = setTimeout(() => { reportTimer = null; refresh(); }, 1500); }
+  // The report of a big sweep is big: it is fetched less often the more stages the run has.
+  function refreshSoon() { if (!reportTimer) reportTimer = setTimeout(() => { reportTimer = null; refresh(); }, 1500 + 2 * ((st.info && st.info.stages) || 0)); }
   async function memory() { try { st.memory = await getJSON(base + "/memory"); schedule(); } catch (e) { /* shown on the next success */ } }
   refresh(); memory();
   const source = new EventSource(base + "/events");
