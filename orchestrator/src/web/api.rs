@@ -20,6 +20,9 @@ pub const LOG_TAIL_BYTES: u64 = 64 << 10;
 pub const MEMORY_POINTS: usize = 2000;
 /// A comment is sent on an idle event stream this often, so a dead peer is noticed.
 pub const KEEPALIVE: Duration = Duration::from_secs(15);
+/// An event stream gathers the events of this long into one write: a sweep's hundreds of
+/// events a second then cost each open page a few wake-ups a second, not one per event.
+pub const BATCH: Duration = Duration::from_millis(100);
 
 /// The route `request` is for, and its path parameters.
 pub fn find(request: &Request) -> Option<(&'static Route, Vec<String>)> {
@@ -242,6 +245,11 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         .map(|n| n + 1)
         .or_else(|| request.param("from").and_then(|s| s.parse().ok()))
         .unwrap_or(0);
+    {
+        let registry = web.daemon.registry.borrow();
+        web.frames
+            .retain(|run| registry.get(run).is_some_and(|r| !r.finished()));
+    }
     let Some((backlog, mut live)) = web
         .daemon
         .registry
@@ -258,12 +266,13 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         return;
     }
     let mut next = from;
-    if !send_events(&mut stream, backlog, &mut next).await {
+    if !send_events(web, &mut stream, id, backlog, &mut next).await {
         return;
     }
     if let Some(live) = live.as_mut() {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
         loop {
-            let events = match tokio::time::timeout(KEEPALIVE, live.recv()).await {
+            let mut events = match tokio::time::timeout(KEEPALIVE, live.recv()).await {
                 Err(_) => {
                     if !http::write(&mut stream, b": keepalive\n\n").await {
                         return;
@@ -271,16 +280,36 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
                     continue;
                 }
                 Ok(Ok(numbered)) => vec![numbered],
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
-                    match web.daemon.registry.borrow().get(id) {
-                        Some(run) => run.backlog(next),
-                        None => break,
+                Ok(Err(RecvError::Lagged(_))) => Vec::new(),
+                Ok(Err(RecvError::Closed)) => break,
+            };
+            // What else comes within the batch's time goes in the same write.
+            tokio::time::sleep(BATCH).await;
+            let mut lagged = events.is_empty();
+            let mut closed = false;
+            loop {
+                match live.try_recv() {
+                    Ok(numbered) => events.push(numbered),
+                    Err(TryRecvError::Lagged(_)) => lagged = true,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Closed) => {
+                        closed = true;
+                        break;
                     }
                 }
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
-            };
-            if !send_events(&mut stream, events, &mut next).await {
+            }
+            if lagged {
+                // This stream fell behind: catch up from the run's log.
+                match web.daemon.registry.borrow().get(id) {
+                    Some(run) => events = run.backlog(next),
+                    None => break,
+                }
+            }
+            if !send_events(web, &mut stream, id, events, &mut next).await {
                 return;
+            }
+            if closed {
+                break;
             }
         }
     }
@@ -289,13 +318,17 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         None => return,
     };
     let _ = done.wait_for(|d| *d).await;
+    web.frames.forget(id);
     let info = web.daemon.registry.borrow().get(id).map(|r| r.info());
     let data = serde_json::to_string(&info).unwrap_or_default();
     let _ = http::write(&mut stream, &sse("end", None, &data)).await;
 }
 
+/// Writes the events numbered `next` and later, in one write; `false` when the peer is gone.
 async fn send_events(
+    web: &Web,
     stream: &mut TcpStream,
+    id: &str,
     events: Vec<crate::daemon::registry::Numbered>,
     next: &mut u64,
 ) -> bool {
@@ -305,10 +338,63 @@ async fn send_events(
             continue;
         }
         *next = seq + 1;
-        let data = serde_json::json!({ "seq": seq, "event": event }).to_string();
-        out.extend_from_slice(&sse("run", Some(seq), &data));
+        out.extend_from_slice(&web.frames.get(id, seq, &event));
     }
     out.is_empty() || http::write(stream, &out).await
+}
+
+/// The server-sent-event frames of each run's latest events, encoded once for all the pages
+/// that stream them: at most [`Frames::KEPT`] per run, and only for runs not finished.
+#[derive(Default)]
+pub struct Frames {
+    runs: std::cell::RefCell<
+        std::collections::HashMap<String, std::collections::VecDeque<(u64, Rc<[u8]>)>>,
+    >,
+}
+
+impl Frames {
+    /// Frames kept per run.
+    pub const KEPT: usize = 4096;
+
+    /// The frame of run `id`'s event `seq`, encoded now unless a page's stream just did.
+    pub fn get(&self, id: &str, seq: u64, event: &protocol::daemon::RunEvent) -> Rc<[u8]> {
+        let mut runs = self.runs.borrow_mut();
+        let ring = runs.entry(id.to_string()).or_default();
+        if let Some(&(first, _)) = ring.front() {
+            if let Some((_, frame)) = seq.checked_sub(first).and_then(|i| ring.get(i as usize)) {
+                return frame.clone();
+            }
+        }
+        let event = serde_json::to_string(event).unwrap_or_default();
+        let frame: Rc<[u8]> = sse(
+            "run",
+            Some(seq),
+            &format!("{{\"seq\":{seq},\"event\":{event}}}"),
+        )
+        .into();
+        // Kept only when it extends the ring (the live edge), so the ring stays in order.
+        let extends = ring.back().map_or(true, |&(last, _)| seq == last + 1);
+        if extends {
+            if ring.len() == Self::KEPT {
+                ring.pop_front();
+            }
+            ring.push_back((seq, frame.clone()));
+        } else if ring.back().is_some_and(|&(last, _)| seq > last + 1) {
+            ring.clear();
+            ring.push_back((seq, frame.clone()));
+        }
+        frame
+    }
+
+    /// Run `id` has ended: its frames go.
+    pub fn forget(&self, id: &str) {
+        self.runs.borrow_mut().remove(id);
+    }
+
+    /// Keeps the frames of the runs `live` says yes to (the others have ended).
+    pub fn retain(&self, live: impl Fn(&str) -> bool) {
+        self.runs.borrow_mut().retain(|id, _| live(id));
+    }
 }
 
 #[cfg(test)]
@@ -332,6 +418,39 @@ mod tests {
             assert!(!safe_segment(bad), "{bad:?}");
         }
         assert!(safe_segment("train-1.b"));
+    }
+
+    #[test]
+    fn a_frame_is_encoded_once_and_the_same_for_every_stream() {
+        let frames = Frames::default();
+        let event = |text: &str| protocol::daemon::RunEvent {
+            t_ms: 7,
+            kind: protocol::daemon::RunEventKind::Note { text: text.into() },
+        };
+        let a = frames.get("r", 5, &event("five"));
+        let again = frames.get("r", 5, &event("five"));
+        assert!(
+            Rc::ptr_eq(&a, &again),
+            "the second stream reuses the first's frame"
+        );
+        let text = String::from_utf8(a.to_vec()).unwrap();
+        let data = text.lines().nth(2).unwrap().strip_prefix("data: ").unwrap();
+        assert!(
+            text.starts_with("id: 5\nevent: run\ndata: ") && text.ends_with("}\n\n"),
+            "{text}"
+        );
+        let data: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(data["seq"], 5);
+        assert_eq!(data["event"]["text"], "five");
+        // An older event than the ring holds is encoded, not kept; a jump restarts the ring.
+        frames.get("r", 6, &event("six"));
+        let one = frames.get("r", 1, &event("one"));
+        assert!(!Rc::ptr_eq(&one, &frames.get("r", 1, &event("one"))));
+        let far = frames.get("r", 100, &event("hundred"));
+        assert!(Rc::ptr_eq(&far, &frames.get("r", 100, &event("hundred"))));
+        frames.retain(|_| false);
+        let after = frames.get("r", 100, &event("hundred"));
+        assert!(!Rc::ptr_eq(&far, &after), "a finished run's frames go");
     }
 
     #[test]

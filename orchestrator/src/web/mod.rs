@@ -72,6 +72,8 @@ pub struct Web {
     pub memory: memory::Memory,
     /// Connections open now (at most [`MAX_CONNECTIONS`]; more are closed at once).
     pub open: std::cell::Cell<usize>,
+    /// Event frames encoded once for every page.
+    pub frames: api::Frames,
 }
 
 /// Connections (pages' event streams included) served at once.
@@ -160,13 +162,16 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         auth: auth::Auth::new(token, &hosts),
         memory,
         open: std::cell::Cell::new(0),
+        frames: api::Frames::default(),
     });
     let accept = tokio::task::spawn_local(async move {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
                     if web.open.get() >= MAX_CONNECTIONS {
-                        tracing::warn!("web view: {MAX_CONNECTIONS} connections open; one more closed");
+                        tracing::warn!(
+                            "web view: {MAX_CONNECTIONS} connections open; one more closed"
+                        );
                         continue;
                     }
                     let _ = stream.set_nodelay(true);

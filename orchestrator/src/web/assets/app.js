@@ -194,7 +194,7 @@ function runPage(id) {
     const rows = [];
     for (const n of st.order) for (const g of st.stages.get(n).gpu) rows.push(el("tr", { "data-stage": n },
       el("td", {}, n), el("td", { class: "num" }, String(g.attempt)), el("td", {}, g.uuid), el("td", { class: "num" }, mib(g.baseline_bytes)),
-      el("td", { class: "num" }, mib(g.peak_bytes)), el("td", { class: "num" }, mib(g.after_bytes)), el("td", { class: "num" }, g.reclaim_ms.toFixed(0) + " ms"),
+      el("td", { class: "num" }, mib(g.peak_bytes)), el("td", { class: "num" }, mib(g.after_bytes)), el("td", { class: "num" }, (g.reclaim_ms < 10 ? g.reclaim_ms.toFixed(2) : g.reclaim_ms.toFixed(0)) + " ms"),
       el("td", { class: "status v-" + g.verdict }, g.verdict), el("td", {}, (g.holders || []).join(", "))));
     $("#verdicts tbody").replaceChildren(...rows.slice(-300));
   }
