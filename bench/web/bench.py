@@ -137,7 +137,8 @@ def summary(n):
             "stages_per_s_all": [r["stages_per_s"] for r in rs]}
 
 
-subprocess.run(["rm", "-rf", work])
+for k in range(len(results)):
+    subprocess.run(["rm", "-rf", os.path.join(work, f"t{k}")])
 none, some = summary(0), summary(pages)
 out = {"stages": stages, "pages": pages, "trials": trials, "no_page": none, "pages_open": some,
        "cpu_ratio": some["daemon_cpu_s"] / none["daemon_cpu_s"],

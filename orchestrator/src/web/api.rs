@@ -343,13 +343,14 @@ async fn send_events(
     out.is_empty() || http::write(stream, &out).await
 }
 
+/// One run's latest frames, by sequence number, oldest first.
+type Ring = std::collections::VecDeque<(u64, Rc<[u8]>)>;
+
 /// The server-sent-event frames of each run's latest events, encoded once for all the pages
 /// that stream them: at most [`Frames::KEPT`] per run, and only for runs not finished.
 #[derive(Default)]
 pub struct Frames {
-    runs: std::cell::RefCell<
-        std::collections::HashMap<String, std::collections::VecDeque<(u64, Rc<[u8]>)>>,
-    >,
+    runs: std::cell::RefCell<std::collections::HashMap<String, Ring>>,
 }
 
 impl Frames {
@@ -373,7 +374,7 @@ impl Frames {
         )
         .into();
         // Kept only when it extends the ring (the live edge), so the ring stays in order.
-        let extends = ring.back().map_or(true, |&(last, _)| seq == last + 1);
+        let extends = ring.back().is_none_or(|&(last, _)| seq == last + 1);
         if extends {
             if ring.len() == Self::KEPT {
                 ring.pop_front();
