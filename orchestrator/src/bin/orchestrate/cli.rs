@@ -127,8 +127,8 @@ pub(crate) enum Command {
         /// and cancel runs).
         #[arg(long, requires = "http")]
         http_remote: bool,
-        /// A host name the web view answers to besides localhost, 127.0.0.1 and [::1] (the name
-        /// in the browser's address bar); repeatable.
+        /// A host name the web view answers to besides localhost, 127.0.0.1 and the IPv6
+        /// loopback (the name in the browser's address bar); repeatable.
         #[arg(long, value_name = "NAME", requires = "http")]
         http_allow_host: Vec<String>,
     },
