@@ -30,3 +30,4 @@ pub mod table;
 #[cfg(test)]
 mod testutil;
 pub mod timefmt;
+pub mod web;

@@ -417,6 +417,16 @@ pub enum RunEventKind {
         /// Why: `interrupted`, `fail_fast` or `gpu_leaked`.
         reason: crate::status::FailureClass,
     },
+    /// A stage attempt's GPU verdicts, one record per GPU it had (clean ones included), once
+    /// its tree is gone and every GPU judged: baseline, peak, after, reclaim time, holders.
+    StageGpu {
+        /// The stage.
+        stage: String,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// One record per GPU, as `report.json` has them.
+        gpus: Vec<crate::report::GpuRecord>,
+    },
     /// An event this client does not know (sent by a newer `orchestrate`): skip it.
     #[serde(other)]
     Unknown,

@@ -12,6 +12,7 @@
 //! - [`run`]: the per-run `run.json` (plan format and base directory).
 //! - [`daemon`]: the requests, answers and run events of `orchestrate daemon`'s socket.
 //! - [`fork`]: the fork server's requests and replies.
+//! - [`web`]: the routes of the daemon's web view, which its server and its tests share.
 //!
 //! Every message carries [`PROTOCOL_VERSION`] in its `v` field; readers refuse versions they do
 //! not know with a message saying which side to upgrade.
@@ -28,6 +29,7 @@ pub mod report;
 pub mod resume;
 pub mod run;
 pub mod status;
+pub mod web;
 pub mod worker;
 
 /// Version of every JSON message and file format defined here. Bumped on incompatible change.

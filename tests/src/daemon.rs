@@ -44,7 +44,20 @@ impl TestDaemon {
         idle_timeout: &str,
         env: &[(&str, &str)],
     ) -> TestDaemon {
+        Self::start_with_args(socket, runs, log, idle_timeout, &[], env)
+    }
+
+    /// [`TestDaemon::start_with`] with `args` added to the daemon's command line.
+    pub fn start_with_args(
+        socket: &Path,
+        runs: &Path,
+        log: &Path,
+        idle_timeout: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> TestDaemon {
         let child = Self::command_with(socket, runs, idle_timeout)
+            .args(args)
             .envs(env.iter().copied())
             .stderr(std::fs::File::create(log).expect("daemon log file"))
             .spawn()

@@ -403,6 +403,13 @@ async fn gpu_verdicts(
         }
         records.push(record);
     }
+    if !records.is_empty() {
+        services.console.event(RunEventKind::StageGpu {
+            stage: plan.name.clone(),
+            attempt: plan.attempt,
+            gpus: records.clone(),
+        });
+    }
     records
 }
 

@@ -139,7 +139,9 @@ pub fn render_event(event: &RunEvent) -> String {
         }
         RunEventKind::StageSkipped { stage, reason, .. } => format!("{stage}: skipped: {reason}"),
         // The stage's end said it will be retried; a newer daemon's events are skipped.
-        RunEventKind::StageRetrying { .. } | RunEventKind::Unknown => return String::new(),
+        RunEventKind::StageRetrying { .. }
+        | RunEventKind::StageGpu { .. }
+        | RunEventKind::Unknown => return String::new(),
         kind => match crate::report::console::warning_of(kind) {
             Some(text) => format!("warning: {text}"),
             None => return String::new(),

@@ -46,6 +46,8 @@ pub struct DaemonConfig {
     pub idle_timeout: Duration,
     /// The stage-worker binary, if not the default.
     pub worker: Option<PathBuf>,
+    /// The web view, when asked for (`--http`).
+    pub http: Option<crate::web::WebConfig>,
 }
 
 /// The per-user default directory of the daemon's runs: `$XDG_STATE_HOME/orchestrate/runs`,
@@ -76,6 +78,8 @@ pub struct Daemon {
     pub connections: Cell<usize>,
     /// What the connections' unfinished requests hold, all together.
     pub request_budget: request_budget::RequestBudget,
+    /// What `/metrics` counts from the runs' events.
+    pub tally: RefCell<crate::web::metrics::Tally>,
 }
 
 /// Why the daemon could not take a plan, start a run or resume one.
@@ -276,6 +280,7 @@ impl Daemon {
                 let id = id.clone();
                 async move {
                     while let Some(event) = events.recv().await {
+                        daemon.tally.borrow_mut().record(&id, &event);
                         if let Some(entry) = daemon.registry.borrow_mut().get_mut(&id) {
                             entry.push(event);
                         }
@@ -388,8 +393,16 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         request_budget: request_budget::RequestBudget::new(
             protocol::daemon::MAX_BUFFERED_REQUEST_BYTES,
         ),
+        tally: RefCell::default(),
     });
     daemon.recover();
+    let web = match &daemon.config.http {
+        Some(http) => Some(
+            crate::web::start(daemon.clone(), http)
+                .map_err(|e| crate::error::Error::Refused(e.to_string()))?,
+        ),
+        None => None,
+    };
     tracing::info!(
         socket = %listening.path.display(),
         runs_dir = %daemon.config.runs_dir.display(),
@@ -423,6 +436,7 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         }
     }
     tracing::info!("daemon stopped");
+    drop(web);
     drop(listening);
     drop(runs_lock);
     Ok(())

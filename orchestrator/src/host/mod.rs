@@ -335,6 +335,17 @@ impl Host {
     pub fn gpus(&self) -> &[GpuInfo] {
         &self.inventory.gpus
     }
+
+    /// The idle baseline of GPU `uuid`: the lowest used memory seen on it with no process on
+    /// it (None before it was ever seen idle).
+    pub fn idle_baseline(&self, uuid: &str) -> Option<u64> {
+        self.idle.borrow().get(uuid).copied()
+    }
+
+    /// Whether GPU `uuid` is quarantined (no further stage is placed on it).
+    pub fn quarantined(&self, uuid: &str) -> bool {
+        self.pool.borrow().quarantined(uuid)
+    }
 }
 
 #[cfg(test)]

@@ -28,4 +28,5 @@ mod slots;
 mod slurm;
 mod timeout_stall;
 mod validate_cli;
+mod web;
 mod zygote;

@@ -119,6 +119,18 @@ pub(crate) enum Command {
         /// Close a connection that sends no complete request for this long.
         #[arg(long, value_name = "DURATION", default_value = "60s")]
         idle_timeout: protocol::duration::HumanDuration,
+        /// Serve a web view of the runs and `/metrics` on ADDR (default 127.0.0.1:8765); its
+        /// token URL is printed, and the token written to `<socket>.web-token`.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = orchestrator::web::DEFAULT_ADDR)]
+        http: Option<std::net::SocketAddr>,
+        /// Allow a non-loopback --http address (anyone who reaches it with the token can see
+        /// and cancel runs).
+        #[arg(long, requires = "http")]
+        http_remote: bool,
+        /// A host name the web view answers to besides localhost, 127.0.0.1 and the IPv6
+        /// loopback (the name in the browser's address bar); repeatable.
+        #[arg(long, value_name = "NAME", requires = "http")]
+        http_allow_host: Vec<String>,
     },
     /// Submit a plan to the daemon; prints the run's id (exit 0 only if the run succeeded,
     /// with --watch or --wait).

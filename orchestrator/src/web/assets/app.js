@@ -1,0 +1,264 @@
+// The web view of `orchestrate daemon --http`: the runs list and one run's page, live from
+// the run's event stream (server-sent events). Plain DOM and SVG; nothing loaded from elsewhere.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const SVG = "http://www.w3.org/2000/svg";
+let current = null; // the open page's teardown
+
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return e;
+}
+function svg(tag, attrs = {}, text) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+const mib = (b) => (b == null ? "" : (b / 1048576).toFixed(0) + " MiB");
+const secs = (s) => (s == null ? "" : s < 60 ? s.toFixed(1) + " s" : s < 3600 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(2) + " h");
+const when = (unix) => (unix ? new Date(unix * 1000).toLocaleString() : "");
+async function getJSON(url) {
+  const r = await fetch(url, { credentials: "same-origin" });
+  if (!r.ok) throw new Error(url + ": " + r.status + " " + (await r.text()));
+  return r.json();
+}
+
+// ---- runs list ----
+function runsPage() {
+  const filter = el("input", { id: "filter", placeholder: "filter by id or client id" });
+  const state = el("select", { id: "state-filter" }, el("option", { value: "" }, "all states"),
+    ...["queued", "running", "succeeded", "failed", "leaked", "interrupted", "cancelled"].map((s) => el("option", { value: s }, s)));
+  const body = el("tbody");
+  const main = $("#main");
+  main.replaceChildren(el("h2", {}, "Runs"), el("div", { class: "controls" }, filter, " ", state),
+    el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ...["run", "state", "progress", "started", "duration", "GPUs", "client id"].map((h) => el("th", {}, h)))), body));
+  let runs = [], now = Date.now() / 1000;
+  function draw() {
+    const q = filter.value.trim().toLowerCase(), s = state.value;
+    body.replaceChildren(...runs.filter(({ info }) => (!s || info.state === s) &&
+      (!q || info.id.toLowerCase().includes(q) || (info.client_id || "").toLowerCase().includes(q))).map(({ info, gpus }) => {
+      const done = info.stages ? info.succeeded / info.stages : 0;
+      const bar = el("span", { class: "bar" }, el("span"));
+      bar.firstChild.style.width = Math.round(done * 100) + "%";
+      const end = info.finished_unix || now;
+      return el("tr", { "data-run": info.id },
+        el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(info.id) }, info.id)),
+        el("td", { class: "status s-" + info.state }, info.state),
+        el("td", {}, bar, ` ${info.succeeded}/${info.stages}` + (info.running ? `, ${info.running} running` : "")),
+        el("td", {}, when(info.submitted_unix)),
+        el("td", { class: "num" }, secs(end - info.submitted_unix)),
+        el("td", {}, gpus.length ? gpus.map((g) => g.slice(0, 12)).join(", ") : "—"),
+        el("td", {}, info.client_id || ""));
+    }));
+  }
+  filter.addEventListener("input", draw);
+  state.addEventListener("change", draw);
+  async function poll() {
+    try { const r = await getJSON("/api/runs"); runs = r.runs.slice().reverse(); now = r.now_unix; draw(); $("#conn").textContent = "updated " + new Date().toLocaleTimeString(); }
+    catch (e) { $("#conn").textContent = String(e); }
+  }
+  poll();
+  const timer = setInterval(poll, 2000);
+  return () => clearInterval(timer);
+}
+
+// ---- one run ----
+function runPage(id) {
+  const st = { info: null, report: null, stages: new Map(), order: [], events: 0, memory: null, selected: null, t0: null };
+  const stage = (name) => {
+    if (!st.stages.has(name)) { st.stages.set(name, { name, status: "pending", attempts: 0, wall: null, spans: [], progress: [], gpu: [], detail: "" }); st.order.push(name); }
+    return st.stages.get(name);
+  };
+  const main = $("#main");
+  const cancel = el("button", { id: "cancel" }, "Cancel run");
+  main.replaceChildren(
+    el("h2", {}, "Run ", el("span", { id: "run-id" }, id), " ", el("span", { id: "run-state", class: "status" }), " ", cancel),
+    el("div", { id: "run-summary", class: "muted" }),
+    el("h3", {}, "Stages"), el("table", { id: "stages" }, el("thead", {}, el("tr", {}, ...["stage", "status", "attempts", "wall", "metrics", "GPU verdicts", "failure"].map((h) => el("th", {}, h)))), el("tbody")),
+    el("h3", {}, "Timeline"), el("div", { id: "timeline" }),
+    el("h3", {}, "GPU memory"), el("div", { id: "memory" }),
+    el("h3", {}, "GPU verdicts"), el("table", { id: "verdicts" }, el("thead", {}, el("tr", {}, ...["stage", "attempt", "GPU", "baseline", "peak", "after", "reclaim", "verdict", "holders"].map((h) => el("th", {}, h)))), el("tbody")),
+    el("div", { id: "stage-detail" }));
+  cancel.addEventListener("click", async () => {
+    if (!confirm("Cancel run " + id + "? Running stages are stopped gracefully.")) return;
+    const r = await fetch("/api/runs/" + encodeURIComponent(id) + "/cancel", { method: "POST", credentials: "same-origin" });
+    $("#run-summary").textContent = r.ok ? "cancelling…" : "cancel refused: " + (await r.text());
+  });
+
+  function apply(ev) {
+    const t = ev.t_ms;
+    if (st.t0 == null) st.t0 = t;
+    switch (ev.event) {
+      case "stage_started": {
+        const s = stage(ev.stage); s.status = "running"; s.attempts = ev.attempt;
+        const gpus = [...(ev.placement || "").matchAll(/\(([^)]+)\)/g)].map((m) => m[1]);
+        s.spans.push({ start: t, end: null, attempt: ev.attempt, gpus, status: "running" }); break;
+      }
+      case "stage_finished": {
+        const s = stage(ev.stage); s.status = ev.status; s.wall = ev.wall_s; s.detail = ev.detail;
+        const span = s.spans[s.spans.length - 1]; if (span) { span.end = t; span.status = ev.status; } break;
+      }
+      case "stage_retrying": stage(ev.stage).status = "retrying"; break;
+      case "stage_skipped": { const s = stage(ev.stage); s.status = "skipped"; s.detail = ev.reason; break; }
+      case "stage_waiting": { const s = stage(ev.stage); if (s.status === "pending") s.detail = ev.reason; break; }
+      case "progress": stage(ev.stage).progress.push([t, ev.step, ev.total, ev.loss]); break;
+      case "stage_gpu": { const s = stage(ev.stage); s.gpu = s.gpu.filter((g) => g.attempt !== ev.attempt).concat(ev.gpus.map((g) => ({ ...g, attempt: ev.attempt }))); break; }
+      case "run_finished": st.finished = ev.status; break;
+    }
+  }
+  function mergeReport() {
+    for (const r of (st.report && st.report.stages) || []) {
+      const s = stage(r.name);
+      if (s.status === "pending" || r.status !== "running") s.status = s.status === "retrying" && r.status === "running" ? s.status : r.status;
+      s.attempts = Math.max(s.attempts, r.attempts); s.metrics = r.metrics; s.failure = r.failure; s.error = r.error;
+      if (r.wall_s != null) s.wall = r.wall_s;
+      if (r.gpu && r.gpu.length && !s.gpu.length) s.gpu = r.gpu.map((g) => ({ ...g, attempt: r.attempts }));
+    }
+  }
+  let drawQueued = false;
+  function schedule() { if (!drawQueued) { drawQueued = true; requestAnimationFrame(() => { drawQueued = false; draw(); }); } }
+  function draw() {
+    const info = st.info;
+    if (info) {
+      $("#run-state").textContent = info.state; $("#run-state").className = "status s-" + info.state;
+      cancel.disabled = !!info.finished_unix;
+      $("#run-summary").textContent = `${info.succeeded}/${info.stages} stages succeeded · started ${when(info.submitted_unix)} · ${info.run_dir}` + (info.waiting.length ? " · waiting: " + info.waiting.join("; ") : "");
+    }
+    const rows = st.order.slice(0, 500).map((name) => {
+      const s = st.stages.get(name);
+      const metrics = Object.entries(s.metrics || {}).slice(0, 6).map(([k, v]) => `${k}=${+v.toPrecision(4)}`).join(" ");
+      const verdicts = s.gpu.filter((g) => g.attempt === s.attempts).map((g) => g.verdict).join(", ");
+      return el("tr", { "data-stage": name, class: st.selected === name ? "sel" : "" },
+        el("td", {}, el("a", { class: "stage", onclick: () => select(name) }, name)),
+        el("td", { class: "status s-" + s.status }, s.status), el("td", { class: "num" }, String(s.attempts)),
+        el("td", { class: "num" }, secs(s.wall)), el("td", {}, metrics), el("td", { class: "v-" + verdicts }, verdicts),
+        el("td", {}, (s.failure || "") + (s.status !== "succeeded" && s.detail ? " " + s.detail : "")));
+    });
+    $("#stages tbody").replaceChildren(...rows);
+    if (st.order.length > 500) $("#stages tbody").append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, `… and ${st.order.length - 500} more stages`)));
+    drawTimeline(); drawMemory(); drawVerdicts(); drawDetail();
+  }
+  function spansAll() { return st.order.flatMap((n) => st.stages.get(n).spans.map((sp) => ({ ...sp, stage: n }))); }
+  function range() {
+    const now = st.info && st.info.finished_unix ? st.info.finished_unix * 1000 : Date.now();
+    const t0 = st.info ? st.info.submitted_unix * 1000 : (st.t0 || now);
+    return [t0, Math.max(now, t0 + 1000)];
+  }
+  function drawTimeline() {
+    const spans = spansAll(), [t0, t1] = range(), names = st.order.filter((n) => st.stages.get(n).spans.length).slice(0, 60);
+    const W = 900, L = 150, H = 16 * names.length + 24, x = (t) => L + (W - L - 10) * (t - t0) / (t1 - t0);
+    const g = svg("svg", { width: W, height: H, class: "chart", "data-chart": "timeline" });
+    names.forEach((n, i) => g.append(svg("text", { x: 4, y: 16 * i + 14 }, n.length > 22 ? n.slice(0, 21) + "…" : n)));
+    for (const sp of spans) {
+      const i = names.indexOf(sp.stage); if (i < 0) continue;
+      const end = sp.end || t1;
+      const r = svg("rect", { x: x(sp.start), y: 16 * i + 3, width: Math.max(1, x(end) - x(sp.start)), height: 12, fill: colour(sp.status) });
+      r.append(svg("title", {}, `${sp.stage} attempt ${sp.attempt}: ${sp.status}, ${secs((end - sp.start) / 1000)}`));
+      g.append(r);
+    }
+    g.append(svg("text", { x: L, y: H - 4 }, "0 s"), svg("text", { x: W - 60, y: H - 4 }, secs((t1 - t0) / 1000)));
+    $("#timeline").replaceChildren(names.length ? g : el("p", { class: "muted" }, "no stage has started yet"));
+  }
+  function colour(status) { return { succeeded: "#7fc97f", failed: "#f4a3a3", leaked: "#f4a3a3", running: "#8ab8f0", cancelled: "#e8cf80", interrupted: "#e8cf80" }[status] || "#ccc"; }
+  function drawMemory() {
+    const m = st.memory, box = $("#memory");
+    if (!m || !m.gpus.length) { box.replaceChildren(el("p", { class: "muted" }, "no GPU on this host")); return; }
+    const [t0, t1] = range(), spans = spansAll();
+    box.replaceChildren(...m.gpus.map((gpu) => {
+      const W = 900, H = 170, L = 70, T = 18, B = 22, x = (t) => L + (W - L - 10) * (t - t0) / (t1 - t0);
+      const top = Math.max(gpu.baseline_bytes || 0, ...gpu.samples.map((s) => s[1]), 1) * 1.1;
+      const y = (b) => T + (H - T - B) * (1 - b / top);
+      const g = svg("svg", { width: W, height: H, class: "chart", "data-gpu": gpu.uuid });
+      g.append(svg("text", { x: 4, y: 12 }, `${gpu.name} ${gpu.uuid}${gpu.quarantined ? " (quarantined)" : ""}`));
+      for (const sp of spans.filter((s) => s.gpus.includes(gpu.uuid))) {
+        const rec = st.stages.get(sp.stage).gpu.find((r) => r.uuid === gpu.uuid && r.attempt === sp.attempt);
+        const end = sp.end || t1;
+        const r = svg("rect", { x: x(sp.start), y: T, width: Math.max(1, x(end) - x(sp.start)), height: H - T - B, fill: rec && rec.verdict !== "clean" ? "#f8d0d0" : "#e4efe4", class: "span" });
+        r.append(svg("title", {}, `${sp.stage} #${sp.attempt}` + (rec ? `: ${rec.verdict}, baseline ${mib(rec.baseline_bytes)}, peak ${mib(rec.peak_bytes)}, after ${mib(rec.after_bytes)}, reclaim ${rec.reclaim_ms.toFixed(0)} ms` : "")));
+        g.append(r, svg("text", { x: x(sp.start) + 2, y: T + 11 }, sp.stage.slice(0, 14)));
+      }
+      if (gpu.baseline_bytes != null) g.append(svg("line", { x1: L, x2: W - 10, y1: y(gpu.baseline_bytes), y2: y(gpu.baseline_bytes), stroke: "#555", "stroke-dasharray": "4 3" }), svg("text", { x: W - 130, y: y(gpu.baseline_bytes) - 3 }, "baseline " + mib(gpu.baseline_bytes)));
+      const pts = gpu.samples.map(([t, b]) => `${x(t).toFixed(1)},${y(b).toFixed(1)}`).join(" ");
+      g.append(svg("polyline", { points: pts, fill: "none", stroke: "#0969da", "stroke-width": 1.5, class: "used" }));
+      g.append(svg("text", { x: 4, y: y(top / 1.1) + 4 }, mib(top / 1.1)), svg("text", { x: 4, y: H - B }, "0"), svg("text", { x: L, y: H - 6 }, "0 s"), svg("text", { x: W - 60, y: H - 6 }, secs((t1 - t0) / 1000)));
+      return g;
+    }));
+  }
+  function drawVerdicts() {
+    const rows = [];
+    for (const n of st.order) for (const g of st.stages.get(n).gpu) rows.push(el("tr", { "data-stage": n },
+      el("td", {}, n), el("td", { class: "num" }, String(g.attempt)), el("td", {}, g.uuid), el("td", { class: "num" }, mib(g.baseline_bytes)),
+      el("td", { class: "num" }, mib(g.peak_bytes)), el("td", { class: "num" }, mib(g.after_bytes)), el("td", { class: "num" }, (g.reclaim_ms < 10 ? g.reclaim_ms.toFixed(2) : g.reclaim_ms.toFixed(0)) + " ms"),
+      el("td", { class: "status v-" + g.verdict }, g.verdict), el("td", {}, (g.holders || []).join(", "))));
+    $("#verdicts tbody").replaceChildren(...rows.slice(-300));
+  }
+  // The selected stage: its progress and loss curves, its memory picture, its log tail.
+  let logText = "", logStream = "stderr";
+  function select(name) { st.selected = name; logText = "loading…"; fetchLog(); schedule(); }
+  async function fetchLog() {
+    if (!st.selected) return;
+    const r = await fetch(`/api/runs/${encodeURIComponent(id)}/stages/${encodeURIComponent(st.selected)}/log?stream=${logStream}`, { credentials: "same-origin" });
+    logText = await r.text(); schedule();
+  }
+  function curve(points, label, key) {
+    const W = 440, H = 150, L = 50, T = 16, B = 20;
+    const g = svg("svg", { width: W, height: H, class: "chart", "data-chart": key });
+    g.append(svg("text", { x: 4, y: 12 }, label));
+    if (points.length < 1) { g.append(svg("text", { x: L, y: H / 2 }, "no data yet")); return g; }
+    const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+    const [x0, x1] = [Math.min(...xs), Math.max(...xs, Math.min(...xs) + 1)], [y0, y1] = [Math.min(...ys, 0), Math.max(...ys, 1e-9)];
+    const px = (v) => L + (W - L - 10) * (v - x0) / (x1 - x0), py = (v) => T + (H - T - B) * (1 - (v - y0) / (y1 - y0));
+    g.append(svg("polyline", { points: points.map((p) => `${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: "#8250df", "stroke-width": 1.5 }),
+      svg("text", { x: 4, y: T + 8 }, (+y1.toPrecision(3)).toString()), svg("text", { x: 4, y: H - B }, (+y0.toPrecision(3)).toString()));
+    return g;
+  }
+  function drawDetail() {
+    const box = $("#stage-detail");
+    if (!st.selected) { box.replaceChildren(); return; }
+    const s = st.stages.get(st.selected);
+    const prog = s.progress.map(([t, step]) => [(t - (s.spans[0] ? s.spans[0].start : t)) / 1000, step]);
+    const loss = s.progress.filter((p) => p[3] != null).map(([, step, , l]) => [step, l]);
+    const streams = el("select", { id: "log-stream" }, ...["stderr", "stdout"].map((v) => el("option", v === logStream ? { value: v, selected: "" } : { value: v }, v)));
+    streams.addEventListener("change", () => { logStream = streams.value; fetchLog(); });
+    box.replaceChildren(el("h3", {}, "Stage ", el("span", { id: "detail-name" }, s.name), " ", el("span", { class: "status s-" + s.status }, s.status)),
+      el("div", {}, curve(prog, "progress: step over seconds", "progress"), " ", curve(loss, "loss over step", "loss")),
+      el("div", { class: "controls" }, "log: ", streams, " ", el("button", { onclick: fetchLog }, "refresh")),
+      el("pre", { id: "log" }, logText));
+  }
+
+  const base = "/api/runs/" + encodeURIComponent(id);
+  let reportTimer = null;
+  async function refresh() {
+    try { const r = await getJSON(base); st.info = r.info; st.report = r.report; mergeReport(); schedule(); } catch (e) { $("#run-summary").textContent = String(e); }
+  }
+  // The report of a big sweep is big: it is fetched less often the more stages the run has.
+  function refreshSoon() { if (!reportTimer) reportTimer = setTimeout(() => { reportTimer = null; refresh(); }, 1500 + 2 * ((st.info && st.info.stages) || 0)); }
+  async function memory() { try { st.memory = await getJSON(base + "/memory"); schedule(); } catch (e) { /* shown on the next success */ } }
+  refresh(); memory();
+  const source = new EventSource(base + "/events");
+  source.addEventListener("run", (m) => {
+    const { seq, event } = JSON.parse(m.data); st.events = seq + 1; apply(event);
+    if (st.info) { if (event.event === "stage_finished" && event.status === "succeeded") st.info.succeeded += 1; st.info.state = st.info.finished_unix ? st.info.state : "running"; }
+    if (event.event === "stage_finished" || event.event === "stage_skipped") { refreshSoon(); if (event.stage === st.selected) fetchLog(); }
+    schedule();
+  });
+  source.addEventListener("end", (m) => { source.close(); st.info = JSON.parse(m.data) || st.info; $("#conn").textContent = "run ended"; refresh(); memory(); });
+  source.onopen = () => { $("#conn").textContent = "live"; };
+  source.onerror = () => { $("#conn").textContent = "reconnecting…"; };
+  const timer = setInterval(() => { if (!st.info || !st.info.finished_unix) { memory(); if (st.selected && st.stages.get(st.selected).status === "running") fetchLog(); } }, 2000);
+  return () => { source.close(); clearInterval(timer); clearTimeout(reportTimer); };
+}
+
+function route() {
+  if (current) current();
+  const m = location.hash.match(/^#\/run\/(.+)$/);
+  current = m ? runPage(decodeURIComponent(m[1])) : runsPage();
+}
+window.addEventListener("hashchange", route);
+route();

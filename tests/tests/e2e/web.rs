@@ -1,0 +1,593 @@
+//! The daemon's web view (`orchestrate daemon --http`, issue 33): every route of
+//! [`protocol::web::ROUTES`] behind the token, the Host allowlist and the Origin check; the
+//! token URL exchanged for a cookie; `/metrics` checked by `promtool` and scraped by a real
+//! Prometheus; the page driven in a real headless Chromium through chromedriver.
+//!
+//! promtool, prometheus, chromium and chromedriver come from Debian's `prometheus`, `chromium`
+//! and `chromium-driver` (scripts/test installs them); without them the tests that need them
+//! fail under CI (`CI` set) and are skipped elsewhere, saying so.
+
+use e2e_tests::daemon::TestDaemon;
+use e2e_tests::http::{self, free_port};
+use e2e_tests::{wait_for, Scratch};
+use protocol::web::{Effect, ROUTES};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A daemon with the web view on a free loopback port, and 2 stand-in GPUs.
+struct WebDaemon {
+    d: TestDaemon,
+    addr: String,
+    token: String,
+}
+
+fn start(s: &Scratch) -> WebDaemon {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let fake = s.path().join("fake-gpus");
+    std::fs::create_dir_all(&fake).unwrap();
+    let d = TestDaemon::start_with_args(
+        &s.path().join("sock/d.sock"),
+        &s.path().join("runs"),
+        &s.path().join("daemon.log"),
+        "5s",
+        &["--http", &addr],
+        &[
+            ("ORCHESTRATE_FAKE_GPUS", "2"),
+            ("ORCHESTRATE_FAKE_GPU_DIR", fake.to_str().unwrap()),
+        ],
+    );
+    let token_file = s.path().join("sock/d.sock.web-token");
+    let token = std::fs::read_to_string(&token_file)
+        .expect("the token file is beside the socket")
+        .trim()
+        .to_string();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the token file is the owner's only");
+    assert!(
+        d.log().contains(&format!("http://{addr}/?token={token}")),
+        "the token URL is printed: {}",
+        d.log()
+    );
+    WebDaemon { d, addr, token }
+}
+
+impl WebDaemon {
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.token)
+    }
+
+    fn get(&self, path: &str) -> http::Answer {
+        let bearer = self.bearer();
+        http::get(&self.addr, path, &[("Authorization", &bearer)])
+    }
+}
+
+/// Whether `program` is on PATH; panics under CI when it is not (the test would prove nothing).
+fn have(program: &str, package: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    assert!(
+        found || !ci,
+        "{program} is missing: install Debian's {package} (scripts/test does)"
+    );
+    if !found {
+        eprintln!("skipped: {program} is not installed (Debian's {package})");
+    }
+    found
+}
+
+/// A stage that takes `GiB` GiB on its stand-in GPU, step by step, reports progress and loss,
+/// writes a line to its stderr per step, then gives the memory back.
+fn talker(s: &Scratch) -> PathBuf {
+    s.write(
+        "talk.py",
+        "import json, os, socket, sys, time\n\
+         steps, pause, fake = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]\n\
+         gpu = os.environ.get('ORCHESTRATE_GPU_UUIDS', '').split(',')[0]\n\
+         hold = os.path.join(fake, gpu) if gpu else None\n\
+         c = socket.socket(socket.AF_UNIX); c.connect(os.environ['ORCHESTRATE_EVENTS'])\n\
+         for i in range(1, steps + 1):\n\
+         \x20   if hold: open(hold, 'w').write(f'{os.getpid()} python {i << 30}\\n')\n\
+         \x20   c.sendall((json.dumps({'v': 1, 'event': 'progress', 'step': i, 'total_steps': steps, 'loss': 3.0 / i}) + '\\n').encode())\n\
+         \x20   print(f'step {i} of {steps}', file=sys.stderr, flush=True)\n\
+         \x20   time.sleep(pause)\n\
+         if hold: os.remove(hold)\n\
+         c.sendall((json.dumps({'v': 1, 'event': 'metrics', 'metrics': {'final_loss': 3.0 / steps}}) + '\\n').encode())\n",
+    )
+}
+
+fn gpu_plan(s: &Scratch, name: &str, steps: u32, pause: f64) -> String {
+    let talk = talker(s);
+    let fake = s.path().join("fake-gpus");
+    format!(
+        "[run]\nname = \"{name}\"\n[[stage]]\nname = \"train\"\ngpus = 1\ncommand = [\"python3\", \"{}\", \"{steps}\", \"{pause}\", \"{}\"]\n",
+        talk.display(),
+        fake.display()
+    )
+}
+
+/// The path of `route` with its parameters filled in.
+fn path_of(route: &protocol::web::Route, id: &str, stage: &str) -> String {
+    route.path.replace("{id}", id).replace("{stage}", stage)
+}
+
+#[test]
+fn every_route_needs_the_token_an_allowed_host_and_for_a_change_its_own_origin() {
+    let s = Scratch::new("web-routes");
+    let w = start(&s);
+    let mut c = w.d.connect();
+    let id = c.submit_toml(
+        "[run]\nname = \"r\"\n[[stage]]\nname = \"a\"\ncommand = [\"sh\", \"-c\", \"echo out; echo err >&2\"]\n",
+        s.path(),
+    );
+    assert_eq!(c.wait(&id)["state"], "succeeded");
+    let cookie = format!("orchestrate_token={}", w.token);
+    let own_origin = format!("http://{}", w.addr);
+    for route in ROUTES {
+        let path = path_of(route, &id, "a");
+        let m = route.method;
+        let send = |headers: &[(&str, &str)]| {
+            http::request(&w.addr, m, &path, headers, b"", Duration::from_secs(30))
+                .unwrap_or_else(|e| panic!("{m} {path}: {e}"))
+        };
+        let what = format!("{m} {path}");
+        // No token.
+        assert_eq!(send(&[("Origin", &own_origin)]).status, 401, "{what}");
+        let wrong = format!("orchestrate_token={}x", w.token);
+        assert_eq!(
+            send(&[("Cookie", &wrong), ("Origin", &own_origin)]).status,
+            401,
+            "{what}"
+        );
+        // A foreign Host, as a DNS-rebinding page would send, with the token.
+        let foreign = send(&[("Host", "attacker.example:80"), ("Cookie", &cookie)]);
+        assert_eq!(foreign.status, 403, "{what}");
+        if route.effect == Effect::Change {
+            let cross = send(&[("Cookie", &cookie), ("Origin", "http://attacker.example")]);
+            assert_eq!(cross.status, 403, "{what}: a cross-origin change");
+            assert_eq!(
+                send(&[("Cookie", &cookie)]).status,
+                403,
+                "{what}: no Origin"
+            );
+            let get = http::request(
+                &w.addr,
+                "GET",
+                &path,
+                &[("Cookie", &cookie)],
+                b"",
+                Duration::from_secs(30),
+            )
+            .unwrap();
+            assert_eq!(get.status, 405, "{what}: as a GET");
+            // With everything right the change is made (the run has finished: 409).
+            assert_eq!(
+                send(&[("Cookie", &cookie), ("Origin", &own_origin)]).status,
+                409,
+                "{what}"
+            );
+        } else {
+            let ok = send(&[("Cookie", &cookie)]);
+            assert_eq!(ok.status, 200, "{what}: {}", ok.text());
+            for other in ["POST", "DELETE"] {
+                let a = http::request(
+                    &w.addr,
+                    other,
+                    &path,
+                    &[("Cookie", &cookie), ("Origin", &own_origin)],
+                    b"",
+                    Duration::from_secs(30),
+                )
+                .unwrap();
+                assert_eq!(a.status, 405, "{other} {path}");
+            }
+        }
+    }
+    // A path no route has is behind the token too.
+    assert_eq!(http::get(&w.addr, "/nothing", &[]).status, 401);
+    assert_eq!(
+        http::get(&w.addr, "/nothing", &[("Cookie", &cookie)]).status,
+        404
+    );
+    // The token URL sets the cookie and drops the token from the address.
+    let exchanged = http::get(&w.addr, &format!("/?token={}", w.token), &[]);
+    assert_eq!(exchanged.status, 303);
+    assert_eq!(exchanged.header("location"), Some("/"));
+    let set = exchanged.header("set-cookie").unwrap();
+    assert!(
+        set.starts_with(&cookie) && set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    // A log name cannot leave the stage's directory.
+    let escape = w.get(&format!(
+        "/api/runs/{id}/stages/..%2F..%2Fsubmission.json/log"
+    ));
+    assert_eq!(escape.status, 404, "{}", escape.text());
+    let dots = w.get(&format!("/api/runs/{id}/stages/../log"));
+    assert_eq!(dots.status, 400, "{}", dots.text());
+    assert_eq!(
+        w.get(&format!("/api/runs/{id}/stages/a/log?stream=stdout"))
+            .text()
+            .trim(),
+        "out"
+    );
+}
+
+#[test]
+fn cancel_from_the_page_stops_a_running_run() {
+    let s = Scratch::new("web-cancel");
+    let w = start(&s);
+    let mut c = w.d.connect();
+    let id = c.submit_toml(
+        "[[stage]]\nname = \"long\"\ncommand = [\"sleep\", \"60\"]\n",
+        s.path(),
+    );
+    assert!(wait_for(Duration::from_secs(20), || w
+        .get("/api/runs")
+        .json()["runs"][0]["info"]["running"]
+        == 1));
+    let cookie = format!("orchestrate_token={}", w.token);
+    let origin = format!("http://{}", w.addr);
+    let a = http::request(
+        &w.addr,
+        "POST",
+        &format!("/api/runs/{id}/cancel"),
+        &[("Cookie", &cookie), ("Origin", &origin)],
+        b"",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert_eq!(a.status, 200, "{}", a.text());
+    let run = c.wait(&id);
+    assert_eq!(run["state"], "interrupted", "{run}");
+}
+
+#[test]
+fn a_non_loopback_address_needs_http_remote() {
+    let s = Scratch::new("web-remote");
+    let out = TestDaemon::command(&s.path().join("sock/d.sock"), &s.path().join("runs"))
+        .args(["--http", "0.0.0.0:0"])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("not a loopback address") && err.contains("--http-remote"),
+        "{err}"
+    );
+}
+
+/// A child killed when dropped.
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn metrics_pass_promtool_and_a_real_prometheus_scrapes_the_gpu_and_stage_series() {
+    if !have("promtool", "prometheus") || !have("prometheus", "prometheus") {
+        return;
+    }
+    let s = Scratch::new("web-metrics");
+    let w = start(&s);
+    let mut c = w.d.connect();
+    let id = c.submit_toml(&gpu_plan(&s, "m", 3, 0.2), s.path());
+    assert_eq!(c.wait(&id)["state"], "succeeded");
+    let metrics = w.get("/metrics");
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(
+        text.contains("orchestrate_stage_attempts_finished_total{status=\"succeeded\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("orchestrate_gpu_reclaim_seconds_count 1"),
+        "{text}"
+    );
+    // A real Prometheus scrapes the daemon with the token and answers PromQL.
+    let port = free_port();
+    let config = s.write(
+        "prometheus.yml",
+        &format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: orchestrate\n    authorization:\n      credentials_file: {}\n    static_configs:\n      - targets: ['{}']\n",
+            s.path().join("sock/d.sock.web-token").display(),
+            w.addr
+        ),
+    );
+    let log = std::fs::File::create(s.path().join("prometheus.log")).unwrap();
+    let _prom = Killed(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                s.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let prom = format!("127.0.0.1:{port}");
+    let query = |q: &str| -> Vec<Value> {
+        let path = format!("/api/v1/query?query={}", encode(q));
+        match http::request(&prom, "GET", &path, &[], b"", Duration::from_secs(10)) {
+            Ok(a) if a.status == 200 => a.json()["data"]["result"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    };
+    let scraped = wait_for(Duration::from_secs(60), || {
+        query("orchestrate_gpu_used_bytes").len() == 2
+    });
+    assert!(
+        scraped,
+        "Prometheus did not scrape the GPU series; its log:\n{}",
+        std::fs::read_to_string(s.path().join("prometheus.log")).unwrap_or_default()
+    );
+    let gpus: Vec<String> = query("orchestrate_gpu_baseline_bytes")
+        .iter()
+        .map(|r| r["metric"]["gpu"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(gpus.len(), 2, "{gpus:?}");
+    assert!(
+        gpus.contains(&"GPU-fake-0".to_string()) && gpus.contains(&"GPU-fake-1".to_string()),
+        "{gpus:?}"
+    );
+    let done = query("sum(orchestrate_stage_attempts_finished_total{status=\"succeeded\"})");
+    assert_eq!(done[0]["value"][1], "1", "{done:?}");
+    let up = query("up{job=\"orchestrate\"}");
+    assert_eq!(up[0]["value"][1], "1", "{up:?}");
+    let runs = query("orchestrate_runs{state=\"succeeded\"}");
+    assert_eq!(runs[0]["value"][1], "1", "{runs:?}");
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A WebDriver session of a headless Chromium.
+struct Browser {
+    driver: String,
+    session: String,
+    _process: Killed,
+}
+
+impl Browser {
+    fn start(dir: &Path) -> Browser {
+        let port = free_port();
+        let log = std::fs::File::create(dir.join("chromedriver.log")).unwrap();
+        let process = Killed(
+            Command::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        let driver = format!("127.0.0.1:{port}");
+        assert!(
+            wait_for(Duration::from_secs(20), || http::request(
+                &driver,
+                "GET",
+                "/status",
+                &[],
+                b"",
+                Duration::from_secs(5)
+            )
+            .is_ok_and(|a| a.status == 200)),
+            "chromedriver does not answer"
+        );
+        let profile = dir.join("chromium-profile");
+        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": chromium(),
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1200,1600", format!("--user-data-dir={}", profile.display())]}}}});
+        let answer = http::json(&driver, "POST", "/session", &caps);
+        let session = answer["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {answer}"))
+            .to_string();
+        Browser {
+            driver,
+            session,
+            _process: process,
+        }
+    }
+
+    fn call(&self, method: &str, what: &str, body: Value) -> Value {
+        let path = format!("/session/{}{what}", self.session);
+        http::json(&self.driver, method, &path, &body)["value"].clone()
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", "/url", json!({ "url": url }));
+    }
+
+    /// Runs `script` in the page; its value.
+    fn eval(&self, script: &str) -> Value {
+        self.call(
+            "POST",
+            "/execute/sync",
+            json!({ "script": script, "args": [] }),
+        )
+    }
+
+    /// Waits up to `secs` for `script` to return true; panics with `what` otherwise.
+    fn wait(&self, secs: u64, what: &str, script: &str) {
+        let ok = wait_for(Duration::from_secs(secs), || {
+            self.eval(script) == Value::Bool(true)
+        });
+        if !ok {
+            let body = self.eval("return document.body.innerText");
+            panic!(
+                "the page did not show {what}; it shows:\n{}",
+                body.as_str().unwrap_or("")
+            );
+        }
+    }
+
+    fn screenshot(&self, path: &Path) {
+        use base64_free::decode;
+        let png = self.call("GET", "/screenshot", Value::Null);
+        std::fs::write(path, decode(png.as_str().expect("a screenshot"))).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = http::request(
+            &self.driver,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            &[],
+            b"",
+            Duration::from_secs(20),
+        );
+    }
+}
+
+fn chromium() -> String {
+    for candidate in ["/usr/bin/chromium", "/usr/bin/chromium-browser"] {
+        if Path::new(candidate).exists() {
+            return candidate.into();
+        }
+    }
+    "chromium".into()
+}
+
+/// Standard base64, decoded (the screenshot WebDriver sends).
+mod base64_free {
+    pub fn decode(text: &str) -> Vec<u8> {
+        let value = |c: u8| match c {
+            b'A'..=b'Z' => Some(c - b'A'),
+            b'a'..=b'z' => Some(c - b'a' + 26),
+            b'0'..=b'9' => Some(c - b'0' + 52),
+            b'+' => Some(62),
+            b'/' => Some(63),
+            _ => None,
+        };
+        let mut out = Vec::with_capacity(text.len() * 3 / 4);
+        let (mut acc, mut bits) = (0u32, 0);
+        for v in text.bytes().filter_map(value) {
+            acc = (acc << 6) | u32::from(v);
+            bits += 6;
+            if bits >= 8 {
+                bits -= 8;
+                out.push((acc >> bits) as u8);
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn the_page_in_headless_chromium_shows_a_run_live_its_log_and_its_memory() {
+    if !have("chromedriver", "chromium-driver") || !have(&chromium(), "chromium") {
+        return;
+    }
+    let s = Scratch::new("web-chromium");
+    let w = start(&s);
+    let browser = Browser::start(s.path());
+    browser.open(&format!("http://{}/?token={}", w.addr, w.token));
+    browser.wait(
+        20,
+        "the runs list",
+        "return !!document.querySelector('#runs')",
+    );
+    // The token is gone from the address (exchanged for the cookie).
+    let url = browser.call("GET", "/url", Value::Null);
+    assert_eq!(url, json!(format!("http://{}/", w.addr)));
+    // A run submitted now appears without a reload.
+    browser.eval("window.__same_page = true; return true");
+    let mut c = w.d.connect();
+    let id = c.submit_toml(&gpu_plan(&s, "live", 8, 0.5), s.path());
+    browser.wait(
+        20,
+        "the submitted run",
+        &format!("return !!document.querySelector('#runs tr[data-run=\"{id}\"]')"),
+    );
+    browser.eval(&format!("location.hash = '#/run/{id}'; return true"));
+    let status =
+        "(document.querySelector('#stages tr[data-stage=\"train\"] td.status') || {}).textContent";
+    browser.wait(
+        30,
+        "the stage running",
+        &format!("return {status} === 'running'"),
+    );
+    browser.eval(
+        "document.querySelector('#stages tr[data-stage=\"train\"] a.stage').click(); return true",
+    );
+    browser.wait(
+        30,
+        "the stage succeeded",
+        &format!("return {status} === 'succeeded'"),
+    );
+    assert_eq!(
+        browser.eval("return window.__same_page === true"),
+        Value::Bool(true),
+        "the page was reloaded"
+    );
+    // The stage's log, its verdict and the memory picture with its span.
+    browser.wait(
+        20,
+        "the stage's log",
+        "return (document.querySelector('#log') || {}).textContent?.includes('step 8 of 8')",
+    );
+    browser.wait(20, "the clean verdict", "return [...document.querySelectorAll('#verdicts td.status')].some(t => t.textContent === 'clean')");
+    browser.wait(20, "the memory curve of GPU-fake-0 with the stage's span",
+        "const g = document.querySelector('svg[data-gpu=\"GPU-fake-0\"]'); return !!g && !!g.querySelector('rect.span') && (g.querySelector('polyline.used')?.getAttribute('points') || '').split(' ').length > 4");
+    browser.wait(
+        20,
+        "the loss curve",
+        "return !!document.querySelector('svg[data-chart=\"loss\"] polyline')",
+    );
+    let out = e2e_tests::repo_root().join("target/web-screenshot.png");
+    browser.screenshot(&out);
+    let png = std::fs::read(&out).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "a screenshot at {}",
+        out.display()
+    );
+}
