@@ -6,7 +6,8 @@ runs `true`), against the bound 10 MiB + 1 KiB per stage.
   bench/overhead/plan_memory.py --bin target/release/orchestrate --sizes 1000,20000,100000 \
       --reps 3 --out bench/overhead/plan-memory-DATE-COMMIT.json [--baseline OLD_BIN]
 
-Peak RSS is the kernel's `ru_maxrss` of the orchestrate process, read by wait4. With
+Peak RSS is the orchestrate process's high-water mark as GNU time (/usr/bin/time) reports it
+(see `measure` for why not Python's own wait4). With
 --baseline, an older binary runs the same plans right after the new one in every repetition.
 Run directories go under --run-base (default: the system's temporary directory) and are
 deleted after each run, with a `sync` outside the timing.
@@ -24,14 +25,19 @@ def write_plan(n, path):
 
 
 def measure(argv):
-    t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = p.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{' '.join(argv)} failed: {err[-2000:]}")
-    return {"wall_s": round(wall, 3), "peak_rss_kib": usage.ru_maxrss}
+    """Wall and peak RSS of one run of `argv`. The peak comes from GNU time, not from this
+    process's wait4: a child forked (or vforked) from Python keeps the interpreter's own
+    resident pages in its high-water mark across exec (about 15 MiB), which would hide a
+    small plan's figure."""
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
+        t0 = time.perf_counter()
+        p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss.name, *argv],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wall = time.perf_counter() - t0
+        if p.returncode != 0:
+            sys.exit(f"{' '.join(argv)} failed: {p.stderr.decode(errors='replace')[-2000:]}")
+        peak_kib = int(rss.read().split()[-1])
+    return {"wall_s": round(wall, 3), "peak_rss_kib": peak_kib}
 
 
 def summary(values):
@@ -57,7 +63,7 @@ def main():
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "commit": commit,
-        "what": "peak RSS (ru_maxrss) of orchestrate validate and of a run of N written-out "
+        "what": "peak RSS (GNU time %M) of orchestrate validate and of a run of N written-out "
                 "chained `true` stages; bound 10 MiB + 1 KiB per stage",
         "load_average_1_5_15_min_at_start": os.getloadavg(),
         "bins": {k: subprocess.run([b, "--version"], capture_output=True, text=True).stdout.strip()

@@ -7,7 +7,7 @@
 #   2. seed 001's DeepSpeed sweep (examples/deepspeed-seed001, small model, 3 samples):
 #      per-instance wall through the zygote and exec'd; while the zygote run runs, NVML's
 #      compute processes are sampled every 0.5 s to show the zygote never holds a context.
-# Usage: bench/zygote/run.sh BIN_DIR [REPO]   (REPO: the checkout with examples/, configs/,
+# Usage: [FIRST_LINE_ONLY=1 | SEED_ONLY=1] bench/zygote/run.sh BIN_DIR [REPO]   (REPO: the checkout with examples/, configs/,
 # python/ and DeepSpeed's wheels in .whl/, default this script's; results in $OUT/results.tar.gz)
 set -uo pipefail
 bin=$(cd "$1" && pwd)
@@ -27,7 +27,7 @@ export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.pa
 } > "$res/machine.txt" 2>&1
 preload='preload = ["torch", "transformers", "transformers.models.llama.modeling_llama", "deepspeed"]'
 
-# 1. First line.
+# 1. First line (SEED_ONLY=1 leaves it out).
 chain() { # N: N chained one-GPU stages running first_line.py
   echo "[run]"; echo "$preload"; local prev=
   for i in $(seq "$1"); do
@@ -36,14 +36,17 @@ chain() { # N: N chained one-GPU stages running first_line.py
     echo "command = [\"python3\", \"$here/first_line.py\"]"; prev=s$i
   done
 }
+if [ "${SEED_ONLY:-0}" != 1 ]; then
 chain 4 > "$res/first-line-zygote.toml"
 chain 3 > "$res/first-line-exec.toml"
 timeout 150 "$bin/orchestrate" --plan "$res/first-line-zygote.toml" --run-dir "$res/run-first-zygote" > "$res/first-zygote.console" 2>&1
 echo "first-line zygote: exit $?" >> "$res/summary.txt"
 ORCHESTRATE_ZYGOTE=0 timeout 120 "$bin/orchestrate" --plan "$res/first-line-exec.toml" --run-dir "$res/run-first-exec" > "$res/first-exec.console" 2>&1
 echo "first-line exec: exit $?" >> "$res/summary.txt"
+fi
 
-# 2. Seed 001's DeepSpeed sweep, 3 samples.
+# 2. Seed 001's DeepSpeed sweep, 3 samples (FIRST_LINE_ONLY=1 leaves it out).
+if [ "${FIRST_LINE_ONLY:-0}" != 1 ]; then
 mkdir -p "$res/samples"
 cp "$repo"/configs/data/samples/sample-{0,1,2}.jsonl "$res/samples/"
 seed="$repo/examples/deepspeed-seed001"
@@ -58,6 +61,7 @@ echo "seed001 zygote: exit $?" >> "$res/summary.txt"
 kill $sampler
 ORCHESTRATE_ZYGOTE=0 timeout 200 "$bin/orchestrate" --plan "$seed/plan-zygote.toml" --run-dir "$res/run-seed-exec" > "$res/seed-exec.console" 2>&1
 echo "seed001 exec: exit $?" >> "$res/summary.txt"
+fi
 
 python3 "$here/summarize.py" "$res" >> "$res/summary.txt" 2>&1
 cat "$res/machine.txt" "$res/summary.txt"
@@ -66,5 +70,5 @@ for d in "$res"/run-*; do
   cp "$d/report.json" "$res/keep/$(basename "$d")/" 2>/dev/null
   (cd "$d" && find stages -name '*.log' | tar cf - -T -) | tar xf - -C "$res/keep/$(basename "$d")" 2>/dev/null
 done
-tar czf "$out/results.tar.gz" -C "$res" machine.txt summary.txt nvml-during-zygote-sweep.txt keep \
-  first-zygote.console first-exec.console seed-zygote.console seed-exec.console
+(cd "$res" && tar czf "$out/results.tar.gz" $(ls -d machine.txt summary.txt nvml-during-zygote-sweep.txt \
+  keep first-zygote.console first-exec.console seed-zygote.console seed-exec.console 2>/dev/null))
