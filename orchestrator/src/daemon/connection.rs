@@ -413,7 +413,7 @@ async fn send_events(
             v: V,
             id: id.to_string(),
             seq,
-            event,
+            event: std::sync::Arc::unwrap_or_clone(event),
         };
         if !send(stream, &answer).await {
             return false;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use tokio::sync::{broadcast, watch};
 
 /// An event with its sequence number.
-pub type Numbered = (u64, RunEvent);
+pub type Numbered = (u64, std::sync::Arc<RunEvent>);
 
 /// File, in a run directory, of what the daemon knows about the submission.
 pub const SUBMISSION_FILE: &str = "submission.json";
@@ -58,10 +58,10 @@ pub struct RunEntry {
     running: usize,
     waiting: BTreeMap<String, String>,
     /// Events while running (dropped when it ends).
-    events: Vec<RunEvent>,
+    events: Vec<std::sync::Arc<RunEvent>>,
     event_count: u64,
     events_file: Option<std::io::BufWriter<std::fs::File>>,
-    live: Option<broadcast::Sender<(u64, RunEvent)>>,
+    live: Option<broadcast::Sender<Numbered>>,
     /// Set to true when the run has ended.
     pub done: watch::Sender<bool>,
     /// Cancels the run.
@@ -180,6 +180,8 @@ impl RunEntry {
         }
         let seq = self.event_count;
         self.event_count += 1;
+        // Shared, not copied, by every watcher and page of the run.
+        let event = std::sync::Arc::new(event);
         if let Some(live) = &self.live {
             let _ = live.send((seq, event.clone()));
         }
@@ -243,6 +245,7 @@ impl RunEntry {
             read_events(&self.run_dir.join(EVENTS_FILE), from)
                 .into_iter()
                 .filter(|(seq, _)| *seq < base)
+                .map(|(seq, event)| (seq, std::sync::Arc::new(event)))
                 .collect()
         } else {
             Vec::new()

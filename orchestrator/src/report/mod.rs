@@ -416,7 +416,7 @@ impl<'a> Snapshot<'a> {
                 .unwrap_or_default(),
             protocol_violations: last.map(|r| r.violations().to_vec()).unwrap_or_default(),
             timing: last.and_then(|r| r.timing),
-            host: last.and_then(|r| r.host),
+            host: last.and_then(|r| r.host()),
             tasks,
             nodes,
             start: last.and_then(|r| r.start().cloned()),

@@ -65,10 +65,41 @@ pub(crate) struct LastAttempt {
     pub(crate) wall: Duration,
     /// Milestones (absent for an attempt that never started).
     pub(crate) timing: Option<StageTiming>,
-    /// CPU time and memory of the stage's processes.
-    pub(crate) host: Option<HostUsage>,
+    /// CPU time and memory of the stage's processes (its cgroup's counters are in `details`:
+    /// most stages have none, and a sweep keeps one of these per stage).
+    host: Option<HostCore>,
     /// The rest, absent when all of it is empty.
     details: Option<Box<Details>>,
+}
+
+/// What every attempt has of [`HostUsage`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct HostCore {
+    cpu_user_s: f64,
+    cpu_system_s: f64,
+    peak_rss_bytes: u64,
+    isolation: Option<protocol::report::Isolation>,
+}
+
+/// What an attempt in a cgroup with limits has of [`HostUsage`] beyond [`HostCore`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct CgroupCounters {
+    memory_peak_bytes: Option<u64>,
+    memory_limit_bytes: Option<u64>,
+    oom_kills: Option<u64>,
+    pids_refused: Option<u64>,
+}
+
+impl CgroupCounters {
+    fn of(host: &HostUsage) -> Option<CgroupCounters> {
+        let counters = CgroupCounters {
+            memory_peak_bytes: host.memory_peak_bytes,
+            memory_limit_bytes: host.memory_limit_bytes,
+            oom_kills: host.oom_kills,
+            pids_refused: host.pids_refused,
+        };
+        (counters != CgroupCounters::default()).then_some(counters)
+    }
 }
 
 /// The parts of an attempt's result that most stages of a sweep leave empty.
@@ -81,6 +112,7 @@ struct Details {
     violations: Vec<String>,
     stderr_tail: Option<String>,
     start: Option<protocol::report::StageStart>,
+    cgroup: Option<CgroupCounters>,
 }
 
 impl Details {
@@ -92,6 +124,7 @@ impl Details {
             && self.violations.is_empty()
             && self.stderr_tail.is_none()
             && self.start.is_none()
+            && self.cgroup.is_none()
     }
 }
 
@@ -106,12 +139,18 @@ impl LastAttempt {
             violations: result.violations,
             stderr_tail: result.stderr_tail,
             start: result.start,
+            cgroup: result.host.as_ref().and_then(CgroupCounters::of),
         };
         LastAttempt {
             exit: result.exit,
             wall: result.wall,
             timing: result.timing,
-            host: result.host,
+            host: result.host.map(|h| HostCore {
+                cpu_user_s: h.cpu_user_s,
+                cpu_system_s: h.cpu_system_s,
+                peak_rss_bytes: h.peak_rss_bytes,
+                isolation: h.isolation,
+            }),
             details: (!details.is_empty()).then(|| Box::new(details)),
         }
     }
@@ -164,6 +203,26 @@ impl LastAttempt {
             .and_then(|d| d.stderr_tail.as_deref())
     }
 
+    /// CPU time and memory of the stage's processes, and its cgroup's counters.
+    pub(crate) fn host(&self) -> Option<HostUsage> {
+        let core = self.host?;
+        let counters = self
+            .details
+            .as_deref()
+            .and_then(|d| d.cgroup)
+            .unwrap_or_default();
+        Some(HostUsage {
+            cpu_user_s: core.cpu_user_s,
+            cpu_system_s: core.cpu_system_s,
+            peak_rss_bytes: core.peak_rss_bytes,
+            isolation: core.isolation,
+            memory_peak_bytes: counters.memory_peak_bytes,
+            memory_limit_bytes: counters.memory_limit_bytes,
+            oom_kills: counters.oom_kills,
+            pids_refused: counters.pids_refused,
+        })
+    }
+
     /// Stages with `preload`: how the attempt's first process was started.
     pub(crate) fn start(&self) -> Option<&protocol::report::StageStart> {
         self.details.as_deref().and_then(|d| d.start.as_ref())
@@ -182,6 +241,34 @@ impl crate::attempt::prepare::FinishedOutputs for &[StageState] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_usage_comes_back_whole_its_cgroup_counters_kept_only_where_there_are_some() {
+        let usage = HostUsage {
+            cpu_user_s: 1.5,
+            cpu_system_s: 0.25,
+            peak_rss_bytes: 3 << 20,
+            isolation: Some(protocol::report::Isolation::Cgroup),
+            memory_peak_bytes: Some(256 << 20),
+            memory_limit_bytes: Some(256 << 20),
+            oom_kills: Some(1),
+            pids_refused: None,
+        };
+        let mut result = AttemptResult::early_failure(crate::attempt::outcome::Failure::Exit(0));
+        result.host = Some(usage);
+        let last = LastAttempt::of(result.clone());
+        assert_eq!(last.host(), Some(usage));
+        let plain = HostUsage {
+            memory_peak_bytes: None,
+            memory_limit_bytes: None,
+            oom_kills: None,
+            ..usage
+        };
+        result.host = Some(plain);
+        let last = LastAttempt::of(result);
+        assert_eq!(last.host(), Some(plain));
+        assert!(last.details.is_none(), "no counters, no details kept");
+    }
 
     #[test]
     fn a_quiet_success_keeps_no_details_and_stays_small() {

@@ -360,7 +360,14 @@ impl Frames {
     /// The frame of run `id`'s event `seq`, encoded now unless a page's stream just did.
     pub fn get(&self, id: &str, seq: u64, event: &protocol::daemon::RunEvent) -> Rc<[u8]> {
         let mut runs = self.runs.borrow_mut();
-        let ring = runs.entry(id.to_string()).or_default();
+        // Looked up before inserting: a page's stream asks once per event, and a key made
+        // for every lookup was an allocation each.
+        if !runs.contains_key(id) {
+            runs.insert(id.to_string(), Ring::default());
+        }
+        let Some(ring) = runs.get_mut(id) else {
+            return Rc::from(Vec::new());
+        };
         if let Some(&(first, _)) = ring.front() {
             if let Some((_, frame)) = seq.checked_sub(first).and_then(|i| ring.get(i as usize)) {
                 return frame.clone();
