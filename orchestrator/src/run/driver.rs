@@ -529,9 +529,17 @@ impl<'h> Driver<'h> {
                 error,
                 retry_in,
             } => {
+                // A placed step lost on its node: the node, beside srun's own words.
+                let lost = (status == StageStatus::Failed)
+                    .then(|| setup.run_dir.stage_dir(&name(stage)))
+                    .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt))
+                    .map(|node| format!(" (lost on node {node})"))
+                    .unwrap_or_default();
                 let note = match (&error, retry_in) {
-                    (Some(e), Some(wait)) => format!("{e}; retrying in {}", human_duration(wait)),
-                    (Some(e), None) => e.clone(),
+                    (Some(e), Some(wait)) => {
+                        format!("{e}{lost}; retrying in {}", human_duration(wait))
+                    }
+                    (Some(e), None) => format!("{e}{lost}"),
                     (None, _) => String::new(),
                 };
                 let wall = result.map_or(Duration::ZERO, |r| r.wall);

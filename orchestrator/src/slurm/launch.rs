@@ -75,7 +75,7 @@ pub fn run(args: Vec<String>) -> i32 {
                 if let Some(s) = splitter.take() {
                     let _ = s.join();
                 }
-                return match (status.code(), status.signal()) {
+                let code = match (status.code(), status.signal()) {
                     (Some(0), _) => records
                         .as_deref()
                         .and_then(super::records::first_failure)
@@ -84,6 +84,12 @@ pub fn run(args: Vec<String>) -> i32 {
                     (None, Some(sig)) => 128 + sig,
                     _ => 1,
                 };
+                // A placed step that ended without its task's record was lost on its node.
+                let lost = records.as_deref().filter(|_| relayed);
+                if let Some(line) = lost.and_then(|r| super::lost::after_step(r, code)) {
+                    eprintln!("{line}");
+                }
+                return code;
             }
             Ok(None) => {}
             Err(e) => {

@@ -22,6 +22,7 @@ pub(crate) mod hidden_args;
 pub(crate) mod history;
 pub(crate) mod jobstate;
 pub mod launch;
+pub mod lost;
 pub(crate) mod node_check;
 pub mod placement;
 pub(crate) mod records;
