@@ -113,14 +113,67 @@ pub fn exclude_arg(lost: &[String], job_nodes: u32, needs: u32) -> Option<String
     (!excluded.is_empty()).then(|| format!("--exclude={}", excluded.join(",")))
 }
 
-/// After a placed step's srun ended with `code`: when the step was lost on its node, records
-/// the loss (the allocation and attempt from the launcher's environment) and returns the line
-/// that says so, for the stage's stderr.
-pub fn after_step(records: &Path, code: i32) -> Option<String> {
+/// The node (and job step, when it says) one line of srun's stderr names as the one a step
+/// was lost on: `Task launch for StepId=J.S failed on node N: …` (the node's slurmd does not
+/// answer) or `Node failure on N`.
+pub fn srun_says_lost(line: &str) -> Option<(String, Option<String>)> {
+    let word = |rest: &str| {
+        let w: String = rest
+            .chars()
+            .take_while(|c| !c.is_whitespace() && *c != ':' && *c != ',')
+            .collect();
+        (!w.is_empty()).then_some(w)
+    };
+    if let Some((before, after)) = line.split_once(" failed on node ") {
+        let step = before.split_once("StepId=").and_then(|(_, s)| word(s));
+        return word(after).map(|node| (node, step));
+    }
+    let (_, after) = line.split_once("Node failure on ")?;
+    word(after).map(|node| (node, None))
+}
+
+/// Copies srun's stderr `from` to `to` line by line, and returns what the first line that
+/// names a lost node said ([`srun_says_lost`]).
+pub fn watch_stderr(
+    from: impl std::io::Read,
+    mut to: impl std::io::Write,
+) -> Option<(String, Option<String>)> {
+    use std::io::BufRead;
+    let mut said = None;
+    let mut reader = std::io::BufReader::new(from);
+    let mut line = Vec::new();
+    while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        let _ = to.write_all(&line).and_then(|()| to.flush());
+        if said.is_none() {
+            said = srun_says_lost(&String::from_utf8_lossy(&line));
+        }
+        line.clear();
+    }
+    said
+}
+
+/// After a placed step's srun ended with `code`: when the step was lost on its node (its
+/// task's end never recorded, or srun said so on stderr: `srun_said`), records the loss (the
+/// allocation and attempt from the launcher's environment) and returns the line that says
+/// so, for the stage's stderr.
+pub fn after_step(
+    records: &Path,
+    code: i32,
+    srun_said: Option<(String, Option<String>)>,
+) -> Option<String> {
     if code == 0 {
         return None;
     }
-    let node = lost_node(records)?;
+    let step_named = std::fs::read_to_string(records.join(super::records::STEP_FILE))
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty());
+    let (node, step) = match (lost_node(records), srun_said) {
+        (Some(node), _) => (node, step_named),
+        (None, Some((node, step))) => (node, step.or(step_named)),
+        (None, None) => return None,
+    };
+    let step = step.unwrap_or_default();
     let stage_dir = records.parent()?;
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let attempt = var(ENV_ATTEMPT).and_then(|a| a.parse().ok()).unwrap_or(0);
@@ -128,9 +181,6 @@ pub fn after_step(records: &Path, code: i32) -> Option<String> {
         .and_then(|r| r.parse().ok())
         .unwrap_or(0);
     let job = job_key(&var("SLURM_JOB_ID").unwrap_or_default(), restart);
-    let step = std::fs::read_to_string(records.join(super::records::STEP_FILE))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
     let line = format!(
         "orchestrate: attempt {attempt} was lost on node {node}: job step {step} ended before its task could record its end (srun exit {code})"
     );
@@ -199,6 +249,31 @@ mod tests {
         );
         assert_eq!(nodes_lost_in(&dir, "7+1"), ["n2"]);
         assert!(nodes_lost_in(&dir, "8+0").is_empty());
+    }
+
+    #[test]
+    fn srun_names_the_node_a_step_was_lost_on() {
+        assert_eq!(
+            srun_says_lost("srun: error: Task launch for StepId=118.12 failed on node n3: Communication connection failure\n"),
+            Some(("n3".into(), Some("118.12".into())))
+        );
+        assert_eq!(
+            srun_says_lost("srun: error: Node failure on gpu07\n"),
+            Some(("gpu07".into(), None))
+        );
+        assert_eq!(srun_says_lost("srun: Job step aborted\n"), None);
+        assert_eq!(srun_says_lost("user output about a node\n"), None);
+        let mut copy = Vec::new();
+        let said = watch_stderr(
+            &b"first\nsrun: error: Node failure on n2\nsrun: error: Task launch for StepId=1.2 failed on node n1: x\nlast"[..],
+            &mut copy,
+        );
+        assert_eq!(said, Some(("n2".into(), None)), "the first node named");
+        assert_eq!(
+            String::from_utf8(copy).unwrap(),
+            "first\nsrun: error: Node failure on n2\nsrun: error: Task launch for StepId=1.2 failed on node n1: x\nlast",
+            "every byte passed on"
+        );
     }
 
     #[test]
