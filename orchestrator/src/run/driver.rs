@@ -85,6 +85,10 @@ pub(super) async fn drive(
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
     };
     let mut sched = Scheduler::new(&plan, rules, states);
+    if crate::slurm::placement::spreads(setup.slurm.as_ref()) {
+        // Every start is a job step: few enough a second to keep slurmctld's load low.
+        sched.pace_starts(crate::slurm::pacing::TokenBucket::for_steps());
+    }
     let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
     let mut driver = Driver::start(setup, host, news_tx, sched.states())?;
     // A cancel that came before the run started applies at once.
@@ -99,7 +103,7 @@ pub(super) async fn drive(
         }
         let gpu_waiting = sched.gpu_waiting();
         let far = Instant::now() + Duration::from_secs(86_400);
-        let next_retry = sched.next_retry();
+        let next_retry = sched.next_wake();
         let retry_at = tokio::time::Instant::from_std(next_retry.unwrap_or(far));
         let services = driver.setup.services.clone();
         tokio::select! {

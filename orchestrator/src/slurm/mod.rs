@@ -24,6 +24,7 @@ pub(crate) mod jobstate;
 pub mod launch;
 pub mod lost;
 pub(crate) mod node_check;
+pub mod pacing;
 pub mod placement;
 pub(crate) mod records;
 pub mod relay;
