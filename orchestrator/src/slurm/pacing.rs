@@ -78,7 +78,7 @@ mod tests {
         }
         let next = b.next_at(t0).expect("the burst is spent");
         assert_eq!(next, t0 + Duration::from_millis(100));
-        assert_eq!(b.next_at(t0 + Duration::from_millis(99)).is_some(), true);
+        assert!(b.next_at(t0 + Duration::from_millis(99)).is_some());
         assert_eq!(b.next_at(t0 + Duration::from_millis(100)), None);
         b.take(t0 + Duration::from_millis(100));
         // A long pause refills no more than the burst.
