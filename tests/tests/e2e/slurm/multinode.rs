@@ -626,11 +626,16 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
             lost.iter().all(|l| l["node"] == victim.as_str()),
             "{name}: {st}"
         );
+        assert_eq!(
+            lost.len(),
+            attempts - 1,
+            "every failed attempt names its node: {st}"
+        );
         let calls = srun_calls_of(&srun_calls, name);
         assert_eq!(
             calls.len(),
             attempts,
-            "{name}: one srun a attempt: {calls:?}"
+            "{name}: one srun per attempt: {calls:?}"
         );
         let excluding = format!("--exclude={victim} ");
         let first_loss = lost
@@ -653,7 +658,7 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
         .sum();
     assert!(lost_total > 0, "no loss recorded on {victim}: {why}");
     eprintln!(
-        "lost {victim}: {} instance(s) retried: {retried:?}",
+        "lost {victim}: {} instance(s) retried: {retried:?}; {lost_total} attempt(s) recorded lost",
         retried.len()
     );
 }
