@@ -148,9 +148,25 @@ pub struct StageReport {
     /// Stages run through `srun`: the GPU check of every node of the stage, after it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeGpuCheck>,
+    /// Stages placed as job steps over an allocation's nodes: every attempt that was lost on
+    /// its node (the step killed by Slurm, the node gone) before its task could say how it
+    /// ended, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<LostAttempt>,
     /// Stages with `preload`: how the last attempt's first process was started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<StageStart>,
+}
+
+/// An attempt of a placed stage that was lost on a node of the allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct LostAttempt {
+    /// The attempt (1 for the first).
+    pub attempt: u32,
+    /// The node (Slurm's name) the attempt's step ran on when it was lost.
+    pub node: String,
+    /// The job step (`JOB.STEP`) that was lost.
+    pub step: String,
 }
 
 /// How a stage's first process was started.

@@ -167,6 +167,7 @@ fn empty_stage(name: &str, root: &Path) -> StageReport {
         host: None,
         tasks: Vec::new(),
         nodes: Vec::new(),
+        lost: Vec::new(),
         start: None,
     }
 }
@@ -419,6 +420,7 @@ impl<'a> Snapshot<'a> {
             host: last.and_then(|r| r.host()),
             tasks,
             nodes,
+            lost: crate::slurm::lost::load(&run_dir.stage_dir(&stage.name)),
             start: last.and_then(|r| r.start().cloned()),
         }
     }

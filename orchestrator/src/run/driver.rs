@@ -85,6 +85,10 @@ pub(super) async fn drive(
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
     };
     let mut sched = Scheduler::new(&plan, rules, states);
+    if crate::slurm::placement::spreads(setup.slurm.as_ref()) {
+        // Every start is a job step: few enough a second to keep slurmctld's load low.
+        sched.pace_starts(crate::slurm::pacing::TokenBucket::for_steps());
+    }
     let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
     let mut driver = Driver::start(setup, host, news_tx, sched.states())?;
     // A cancel that came before the run started applies at once.
@@ -99,7 +103,7 @@ pub(super) async fn drive(
         }
         let gpu_waiting = sched.gpu_waiting();
         let far = Instant::now() + Duration::from_secs(86_400);
-        let next_retry = sched.next_retry();
+        let next_retry = sched.next_wake();
         let retry_at = tokio::time::Instant::from_std(next_retry.unwrap_or(far));
         let services = driver.setup.services.clone();
         tokio::select! {
@@ -529,9 +533,17 @@ impl<'h> Driver<'h> {
                 error,
                 retry_in,
             } => {
+                // A placed step lost on its node: the node, beside srun's own words.
+                let lost = (status == StageStatus::Failed)
+                    .then(|| setup.run_dir.stage_dir(&name(stage)))
+                    .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt))
+                    .map(|node| format!(" (lost on node {node})"))
+                    .unwrap_or_default();
                 let note = match (&error, retry_in) {
-                    (Some(e), Some(wait)) => format!("{e}; retrying in {}", human_duration(wait)),
-                    (Some(e), None) => e.clone(),
+                    (Some(e), Some(wait)) => {
+                        format!("{e}{lost}; retrying in {}", human_duration(wait))
+                    }
+                    (Some(e), None) => format!("{e}{lost}"),
                     (None, _) => String::new(),
                 };
                 let wall = result.map_or(Duration::ZERO, |r| r.wall);

@@ -202,6 +202,11 @@ pub(crate) struct Scheduler<'p> {
     cursor: Option<(usize, usize)>,
     /// Within one round: whether a stage was left waiting for GPUs.
     gpu_waiting: bool,
+    /// Fresh starts paced by this bucket (job steps over an allocation), if any.
+    pacing: Option<crate::slurm::pacing::TokenBucket>,
+    /// The current round's time, and when the pacing lets the next start go, if it held one.
+    round_at: Option<Instant>,
+    paced_until: Option<Instant>,
 }
 
 impl<'p> Scheduler<'p> {
@@ -244,7 +249,21 @@ impl<'p> Scheduler<'p> {
             waiting_why: BTreeMap::new(),
             cursor: None,
             gpu_waiting: false,
+            pacing: None,
+            round_at: None,
+            paced_until: None,
         }
+    }
+
+    /// Paces fresh starts by `bucket` (at most its rate; `crate::slurm::pacing`).
+    pub(crate) fn pace_starts(&mut self, bucket: crate::slurm::pacing::TokenBucket) {
+        self.pacing = Some(bucket);
+    }
+
+    /// When the loop must look again even if nothing happens: the next retry, or the next
+    /// start the pacing held back.
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        self.next_retry().into_iter().chain(self.paced_until).min()
     }
 
     /// Every stage's state, by index.
@@ -349,6 +368,8 @@ impl<'p> Scheduler<'p> {
         });
         self.cursor = None;
         self.gpu_waiting = false;
+        self.round_at = Some(now);
+        self.paced_until = None;
     }
 
     /// The next attempt to start in this round, if any: first the stages an ending stage
@@ -375,8 +396,17 @@ impl<'p> Scheduler<'p> {
                     .next(),
             };
             let &(pos, i) = next?;
+            if let (Some(bucket), Some(now)) = (&mut self.pacing, self.round_at) {
+                if let Some(at) = bucket.next_at(now) {
+                    self.paced_until = Some(at);
+                    return None;
+                }
+            }
             self.cursor = Some((pos, i));
             if let Some(start) = self.try_start(i, resources, actions) {
+                if let (Some(bucket), Some(now)) = (&mut self.pacing, self.round_at) {
+                    bucket.take(now);
+                }
                 return Some(start);
             }
         }
@@ -1457,5 +1487,34 @@ mod tests {
         states[0].status = Status::Succeeded;
         let mut s = Scheduler::new(&p, rules(1), states);
         assert_eq!(round(&mut s, &mut Gpus::new(0), Instant::now()).0, vec![1]);
+    }
+
+    #[test]
+    fn paced_starts_go_at_the_buckets_rate_and_the_loop_wakes_for_the_next() {
+        let names: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
+        let stages: Vec<(&str, &[&str], &str)> =
+            names.iter().map(|n| (n.as_str(), &[][..], "")).collect();
+        let p = plan("", &stages);
+        let mut s = scheduler(&p, rules(100));
+        s.pace_starts(crate::slurm::pacing::TokenBucket::new(10, 5));
+        let mut gpus = Gpus::new(0);
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let (first, _) = round(&mut s, &mut gpus, t0);
+        assert_eq!(first.len(), 5, "the burst: {first:?}");
+        assert_eq!(s.next_wake(), Some(ms(100)), "woken for the next token");
+        assert!(
+            round(&mut s, &mut gpus, ms(50)).0.is_empty(),
+            "no token yet"
+        );
+        assert_eq!(round(&mut s, &mut gpus, ms(100)).0.len(), 1);
+        assert_eq!(round(&mut s, &mut gpus, ms(400)).0.len(), 3, "10 a second");
+        // However long the pause, no more than the burst at once.
+        assert_eq!(round(&mut s, &mut gpus, ms(60_000)).0.len(), 5);
+        assert_eq!(s.slots_held(), 14, "within max_parallel, only paced");
+        // Unpaced, the same plan starts all at once.
+        let mut free = scheduler(&p, rules(100));
+        assert_eq!(round(&mut free, &mut gpus, t0).0.len(), 30);
+        assert_eq!(free.next_wake(), None);
     }
 }

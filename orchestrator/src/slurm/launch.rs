@@ -54,6 +54,8 @@ pub fn run(args: Vec<String>) -> i32 {
     let relayed = std::env::var(super::task::ENV_PLACED).is_ok_and(|v| v == "1");
     if relayed {
         cmd.stdout(Stdio::piped());
+        // srun's stderr names the node a step was lost on (`super::lost`).
+        cmd.stderr(Stdio::piped());
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -66,6 +68,10 @@ pub fn run(args: Vec<String>) -> i32 {
         let socket = std::env::var_os(protocol::worker::ENV_EVENTS).map(std::path::PathBuf::from);
         std::thread::spawn(move || super::relay::split(out, std::io::stdout(), socket.as_deref()))
     });
+    let mut stderr_watch = child
+        .stderr
+        .take()
+        .map(|err| std::thread::spawn(move || super::lost::watch_stderr(err, std::io::stderr())));
     let mut stop_sent = false;
     loop {
         match child.try_wait() {
@@ -75,7 +81,8 @@ pub fn run(args: Vec<String>) -> i32 {
                 if let Some(s) = splitter.take() {
                     let _ = s.join();
                 }
-                return match (status.code(), status.signal()) {
+                let srun_said = stderr_watch.take().and_then(|w| w.join().ok()).flatten();
+                let code = match (status.code(), status.signal()) {
                     (Some(0), _) => records
                         .as_deref()
                         .and_then(super::records::first_failure)
@@ -84,6 +91,12 @@ pub fn run(args: Vec<String>) -> i32 {
                     (None, Some(sig)) => 128 + sig,
                     _ => 1,
                 };
+                // A placed step that ended without its task's record was lost on its node.
+                let lost = records.as_deref().filter(|_| relayed);
+                if let Some(line) = lost.and_then(|r| super::lost::after_step(r, code, srun_said)) {
+                    eprintln!("{line}");
+                }
+                return code;
             }
             Ok(None) => {}
             Err(e) => {

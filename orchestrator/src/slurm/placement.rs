@@ -77,6 +77,17 @@ pub fn step_args(gpus: u32) -> Vec<String> {
     args
 }
 
+/// The srun options of an attempt of the placed instance whose stage directory is
+/// `stage_dir` in `job`: [`step_args`], and on a retry `--exclude=` of the nodes the instance
+/// was lost on in this allocation (never all of them: [`super::lost::exclude_arg`]).
+pub fn attempt_args(gpus: u32, stage_dir: &std::path::Path, job: &Allocation) -> Vec<String> {
+    let mut args = step_args(gpus);
+    let key = super::lost::job_key(&job.job_id, job.restart_count);
+    let lost = super::lost::nodes_lost_in(stage_dir, &key);
+    args.extend(super::lost::exclude_arg(&lost, job.num_nodes, 1));
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +134,49 @@ mod tests {
             ["--exact", "--nodes=1", "--ntasks=1", "--cpus-per-task=1"]
         );
         assert_eq!(step_args(2).last().unwrap(), "--gpus-per-task=2");
+    }
+
+    #[test]
+    fn a_retry_is_placed_off_the_nodes_its_instance_was_lost_on() {
+        let dir = e2e_tests::Scratch::new("placement-exclude");
+        let three = job(3, Some(12));
+        let lost = |attempt: u32, node: &str| protocol::report::LostAttempt {
+            attempt,
+            node: node.into(),
+            step: format!("5.{attempt}"),
+        };
+        let first = attempt_args(0, &dir, &three);
+        assert_eq!(first, step_args(0), "a first attempt excludes nothing");
+        let key = crate::slurm::lost::job_key("5", 0);
+        crate::slurm::lost::record(&dir, &key, lost(1, "n3")).unwrap();
+        assert_eq!(
+            attempt_args(1, &dir, &three),
+            [
+                "--exact",
+                "--nodes=1",
+                "--ntasks=1",
+                "--cpus-per-task=1",
+                "--gpus-per-task=1",
+                "--exclude=n3"
+            ]
+        );
+        crate::slurm::lost::record(&dir, &key, lost(2, "n1")).unwrap();
+        assert_eq!(
+            attempt_args(0, &dir, &three).last().unwrap(),
+            "--exclude=n3,n1"
+        );
+        crate::slurm::lost::record(&dir, &key, lost(3, "n2")).unwrap();
+        assert_eq!(
+            attempt_args(0, &dir, &three).last().unwrap(),
+            "--exclude=n1,n2",
+            "never every node of the allocation"
+        );
+        let mut requeued = three.clone();
+        requeued.restart_count = 1;
+        assert_eq!(
+            attempt_args(0, &dir, &requeued),
+            step_args(0),
+            "losses of an earlier start of the job exclude nothing"
+        );
     }
 }

@@ -43,9 +43,11 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
             let exact = super::placement::spreads(job).then(|| "--exact".to_string());
             exact.into_iter().chain(layout_args(layout)).collect()
         }
-        (None, Some(_)) if super::placement::spreads(job) => {
+        (None, Some(job)) if super::placement::spreads(Some(job)) => {
             plan.env.push((task::ENV_PLACED.into(), "1".into()));
-            super::placement::step_args(stage.gpus_wanted())
+            plan.env
+                .push((super::lost::ENV_ATTEMPT.into(), plan.attempt.to_string()));
+            super::placement::attempt_args(stage.gpus_wanted(), &plan.stage_dir, job)
         }
         _ => return plan,
     };

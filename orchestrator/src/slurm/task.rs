@@ -142,6 +142,10 @@ pub fn run(args: Vec<String>) -> i32 {
         },
         _ => None,
     };
+    if let (true, 0, Some(dir)) = (placed, rank, &records) {
+        // Named before the command starts, so a step lost on this node names it.
+        super::lost::note_node(dir, &node);
+    }
     if let (Some(dir), Some(job), Some(step)) =
         (&records, var("SLURM_JOB_ID"), var("SLURM_STEP_ID"))
     {

@@ -71,6 +71,42 @@ fn counting_wrappers(dir: &Path) -> (PathBuf, PathBuf) {
     (bin, calls)
 }
 
+/// A directory with an `srun` that logs its arguments to `calls` (one line a call) and execs
+/// the real one: put first in the job's PATH, it shows how each step was asked for.
+fn logging_srun(dir: &Path) -> (PathBuf, PathBuf) {
+    let bin = dir.join("srun-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let calls = dir.join("srun-calls");
+    let real = Command::new("sh")
+        .args(["-c", "command -v srun"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+    assert!(!real.is_empty(), "srun is not installed");
+    let script = bin.join("srun");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {}\nexec {real} \"$@\"\n",
+            calls.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (bin, calls)
+}
+
+/// The srun calls of instance `name` in `calls` (from [`logging_srun`]), in order.
+fn srun_calls_of(calls: &Path, name: &str) -> Vec<String> {
+    let tag = format!("--job-name={name} ");
+    std::fs::read_to_string(calls)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&tag))
+        .map(String::from)
+        .collect()
+}
+
 /// Submits the batch script over three nodes (four CPUs each) with `env` (`NAME=VALUE`, no
 /// commas) added to the job's environment; returns the job id.
 fn sbatch_three(dir: &Path, env: &[String], plan: &Path) -> String {
@@ -366,6 +402,25 @@ fn an_instance_whose_step_slurm_kills_is_retried_and_nothing_finished_reruns() {
         assert_eq!(st["attempts"], want, "{name}: {st}");
         assert_eq!(runs[name].len(), want, "{name} ran on {:?}", runs[name]);
     }
+    // The lost attempt names the node and the step it was lost with, in the report and on
+    // the console (the job's output).
+    let seven = &all["work[i=7]"];
+    let first_node = &runs["work[i=7]"][0];
+    assert_eq!(
+        seven["lost"],
+        serde_json::json!([{ "attempt": 1, "node": first_node, "step": step }]),
+        "{seven}"
+    );
+    for (name, st) in all.iter().filter(|(n, _)| *n != "work[i=7]") {
+        assert!(st.get("lost").is_none(), "{name} was not lost: {st}");
+    }
+    let output = std::fs::read_to_string(job_log(s.path(), &id)).unwrap_or_default();
+    assert!(
+        output
+            .lines()
+            .any(|l| l.contains("work[i=7]") && l.contains(&format!("lost on node {first_node}"))),
+        "the console names the node: {output}"
+    );
     let finished = journal(&run_dir)
         .iter()
         .filter(|r| r["rec"] == "stage_finished" && r["stage"] == "work[i=7]")
@@ -485,11 +540,18 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
         "retries = 3\n",
     );
     // --no-kill: the job keeps its other nodes when one fails.
+    let (srun_bin, srun_calls) = logging_srun(s.path());
+    let path = format!(
+        "{}:{}",
+        srun_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let id = {
         let out = Command::new("sbatch")
             .arg("--parsable")
             .arg(format!("--chdir={}", s.path().display()))
             .args(["--nodes=3", "--ntasks-per-node=4", "--no-kill"])
+            .env("PATH", &path)
             .arg(repo_root().join("configs/slurm/pipeline.sbatch"))
             .arg(&plan)
             .env("ORCHESTRATE", orchestrate())
@@ -557,9 +619,46 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
         if attempts > 1 {
             assert_ne!(last, victim, "{name} was retried on the lost node: {st}");
         }
+        // Every attempt lost was lost on the dead node, and each one after the first loss
+        // asked srun to keep off it.
+        let lost = st["lost"].as_array().cloned().unwrap_or_default();
+        assert!(
+            lost.iter().all(|l| l["node"] == victim.as_str()),
+            "{name}: {st}"
+        );
+        assert_eq!(
+            lost.len(),
+            attempts - 1,
+            "every failed attempt names its node: {st}"
+        );
+        let calls = srun_calls_of(&srun_calls, name);
+        assert_eq!(
+            calls.len(),
+            attempts,
+            "{name}: one srun per attempt: {calls:?}"
+        );
+        let excluding = format!("--exclude={victim} ");
+        let first_loss = lost
+            .iter()
+            .map(|l| l["attempt"].as_u64().unwrap() as usize)
+            .min();
+        for (k, call) in calls.iter().enumerate() {
+            let after_loss = first_loss.is_some_and(|a| k + 1 > a);
+            assert_eq!(
+                call.contains(&excluding),
+                after_loss,
+                "{name} attempt {}: {call}",
+                k + 1
+            );
+        }
     }
+    let lost_total: usize = all
+        .values()
+        .map(|st| st["lost"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert!(lost_total > 0, "no loss recorded on {victim}: {why}");
     eprintln!(
-        "lost {victim}: {} instance(s) retried: {retried:?}",
+        "lost {victim}: {} instance(s) retried: {retried:?}; {lost_total} attempt(s) recorded lost",
         retried.len()
     );
 }
