@@ -274,6 +274,22 @@ pub fn journal_records(run_dir: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The first process of every attempt the run's journal records as started, in order.
+pub fn stage_pids(run_dir: &Path) -> Vec<i32> {
+    journal_records(run_dir)
+        .iter()
+        .filter(|r| r["rec"] == "stage_started")
+        .filter_map(|r| r["pid"].as_i64().map(|p| p as i32))
+        .collect()
+}
+
+/// A process's command line, its arguments joined by spaces (empty once it is gone).
+pub fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
 /// How many attempts of `stage` the run's journal records as started.
 pub fn stage_starts(run_dir: &Path, stage: &str) -> usize {
     journal_records(run_dir)

@@ -4,7 +4,8 @@
 //! that orchestrate accepted on the writer's word is still re-hashed on resume.
 
 use e2e_tests::{
-    alive, children, orchestrate, read_report as report, report_stage as stage, Scratch,
+    alive, children, cmdline, orchestrate, read_report as report, report_stage as stage,
+    stage_pids, Scratch,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -39,22 +40,6 @@ fn stderr_log(run_dir: &Path, stage: &str) -> String {
 }
 
 /// PIDs of every attempt of every stage, from the journal.
-fn stage_pids(run_dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(run_dir.join("journal.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["rec"] == "stage_started")
-        .filter_map(|r| r["pid"].as_i64().map(|p| p as i32))
-        .collect()
-}
-
-fn cmdline(pid: i32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default()
-}
-
 fn checkpoints(report: &Value, name: &str) -> Vec<(String, String)> {
     stage(report, name)["checkpoints"]
         .as_array()

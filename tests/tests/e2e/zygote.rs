@@ -4,7 +4,9 @@
 //! per-stage variable, a zygote that initialised CUDA, and a zygote killed mid-stage all fall
 //! back to exec and leave nothing behind. The report says which path each stage took.
 
-use e2e_tests::{alive, children, orchestrate, read_report, report_stage, Scratch};
+use e2e_tests::{
+    alive, children, cmdline, orchestrate, read_report, report_stage, stage_pids, Scratch,
+};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -68,22 +70,6 @@ fn stdout_json(run_dir: &Path, stage: &str) -> Value {
 
 fn stage_start(run_dir: &Path, stage: &str) -> Value {
     report_stage(&read_report(run_dir), stage)["start"].clone()
-}
-
-fn journal_pids(run_dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(run_dir.join("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["rec"] == "stage_started")
-        .filter_map(|r| r["pid"].as_i64().map(|p| p as i32))
-        .collect()
-}
-
-fn cmdline(pid: i32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default()
 }
 
 fn ok(out: &Output) {
@@ -187,7 +173,7 @@ fn a_forked_stage_runs_like_python_would_sooner_and_is_reaped_like_an_exec_d_one
         "a b",
         "arguments pass through"
     );
-    for pid in journal_pids(&zygote_dir) {
+    for pid in stage_pids(&zygote_dir) {
         assert!(!alive(pid), "stage process {pid} outlived the run");
     }
 }
@@ -362,7 +348,7 @@ fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
         let printed = std::fs::read_to_string(&a_out).unwrap_or_default();
         if let (Some(z), Some(&a), Ok(g)) = (
             zygote,
-            journal_pids(&run_dir).first(),
+            stage_pids(&run_dir).first(),
             printed.trim().parse::<i32>(),
         ) {
             break (z, a, g);
@@ -405,7 +391,7 @@ fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
     assert_eq!(report_stage(&report, "a")["status"], "succeeded");
     assert_eq!(report_stage(&report, "b")["status"], "succeeded");
     let b_grandchild = stdout_json(&run_dir, "b")["grandchild"].as_i64().unwrap() as i32;
-    for pid in journal_pids(&run_dir)
+    for pid in stage_pids(&run_dir)
         .into_iter()
         .chain([zygote, grandchild, b_grandchild])
     {
