@@ -163,13 +163,18 @@ def failed(error, reason=None):
     _send("failed", error=str(error), reason=reason)
 
 
-_stop = threading.Event()
+# A plain flag, not a `threading.Event`: a signal handler runs between any two bytecodes of
+# the main thread, including those of another handler, so one that takes a lock (as
+# `Event.set()` does) deadlocks when a second SIGTERM lands while the first is being handled.
+# Rebinding a module global takes no lock.
+_stop_requested = False
 _previous_handler = None
 _watching = False
 
 
 def _on_sigterm(signum, frame):
-    _stop.set()
+    global _stop_requested
+    _stop_requested = True
     if callable(_previous_handler):
         _previous_handler(signum, frame)
 
@@ -206,12 +211,13 @@ def unwatch_stop():
 
 def stop_requested():
     """Whether SIGTERM arrived since `watch_stop()` (or `request_stop()` was called)."""
-    return _stop.is_set()
+    return _stop_requested
 
 
 def request_stop():
     """Records a stop request as SIGTERM would (for a framework's own signal hook, or tests)."""
-    _stop.set()
+    global _stop_requested
+    _stop_requested = True
 
 
 def exit_interrupted(message="stopped on request after saving a resumable checkpoint"):

@@ -286,7 +286,7 @@ impl StageProcess {
 }
 
 /// Sends `signal` to the stage's process group and every process of its cgroup (SIGKILL: the
-/// whole cgroup at once, by `cgroup.kill`).
+/// whole cgroup at once, by `cgroup.kill`), once to each process.
 fn signal_cgroup(leader: i32, cgroup: &StageCgroup, signal: Signal) {
     let _ = killpg(Pid::from_raw(leader), signal);
     if signal == Signal::SIGKILL {
@@ -294,7 +294,18 @@ fn signal_cgroup(leader: i32, cgroup: &StageCgroup, signal: Signal) {
         return;
     }
     for pid in cgroup.members() {
-        let _ = kill(Pid::from_raw(pid), signal);
+        signal_outside_group(pid, leader, signal);
+    }
+}
+
+/// Sends `signal` to `pid` unless it is in the process group `leader` leads, which
+/// `killpg` just signalled: a process asked to stop gets one SIGTERM from us, not two. (A
+/// second one is not harmless: a handler that takes a lock, as Python's `threading.Event.set`
+/// does, deadlocks when the second lands while the first is being handled.)
+fn signal_outside_group(pid: i32, leader: i32, signal: Signal) {
+    let pid = Pid::from_raw(pid);
+    if nix::unistd::getpgid(Some(pid)) != Ok(Pid::from_raw(leader)) {
+        let _ = kill(pid, signal);
     }
 }
 
@@ -364,11 +375,12 @@ async fn stop_cgroup(
     summary
 }
 
-/// Sends `signal` to the stage's process group and to every process of its tree.
+/// Sends `signal` to the stage's process group and to every process of its tree, once to
+/// each process.
 fn signal_tree(leader: i32, token: &str, signal: Signal) {
     let _ = killpg(Pid::from_raw(leader), signal);
     for p in scan::stage_members(leader, token) {
-        let _ = kill(Pid::from_raw(p.pid), signal);
+        signal_outside_group(p.pid, leader, signal);
     }
 }
 

@@ -127,3 +127,71 @@ fn the_stage_helper_needs_only_the_standard_library_when_copied_next_to_a_script
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// SIGTERM that keeps coming (a stop sent to the process group and to each process, Slurm's
+/// own signals on top) is one stop request: the handler takes no lock, so a second signal
+/// landing while the first is handled cannot deadlock the stage before it saves.
+#[test]
+fn a_burst_of_sigterms_is_one_stop_request_and_never_hangs_the_stage() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let s = Scratch::new("python-sigterm-burst");
+    std::fs::copy(
+        repo_root().join("python/orchestrate_stage/__init__.py"),
+        s.path().join("orchestrate_stage.py"),
+    )
+    .unwrap();
+    // Pure-Python work between checks, so signals land in the middle of bytecode, and more
+    // of them after the request was seen (none during exit, where Python has put back the
+    // default handler).
+    let script = "import time\n\
+        import orchestrate_stage as stage\n\
+        assert stage.watch_stop()\n\
+        print('ready', flush=True)\n\
+        while not stage.stop_requested():\n    sum(range(500))\n\
+        end = time.monotonic() + 1.0\n\
+        while time.monotonic() < end:\n    sum(range(500))\n\
+        stage.exit_interrupted()\n";
+    for round in 0..6 {
+        let mut child = Command::new("python3")
+            .args(["-S", "-c", script])
+            .current_dir(s.path())
+            .env_remove("PYTHONPATH")
+            .env_remove("ORCHESTRATE_EVENTS")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert_eq!(ready.trim(), "ready");
+        let pid = Pid::from_raw(child.id() as i32);
+        // Bursts for 0.3 s, while the script still runs: it loops for 1 s after the first.
+        let burst_until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < burst_until {
+            for _ in 0..50 {
+                let _ = kill(pid, Signal::SIGTERM);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let status = status.unwrap_or_else(|| panic!("round {round}: hung in its SIGTERM handler"));
+        assert_eq!(status.code(), Some(75), "round {round}: {status:?}");
+    }
+}

@@ -19,8 +19,9 @@ max_parallel = 1
 name = "work"
 matrix = {{ n = [1, 2, 3, 4, 5, 6] }}
 # A background child outlives the first process until it is stopped (and says so): the slot
-# must wait for it to be gone.
-command = ["sh", "-c", "echo start >> {trace}; (trap 'echo end >> {trace}; exit 0' TERM; touch {{output}}/ready; sleep 5 & wait) & while [ ! -e {{output}}/ready ]; do sleep 0.01; done"]
+# must wait for it to be gone. The `mkdir` makes "end" one line per instance: a SIGTERM that
+# lands on the shell's fork for `sleep` before that fork has dropped the trap runs it too.
+command = ["sh", "-c", "echo start >> {trace}; (trap 'mkdir {{output}}/ended 2>/dev/null && echo end >> {trace}; exit 0' TERM; touch {{output}}/ready; sleep 5 & wait) & while [ ! -e {{output}}/ready ]; do sleep 0.01; done"]
 
 [[stage]]
 name = "no_output"
