@@ -255,10 +255,97 @@ fn start(program: &std::path::Path, reaper: &Reaper) -> Result<Server, ForkServe
 /// Starts `cmd` as a fork server (its socket on descriptor 3, in a session of its own, killed
 /// when this process dies) and waits up to `ready_timeout` until it says it is ready.
 pub(super) fn start_server(
-    mut cmd: Command,
+    cmd: Command,
     ready_timeout: Duration,
     reaper: &Reaper,
 ) -> Result<Server, ForkServerError> {
+    let mut server = launch(cmd, reaper)?;
+    let ready = server
+        .sock
+        .set_read_timeout(Some(ready_timeout))
+        .map_err(ReplyError::Io)
+        .and_then(|()| read_reply(&mut server.sock));
+    readied(server, ready)
+}
+
+/// A fork server started whose readiness is awaited by a thread of its own, so that this one
+/// goes on while the server loads what it preloads (a Python zygote's imports take seconds).
+pub(super) struct Starting {
+    server: Server,
+    ready: std::sync::mpsc::Receiver<Result<ForkReply, ReplyError>>,
+    since: std::time::Instant,
+}
+
+impl Starting {
+    /// Its first reply, once it has come (ready, or why not); `None` while it is still
+    /// starting. Never blocks. Give the reply to [`Starting::finish`].
+    pub(super) fn poll(&self) -> Option<Result<ForkReply, ReplyError>> {
+        use std::sync::mpsc::TryRecvError;
+        match self.ready.try_recv() {
+            Ok(reply) => Some(reply),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(ReplyError::Io(io::Error::other(
+                "the thread awaiting its readiness ended",
+            )))),
+        }
+    }
+
+    /// The server, serving if `reply` (from [`Starting::poll`]) says it is ready; else it is
+    /// stopped and the error says why.
+    pub(super) fn finish(
+        self,
+        reply: Result<ForkReply, ReplyError>,
+    ) -> Result<Server, ForkServerError> {
+        readied(self.server, reply)
+    }
+
+    /// How long ago it was started.
+    pub(super) fn elapsed(&self) -> Duration {
+        self.since.elapsed()
+    }
+
+    /// Kills it, as [`stop`] does a ready one.
+    pub(super) fn stop(self) {
+        stop(self.server)
+    }
+}
+
+/// Starts `cmd` as [`start_server`] does, but returns at once: [`Starting::poll`] says when it
+/// is ready (within `ready_timeout`, or never).
+pub(super) fn start_server_in_background(
+    cmd: Command,
+    ready_timeout: Duration,
+    reaper: &Reaper,
+) -> Result<Starting, ForkServerError> {
+    let since = std::time::Instant::now();
+    let server = launch(cmd, reaper)?;
+    let mut theirs = server
+        .sock
+        .try_clone()
+        .map_err(ForkServerError::SocketPair)?;
+    theirs
+        .set_read_timeout(Some(ready_timeout))
+        .map_err(|e| ForkServerError::DidNotStart(ReplyError::Io(e)))?;
+    let (tell, ready) = std::sync::mpsc::sync_channel(1);
+    let waiter = std::thread::Builder::new()
+        .name("fork-server-ready".into())
+        .spawn(move || {
+            // The socket is shared: nothing else reads it until the reply has been handed over.
+            let _ = tell.send(read_reply(&mut theirs));
+        });
+    if let Err(e) = waiter {
+        stop(server);
+        return Err(ForkServerError::DidNotStart(ReplyError::Io(e)));
+    }
+    Ok(Starting {
+        server,
+        ready,
+        since,
+    })
+}
+
+/// Spawns `cmd` as a fork server, registered with `reaper`; it has not said it is ready yet.
+fn launch(mut cmd: Command, reaper: &Reaper) -> Result<Server, ForkServerError> {
     let program = PathBuf::from(cmd.get_program());
     if !is_subreaper() {
         return Err(ForkServerError::NotSubreaper);
@@ -294,18 +381,20 @@ pub(super) fn start_server(
     crate::process::scan::note_helper(pid);
     let exit = reaper.watch(pid);
     drop(theirs);
-    let mut server = Server {
+    Ok(Server {
         pid,
         sock: ours,
         exit,
         reaper: reaper.clone(),
         env_read: Vec::new(),
-    };
-    let ready = server
-        .sock
-        .set_read_timeout(Some(ready_timeout))
-        .map_err(ReplyError::Io)
-        .and_then(|()| read_reply(&mut server.sock));
+    })
+}
+
+/// A launched server given its first reply: serving if it said it is ready, else stopped.
+fn readied(
+    mut server: Server,
+    ready: Result<ForkReply, ReplyError>,
+) -> Result<Server, ForkServerError> {
     match ready {
         Ok(ForkReply::Ready { env_read, .. }) => {
             server.env_read = env_read;

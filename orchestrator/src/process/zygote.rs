@@ -24,8 +24,10 @@
 //! - the zygote did not initialise CUDA (it checks before every fork, and NVML must not list
 //!   it on the stage's GPUs), has not exited, and answers.
 //!
-//! A zygote that failed once is not used again by this process. `ORCHESTRATE_ZYGOTE=0` turns
-//! zygotes off.
+//! A zygote imports in the background (a thread awaits its readiness): the stages that need
+//! it before it is ready are exec'd, so the thread that starts stages (a run's loop, or the
+//! daemon's, shared by every run) never waits for imports that take seconds. A zygote that
+//! failed once is not used again by this process. `ORCHESTRATE_ZYGOTE=0` turns zygotes off.
 
 use crate::process::fork_server::{self, ForkServerError, Server};
 use crate::process::reaper::Reaper;
@@ -99,6 +101,13 @@ pub enum Fallback {
         /// Its value in the zygote.
         zygote: Option<String>,
     },
+    /// The zygote is still importing the preload modules (started `seconds` ago): the run
+    /// does not wait for it, later stages of its key are forked once it is ready.
+    #[error("the zygote is still importing its preload modules (started {seconds:.1} s ago)")]
+    Starting {
+        /// How long ago it was started.
+        seconds: f64,
+    },
     /// The zygote cannot serve (it refused, is gone, or failed earlier).
     #[error("the zygote cannot serve: {0}")]
     Zygote(#[from] ForkServerError),
@@ -138,16 +147,26 @@ struct Zygote {
 }
 
 enum State {
+    /// Started, importing: a thread awaits its readiness.
+    Starting(Starting),
     Serving(Zygote),
     Failed(Arc<ForkServerError>),
+}
+
+/// A zygote started and not ready yet, with the environment it was started with.
+struct Starting {
+    server: fork_server::Starting,
+    env: Vec<(String, String)>,
 }
 
 thread_local! {
     static ZYGOTES: RefCell<HashMap<u64, State>> = RefCell::new(HashMap::new());
 }
 
-/// Starts `stage` by forking it from its zygote (started on first use, which waits for its
-/// imports). Returns the stage's PID: a child of this process in its own session, not yet
+/// Starts `stage` by forking it from its zygote. The first stage of a zygote's key starts
+/// it and is exec'd: the zygote imports in the background and this thread (a run's loop, or
+/// the daemon's every run) never waits for it; stages of that key are forked once it is
+/// ready. Returns the stage's PID: a child of this process in its own session, not yet
 /// registered with `reaper` (register it before the next `.await`). An error says why the
 /// caller should exec instead.
 pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> {
@@ -171,22 +190,19 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
     };
     ZYGOTES.with(|zygotes| {
         let mut zygotes = zygotes.borrow_mut();
-        if let Some(State::Failed(why)) = zygotes.get(&key) {
-            return Err(ForkServerError::Unusable(why.clone()).into());
-        }
-        if let std::collections::hash_map::Entry::Vacant(slot) = zygotes.entry(key) {
-            slot.insert(match start(&interpreter, stage.preload, env, reaper) {
-                Ok(z) => State::Serving(z),
-                Err(why) => {
-                    tracing::warn!(interpreter = %interpreter.display(), "zygote unavailable: {why}; Python stages are exec'd");
-                    State::Failed(Arc::new(why))
-                }
-            });
-        }
-        let zygote = match zygotes.get_mut(&key) {
-            Some(State::Serving(z)) => z,
-            Some(State::Failed(why)) => return Err(ForkServerError::Unusable(why.clone()).into()),
-            None => unreachable!("inserted above"),
+        let state = match zygotes.remove(&key) {
+            None => start(&interpreter, stage.preload, env, reaper),
+            Some(State::Starting(starting)) => ready(starting),
+            Some(other) => other,
+        };
+        let zygote = match zygotes.entry(key).or_insert(state) {
+            State::Serving(z) => z,
+            State::Starting(starting) => {
+                return Err(Fallback::Starting {
+                    seconds: starting.server.elapsed().as_secs_f64(),
+                })
+            }
+            State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
         env_mismatch(zygote, stage.env)?;
         match fork_server::fork(
@@ -213,12 +229,40 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
     })
 }
 
+/// A starting zygote's state now: serving once it said it is ready, failed if it never will.
+fn ready(starting: Starting) -> State {
+    let Some(reply) = starting.server.poll() else {
+        return State::Starting(starting);
+    };
+    match starting.server.finish(reply) {
+        Ok(server) => {
+            tracing::debug!(
+                pid = server.pid,
+                "zygote ready, its imports read {} variables",
+                server.env_read.len()
+            );
+            State::Serving(Zygote {
+                server,
+                env: starting.env,
+            })
+        }
+        Err(why) => failed(why),
+    }
+}
+
+fn failed(why: ForkServerError) -> State {
+    tracing::warn!("zygote unavailable: {why}; its Python stages are exec'd");
+    State::Failed(Arc::new(why))
+}
+
 /// Stops every zygote of this process and waits until they are gone.
 pub fn shutdown() {
     ZYGOTES.with(|z| {
         for (_, state) in z.borrow_mut().drain() {
-            if let State::Serving(zygote) = state {
-                fork_server::stop(zygote.server);
+            match state {
+                State::Serving(zygote) => fork_server::stop(zygote.server),
+                State::Starting(starting) => starting.server.stop(),
+                State::Failed(_) => {}
             }
         }
     });
@@ -296,12 +340,13 @@ fn env_mismatch(zygote: &Zygote, stage_env: &[(&str, &str)]) -> Result<(), Fallb
     Ok(())
 }
 
+/// Starts the zygote of `interpreter` and `preload` with `env`, in the background.
 fn start(
     interpreter: &Path,
     preload: &[String],
     env: Vec<(String, String)>,
     reaper: &Reaper,
-) -> Result<Zygote, ForkServerError> {
+) -> State {
     let mut cmd = Command::new(interpreter);
     cmd.arg("-c")
         .arg(SOURCE)
@@ -310,14 +355,10 @@ fn start(
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir("/");
-    let server = fork_server::start_server(cmd, READY_TIMEOUT, reaper)?;
-    tracing::debug!(
-        pid = server.pid,
-        interpreter = %interpreter.display(),
-        "zygote ready, its imports read {} variables",
-        server.env_read.len()
-    );
-    Ok(Zygote { server, env })
+    match fork_server::start_server_in_background(cmd, READY_TIMEOUT, reaper) {
+        Ok(server) => State::Starting(Starting { server, env }),
+        Err(why) => failed(why),
+    }
 }
 
 #[cfg(test)]

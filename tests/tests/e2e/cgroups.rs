@@ -203,9 +203,29 @@ fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
         "import os, sys\nopen(os.path.join(os.environ['ORCHESTRATE_OUTPUT_DIR'], 'cgroup.txt'), 'w')\
          .write(open('/proc/self/cgroup').read())\n",
     );
+    // The zygote's import of `zmark` leaves its pid in `zmark.pid`; `warm`, exec'd while the
+    // zygote starts (the run does not wait for it), ends once it is there, so `a` is forked.
+    scratch.write(
+        "zmark.py",
+        "import os\nopen(os.path.join(os.path.dirname(__file__), 'zmark.pid'), 'w').write(str(os.getpid()))\n",
+    );
+    scratch.write(
+        "warm.py",
+        "import os, time\nmark = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'zmark.pid')\n\
+         end = time.time() + 60\nwhile not os.path.exists(mark) and time.time() < end:\n    time.sleep(0.05)\n\
+         time.sleep(0.3)\n",
+    );
+    let env = format!(
+        "env = {{ PYTHONPATH = \"{}\" }}\n",
+        scratch.path().display()
+    );
     let plan = scratch.write(
         "plan.toml",
-        "[run]\npreload = [\"json\"]\n[[stage]]\nname = \"a\"\ncommand = [\"python3\", \"where.py\"]\n",
+        &format!(
+            "[run]\npreload = [\"json\", \"zmark\"]\n\
+             [[stage]]\nname = \"warm\"\ncommand = [\"python3\", \"warm.py\"]\n{env}\
+             [[stage]]\nname = \"a\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"where.py\"]\n{env}"
+        ),
     );
     let result = run_plan(&scratch, &plan, &[]);
     assert_eq!(result.code, Some(0), "{}", result.stderr);

@@ -2,7 +2,12 @@
 //! forked stage runs as `python SCRIPT` / `python -m MODULE` would, sooner, without importing
 //! its preload again, and its tree is reaped like an exec'd stage's; an import-time read of a
 //! per-stage variable, a zygote that initialised CUDA, and a zygote killed mid-stage all fall
-//! back to exec and leave nothing behind. The report says which path each stage took.
+//! back to exec and leave nothing behind; a zygote still importing is never waited for. The
+//! report says which path each stage took.
+//!
+//! The first stage of a zygote is exec'd while the zygote imports (the run does not wait):
+//! tests that need a serving zygote run a `warm` stage first ([`WARM`]), which ends once the
+//! zygote has imported.
 
 use e2e_tests::{
     alive, children, cmdline, orchestrate, read_report, report_stage, stage_pids, Scratch,
@@ -12,9 +17,39 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// A module whose import takes 1.5 s (a stand-in for `import torch`) and remembers the
-/// process that imported it.
-const HEAVY: &str = "import os, time\ntime.sleep(1.5)\nIMPORTED_IN = os.getpid()\n";
+/// A module whose import takes 1.5 s (a stand-in for `import torch`), remembers the process
+/// that imported it, and notes that process and the time it was done in `imported` beside
+/// itself.
+const HEAVY: &str = "import os, time\ntime.sleep(1.5)\nIMPORTED_IN = os.getpid()\n\
+    with open(os.path.join(os.path.dirname(__file__), 'imported'), 'a') as f:\n    \
+    f.write(f'{os.getpid()} {time.time()}\\n')\n";
+
+/// The stage that starts a zygote (and is exec'd, the zygote still importing): it ends once
+/// another process than itself imported `heavy` after it began (its zygote), and a moment more
+/// for the zygote to say it is ready. With `ZYGOTE_TEST_NO_ZYGOTE` set it ends at once.
+const WARM: &str = r#"import os, sys, time
+began = time.time()
+import heavy
+if os.environ.get("ZYGOTE_TEST_NO_ZYGOTE"):
+    sys.exit(0)
+marks = os.path.join(os.path.dirname(heavy.__file__), "imported")
+end = time.time() + 60
+def others():
+    with open(marks) as f:
+        rows = [line.split() for line in f if line.strip()]
+    return [r for r in rows if int(r[0]) != os.getpid() and float(r[1]) > began - 5]
+while not others():
+    if time.time() > end:
+        sys.exit("no zygote imported heavy")
+    time.sleep(0.05)
+time.sleep(0.3)
+"#;
+
+/// A `warm` stage (see [`WARM`]) named `name`, with `extra` TOML lines (its `preload`, `after`)
+/// and the environment its zygote is keyed by.
+fn warm_stage(name: &str, extra: &str, env: &str) -> String {
+    format!("[[stage]]\nname = \"{name}\"\n{extra}command = [\"python3\", \"warm.py\"]\nenv = {env}\n\n")
+}
 
 /// A stage script (its first line of its own after `import heavy`): prints what `python SCRIPT` promises, starts a grandchild in a session of
 /// its own that would outlive it, and exits 0.
@@ -50,6 +85,7 @@ fn write_modules(s: &Scratch) {
     s.write("mods/heavy.py", HEAVY);
     s.write("mods/stagemod.py", STAGE);
     s.write("stage.py", STAGE);
+    s.write("warm.py", WARM);
 }
 
 fn run(plan: &Path, run_dir: &Path, env: &[(&str, &str)]) -> Output {
@@ -87,21 +123,40 @@ fn a_forked_stage_runs_like_python_would_sooner_and_is_reaped_like_an_exec_d_one
     let s = Scratch::new("zygote-like-exec");
     write_modules(&s);
     let mods = s.path().join("mods");
+    let env = format!(
+        "{{ PYTHONPATH = \"{}\", PLAN_VAR = \"x\" }}",
+        mods.display()
+    );
     let plan = s.write(
         "plan.toml",
         &format!(
-            "[run]\npreload = [\"heavy\"]\n\n\
-             [[stage]]\nname = \"script\"\ncommand = [\"python3\", \"stage.py\", \"--lr\", \"3\"]\n\
+            "[run]\npreload = [\"heavy\"]\n\n{warm}\
+             [[stage]]\nname = \"script\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"stage.py\", \"--lr\", \"3\"]\n\
              env = {{ PYTHONPATH = \"{m}\", PLAN_VAR = \"x\" }}\n\n\
              [[stage]]\nname = \"module\"\nafter = [\"script\"]\ncommand = [\"python3\", \"-m\", \"stagemod\", \"a b\"]\n\
              env = {{ PYTHONPATH = \"{m}\", PLAN_VAR = \"x\" }}\n",
-            m = mods.display()
+            m = mods.display(),
+            warm = warm_stage("warm", "", &env),
         ),
     );
     let zygote_dir = s.path().join("zygote");
     ok(&run(&plan, &zygote_dir, &[]));
     let exec_dir = s.path().join("exec");
-    ok(&run(&plan, &exec_dir, &[("ORCHESTRATE_ZYGOTE", "0")]));
+    ok(&run(
+        &plan,
+        &exec_dir,
+        &[("ORCHESTRATE_ZYGOTE", "0"), ("ZYGOTE_TEST_NO_ZYGOTE", "1")],
+    ));
+    // The stage that started the zygote was exec'd: the run did not wait for the imports.
+    let warm = stage_start(&zygote_dir, "warm");
+    assert_eq!(warm["via"], "exec", "{warm}");
+    assert!(
+        warm["fallback"]
+            .as_str()
+            .unwrap()
+            .contains("still importing its preload modules"),
+        "{warm}"
+    );
 
     let cwd = std::fs::canonicalize(s.path()).unwrap();
     for name in ["script", "module"] {
@@ -139,9 +194,8 @@ fn a_forked_stage_runs_like_python_would_sooner_and_is_reaped_like_an_exec_d_one
         // The preload ran in the zygote, not in the forked stage; exec imported it itself.
         assert_ne!(forked["imported_in"], forked["pid"], "{forked}");
         assert_eq!(exec["imported_in"], exec["pid"], "{exec}");
-        // Its first line came without the 1.5 s import; exec paid it. (The first stage of a
-        // zygote waits for the zygote's imports: the second one shows the difference.)
-        if name == "module" {
+        // Its first line came without the 1.5 s import; exec paid it.
+        {
             let spawned = |dir: &Path| {
                 report_stage(&read_report(dir), name)["timing"]["spawned"]
                     .as_f64()
@@ -188,15 +242,22 @@ fn an_import_time_read_of_a_per_stage_variable_or_another_command_falls_back_to_
         "mods/readsenv.py",
         "import os\nSTAGE_AT_IMPORT = os.environ.get('ORCHESTRATE_STAGE')\n",
     );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
     let plan = s.write(
         "plan.toml",
         &format!(
-            "[run]\npreload = [\"heavy\"]\n\n\
-             [[stage]]\nname = \"plain\"\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
-             [[stage]]\nname = \"reads\"\npreload = [\"heavy\", \"readsenv\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+            "[run]\npreload = [\"heavy\"]\n\n{warm}{warm_reads}\
+             [[stage]]\nname = \"plain\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"reads\"\nafter = [\"warm_reads\"]\npreload = [\"heavy\", \"readsenv\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
              [[stage]]\nname = \"options\"\ncommand = [\"python3\", \"-u\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
              [[stage]]\nname = \"shell\"\ncommand = [\"sh\", \"-c\", \"exit 0\"]\n",
-            m = s.path().join("mods").display()
+            m = s.path().join("mods").display(),
+            warm = warm_stage("warm", "", &env),
+            warm_reads = warm_stage(
+                "warm_reads",
+                "preload = [\"heavy\", \"readsenv\"]\n",
+                &env
+            ),
         ),
     );
     let run_dir = s.path().join("run");
@@ -255,14 +316,22 @@ fn a_zygote_that_initialised_cuda_refuses_to_serve() {
         "mods/initcuda.py",
         &format!("open({:?}, 'w').close()\n", flag.display().to_string()),
     );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
     let plan = s.write(
         "plan.toml",
         &format!(
-            "[run]\npreload = [\"heavy\"]\n\n\
-             [[stage]]\nname = \"before\"\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
-             [[stage]]\nname = \"touches\"\nafter = [\"before\"]\npreload = [\"heavy\", \"initcuda\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+            "[run]\npreload = [\"heavy\"]\n\n{warm}{warm_touches}\
+             [[stage]]\nname = \"before\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"touches\"\nafter = [\"warm_touches\"]\npreload = [\"heavy\", \"initcuda\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
              [[stage]]\nname = \"after\"\nafter = [\"touches\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n",
-            m = s.path().join("mods").display()
+            m = s.path().join("mods").display(),
+            warm = warm_stage("warm", "", &env),
+            // The zygote whose import initialises CUDA is started once `before` was forked.
+            warm_touches = warm_stage(
+                "warm_touches",
+                "after = [\"before\"]\npreload = [\"heavy\", \"initcuda\"]\n",
+                &env
+            ),
         ),
     );
     let run_dir = s.path().join("run");
@@ -318,13 +387,15 @@ fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
             release.display().to_string()
         ),
     );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
     let plan = s.write(
         "plan.toml",
         &format!(
-            "[run]\npreload = [\"heavy\"]\n\n\
-             [[stage]]\nname = \"a\"\ncommand = [\"python3\", \"wait.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+            "[run]\npreload = [\"heavy\"]\n\n{warm}\
+             [[stage]]\nname = \"a\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"wait.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
              [[stage]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"python3\", \"stage.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n",
-            m = s.path().join("mods").display()
+            m = s.path().join("mods").display(),
+            warm = warm_stage("warm", "", &env),
         ),
     );
     let run_dir = s.path().join("run");
@@ -346,9 +417,13 @@ fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
             .into_iter()
             .find(|&p| cmdline(p).contains("orchestrate's zygote"));
         let printed = std::fs::read_to_string(&a_out).unwrap_or_default();
-        if let (Some(z), Some(&a), Ok(g)) = (
+        if let (Some(z), Some(a), Ok(g)) = (
             zygote,
-            stage_pids(&run_dir).first(),
+            e2e_tests::journal_records(&run_dir)
+                .iter()
+                .find(|r| r["rec"] == "stage_started" && r["stage"] == "a")
+                .and_then(|r| r["pid"].as_i64())
+                .map(|p| p as i32),
             printed.trim().parse::<i32>(),
         ) {
             break (z, a, g);
@@ -397,4 +472,70 @@ fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
     {
         assert!(!alive(pid), "pid {pid} ({}) outlived the run", cmdline(pid));
     }
+}
+
+/// A zygote whose imports take long is never waited for: the stage that started it and the
+/// next one are exec'd at once, the run's other stages go on meanwhile, and the run ends
+/// before the zygote could have been ready, leaving no zygote behind.
+#[test]
+fn a_zygote_still_importing_is_not_waited_for_and_the_run_goes_on() {
+    python_available();
+    let s = Scratch::new("zygote-importing");
+    const IMPORT_S: f64 = 6.0;
+    s.write(
+        "mods/zygote_slow_import.py",
+        &format!("import time\ntime.sleep({IMPORT_S})\n"),
+    );
+    s.write("quick.py", "print('quick')\n");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"zygote_slow_import\"]\n\n\
+             [[stage]]\nname = \"first\"\ncommand = [\"python3\", \"quick.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"second\"\nafter = [\"first\"]\ncommand = [\"python3\", \"quick.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"q1\"\ncommand = [\"true\"]\n\n\
+             [[stage]]\nname = \"q2\"\nafter = [\"q1\"]\ncommand = [\"true\"]\n\n\
+             [[stage]]\nname = \"q3\"\nafter = [\"q2\"]\ncommand = [\"true\"]\n",
+            m = s.path().join("mods").display()
+        ),
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[]));
+    for name in ["first", "second"] {
+        let start = stage_start(&run_dir, name);
+        assert_eq!(start["via"], "exec", "{name}: {start}");
+        assert!(
+            start["fallback"]
+                .as_str()
+                .unwrap()
+                .contains("still importing its preload modules"),
+            "{name}: {start}"
+        );
+    }
+    // Waiting for the zygote's Ready would have held the run for the whole import.
+    let report = read_report(&run_dir);
+    let timing = |name: &str, key: &str| {
+        report_stage(&report, name)["timing"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name} {key}"))
+    };
+    let began = timing("first", "spawned").min(timing("q1", "spawned"));
+    let ended = ["second", "q3"]
+        .iter()
+        .map(|n| timing(n, "exited"))
+        .fold(0.0, f64::max);
+    assert!(
+        ended - began < IMPORT_S,
+        "the run took {:.2} s, as long as the zygote's imports",
+        ended - began
+    );
+    let left: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&p| {
+            let line = cmdline(p);
+            line.contains("orchestrate's zygote") && line.contains("zygote_slow_import")
+        })
+        .collect();
+    assert!(left.is_empty(), "zygotes left behind: {left:?}");
 }
