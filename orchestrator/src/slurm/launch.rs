@@ -54,9 +54,9 @@ pub fn run(args: Vec<String>) -> i32 {
     let relayed = std::env::var(super::task::ENV_PLACED).is_ok_and(|v| v == "1");
     if relayed {
         cmd.stdout(Stdio::piped());
-        // srun's stderr names the node a step was lost on (`super::lost`).
-        cmd.stderr(Stdio::piped());
     }
+    // srun's stderr names the node a step was lost on (`super::lost`).
+    cmd.stderr(Stdio::piped());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -91,8 +91,8 @@ pub fn run(args: Vec<String>) -> i32 {
                     (None, Some(sig)) => 128 + sig,
                     _ => 1,
                 };
-                // A placed step that ended without its task's record was lost on its node.
-                let lost = records.as_deref().filter(|_| relayed);
+                // A step that ended without a started task's record was lost on its node.
+                let lost = records.as_deref();
                 if let Some(line) = lost.and_then(|r| super::lost::after_step(r, code, srun_said)) {
                     eprintln!("{line}");
                 }

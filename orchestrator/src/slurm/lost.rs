@@ -1,10 +1,12 @@
 //! Attempts of a placed stage instance ([`super::placement`]) lost on their node, and the
 //! nodes its retries avoid.
 //!
-//! An attempt is *lost* when its job step ended before the per-task wrapper on the node could
+//! An attempt is *lost* when its job step ended before the per-task wrapper on a node could
 //! record how the command ended: Slurm killed the step (`scancel`, a node failure) or the
-//! node's `slurmd` died. The wrapper names its node in the records directory as soon as it
-//! starts ([`note_node`]); when srun then ends with a failure and no end record, the launcher
+//! node's `slurmd` died. This holds for a placed instance's one-task step and for a stage's
+//! own multi-node step alike. Each task's wrapper names its node in the records directory as
+//! soon as it starts ([`note_node`]); when srun then ends with a failure and a task that started
+//! has no end record, the launcher
 //! on the batch node records the loss in the stage directory ([`record`]), where it survives
 //! the next attempt (which clears the records directory). The report lists every loss
 //! (`StageReport::lost`), the console names the node, and every retry in the same allocation
@@ -14,8 +16,11 @@ use protocol::report::LostAttempt;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The file in the records directory where a placed step's wrapper names its node at start.
-pub const NODE_FILE: &str = "node";
+/// The file in the records directory where the wrapper of task `rank` names its node at
+/// start.
+fn node_file(rank: u32) -> String {
+    format!("node-{rank}")
+}
 
 /// Set by the orchestrator on a placed step's launcher: the attempt it runs.
 pub const ENV_ATTEMPT: &str = "ORCHESTRATE_STEP_ATTEMPT";
@@ -47,22 +52,39 @@ fn entries(stage_dir: &Path) -> Vec<Entry> {
         .unwrap_or_default()
 }
 
-/// Names `node` in the records directory `records` (by the wrapper, before the command starts).
-pub fn note_node(records: &Path, node: &str) {
+/// Names `node` as task `rank`'s in the records directory `records` (by the wrapper, before
+/// the command starts).
+pub fn note_node(records: &Path, rank: u32, node: &str) {
     let _ = std::fs::create_dir_all(records)
-        .and_then(|()| std::fs::write(records.join(NODE_FILE), format!("{node}\n")));
+        .and_then(|()| std::fs::write(records.join(node_file(rank)), format!("{node}\n")));
 }
 
-/// The node a placed step ran on when it ended without its task's end record in `records`
-/// (rank 0's): the step was lost there. `None` when the task recorded its end, or never
-/// started on a node.
+/// The node of the lowest task that started (named its node in `records`) and never recorded
+/// its end: the step was lost there. `None` when every task that started recorded its end.
 pub fn lost_node(records: &Path) -> Option<String> {
-    let node = std::fs::read_to_string(records.join(NODE_FILE)).ok()?;
-    let node = node.trim();
-    let ended = super::records::load_records(records)
+    let ended: Vec<u32> = super::records::load_records(records)
         .iter()
-        .any(|r| r.rank == 0);
-    (!node.is_empty() && !ended).then(|| node.to_string())
+        .map(|r| r.rank)
+        .collect();
+    let mut started: Vec<(u32, String)> = std::fs::read_dir(records)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let rank = e
+                .file_name()
+                .to_str()?
+                .strip_prefix("node-")?
+                .parse()
+                .ok()?;
+            let node = std::fs::read_to_string(e.path()).ok()?.trim().to_string();
+            (!node.is_empty()).then_some((rank, node))
+        })
+        .collect();
+    started.sort();
+    started
+        .into_iter()
+        .find(|(rank, _)| !ended.contains(rank))
+        .map(|(_, node)| node)
 }
 
 /// Adds `lost` (in the allocation `job`, a [`job_key`]) to the losses of the stage whose
@@ -168,9 +190,11 @@ pub fn after_step(
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty());
-    let (node, step) = match (lost_node(records), srun_said) {
-        (Some(node), _) => (node, step_named),
-        (None, Some((node, step))) => (node, step.or(step_named)),
+    // srun's own word first: in a step of several nodes, the tasks on the nodes that stayed
+    // up may also have been ended before they could record it.
+    let (node, step) = match (srun_said, lost_node(records)) {
+        (Some((node, step)), _) => (node, step.or(step_named)),
+        (None, Some(node)) => (node, step_named),
         (None, None) => return None,
     };
     let step = step.unwrap_or_default();
@@ -212,7 +236,7 @@ mod tests {
         let dir = e2e_tests::Scratch::new("lost-node");
         let records = dir.join("tasks");
         assert_eq!(lost_node(&records), None, "never started on a node");
-        note_node(&records, "n3");
+        note_node(&records, 0, "n3");
         assert_eq!(lost_node(&records).as_deref(), Some("n3"));
         let end = protocol::report::TaskRecord {
             rank: 0,
@@ -227,6 +251,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(lost_node(&records), None, "it recorded its end: not lost");
+    }
+
+    #[test]
+    fn a_multi_node_step_was_lost_on_the_node_of_a_task_without_its_end_record() {
+        let dir = e2e_tests::Scratch::new("lost-node-ranks");
+        let records = dir.join("tasks");
+        let end = |rank: u32, node: &str| {
+            let record = protocol::report::TaskRecord {
+                rank,
+                local_rank: 0,
+                node: node.into(),
+                exit_code: Some(0),
+                signal: None,
+            };
+            std::fs::write(
+                records.join(format!("rank-{rank}.json")),
+                serde_json::to_vec(&record).unwrap(),
+            )
+            .unwrap();
+        };
+        for (rank, node) in [(0, "n1"), (1, "n2"), (2, "n3")] {
+            note_node(&records, rank, node);
+        }
+        // Ranks 0 and 2 recorded their ends (srun stopped them when n2 failed); rank 1 did not.
+        end(0, "n1");
+        end(2, "n3");
+        assert_eq!(lost_node(&records).as_deref(), Some("n2"));
+        end(1, "n2");
+        assert_eq!(lost_node(&records), None, "every task recorded its end");
     }
 
     #[test]

@@ -32,16 +32,33 @@ pub fn layout_args(layout: TaskLayout) -> Vec<String> {
     args
 }
 
+/// The srun options of an attempt of the stage whose layout is `layout` and whose directory
+/// is `stage_dir`, in `job`: [`layout_args`] (with `--exact` beside placed steps, in an
+/// allocation of several nodes), and on a retry `--exclude=` of the nodes an attempt was lost
+/// on in this allocation while enough are left for the step ([`super::lost::exclude_arg`]).
+pub fn layout_attempt_args(
+    layout: TaskLayout,
+    stage_dir: &std::path::Path,
+    job: &Allocation,
+) -> Vec<String> {
+    let exact = super::placement::spreads(Some(job)).then(|| "--exact".to_string());
+    let mut args: Vec<String> = exact.into_iter().chain(layout_args(layout)).collect();
+    let key = super::lost::job_key(&job.job_id, job.restart_count);
+    let lost = super::lost::nodes_lost_in(stage_dir, &key);
+    args.extend(super::lost::exclude_arg(&lost, job.num_nodes, layout.nodes));
+    args
+}
+
 /// Turns the attempt of a stage with an srun layout into an `srun` job step, and in an
 /// allocation of several nodes every other stage's into a one-task step Slurm places on a
 /// node with room ([`super::placement`]); other stages come back unchanged. Clears the task
 /// records of earlier attempts.
 pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocation>) -> AttemptPlan {
     let placement = match (stage.task_layout(), job) {
-        (Some(layout), Some(_)) => {
-            // Beside placed steps, only what the layout asks for (a one-node job keeps all).
-            let exact = super::placement::spreads(job).then(|| "--exact".to_string());
-            exact.into_iter().chain(layout_args(layout)).collect()
+        (Some(layout), Some(job)) => {
+            plan.env
+                .push((super::lost::ENV_ATTEMPT.into(), plan.attempt.to_string()));
+            layout_attempt_args(layout, &plan.stage_dir, job)
         }
         (None, Some(job)) if super::placement::spreads(Some(job)) => {
             plan.env.push((task::ENV_PLACED.into(), "1".into()));
@@ -116,6 +133,41 @@ pub fn check_plan(stages: &[Stage], job: Option<&Allocation>) -> Result<(), supe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_multi_node_retry_keeps_off_the_node_it_was_lost_on_while_enough_are_left() {
+        let dir = e2e_tests::Scratch::new("srun-exclude");
+        let mut job = Allocation::from_vars(|k| (k == "SLURM_JOB_ID").then(|| "9".to_string()))
+            .expect("a job");
+        job.num_nodes = 3;
+        let layout = TaskLayout {
+            nodes: 2,
+            tasks_per_node: 1,
+            gpus_per_task: None,
+        };
+        let first = layout_attempt_args(layout, &dir, &job);
+        assert!(
+            !first.iter().any(|a| a.starts_with("--exclude")),
+            "{first:?}"
+        );
+        let lost = |attempt, node: &str| protocol::report::LostAttempt {
+            attempt,
+            node: node.into(),
+            step: format!("9.{attempt}"),
+        };
+        super::super::lost::record(&dir, "9+0", lost(1, "n2")).unwrap();
+        let retry = layout_attempt_args(layout, &dir, &job);
+        assert!(
+            retry.contains(&"--exclude=n2".to_string()),
+            "{retry}",
+            retry = retry.join(" ")
+        );
+        assert!(retry.contains(&"--nodes=2".to_string()));
+        // Two nodes lost of three: one is kept off, the step still has its two.
+        super::super::lost::record(&dir, "9+0", lost(2, "n3")).unwrap();
+        let again = layout_attempt_args(layout, &dir, &job);
+        assert!(again.contains(&"--exclude=n3".to_string()), "{again:?}");
+    }
 
     #[test]
     fn layout_becomes_srun_options() {

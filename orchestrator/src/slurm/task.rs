@@ -142,9 +142,9 @@ pub fn run(args: Vec<String>) -> i32 {
         },
         _ => None,
     };
-    if let (true, 0, Some(dir)) = (placed, rank, &records) {
+    if let Some(dir) = &records {
         // Named before the command starts, so a step lost on this node names it.
-        super::lost::note_node(dir, &node);
+        super::lost::note_node(dir, rank, &node);
     }
     if let (Some(dir), Some(job), Some(step)) =
         (&records, var("SLURM_JOB_ID"), var("SLURM_STEP_ID"))

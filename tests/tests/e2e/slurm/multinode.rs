@@ -4,7 +4,8 @@
 //! the Slurm queries of the whole run counted; a `nodes = 2` srun stage spans two nodes with
 //! the right ranks; an instance whose job step Slurm kills is retried and the sweep succeeds
 //! without rerunning what finished; a requeue mid-sweep resumes without rerunning finished
-//! instances.
+//! instances; a node lost under an instance, or under a `nodes = 2` stage, costs only the
+//! attempts running there, retried off that node.
 
 use super::{context, field, job_log, node_lock, slurm_up, wait_for_end, wait_until};
 use e2e_tests::{
@@ -661,4 +662,115 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
         "lost {victim}: {} instance(s) retried: {retried:?}; {lost_total} attempt(s) recorded lost",
         retried.len()
     );
+}
+
+/// A `nodes = 2` srun stage whose attempt is lost with a node (its `slurmd` killed) is
+/// retried on two other nodes, kept off the lost one, and the report names the node.
+#[test]
+fn a_two_node_srun_stage_lost_with_a_node_is_retried_off_that_node() {
+    let Some(_) = three_nodes("a_two_node_srun_stage_lost_with_a_node_is_retried_off_that_node")
+    else {
+        return;
+    };
+    let _node = node_lock(true);
+    let s = Scratch::new("slurm-two-nodes-lost");
+    let ran = s.path().join("ran");
+    let plan = s.path().join("plan.toml");
+    // The first attempt's tasks wait to be lost; the retry's finish at once.
+    let command = format!(
+        "echo \"$ORCHESTRATE_ATTEMPT $RANK $SLURMD_NODENAME\" >> {}; if [ \"$ORCHESTRATE_ATTEMPT\" = 1 ]; then exec sleep 300; fi",
+        ran.display()
+    );
+    std::fs::write(
+        &plan,
+        format!(
+            "[run]\nname = \"mnlost\"\ngrace = \"5s\"\n[[stage]]\nname = \"dist\"\nnodes = 2\nretries = 2\ncommand = [\"sh\", \"-c\", {}]\n",
+            serde_json::to_string(&command).unwrap()
+        ),
+    )
+    .unwrap();
+    let (srun_bin, srun_calls) = logging_srun(s.path());
+    let path = format!(
+        "{}:{}",
+        srun_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // --no-kill: the job keeps its other nodes when one fails.
+    let out = Command::new("sbatch")
+        .arg("--parsable")
+        .arg(format!("--chdir={}", s.path().display()))
+        .args(["--nodes=3", "--ntasks-per-node=4", "--no-kill"])
+        .env("PATH", &path)
+        .arg(repo_root().join("configs/slurm/pipeline.sbatch"))
+        .arg(&plan)
+        .env("ORCHESTRATE", orchestrate())
+        .stdin(Stdio::null())
+        .output()
+        .expect("sbatch runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let first_attempt = || -> Vec<String> {
+        std::fs::read_to_string(&ran)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix("1 "))
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(120),
+        "both tasks of the first attempt",
+        || first_attempt().len() == 2,
+    );
+    // Lose a node of the step that is not the batch script's.
+    let batch_host = field(&super::job_fields(&id), "BatchHost");
+    let victim = first_attempt()
+        .into_iter()
+        .find(|n| *n != batch_host)
+        .expect("a task off the batch node");
+    let state =
+        std::env::var("SLURM_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/orchestrate-slurm".into());
+    let pid = std::fs::read_to_string(format!("{state}/slurmd-{victim}.pid"))
+        .expect("the node's slurmd pid file");
+    let _restart = RestartSlurmd(victim.clone());
+    let killed = Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let end = wait_for_end(&id, Duration::from_secs(300), &job_log(s.path(), &id));
+    let why = context(s.path(), &id);
+    assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
+    let r = report(&s.path().join(format!("runs/mnlost-slurm-{id}")));
+    let dist = &instances(&r)["dist"];
+    assert_eq!(dist["status"], "succeeded", "{why}");
+    assert_eq!(dist["attempts"], 2, "{dist}");
+    let lost = dist["lost"].as_array().expect("the loss is recorded");
+    assert_eq!(lost.len(), 1, "{dist}");
+    assert_eq!(lost[0]["attempt"], 1, "{dist}");
+    assert_eq!(lost[0]["node"], victim.as_str(), "{dist}");
+    // The retry asked srun to keep off the lost node, and its two tasks ran elsewhere.
+    let calls = srun_calls_of(&srun_calls, "dist");
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(!calls[0].contains("--exclude"), "{}", calls[0]);
+    assert!(
+        calls[1].contains(&format!("--exclude={victim} ")),
+        "{}",
+        calls[1]
+    );
+    let tasks = dist["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks.len(), 2, "{dist}");
+    let nodes: BTreeSet<&str> = tasks.iter().map(|t| t["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes.len(), 2, "two nodes: {dist}");
+    assert!(
+        !nodes.contains(victim.as_str()),
+        "retried on {victim}: {dist}"
+    );
+    for task in tasks {
+        assert_eq!(task["exit_code"], 0, "{task}");
+    }
 }
