@@ -116,16 +116,25 @@ fn sbatch_three(dir: &Path, env: &[String], plan: &Path) -> String {
         export.push(',');
         export.push_str(e);
     }
-    let out = Command::new("sbatch")
-        .arg("--parsable")
+    submit_three(dir, &[&export], None, plan)
+}
+
+/// Submits the batch script over three nodes (four CPUs each) with `args` added to sbatch's
+/// and `path` as the job's PATH, if given; returns the job id.
+fn submit_three(dir: &Path, args: &[&str], path: Option<&str>, plan: &Path) -> String {
+    let mut cmd = Command::new("sbatch");
+    cmd.arg("--parsable")
         .arg(format!("--chdir={}", dir.display()))
-        .args(["--nodes=3", "--ntasks-per-node=4", &export])
+        .args(["--nodes=3", "--ntasks-per-node=4"])
+        .args(args)
         .arg(repo_root().join("configs/slurm/pipeline.sbatch"))
         .arg(plan)
         .env("ORCHESTRATE", orchestrate())
-        .stdin(Stdio::null())
-        .output()
-        .expect("sbatch runs");
+        .stdin(Stdio::null());
+    if let Some(path) = path {
+        cmd.env("PATH", path);
+    }
+    let out = cmd.output().expect("sbatch runs");
     assert!(
         out.status.success(),
         "sbatch failed: {}",
@@ -521,6 +530,36 @@ impl Drop for RestartSlurmd {
     }
 }
 
+/// Submits the batch script over three nodes with `--no-kill` (the job keeps its other nodes
+/// when one fails) and an `srun` that logs its calls ([`logging_srun`]) first in its PATH;
+/// returns the job id and where the srun calls are logged.
+fn sbatch_three_no_kill(dir: &Path, plan: &Path) -> (String, PathBuf) {
+    let (srun_bin, srun_calls) = logging_srun(dir);
+    let path = format!(
+        "{}:{}",
+        srun_bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let id = submit_three(dir, &["--no-kill"], Some(&path), plan);
+    (id, srun_calls)
+}
+
+/// Kills the `slurmd` of `node` (SIGKILL); it is started again when the guard is dropped.
+fn kill_slurmd(node: &str) -> RestartSlurmd {
+    // Where scripts/slurm-cluster keeps its state (SLURM_CLUSTER_DIR there too).
+    let state =
+        std::env::var("SLURM_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/orchestrate-slurm".into());
+    let pidfile = format!("{state}/slurmd-{node}.pid");
+    let pid = std::fs::read_to_string(&pidfile).expect("the node's slurmd pid file");
+    let restart = RestartSlurmd(node.to_string());
+    let killed = Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    restart
+}
+
 #[test]
 fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
     let Some(nodes) = three_nodes("a_node_whose_slurmd_dies_loses_only_its_running_instances")
@@ -540,32 +579,7 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
         ),
         "retries = 3\n",
     );
-    // --no-kill: the job keeps its other nodes when one fails.
-    let (srun_bin, srun_calls) = logging_srun(s.path());
-    let path = format!(
-        "{}:{}",
-        srun_bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let id = {
-        let out = Command::new("sbatch")
-            .arg("--parsable")
-            .arg(format!("--chdir={}", s.path().display()))
-            .args(["--nodes=3", "--ntasks-per-node=4", "--no-kill"])
-            .env("PATH", &path)
-            .arg(repo_root().join("configs/slurm/pipeline.sbatch"))
-            .arg(&plan)
-            .env("ORCHESTRATE", orchestrate())
-            .stdin(Stdio::null())
-            .output()
-            .expect("sbatch runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    let (id, srun_calls) = sbatch_three_no_kill(s.path(), &plan);
     // The batch script runs on the first node; the last one is lost once it runs instances.
     let victim = nodes.last().unwrap().clone();
     wait_until(
@@ -577,17 +591,7 @@ fn a_node_whose_slurmd_dies_loses_only_its_running_instances() {
                 .any(|on| on.contains(&victim))
         },
     );
-    // Where scripts/slurm-cluster keeps its state (SLURM_CLUSTER_DIR there too).
-    let state =
-        std::env::var("SLURM_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/orchestrate-slurm".into());
-    let pidfile = format!("{state}/slurmd-{victim}.pid");
-    let pid = std::fs::read_to_string(&pidfile).expect("the node's slurmd pid file");
-    let _restart = RestartSlurmd(victim.clone());
-    let killed = Command::new("kill")
-        .args(["-KILL", pid.trim()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let _restart = kill_slurmd(&victim);
     let end = wait_for_end(&id, Duration::from_secs(300), &job_log(s.path(), &id));
     let why = context(s.path(), &id);
     assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
@@ -689,30 +693,7 @@ fn a_two_node_srun_stage_lost_with_a_node_is_retried_off_that_node() {
         ),
     )
     .unwrap();
-    let (srun_bin, srun_calls) = logging_srun(s.path());
-    let path = format!(
-        "{}:{}",
-        srun_bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    // --no-kill: the job keeps its other nodes when one fails.
-    let out = Command::new("sbatch")
-        .arg("--parsable")
-        .arg(format!("--chdir={}", s.path().display()))
-        .args(["--nodes=3", "--ntasks-per-node=4", "--no-kill"])
-        .env("PATH", &path)
-        .arg(repo_root().join("configs/slurm/pipeline.sbatch"))
-        .arg(&plan)
-        .env("ORCHESTRATE", orchestrate())
-        .stdin(Stdio::null())
-        .output()
-        .expect("sbatch runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (id, srun_calls) = sbatch_three_no_kill(s.path(), &plan);
     let first_attempt = || -> Vec<String> {
         std::fs::read_to_string(&ran)
             .unwrap_or_default()
@@ -732,16 +713,7 @@ fn a_two_node_srun_stage_lost_with_a_node_is_retried_off_that_node() {
         .into_iter()
         .find(|n| *n != batch_host)
         .expect("a task off the batch node");
-    let state =
-        std::env::var("SLURM_CLUSTER_DIR").unwrap_or_else(|_| "/var/lib/orchestrate-slurm".into());
-    let pid = std::fs::read_to_string(format!("{state}/slurmd-{victim}.pid"))
-        .expect("the node's slurmd pid file");
-    let _restart = RestartSlurmd(victim.clone());
-    let killed = Command::new("kill")
-        .args(["-KILL", pid.trim()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let _restart = kill_slurmd(&victim);
     let end = wait_for_end(&id, Duration::from_secs(300), &job_log(s.path(), &id));
     let why = context(s.path(), &id);
     assert_eq!(field(&end, "JobState"), "COMPLETED", "{why}");
