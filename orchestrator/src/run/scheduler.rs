@@ -90,6 +90,9 @@ pub(crate) enum Event<'a> {
     SlotFreed(usize),
     /// Stage `from` gave its slot to `to`, which it started ([`handover::Kind::Slot`]).
     HandedOver { from: usize, to: usize },
+    /// Stage `stage` released its GPUs and the release held (`crate::gpu::release`): they
+    /// may go to another stage now; the stage keeps its slot until its result.
+    GpusReleased(usize),
     /// Stage `stage`'s attempt ended with `result`; `chained`: the successor it started when it
     /// succeeded ([`handover::Kind::Chain`]).
     AttemptEnded {
@@ -128,6 +131,9 @@ pub(crate) enum Action {
     CancelStages(CancelLevel),
     /// Files prepared ahead for this stage will not be used: release them.
     ReleaseFiles(usize),
+    /// Give this running stage's GPUs back to the pool now (it released them); they are not
+    /// given back again at its end.
+    GiveBackGpus(usize),
 }
 
 /// An attempt to start, as [`Scheduler::next_start`] chose it.
@@ -191,6 +197,8 @@ pub(crate) struct Scheduler<'p> {
     live: BTreeMap<usize, bool>,
     /// Stages that gave their slot back before their result.
     freed_early: HashSet<usize>,
+    /// Running stages whose GPUs went back to the pool at their release.
+    gpus_released: HashSet<usize>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -243,6 +251,7 @@ impl<'p> Scheduler<'p> {
             slots_held: 0,
             live: BTreeMap::new(),
             freed_early: HashSet::new(),
+            gpus_released: HashSet::new(),
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -289,6 +298,12 @@ impl<'p> Scheduler<'p> {
     /// When the next retry is due.
     pub(crate) fn next_retry(&self) -> Option<Instant> {
         self.retry_queue.iter().map(|&(t, _)| t).min()
+    }
+
+    /// Whether stage `i`'s GPUs are still its own (not given back at a release): its end
+    /// gives them back.
+    pub(crate) fn holds_gpus(&self, i: usize) -> bool {
+        !self.gpus_released.contains(&i)
     }
 
     /// Stages holding a slot.
@@ -528,6 +543,16 @@ impl<'p> Scheduler<'p> {
                 self.freed_early.insert(from);
                 self.handed.push(to);
             }
+            // Only a running stage that was given GPUs, once: a late or repeated release
+            // (after its end, on the CPU) gives nothing back that another stage now holds.
+            Event::GpusReleased(stage) => {
+                if self.live.contains_key(&stage)
+                    && !self.on_cpu(stage)
+                    && self.gpus_released.insert(stage)
+                {
+                    actions.push(Action::GiveBackGpus(stage));
+                }
+            }
             Event::AttemptEnded {
                 stage,
                 result,
@@ -535,6 +560,7 @@ impl<'p> Scheduler<'p> {
             } => {
                 self.handed.extend(chained);
                 self.live.remove(&stage);
+                self.gpus_released.remove(&stage);
                 if !self.freed_early.remove(&stage) {
                     self.slots_held -= 1;
                 }
@@ -893,6 +919,7 @@ mod tests {
             verdict: GpuVerdict::Leaked,
             holders: Vec::new(),
             note: None,
+            at_release: false,
         });
         r
     }
