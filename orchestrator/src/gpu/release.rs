@@ -133,13 +133,9 @@ mod tests {
             used: RefCell::new(602 * MIB),
             holders: Vec::new(),
         };
-        let records = block_on(check_release(
-            &probe,
-            &gpus(),
-            4 * MIB,
-            &|_| true,
-            &|_| Owner::Foreign,
-        ))
+        let records = block_on(check_release(&probe, &gpus(), 4 * MIB, &|_| true, &|_| {
+            Owner::Foreign
+        }))
         .expect("holds");
         assert_eq!(records.len(), 1);
         let r = &records[0];
@@ -161,7 +157,10 @@ mod tests {
             &|_| Owner::Foreign,
         ))
         .unwrap_err();
-        assert!(why.contains("pid 42") && why.contains("a process of the stage"), "{why}");
+        assert!(
+            why.contains("pid 42") && why.contains("a process of the stage"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -171,13 +170,9 @@ mod tests {
             used: RefCell::new(1624 * MIB),
             holders: Vec::new(),
         };
-        let why = block_on(check_release(
-            &probe,
-            &gpus(),
-            4 * MIB,
-            &|_| false,
-            &|_| Owner::Foreign,
-        ))
+        let why = block_on(check_release(&probe, &gpus(), 4 * MIB, &|_| false, &|_| {
+            Owner::Foreign
+        }))
         .unwrap_err();
         assert!(why.contains("1024 MiB above its baseline"), "{why}");
         // Someone else's process took it meanwhile: the GPU is not free to hand on either.
@@ -185,13 +180,9 @@ mod tests {
             used: RefCell::new(1624 * MIB),
             holders: vec![holder(7, 1024 * MIB)],
         };
-        let why = block_on(check_release(
-            &probe,
-            &gpus(),
-            4 * MIB,
-            &|_| false,
-            &|_| Owner::Foreign,
-        ))
+        let why = block_on(check_release(&probe, &gpus(), 4 * MIB, &|_| false, &|_| {
+            Owner::Foreign
+        }))
         .unwrap_err();
         assert!(why.contains("outside the stage's tree"), "{why}");
     }
