@@ -367,7 +367,12 @@ async fn consider_release(
     .await;
     match checked {
         Ok(records) => {
-            tracing::debug!(stage = %plan.name, "released its GPUs: handed on before it exits");
+            let uuids: Vec<&str> = records.iter().map(|r| r.uuid.as_str()).collect();
+            services.console.note(&format!(
+                "{}: released {}; handed on while it finishes",
+                plan.name,
+                uuids.join(", ")
+            ));
             w.release.held = Some((crate::timefmt::unix_secs_f64(), records));
             hooks.gpus_released();
         }
