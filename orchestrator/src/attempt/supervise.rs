@@ -127,6 +127,10 @@ struct Release {
     touched: Option<(String, crate::gpu::Holder)>,
 }
 
+/// `ORCHESTRATE_HAND_ON_AT_RELEASE=0`: releases are not looked at (every GPU is handed on
+/// after its stage ends, as before releases existed); for comparisons.
+pub const NO_HAND_ON_VAR: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
+
 /// Refusals of a stage's releases kept for its report.
 const LISTED_REFUSALS: usize = 4;
 
@@ -352,6 +356,10 @@ async fn consider_release(
         return;
     };
     if w.release.held.is_some() || baselines.is_empty() || w.stop != StopState::Running {
+        return;
+    }
+    // For benchmarks: the same run without the hand-on.
+    if std::env::var_os(NO_HAND_ON_VAR).is_some_and(|v| v == "0") {
         return;
     }
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();

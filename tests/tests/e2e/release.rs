@@ -62,7 +62,7 @@ holder, go, b_started = sys.argv[1:4]
 with open(holder, "w") as f:
     f.write(f"{os.getpid()} python3 {1 << 30}\n")
 stage.released()
-deadline = time.time() + 60
+deadline = time.time() + 20
 while not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.01)
 open(holder, "w").close()
@@ -173,7 +173,7 @@ import os, sys, time
 import orchestrate_stage as stage
 holder, go = sys.argv[1:3]
 stage.released()
-deadline = time.time() + 60
+deadline = time.time() + 20
 while not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.01)
 with open(holder, "w") as f:
