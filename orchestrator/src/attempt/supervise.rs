@@ -45,6 +45,11 @@ pub trait AttemptHooks {
     /// [`crate::gpu::release`]): its GPUs' verdicts are taken, and the caller may give them to
     /// another stage while this one's processes still run.
     fn gpus_released(&mut self) {}
+    /// Whether the caller can give the stage's GPUs to another stage at a release (not, say,
+    /// for a stage whose GPUs are on another node): when false, releases are not looked at.
+    fn hands_on_at_release(&self) -> bool {
+        false
+    }
 }
 
 /// Why an attempt is being stopped.
@@ -355,7 +360,11 @@ async fn consider_release(
     let Some(probe) = &services.probe else {
         return;
     };
-    if w.release.held.is_some() || baselines.is_empty() || w.stop != StopState::Running {
+    if w.release.held.is_some()
+        || baselines.is_empty()
+        || w.stop != StopState::Running
+        || !hooks.hands_on_at_release()
+    {
         return;
     }
     // For benchmarks: the same run without the hand-on.

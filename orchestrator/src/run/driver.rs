@@ -398,7 +398,10 @@ impl<'h> Driver<'h> {
             },
             Instant::now(),
         );
-        let task = self.supervisor(i, may_hand_over, &given);
+        // A stage's GPUs go on at its release only where this machine's NVML sees them.
+        let local_gpus =
+            node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
+        let task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
         let services = self.setup.services.clone();
         tokio::task::spawn_local(
             async move {
@@ -418,7 +421,13 @@ impl<'h> Driver<'h> {
     }
 
     /// The supervising task of stage `i`'s attempt.
-    fn supervisor(&self, i: usize, may_hand_over: bool, gpus: &[GpuInfo]) -> SupervisorTask {
+    /// `release_gpus`: the GPUs it may give back at a release, if it may.
+    fn supervisor(
+        &self,
+        i: usize,
+        may_hand_over: bool,
+        release_gpus: Option<&[GpuInfo]>,
+    ) -> SupervisorTask {
         let mut cancel = self.cancel_tx.subscribe();
         // A stage handed over as a stop was asked for learns of it at once.
         if *cancel.borrow() != CancelLevel::None {
@@ -436,7 +445,7 @@ impl<'h> Driver<'h> {
             hand_off,
             // Not with fail_fast (a failure must stop what starts next).
             frees_early: !self.setup.plan.plan.run.fail_fast,
-            gpus: gpus.to_vec(),
+            release_gpus: release_gpus.map(<[GpuInfo]>::to_vec),
             news_tx: self.news_tx.clone(),
         }
     }
@@ -697,8 +706,8 @@ struct SupervisorTask {
     cancel: watch::Receiver<CancelLevel>,
     hand_off: Option<handover::HandOff>,
     frees_early: bool,
-    /// The GPUs the attempt was given.
-    gpus: Vec<GpuInfo>,
+    /// The GPUs the attempt was given, when it may give them back at a release.
+    release_gpus: Option<Vec<GpuInfo>>,
     news_tx: mpsc::UnboundedSender<StageNews>,
 }
 
@@ -757,8 +766,17 @@ impl supervise::AttemptHooks for Hooks<'_> {
     }
 
     fn gpus_released(&mut self) {
-        let news = StageNews::Released(self.task.stage, self.task.gpus.clone());
-        let _ = self.task.news_tx.send(news);
+        if let Some(gpus) = &self.task.release_gpus {
+            let news = StageNews::Released(self.task.stage, gpus.clone());
+            let _ = self.task.news_tx.send(news);
+        }
+    }
+
+    fn hands_on_at_release(&self) -> bool {
+        self.task
+            .release_gpus
+            .as_ref()
+            .is_some_and(|g| !g.is_empty())
     }
 }
 
