@@ -340,3 +340,57 @@ env = {{ PYTHONPATH = "{path}" }}
         assert!(a_done < b_done, "instant {k}: {after:?}");
     }
 }
+
+#[test]
+fn a_release_that_never_held_leaves_the_ordinary_verdict_with_the_reason() {
+    let s = Scratch::new("release-refused");
+    let holders = s.path().join("holders");
+    let holder = holders.join("GPU-fake-0");
+    let go = s.path().join("go");
+    // Released while the holder file still shows the stage's memory; gives it back only once
+    // the refusal was seen, as it exits.
+    let script = s.write(
+        "a.py",
+        r#"
+import os, sys, time
+import orchestrate_stage as stage
+holder, go = sys.argv[1:3]
+with open(holder, "w") as f:
+    f.write(f"{os.getpid()} python3 {1 << 30}\n")
+stage.released()
+deadline = time.time() + 20
+while not os.path.exists(go) and time.time() < deadline:
+    time.sleep(0.01)
+open(holder, "w").close()
+"#,
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"[[stage]]
+name = "a"
+gpus = 1
+command = ["python3", "{script}", "{holder}", "{go}"]
+env = {{ PYTHONPATH = "{path}" }}
+"#,
+            script = script.display(),
+            holder = holder.display(),
+            go = go.display(),
+            path = helper_path(),
+        ),
+    );
+    let cmd = command(&s, &plan, &holders);
+    let (refused, code, text) = run_answering(cmd, "release does not hold", &go);
+    assert!(refused && code == Some(0), "{text}");
+    let report = read_report(&s.path().join("run"));
+    let stage = &report["stages"][0];
+    let gpu = &stage["gpu"][0];
+    assert_eq!(gpu["verdict"], "clean", "{gpu}");
+    assert!(gpu.get("at_release").is_none(), "{gpu}");
+    assert!(stage["timing"].get("released").is_none(), "{stage}");
+    let note = gpu["note"].as_str().unwrap_or("");
+    assert!(
+        note.contains("not handed on at release") && note.contains("process of the stage"),
+        "{gpu}\n{text}"
+    );
+}
