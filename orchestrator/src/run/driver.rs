@@ -509,7 +509,8 @@ impl<'h> Driver<'h> {
                 stage: name.clone(),
                 uuid: g.uuid.clone(),
                 start_s: t.spawned - self.started_unix,
-                end_s: t.verified - self.started_unix,
+                // A stage whose release held gave the GPU to the next one then.
+                end_s: t.released.unwrap_or(t.verified) - self.started_unix,
                 baseline_bytes: g.baseline_bytes,
                 clean: g.verdict != protocol::report::GpuVerdict::Leaked,
             });
