@@ -240,6 +240,10 @@ pub struct StageTiming {
     pub tree_gone: f64,
     /// Every GPU of the stage had its verdict (equals `tree_gone` without GPU check).
     pub verified: f64,
+    /// The stage released its GPUs (a `released` event that held): their verdicts were taken
+    /// then and they went to the next stage while this one's processes still ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<f64>,
 }
 
 /// A verified output file.
@@ -277,6 +281,10 @@ pub struct GpuRecord {
     /// holders could not be attributed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The verdict was taken when the stage released the GPU (its `released` event), before
+    /// its processes exited; `reclaim_ms` then counts from that event.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_release: bool,
 }
 
 /// Whether a GPU's memory came back after a stage (serialised as `"clean"`, `"leaked"` or

@@ -144,6 +144,18 @@ pub enum WorkerEvent {
         /// Name → value.
         metrics: BTreeMap<String, f64>,
     },
+    /// The stage's device work is over: every CUDA context of its processes is destroyed, so
+    /// NVML lists none of them and the memory is back. Sent once, as early as that is true (a
+    /// training stage: as soon as its final checkpoint is on the host, while the disk still
+    /// writes). `orchestrate` then checks the stage's GPUs at once and, if they are back, hands
+    /// them to the next stage before this one exits; a process of the stage that touches a GPU
+    /// again afterwards is a leak. A release that does not hold yet changes nothing (it may be
+    /// sent again).
+    Released {
+        /// The reporting process.
+        #[serde(default)]
+        pid: Option<u32>,
+    },
     /// The work finished; the process is about to exit 0.
     Done {},
     /// The work failed; the process is about to exit non-zero.

@@ -18,6 +18,7 @@ framework when imported themselves, never before.
         if stage.stop_requested():        # orchestrate is stopping the stage (preemption, timeout)
             save_resumable_checkpoint()
             stage.exit_interrupted()       # exit 75: stopped, resumable
+    stage.released()                      # optional: no CUDA context left, the GPU may go on
     stage.checkpoint(out / "model.pt", step=steps)   # hashes the file, reports it
     stage.metrics(loss=final_loss, accuracy=acc)
 
@@ -150,6 +151,18 @@ def checkpoint(path, step=None):
         identity = {"dev": after.st_dev, "ino": after.st_ino, "mtime_ns": after.st_mtime_ns}
     _send("checkpoint", path=str(path.resolve()), sha256=digest.hexdigest(),
           bytes=after.st_size, step=step, identity=identity)
+
+
+def released():
+    """Reports that this stage's GPU work is over: no process of the stage holds a CUDA
+    context any more. PyTorch cannot destroy its context in a live process, so the usual way
+    is to do the GPU work in a child process that exits (multiprocessing, a subprocess), and
+    call this from the parent, which then writes the outputs. orchestrate checks the stage's
+    GPUs at once: if no process of the stage is listed on them and their memory is back at
+    the baseline, they go to the next stage while this one goes on writing. A process of the
+    stage that uses a GPU again afterwards is a leak. If the check does not hold yet, nothing
+    changes (the GPUs are handed on after the stage ends) and the call may be made again."""
+    _send("released", pid=os.getpid())
 
 
 def metrics(**values):

@@ -187,7 +187,11 @@ pub fn write(
     // once; it is waited for before returning.
     let releasing = std::sync::Mutex::new(None);
     let release = || {
-        let handle = std::thread::spawn(crate::device::release);
+        let handle = std::thread::spawn(|| {
+            if crate::device::release() {
+                crate::events::EventSink::announce_released();
+            }
+        });
         *releasing.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
     };
     let after_copies: Option<&(dyn Fn() + Sync)> =

@@ -103,7 +103,8 @@ pub fn early_release_wanted(device: Device) -> bool {
 /// about to exit: libtorch still holds pointers into the destroyed context, so no device call
 /// may follow, not even freeing a tensor (the caller forgets them). The stage's isolation is
 /// unchanged: the process still exits, and `orchestrate` still verifies with NVML that the
-/// memory is back before the next stage may use the device. Returns whether it was done.
+/// memory is back before the next stage may use the device (at once, when the caller reports
+/// the release: see `EventSink::announce_released`). Returns whether it was done.
 pub fn release() -> bool {
     type Sync = unsafe extern "C" fn() -> i32;
     type Reset = unsafe extern "C" fn() -> i32;

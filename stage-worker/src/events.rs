@@ -168,6 +168,18 @@ impl EventSink {
         self.send(WorkerEvent::Metrics { metrics });
     }
 
+    /// Reports that the stage's device work is over (its CUDA context destroyed), on a
+    /// connection of its own: the thread that released the device calls it while the stage's
+    /// main sink is busy writing the checkpoint. Errors are ignored (the orchestrator then
+    /// simply hands the GPU on after the stage ends).
+    pub fn announce_released() {
+        if let Ok(mut sink) = Self::from_env() {
+            sink.send(WorkerEvent::Released {
+                pid: Some(std::process::id()),
+            });
+        }
+    }
+
     /// `done`: the stage succeeded; the process exits 0 next.
     pub fn done(&mut self) {
         self.send(WorkerEvent::Done {});

@@ -41,6 +41,15 @@ pub trait AttemptHooks {
     /// Called as soon as the attempt is known to have succeeded (its outputs verified), before
     /// its result is put together.
     fn succeeded(&mut self);
+    /// Called once, when the stage released its GPUs and the release held (see
+    /// [`crate::gpu::release`]): its GPUs' verdicts are taken, and the caller may give them to
+    /// another stage while this one's processes still run.
+    fn gpus_released(&mut self) {}
+    /// Whether the caller can give the stage's GPUs to another stage at a release (not, say,
+    /// for a stage whose GPUs are on another node): when false, releases are not looked at.
+    fn hands_on_at_release(&self) -> bool {
+        false
+    }
 }
 
 /// Why an attempt is being stopped.
@@ -108,7 +117,27 @@ struct Watch {
     events: EventState,
     /// The highest resident memory of the stage's tree, sampled.
     tree_rss_peak: u64,
+    /// What came of its `released` events.
+    release: Release,
 }
+
+/// What came of a stage's `released` events.
+#[derive(Debug, Default)]
+struct Release {
+    /// The release that held: when (Unix seconds), and its GPUs' verdicts then.
+    held: Option<(f64, Vec<GpuRecord>)>,
+    /// Why releases did not hold (the first few).
+    refused: Vec<String>,
+    /// After the release held: a process of the stage listed on one of its GPUs again.
+    touched: Option<(String, crate::gpu::Holder)>,
+}
+
+/// `ORCHESTRATE_HAND_ON_AT_RELEASE=0`: releases are not looked at (every GPU is handed on
+/// after its stage ends, as before releases existed); for comparisons.
+pub const NO_HAND_ON_VAR: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
+
+/// Refusals of a stage's releases kept for its report.
+const LISTED_REFUSALS: usize = 4;
 
 /// Supervises a launched attempt to its end, in phases: watch it until its first process
 /// exits (`watch`); stop and reap the rest of its tree (`reap_tree`), telling `hooks`
@@ -135,6 +164,7 @@ pub async fn supervise(
         stop: StopState::Running,
         events: EventState::default(),
         tree_rss_peak: 0,
+        release: Release::default(),
     };
     let reaped = watch(
         plan,
@@ -144,9 +174,13 @@ pub async fn supervise(
         &mut watched,
         &mut cancel,
         services,
+        hooks,
     )
     .await;
     let exited_unix = crate::timefmt::unix_secs_f64();
+    // A process of the stage that used a released GPU again and still holds it as the stage's
+    // first process exits (the sampling during the stage sees the earlier ones).
+    note_touched_again(&child, &mut watched.release, services);
     let exit = reaped.map(|r| r.status);
     let summary = reap_tree(plan, &child, watched.stop, services).await;
     let wall = child.started.elapsed();
@@ -162,7 +196,7 @@ pub async fn supervise(
             .absorb(item, &plan.name, console, child.started);
     }
     drop(channel);
-    let gpu = gpu_verdicts(plan, &baselines, services).await;
+    let gpu = gpu_verdicts(plan, &baselines, &watched.release, services).await;
     let verified_unix = crate::timefmt::unix_secs_f64();
     // With --follow, the log files are complete once the copiers have seen end of file, which
     // they do now that no process of the stage holds the pipes.
@@ -202,6 +236,7 @@ pub async fn supervise(
             exited: exited_unix,
             tree_gone: tree_gone_unix,
             verified: verified_unix,
+            released: watched.release.held.as_ref().map(|(at, _)| *at),
         },
         start: child.start.take(),
     };
@@ -220,7 +255,9 @@ pub async fn supervise(
 
 /// Watches the attempt until its first process exits: samples its tree's memory and its
 /// GPUs' peaks, takes in its events, and stops it on its timeout or a cancel (SIGTERM, then
-/// SIGKILL after the grace). `None`: the exit status was lost.
+/// SIGKILL after the grace); checks a release the stage announces, and tells `hooks` when it
+/// holds. `None`: the exit status was lost.
+#[allow(clippy::too_many_arguments)]
 async fn watch(
     plan: &AttemptPlan,
     child: &mut tree::StageProcess,
@@ -229,6 +266,7 @@ async fn watch(
     w: &mut Watch,
     cancel: &mut watch::Receiver<CancelLevel>,
     services: &Services,
+    hooks: &mut dyn AttemptHooks,
 ) -> Option<crate::process::reaper::Reaped> {
     let console = &services.console;
     let probe = services.probe.clone();
@@ -288,7 +326,11 @@ async fn watch(
                 }
             }
             _ = sampler.tick(), if probe.is_some() && !baselines.is_empty() => {
-                if let Some(probe) = &probe {
+                if w.release.held.is_some() {
+                    // The GPUs are another stage's now: only a process of this one back on them
+                    // is this stage's business.
+                    note_touched_again(child, &mut w.release, services);
+                } else if let Some(probe) = &probe {
                     for (uuid, _, peak) in baselines.iter_mut() {
                         if let Ok(used) = probe.used_bytes(uuid) {
                             *peak = (*peak).max(used);
@@ -297,7 +339,84 @@ async fn watch(
                 }
             }
         }
+        if std::mem::take(&mut w.events.release_asked) {
+            consider_release(plan, child, baselines, w, services, hooks).await;
+        }
     }
+}
+
+/// The stage said it released its GPUs: if that holds on every one of them (no process of the
+/// stage listed, the memory back at the baseline within the tolerance), their verdicts are
+/// taken now and `hooks` hands them on; if not, nothing changes but the reason, kept for the
+/// report. Only the first release that holds counts; a stopping stage's is not looked at.
+async fn consider_release(
+    plan: &AttemptPlan,
+    child: &tree::StageProcess,
+    baselines: &[(String, u64, u64)],
+    w: &mut Watch,
+    services: &Services,
+    hooks: &mut dyn AttemptHooks,
+) {
+    let Some(probe) = &services.probe else {
+        return;
+    };
+    if w.release.held.is_some()
+        || baselines.is_empty()
+        || w.stop != StopState::Running
+        || !hooks.hands_on_at_release()
+    {
+        return;
+    }
+    // For benchmarks: the same run without the hand-on.
+    if std::env::var_os(NO_HAND_ON_VAR).is_some_and(|v| v == "0") {
+        return;
+    }
+    let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
+    let foreign = |pid| crate::gpu::attribution::owner_of(pid, &ours);
+    let is_stage = |pid: u32| child.owns(pid as i32);
+    let checked = crate::gpu::release::check_release(
+        probe.as_ref(),
+        baselines,
+        services.tolerance_bytes,
+        &is_stage,
+        &foreign,
+    )
+    .await;
+    match checked {
+        Ok(records) => {
+            let uuids: Vec<&str> = records.iter().map(|r| r.uuid.as_str()).collect();
+            services.console.note(&format!(
+                "{}: released {}; handed on while it finishes",
+                plan.name,
+                uuids.join(", ")
+            ));
+            w.release.held = Some((crate::timefmt::unix_secs_f64(), records));
+            hooks.gpus_released();
+        }
+        Err(why) => {
+            services.console.warn(&format!(
+                "{}: its GPU release does not hold ({why}); its GPUs are handed on after it ends",
+                plan.name
+            ));
+            if w.release.refused.len() < LISTED_REFUSALS {
+                w.release.refused.push(why);
+            }
+        }
+    }
+}
+
+/// After a release held: notes the first process of the stage that the probe lists on one of
+/// its GPUs again.
+fn note_touched_again(child: &tree::StageProcess, release: &mut Release, services: &Services) {
+    let (Some(probe), Some((_, records))) = (&services.probe, &release.held) else {
+        return;
+    };
+    if release.touched.is_some() {
+        return;
+    }
+    let uuids: Vec<String> = records.iter().map(|r| r.uuid.clone()).collect();
+    let is_stage = |pid: u32| child.owns(pid as i32);
+    release.touched = crate::gpu::release::touched_again(probe.as_ref(), &uuids, &is_stage);
 }
 
 /// Asks the attempt to stop (SIGTERM), with SIGKILL due after its grace.
@@ -351,21 +470,87 @@ async fn reap_tree(
 }
 
 /// The GPU verdicts, now that every process of the stage is gone: each GPU's memory awaited
-/// back to its baseline, and whose it is if it does not come back.
+/// back to its baseline, and whose it is if it does not come back. A stage whose release held
+/// has its verdicts from then (a leak if a process of it used a GPU again afterwards); one
+/// whose releases were refused has the reason in its verdicts' notes.
 async fn gpu_verdicts(
     plan: &AttemptPlan,
     baselines: &[(String, u64, u64)],
+    release: &Release,
     services: &Services,
 ) -> Vec<GpuRecord> {
     let Some(probe) = &services.probe else {
         return Vec::new();
     };
+    let records = match &release.held {
+        Some((_, held)) => after_release(held, release.touched.as_ref()),
+        None => {
+            let mut records = awaited(probe.as_ref(), baselines, services).await;
+            if let Some(why) = release.refused.first() {
+                for r in &mut records {
+                    let refused = format!("the GPUs were not handed on at release: {why}");
+                    r.note = Some(match r.note.take() {
+                        Some(note) => format!("{note}; {refused}"),
+                        None => refused,
+                    });
+                }
+            }
+            records
+        }
+    };
+    for record in records.iter().filter(|r| r.verdict != GpuVerdict::Clean) {
+        services.console.event(RunEventKind::GpuNotReclaimed {
+            stage: plan.name.clone(),
+            uuid: record.uuid.clone(),
+            verdict: record.verdict,
+            baseline_bytes: record.baseline_bytes,
+            after_bytes: record.after_bytes,
+            reclaim_ms: record.reclaim_ms,
+            holders: record.holders.clone(),
+            note: record.note.clone(),
+        });
+    }
+    if !records.is_empty() {
+        services.console.event(RunEventKind::StageGpu {
+            stage: plan.name.clone(),
+            attempt: plan.attempt,
+            gpus: records.clone(),
+        });
+    }
+    records
+}
+
+/// The verdicts taken at a release that held; the GPU a process of the stage used again
+/// afterwards is leaked.
+fn after_release(
+    held: &[GpuRecord],
+    touched: Option<&(String, crate::gpu::Holder)>,
+) -> Vec<GpuRecord> {
+    let mut records = held.to_vec();
+    if let Some((uuid, holder)) = touched {
+        for r in records.iter_mut().filter(|r| &r.uuid == uuid) {
+            r.verdict = GpuVerdict::Leaked;
+            r.holders = vec![holder.to_string()];
+            r.note = Some(format!(
+                "{holder}, a process of the stage, used the GPU again after the stage released it"
+            ));
+        }
+    }
+    records
+}
+
+/// Each GPU's memory awaited back to its baseline after the stage, and the verdict.
+async fn awaited(
+    probe: &dyn crate::gpu::MemoryProbe,
+    baselines: &[(String, u64, u64)],
+    services: &Services,
+) -> Vec<GpuRecord> {
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
     let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
     let mut records = Vec::new();
     for (uuid, baseline, peak) in baselines {
         let v = await_reclaim(
-            probe.as_ref(),
+            probe,
             uuid,
             *baseline,
             services.tolerance_bytes,
@@ -373,7 +558,7 @@ async fn gpu_verdicts(
             &owner,
         )
         .await;
-        let record = GpuRecord {
+        records.push(GpuRecord {
             uuid: uuid.clone(),
             baseline_bytes: *baseline,
             peak_bytes: (*peak).max(v.after_bytes),
@@ -388,26 +573,7 @@ async fn gpu_verdicts(
             },
             holders: v.holders.iter().map(|h| h.to_string()).collect(),
             note: v.note.clone(),
-        };
-        if !v.clean {
-            services.console.event(RunEventKind::GpuNotReclaimed {
-                stage: plan.name.clone(),
-                uuid: record.uuid.clone(),
-                verdict: record.verdict,
-                baseline_bytes: record.baseline_bytes,
-                after_bytes: record.after_bytes,
-                reclaim_ms: record.reclaim_ms,
-                holders: record.holders.clone(),
-                note: record.note.clone(),
-            });
-        }
-        records.push(record);
-    }
-    if !records.is_empty() {
-        services.console.event(RunEventKind::StageGpu {
-            stage: plan.name.clone(),
-            attempt: plan.attempt,
-            gpus: records.clone(),
+            at_release: false,
         });
     }
     records
@@ -498,6 +664,8 @@ struct EventState {
     unlisted_violations: u64,
     /// Files the stage reported writing, with the checksums it computed while writing.
     reported: Vec<crate::store::checksum::ReportedFile>,
+    /// A `released` event came that was not looked at yet.
+    release_asked: bool,
 }
 
 impl EventState {
@@ -533,6 +701,7 @@ impl EventState {
                 self.failed = Some((error, reason))
             }
             ChannelItem::Event(WorkerEvent::Done {}) => self.done = true,
+            ChannelItem::Event(WorkerEvent::Released { .. }) => self.release_asked = true,
             ChannelItem::Event(WorkerEvent::Started { .. }) => {}
             ChannelItem::Event(WorkerEvent::Checkpoint {
                 path,

@@ -12,6 +12,7 @@ pub(crate) mod fake;
 mod nvml;
 mod pool;
 mod reclaim;
+pub(crate) mod release;
 pub(crate) mod svg;
 pub(crate) mod timeline;
 pub(crate) mod visible;

@@ -258,6 +258,21 @@ impl StageProcess {
         }
     }
 
+    /// Whether live process `pid` is one of the stage's: its first process, a member of its
+    /// cgroup, or a process whose environment carries the stage's token.
+    pub fn owns(&self, pid: i32) -> bool {
+        if pid == self.pid {
+            return true;
+        }
+        if let Some(cgroup) = &self.cgroup {
+            if cgroup.members().contains(&pid) {
+                return true;
+            }
+        }
+        let entry = format!("{}={}", scan::TOKEN_VAR, self.token);
+        scan::environ_any(pid, |e| e == entry.as_bytes())
+    }
+
     /// The memory the stage uses: its cgroup's `memory.current` when the memory controller
     /// counts it, else the resident memory of every live process of the stage, summed.
     pub fn resident_bytes(&self) -> u64 {

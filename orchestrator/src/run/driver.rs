@@ -7,6 +7,10 @@
 //! and nothing of its tree is left (see [`supervise::supervise`]), before its outputs are verified
 //! and its end recorded: the next stage starts while that bookkeeping runs. Its result
 //! (`Done`) comes after, on the same channel, and its downstream stages wait for that.
+//!
+//! A stage on GPUs whose release held (`Released`: its processes hold none of its GPUs' memory
+//! any more; see `crate::gpu::release`) gives its GPUs back then, while it still holds its
+//! slot: a stage waiting for them starts while this one persists its outputs.
 
 use super::lookahead::{Lookahead, Request};
 use super::scheduler::{Action, Event, Resources, Rules, Scheduler, Start, Stopping};
@@ -39,6 +43,8 @@ pub(super) enum StageNews {
     /// Stage `i` gave its slot to its planned successor, which it started (see
     /// `crate::attempt::handover`; its result follows).
     HandedOver(usize, Started),
+    /// Stage `i` released its GPUs (`gpus`) and the release held; its result follows.
+    Released(usize, Vec<GpuInfo>),
     /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
     /// when it succeeded ([`handover::Kind::Chain`]).
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
@@ -55,6 +61,8 @@ struct Driver<'h> {
     next_up: NextUp,
     /// Stages that ending stages started in their place, not yet recorded.
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
+    /// The GPUs of stages that released them, until the scheduler gives them back.
+    released: BTreeMap<usize, Vec<GpuInfo>>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -219,6 +227,7 @@ impl<'h> Driver<'h> {
             news_tx,
             next_up: NextUp::default(),
             handed: BTreeMap::new(),
+            released: BTreeMap::new(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -389,7 +398,10 @@ impl<'h> Driver<'h> {
             },
             Instant::now(),
         );
-        let task = self.supervisor(i, may_hand_over);
+        // A stage's GPUs go on at its release only where this machine's NVML sees them.
+        let local_gpus =
+            node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
+        let task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
         let services = self.setup.services.clone();
         tokio::task::spawn_local(
             async move {
@@ -409,7 +421,13 @@ impl<'h> Driver<'h> {
     }
 
     /// The supervising task of stage `i`'s attempt.
-    fn supervisor(&self, i: usize, may_hand_over: bool) -> SupervisorTask {
+    /// `release_gpus`: the GPUs it may give back at a release, if it may.
+    fn supervisor(
+        &self,
+        i: usize,
+        may_hand_over: bool,
+        release_gpus: Option<&[GpuInfo]>,
+    ) -> SupervisorTask {
         let mut cancel = self.cancel_tx.subscribe();
         // A stage handed over as a stop was asked for learns of it at once.
         if *cancel.borrow() != CancelLevel::None {
@@ -427,6 +445,7 @@ impl<'h> Driver<'h> {
             hand_off,
             // Not with fail_fast (a failure must stop what starts next).
             frees_early: !self.setup.plan.plan.run.fail_fast,
+            release_gpus: release_gpus.map(<[GpuInfo]>::to_vec),
             news_tx: self.news_tx.clone(),
         }
     }
@@ -444,6 +463,14 @@ impl<'h> Driver<'h> {
                 sched.on(Event::HandedOver { from, to }, now);
                 return Ok(());
             }
+            StageNews::Released(i, gpus) => {
+                self.released.insert(i, gpus);
+                let actions = sched.on(Event::GpusReleased(i), now);
+                if actions.is_empty() {
+                    self.released.remove(&i);
+                }
+                return self.carry_out(actions, None);
+            }
             StageNews::Done(i, result, given, chained) => (i, result, given, chained),
         };
         // A successor planned after it that it did not start is started the ordinary way,
@@ -457,7 +484,10 @@ impl<'h> Driver<'h> {
             let running = &self.host.cpu_builtin_running;
             running.set(running.get().saturating_sub(1));
         }
-        self.host.give_back_gpus(&given);
+        // A stage that released its GPUs gave them back then (another stage may hold them now).
+        if sched.holds_gpus(i) {
+            self.host.give_back_gpus(&given);
+        }
         self.note_spans(i, &result);
         let event = Event::AttemptEnded {
             stage: i,
@@ -479,7 +509,8 @@ impl<'h> Driver<'h> {
                 stage: name.clone(),
                 uuid: g.uuid.clone(),
                 start_s: t.spawned - self.started_unix,
-                end_s: t.verified - self.started_unix,
+                // A stage whose release held gave the GPU to the next one then.
+                end_s: t.released.unwrap_or(t.verified) - self.started_unix,
                 baseline_bytes: g.baseline_bytes,
                 clean: g.verdict != protocol::report::GpuVerdict::Leaked,
             });
@@ -614,6 +645,11 @@ impl<'h> Driver<'h> {
                 let _ = self.cancel_tx.send(level);
             }
             Action::ReleaseFiles(stage) => self.lookahead.release(stage),
+            Action::GiveBackGpus(stage) => {
+                if let Some(gpus) = self.released.remove(&stage) {
+                    self.host.give_back_gpus(&gpus);
+                }
+            }
         }
         Ok(())
     }
@@ -671,6 +707,8 @@ struct SupervisorTask {
     cancel: watch::Receiver<CancelLevel>,
     hand_off: Option<handover::HandOff>,
     frees_early: bool,
+    /// The GPUs the attempt was given, when it may give them back at a release.
+    release_gpus: Option<Vec<GpuInfo>>,
     news_tx: mpsc::UnboundedSender<StageNews>,
 }
 
@@ -726,6 +764,20 @@ impl supervise::AttemptHooks for Hooks<'_> {
         if let Some(hand_off) = &self.task.hand_off {
             self.chained = hand_off.start(handover::Kind::Chain);
         }
+    }
+
+    fn gpus_released(&mut self) {
+        if let Some(gpus) = &self.task.release_gpus {
+            let news = StageNews::Released(self.task.stage, gpus.clone());
+            let _ = self.task.news_tx.send(news);
+        }
+    }
+
+    fn hands_on_at_release(&self) -> bool {
+        self.task
+            .release_gpus
+            .as_ref()
+            .is_some_and(|g| !g.is_empty())
     }
 }
 

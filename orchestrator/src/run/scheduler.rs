@@ -90,6 +90,9 @@ pub(crate) enum Event<'a> {
     SlotFreed(usize),
     /// Stage `from` gave its slot to `to`, which it started ([`handover::Kind::Slot`]).
     HandedOver { from: usize, to: usize },
+    /// Stage `stage` released its GPUs and the release held (`crate::gpu::release`): they
+    /// may go to another stage now; the stage keeps its slot until its result.
+    GpusReleased(usize),
     /// Stage `stage`'s attempt ended with `result`; `chained`: the successor it started when it
     /// succeeded ([`handover::Kind::Chain`]).
     AttemptEnded {
@@ -128,6 +131,9 @@ pub(crate) enum Action {
     CancelStages(CancelLevel),
     /// Files prepared ahead for this stage will not be used: release them.
     ReleaseFiles(usize),
+    /// Give this running stage's GPUs back to the pool now (it released them); they are not
+    /// given back again at its end.
+    GiveBackGpus(usize),
 }
 
 /// An attempt to start, as [`Scheduler::next_start`] chose it.
@@ -191,6 +197,8 @@ pub(crate) struct Scheduler<'p> {
     live: BTreeMap<usize, bool>,
     /// Stages that gave their slot back before their result.
     freed_early: HashSet<usize>,
+    /// Running stages whose GPUs went back to the pool at their release.
+    gpus_released: HashSet<usize>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -243,6 +251,7 @@ impl<'p> Scheduler<'p> {
             slots_held: 0,
             live: BTreeMap::new(),
             freed_early: HashSet::new(),
+            gpus_released: HashSet::new(),
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -289,6 +298,12 @@ impl<'p> Scheduler<'p> {
     /// When the next retry is due.
     pub(crate) fn next_retry(&self) -> Option<Instant> {
         self.retry_queue.iter().map(|&(t, _)| t).min()
+    }
+
+    /// Whether stage `i`'s GPUs are still its own (not given back at a release): its end
+    /// gives them back.
+    pub(crate) fn holds_gpus(&self, i: usize) -> bool {
+        !self.gpus_released.contains(&i)
     }
 
     /// Stages holding a slot.
@@ -528,6 +543,16 @@ impl<'p> Scheduler<'p> {
                 self.freed_early.insert(from);
                 self.handed.push(to);
             }
+            // Only a running stage that was given GPUs, once: a late or repeated release
+            // (after its end, on the CPU) gives nothing back that another stage now holds.
+            Event::GpusReleased(stage) => {
+                if self.live.contains_key(&stage)
+                    && !self.on_cpu(stage)
+                    && self.gpus_released.insert(stage)
+                {
+                    actions.push(Action::GiveBackGpus(stage));
+                }
+            }
             Event::AttemptEnded {
                 stage,
                 result,
@@ -535,6 +560,7 @@ impl<'p> Scheduler<'p> {
             } => {
                 self.handed.extend(chained);
                 self.live.remove(&stage);
+                self.gpus_released.remove(&stage);
                 if !self.freed_early.remove(&stage) {
                     self.slots_held -= 1;
                 }
@@ -798,6 +824,8 @@ mod tests {
         busy: Option<String>,
         cpus: usize,
         builtins: usize,
+        /// Who holds which GPUs.
+        held: BTreeMap<usize, Vec<GpuInfo>>,
     }
 
     impl Gpus {
@@ -808,7 +836,15 @@ mod tests {
                 busy: None,
                 cpus: 8,
                 builtins: 0,
+                held: BTreeMap::new(),
             }
+        }
+
+        /// Stage `stage`'s GPUs back to the free list (as the run loop does at its end, or
+        /// at `Action::GiveBackGpus`).
+        fn give_back(&mut self, stage: usize) {
+            let back = self.held.remove(&stage).unwrap_or_default();
+            self.free.extend(back);
         }
     }
 
@@ -829,14 +865,16 @@ mod tests {
         fn total_gpus(&self) -> usize {
             self.total
         }
-        fn take_gpus(&mut self, _stage: usize, n: usize) -> Result<Vec<GpuInfo>, String> {
+        fn take_gpus(&mut self, stage: usize, n: usize) -> Result<Vec<GpuInfo>, String> {
             if let Some(why) = &self.busy {
                 return Err(why.clone());
             }
             if self.free.len() < n {
                 return Err("not enough".into());
             }
-            Ok(self.free.drain(..n).collect())
+            let taken: Vec<GpuInfo> = self.free.drain(..n).collect();
+            self.held.insert(stage, taken.clone());
+            Ok(taken)
         }
         fn cpu_builtins_running(&self) -> usize {
             self.builtins
@@ -893,6 +931,7 @@ mod tests {
             verdict: GpuVerdict::Leaked,
             holders: Vec::new(),
             note: None,
+            at_release: false,
         });
         r
     }
@@ -1516,5 +1555,145 @@ mod tests {
         let mut free = scheduler(&p, rules(100));
         assert_eq!(round(&mut free, &mut gpus, t0).0.len(), 30);
         assert_eq!(free.next_wake(), None);
+    }
+    /// Carries out `GiveBackGpus` on the mock's GPUs; the actions.
+    fn give_back(gpus: &mut Gpus, actions: Vec<Action>) -> Vec<Action> {
+        for a in &actions {
+            if let Action::GiveBackGpus(stage) = a {
+                gpus.give_back(*stage);
+            }
+        }
+        actions
+    }
+
+    /// Ends stage `stage` as the run loop does: its GPUs back unless it released them.
+    fn end_on_gpus(
+        s: &mut Scheduler<'_>,
+        gpus: &mut Gpus,
+        stage: usize,
+        r: &AttemptResult,
+        now: Instant,
+    ) -> Vec<Action> {
+        if s.holds_gpus(stage) {
+            gpus.give_back(stage);
+        }
+        end(s, stage, r, now)
+    }
+
+    fn gpu_rules(max_parallel: usize) -> Rules {
+        Rules {
+            machine_has_gpus: true,
+            ..rules(max_parallel)
+        }
+    }
+
+    #[test]
+    fn a_released_gpu_goes_to_a_waiting_stage_while_the_releaser_keeps_its_slot() {
+        let p = plan(
+            "",
+            &[
+                ("a", &[], "gpus = 1"),
+                ("b", &[], "gpus = 1"),
+                ("c", &[], ""),
+            ],
+        );
+        let mut s = scheduler(&p, gpu_rules(2));
+        let mut gpus = Gpus::new(1);
+        let now = Instant::now();
+        // a takes the GPU, b waits for it; c takes the second slot.
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 2]);
+        assert!(s.gpu_waiting());
+        end(&mut s, 2, &succeeded(), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        let actions = give_back(&mut gpus, s.on(Event::GpusReleased(0), now));
+        assert_eq!(actions, vec![Action::GiveBackGpus(0)]);
+        assert!(!s.holds_gpus(0));
+        // b starts on the GPU a released, before a's end; a still holds its slot.
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        assert_eq!(gpus.held.get(&1).map(|g| g[0].uuid.as_str()), Some("GPU-0"));
+        assert_eq!(s.slots_held(), 2);
+        assert!(!s.is_done());
+        // a's end gives nothing back: the GPU is b's now.
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert!(
+            gpus.free.is_empty(),
+            "b's GPU was not given back by a's end"
+        );
+        assert_eq!(s.slots_held(), 1);
+        assert_eq!(s.states()[0].status, Status::Succeeded);
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        assert_eq!(gpus.free.len(), 1);
+        assert!(s.is_done());
+    }
+
+    #[test]
+    fn a_release_counts_only_for_a_running_stage_on_gpus_and_only_once() {
+        let p = plan(
+            "",
+            &[
+                ("a", &[], "gpus = 1"),
+                ("b", &[], "gpus = 1"),
+                ("c", &[], ""),
+            ],
+        );
+        let mut s = scheduler(&p, gpu_rules(3));
+        let mut gpus = Gpus::new(1);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 2]);
+        // A stage on the CPU has no GPU to give back; nothing changes.
+        assert!(s.on(Event::GpusReleased(2), now).is_empty());
+        assert!(s.holds_gpus(2));
+        // A stage not running (b waits for its GPU) neither.
+        assert!(s.on(Event::GpusReleased(1), now).is_empty());
+        assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        assert!(s.gpu_waiting(), "b still waits: no release held");
+        // a's release: once; a second one gives nothing back again.
+        assert_eq!(
+            give_back(&mut gpus, s.on(Event::GpusReleased(0), now)),
+            vec![Action::GiveBackGpus(0)]
+        );
+        assert!(s.on(Event::GpusReleased(0), now).is_empty());
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // After its end, a late release of a is ignored: b's GPU stays b's.
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert!(s.on(Event::GpusReleased(0), now).is_empty());
+        assert!(s.holds_gpus(0) && gpus.free.is_empty());
+    }
+
+    #[test]
+    fn a_stage_that_fails_after_releasing_is_retried_once_its_gpu_is_free_again() {
+        let p = plan(
+            "",
+            &[("a", &[], "gpus = 1\nretries = 1"), ("b", &[], "gpus = 1")],
+        );
+        let mut s = scheduler(&p, gpu_rules(2));
+        let mut gpus = Gpus::new(1);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(Event::GpusReleased(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // a exits 1 while persisting: it fails and is retried, but its GPU is b's.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        let retry = actions.iter().find_map(|a| match a {
+            Action::Finished {
+                stage: 0, retry_in, ..
+            } => *retry_in,
+            _ => None,
+        });
+        let wait = retry.expect("a is retried");
+        assert!(
+            gpus.free.is_empty(),
+            "a's failure did not give back b's GPU"
+        );
+        let later = now + wait;
+        let (started, _) = round(&mut s, &mut gpus, later);
+        assert!(
+            started.is_empty() && s.gpu_waiting(),
+            "the retry waits for b's GPU"
+        );
+        assert!(s.holds_gpus(0), "the retry's GPUs will be its own");
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), later);
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
+        assert_eq!(s.states()[0].attempts, 2);
     }
 }

@@ -259,6 +259,7 @@ mod tests {
                     verdict: GpuVerdict::Clean,
                     holders: Vec::new(),
                     note: None,
+                    at_release: false,
                 }],
             },
         }

@@ -21,6 +21,7 @@ mod hostile_inputs;
 mod matrix;
 mod pipeline;
 mod python_stage;
+mod release;
 mod resume;
 mod rundir;
 mod signals;

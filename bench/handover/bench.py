@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The hand-on-at-release benchmark's driver (see run.sh): 100M built-in train stages, four at
+a time on one GPU, with the GPU handed on at the worker's release and without it
+(ORCHESTRATE_HAND_ON_AT_RELEASE=0), in two shapes:
+  chain        s1 → s2 → s3 → s4, each from its parent's weights (a downstream stage still
+               starts only after its upstream succeeded, so the hand-on cannot help here:
+               the check that it costs nothing)
+  independent  four stages with no dependencies, max_parallel = 2, all on the one GPU: the
+               next stage starts when the previous one releases the GPU
+Each variant runs twice, alternating, after one warm-up run. Per run: wall, Σ steady training,
+and the boundary overhead per stage = (wall − Σ steady) / stages; per boundary: from the
+previous stage's last step to the next stage's spawn and to its first step.
+Writes OUT/results.json and prints a summary (OUT/summary.md).
+"""
+import json, os, subprocess, sys, time
+
+BIN, OUT, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+ORCH, WORKER = os.path.join(BIN, "orchestrate"), os.path.join(BIN, "stage-worker")
+TINY = os.environ.get("BENCH_TINY") == "1"  # a CPU rehearsal of the script (no GPU: no hand-on)
+# d_model, layers, heads, batch, seq, steps
+SHAPE = (64, 1, 2, 2, 32, 4) if TINY else (1024, 8, 16, 32, 256, 60)
+STAGES = 4
+REPEATS = int(os.environ.get("REPEATS", "2"))
+
+
+def plan(tag, independent):
+    d, layers, heads, batch, seq, steps = SHAPE
+    out = [f'[run]\nname = "{tag}"\ngpu_tolerance_mib = 64\n' + ("max_parallel = 2\n" if independent else "")]
+    for k in range(1, STAGES + 1):
+        out.append(f'[[stage]]\nname = "s{k}"\nkind = "train"' + ("" if TINY else "\ngpus = 1"))
+        if k > 1 and not independent:
+            out.append(f'after = ["s{k - 1}"]\ninit = "s{k - 1}"')
+        out.append("[stage.params]")
+        out.append(f'data = "synthetic:pretrain"\nsteps = {steps}\nbatch_size = {batch}\nseq_len = {seq}\n'
+                   f"lr = 3e-4\nprogress_every_s = 5.0\nseed = {k}")
+        if k == 1 or independent:
+            out.append(f"model = {{ d_model = {d}, n_layers = {layers}, n_heads = {heads}, max_seq_len = {seq} }}")
+        out.append("")
+    return "\n".join(out)
+
+
+def run(tag, independent, hand_on):
+    path = os.path.join(WORK, tag + ".toml")
+    with open(path, "w") as f:
+        f.write(plan(tag, independent))
+    run_dir = os.path.join(WORK, tag)
+    env = dict(os.environ)
+    env["ORCHESTRATE_HAND_ON_AT_RELEASE"] = "1" if hand_on else "0"
+    t0 = time.time()
+    p = subprocess.run([ORCH, "--plan", path, "--run-dir", run_dir, "--worker", WORKER, "-q"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    wall = time.time() - t0
+    report = json.load(open(os.path.join(run_dir, "report.json")))
+    stages = []
+    for s in report["stages"]:
+        t, m = s.get("timing") or {}, s.get("metrics") or {}
+        stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"), **t,
+                       **{k: v for k, v in m.items() if k.startswith("t_") or k == "tokens_per_s"}})
+    stages.sort(key=lambda s: s.get("spawned") or 0)
+    steps = SHAPE[5]
+    steady = sum((s["t_last_step"] - s["t_first_step"]) * steps / (steps - 1)
+                 for s in stages if "t_last_step" in s and "t_first_step" in s)
+    first, last = stages[0].get("spawned"), max(s.get("verified") or 0 for s in stages)
+    span = (last - first) if first and last else None
+    boundaries = []
+    for a, b in zip(stages, stages[1:]):
+        if "t_last_step" in a and b.get("spawned"):
+            boundaries.append({
+                "from": a["stage"], "to": b["stage"],
+                "last_step_to_spawn_s": round(b["spawned"] - a["t_last_step"], 4),
+                "last_step_to_first_step_s": round(b["t_first_step"] - a["t_last_step"], 4) if "t_first_step" in b else None,
+                "released_at_s": round(a["released"] - a["t_last_step"], 4) if a.get("released") else None,
+                "spawn_before_exit_s": round(a["exited"] - b["spawned"], 4) if a.get("exited") else None,
+            })
+    return {"tag": tag, "independent": independent, "hand_on": hand_on, "rc": p.returncode,
+            "wall_s": round(wall, 3), "span_s": round(span, 3) if span else None,
+            "steady_s": round(steady, 3),
+            "overhead_per_stage_s": round((span - steady) / STAGES, 4) if span else None,
+            "at_release": [bool(g.get("at_release")) for s in stages for g in (s.get("gpu") or [])],
+            "boundaries": boundaries, "stages": stages,
+            "console_tail": (p.stdout + p.stderr)[-2000:] if p.returncode else ""}
+
+
+def median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def main():
+    os.makedirs(WORK, exist_ok=True)
+    results = {"shape": SHAPE, "stages": STAGES, "repeats": REPEATS, "runs": []}
+    print("== warm-up", flush=True)
+    results["warmup"] = run("warmup", True, True)["wall_s"]
+    for r in range(REPEATS):
+        for independent in (True, False):
+            for hand_on in ((True, False) if r % 2 == 0 else (False, True)):
+                tag = f"{'ind' if independent else 'chain'}-{'on' if hand_on else 'off'}-{r}"
+                res = run(tag, independent, hand_on)
+                print(f"== {tag}: rc {res['rc']} span {res['span_s']} s, overhead/stage {res['overhead_per_stage_s']} s, "
+                      f"at release {res['at_release']}", flush=True)
+                results["runs"].append(res)
+                with open(os.path.join(OUT, "results.json"), "w") as f:
+                    json.dump(results, f, indent=1)
+    lines = ["| shape | hand-on | runs | span (s) | overhead per stage (s), median (min–max) | "
+             "last step → next spawn (s), median | last step → next first step (s), median | verdicts at release |",
+             "|---|---|---|---|---|---|---|---|"]
+    for independent in (True, False):
+        for hand_on in (True, False):
+            rs = [x for x in results["runs"] if x["independent"] == independent and x["hand_on"] == hand_on]
+            ov = [x["overhead_per_stage_s"] for x in rs if x["overhead_per_stage_s"] is not None]
+            bs = [b for x in rs for b in x["boundaries"]]
+            lines.append(
+                f"| {'independent' if independent else 'chain'} | {'on' if hand_on else 'off'} | {len(rs)} "
+                f"| {median([x['span_s'] for x in rs])} | {median(ov)} ({min(ov, default=None)}–{max(ov, default=None)}) "
+                f"| {median([b['last_step_to_spawn_s'] for b in bs])} | {median([b['last_step_to_first_step_s'] for b in bs])} "
+                f"| {sum(sum(x['at_release']) for x in rs)}/{sum(len(x['at_release']) for x in rs)} |")
+    summary = "\n".join(lines) + "\n"
+    with open(os.path.join(OUT, "summary.md"), "w") as f:
+        f.write(summary)
+    print(summary)
+
+
+main()
