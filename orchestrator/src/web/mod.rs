@@ -5,6 +5,9 @@
 //! - [`auth`]: the checks every request passes first (allowed `Host`, the token, a change's
 //!   method and `Origin`), in the order of the route table [`protocol::web::ROUTES`];
 //! - [`api`]: the routes' answers (JSON, the run's events as server-sent events, logs);
+//! - [`feed`]: a live run's events in batches encoded once for all its pages, a large run's
+//!   coalesced;
+//! - [`runs_stream`]: the runs list, pushed as it changes;
 //! - [`memory`]: the GPUs' memory, sampled into a bounded ring;
 //! - [`metrics`]: the Prometheus exposition, labels bounded by GPUs and states.
 //!
@@ -15,9 +18,11 @@
 
 pub mod api;
 pub mod auth;
+pub mod feed;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+pub mod runs_stream;
 
 use crate::daemon::Daemon;
 use std::net::SocketAddr;
@@ -74,6 +79,8 @@ pub struct Web {
     pub open: std::cell::Cell<usize>,
     /// Event frames encoded once for every page.
     pub frames: api::Frames,
+    /// The live runs' feeds, one per run with a page open.
+    pub feeds: feed::Feeds,
 }
 
 /// Connections (pages' event streams included) served at once.
@@ -163,6 +170,7 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         memory,
         open: std::cell::Cell::new(0),
         frames: api::Frames::default(),
+        feeds: feed::Feeds::default(),
     });
     let accept = tokio::task::spawn_local(async move {
         loop {
