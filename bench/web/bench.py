@@ -20,6 +20,9 @@ import sys
 import threading
 import time
 
+# The client from the repository's python/, or from beside this file (a copy of the bench
+# carried to another machine with the binary).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 from orchestrate_client import Client  # noqa: E402
 

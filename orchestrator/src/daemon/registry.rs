@@ -244,7 +244,9 @@ impl RunEntry {
 
     /// While the run goes: how many events it has had, and a receiver of the later ones.
     pub fn follow(&self) -> Option<(u64, broadcast::Receiver<Numbered>)> {
-        self.live.as_ref().map(|l| (self.event_count, l.subscribe()))
+        self.live
+            .as_ref()
+            .map(|l| (self.event_count, l.subscribe()))
     }
 
     /// Events from `from` that exist now: from memory while the run goes, from its event file

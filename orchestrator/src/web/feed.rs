@@ -267,7 +267,15 @@ mod tests {
         kinds
             .into_iter()
             .enumerate()
-            .map(|(i, kind)| (i as u64 + 10, Arc::new(RunEvent { t_ms: i as u64, kind })))
+            .map(|(i, kind)| {
+                (
+                    i as u64 + 10,
+                    Arc::new(RunEvent {
+                        t_ms: i as u64,
+                        kind,
+                    }),
+                )
+            })
             .collect()
     }
 

@@ -556,7 +556,9 @@ fn the_page_in_headless_chromium_shows_a_run_live_its_log_and_its_memory() {
     for k in 0..4 {
         let at = unix_ms();
         let quick = c.submit_toml(
-            &format!("[run]\nname = \"quick-{k}\"\n[[stage]]\nname = \"q\"\ncommand = [\"true\"]\n"),
+            &format!(
+                "[run]\nname = \"quick-{k}\"\n[[stage]]\nname = \"q\"\ncommand = [\"true\"]\n"
+            ),
             s.path(),
         );
         submitted.push((quick, at));
@@ -716,7 +718,11 @@ fn a_large_runs_stream_keeps_every_stages_final_state_and_the_runs_end() {
         .iter()
         .map(|(_, m)| m["seq"].as_u64().unwrap())
         .collect();
-    assert_eq!(seqs, (0..events).collect::<Vec<_>>(), "every event of a small run");
+    assert_eq!(
+        seqs,
+        (0..events).collect::<Vec<_>>(),
+        "every event of a small run"
+    );
     // A large run (over web::feed::LARGE_RUN stages) read live from its submission, and again
     // once it has ended (from its event file).
     const STAGES: usize = 800;
@@ -730,7 +736,9 @@ fn a_large_runs_stream_keeps_every_stages_final_state_and_the_runs_end() {
     );
     let path = format!("/api/runs/{large}/events");
     let live = std::thread::scope(|scope| {
-        let readers: Vec<_> = (0..3).map(|_| scope.spawn(|| read_stream(&w, &path))).collect();
+        let readers: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| read_stream(&w, &path)))
+            .collect();
         readers
             .into_iter()
             .map(|r| r.join().unwrap())
