@@ -87,16 +87,19 @@ async fn answer(web: &Rc<Web>, route: &Route, params: &[String], request: &Reque
         "memory" => memory(web, &params[0]),
         "log" => log(web, &params[0], &params[1], request.param("stream")).await,
         "cancel" => cancel(web, &params[0], request.param("kill") == Some("1")),
-        "metrics" => {
-            let now = super::memory::now(&web.memory, &web.daemon.host);
-            Response::new(
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                super::metrics::render(&web.daemon, &now),
-            )
-        }
+        "metrics" => metrics(web),
         other => Response::text(500, format!("route {other} has no handler")),
     }
+}
+
+/// `/metrics`: the Prometheus text format.
+pub fn metrics(web: &Web) -> Response {
+    let now = super::memory::now(&web.memory, &web.daemon.host);
+    Response::new(
+        200,
+        "text/plain; version=0.0.4; charset=utf-8",
+        super::metrics::render(&web.daemon, &now),
+    )
 }
 
 fn not_found(id: &str) -> Response {

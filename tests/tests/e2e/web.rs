@@ -762,3 +762,86 @@ fn a_large_runs_stream_keeps_every_stages_final_state_and_the_runs_end() {
         );
     }
 }
+
+#[test]
+fn metrics_addr_serves_metrics_alone_without_the_token() {
+    let s = Scratch::new("web-metrics-addr");
+    let (port, metrics_port) = (free_port(), free_port());
+    let addr = format!("127.0.0.1:{port}");
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let d = TestDaemon::start_with_args(
+        &s.path().join("sock/d.sock"),
+        &s.path().join("runs"),
+        &s.path().join("daemon.log"),
+        "5s",
+        &["--http", &addr, "--metrics-addr", &metrics],
+        &[],
+    );
+    assert!(
+        d.log()
+            .contains(&format!("metrics at http://{metrics}/metrics")),
+        "{}",
+        d.log()
+    );
+    let mut c = d.connect();
+    let id = c.submit_toml(
+        "[run]\nname = \"m\"\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+        s.path(),
+    );
+    assert_eq!(c.wait(&id)["state"], "succeeded");
+    // No token needed there, and the same series as the web view's /metrics.
+    let scraped = http::get(&metrics, "/metrics", &[]);
+    assert_eq!(scraped.status, 200, "{}", scraped.text());
+    let text = scraped.text();
+    assert!(
+        text.contains("orchestrate_runs{state=\"succeeded\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("orchestrate_stage_attempts_finished_total"));
+    // Nothing else is served there: no run, no page, no change.
+    for path in [
+        "/".to_string(),
+        "/api/runs".to_string(),
+        format!("/api/runs/{id}"),
+        format!("/api/runs/{id}/events"),
+        "/app.js".to_string(),
+    ] {
+        assert_eq!(http::get(&metrics, &path, &[]).status, 404, "{path}");
+    }
+    let post = http::request(
+        &metrics,
+        "POST",
+        &format!("/api/runs/{id}/cancel"),
+        &[("Origin", &format!("http://{metrics}"))],
+        b"",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(post.status, 404);
+    let post = http::request(
+        &metrics,
+        "POST",
+        "/metrics",
+        &[],
+        b"",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(post.status, 405);
+    // A page elsewhere cannot read it through a rebound DNS name.
+    assert_eq!(
+        http::get(&metrics, "/metrics", &[("Host", "attacker.example")]).status,
+        403
+    );
+    // The web view's own /metrics still needs the token.
+    assert_eq!(http::get(&addr, "/metrics", &[]).status, 401);
+    // A non-loopback metrics address needs --http-remote.
+    let refused = TestDaemon::command(&s.path().join("sock2/d.sock"), &s.path().join("runs2"))
+        .args(["--http", "127.0.0.1:0", "--metrics-addr", "0.0.0.0:0"])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--http-remote"), "{err}");
+}

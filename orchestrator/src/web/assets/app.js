@@ -124,7 +124,9 @@ function runPage(id) {
   function mergeReport() {
     for (const r of (st.report && st.report.stages) || []) {
       const s = stage(r.name);
-      if (s.status === "pending" || r.status !== "running") s.status = s.status === "retrying" && r.status === "running" ? s.status : r.status;
+      // A report read early says "pending" or "running": the events' state is newer then.
+      const unfinished = r.status === "pending" || r.status === "running";
+      if (s.status === "pending" || !unfinished) s.status = s.status === "retrying" && r.status === "running" ? s.status : r.status;
       s.attempts = Math.max(s.attempts, r.attempts); s.metrics = r.metrics; s.failure = r.failure; s.error = r.error;
       if (r.wall_s != null) s.wall = r.wall_s;
       if (r.gpu && r.gpu.length && !s.gpu.length) s.gpu = r.gpu.map((g) => ({ ...g, attempt: r.attempts }));
