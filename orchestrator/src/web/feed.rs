@@ -1,5 +1,5 @@
 //! A live run's events as its pages receive them: one feed per run, however many pages are
-//! open. The feed gathers the run's events of [`BATCH`](super::api::BATCH), drops from a
+//! open. The feed gathers the run's events of [`BATCH`], drops from a
 //! large run's batch what a later event of the same batch supersedes ([`coalesce`]), encodes
 //! the batch once, and hands the same bytes to every page's stream. A page then costs the
 //! daemon one write per batch, not work per event.
