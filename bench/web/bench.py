@@ -1,7 +1,7 @@
 """What the web view costs the daemon: a 10,000-stage sweep (one `matrix` stage of `true`
 commands) run by a daemon started with `--http`, with no page open and with 50 pages open
 (50 server-sent-event streams of the run, read by one client process as a browser would:
-every byte read, nothing parsed). Fresh daemon per trial; trials alternate between the two
+every byte read; each page's stage ends and run end counted). Fresh daemon per trial; trials alternate between the two
 modes.
 
     python3 bench/web/bench.py ORCHESTRATE_BIN WORKDIR [STAGES] [PAGES] [TRIALS]
@@ -20,6 +20,9 @@ import sys
 import threading
 import time
 
+# The client from the repository's python/, or from beside this file (a copy of the bench
+# carried to another machine with the binary).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 from orchestrate_client import Client  # noqa: E402
 
@@ -45,10 +48,18 @@ def free_port():
     return port
 
 
+# What each page must have received, counted across reads: every stage's end (a large run's
+# batches keep each stage's latest state; a `true` stage's is its `stage_finished`), the
+# run's end event, and the stream's `end`.
+PATTERNS = {"stage_finished": b'"event":"stage_finished"', "run_finished": b'"event":"run_finished"',
+            "end": b"event: end\n", "messages": b"data: "}
+
+
 def readers(port, token, run_id, n, stop, counts):
     """n SSE streams of the run, read to their end in one thread."""
     sel = selectors.DefaultSelector()
     tails = [b""] * n
+    longest = max(len(p) for p in PATTERNS.values())
     for i in range(n):
         c = socket.create_connection(("127.0.0.1", port))
         c.sendall((f"GET /api/runs/{run_id}/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -67,10 +78,13 @@ def readers(port, token, run_id, n, stop, counts):
                 key.fileobj.close()
                 open_ -= 1
             else:
-                # Count across reads: the kept tail is shorter than the pattern.
-                seen = tails[key.data] + data
-                counts[key.data] += seen.count(b"event: run\n")
-                tails[key.data] = seen[-10:]
+                # Count across reads: each pattern over the end of the last read (shorter
+                # than the pattern, so nothing is counted twice) and this one.
+                tail = tails[key.data]
+                for name, pattern in PATTERNS.items():
+                    counts[key.data][name] += (tail[max(0, len(tail) - len(pattern) + 1):] + data).count(pattern)
+                counts[key.data]["bytes"] += len(data)
+                tails[key.data] = (tail + data)[-(longest - 1):]
 
 
 def trial(k, n_pages):
@@ -93,7 +107,7 @@ def trial(k, n_pages):
     token = open(token_file).read().strip()
     plan = ('[run]\nname = "sweep"\n[[stage]]\nname = "t"\ncommand = ["true"]\n'
             'matrix = { i = { lines = "ids.txt" } }\n')
-    counts = [0] * n_pages
+    counts = [dict.fromkeys([*PATTERNS, "bytes"], 0) for _ in range(n_pages)]
     stop = threading.Event()
     try:
         with Client(sock, timeout=3600) as c:
@@ -143,6 +157,8 @@ none, some = summary(0), summary(pages)
 out = {"stages": stages, "pages": pages, "trials": trials, "no_page": none, "pages_open": some,
        "cpu_ratio": some["daemon_cpu_s"] / none["daemon_cpu_s"],
        "rate_ratio": some["stages_per_s"] / none["stages_per_s"],
-       "every_page_read_every_event": all(c == r["events_of_run"] for r in results if r["pages"] for c in r["events_each_page_read"]),
+       "every_page_read_every_stage_end_and_the_run_end": all(
+           c["stage_finished"] == stages and c["run_finished"] == 1 and c["end"] == 1
+           for r in results if r["pages"] for c in r["events_each_page_read"]),
        "trials_detail": results}
 print(json.dumps(out))

@@ -20,6 +20,6 @@ s["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, 
 s["binary_built_from"] = os.environ.get("BIN_COMMIT", s["commit"])
 s["date"] = subprocess.run(["date", "-u", "+%Y-%m-%dT%H:%M:%SZ"], capture_output=True, text=True).stdout.strip()
 json.dump(s, open(sys.argv[2], "w"), indent=1)
-print(json.dumps({k: s[k] for k in ("cpu_ratio", "rate_ratio", "no_page", "pages_open", "every_page_read_every_event")}, indent=1))
+print(json.dumps({k: s[k] for k in ("cpu_ratio", "rate_ratio", "no_page", "pages_open", "every_page_read_every_stage_end_and_the_run_end")}, indent=1))
 PY
 rm -rf "$work"

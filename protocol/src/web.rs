@@ -41,6 +41,7 @@ pub const ROUTES: &[Route] = &[
     read("script", "/app.js"),
     read("style", "/app.css"),
     read("runs", "/api/runs"),
+    read("runs_events", "/api/events"),
     read("run", "/api/runs/{id}"),
     read("events", "/api/runs/{id}/events"),
     read("memory", "/api/runs/{id}/memory"),

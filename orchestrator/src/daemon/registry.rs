@@ -237,6 +237,18 @@ impl RunEntry {
         )
     }
 
+    /// How many events it has had (each change of its counts is one).
+    pub fn event_count(&self) -> u64 {
+        self.event_count
+    }
+
+    /// While the run goes: how many events it has had, and a receiver of the later ones.
+    pub fn follow(&self) -> Option<(u64, broadcast::Receiver<Numbered>)> {
+        self.live
+            .as_ref()
+            .map(|l| (self.event_count, l.subscribe()))
+    }
+
     /// Events from `from` that exist now: from memory while the run goes, from its event file
     /// for what is not in memory (a finished run, events from before a daemon restart).
     pub fn backlog(&self, from: u64) -> Vec<Numbered> {

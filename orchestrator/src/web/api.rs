@@ -66,6 +66,9 @@ pub async fn serve(web: Rc<Web>, mut stream: TcpStream) {
                 if route.name == "events" {
                     return events(&web, stream, &request, &params[0]).await;
                 }
+                if route.name == "runs_events" {
+                    return super::runs_stream::serve(&web, stream).await;
+                }
                 answer(&web, route, &params, &request).await
             }
         },
@@ -84,16 +87,19 @@ async fn answer(web: &Rc<Web>, route: &Route, params: &[String], request: &Reque
         "memory" => memory(web, &params[0]),
         "log" => log(web, &params[0], &params[1], request.param("stream")).await,
         "cancel" => cancel(web, &params[0], request.param("kill") == Some("1")),
-        "metrics" => {
-            let now = super::memory::now(&web.memory, &web.daemon.host);
-            Response::new(
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                super::metrics::render(&web.daemon, &now),
-            )
-        }
+        "metrics" => metrics(web),
         other => Response::text(500, format!("route {other} has no handler")),
     }
+}
+
+/// `/metrics`: the Prometheus text format.
+pub fn metrics(web: &Web) -> Response {
+    let now = super::memory::now(&web.memory, &web.daemon.host);
+    Response::new(
+        200,
+        "text/plain; version=0.0.4; charset=utf-8",
+        super::metrics::render(&web.daemon, &now),
+    )
 }
 
 fn not_found(id: &str) -> Response {
@@ -236,8 +242,8 @@ fn sse(kind: &str, id: Option<u64>, data: &str) -> Vec<u8> {
 }
 
 /// Streams run `id`'s events, from `?from=` (or after `Last-Event-ID`), as server-sent events:
-/// each `event: run` with `{seq, event}`, the same events and numbers the socket's watchers
-/// get; then `event: end` with the run's final state.
+/// each a `data: {seq, event}` message, the same events and numbers the socket's watchers get
+/// (a large run's coalesced: see [`super::feed`]); then `event: end` with the run's final state.
 async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &str) {
     let from = request
         .header("last-event-id")
@@ -250,13 +256,7 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         web.frames
             .retain(|run| registry.get(run).is_some_and(|r| !r.finished()));
     }
-    let Some((backlog, mut live)) = web
-        .daemon
-        .registry
-        .borrow()
-        .get(id)
-        .map(|r| r.subscribe(from))
-    else {
+    let Some(sub) = super::feed::subscribe(web, id, from) else {
         let _ = http::write(&mut stream, &not_found(id).encode(false)).await;
         return;
     };
@@ -266,50 +266,40 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         return;
     }
     let mut next = from;
-    if !send_events(web, &mut stream, id, backlog, &mut next).await {
+    if !send_events(web, &mut stream, id, &sub.backlog, &mut next).await {
         return;
     }
-    if let Some(live) = live.as_mut() {
-        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    if let Some(mut batches) = sub.batches {
+        use tokio::sync::broadcast::error::RecvError;
         loop {
-            let mut events = match tokio::time::timeout(KEEPALIVE, live.recv()).await {
+            match tokio::time::timeout(KEEPALIVE, batches.recv()).await {
                 Err(_) => {
                     if !http::write(&mut stream, b": keepalive\n\n").await {
                         return;
                     }
-                    continue;
                 }
-                Ok(Ok(numbered)) => vec![numbered],
-                Ok(Err(RecvError::Lagged(_))) => Vec::new(),
-                Ok(Err(RecvError::Closed)) => break,
-            };
-            // What else comes within the batch's time goes in the same write.
-            tokio::time::sleep(BATCH).await;
-            let mut lagged = events.is_empty();
-            let mut closed = false;
-            loop {
-                match live.try_recv() {
-                    Ok(numbered) => events.push(numbered),
-                    Err(TryRecvError::Lagged(_)) => lagged = true,
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Closed) => {
-                        closed = true;
-                        break;
+                Ok(Ok(batch)) => {
+                    if let Some(bytes) = batch.after(next) {
+                        next = batch.to + 1;
+                        if !http::write(&mut stream, &bytes).await {
+                            return;
+                        }
                     }
                 }
-            }
-            if lagged {
-                // This stream fell behind: catch up from the run's log.
-                match web.daemon.registry.borrow().get(id) {
-                    Some(run) => events = run.backlog(next),
-                    None => break,
+                Ok(Err(RecvError::Lagged(_))) => {
+                    // This page fell behind its feed: catch up from the run's log.
+                    let mut missed = match web.daemon.registry.borrow().get(id) {
+                        Some(run) => run.backlog(next),
+                        None => break,
+                    };
+                    if sub.large {
+                        missed = super::feed::coalesce(missed);
+                    }
+                    if !send_events(web, &mut stream, id, &missed, &mut next).await {
+                        return;
+                    }
                 }
-            }
-            if !send_events(web, &mut stream, id, events, &mut next).await {
-                return;
-            }
-            if closed {
-                break;
+                Ok(Err(RecvError::Closed)) => break,
             }
         }
     }
@@ -329,25 +319,35 @@ async fn send_events(
     web: &Web,
     stream: &mut TcpStream,
     id: &str,
-    events: Vec<crate::daemon::registry::Numbered>,
+    events: &[crate::daemon::registry::Numbered],
     next: &mut u64,
 ) -> bool {
-    let mut out = Vec::new();
-    for (seq, event) in events {
-        if seq < *next {
-            continue;
-        }
-        *next = seq + 1;
-        out.extend_from_slice(&web.frames.get(id, seq, &event));
+    let pieces = super::feed::pieces(web, id, events, *next);
+    let Some(&(last, _)) = pieces.last() else {
+        return true;
+    };
+    *next = last + 1;
+    http::write(stream, &super::feed::assemble(&pieces)).await
+}
+
+/// Event `seq`'s `data:` frame (its `id:` line, where it has one, is added before it).
+fn piece(seq: u64, event: &protocol::daemon::RunEvent) -> Vec<u8> {
+    let mut out = Vec::with_capacity(160);
+    out.extend_from_slice(b"data: {\"seq\":");
+    out.extend_from_slice(seq.to_string().as_bytes());
+    out.extend_from_slice(b",\"event\":");
+    if serde_json::to_writer(&mut out, event).is_err() {
+        out.extend_from_slice(b"null");
     }
-    out.is_empty() || http::write(stream, &out).await
+    out.extend_from_slice(b"}\n\n");
+    out
 }
 
 /// One run's latest frames, by sequence number, oldest first.
 type Ring = std::collections::VecDeque<(u64, Rc<[u8]>)>;
 
-/// The server-sent-event frames of each run's latest events, encoded once for all the pages
-/// that stream them: at most [`Frames::KEPT`] per run, and only for runs not finished.
+/// The server-sent-event frames (`data:` lines) of each run's latest events, encoded once for
+/// all the pages that stream them: at most [`Frames::KEPT`] per run, and only for runs not finished.
 #[derive(Default)]
 pub struct Frames {
     runs: std::cell::RefCell<std::collections::HashMap<String, Ring>>,
@@ -357,7 +357,8 @@ impl Frames {
     /// Frames kept per run.
     pub const KEPT: usize = 4096;
 
-    /// The frame of run `id`'s event `seq`, encoded now unless a page's stream just did.
+    /// The `data:` frame of run `id`'s event `seq`, encoded now unless its feed or a page's
+    /// stream just did.
     pub fn get(&self, id: &str, seq: u64, event: &protocol::daemon::RunEvent) -> Rc<[u8]> {
         let mut runs = self.runs.borrow_mut();
         // Looked up before inserting: a page's stream asks once per event, and a key made
@@ -373,13 +374,7 @@ impl Frames {
                 return frame.clone();
             }
         }
-        let event = serde_json::to_string(event).unwrap_or_default();
-        let frame: Rc<[u8]> = sse(
-            "run",
-            Some(seq),
-            &format!("{{\"seq\":{seq},\"event\":{event}}}"),
-        )
-        .into();
+        let frame: Rc<[u8]> = piece(seq, event).into();
         // Kept only when it extends the ring (the live edge), so the ring stays in order.
         let extends = ring.back().is_none_or(|&(last, _)| seq == last + 1);
         if extends {
@@ -412,7 +407,16 @@ mod tests {
     #[test]
     fn every_route_has_a_handler_name_this_module_knows() {
         let handled = [
-            "page", "script", "style", "runs", "run", "events", "memory", "log", "cancel",
+            "page",
+            "script",
+            "style",
+            "runs",
+            "runs_events",
+            "run",
+            "events",
+            "memory",
+            "log",
+            "cancel",
             "metrics",
         ];
         for r in ROUTES {
@@ -442,9 +446,9 @@ mod tests {
             "the second stream reuses the first's frame"
         );
         let text = String::from_utf8(a.to_vec()).unwrap();
-        let data = text.lines().nth(2).unwrap().strip_prefix("data: ").unwrap();
+        let data = text.lines().next().unwrap().strip_prefix("data: ").unwrap();
         assert!(
-            text.starts_with("id: 5\nevent: run\ndata: ") && text.ends_with("}\n\n"),
+            text.starts_with("data: ") && text.ends_with("}\n\n"),
             "{text}"
         );
         let data: serde_json::Value = serde_json::from_str(data).unwrap();

@@ -5,8 +5,12 @@
 //! - [`auth`]: the checks every request passes first (allowed `Host`, the token, a change's
 //!   method and `Origin`), in the order of the route table [`protocol::web::ROUTES`];
 //! - [`api`]: the routes' answers (JSON, the run's events as server-sent events, logs);
+//! - [`feed`]: a live run's events in batches encoded once for all its pages, a large run's
+//!   coalesced;
+//! - [`runs_stream`]: the runs list, pushed as it changes;
 //! - [`memory`]: the GPUs' memory, sampled into a bounded ring;
-//! - [`metrics`]: the Prometheus exposition, labels bounded by GPUs and states.
+//! - [`metrics`]: the Prometheus exposition, labels bounded by GPUs and states;
+//! - [`metrics_bind`]: `--metrics-addr`, `/metrics` alone on its own address, no token.
 //!
 //! Safe by default: it listens on loopback unless an address is given *and*
 //! `--http-remote` allows it (with a warning); the token is printed as a URL and written 0600
@@ -15,9 +19,12 @@
 
 pub mod api;
 pub mod auth;
+pub mod feed;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+pub mod metrics_bind;
+pub mod runs_stream;
 
 use crate::daemon::Daemon;
 use std::net::SocketAddr;
@@ -33,6 +40,8 @@ pub struct WebConfig {
     pub allow_hosts: Vec<String>,
     /// A non-loopback address is allowed.
     pub remote: bool,
+    /// Where `/metrics` is also served alone, without the token ([`metrics_bind`]).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// The default address: loopback, port 8765.
@@ -74,6 +83,8 @@ pub struct Web {
     pub open: std::cell::Cell<usize>,
     /// Event frames encoded once for every page.
     pub frames: api::Frames,
+    /// The live runs' feeds, one per run with a page open.
+    pub feeds: feed::Feeds,
 }
 
 /// Connections (pages' event streams included) served at once.
@@ -104,9 +115,15 @@ pub fn token_file(socket: &Path) -> PathBuf {
 /// Binds, writes the token file (0600) beside the daemon's socket, prints the URL, and serves.
 pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError> {
     let ip = config.addr.ip();
-    if !ip.is_loopback() && !config.remote {
-        return Err(WebError::NotLoopback(config.addr));
+    for addr in std::iter::once(config.addr).chain(config.metrics_addr) {
+        if !addr.ip().is_loopback() && !config.remote {
+            return Err(WebError::NotLoopback(addr));
+        }
     }
+    let metrics_listener = config
+        .metrics_addr
+        .map(|addr| metrics_bind::bind(addr).map_err(|source| WebError::Bind { addr, source }))
+        .transpose()?;
     let std_listener =
         std::net::TcpListener::bind(config.addr).map_err(|source| WebError::Bind {
             addr: config.addr,
@@ -129,11 +146,13 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         source,
     })?;
     let mut hosts = config.allow_hosts.clone();
-    if !ip.is_loopback() && !ip.is_unspecified() {
-        hosts.push(match ip {
-            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-            v4 => v4.to_string(),
-        });
+    for ip in std::iter::once(ip).chain(config.metrics_addr.map(|a| a.ip())) {
+        if !ip.is_loopback() && !ip.is_unspecified() {
+            hosts.push(match ip {
+                std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                v4 => v4.to_string(),
+            });
+        }
     }
     let shown = match ip {
         std::net::IpAddr::V6(v6) if v6.is_loopback() => format!("[::1]:{}", addr.port()),
@@ -163,7 +182,9 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         memory,
         open: std::cell::Cell::new(0),
         frames: api::Frames::default(),
+        feeds: feed::Feeds::default(),
     });
+    let metrics_web = web.clone();
     let accept = tokio::task::spawn_local(async move {
         loop {
             match listener.accept().await {
@@ -190,6 +211,13 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         }
     });
     let mut tasks = vec![accept];
+    if let Some((listener, addr)) = metrics_listener {
+        if !addr.ip().is_loopback() {
+            eprintln!("orchestrate daemon: warning: /metrics is served without the token on {addr}, beyond this machine");
+        }
+        eprintln!("orchestrate daemon: metrics at http://{addr}/metrics (no token; read-only)");
+        tasks.push(metrics_bind::start(metrics_web, listener));
+    }
     tasks.extend(sampler);
     Ok(Running {
         tasks,

@@ -12,6 +12,7 @@ use e2e_tests::http::{self, free_port};
 use e2e_tests::{wait_for, Scratch};
 use protocol::web::{Effect, ROUTES};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -134,8 +135,10 @@ fn every_route_needs_the_token_an_allowed_host_and_for_a_change_its_own_origin()
     for route in ROUTES {
         let path = path_of(route, &id, "a");
         let m = route.method;
+        // The runs list's stream does not end: its head is enough.
+        let limit = Duration::from_secs(if route.name == "runs_events" { 2 } else { 30 });
         let send = |headers: &[(&str, &str)]| {
-            http::request(&w.addr, m, &path, headers, b"", Duration::from_secs(30))
+            http::request(&w.addr, m, &path, headers, b"", limit)
                 .unwrap_or_else(|e| panic!("{m} {path}: {e}"))
         };
         let what = format!("{m} {path}");
@@ -184,7 +187,7 @@ fn every_route_needs_the_token_an_allowed_host_and_for_a_change_its_own_origin()
                     &path,
                     &[("Cookie", &cookie), ("Origin", &own_origin)],
                     b"",
-                    Duration::from_secs(30),
+                    limit,
                 )
                 .unwrap();
                 assert_eq!(a.status, 405, "{other} {path}");
@@ -538,9 +541,42 @@ fn the_page_in_headless_chromium_shows_a_run_live_its_log_and_its_memory() {
     // The token is gone from the address (exchanged for the cookie).
     let url = browser.call("GET", "/url", Value::Null);
     assert_eq!(url, json!(format!("http://{}/", w.addr)));
-    // A run submitted now appears without a reload.
-    browser.eval("window.__same_page = true; return true");
+    // Runs submitted now appear without a reload, each well within the 2 s the list once
+    // polled at: 4 runs 300 ms apart, each seen within 700 ms of its submission, which no
+    // poll every 2 s can do (one poll covers at most 700 ms of them, and they span 900 ms).
+    browser.eval("window.__same_page = true; window.__seen = {}; new MutationObserver(() => { for (const tr of document.querySelectorAll('#runs tr[data-run]')) if (!(tr.dataset.run in window.__seen)) window.__seen[tr.dataset.run] = Date.now(); }).observe(document.querySelector('#main'), { childList: true, subtree: true }); return true");
     let mut c = w.d.connect();
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let mut submitted = Vec::new();
+    for k in 0..4 {
+        let at = unix_ms();
+        let quick = c.submit_toml(
+            &format!(
+                "[run]\nname = \"quick-{k}\"\n[[stage]]\nname = \"q\"\ncommand = [\"true\"]\n"
+            ),
+            s.path(),
+        );
+        submitted.push((quick, at));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for (quick, at) in &submitted {
+        browser.wait(
+            10,
+            "a quick run",
+            &format!("return '{quick}' in window.__seen"),
+        );
+        let seen = browser.eval(&format!("return window.__seen['{quick}']"));
+        let after = seen.as_i64().expect("a time") - at;
+        assert!(
+            after < 700,
+            "run {quick} appeared {after} ms after its submission (the list is pushed, not polled every 2 s)"
+        );
+    }
     let id = c.submit_toml(&gpu_plan(&s, "live", 8, 0.5), s.path());
     browser.wait(
         20,
@@ -590,4 +626,222 @@ fn the_page_in_headless_chromium_shows_a_run_live_its_log_and_its_memory() {
         "a screenshot at {}",
         out.display()
     );
+}
+
+/// The server-sent events of `path`, read to the stream's end: each message's `id:` (if any)
+/// and data, and the `end` event's data.
+fn read_stream(w: &WebDaemon, path: &str) -> (Vec<(Option<u64>, Value)>, Value) {
+    let bearer = w.bearer();
+    let answer = http::request(
+        &w.addr,
+        "GET",
+        path,
+        &[("Authorization", &bearer)],
+        b"",
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let text = answer.text();
+    let mut messages = Vec::new();
+    let mut end = Value::Null;
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let field = |name: &str| {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::to_string)
+        };
+        let data: Value = match field("data: ") {
+            Some(d) => serde_json::from_str(&d).unwrap(),
+            None => continue,
+        };
+        match field("event: ").as_deref() {
+            Some("end") => end = data,
+            None => messages.push((field("id: ").map(|i| i.parse().unwrap()), data)),
+            Some(other) => panic!("unexpected event {other}: {block}"),
+        }
+    }
+    (messages, end)
+}
+
+/// Checks a stream's messages: numbered in order, the last with its `id:`, the run's
+/// `run_finished` among them; each stage's latest status, by stage.
+fn latest_states(messages: &[(Option<u64>, Value)], events: u64) -> HashMap<String, String> {
+    let seqs: Vec<u64> = messages
+        .iter()
+        .map(|(_, m)| m["seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order, once each");
+    let (last_id, last) = messages.last().expect("messages");
+    assert_eq!(
+        last["seq"].as_u64(),
+        Some(events - 1),
+        "the stream reaches the run's last event"
+    );
+    assert_eq!(*last_id, Some(events - 1), "the last message has its id");
+    assert!(
+        messages
+            .iter()
+            .any(|(_, m)| m["event"]["event"] == "run_finished"),
+        "the run's end is sent"
+    );
+    let mut states = HashMap::new();
+    for (_, m) in messages {
+        let e = &m["event"];
+        let status = match e["event"].as_str().unwrap() {
+            "stage_started" => "running".to_string(),
+            "stage_finished" => e["status"].as_str().unwrap().to_string(),
+            "stage_skipped" => "skipped".to_string(),
+            "stage_retrying" => "retrying".to_string(),
+            _ => continue,
+        };
+        states.insert(e["stage"].as_str().unwrap().to_string(), status);
+    }
+    states
+}
+
+#[test]
+fn a_large_runs_stream_keeps_every_stages_final_state_and_the_runs_end() {
+    let s = Scratch::new("web-coalesce");
+    let w = start(&s);
+    let mut c = w.d.connect();
+    // A small run's stream has every event.
+    let small = c.submit_toml(
+        "[run]\nname = \"small\"\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n[[stage]]\nname = \"b\"\ncommand = [\"true\"]\nafter = [\"a\"]\n",
+        s.path(),
+    );
+    let (messages, end) = read_stream(&w, &format!("/api/runs/{small}/events"));
+    assert_eq!(end["state"], "succeeded");
+    let events = end["events"].as_u64().unwrap();
+    let seqs: Vec<u64> = messages
+        .iter()
+        .map(|(_, m)| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        seqs,
+        (0..events).collect::<Vec<_>>(),
+        "every event of a small run"
+    );
+    // A large run (over web::feed::LARGE_RUN stages) read live from its submission, and again
+    // once it has ended (from its event file).
+    const STAGES: usize = 800;
+    s.write(
+        "ids.txt",
+        &(0..STAGES).map(|i| format!("{i}\n")).collect::<String>(),
+    );
+    let large = c.submit_toml(
+        "[run]\nname = \"sweep\"\n[[stage]]\nname = \"t\"\ncommand = [\"true\"]\nmatrix = { i = { lines = \"ids.txt\" } }\n",
+        s.path(),
+    );
+    let path = format!("/api/runs/{large}/events");
+    let live = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..3)
+            .map(|_| scope.spawn(|| read_stream(&w, &path)))
+            .collect();
+        readers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let after = read_stream(&w, &path);
+    for (messages, end) in live.iter().chain([&after]) {
+        assert_eq!(end["state"], "succeeded", "{end}");
+        assert_eq!(end["succeeded"], STAGES);
+        let events = end["events"].as_u64().unwrap();
+        let states = latest_states(messages, events);
+        assert_eq!(states.len(), STAGES, "every stage's state arrives");
+        assert!(
+            states.values().all(|s| s == "succeeded"),
+            "every stage's latest state is its end"
+        );
+        assert!(
+            (messages.len() as u64) < events,
+            "a large run's batches are coalesced ({} messages of {events} events)",
+            messages.len()
+        );
+    }
+}
+
+#[test]
+fn metrics_addr_serves_metrics_alone_without_the_token() {
+    let s = Scratch::new("web-metrics-addr");
+    let (port, metrics_port) = (free_port(), free_port());
+    let addr = format!("127.0.0.1:{port}");
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let d = TestDaemon::start_with_args(
+        &s.path().join("sock/d.sock"),
+        &s.path().join("runs"),
+        &s.path().join("daemon.log"),
+        "5s",
+        &["--http", &addr, "--metrics-addr", &metrics],
+        &[],
+    );
+    assert!(
+        d.log()
+            .contains(&format!("metrics at http://{metrics}/metrics")),
+        "{}",
+        d.log()
+    );
+    let mut c = d.connect();
+    let id = c.submit_toml(
+        "[run]\nname = \"m\"\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+        s.path(),
+    );
+    assert_eq!(c.wait(&id)["state"], "succeeded");
+    // No token needed there, and the same series as the web view's /metrics.
+    let scraped = http::get(&metrics, "/metrics", &[]);
+    assert_eq!(scraped.status, 200, "{}", scraped.text());
+    let text = scraped.text();
+    assert!(
+        text.contains("orchestrate_runs{state=\"succeeded\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("orchestrate_stage_attempts_finished_total"));
+    // Nothing else is served there: no run, no page, no change.
+    for path in [
+        "/".to_string(),
+        "/api/runs".to_string(),
+        format!("/api/runs/{id}"),
+        format!("/api/runs/{id}/events"),
+        "/app.js".to_string(),
+    ] {
+        assert_eq!(http::get(&metrics, &path, &[]).status, 404, "{path}");
+    }
+    let post = http::request(
+        &metrics,
+        "POST",
+        &format!("/api/runs/{id}/cancel"),
+        &[("Origin", &format!("http://{metrics}"))],
+        b"",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(post.status, 404);
+    let post = http::request(
+        &metrics,
+        "POST",
+        "/metrics",
+        &[],
+        b"",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(post.status, 405);
+    // A page elsewhere cannot read it through a rebound DNS name.
+    assert_eq!(
+        http::get(&metrics, "/metrics", &[("Host", "attacker.example")]).status,
+        403
+    );
+    // The web view's own /metrics still needs the token.
+    assert_eq!(http::get(&addr, "/metrics", &[]).status, 401);
+    // A non-loopback metrics address needs --http-remote.
+    let refused = TestDaemon::command(&s.path().join("sock2/d.sock"), &s.path().join("runs2"))
+        .args(["--http", "127.0.0.1:0", "--metrics-addr", "0.0.0.0:0"])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--http-remote"), "{err}");
 }

@@ -131,6 +131,10 @@ pub(crate) enum Command {
         /// loopback (the name in the browser's address bar); repeatable.
         #[arg(long, value_name = "NAME", requires = "http")]
         http_allow_host: Vec<String>,
+        /// Also serve `/metrics` alone, read-only and without the token, on ADDR (loopback
+        /// unless --http-remote); every other path is 404 there.
+        #[arg(long, value_name = "ADDR", requires = "http")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Submit a plan to the daemon; prints the run's id (exit 0 only if the run succeeded,
     /// with --watch or --wait).

@@ -75,6 +75,7 @@ fn run_command(cli: Cli) -> ExitCode {
             http,
             http_remote,
             http_allow_host,
+            metrics_addr,
         } => commands::daemon::daemon(orchestrator::daemon::DaemonConfig {
             socket: socket.unwrap_or_else(orchestrator::daemon::socket::default_path),
             runs_dir: runs_dir.unwrap_or_else(orchestrator::daemon::default_runs_dir),
@@ -84,6 +85,7 @@ fn run_command(cli: Cli) -> ExitCode {
                 addr,
                 allow_hosts: http_allow_host,
                 remote: http_remote,
+                metrics_addr,
             }),
         }),
         Command::Submit {

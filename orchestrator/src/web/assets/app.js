@@ -59,13 +59,18 @@ function runsPage() {
   }
   filter.addEventListener("input", draw);
   state.addEventListener("change", draw);
-  async function poll() {
-    try { const r = await getJSON("/api/runs"); runs = r.runs.slice().reverse(); now = r.now_unix; draw(); $("#conn").textContent = "updated " + new Date().toLocaleTimeString(); }
-    catch (e) { $("#conn").textContent = String(e); }
-  }
-  poll();
-  const timer = setInterval(poll, 2000);
-  return () => clearInterval(timer);
+  // Pushed by the daemon: every run first ("all"), then the runs that changed, by id.
+  const byId = new Map();
+  const source = new EventSource("/api/events");
+  source.addEventListener("runs", (m) => {
+    const r = JSON.parse(m.data);
+    if (r.all) byId.clear();
+    for (const run of r.runs) byId.set(run.info.id, run);
+    runs = [...byId.values()].sort((a, b) => b.info.submitted_unix - a.info.submitted_unix);
+    now = r.now_unix; draw(); $("#conn").textContent = "live, updated " + new Date().toLocaleTimeString();
+  });
+  source.onerror = () => { $("#conn").textContent = "reconnecting…"; };
+  return () => source.close();
 }
 
 // ---- one run ----
@@ -102,7 +107,11 @@ function runPage(id) {
       }
       case "stage_finished": {
         const s = stage(ev.stage); s.status = ev.status; s.wall = ev.wall_s; s.detail = ev.detail;
-        const span = s.spans[s.spans.length - 1]; if (span) { span.end = t; span.status = ev.status; } break;
+        let span = s.spans[s.spans.length - 1];
+        // A large run's batch may carry a quick stage's end without its start: the span
+        // is drawn from its wall time.
+        if (!span || span.end != null) { span = { start: t - ev.wall_s * 1000, end: null, attempt: s.attempts = s.attempts + 1, gpus: [] }; s.spans.push(span); }
+        span.end = t; span.status = ev.status; break;
       }
       case "stage_retrying": stage(ev.stage).status = "retrying"; break;
       case "stage_skipped": { const s = stage(ev.stage); s.status = "skipped"; s.detail = ev.reason; break; }
@@ -115,7 +124,9 @@ function runPage(id) {
   function mergeReport() {
     for (const r of (st.report && st.report.stages) || []) {
       const s = stage(r.name);
-      if (s.status === "pending" || r.status !== "running") s.status = s.status === "retrying" && r.status === "running" ? s.status : r.status;
+      // A report read early says "pending" or "running": the events' state is newer then.
+      const unfinished = r.status === "pending" || r.status === "running";
+      if (s.status === "pending" || !unfinished) s.status = s.status === "retrying" && r.status === "running" ? s.status : r.status;
       s.attempts = Math.max(s.attempts, r.attempts); s.metrics = r.metrics; s.failure = r.failure; s.error = r.error;
       if (r.wall_s != null) s.wall = r.wall_s;
       if (r.gpu && r.gpu.length && !s.gpu.length) s.gpu = r.gpu.map((g) => ({ ...g, attempt: r.attempts }));
@@ -242,12 +253,16 @@ function runPage(id) {
   async function memory() { try { st.memory = await getJSON(base + "/memory"); schedule(); } catch (e) { /* shown on the next success */ } }
   refresh(); memory();
   const source = new EventSource(base + "/events");
-  source.addEventListener("run", (m) => {
+  // Each message is one event of the run, in order (a large run's batches keep each stage's
+  // latest state: see the daemon's web::feed).
+  const onEvent = (m) => {
     const { seq, event } = JSON.parse(m.data); st.events = seq + 1; apply(event);
     if (st.info) { if (event.event === "stage_finished" && event.status === "succeeded") st.info.succeeded += 1; st.info.state = st.info.finished_unix ? st.info.state : "running"; }
     if (event.event === "stage_finished" || event.event === "stage_skipped") { refreshSoon(); if (event.stage === st.selected) fetchLog(); }
     schedule();
-  });
+  };
+  source.addEventListener("message", onEvent);
+  source.addEventListener("run", onEvent); // as daemons before the batches named them
   source.addEventListener("end", (m) => { source.close(); st.info = JSON.parse(m.data) || st.info; $("#conn").textContent = "run ended"; refresh(); memory(); });
   source.onopen = () => { $("#conn").textContent = "live"; };
   source.onerror = () => { $("#conn").textContent = "reconnecting…"; };

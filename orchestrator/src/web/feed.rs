@@ -1,0 +1,325 @@
+//! A live run's events as its pages receive them: one feed per run, however many pages are
+//! open. The feed gathers the run's events of [`BATCH`], drops from a
+//! large run's batch what a later event of the same batch supersedes ([`coalesce`]), encodes
+//! the batch once, and hands the same bytes to every page's stream. A page then costs the
+//! daemon one write per batch, not work per event.
+//!
+//! What a page receives, in order, as server-sent events (`data: {"seq", "event"}`):
+//! - a run of fewer than [`LARGE_RUN`] stages: every event;
+//! - a larger run: every event except a stage's status event (`stage_started`,
+//!   `stage_waiting`, `stage_retrying`, `stage_finished`, `stage_skipped`) followed by another
+//!   of the same stage in the same batch, and a stage's `progress` followed by another of its
+//!   `progress` in the same batch. So each stage's latest state, its latest progress, every
+//!   GPU verdict and every run-level event (`run_finished` included) always arrive; a sweep's
+//!   `true` stage that starts and ends within 100 ms arrives as its `stage_finished` alone.
+//!
+//! The last event of each write carries `id: SEQ`, so a reconnecting `EventSource` resumes
+//! after it.
+
+use super::api::BATCH;
+use super::Web;
+use crate::daemon::registry::Numbered;
+use protocol::daemon::RunEventKind;
+use std::collections::HashSet;
+use std::rc::Rc;
+use tokio::sync::broadcast;
+
+/// Runs of this many stages or more have their batches coalesced.
+pub const LARGE_RUN: usize = 500;
+
+/// Batches a slow page may fall behind before it catches up from the run's log.
+pub const KEPT_BATCHES: usize = 64;
+
+/// One batch of a run's events, encoded for every page.
+pub struct Batch {
+    /// The first sequence number the batch covers (some may have been coalesced away).
+    pub from: u64,
+    /// The last sequence number it covers (always an event it sends).
+    pub to: u64,
+    /// Each event sent, as its `data:` frame.
+    pub pieces: Vec<(u64, Rc<[u8]>)>,
+    /// All of them as one write.
+    pub bytes: Rc<[u8]>,
+}
+
+impl Batch {
+    /// The batch's events numbered `next` and later, as one write (the whole batch when it
+    /// starts there).
+    pub fn after(&self, next: u64) -> Option<Rc<[u8]>> {
+        if self.to < next {
+            None
+        } else if self.from >= next {
+            Some(self.bytes.clone())
+        } else {
+            let rest: Vec<_> = self
+                .pieces
+                .iter()
+                .filter(|(seq, _)| *seq >= next)
+                .cloned()
+                .collect();
+            Some(assemble(&rest).into())
+        }
+    }
+}
+
+/// The frames as one write, the last with its `id:` line.
+pub fn assemble(pieces: &[(u64, Rc<[u8]>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(pieces.iter().map(|(_, p)| p.len()).sum::<usize>() + 24);
+    if let Some(((last, final_piece), rest)) = pieces.split_last() {
+        for (_, piece) in rest {
+            out.extend_from_slice(piece);
+        }
+        out.extend_from_slice(format!("id: {last}\n").as_bytes());
+        out.extend_from_slice(final_piece);
+    }
+    out
+}
+
+/// What a stage's event is superseded by, if anything: its next status event, or its next
+/// progress.
+fn key(kind: &RunEventKind) -> Option<(&str, bool)> {
+    match kind {
+        RunEventKind::StageStarted { stage, .. }
+        | RunEventKind::StageWaiting { stage, .. }
+        | RunEventKind::StageRetrying { stage, .. }
+        | RunEventKind::StageFinished { stage, .. }
+        | RunEventKind::StageSkipped { stage, .. } => Some((stage, true)),
+        RunEventKind::Progress { stage, .. } => Some((stage, false)),
+        _ => None,
+    }
+}
+
+/// `events` without those a later one of the same stage supersedes (see the module's
+/// promise), in their order.
+pub fn coalesce(events: Vec<Numbered>) -> Vec<Numbered> {
+    let keep: Vec<bool> = {
+        let mut seen: HashSet<(&str, bool)> = HashSet::with_capacity(events.len());
+        let mut keep: Vec<bool> = events
+            .iter()
+            .rev()
+            .map(|(_, e)| key(&e.kind).is_none_or(|k| seen.insert(k)))
+            .collect();
+        keep.reverse();
+        keep
+    };
+    events
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(e, k)| k.then_some(e))
+        .collect()
+}
+
+/// The feeds of the runs that have a page open now, by run id.
+#[derive(Default)]
+pub struct Feeds {
+    runs: std::cell::RefCell<std::collections::HashMap<String, broadcast::Sender<Rc<Batch>>>>,
+}
+
+/// A page's view of run `id` from event `from`: the events that exist now (coalesced when the
+/// run is large) and, while the run goes, a receiver of the run's feed, started now if no
+/// other page has it; `None` when there is no such run.
+pub fn subscribe(web: &Rc<Web>, id: &str, from: u64) -> Option<Subscription> {
+    let registry = web.daemon.registry.borrow();
+    let run = registry.get(id)?;
+    let large = run.submission.stages >= LARGE_RUN;
+    let mut feeds = web.feeds.runs.borrow_mut();
+    let batches = match feeds.get(id) {
+        Some(tx) => Some(tx.subscribe()),
+        None => run.follow().map(|(start, live)| {
+            let (tx, rx) = broadcast::channel(KEPT_BATCHES);
+            feeds.insert(id.to_string(), tx.clone());
+            tokio::task::spawn_local(feed(web.clone(), id.to_string(), large, start, live, tx));
+            rx
+        }),
+    };
+    // Read after the receiver exists and with no wait between: what the backlog lacks, the
+    // feed's batches have.
+    let mut backlog = run.backlog(from);
+    if large {
+        backlog = coalesce(backlog);
+    }
+    Some(Subscription {
+        backlog,
+        batches,
+        large,
+    })
+}
+
+/// What [`subscribe`] gives a page.
+pub struct Subscription {
+    /// The events that exist now, from the page's `from`.
+    pub backlog: Vec<Numbered>,
+    /// The feed's batches (`None` once the run has finished).
+    pub batches: Option<broadcast::Receiver<Rc<Batch>>>,
+    /// The run's batches are coalesced.
+    pub large: bool,
+}
+
+/// Encodes `events` (numbered `next` and later) with the run's shared frames.
+pub fn pieces(web: &Web, id: &str, events: &[Numbered], next: u64) -> Vec<(u64, Rc<[u8]>)> {
+    events
+        .iter()
+        .filter(|(seq, _)| *seq >= next)
+        .map(|(seq, event)| (*seq, web.frames.get(id, *seq, event)))
+        .collect()
+}
+
+/// The feed of run `id`: its events from `next`, in batches, until the run's stream closes.
+async fn feed(
+    web: Rc<Web>,
+    id: String,
+    large: bool,
+    mut next: u64,
+    mut live: broadcast::Receiver<Numbered>,
+    tx: broadcast::Sender<Rc<Batch>>,
+) {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    loop {
+        let mut events = match live.recv().await {
+            Ok(numbered) => vec![numbered],
+            Err(RecvError::Lagged(_)) => Vec::new(),
+            Err(RecvError::Closed) => break,
+        };
+        // What else comes within the batch's time goes in the same batch.
+        tokio::time::sleep(BATCH).await;
+        let mut lagged = events.is_empty();
+        let mut closed = false;
+        loop {
+            match live.try_recv() {
+                Ok(numbered) => events.push(numbered),
+                Err(TryRecvError::Lagged(_)) => lagged = true,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Closed) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if lagged {
+            // The feed fell behind the run: catch up from its log.
+            match web.daemon.registry.borrow().get(&id) {
+                Some(run) => events = run.backlog(next),
+                None => break,
+            }
+        }
+        events.retain(|(seq, _)| *seq >= next);
+        if let Some(&(to, _)) = events.last() {
+            let from = next;
+            next = to + 1;
+            if large {
+                events = coalesce(events);
+            }
+            let pieces = pieces(&web, &id, &events, from);
+            let bytes = assemble(&pieces).into();
+            // No page left: the feed goes (the next page starts another).
+            if tx
+                .send(Rc::new(Batch {
+                    from,
+                    to,
+                    pieces,
+                    bytes,
+                }))
+                .is_err()
+            {
+                break;
+            }
+        }
+        if closed {
+            break;
+        }
+    }
+    web.feeds.runs.borrow_mut().remove(&id);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::daemon::RunEvent;
+    use protocol::status::StageStatus;
+    use std::sync::Arc;
+
+    fn started(stage: &str) -> RunEventKind {
+        RunEventKind::StageStarted {
+            stage: stage.into(),
+            attempt: 1,
+            pid: 1,
+            placement: "cpu".into(),
+        }
+    }
+    fn finished(stage: &str, status: StageStatus) -> RunEventKind {
+        RunEventKind::StageFinished {
+            stage: stage.into(),
+            status,
+            detail: String::new(),
+            wall_s: 0.01,
+        }
+    }
+    fn progress(stage: &str, step: u64) -> RunEventKind {
+        RunEventKind::Progress {
+            stage: stage.into(),
+            step,
+            total: None,
+            loss: None,
+            tokens_per_s: None,
+        }
+    }
+    fn numbered(kinds: Vec<RunEventKind>) -> Vec<Numbered> {
+        kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                (
+                    i as u64 + 10,
+                    Arc::new(RunEvent {
+                        t_ms: i as u64,
+                        kind,
+                    }),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_keeps_each_stages_latest_state_and_every_other_event() {
+        let events = numbered(vec![
+            started("a"),                            // 10: superseded by 13
+            started("b"),                            // 11: b's latest
+            progress("b", 1),                        // 12: superseded by 14
+            finished("a", StageStatus::Succeeded),   // 13
+            progress("b", 2),                        // 14
+            RunEventKind::Note { text: "n".into() }, // 15
+            started("c"),                            // 16: superseded by 17
+            finished("c", StageStatus::Failed),      // 17: superseded by 18
+            RunEventKind::StageRetrying {
+                stage: "c".into(),
+                attempt: 1,
+                error: "e".into(),
+                retry_in_s: 1.0,
+            }, // 18
+            RunEventKind::RunFinished {
+                status: protocol::status::RunStatus::Failed,
+                exit_code: 1,
+            }, // 19
+        ]);
+        let kept: Vec<u64> = coalesce(events).iter().map(|(s, _)| *s).collect();
+        assert_eq!(kept, vec![11, 13, 14, 15, 18, 19]);
+    }
+
+    #[test]
+    fn a_batch_is_sent_from_where_a_page_is() {
+        let pieces: Vec<(u64, Rc<[u8]>)> = (5..8)
+            .map(|s| (s, Rc::from(format!("data: {s}\n\n").into_bytes())))
+            .collect();
+        let bytes: Rc<[u8]> = assemble(&pieces).into();
+        assert_eq!(&*bytes, b"data: 5\n\ndata: 6\n\nid: 7\ndata: 7\n\n");
+        let batch = Batch {
+            from: 3,
+            to: 7,
+            pieces,
+            bytes: bytes.clone(),
+        };
+        assert!(Rc::ptr_eq(&batch.after(2).unwrap(), &bytes));
+        assert_eq!(&*batch.after(6).unwrap(), b"data: 6\n\nid: 7\ndata: 7\n\n");
+        assert!(batch.after(8).is_none());
+    }
+}

@@ -1,0 +1,76 @@
+//! The runs list, live: `GET /api/events` streams, as server-sent events, every run's
+//! `{info, gpus}` at once (`event: runs` with `"all": true`), then, at most every
+//! [`BATCH`], the runs that changed since (a run submitted, one that moved: every change of
+//! a run's counts or state is one of its events). A page keeps the list by run id.
+//!
+//! Each stream looks at the daemon's registry in memory (a run's state and event count, no
+//! copy) every [`BATCH`] and writes only when something changed, so an idle daemon's open
+//! lists cost no writes but a keepalive.
+
+use super::api::{BATCH, KEEPALIVE};
+use super::http;
+use super::Web;
+use protocol::status::RunStatus;
+use std::collections::HashMap;
+use std::rc::Rc;
+use tokio::net::TcpStream;
+
+/// What says a run changed: its state and its number of events.
+type Seen = HashMap<String, (RunStatus, u64)>;
+
+/// The runs whose state or event count differ from `seen`'s, as one `event: runs` frame
+/// (`all`: every run, sent even when there is none); `seen` updated. `None` when none changed.
+fn changes(web: &Web, seen: &mut Seen, all: bool) -> Option<Vec<u8>> {
+    let registry = web.daemon.registry.borrow();
+    let tally = web.daemon.tally.borrow();
+    let mut runs = Vec::new();
+    for run in registry.all() {
+        let now = (run.state, run.event_count());
+        let id = &run.submission.id;
+        if seen.get(id) == Some(&now) {
+            continue;
+        }
+        seen.insert(id.clone(), now);
+        let info = run.info();
+        let gpus = tally.gpus_of(&info.id);
+        runs.push(serde_json::json!({ "info": info, "gpus": gpus }));
+    }
+    if runs.is_empty() && !all {
+        return None;
+    }
+    let data = serde_json::json!({
+        "all": all,
+        "runs": runs,
+        "now_unix": crate::timefmt::unix_secs_f64(),
+    });
+    Some(format!("event: runs\ndata: {data}\n\n").into_bytes())
+}
+
+/// Serves one page's live runs list until the page goes.
+pub async fn serve(web: &Rc<Web>, mut stream: TcpStream) {
+    let mut head = http::head(200, "text/event-stream", &[]);
+    head.extend_from_slice(b"\r\n");
+    let mut seen = Seen::new();
+    if let Some(first) = changes(web, &mut seen, true) {
+        head.extend_from_slice(&first);
+    }
+    if !http::write(&mut stream, &head).await {
+        return;
+    }
+    let mut quiet = std::time::Duration::ZERO;
+    loop {
+        tokio::time::sleep(BATCH).await;
+        let frame = match changes(web, &mut seen, false) {
+            Some(frame) => frame,
+            None if quiet + BATCH >= KEEPALIVE => b": keepalive\n\n".to_vec(),
+            None => {
+                quiet += BATCH;
+                continue;
+            }
+        };
+        quiet = std::time::Duration::ZERO;
+        if !http::write(&mut stream, &frame).await {
+            return;
+        }
+    }
+}
