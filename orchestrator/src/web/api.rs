@@ -2,12 +2,12 @@
 //! before its route is looked at further; the route is found in [`ROUTES`] and its handler
 //! chosen by the route's name.
 
+use super::cadence::KEEPALIVE;
 use super::http::{self, Request, Response};
 use super::Web;
 use crate::attempt::launch::CancelLevel;
 use protocol::web::{Route, ROUTES};
 use std::rc::Rc;
-use std::time::Duration;
 use tokio::net::TcpStream;
 
 const PAGE: &str = include_str!("assets/index.html");
@@ -18,11 +18,6 @@ const STYLE: &str = include_str!("assets/app.css");
 pub const LOG_TAIL_BYTES: u64 = 64 << 10;
 /// Memory samples per GPU in one answer.
 pub const MEMORY_POINTS: usize = 2000;
-/// A comment is sent on an idle event stream this often, so a dead peer is noticed.
-pub const KEEPALIVE: Duration = Duration::from_secs(15);
-/// An event stream gathers the events of this long into one write: a sweep's hundreds of
-/// events a second then cost each open page a few wake-ups a second, not one per event.
-pub const BATCH: Duration = Duration::from_millis(100);
 
 /// The route `request` is for, and its path parameters.
 pub fn find(request: &Request) -> Option<(&'static Route, Vec<String>)> {

@@ -16,7 +16,7 @@
 //! The last event of each write carries `id: SEQ`, so a reconnecting `EventSource` resumes
 //! after it.
 
-use super::api::BATCH;
+use super::cadence::BATCH;
 use super::Web;
 use crate::daemon::registry::Numbered;
 use protocol::daemon::RunEventKind;

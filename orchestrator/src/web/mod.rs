@@ -19,6 +19,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cadence;
 pub mod feed;
 pub mod http;
 pub mod memory;

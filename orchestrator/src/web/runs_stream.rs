@@ -7,7 +7,7 @@
 //! copy) every [`BATCH`] and writes only when something changed, so an idle daemon's open
 //! lists cost no writes but a keepalive.
 
-use super::api::{BATCH, KEEPALIVE};
+use super::cadence::{BATCH, KEEPALIVE};
 use super::http;
 use super::Web;
 use protocol::status::RunStatus;
