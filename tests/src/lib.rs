@@ -195,6 +195,20 @@ pub fn run_plan_with(
 /// Starts `orchestrate --plan <plan> --run-dir <dir>/run` in the background (output discarded)
 /// and returns it with its run directory, for tests that signal it.
 pub fn spawn_plan(scratch: &Scratch, plan: &Path) -> (std::process::Child, PathBuf) {
+    spawn_plan_to(scratch, plan, std::process::Stdio::null())
+}
+
+/// [`spawn_plan`] with its stderr piped to the test (read it: `wait_with_output`), for tests
+/// that show the console when the run fails.
+pub fn spawn_plan_piping_stderr(scratch: &Scratch, plan: &Path) -> (std::process::Child, PathBuf) {
+    spawn_plan_to(scratch, plan, std::process::Stdio::piped())
+}
+
+fn spawn_plan_to(
+    scratch: &Scratch,
+    plan: &Path,
+    stderr: std::process::Stdio,
+) -> (std::process::Child, PathBuf) {
     let run_dir = scratch.path().join("run");
     let child = Command::new(orchestrate())
         .arg("--plan")
@@ -202,7 +216,7 @@ pub fn spawn_plan(scratch: &Scratch, plan: &Path) -> (std::process::Child, PathB
         .arg("--run-dir")
         .arg(&run_dir)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("orchestrate starts");
     (child, run_dir)

@@ -558,23 +558,7 @@ async fn awaited(
             &owner,
         )
         .await;
-        records.push(GpuRecord {
-            uuid: uuid.clone(),
-            baseline_bytes: *baseline,
-            peak_bytes: (*peak).max(v.after_bytes),
-            after_bytes: v.after_bytes,
-            reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
-            verdict: if v.clean {
-                GpuVerdict::Clean
-            } else if v.taken_by_other {
-                GpuVerdict::TakenByOther
-            } else {
-                GpuVerdict::Leaked
-            },
-            holders: v.holders.iter().map(|h| h.to_string()).collect(),
-            note: v.note.clone(),
-            at_release: false,
-        });
+        records.push(v.record(*peak));
     }
     records
 }

@@ -34,6 +34,29 @@ impl ReclaimVerdict {
     pub fn excess_bytes(&self) -> u64 {
         self.after_bytes.saturating_sub(self.baseline_bytes)
     }
+
+    /// The report's record of this GPU, whose highest reading during the stage was `peak`:
+    /// clean, taken by another, or leaked, as the verdict says.
+    pub fn record(&self, peak: u64) -> protocol::report::GpuRecord {
+        use protocol::report::GpuVerdict;
+        protocol::report::GpuRecord {
+            uuid: self.uuid.clone(),
+            baseline_bytes: self.baseline_bytes,
+            peak_bytes: peak.max(self.after_bytes),
+            after_bytes: self.after_bytes,
+            reclaim_ms: self.reclaim.as_secs_f64() * 1e3,
+            verdict: if self.clean {
+                GpuVerdict::Clean
+            } else if self.taken_by_other {
+                GpuVerdict::TakenByOther
+            } else {
+                GpuVerdict::Leaked
+            },
+            holders: self.holders.iter().map(|h| h.to_string()).collect(),
+            note: self.note.clone(),
+            at_release: false,
+        }
+    }
 }
 
 /// Polls `probe` until `uuid` is back within `tolerance` bytes of `baseline`, or until the

@@ -10,7 +10,7 @@
 
 use super::attribution::Owner;
 use super::{await_reclaim, Holder, MemoryProbe};
-use protocol::report::{GpuRecord, GpuVerdict};
+use protocol::report::GpuRecord;
 use std::time::Duration;
 
 /// How long the check waits for the memory to come back after the event (the driver shows
@@ -54,16 +54,10 @@ pub async fn check_release(
             }
             return Err(why);
         }
+        // Clean (checked above), and taken at the release.
         records.push(GpuRecord {
-            uuid: uuid.clone(),
-            baseline_bytes: *baseline,
-            peak_bytes: (*peak).max(v.after_bytes),
-            after_bytes: v.after_bytes,
-            reclaim_ms: v.reclaim.as_secs_f64() * 1e3,
-            verdict: GpuVerdict::Clean,
-            holders: Vec::new(),
-            note: None,
             at_release: true,
+            ..v.record(*peak)
         });
     }
     Ok(records)
@@ -89,6 +83,7 @@ pub fn touched_again(
 mod tests {
     use super::super::ProbeError;
     use super::*;
+    use protocol::report::GpuVerdict;
     use std::cell::RefCell;
 
     struct Fixed {

@@ -19,6 +19,17 @@ fn doctor(env: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Whether this host gives stages a cgroup each (`orchestrate doctor`); under CI it must.
+fn stage_cgroups_here() -> bool {
+    let line = doctor(&[]);
+    let cgroups = line.contains("stages get a cgroup each");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        // The CI machine's cgroup v2 hierarchy lets root make cgroups: this path must run.
+        assert!(cgroups, "no usable cgroup v2 on the CI machine: {line}");
+    }
+    cgroups
+}
+
 /// Pids of processes whose command line holds `marker`.
 fn with_marker(marker: &str) -> Vec<i32> {
     let mut pids = Vec::new();
@@ -80,12 +91,7 @@ fn escapee_is_killed_with(env: &[(&str, &str)], isolation: &str) {
 
 #[test]
 fn an_escapee_without_a_token_is_found_through_the_stage_cgroup_and_killed() {
-    let line = doctor(&[]);
-    let cgroups = line.contains("stages get a cgroup each");
-    if std::env::var("CI").as_deref() == Ok("true") {
-        // The CI machine's cgroup v2 hierarchy lets root make cgroups: this path must run.
-        assert!(cgroups, "no usable cgroup v2 on the CI machine: {line}");
-    }
+    let cgroups = stage_cgroups_here();
     escapee_is_killed_with(&[], if cgroups { "cgroup" } else { "process_group" });
 }
 
@@ -158,12 +164,7 @@ fn a_limit_the_host_cannot_enforce_is_refused_with_exit_2_before_anything_runs()
 
 #[test]
 fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
-    if !doctor(&[]).contains("stages get a cgroup each") {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "no cgroup v2 on CI"
-        );
+    if !stage_cgroups_here() {
         return;
     }
     let scratch = Scratch::new("cgroups-fork-server");
@@ -189,12 +190,7 @@ fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
 
 #[test]
 fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
-    if !doctor(&[]).contains("stages get a cgroup each") {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "no cgroup v2 on CI"
-        );
+    if !stage_cgroups_here() {
         return;
     }
     let scratch = Scratch::new("cgroups-zygote");

@@ -117,16 +117,7 @@ fn killing_the_fork_server_mid_stage_leaves_nothing_behind() {
         "plan.toml",
         &(tiny_train("a", 400, None) + &tiny_train("b", 4, Some("a"))),
     );
-    let run_dir = s.path().join("run");
-    let orch = Command::new(orchestrate())
-        .arg("--plan")
-        .arg(&plan)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (orch, run_dir) = e2e_tests::spawn_plan_piping_stderr(&s, &plan);
     let orch_pid = orch.id() as i32;
     // Wait until stage a runs (forked) and find the server among orchestrate's children.
     let deadline = Instant::now() + Duration::from_secs(60);

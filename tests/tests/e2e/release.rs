@@ -50,6 +50,44 @@ fn helper_path() -> String {
     repo_root().join("python").display().to_string()
 }
 
+/// A one-stage plan on the fake GPU: stage `a` runs `body` (Python, after the helper's import,
+/// with `holder`, its fake GPU's holder file, and `go`, a file the test creates when it saw
+/// what it waits for). `run` is the plan's `[run]` table's body. Returns the plan, the holders'
+/// directory and `go`.
+fn one_stage_plan(
+    s: &Scratch,
+    run: &str,
+    body: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let holders = s.path().join("holders");
+    let holder = holders.join("GPU-fake-0");
+    let go = s.path().join("go");
+    let script = s.write(
+        "a.py",
+        &format!(
+            "import os, sys, time\nimport orchestrate_stage as stage\nholder, go = sys.argv[1:3]\n{body}"
+        ),
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"[run]
+{run}
+[[stage]]
+name = "a"
+gpus = 1
+command = ["python3", "{script}", "{holder}", "{go}"]
+env = {{ PYTHONPATH = "{path}" }}
+"#,
+            script = script.display(),
+            holder = holder.display(),
+            go = go.display(),
+            path = helper_path(),
+        ),
+    );
+    (plan, holders, go)
+}
+
 /// Stage `a` of the hand-on test: takes 1 GiB of the fake GPU, reports a release while the
 /// holder file still shows it (refused), waits for the test to say it saw the refusal, gives
 /// the memory back and releases again (this one holds), then waits for stage `b` to start on
@@ -162,41 +200,17 @@ command = ["sh", "-c", "touch {b}"]
 #[test]
 fn a_stage_back_on_its_released_gpu_is_a_leak() {
     let s = Scratch::new("release-touch-again");
-    let holders = s.path().join("holders");
-    let holder = holders.join("GPU-fake-0");
-    let go = s.path().join("go");
     // Released (the holder file is empty), then, once the release held, back on the GPU.
-    let script = s.write(
-        "a.py",
-        r#"
-import os, sys, time
-import orchestrate_stage as stage
-holder, go = sys.argv[1:3]
-stage.released()
+    let (plan, holders, go) = one_stage_plan(
+        &s,
+        "on_leak = \"warn\"",
+        r#"stage.released()
 deadline = time.time() + 20
 while not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.01)
 with open(holder, "w") as f:
     f.write(f"{os.getpid()} python3 {1 << 30}\n")
 "#,
-    );
-    let plan = s.write(
-        "plan.toml",
-        &format!(
-            r#"[run]
-on_leak = "warn"
-
-[[stage]]
-name = "a"
-gpus = 1
-command = ["python3", "{script}", "{holder}", "{go}"]
-env = {{ PYTHONPATH = "{path}" }}
-"#,
-            script = script.display(),
-            holder = holder.display(),
-            go = go.display(),
-            path = helper_path(),
-        ),
     );
     let (held, _, text) = run_answering(command(&s, &plan, &holders), "a: released", &go);
     assert!(held, "{text}");
@@ -353,18 +367,12 @@ env = {{ PYTHONPATH = "{path}" }}
 #[test]
 fn a_release_that_never_held_leaves_the_ordinary_verdict_with_the_reason() {
     let s = Scratch::new("release-refused");
-    let holders = s.path().join("holders");
-    let holder = holders.join("GPU-fake-0");
-    let go = s.path().join("go");
     // Released while the holder file still shows the stage's memory; gives it back only once
     // the refusal was seen, as it exits.
-    let script = s.write(
-        "a.py",
-        r#"
-import os, sys, time
-import orchestrate_stage as stage
-holder, go = sys.argv[1:3]
-with open(holder, "w") as f:
+    let (plan, holders, go) = one_stage_plan(
+        &s,
+        "",
+        r#"with open(holder, "w") as f:
     f.write(f"{os.getpid()} python3 {1 << 30}\n")
 stage.released()
 deadline = time.time() + 20
@@ -372,21 +380,6 @@ while not os.path.exists(go) and time.time() < deadline:
     time.sleep(0.01)
 open(holder, "w").close()
 "#,
-    );
-    let plan = s.write(
-        "plan.toml",
-        &format!(
-            r#"[[stage]]
-name = "a"
-gpus = 1
-command = ["python3", "{script}", "{holder}", "{go}"]
-env = {{ PYTHONPATH = "{path}" }}
-"#,
-            script = script.display(),
-            holder = holder.display(),
-            go = go.display(),
-            path = helper_path(),
-        ),
     );
     let cmd = command(&s, &plan, &holders);
     let (refused, code, text) = run_answering(cmd, "release does not hold", &go);

@@ -398,16 +398,7 @@ fn killing_the_zygote_mid_stage_leaves_nothing_behind() {
             warm = warm_stage("warm", "", &env),
         ),
     );
-    let run_dir = s.path().join("run");
-    let orch = Command::new(orchestrate())
-        .arg("--plan")
-        .arg(&plan)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (orch, run_dir) = e2e_tests::spawn_plan_piping_stderr(&s, &plan);
     let orch_pid = orch.id() as i32;
     let a_out = run_dir.join("stages/a/stdout.log");
     let deadline = Instant::now() + Duration::from_secs(60);
