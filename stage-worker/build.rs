@@ -8,8 +8,8 @@
 //!   whose own PyTorch 2.11 provides libtorch.)
 //!
 //! It also compiles the few lines of C++ under `csrc/` that reach libtorch where tch does not:
-//! the fused AdamW kernel (`src/optim.rs`) and the choice of attention kernels
-//! (`src/attention.rs`).
+//! the fused AdamW kernel (`src/optim.rs`), the choice of attention kernels
+//! (`src/attention.rs`) and libtorch's profiler (`src/profile.rs`).
 
 use std::path::PathBuf;
 
@@ -32,11 +32,13 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
+    println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     let include = PathBuf::from(&libtorch).join("include");
     cc::Build::new()
         .cpp(true)
         .file("csrc/fused_adamw.cpp")
         .file("csrc/attention.cpp")
+        .file("csrc/profiler.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -7,14 +7,25 @@
 //! `bench/boundary/results/2026-11-30-h200-attention-probe/`), and 60 whole training steps of the
 //! 100M model 1.11 s without cuDNN against 1.24 s with it (one chain each, docs/boundary.md §5).
 //! Since every stage is a fresh
-//! process, that first use is paid at every stage boundary, so the worker leaves cuDNN out by
-//! default. `STAGE_WORKER_SDPA` chooses: `efficient` (the default: memory-efficient kernels,
-//! then the plain math ones for shapes they cannot take), `flash` (flash, then
-//! memory-efficient, then math), or `libtorch` (libtorch's own choice, cuDNN included).
+//! process, that first use is paid at every stage boundary. In steady training cuDNN's kernels
+//! are faster: 1.13 ms of attention per 100M step against 1.90 ms for the memory-efficient ones
+//! (profiles of one H200, `bench/throughput/results/2026-12-01-h200-probe1/`), so they repay
+//! their first use after about 200 steps. `STAGE_WORKER_SDPA` chooses: `auto` (the default:
+//! libtorch's own choice, cuDNN included, for a stage that plans at least
+//! [`CUDNN_FROM_STEPS`] steps, else `efficient`), `efficient` (memory-efficient kernels, then
+//! the plain math ones for shapes they cannot take), `flash` (flash, then memory-efficient,
+//! then math), or `libtorch` (libtorch's own choice, cuDNN included).
+
+/// The fewest planned steps for which `auto` lets libtorch use cuDNN's attention: its first
+/// use (0.16 s) divided by what it saves per step at 100M parameters (0.77 ms), rounded up.
+/// Larger models save more per step, so this errs towards the kernels that start fast.
+pub const CUDNN_FROM_STEPS: u64 = 200;
 
 /// A choice of attention kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernels {
+    /// Chosen by the stage's length (see [`Kernels::for_steps`]).
+    Auto,
     /// Memory-efficient attention, else math.
     Efficient,
     /// Flash attention, else memory-efficient, else math.
@@ -24,14 +35,25 @@ pub enum Kernels {
 }
 
 impl Kernels {
-    /// The choice `STAGE_WORKER_SDPA` names (`efficient` when unset); `None` for a value it does
+    /// The choice `STAGE_WORKER_SDPA` names (`auto` when unset); `None` for a value it does
     /// not know.
     pub fn from_env() -> Option<Kernels> {
         match std::env::var("STAGE_WORKER_SDPA").as_deref() {
-            Err(_) | Ok("") | Ok("efficient") => Some(Kernels::Efficient),
+            Err(_) | Ok("") | Ok("auto") => Some(Kernels::Auto),
+            Ok("efficient") => Some(Kernels::Efficient),
             Ok("flash") => Some(Kernels::Flash),
             Ok("libtorch") => Some(Kernels::Libtorch),
             Ok(_) => None,
+        }
+    }
+
+    /// The kernels for a stage that plans `steps` steps: `Auto` becomes `Libtorch` from
+    /// [`CUDNN_FROM_STEPS`] steps and `Efficient` below; any other choice stays.
+    pub fn for_steps(self, steps: u64) -> Kernels {
+        match self {
+            Kernels::Auto if steps >= CUDNN_FROM_STEPS => Kernels::Libtorch,
+            Kernels::Auto => Kernels::Efficient,
+            chosen => chosen,
         }
     }
 }
@@ -42,12 +64,14 @@ extern "C" {
 }
 
 /// Applies `kernels` to this process (all threads): call before the first attention on a CUDA
-/// device. The CPU's attention is not affected (a stage on the CPU never calls this).
+/// device (`Auto` applies `Efficient`; a stage that knows its length applies
+/// [`Kernels::for_steps`] again). The CPU's attention is not affected (a stage on the CPU never
+/// calls this).
 pub fn apply(kernels: Kernels) {
     let (flash, efficient, cudnn) = match kernels {
-        Kernels::Efficient => (false, true, false),
+        Kernels::Auto | Kernels::Efficient => (false, true, false),
         Kernels::Flash => (true, true, false),
-        Kernels::Libtorch => return,
+        Kernels::Libtorch => (true, true, true),
     };
     // SAFETY: sets four flags of libtorch's global context; no pointers, no failure.
     unsafe { stage_worker_sdp_backends(flash, efficient, true, cudnn) }
@@ -61,7 +85,8 @@ mod tests {
     fn the_environment_names_the_kernels() {
         // One test touches the variable, so parallel tests do not race on it.
         for (value, want) in [
-            (None, Some(Kernels::Efficient)),
+            (None, Some(Kernels::Auto)),
+            (Some("auto"), Some(Kernels::Auto)),
             (Some("efficient"), Some(Kernels::Efficient)),
             (Some("flash"), Some(Kernels::Flash)),
             (Some("libtorch"), Some(Kernels::Libtorch)),
@@ -74,5 +99,18 @@ mod tests {
             assert_eq!(Kernels::from_env(), want, "{value:?}");
         }
         std::env::remove_var("STAGE_WORKER_SDPA");
+    }
+
+    #[test]
+    fn auto_takes_cudnn_only_for_a_stage_long_enough_to_repay_its_first_use() {
+        assert_eq!(
+            Kernels::Auto.for_steps(CUDNN_FROM_STEPS - 1),
+            Kernels::Efficient
+        );
+        assert_eq!(Kernels::Auto.for_steps(CUDNN_FROM_STEPS), Kernels::Libtorch);
+        for chosen in [Kernels::Efficient, Kernels::Flash, Kernels::Libtorch] {
+            assert_eq!(chosen.for_steps(10), chosen);
+            assert_eq!(chosen.for_steps(100_000), chosen);
+        }
     }
 }

@@ -71,7 +71,8 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
             }
             let Some(kernels) = crate::attention::Kernels::from_env() else {
                 return Err(Failure::bad_input(
-                    "STAGE_WORKER_SDPA must be `efficient`, `flash` or `libtorch`".to_string(),
+                    "STAGE_WORKER_SDPA must be `auto`, `efficient`, `flash` or `libtorch`"
+                        .to_string(),
                 ));
             };
             let device = Device::Cuda(0);

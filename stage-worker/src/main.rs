@@ -16,6 +16,7 @@ mod log;
 mod model;
 mod optim;
 mod params;
+mod profile;
 mod progress;
 mod rng;
 mod signals;

@@ -239,6 +239,19 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     crate::log!("stage `{}`: train on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
+    if compute.device.is_cuda() {
+        // `device::prepare` refused an unknown choice already.
+        let planned =
+            crate::attention::Kernels::from_env().unwrap_or(crate::attention::Kernels::Auto);
+        let kernels = planned.for_steps(p.steps);
+        crate::attention::apply(kernels);
+        if planned == crate::attention::Kernels::Auto {
+            crate::log!(
+                "attention: {kernels:?} kernels for {} planned steps",
+                p.steps
+            );
+        }
+    }
     // Warm the device up (on its own thread) while the inputs are read and the model built.
     let warm_shape = match spec.init.as_deref() {
         Some(dir) => checkpoint::peek_model_config(dir).ok(),
@@ -449,12 +462,19 @@ fn train_loop(
         interrupted: false,
     };
     let first = opt.step + 1;
+    let mut profile = crate::profile::StepProfile::from_env(first, compute.device)?;
     for step in first..=p.steps {
+        if let Some(profile) = profile.as_mut() {
+            profile.before_step(step)?;
+        }
         let batch = sampler.batch(step).to_device(compute.device);
         model.params.zero_grad();
         let loss = model.loss(&batch.inputs, &batch.targets, compute.kind);
         loss.backward();
         let _grad_norm = opt.step(&mut model.params, schedule.lr(step));
+        if let Some(profile) = profile.as_mut() {
+            profile.after_step(step, step == p.steps || signals::stop_requested())?;
+        }
         let loss = loss.detach();
         if step == first {
             // One read-back, which also waits for the first (warm-up) step to finish.
