@@ -8,7 +8,8 @@ and 1B parameters, every variant REPEATS times, interleaved, in one go on one GP
 Environment: SHAPES (default "m100 m1b"), REPEATS (3), WORKER_VARIANTS (space-separated;
 "default" is the worker as built, "NAME=VALUE[,NAME=VALUE]" sets STAGE_WORKER_NAME=VALUE),
 PEERS ("eager compile"), PROFILE=1 adds one profiled run of each worker variant and peer at
-the first shape (traces in OUT_DIR/profiles, summarised by profile_summary.py).
+the first shape (traces in OUT_DIR/profiles, summarised by profile_summary.py), or of those
+PROFILE_VARIANTS and PROFILE_PEERS name.
 """
 import json, os, subprocess, sys, time
 
@@ -28,6 +29,8 @@ REPEATS = int(os.environ.get("REPEATS", "3"))
 VARIANTS = os.environ.get("WORKER_VARIANTS", "default").split()
 PEERS = os.environ.get("PEERS", "eager compile").split()
 PROFILE = os.environ.get("PROFILE") == "1"
+PROFILE_VARIANTS = os.environ.get("PROFILE_VARIANTS", " ".join(VARIANTS)).split()
+PROFILE_PEERS = os.environ.get("PROFILE_PEERS", " ".join(PEERS)).split()
 RESULTS = {"shapes": {k: SHAPES[k] for k in WANTED}, "runs": []}
 
 
@@ -105,12 +108,12 @@ def main():
         pdir = os.path.join(OUT, "profiles")
         os.makedirs(pdir, exist_ok=True)
         shape = WANTED[0]
-        for v in VARIANTS:
+        for v in PROFILE_VARIANTS:
             name = v.replace("=", "-").replace(",", "_")
             row = run_worker(shape, v, profile=os.path.join(pdir, f"worker-{name}.json"))
             log(f"profiled worker {v}: {row.get('tokens_per_s')}")
             RESULTS["runs"].append(row)
-        for mode in PEERS:
+        for mode in PROFILE_PEERS:
             row = run_peer(shape, mode, profile=os.path.join(pdir, f"{mode}.json"))
             log(f"profiled {mode}: {row.get('tokens_per_s')}")
             RESULTS["runs"].append(row)
