@@ -185,7 +185,9 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 
 /// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
 /// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
-/// device work done), `t_inputs_read` (the init checkpoint read), `t_model_built` (the model
+/// device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
+/// written when the stage started early was complete), `t_inputs_read` (the init checkpoint
+/// read), `t_model_built` (the model
 /// built and loaded; the warm-up may still run), `t_model_ready` (the warm-up done too),
 /// `t_first_step`, `t_last_step` (the device idle after the last step), `t_device_released`
 /// (the final checkpoint's data all copied to the host and the CUDA context destroyed, when
@@ -228,11 +230,16 @@ struct LoopStats {
 pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let p: TrainParams = parse_params(spec)?;
     validate(&p)?;
-    // The init checkpoint is read (and its checksum started) while the device starts up.
-    let init_reader = spec
-        .init
-        .clone()
-        .map(|dir| std::thread::spawn(move || checkpoint::open_for_weights_deferred(&dir)));
+    // The init checkpoint is read (and its checksum started) while the device starts up; one
+    // that its stage is still writing (an early start) is waited for on that thread first.
+    let init_reader = spec.init.clone().map(|dir| {
+        let spec = spec.clone();
+        std::thread::spawn(move || {
+            let waited = crate::input_wait::await_input(&spec, &dir)?;
+            let at = crate::log::unix_now();
+            checkpoint::open_for_weights_deferred(&dir).map(|v| (v, waited, at))
+        })
+    });
     let compute = device::prepare(spec.device, &p.precision)?;
     let mut milestones = Milestones::default();
     milestones.mark("t_device_ready");
@@ -240,8 +247,11 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     sink.started(&compute.description);
 
     // Warm the device up (on its own thread) while the inputs are read and the model built.
+    // An init checkpoint still being written: the plan's shape, a guess the warm-up may waste.
     let warm_shape = match spec.init.as_deref() {
-        Some(dir) => checkpoint::peek_model_config(dir).ok(),
+        Some(dir) => checkpoint::peek_model_config(dir)
+            .ok()
+            .or_else(|| crate::input_wait::pending(spec, dir).then(|| p.model.clone())),
         None => Some(p.model.clone()),
     };
     let warm_up = warm_shape
@@ -263,7 +273,14 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
                 .join()
                 .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
         })
-        .transpose()?;
+        .transpose()?
+        .map(|(v, waited, at)| {
+            if !waited.is_zero() {
+                milestones.0.insert("t_input_complete".into(), at);
+                milestones.0.insert("input_wait_s".into(), waited.as_secs_f64());
+            }
+            v
+        });
     milestones.mark("t_inputs_read");
     let config = model_config(spec, &p, init.as_ref())?;
     if let Some(done) = completed(&spec.output_dir, &p, &config) {
@@ -571,6 +588,8 @@ mod tests {
             init: None,
             device: SpecDevice::Cpu,
             attempt: 1,
+            inputs_being_written: Vec::new(),
+            input_wait_limit_s: None,
         }
     }
 

@@ -8,6 +8,15 @@
 //! back (journal and console records, quarantines, passing a cancel on). Nothing here touches
 //! a process, a file or the clock: time comes in as an argument, GPUs through [`Resources`].
 //!
+//! Early starts: a running stage whose GPUs went back at its release and whose outputs are
+//! written the checkpoint way (manifest last; its `released` event said so) lets the built-in
+//! stages waiting only on it (and on stages that succeeded) start at once, provisionally
+//! ([`Start::Fresh::being_written`]). Such an attempt's end is held until every upstream it
+//! started ahead of has ended: their success concludes it as usual (so its finish is recorded
+//! after theirs); a failure voids it — it is stopped if it still runs ([`Action::StopStage`]),
+//! recorded as stopped, not counted against its retries, and started again once the upstream's
+//! retry succeeds (or skipped with it).
+//!
 //! Readiness is tracked incrementally, so each event costs O(its neighbours), not O(stages): a
 //! 10,000-stage sweep schedules in linear time.
 
@@ -41,6 +50,9 @@ pub(crate) struct Rules {
     pub(crate) on_leak: OnLeak,
     /// Whether stages that ask for GPUs get them (else they run on the CPU).
     pub(crate) machine_has_gpus: bool,
+    /// Whether built-in stages may start early, while an upstream that released its GPUs
+    /// still persists its outputs (see the module's doc).
+    pub(crate) early_start: bool,
 }
 
 /// Why a run starts no further stage. Ordered by precedence: the greatest cause is the one
@@ -92,7 +104,12 @@ pub(crate) enum Event<'a> {
     HandedOver { from: usize, to: usize },
     /// Stage `stage` released its GPUs and the release held (`crate::gpu::release`): they
     /// may go to another stage now; the stage keeps its slot until its result.
-    GpusReleased(usize),
+    /// `downstream_may_start`: its outputs are written the checkpoint way, so the stages after
+    /// it may start early.
+    GpusReleased {
+        stage: usize,
+        downstream_may_start: bool,
+    },
     /// Stage `stage`'s attempt ended with `result`; `chained`: the successor it started when it
     /// succeeded ([`handover::Kind::Chain`]).
     AttemptEnded {
@@ -134,6 +151,9 @@ pub(crate) enum Action {
     /// Give this running stage's GPUs back to the pool now (it released them); they are not
     /// given back again at its end.
     GiveBackGpus(usize),
+    /// Stop this stage's attempt now, its whole tree (it started early and an upstream it
+    /// started ahead of failed); its end follows and is not counted.
+    StopStage(usize),
 }
 
 /// An attempt to start, as [`Scheduler::next_start`] chose it.
@@ -142,12 +162,15 @@ pub(crate) enum Start {
     /// A stage an ending stage already started in its slot: record it.
     HandedOver(usize),
     /// Start attempt `attempt` of `stage` on `gpus`; `cpu_threads`: the threads a built-in
-    /// stage on the CPU should use (shared with the other built-in CPU stages).
+    /// stage on the CPU should use (shared with the other built-in CPU stages);
+    /// `being_written`: an early start, ahead of these upstream stages, which still persist
+    /// their outputs (empty for an ordinary start).
     Fresh {
         stage: usize,
         attempt: u32,
         gpus: Vec<GpuInfo>,
         cpu_threads: Option<usize>,
+        being_written: Vec<usize>,
     },
 }
 
@@ -199,6 +222,18 @@ pub(crate) struct Scheduler<'p> {
     freed_early: HashSet<usize>,
     /// Running stages whose GPUs went back to the pool at their release.
     gpus_released: HashSet<usize>,
+    /// Running stages that released their GPUs and whose downstream stages may start early.
+    persisting: HashSet<usize>,
+    /// Per stage: upstream stages in `persisting`.
+    waiting_persisting: Vec<usize>,
+    /// Stages started early: the upstream stages they started ahead of that have not ended.
+    ahead_of: BTreeMap<usize, Vec<usize>>,
+    /// Early attempts that ended before those upstream stages: their outcome, held.
+    held: BTreeMap<usize, Outcome>,
+    /// Early attempts still running whose upstream (the value) failed: stopped, their end void.
+    voided: BTreeMap<usize, usize>,
+    /// Per stage: attempts not counted against its retries (voided early attempts).
+    uncharged: Vec<u32>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -220,7 +255,8 @@ pub(crate) struct Scheduler<'p> {
 impl<'p> Scheduler<'p> {
     /// A run of `plan` whose stages stand as `states` (pending, or kept by a resume).
     pub(crate) fn new(plan: &'p LoadedPlan, rules: Rules, states: Vec<StageState>) -> Self {
-        let mut position = vec![0; states.len()];
+        let n = states.len();
+        let mut position = vec![0; n];
         for (p, &i) in plan.order.iter().enumerate() {
             position[i] = p;
         }
@@ -252,6 +288,12 @@ impl<'p> Scheduler<'p> {
             live: BTreeMap::new(),
             freed_early: HashSet::new(),
             gpus_released: HashSet::new(),
+            persisting: HashSet::new(),
+            waiting_persisting: vec![0; n],
+            ahead_of: BTreeMap::new(),
+            held: BTreeMap::new(),
+            voided: BTreeMap::new(),
+            uncharged: vec![0; n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -304,6 +346,13 @@ impl<'p> Scheduler<'p> {
     /// gives them back.
     pub(crate) fn holds_gpus(&self, i: usize) -> bool {
         !self.gpus_released.contains(&i)
+    }
+
+    /// Whether stage `i`'s attempt ended and its result is held (it started early and an
+    /// upstream it started ahead of has not ended yet): the run loop keeps the result until
+    /// the scheduler concludes it.
+    pub(crate) fn is_held(&self, i: usize) -> bool {
+        self.held.contains_key(&i)
     }
 
     /// Stages holding a slot.
@@ -475,11 +524,21 @@ impl<'p> Scheduler<'p> {
         let cpu_threads = (self.is_builtin(i) && gpus.is_empty())
             .then(|| self.cpu_threads(resources.cpu_builtins_running(), resources.cpus()));
         self.occupy(i);
+        // Ready with upstream stages that did not succeed: they persist their outputs.
+        let being_written: Vec<usize> = self.plan.upstream[i]
+            .iter()
+            .copied()
+            .filter(|&u| self.states[u].status != Status::Succeeded)
+            .collect();
+        if !being_written.is_empty() {
+            self.ahead_of.insert(i, being_written.clone());
+        }
         Some(Start::Fresh {
             stage: i,
             attempt: self.states[i].attempts,
             gpus,
             cpu_threads,
+            being_written,
         })
     }
 
@@ -532,6 +591,7 @@ impl<'p> Scheduler<'p> {
             } => {
                 self.slots_held -= 1;
                 self.live.remove(&stage);
+                self.ahead_of.remove(&stage);
                 self.fail_without_attempt(stage, class, message, &mut actions);
             }
             Event::SlotFreed(stage) => {
@@ -545,12 +605,23 @@ impl<'p> Scheduler<'p> {
             }
             // Only a running stage that was given GPUs, once: a late or repeated release
             // (after its end, on the CPU) gives nothing back that another stage now holds.
-            Event::GpusReleased(stage) => {
+            Event::GpusReleased {
+                stage,
+                downstream_may_start,
+            } => {
                 if self.live.contains_key(&stage)
                     && !self.on_cpu(stage)
                     && self.gpus_released.insert(stage)
                 {
                     actions.push(Action::GiveBackGpus(stage));
+                    if downstream_may_start && self.rules.early_start {
+                        self.persisting.insert(stage);
+                        let plan = self.plan;
+                        for &d in &plan.downstream[stage] {
+                            self.waiting_persisting[d] += 1;
+                            self.refresh(d);
+                        }
+                    }
                 }
             }
             Event::AttemptEnded {
@@ -565,7 +636,14 @@ impl<'p> Scheduler<'p> {
                     self.slots_held -= 1;
                 }
                 self.judge_gpus(result, &mut actions);
-                self.conclude(stage, &result.outcome, now, &mut actions);
+                self.stop_persisting(stage);
+                if let Some(upstream) = self.voided.remove(&stage) {
+                    self.void(stage, upstream, now, &mut actions);
+                } else if self.ahead_of.contains_key(&stage) {
+                    self.held.insert(stage, result.outcome.clone());
+                } else {
+                    self.conclude(stage, &result.outcome, now, &mut actions);
+                }
             }
             Event::Cancel(level) => self.cancel(level, &mut actions),
         }
@@ -588,9 +666,129 @@ impl<'p> Scheduler<'p> {
         }
     }
 
-    /// What an attempt's end means for its stage and the stages after it.
+    /// Whether stage `d` may start now: pending, not handed over, and every upstream stage
+    /// succeeded — or, for a built-in stage with early starts on, every one that did not is
+    /// persisting its outputs after its release.
+    fn is_ready(&self, d: usize) -> bool {
+        let early = self.rules.early_start
+            && self.is_builtin(d)
+            && self.waiting_on[d] == self.waiting_persisting[d];
+        self.states[d].status == Status::Pending
+            && (self.waiting_on[d] == 0 || early)
+            && !self.handed.contains(&d)
+    }
+
+    /// Puts pending stage `d` in the ready set or takes it out, as [`Scheduler::is_ready`]
+    /// says (a due retry, which is not pending, is left where it is).
+    fn refresh(&mut self, d: usize) {
+        if self.states[d].status != Status::Pending {
+            return;
+        }
+        let key = (self.position[d], d);
+        if self.is_ready(d) {
+            self.ready.insert(key);
+        } else {
+            self.ready.remove(&key);
+        }
+    }
+
+    /// Stage `u` ended: its downstream stages no longer count it as persisting.
+    fn stop_persisting(&mut self, u: usize) {
+        if self.persisting.remove(&u) {
+            let plan = self.plan;
+            for &d in &plan.downstream[u] {
+                self.waiting_persisting[d] -= 1;
+                self.refresh(d);
+            }
+        }
+    }
+
+    /// Stage `u` was concluded: the stages that started ahead of it are concluded with their
+    /// held outcome once nothing else holds them (it succeeded), or are void (it did not):
+    /// stopped if they still run, else recorded as stopped and started again later.
+    fn settle_ahead(&mut self, u: usize, now: Instant, out: &mut Vec<Action>) {
+        let succeeded = self.states[u].status == Status::Succeeded;
+        let plan = self.plan;
+        for &d in &plan.downstream[u] {
+            let Some(ups) = self.ahead_of.get_mut(&d) else {
+                continue;
+            };
+            let Some(k) = ups.iter().position(|&x| x == u) else {
+                continue;
+            };
+            if succeeded {
+                ups.swap_remove(k);
+                if !ups.is_empty() {
+                    continue;
+                }
+                self.ahead_of.remove(&d);
+                if let Some(outcome) = self.held.remove(&d) {
+                    self.conclude(d, &outcome, now, out);
+                }
+            } else {
+                self.ahead_of.remove(&d);
+                if self.held.remove(&d).is_some() {
+                    self.void(d, u, now, out);
+                } else if self.live.contains_key(&d) {
+                    self.voided.insert(d, u);
+                    out.push(Action::StopStage(d));
+                }
+            }
+        }
+    }
+
+    /// Stage `d`'s early attempt is void (`upstream`, which it started ahead of, did not
+    /// succeed): recorded as stopped, not counted against its retries; it waits again for its
+    /// upstream stages, or is skipped if one of them failed for good.
+    fn void(&mut self, d: usize, upstream: usize, now: Instant, out: &mut Vec<Action>) {
+        self.uncharged[d] += 1;
+        let up = &self.plan.plan.stages[upstream].name;
+        out.push(Action::Finished {
+            stage: d,
+            attempt: self.states[d].attempts,
+            status: StageStatus::Cancelled,
+            error: Some(format!(
+                "stopped: it started early, before its upstream stage `{up}` finished, which did not succeed; not counted against its retries"
+            )),
+            retry_in: None,
+        });
+        self.states[d].status = Status::Pending;
+        let plan = self.plan;
+        let gone = plan.upstream[d]
+            .iter()
+            .copied()
+            .find(|&u| matches!(self.states[u].status, Status::Failed | Status::Skipped(..)));
+        match gone {
+            Some(u) => {
+                let reason = format!(
+                    "upstream stage `{}` did not succeed",
+                    self.plan.plan.stages[u].name
+                );
+                let class = FailureClass::UpstreamFailed;
+                self.states[d].status = Status::Skipped(class, reason.clone());
+                out.push(Action::Skipped {
+                    stage: d,
+                    class,
+                    reason,
+                });
+                self.skip_downstream(d, out);
+            }
+            None => self.refresh(d),
+        }
+        self.settle_ahead(d, now, out);
+    }
+
+    /// What an attempt's end means for its stage and the stages after it (and for the stages
+    /// that started ahead of it).
     fn conclude(&mut self, i: usize, outcome: &Outcome, now: Instant, out: &mut Vec<Action>) {
+        self.conclude_own(i, outcome, now, out);
+        self.settle_ahead(i, now, out);
+    }
+
+    fn conclude_own(&mut self, i: usize, outcome: &Outcome, now: Instant, out: &mut Vec<Action>) {
         let attempt = self.states[i].attempts;
+        // Voided early attempts are not counted.
+        let charged = attempt - self.uncharged[i];
         let finished = |status, error, retry_in| Action::Finished {
             stage: i,
             attempt,
@@ -608,9 +806,9 @@ impl<'p> Scheduler<'p> {
             Outcome::Failed(failure) => {
                 let message = failure.describe();
                 let retry = failure.retryable(self.plan.plan.stages[i].retry_oom)
-                    && attempt <= self.plan.plan.stages[i].retries
+                    && charged <= self.plan.plan.stages[i].retries
                     && !self.stops.contains(&Stopping::Interrupted);
-                let retry_in = retry.then(|| retry_backoff(attempt));
+                let retry_in = retry.then(|| retry_backoff(charged));
                 out.push(finished(
                     StageStatus::Failed,
                     Some(message.clone()),
@@ -639,14 +837,10 @@ impl<'p> Scheduler<'p> {
     /// Stage `i` succeeded: the stages waiting on it alone become ready (a successor it
     /// started itself is recorded by the next round instead).
     fn release_downstream(&mut self, i: usize) {
-        for &d in &self.plan.downstream[i] {
+        let plan = self.plan;
+        for &d in &plan.downstream[i] {
             self.waiting_on[d] -= 1;
-            if self.waiting_on[d] == 0
-                && self.states[d].status == Status::Pending
-                && !self.handed.contains(&d)
-            {
-                self.ready.insert((self.position[d], d));
-            }
+            self.refresh(d);
         }
     }
 
