@@ -1001,6 +1001,7 @@ mod tests {
             fail_fast: false,
             on_leak: OnLeak::Warn,
             machine_has_gpus: false,
+            early_start: false,
         }
     }
 
@@ -1128,6 +1129,14 @@ mod tests {
             at_release: false,
         });
         r
+    }
+
+    /// Stage `stage` released its GPUs, its outputs not written the checkpoint way.
+    fn released(stage: usize) -> Event<'static> {
+        Event::GpusReleased {
+            stage,
+            downstream_may_start: false,
+        }
     }
 
     fn end(s: &mut Scheduler<'_>, stage: usize, r: &AttemptResult, now: Instant) -> Vec<Action> {
@@ -1391,6 +1400,7 @@ mod tests {
             Rules {
                 on_leak: OnLeak::Quarantine,
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(1)
             },
         );
@@ -1523,6 +1533,7 @@ mod tests {
             &p,
             Rules {
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(1)
             },
         );
@@ -1555,6 +1566,7 @@ mod tests {
             &p,
             Rules {
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(2)
             },
         );
@@ -1571,6 +1583,7 @@ mod tests {
             &p,
             Rules {
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(1)
             },
         );
@@ -1799,7 +1812,7 @@ mod tests {
         assert!(s.gpu_waiting());
         end(&mut s, 2, &succeeded(), now);
         assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
-        let actions = give_back(&mut gpus, s.on(Event::GpusReleased(0), now));
+        let actions = give_back(&mut gpus, s.on(released(0), now));
         assert_eq!(actions, vec![Action::GiveBackGpus(0)]);
         assert!(!s.holds_gpus(0));
         // b starts on the GPU a released, before a's end; a still holds its slot.
@@ -1835,22 +1848,22 @@ mod tests {
         let now = Instant::now();
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 2]);
         // A stage on the CPU has no GPU to give back; nothing changes.
-        assert!(s.on(Event::GpusReleased(2), now).is_empty());
+        assert!(s.on(released(2), now).is_empty());
         assert!(s.holds_gpus(2));
         // A stage not running (b waits for its GPU) neither.
-        assert!(s.on(Event::GpusReleased(1), now).is_empty());
+        assert!(s.on(released(1), now).is_empty());
         assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
         assert!(s.gpu_waiting(), "b still waits: no release held");
         // a's release: once; a second one gives nothing back again.
         assert_eq!(
-            give_back(&mut gpus, s.on(Event::GpusReleased(0), now)),
+            give_back(&mut gpus, s.on(released(0), now)),
             vec![Action::GiveBackGpus(0)]
         );
-        assert!(s.on(Event::GpusReleased(0), now).is_empty());
+        assert!(s.on(released(0), now).is_empty());
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
         // After its end, a late release of a is ignored: b's GPU stays b's.
         end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
-        assert!(s.on(Event::GpusReleased(0), now).is_empty());
+        assert!(s.on(released(0), now).is_empty());
         assert!(s.holds_gpus(0) && gpus.free.is_empty());
     }
 
@@ -1864,7 +1877,7 @@ mod tests {
         let mut gpus = Gpus::new(1);
         let now = Instant::now();
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
-        give_back(&mut gpus, s.on(Event::GpusReleased(0), now));
+        give_back(&mut gpus, s.on(released(0), now));
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
         // a exits 1 while persisting: it fails and is retried, but its GPU is b's.
         let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
@@ -1889,5 +1902,238 @@ mod tests {
         end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), later);
         assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
         assert_eq!(s.states()[0].attempts, 2);
+    }
+
+    /// Built-in train stages on one GPU each: `(name, upstream for init, retries)`.
+    fn train_plan(stages: &[(&str, Option<&str>, u32)]) -> LoadedPlan {
+        let mut text = String::from("[run]\n");
+        for (name, init, retries) in stages {
+            text.push_str(&format!(
+                "[[stage]]\nname = \"{name}\"\nkind = \"train\"\ngpus = 1\nretries = {retries}\n"
+            ));
+            if let Some(up) = init {
+                text.push_str(&format!("init = \"{up}\"\nafter = [\"{up}\"]\n"));
+            }
+        }
+        parse_plan_toml(&text, "t.toml", Path::new("/")).expect("the test plan is valid")
+    }
+
+    fn early_rules(max_parallel: usize) -> Rules {
+        Rules {
+            early_start: true,
+            ..gpu_rules(max_parallel)
+        }
+    }
+
+    /// Stage `stage` released its GPUs and said its downstream stages may start.
+    fn released_for_downstream(stage: usize) -> Event<'static> {
+        Event::GpusReleased {
+            stage,
+            downstream_may_start: true,
+        }
+    }
+
+    /// The next start of a round, launched as the run loop launches it.
+    fn start_one(s: &mut Scheduler<'_>, gpus: &mut Gpus, now: Instant) -> Option<Start> {
+        s.begin_round(now);
+        let mut actions = Vec::new();
+        let start = s.next_start(gpus, &mut actions)?;
+        let (Start::Fresh { stage, .. } | Start::HandedOver(stage)) = start;
+        let event = Event::Launched {
+            stage,
+            may_hand_over: false,
+        };
+        s.on(event, now);
+        Some(start)
+    }
+
+    fn finished_of(actions: &[Action]) -> Vec<(usize, StageStatus, Option<Duration>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Finished {
+                    stage,
+                    status,
+                    retry_in,
+                    ..
+                } => Some((*stage, *status, *retry_in)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_release_that_lets_downstream_start_starts_it_early_and_its_finish_waits_for_the_upstreams(
+    ) {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        // Without the stage's word, or with early starts off, b waits for a's success.
+        for (rules, event) in [
+            (early_rules(2), released(0)),
+            (gpu_rules(2), released_for_downstream(0)),
+        ] {
+            let mut s = scheduler(&p, rules);
+            let mut gpus = Gpus::new(1);
+            assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+            give_back(&mut gpus, s.on(event, now));
+            assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        }
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        // b starts on the GPU a released, ahead of a, which still persists its outputs.
+        match start_one(&mut s, &mut gpus, now) {
+            Some(Start::Fresh {
+                stage: 1,
+                attempt: 1,
+                gpus: given,
+                being_written,
+                ..
+            }) => {
+                assert_eq!(being_written, vec![0]);
+                assert_eq!(given[0].uuid, "GPU-0");
+            }
+            other => panic!("b did not start early: {other:?}"),
+        }
+        // b ends first: its success is held, nothing is recorded.
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        assert!(finished_of(&actions).is_empty(), "{actions:?}");
+        assert!(s.is_held(1) && !s.is_done());
+        // a's success is recorded, then b's.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![
+                (0, StageStatus::Succeeded, None),
+                (1, StageStatus::Succeeded, None)
+            ]
+        );
+        assert!(!s.is_held(1));
+        assert_eq!(s.states()[1].status, Status::Succeeded);
+        assert!(s.is_done());
+        assert_eq!(s.finish().1, Verdict::Succeeded);
+    }
+
+    #[test]
+    fn an_early_stage_still_running_when_its_upstream_succeeds_is_concluded_as_usual() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(0, StageStatus::Succeeded, None)]
+        );
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(1, StageStatus::Succeeded, None)]
+        );
+        assert!(s.is_done());
+    }
+
+    #[test]
+    fn an_upstream_failure_stops_the_early_stage_which_reruns_after_the_retry_uncharged() {
+        let p = train_plan(&[("a", None, 1), ("b", Some("a"), 1)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // a fails after its release: it is retried, and b is stopped.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        let wait = match finished_of(&actions)[..] {
+            [(0, StageStatus::Failed, Some(wait))] => wait,
+            _ => panic!("a is not retried: {actions:?}"),
+        };
+        assert!(actions.contains(&Action::StopStage(1)), "{actions:?}");
+        // b's end (stopped) is recorded as such, not counted, and b waits for a again.
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &result(Outcome::Cancelled), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(1, StageStatus::Cancelled, None)]
+        );
+        let error = actions.iter().find_map(|a| match a {
+            Action::Finished { error, .. } => error.clone(),
+            _ => None,
+        });
+        assert!(error.unwrap().contains("not counted"));
+        assert_eq!(s.states()[1].status, Status::Pending);
+        assert!(s.ready().next().is_none(), "b waits for a's retry");
+        // a's retry succeeds (no early release this time): b starts again, its second attempt.
+        let later = now + wait;
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), later);
+        match start_one(&mut s, &mut gpus, later) {
+            Some(Start::Fresh {
+                stage: 1,
+                attempt: 2,
+                being_written,
+                ..
+            }) => assert!(being_written.is_empty()),
+            other => panic!("b did not start again: {other:?}"),
+        }
+        // Its one retry is still there: the stopped attempt did not spend it.
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &failed(Failure::Exit(1)), later);
+        assert!(
+            matches!(
+                finished_of(&actions)[..],
+                [(1, StageStatus::Failed, Some(_))]
+            ),
+            "b's retry was spent by the stopped attempt: {actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_held_early_stage_is_void_when_its_upstream_fails_for_good_and_skipped_with_it() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0), ("c", Some("b"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(3));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // b releases too: c starts ahead of b, which is itself ahead of a.
+        give_back(&mut gpus, s.on(released_for_downstream(1), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        end_on_gpus(&mut s, &mut gpus, 2, &succeeded(), now);
+        assert!(s.is_held(1) && s.is_held(2));
+        // a fails for good: b and c are void, recorded as stopped, and skipped.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![
+                (0, StageStatus::Failed, None),
+                (1, StageStatus::Cancelled, None),
+                (2, StageStatus::Cancelled, None)
+            ]
+        );
+        let skipped: Vec<usize> = skipped(&actions).into_iter().map(|(i, ..)| i).collect();
+        assert_eq!(skipped, vec![1, 2]);
+        assert!(!actions.iter().any(|a| matches!(a, Action::StopStage(_))));
+        assert!(s.is_done());
+        assert_eq!(s.finish().1, Verdict::Failed);
+    }
+
+    #[test]
+    fn a_command_stage_downstream_does_not_start_early() {
+        let text = "[run]\n[[stage]]\nname = \"a\"\nkind = \"train\"\ngpus = 1\n\
+            [[stage]]\nname = \"b\"\ncommand = [\"true\"]\ngpus = 1\nafter = [\"a\"]\n";
+        let p = parse_plan_toml(text, "t.toml", Path::new("/")).unwrap();
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
     }
 }
