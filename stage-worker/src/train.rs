@@ -319,7 +319,19 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         forget_stale_checkpoint(&spec.output_dir)?;
         if let Some(v) = &init {
             v.load_model(&model)?;
-            crate::log!("initialised from {}", v.dir.display());
+            // The weights' checksum as listed (and verified before anything derived is
+            // written), naming exactly which checkpoint this stage started from.
+            let listed = v
+                .manifest
+                .files
+                .iter()
+                .find(|f| f.path == checkpoint::MODEL_FILE)
+                .map_or("", |f| f.checksum.hex());
+            crate::log!(
+                "initialised from {} ({} {listed})",
+                v.dir.display(),
+                checkpoint::MODEL_FILE
+            );
             if v.training().is_some_and(|t| !t.complete) {
                 crate::log!(
                     "note: that checkpoint is from an interrupted run (step {:?})",
