@@ -37,7 +37,11 @@ pub fn await_input(spec: &StageSpec, dir: &Path) -> StageResult<Duration> {
         .input_wait_limit_s
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(Duration::from_secs_f64);
-    wait_for(&dir.join(MANIFEST_FILE), limit, crate::signals::stop_requested)
+    wait_for(
+        &dir.join(MANIFEST_FILE),
+        limit,
+        crate::signals::stop_requested,
+    )
 }
 
 /// Polls for `manifest` until it is a file, `limit` passes, or `stopped` says so.

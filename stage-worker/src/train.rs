@@ -277,7 +277,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         .map(|(v, waited, at)| {
             if !waited.is_zero() {
                 milestones.0.insert("t_input_complete".into(), at);
-                milestones.0.insert("input_wait_s".into(), waited.as_secs_f64());
+                milestones
+                    .0
+                    .insert("input_wait_s".into(), waited.as_secs_f64());
             }
             v
         });

@@ -331,8 +331,9 @@ impl<'h> Driver<'h> {
         let setup = &self.setup;
         let stage = &setup.plan.plan.stages[i];
         // What an earlier early start of the stage left is not resumed from (see `early`).
-        let cleared = super::early::before_start(&setup.run_dir, &stage.name, early)
-            .map_err(|e| Failure::SpawnFailed(format!("cannot clear what an early start left: {e}")));
+        let cleared = super::early::before_start(&setup.run_dir, &stage.name, early).map_err(|e| {
+            Failure::SpawnFailed(format!("cannot clear what an early start left: {e}"))
+        });
         // The preparer's files serve a first attempt on the CPU only, and not an early start
         // (whose spec names the inputs being written).
         let written = self

@@ -151,8 +151,8 @@ pub(crate) enum Action {
     /// Give this running stage's GPUs back to the pool now (it released them); they are not
     /// given back again at its end.
     GiveBackGpus(usize),
-    /// Stop this stage's attempt now, its whole tree (it started early and an upstream it
-    /// started ahead of failed); its end follows and is not counted.
+    /// Stop this stage's attempt now, its whole tree, as a cancel would (it started early and
+    /// an upstream it started ahead of failed); its end follows and is not counted.
     StopStage(usize),
 }
 
@@ -1963,8 +1963,8 @@ mod tests {
     }
 
     #[test]
-    fn a_release_that_lets_downstream_start_starts_it_early_and_its_finish_waits_for_the_upstreams(
-    ) {
+    fn a_release_that_lets_downstream_start_starts_it_early_and_its_finish_waits_for_the_upstreams()
+    {
         let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
         let now = Instant::now();
         // Without the stage's word, or with early starts off, b waits for a's success.
