@@ -247,24 +247,38 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     sink.started(&compute.description);
 
     // Warm the device up (on its own thread) while the inputs are read and the model built.
-    // An init checkpoint still being written: the plan's shape, a guess the warm-up may waste.
+    let fits =
+        |c: &ModelConfig| validate_config(c).is_ok() && i64::from(p.seq_len) <= c.max_seq_len;
+    let (batch, seq, kind, device) = (
+        p.batch_size as usize,
+        p.seq_len as usize,
+        compute.kind,
+        compute.device,
+    );
+    // An init checkpoint still being written (an early start): the warm-up takes its shape
+    // from the manifest once it is there, on a thread of its own.
+    let pending_init = spec
+        .init
+        .as_deref()
+        .filter(|dir| crate::input_wait::pending(spec, dir) && !checkpoint::exists(dir));
+    let deferred_warm_up = pending_init.map(|dir| {
+        let (spec, dir) = (spec.clone(), dir.to_path_buf());
+        std::thread::spawn(move || {
+            crate::input_wait::await_input(&spec, &dir).ok()?;
+            let c = checkpoint::peek_model_config(&dir).ok()?;
+            let fits = validate_config(&c).is_ok() && seq as i64 <= c.max_seq_len;
+            fits.then(|| warmup::start(&c, batch, seq, kind, device))?
+                .map(warmup::WarmUp::finish)
+        })
+    });
     let warm_shape = match spec.init.as_deref() {
-        Some(dir) => checkpoint::peek_model_config(dir)
-            .ok()
-            .or_else(|| crate::input_wait::pending(spec, dir).then(|| p.model.clone())),
+        _ if pending_init.is_some() => None,
+        Some(dir) => checkpoint::peek_model_config(dir).ok(),
         None => Some(p.model.clone()),
     };
     let warm_up = warm_shape
-        .filter(|c| validate_config(c).is_ok() && i64::from(p.seq_len) <= c.max_seq_len)
-        .and_then(|c| {
-            warmup::start(
-                &c,
-                p.batch_size as usize,
-                p.seq_len as usize,
-                compute.kind,
-                compute.device,
-            )
-        });
+        .filter(fits)
+        .and_then(|c| warmup::start(&c, batch, seq, kind, device));
     // The init checkpoint's checksum is computed alongside; it is checked before anything
     // derived from it is written (see `Verified::finish`).
     let init = init_reader
@@ -346,6 +360,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     milestones.mark("t_model_built");
     if let Some(w) = warm_up {
         w.finish();
+    }
+    if let Some(w) = deferred_warm_up {
+        let _ = w.join();
     }
     milestones.mark("t_model_ready");
     // Page-lock the checkpoint's host buffers while the stage trains (from its second step), so
