@@ -336,10 +336,16 @@ impl<'h> Driver<'h> {
         });
         // The preparer's files serve a first attempt on the CPU only, and not an early start
         // (whose spec names the inputs being written).
-        let written = self
-            .lookahead
-            .claim(i)
-            .filter(|_| attempt == 1 && gpus.is_empty() && !early);
+        let written = match early {
+            true => {
+                self.lookahead.release(i);
+                None
+            }
+            false => self
+                .lookahead
+                .claim(i)
+                .filter(|_| attempt == 1 && gpus.is_empty()),
+        };
         let request = Request {
             stage: i,
             attempt,
@@ -435,9 +441,11 @@ impl<'h> Driver<'h> {
         // A GPU or srun stage's verdicts come after its tree is gone: it neither frees its
         // slot early nor hands over to a successor.
         // A placed step's successor is placed as a step of its own, never handed over.
+        // Nor an early start: its success is not its own to act on before its upstream's.
         let may_hand_over = given.is_empty()
             && node_check.is_none()
-            && !crate::slurm::placement::spreads(setup.slurm.as_ref());
+            && !crate::slurm::placement::spreads(setup.slurm.as_ref())
+            && !self.started_early.contains(&i);
         sched.on(
             Event::Launched {
                 stage: i,

@@ -388,7 +388,8 @@ impl<'p> Scheduler<'p> {
 
     /// The stage to plan now to start the moment the one running stage ends, and how
     /// ([`handover`]): only while exactly one stage runs, alone (no hand-over, retry or GPU
-    /// wait pending, not stopping), and only a command stage's first attempt on the CPU. The
+    /// wait pending, not stopping, no early start unsettled), and only a command stage's first
+    /// attempt on the CPU. The
     /// first ready stage takes its slot (with `max_parallel = 1`, not with `fail_fast`); with
     /// none ready, the first stage that waits on it alone follows it as a chain.
     pub(crate) fn handover_candidate(&self) -> Option<(usize, usize, handover::Kind)> {
@@ -398,6 +399,8 @@ impl<'p> Scheduler<'p> {
             || !self.handed.is_empty()
             || !self.retry_queue.is_empty()
             || self.gpu_waiting
+            || !self.ahead_of.is_empty()
+            || !self.voided.is_empty()
         {
             return None;
         }
