@@ -64,7 +64,8 @@ def run(tag, independent, mode):
     stages = []
     for s in report["stages"]:
         t, m = s.get("timing") or {}, s.get("metrics") or {}
-        stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"), **t,
+        stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"),
+                       "started_early": bool(s.get("started_early")), **t,
                        **{k: v for k, v in m.items()
                           if k.startswith("t_") or k in ("tokens_per_s", "input_wait_s")}})
     stages.sort(key=lambda s: s.get("spawned") or 0)

@@ -139,6 +139,11 @@ pub struct StageReport {
     /// When the last attempt's milestones happened.
     #[serde(default)]
     pub timing: Option<StageTiming>,
+    /// The last attempt was started early: while an upstream stage it reads from, whose GPU
+    /// had been handed on at its release, still persisted its outputs (its finish was
+    /// recorded after theirs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started_early: bool,
     /// CPU time and memory of the last attempt's processes.
     #[serde(default)]
     pub host: Option<HostUsage>,
@@ -244,11 +249,6 @@ pub struct StageTiming {
     /// then and they went to the next stage while this one's processes still ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<f64>,
-    /// The attempt was started early: while an upstream stage it reads from, whose GPU had
-    /// been handed on at its release, still persisted its outputs (its finish was recorded
-    /// after theirs).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub started_early: bool,
 }
 
 /// A verified output file.

@@ -241,8 +241,6 @@ pub async fn supervise(
             tree_gone: tree_gone_unix,
             verified: verified_unix,
             released: watched.release.held.as_ref().map(|(at, _)| *at),
-            // The run loop knows whether it started the attempt early.
-            started_early: false,
         },
         start: child.start.take(),
     };
@@ -637,6 +635,7 @@ async fn conclude(
         host: Some(ended.host),
         timing: Some(ended.timing),
         start: ended.start,
+        started_early: false,
     }
 }
 

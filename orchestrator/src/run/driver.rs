@@ -537,11 +537,7 @@ impl<'h> Driver<'h> {
             }
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
-                if self.started_early.remove(&i) {
-                    if let Some(t) = &mut result.timing {
-                        t.started_early = true;
-                    }
-                }
+                result.started_early = self.started_early.remove(&i);
                 (i, result, given, chained)
             }
         };
