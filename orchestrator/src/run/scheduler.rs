@@ -775,6 +775,7 @@ impl<'p> Scheduler<'p> {
                     reason,
                 });
                 self.skip_downstream(d, out);
+                out.extend(plan.downstream[d].iter().map(|&x| Action::ReleaseFiles(x)));
             }
             None => self.refresh(d),
         }
