@@ -330,10 +330,13 @@ impl<'h> Driver<'h> {
         let early = !being_written.is_empty();
         let setup = &self.setup;
         let stage = &setup.plan.plan.stages[i];
-        // What an earlier early start of the stage left is not resumed from (see `early`).
-        let cleared = super::early::before_start(&setup.run_dir, &stage.name, early).map_err(|e| {
-            Failure::SpawnFailed(format!("cannot clear what an early start left: {e}"))
-        });
+        // What an earlier early start of the stage left is not resumed from (see `early`);
+        // only built-in stages start early, so a command stage costs no look for the mark.
+        let cleared = match stage.kind {
+            Some(_) => super::early::before_start(&setup.run_dir, &stage.name, early),
+            None => Ok(()),
+        }
+        .map_err(|e| Failure::SpawnFailed(format!("cannot clear what an early start left: {e}")));
         // The preparer's files serve a first attempt on the CPU only, and not an early start
         // (whose spec names the inputs being written).
         let written = match early {
