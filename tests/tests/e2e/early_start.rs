@@ -18,8 +18,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// The simulated disk time of a checkpoint, after the release: the window an early start
-/// overlaps.
-const PERSIST_MS: u64 = 300;
+/// overlaps (longer than a forked worker's start-up here, about 0.25 s, so that the
+/// downstream stage really waits for the manifest).
+const PERSIST_MS: u64 = 500;
 
 /// The tiny training every stage here runs (`init` for the downstream ones).
 const TINY: &str = r#"[stage.params]
