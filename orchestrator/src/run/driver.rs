@@ -74,6 +74,8 @@ struct Driver<'h> {
     concluded_held: Vec<(usize, Box<AttemptResult>)>,
     /// Stages whose directory holds the early-start mark (see `super::early`).
     marked: std::collections::BTreeSet<usize>,
+    /// Running early-started stages whose `init` is a stage still persisting: that stage.
+    awaiting_init: BTreeMap<usize, usize>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -246,6 +248,7 @@ impl<'h> Driver<'h> {
             held_results: BTreeMap::new(),
             concluded_held: Vec::new(),
             marked: Default::default(),
+            awaiting_init: BTreeMap::new(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -398,6 +401,13 @@ impl<'h> Driver<'h> {
             ));
             self.started_early.insert(i);
             self.marked.insert(i);
+            let init = being_written
+                .iter()
+                .copied()
+                .find(|&u| stage.init.as_deref() == Some(setup.plan.plan.stages[u].name.as_str()));
+            if let Some(u) = init {
+                self.awaiting_init.insert(i, u);
+            }
         }
         self.record_start(sched, i, gpus, started)
     }
@@ -540,6 +550,7 @@ impl<'h> Driver<'h> {
             }
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
+                self.awaiting_init.remove(&i);
                 result.started_early = self.started_early.remove(&i);
                 (i, result, given, chained)
             }
@@ -576,7 +587,40 @@ impl<'h> Driver<'h> {
         } else {
             sched.keep_last(i, *result);
         }
+        self.check_early_inits(sched)?;
         self.rewrite_report(sched)
+    }
+
+    /// After an attempt's end: an early-started stage still waiting for its `init` stage's
+    /// checkpoint is stopped if that stage has succeeded without writing one (a command stage
+    /// that opted in and broke its promise; the built-in train stage always writes its
+    /// manifest).
+    fn check_early_inits(&mut self, sched: &mut Scheduler<'_>) -> Result<()> {
+        let succeeded = |u: usize| sched.states()[u].status == super::state::Status::Succeeded;
+        let waiting: Vec<(usize, usize)> = self
+            .awaiting_init
+            .iter()
+            .filter(|&(_, &u)| succeeded(u))
+            .map(|(&d, &u)| (d, u))
+            .collect();
+        for (d, u) in waiting {
+            self.awaiting_init.remove(&d);
+            let name = &self.setup.plan.plan.stages[u].name;
+            let manifest = self
+                .setup
+                .run_dir
+                .output_dir(name)
+                .join(protocol::checkpoint::MANIFEST_FILE);
+            if !manifest.is_file() {
+                let event = Event::InputMissing {
+                    stage: d,
+                    upstream: u,
+                };
+                let actions = sched.on(event, Instant::now());
+                self.carry_out(actions, None)?;
+            }
+        }
+        Ok(())
     }
 
     /// The GPU spans of an attempt, for the run's memory picture.
@@ -745,7 +789,7 @@ impl<'h> Driver<'h> {
             }
             Action::StopStage(stage) => {
                 console.warn(&format!(
-                    "{}: stopping it (it started early and its upstream stage did not succeed; it will run again)",
+                    "{}: stopping it (it started early and cannot use its upstream stage's outputs; it will run again)",
                     name(stage)
                 ));
                 if let Some(stop) = self.stoppers.remove(&stage) {

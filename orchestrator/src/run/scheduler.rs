@@ -117,6 +117,11 @@ pub(crate) enum Event<'a> {
         result: &'a AttemptResult,
         chained: Option<usize>,
     },
+    /// Stage `stage`, started early, reads the checkpoint of `upstream`, which succeeded
+    /// without one (no `manifest.json`, which its release promised): the early attempt waits
+    /// for nothing that will come, so it is stopped and void, and starts again the ordinary
+    /// way (where its worker says what is missing).
+    InputMissing { stage: usize, upstream: usize },
     /// The run was asked to stop.
     Cancel(CancelLevel),
 }
@@ -648,6 +653,12 @@ impl<'p> Scheduler<'p> {
                     self.conclude(stage, &result.outcome, now, &mut actions);
                 }
             }
+            Event::InputMissing { stage, upstream } => {
+                if self.live.contains_key(&stage) && !self.voided.contains_key(&stage) {
+                    self.voided.insert(stage, upstream);
+                    actions.push(Action::StopStage(stage));
+                }
+            }
             Event::Cancel(level) => self.cancel(level, &mut actions),
         }
         actions
@@ -741,17 +752,22 @@ impl<'p> Scheduler<'p> {
     }
 
     /// Stage `d`'s early attempt is void (`upstream`, which it started ahead of, did not
-    /// succeed): recorded as stopped, not counted against its retries; it waits again for its
+    /// succeed, or succeeded without the checkpoint it promised): recorded as stopped, not counted against its retries; it waits again for its
     /// upstream stages, or is skipped if one of them failed for good.
     fn void(&mut self, d: usize, upstream: usize, now: Instant, out: &mut Vec<Action>) {
         self.uncharged[d] += 1;
+        self.ahead_of.remove(&d);
         let up = &self.plan.plan.stages[upstream].name;
+        let why = match self.states[upstream].status {
+            Status::Succeeded => "which finished without the checkpoint manifest it promised",
+            _ => "which did not succeed",
+        };
         out.push(Action::Finished {
             stage: d,
             attempt: self.states[d].attempts,
             status: StageStatus::Cancelled,
             error: Some(format!(
-                "stopped: it started early, before its upstream stage `{up}` finished, which did not succeed; not counted against its retries"
+                "stopped: it started early, before its upstream stage `{up}` finished, {why}; not counted against its retries"
             )),
             retry_in: None,
         });
@@ -2139,5 +2155,47 @@ mod tests {
         assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
         end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+    }
+
+    #[test]
+    fn an_upstream_that_succeeds_without_its_promised_checkpoint_voids_the_early_stage() {
+        let text = "[run]\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ngpus = 1\n\
+            [[stage]]\nname = \"b\"\nkind = \"train\"\ngpus = 1\ninit = \"a\"\nafter = [\"a\"]\n";
+        let p = parse_plan_toml(text, "t.toml", Path::new("/")).unwrap();
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        // A command stage that opted in releases: b starts early.
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        // It wrote no manifest (the run loop sees that): b is stopped, once.
+        let missing = || Event::InputMissing {
+            stage: 1,
+            upstream: 0,
+        };
+        assert_eq!(s.on(missing(), now), vec![Action::StopStage(1)]);
+        assert!(s.on(missing(), now).is_empty());
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &result(Outcome::Cancelled), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(1, StageStatus::Cancelled, None)]
+        );
+        let error = actions.iter().find_map(|a| match a {
+            Action::Finished { error, .. } => error.clone(),
+            _ => None,
+        });
+        assert!(error.unwrap().contains("without the checkpoint manifest"));
+        // b starts again the ordinary way (its worker then says what is missing).
+        match start_one(&mut s, &mut gpus, now) {
+            Some(Start::Fresh {
+                stage: 1,
+                attempt: 2,
+                being_written,
+                ..
+            }) => assert!(being_written.is_empty()),
+            other => panic!("b did not start again: {other:?}"),
+        }
     }
 }

@@ -383,3 +383,77 @@ fn a_kill_anywhere_from_the_release_to_the_downstreams_end_never_resumes_wrongly
         "no kill came while b ran ahead of a's recorded end"
     );
 }
+
+/// An upstream command stage that opts in to early starts and then succeeds without writing a
+/// checkpoint manifest (a broken promise).
+const NO_MANIFEST: &str = r#"
+import os, time
+import orchestrate_stage as stage
+stage.released(downstream_may_start=True)
+log = os.path.join(os.environ["ORCHESTRATE_RUN_DIR"], "stages", "down", "stderr.log")
+deadline = time.time() + 30
+while time.time() < deadline:
+    if os.path.exists(log) and "waiting for" in open(log).read():
+        break
+    time.sleep(0.01)
+(stage.output_dir() / "model.bin").write_bytes(b"not a checkpoint")
+"#;
+
+#[test]
+fn an_upstream_that_succeeds_without_its_promised_manifest_does_not_leave_the_early_stage_waiting()
+{
+    let s = Scratch::new("early-no-manifest");
+    let up = s.write("up.py", NO_MANIFEST);
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"[run]
+max_parallel = 2
+
+[[stage]]
+name = "up"
+gpus = 1
+command = ["python3", "{up}"]
+outputs = ["model.bin"]
+env = {{ PYTHONPATH = "{path}" }}
+
+[[stage]]
+name = "down"
+kind = "train"
+gpus = 1
+init = "up"
+after = ["up"]
+{TINY}"#,
+            up = up.display(),
+            path = repo_root().join("python").display(),
+        ),
+    );
+    let started = std::time::Instant::now();
+    let run = run_plan_with(command(&s), &s, &plan, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let records = journal_records(&run.run_dir);
+    let got: Vec<(String, u64, String)> = records_of(&records, "down");
+    let statuses: Vec<&str> = got
+        .iter()
+        .filter(|(r, ..)| r == "stage_finished")
+        .map(|(_, _, st)| st.as_str())
+        .collect();
+    // Stopped once up's success showed no manifest; then started the ordinary way, which
+    // fails on the missing checkpoint.
+    assert_eq!(statuses, vec!["cancelled", "failed"], "{records:?}");
+    let stopped = records
+        .iter()
+        .find(|r| r["stage"] == "down" && r["status"] == "cancelled")
+        .unwrap();
+    assert!(
+        stopped["error"]
+            .as_str()
+            .unwrap()
+            .contains("without the checkpoint manifest"),
+        "{stopped}"
+    );
+    let down = run.stage("down");
+    assert_eq!(down["failure"], "bad_input", "{down}");
+    assert!(left_running(&s).is_empty());
+}
