@@ -187,8 +187,8 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 /// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
 /// device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
 /// written when the stage started early was complete), `t_inputs_read` (the init checkpoint
-/// read), `t_model_built` (the model
-/// built and loaded; the warm-up may still run), `t_model_ready` (the warm-up done too),
+/// read), `t_model_built` (the model built and loaded; the warm-up may still run),
+/// `t_model_ready` (the warm-up done too),
 /// `t_first_step`, `t_last_step` (the device idle after the last step), `t_device_released`
 /// (the final checkpoint's data all copied to the host and the CUDA context destroyed, when
 /// that was done before the files were durable), `t_checkpoint_durable` (every file fsynced

@@ -752,8 +752,9 @@ impl<'p> Scheduler<'p> {
     }
 
     /// Stage `d`'s early attempt is void (`upstream`, which it started ahead of, did not
-    /// succeed, or succeeded without the checkpoint it promised): recorded as stopped, not counted against its retries; it waits again for its
-    /// upstream stages, or is skipped if one of them failed for good.
+    /// succeed, or succeeded without the checkpoint it promised): recorded as stopped, not
+    /// counted against its retries; it waits again for its upstream stages, or is skipped if
+    /// one of them failed for good.
     fn void(&mut self, d: usize, upstream: usize, now: Instant, out: &mut Vec<Action>) {
         self.uncharged[d] += 1;
         self.ahead_of.remove(&d);
