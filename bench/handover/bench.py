@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The hand-on-at-release benchmark's driver (see run.sh): 100M built-in train stages, four at
-a time on one GPU, with the GPU handed on at the worker's release and without it
-(ORCHESTRATE_HAND_ON_AT_RELEASE=0), in two shapes:
-  chain        s1 → s2 → s3 → s4, each from its parent's weights (a downstream stage still
-               starts only after its upstream succeeded, so the hand-on cannot help here:
-               the check that it costs nothing)
+a time on one GPU, in two shapes:
+  chain        s1 → s2 → s3 → s4, each from its parent's weights, in three modes: `early`
+               (the GPU handed on at release and the downstream stage started early, while
+               its upstream persists its checkpoint: the default), `on` (handed on, no early
+               start: ORCHESTRATE_EARLY_START=0, so the downstream starts after its upstream
+               succeeded) and `off` (ORCHESTRATE_HAND_ON_AT_RELEASE=0)
   independent  four stages with no dependencies, max_parallel = 2, all on the one GPU: the
-               next stage starts when the previous one releases the GPU
-Each variant runs twice, alternating, after one warm-up run. Per run: wall, Σ steady training,
+               next stage starts when the previous one releases the GPU; modes `on`, `off`
+Each variant runs twice, in alternating order, after one warm-up run. Per run: wall, Σ steady training,
 and the boundary overhead per stage = (wall − Σ steady) / stages; per boundary: from the
 previous stage's last step to the next stage's spawn and to its first step.
 Writes OUT/results.json and prints a summary (OUT/summary.md).
@@ -16,7 +17,9 @@ import json, os, subprocess, sys, time
 
 BIN, OUT, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 ORCH, WORKER = os.path.join(BIN, "orchestrate"), os.path.join(BIN, "stage-worker")
-TINY = os.environ.get("BENCH_TINY") == "1"  # a CPU rehearsal of the script (no GPU: no hand-on)
+# A CPU rehearsal of the script: one fake GPU, and the worker's simulated CUDA device (which
+# releases at the end of its training as on CUDA, its manifest 100 ms later).
+TINY = os.environ.get("BENCH_TINY") == "1"
 # d_model, layers, heads, batch, seq, steps
 SHAPE = (64, 1, 2, 2, 32, 4) if TINY else (1024, 8, 16, 32, 256, 60)
 STAGES = 4
@@ -25,9 +28,10 @@ REPEATS = int(os.environ.get("REPEATS", "2"))
 
 def plan(tag, independent):
     d, layers, heads, batch, seq, steps = SHAPE
-    out = [f'[run]\nname = "{tag}"\ngpu_tolerance_mib = 64\n' + ("max_parallel = 2\n" if independent else "")]
+    # max_parallel = 2 for the chain too: an early start needs a slot beside its upstream's.
+    out = [f'[run]\nname = "{tag}"\ngpu_tolerance_mib = 64\nmax_parallel = 2\n']
     for k in range(1, STAGES + 1):
-        out.append(f'[[stage]]\nname = "s{k}"\nkind = "train"' + ("" if TINY else "\ngpus = 1"))
+        out.append(f'[[stage]]\nname = "s{k}"\nkind = "train"\ngpus = 1')
         if k > 1 and not independent:
             out.append(f'after = ["s{k - 1}"]\ninit = "s{k - 1}"')
         out.append("[stage.params]")
@@ -39,13 +43,19 @@ def plan(tag, independent):
     return "\n".join(out)
 
 
-def run(tag, independent, hand_on):
+def run(tag, independent, mode):
     path = os.path.join(WORK, tag + ".toml")
     with open(path, "w") as f:
         f.write(plan(tag, independent))
     run_dir = os.path.join(WORK, tag)
     env = dict(os.environ)
-    env["ORCHESTRATE_HAND_ON_AT_RELEASE"] = "1" if hand_on else "0"
+    env["ORCHESTRATE_HAND_ON_AT_RELEASE"] = "0" if mode == "off" else "1"
+    env["ORCHESTRATE_EARLY_START"] = "1" if mode == "early" else "0"
+    if TINY:
+        holders = os.path.join(WORK, "holders")
+        os.makedirs(holders, exist_ok=True)
+        env.update(ORCHESTRATE_FAKE_GPUS="1", ORCHESTRATE_FAKE_GPU_DIR=holders,
+                   STAGE_WORKER_SIMULATED_CUDA="100")
     t0 = time.time()
     p = subprocess.run([ORCH, "--plan", path, "--run-dir", run_dir, "--worker", WORKER, "-q"],
                        env=env, capture_output=True, text=True, timeout=300)
@@ -54,8 +64,10 @@ def run(tag, independent, hand_on):
     stages = []
     for s in report["stages"]:
         t, m = s.get("timing") or {}, s.get("metrics") or {}
-        stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"), **t,
-                       **{k: v for k, v in m.items() if k.startswith("t_") or k == "tokens_per_s"}})
+        stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"),
+                       "started_early": bool(s.get("started_early")), **t,
+                       **{k: v for k, v in m.items()
+                          if k.startswith("t_") or k in ("tokens_per_s", "input_wait_s")}})
     stages.sort(key=lambda s: s.get("spawned") or 0)
     steps = SHAPE[5]
     steady = sum((s["t_last_step"] - s["t_first_step"]) * steps / (steps - 1)
@@ -71,14 +83,21 @@ def run(tag, independent, hand_on):
                 "last_step_to_first_step_s": round(b["t_first_step"] - a["t_last_step"], 4) if "t_first_step" in b else None,
                 "released_at_s": round(a["released"] - a["t_last_step"], 4) if a.get("released") else None,
                 "spawn_before_exit_s": round(a["exited"] - b["spawned"], 4) if a.get("exited") else None,
+                "started_early": bool(b.get("started_early")),
+                "input_wait_s": b.get("input_wait_s"),
             })
-    return {"tag": tag, "independent": independent, "hand_on": hand_on, "rc": p.returncode,
+    return {"tag": tag, "independent": independent, "mode": mode, "hand_on": mode != "off",
+            "early_start": mode == "early", "rc": p.returncode,
             "wall_s": round(wall, 3), "span_s": round(span, 3) if span else None,
             "steady_s": round(steady, 3),
             "overhead_per_stage_s": round((span - steady) / STAGES, 4) if span else None,
             "at_release": [bool(g.get("at_release")) for s in stages for g in (s.get("gpu") or [])],
             "boundaries": boundaries, "stages": stages,
             "console_tail": (p.stdout + p.stderr)[-2000:] if p.returncode else ""}
+
+
+# Shapes and their modes (see the docstring).
+VARIANTS = ((True, ("on", "off")), (False, ("early", "on", "off")))
 
 
 def median(xs):
@@ -90,29 +109,35 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     results = {"shape": SHAPE, "stages": STAGES, "repeats": REPEATS, "runs": []}
     print("== warm-up", flush=True)
-    results["warmup"] = run("warmup", True, True)["wall_s"]
+    results["warmup"] = run("warmup", True, "on")["wall_s"]
     for r in range(REPEATS):
-        for independent in (True, False):
-            for hand_on in ((True, False) if r % 2 == 0 else (False, True)):
-                tag = f"{'ind' if independent else 'chain'}-{'on' if hand_on else 'off'}-{r}"
-                res = run(tag, independent, hand_on)
+        for independent, modes in VARIANTS:
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
+                tag = f"{'ind' if independent else 'chain'}-{mode}-{r}"
+                res = run(tag, independent, mode)
                 print(f"== {tag}: rc {res['rc']} span {res['span_s']} s, overhead/stage {res['overhead_per_stage_s']} s, "
                       f"at release {res['at_release']}", flush=True)
                 results["runs"].append(res)
                 with open(os.path.join(OUT, "results.json"), "w") as f:
                     json.dump(results, f, indent=1)
-    lines = ["| shape | hand-on | runs | span (s) | overhead per stage (s), median (min–max) | "
-             "last step → next spawn (s), median | last step → next first step (s), median | verdicts at release |",
-             "|---|---|---|---|---|---|---|---|"]
-    for independent in (True, False):
-        for hand_on in (True, False):
-            rs = [x for x in results["runs"] if x["independent"] == independent and x["hand_on"] == hand_on]
+    lines = ["| shape | mode | runs | span (s) | overhead per stage (s), median (min–max) | "
+             "last step → next spawn (s), median | last step → next first step (s), median (min–max) | "
+             "next spawned before the previous exited (s), median | started early | verdicts at release |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for independent, modes in VARIANTS:
+        for mode in modes:
+            rs = [x for x in results["runs"] if x["independent"] == independent and x["mode"] == mode]
             ov = [x["overhead_per_stage_s"] for x in rs if x["overhead_per_stage_s"] is not None]
             bs = [b for x in rs for b in x["boundaries"]]
+            firsts = [b["last_step_to_first_step_s"] for b in bs if b["last_step_to_first_step_s"] is not None]
+            before = [b["spawn_before_exit_s"] for b in bs if (b["spawn_before_exit_s"] or 0) > 0]
             lines.append(
-                f"| {'independent' if independent else 'chain'} | {'on' if hand_on else 'off'} | {len(rs)} "
+                f"| {'independent' if independent else 'chain'} | {mode} | {len(rs)} "
                 f"| {median([x['span_s'] for x in rs])} | {median(ov)} ({min(ov, default=None)}–{max(ov, default=None)}) "
-                f"| {median([b['last_step_to_spawn_s'] for b in bs])} | {median([b['last_step_to_first_step_s'] for b in bs])} "
+                f"| {median([b['last_step_to_spawn_s'] for b in bs])} "
+                f"| {median(firsts)} ({min(firsts, default=None)}–{max(firsts, default=None)}) "
+                f"| {median(before) if before else '—'} "
+                f"| {sum(b['started_early'] for b in bs)}/{len(bs)} "
                 f"| {sum(sum(x['at_release']) for x in rs)}/{sum(len(x['at_release']) for x in rs)} |")
     summary = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "summary.md"), "w") as f:

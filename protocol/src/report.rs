@@ -139,6 +139,11 @@ pub struct StageReport {
     /// When the last attempt's milestones happened.
     #[serde(default)]
     pub timing: Option<StageTiming>,
+    /// The last attempt was started early: while an upstream stage it reads from, whose GPU
+    /// had been handed on at its release, still persisted its outputs (its finish was
+    /// recorded after theirs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started_early: bool,
     /// CPU time and memory of the last attempt's processes.
     #[serde(default)]
     pub host: Option<HostUsage>,

@@ -67,6 +67,17 @@ pub struct StageSpec {
     pub device: Device,
     /// The attempt number, from 1.
     pub attempt: u32,
+    /// Output directories (among `inputs` and `init`) whose checkpoint may still be being
+    /// written: the stage was started early, while its upstream stage persists its outputs
+    /// (its GPU was handed on at its release). A worker reads such a directory only once its
+    /// `manifest.json` is present (written last, after every file it lists is complete), and
+    /// then verifies it as any input. Empty (and absent from the JSON) for an ordinary start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs_being_written: Vec<PathBuf>,
+    /// The longest a worker waits for those inputs, in seconds (the stage's timeout); none:
+    /// until it is stopped (the orchestrator stops it if the upstream stage fails).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_wait_limit_s: Option<f64>,
 }
 
 /// Where a built-in stage computes.
@@ -155,6 +166,12 @@ pub enum WorkerEvent {
         /// The reporting process.
         #[serde(default)]
         pid: Option<u32>,
+        /// The stage writes its outputs the checkpoint way (every file put in place whole,
+        /// `manifest.json` last, listing them with their checksums), so a downstream stage may
+        /// start now and read them once the manifest is there (`stage-worker`'s train stage
+        /// says so; a command stage opts in). Its finish is recorded only after this stage's.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        downstream_may_start: bool,
     },
     /// The work finished; the process is about to exit 0.
     Done {},

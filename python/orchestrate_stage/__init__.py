@@ -153,7 +153,7 @@ def checkpoint(path, step=None):
           bytes=after.st_size, step=step, identity=identity)
 
 
-def released():
+def released(downstream_may_start=False):
     """Reports that this stage's GPU work is over: no process of the stage holds a CUDA
     context any more. PyTorch cannot destroy its context in a live process, so the usual way
     is to do the GPU work in a child process that exits (multiprocessing, a subprocess), and
@@ -161,8 +161,17 @@ def released():
     GPUs at once: if no process of the stage is listed on them and their memory is back at
     the baseline, they go to the next stage while this one goes on writing. A process of the
     stage that uses a GPU again afterwards is a leak. If the check does not hold yet, nothing
-    changes (the GPUs are handed on after the stage ends) and the call may be made again."""
-    _send("released", pid=os.getpid())
+    changes (the GPUs are handed on after the stage ends) and the call may be made again.
+
+    `downstream_may_start=True` also opts in to an early start of the stages after this one:
+    a promise that this stage writes its checkpoint the checkpoint way (each file put in
+    place whole, `manifest.json` last, listing them with sizes and checksums). A built-in
+    stage downstream then starts at once and waits for the manifest; its finish is recorded
+    only after this stage's, and it is stopped and started again if this stage fails."""
+    if downstream_may_start:
+        _send("released", pid=os.getpid(), downstream_may_start=True)
+    else:
+        _send("released", pid=os.getpid())
 
 
 def metrics(**values):

@@ -190,6 +190,7 @@ pub fn write(
         let handle = std::thread::spawn(|| {
             if crate::device::release() {
                 crate::events::EventSink::announce_released();
+                crate::device::simulated_persist_delay();
             }
         });
         *releasing.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);

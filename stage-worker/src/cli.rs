@@ -16,6 +16,9 @@ STAGE SPEC (JSON, protocol version 1; written by orchestrate)
   init        checkpoint directory to start from (train) or to evaluate (eval, required)
   output_dir  where a train stage writes its checkpoint
   device      \"cuda\" (device 0 of CUDA_VISIBLE_DEVICES) or \"cpu\"
+  inputs_being_written  input directories still being written by their stage (an early
+              start): each is read once its manifest.json is there (looked for every 5 ms,
+              after start-up), at most input_wait_limit_s seconds when that is set
 
 TRAIN PARAMS (defaults)
   data = \"synthetic:pretrain\"  also \"synthetic:sft\", a text file, or a .jsonl file of
@@ -48,7 +51,10 @@ OUTPUT (eval)
 EVENTS
   One JSON object per line ({\"v\": 1, \"event\": ...}) to the Unix socket named by
   ORCHESTRATE_EVENTS, or to stdout when it is unset: started, progress, checkpoint,
-  metrics, then done or failed. Human-readable logs go to stderr.
+  metrics, then done or failed; released (with downstream_may_start) once the final
+  checkpoint is on the host and the CUDA context destroyed. Human-readable logs go to stderr.
+  STAGE_WORKER_SIMULATED_CUDA=<ms> (tests without a GPU): a \"cuda\" stage computes on the
+  CPU, releases as on CUDA, and writes its manifest <ms> milliseconds after the release.
 
 SIGNALS
   SIGTERM or SIGINT during training: the current step finishes, a resumable checkpoint is

@@ -59,6 +59,17 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                 description: format!("cpu, {threads} threads, {}", kind_name(kind)),
             })
         }
+        SpecDevice::Cuda if simulated_cuda().is_some() => {
+            let kind = compute_kind(precision, false)?;
+            Ok(Compute {
+                device: Device::Cpu,
+                kind,
+                description: format!(
+                    "cpu (simulating cuda), {threads} threads, {}",
+                    kind_name(kind)
+                ),
+            })
+        }
         SpecDevice::Cuda => {
             let kind = compute_kind(precision, true)?;
             if !tch::Cuda::is_available() {
@@ -89,13 +100,35 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
     }
 }
 
+/// For tests on machines without a GPU: `STAGE_WORKER_SIMULATED_CUDA=<ms>` makes a stage given
+/// a GPU compute on the CPU and still do what a CUDA stage does at its end — release the
+/// "device" once the final checkpoint's data is on the host and announce it — with the
+/// checkpoint's manifest written at least `<ms>` milliseconds after the release (a large
+/// checkpoint's disk time). The number of milliseconds, when set.
+pub fn simulated_cuda() -> Option<u64> {
+    static SIMULATED: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *SIMULATED.get_or_init(|| {
+        std::env::var("STAGE_WORKER_SIMULATED_CUDA")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// After a simulated release ([`simulated_cuda`]): the disk's simulated time.
+pub fn simulated_persist_delay() {
+    if let Some(ms) = simulated_cuda() {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// When [`release`] destroyed this process's CUDA context, in Unix seconds.
 static RELEASED_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
 /// Whether a stage that is about to end should give its device back as soon as its final
 /// checkpoint is on the host (`STAGE_WORKER_EARLY_RELEASE=0` turns it off).
 pub fn early_release_wanted(device: Device) -> bool {
-    device.is_cuda() && std::env::var("STAGE_WORKER_EARLY_RELEASE").map_or(true, |v| v != "0")
+    (device.is_cuda() || simulated_cuda().is_some())
+        && std::env::var("STAGE_WORKER_EARLY_RELEASE").map_or(true, |v| v != "0")
 }
 
 /// Destroys this process's CUDA context (`cudaDeviceReset` of device 0, the stage's only
@@ -107,6 +140,10 @@ pub fn early_release_wanted(device: Device) -> bool {
 /// memory is back before the next stage may use the device (at once, when the caller reports
 /// the release: see `EventSink::announce_released`). Returns whether it was done.
 pub fn release() -> bool {
+    if simulated_cuda().is_some() {
+        let _ = RELEASED_AT.set(crate::log::unix_now());
+        return true;
+    }
     type Sync = unsafe extern "C" fn() -> i32;
     type Reset = unsafe extern "C" fn() -> i32;
     // SAFETY: dlsym of NUL-terminated names in the global scope (libcudart is a dependency of

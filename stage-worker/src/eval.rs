@@ -123,6 +123,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     crate::log!("stage `{}`: eval on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
+    crate::input_wait::await_input(spec, init)?;
     let verified = checkpoint::open_for_weights(init)?;
     let config = verified.model_config()?;
     let seq_len = p.seq_len as usize;

@@ -171,11 +171,13 @@ impl EventSink {
     /// Reports that the stage's device work is over (its CUDA context destroyed), on a
     /// connection of its own: the thread that released the device calls it while the stage's
     /// main sink is busy writing the checkpoint. Errors are ignored (the orchestrator then
-    /// simply hands the GPU on after the stage ends).
+    /// simply hands the GPU on after the stage ends). The checkpoint being written is one of
+    /// [`crate::checkpoint::write`]'s (manifest last), so a downstream stage may start now.
     pub fn announce_released() {
         if let Ok(mut sink) = Self::from_env() {
             sink.send(WorkerEvent::Released {
                 pid: Some(std::process::id()),
+                downstream_may_start: true,
             });
         }
     }

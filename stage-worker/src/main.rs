@@ -12,6 +12,7 @@ mod failure;
 mod forkserver;
 mod fsio;
 mod hold;
+mod input_wait;
 mod log;
 mod model;
 mod optim;

@@ -185,8 +185,10 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 
 /// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
 /// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
-/// device work done), `t_inputs_read` (the init checkpoint read), `t_model_built` (the model
-/// built and loaded; the warm-up may still run), `t_model_ready` (the warm-up done too),
+/// device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
+/// written when the stage started early was complete), `t_inputs_read` (the init checkpoint
+/// read), `t_model_built` (the model built and loaded; the warm-up may still run),
+/// `t_model_ready` (the warm-up done too),
 /// `t_first_step`, `t_last_step` (the device idle after the last step), `t_device_released`
 /// (the final checkpoint's data all copied to the host and the CUDA context destroyed, when
 /// that was done before the files were durable), `t_checkpoint_durable` (every file fsynced
@@ -228,11 +230,16 @@ struct LoopStats {
 pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let p: TrainParams = parse_params(spec)?;
     validate(&p)?;
-    // The init checkpoint is read (and its checksum started) while the device starts up.
-    let init_reader = spec
-        .init
-        .clone()
-        .map(|dir| std::thread::spawn(move || checkpoint::open_for_weights_deferred(&dir)));
+    // The init checkpoint is read (and its checksum started) while the device starts up; one
+    // that its stage is still writing (an early start) is waited for on that thread first.
+    let init_reader = spec.init.clone().map(|dir| {
+        let spec = spec.clone();
+        std::thread::spawn(move || {
+            let waited = crate::input_wait::await_input(&spec, &dir)?;
+            let at = crate::log::unix_now();
+            checkpoint::open_for_weights_deferred(&dir).map(|v| (v, waited, at))
+        })
+    });
     let compute = device::prepare(spec.device, &p.precision)?;
     let mut milestones = Milestones::default();
     milestones.mark("t_device_ready");
@@ -253,21 +260,38 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         }
     }
     // Warm the device up (on its own thread) while the inputs are read and the model built.
+    let fits =
+        |c: &ModelConfig| validate_config(c).is_ok() && i64::from(p.seq_len) <= c.max_seq_len;
+    let (batch, seq, kind, device) = (
+        p.batch_size as usize,
+        p.seq_len as usize,
+        compute.kind,
+        compute.device,
+    );
+    // An init checkpoint still being written (an early start): the warm-up takes its shape
+    // from the manifest once it is there, on a thread of its own.
+    let pending_init = spec
+        .init
+        .as_deref()
+        .filter(|dir| crate::input_wait::pending(spec, dir) && !checkpoint::exists(dir));
+    let deferred_warm_up = pending_init.map(|dir| {
+        let (spec, dir) = (spec.clone(), dir.to_path_buf());
+        std::thread::spawn(move || {
+            crate::input_wait::await_input(&spec, &dir).ok()?;
+            let c = checkpoint::peek_model_config(&dir).ok()?;
+            let fits = validate_config(&c).is_ok() && seq as i64 <= c.max_seq_len;
+            fits.then(|| warmup::start(&c, batch, seq, kind, device))?
+                .map(warmup::WarmUp::finish)
+        })
+    });
     let warm_shape = match spec.init.as_deref() {
+        _ if pending_init.is_some() => None,
         Some(dir) => checkpoint::peek_model_config(dir).ok(),
         None => Some(p.model.clone()),
     };
     let warm_up = warm_shape
-        .filter(|c| validate_config(c).is_ok() && i64::from(p.seq_len) <= c.max_seq_len)
-        .and_then(|c| {
-            warmup::start(
-                &c,
-                p.batch_size as usize,
-                p.seq_len as usize,
-                compute.kind,
-                compute.device,
-            )
-        });
+        .filter(fits)
+        .and_then(|c| warmup::start(&c, batch, seq, kind, device));
     // The init checkpoint's checksum is computed alongside; it is checked before anything
     // derived from it is written (see `Verified::finish`).
     let init = init_reader
@@ -276,7 +300,16 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
                 .join()
                 .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
         })
-        .transpose()?;
+        .transpose()?
+        .map(|(v, waited, at)| {
+            if !waited.is_zero() {
+                milestones.0.insert("t_input_complete".into(), at);
+                milestones
+                    .0
+                    .insert("input_wait_s".into(), waited.as_secs_f64());
+            }
+            v
+        });
     milestones.mark("t_inputs_read");
     let config = model_config(spec, &p, init.as_ref())?;
     if let Some(done) = completed(&spec.output_dir, &p, &config) {
@@ -315,7 +348,19 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         forget_stale_checkpoint(&spec.output_dir)?;
         if let Some(v) = &init {
             v.load_model(&model)?;
-            crate::log!("initialised from {}", v.dir.display());
+            // The weights' checksum as listed (and verified before anything derived is
+            // written), naming exactly which checkpoint this stage started from.
+            let listed = v
+                .manifest
+                .files
+                .iter()
+                .find(|f| f.path == checkpoint::MODEL_FILE)
+                .map_or("", |f| f.checksum.hex());
+            crate::log!(
+                "initialised from {} ({} {listed})",
+                v.dir.display(),
+                checkpoint::MODEL_FILE
+            );
             if v.training().is_some_and(|t| !t.complete) {
                 crate::log!(
                     "note: that checkpoint is from an interrupted run (step {:?})",
@@ -328,6 +373,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     milestones.mark("t_model_built");
     if let Some(w) = warm_up {
         w.finish();
+    }
+    if let Some(w) = deferred_warm_up {
+        let _ = w.join();
     }
     milestones.mark("t_model_ready");
     // Page-lock the checkpoint's host buffers while the stage trains (from its second step), so
@@ -591,6 +639,8 @@ mod tests {
             init: None,
             device: SpecDevice::Cpu,
             attempt: 1,
+            inputs_being_written: Vec::new(),
+            input_wait_limit_s: None,
         }
     }
 

@@ -136,6 +136,9 @@ pub struct AttemptResult {
     pub host: Option<protocol::report::HostUsage>,
     /// Stages with `preload`: forked from the zygote, or exec'd and why.
     pub start: Option<protocol::report::StageStart>,
+    /// It was started early, ahead of an upstream stage still persisting its outputs (the
+    /// run loop, which started it, says so).
+    pub started_early: bool,
 }
 
 impl AttemptResult {
@@ -154,6 +157,7 @@ impl AttemptResult {
             timing: None,
             host: None,
             start: None,
+            started_early: false,
         }
     }
 }

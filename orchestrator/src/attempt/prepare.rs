@@ -94,6 +94,8 @@ impl Layout {
             init: stage.init.as_ref().map(|name| run_dir.output_dir(name)),
             device,
             attempt,
+            inputs_being_written: Vec::new(),
+            input_wait_limit_s: None,
         };
         Layout {
             name: stage.name.clone(),
@@ -228,7 +230,9 @@ pub(crate) struct AttemptContext<'a> {
 /// Prepares attempt `attempt` of stage `i` on `gpus`: checks that its inputs are still what
 /// was verified, writes its files (unless the preparer did: `prepared` says whether its output
 /// directory was new then), and makes its environment and argv. `cpu_threads`: the threads a
-/// built-in stage on the CPU uses (its `OMP_NUM_THREADS`, unless set).
+/// built-in stage on the CPU uses (its `OMP_NUM_THREADS`, unless set). `being_written`: the
+/// upstream stages still persisting their outputs (an early start): its spec names their
+/// directories, which its worker waits for, and its files are written here.
 pub(crate) fn prepare_attempt(
     context: &AttemptContext<'_>,
     i: usize,
@@ -236,6 +240,7 @@ pub(crate) fn prepare_attempt(
     gpus: &[GpuInfo],
     cpu_threads: Option<usize>,
     prepared: Option<bool>,
+    being_written: &[usize],
 ) -> Result<AttemptPlan, Failure> {
     let AttemptContext {
         plan,
@@ -283,11 +288,21 @@ pub(crate) fn prepare_attempt(
     // The files of the attempt: written here, unless the preparer wrote them already (a
     // first attempt on the device it was prepared for; `prepared` says whether its output
     // directory was new).
-    let fresh_output = match prepared {
+    let fresh_output = match prepared.filter(|_| being_written.is_empty()) {
         Some(fresh) => fresh,
-        None => Layout::new(plan, i, run_dir, attempt, device, inputs.clone())
-            .write()
-            .map_err(|e| io_fail("cannot prepare the stage", e))?,
+        None => {
+            let mut layout = Layout::new(plan, i, run_dir, attempt, device, inputs.clone());
+            layout.spec.inputs_being_written = being_written
+                .iter()
+                .map(|&u| run_dir.output_dir(&plan.plan.stages[u].name))
+                .collect();
+            if !being_written.is_empty() {
+                layout.spec.input_wait_limit_s = stage.timeout().map(|t| t.as_secs_f64());
+            }
+            layout
+                .write()
+                .map_err(|e| io_fail("cannot prepare the stage", e))?
+        }
     };
     let StagePaths {
         stage_dir,

@@ -43,8 +43,12 @@ pub trait AttemptHooks {
     fn succeeded(&mut self);
     /// Called once, when the stage released its GPUs and the release held (see
     /// [`crate::gpu::release`]): its GPUs' verdicts are taken, and the caller may give them to
-    /// another stage while this one's processes still run.
-    fn gpus_released(&mut self) {}
+    /// another stage while this one's processes still run. `downstream_may_start`: a
+    /// `released` event said the stage writes its outputs the checkpoint way (manifest last),
+    /// so its downstream stages may start early.
+    fn gpus_released(&mut self, downstream_may_start: bool) {
+        let _ = downstream_may_start;
+    }
     /// Whether the caller can give the stage's GPUs to another stage at a release (not, say,
     /// for a stage whose GPUs are on another node): when false, releases are not looked at.
     fn hands_on_at_release(&self) -> bool {
@@ -391,7 +395,7 @@ async fn consider_release(
                 uuids.join(", ")
             ));
             w.release.held = Some((crate::timefmt::unix_secs_f64(), records));
-            hooks.gpus_released();
+            hooks.gpus_released(w.events.downstream_may_start);
         }
         Err(why) => {
             services.console.warn(&format!(
@@ -631,6 +635,7 @@ async fn conclude(
         host: Some(ended.host),
         timing: Some(ended.timing),
         start: ended.start,
+        started_early: false,
     }
 }
 
@@ -650,6 +655,8 @@ struct EventState {
     reported: Vec<crate::store::checksum::ReportedFile>,
     /// A `released` event came that was not looked at yet.
     release_asked: bool,
+    /// A `released` event said its downstream stages may start early.
+    downstream_may_start: bool,
 }
 
 impl EventState {
@@ -685,7 +692,13 @@ impl EventState {
                 self.failed = Some((error, reason))
             }
             ChannelItem::Event(WorkerEvent::Done {}) => self.done = true,
-            ChannelItem::Event(WorkerEvent::Released { .. }) => self.release_asked = true,
+            ChannelItem::Event(WorkerEvent::Released {
+                downstream_may_start,
+                ..
+            }) => {
+                self.release_asked = true;
+                self.downstream_may_start |= downstream_may_start;
+            }
             ChannelItem::Event(WorkerEvent::Started { .. }) => {}
             ChannelItem::Event(WorkerEvent::Checkpoint {
                 path,

@@ -43,8 +43,9 @@ pub(super) enum StageNews {
     /// Stage `i` gave its slot to its planned successor, which it started (see
     /// `crate::attempt::handover`; its result follows).
     HandedOver(usize, Started),
-    /// Stage `i` released its GPUs (`gpus`) and the release held; its result follows.
-    Released(usize, Vec<GpuInfo>),
+    /// Stage `i` released its GPUs (`gpus`) and the release held; its result follows. The flag:
+    /// its downstream stages may start early (its outputs are written manifest last).
+    Released(usize, Vec<GpuInfo>, bool),
     /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
     /// when it succeeded ([`handover::Kind::Chain`]).
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
@@ -63,6 +64,18 @@ struct Driver<'h> {
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
     /// The GPUs of stages that released them, until the scheduler gives them back.
     released: BTreeMap<usize, Vec<GpuInfo>>,
+    /// What stops each running early-started stage alone ([`Action::StopStage`]).
+    stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
+    /// Running stages that were started early (their report says so).
+    started_early: std::collections::BTreeSet<usize>,
+    /// Results the scheduler holds back (early starts whose upstream has not ended), and
+    /// those it just concluded, to keep for the report.
+    held_results: BTreeMap<usize, Box<AttemptResult>>,
+    concluded_held: Vec<(usize, Box<AttemptResult>)>,
+    /// Stages whose directory holds the early-start mark (see `super::early`).
+    marked: std::collections::BTreeSet<usize>,
+    /// Running early-started stages whose `init` is a stage still persisting: that stage.
+    awaiting_init: BTreeMap<usize, usize>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -91,6 +104,8 @@ pub(super) async fn drive(
         fail_fast: settings.fail_fast,
         on_leak: settings.on_leak,
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
+        // Inside Slurm a stage may run on another node: only a local run starts early.
+        early_start: setup.slurm.is_none() && super::early::enabled(),
     };
     let mut sched = Scheduler::new(&plan, rules, states);
     if crate::slurm::placement::spreads(setup.slurm.as_ref()) {
@@ -228,6 +243,12 @@ impl<'h> Driver<'h> {
             next_up: NextUp::default(),
             handed: BTreeMap::new(),
             released: BTreeMap::new(),
+            stoppers: BTreeMap::new(),
+            started_early: Default::default(),
+            held_results: BTreeMap::new(),
+            concluded_held: Vec::new(),
+            marked: Default::default(),
+            awaiting_init: BTreeMap::new(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -274,7 +295,16 @@ impl<'h> Driver<'h> {
                     attempt,
                     gpus,
                     cpu_threads,
-                }) => self.launch(sched, stage, attempt, gpus, cpu_threads)?,
+                    being_written,
+                }) => {
+                    let start = Fresh {
+                        attempt,
+                        gpus,
+                        cpu_threads,
+                        being_written,
+                    };
+                    self.launch(sched, stage, start)?
+                }
             }
         }
         if let Some((after, j, kind)) = sched.handover_candidate() {
@@ -292,32 +322,48 @@ impl<'h> Driver<'h> {
         Ok(())
     }
 
-    /// Prepares and spawns attempt `attempt` of stage `i` on `gpus`.
-    fn launch(
-        &mut self,
-        sched: &mut Scheduler<'_>,
-        i: usize,
-        attempt: u32,
-        gpus: Vec<GpuInfo>,
-        cpu_threads: Option<usize>,
-    ) -> Result<()> {
+    /// Prepares and spawns attempt `start.attempt` of stage `i`.
+    fn launch(&mut self, sched: &mut Scheduler<'_>, i: usize, start: Fresh) -> Result<()> {
+        let Fresh {
+            attempt,
+            gpus,
+            cpu_threads,
+            being_written,
+        } = start;
+        let early = !being_written.is_empty();
         let setup = &self.setup;
         let stage = &setup.plan.plan.stages[i];
-        // The preparer's files serve a first attempt on the CPU only.
-        let written = self
-            .lookahead
-            .claim(i)
-            .filter(|_| attempt == 1 && gpus.is_empty());
+        // What an earlier early start of the stage left is not resumed from (see `early`);
+        // only built-in stages start early, so a command stage costs no look for the mark.
+        let cleared = match stage.kind {
+            Some(_) => super::early::before_start(&setup.run_dir, &stage.name, early),
+            None => Ok(()),
+        }
+        .map_err(|e| Failure::SpawnFailed(format!("cannot clear what an early start left: {e}")));
+        // The preparer's files serve a first attempt on the CPU only, and not an early start
+        // (whose spec names the inputs being written).
+        let written = match early {
+            true => {
+                self.lookahead.release(i);
+                None
+            }
+            false => self
+                .lookahead
+                .claim(i)
+                .filter(|_| attempt == 1 && gpus.is_empty()),
+        };
         let request = Request {
             stage: i,
             attempt,
             gpus: &gpus,
             cpu_threads,
             prepared: written.as_ref().map(|&(fresh, _)| fresh),
+            being_written: &being_written,
         };
-        let prepared = self
-            .lookahead
-            .prepare_attempt(setup, sched.states(), request);
+        let prepared = cleared.and_then(|()| {
+            self.lookahead
+                .prepare_attempt(setup, sched.states(), request)
+        });
         let attempt_plan = match prepared {
             Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, setup.slurm.as_ref()),
             Err(failure) => {
@@ -343,6 +389,26 @@ impl<'h> Driver<'h> {
                 &setup.services,
             )
         });
+        if early {
+            let ahead: Vec<&str> = being_written
+                .iter()
+                .map(|&u| setup.plan.plan.stages[u].name.as_str())
+                .collect();
+            setup.console.note(&format!(
+                "{}: started early, while {} still writes its outputs",
+                stage.name,
+                ahead.join(", ")
+            ));
+            self.started_early.insert(i);
+            self.marked.insert(i);
+            let init = being_written
+                .iter()
+                .copied()
+                .find(|&u| stage.init.as_deref() == Some(setup.plan.plan.stages[u].name.as_str()));
+            if let Some(u) = init {
+                self.awaiting_init.insert(i, u);
+            }
+        }
         self.record_start(sched, i, gpus, started)
     }
 
@@ -388,9 +454,11 @@ impl<'h> Driver<'h> {
         // A GPU or srun stage's verdicts come after its tree is gone: it neither frees its
         // slot early nor hands over to a successor.
         // A placed step's successor is placed as a step of its own, never handed over.
+        // Nor an early start: its success is not its own to act on before its upstream's.
         let may_hand_over = given.is_empty()
             && node_check.is_none()
-            && !crate::slurm::placement::spreads(setup.slurm.as_ref());
+            && !crate::slurm::placement::spreads(setup.slurm.as_ref())
+            && !self.started_early.contains(&i);
         sched.on(
             Event::Launched {
                 stage: i,
@@ -401,7 +469,12 @@ impl<'h> Driver<'h> {
         // A stage's GPUs go on at its release only where this machine's NVML sees them.
         let local_gpus =
             node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
-        let task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
+        let mut task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
+        if self.started_early.contains(&i) {
+            let (cancel, stopper) = super::early::stoppable(self.cancel_tx.subscribe());
+            task.cancel = cancel;
+            self.stoppers.insert(i, stopper);
+        }
         let services = self.setup.services.clone();
         tokio::task::spawn_local(
             async move {
@@ -463,15 +536,24 @@ impl<'h> Driver<'h> {
                 sched.on(Event::HandedOver { from, to }, now);
                 return Ok(());
             }
-            StageNews::Released(i, gpus) => {
+            StageNews::Released(i, gpus, downstream_may_start) => {
                 self.released.insert(i, gpus);
-                let actions = sched.on(Event::GpusReleased(i), now);
+                let event = Event::GpusReleased {
+                    stage: i,
+                    downstream_may_start,
+                };
+                let actions = sched.on(event, now);
                 if actions.is_empty() {
                     self.released.remove(&i);
                 }
                 return self.carry_out(actions, None);
             }
-            StageNews::Done(i, result, given, chained) => (i, result, given, chained),
+            StageNews::Done(i, mut result, given, chained) => {
+                self.stoppers.remove(&i);
+                self.awaiting_init.remove(&i);
+                result.started_early = self.started_early.remove(&i);
+                (i, result, given, chained)
+            }
         };
         // A successor planned after it that it did not start is started the ordinary way,
         // if it still should.
@@ -496,8 +578,49 @@ impl<'h> Driver<'h> {
         };
         let actions = sched.on(event, now);
         self.carry_out(actions, Some(&result))?;
-        sched.keep_last(i, *result);
+        // Results the scheduler concluded from those it held (recorded just now, in order).
+        for (d, held) in std::mem::take(&mut self.concluded_held) {
+            sched.keep_last(d, *held);
+        }
+        if sched.is_held(i) {
+            self.held_results.insert(i, result);
+        } else {
+            sched.keep_last(i, *result);
+        }
+        self.check_early_inits(sched)?;
         self.rewrite_report(sched)
+    }
+
+    /// After an attempt's end: an early-started stage still waiting for its `init` stage's
+    /// checkpoint is stopped if that stage has succeeded without writing one (a command stage
+    /// that opted in and broke its promise; the built-in train stage always writes its
+    /// manifest).
+    fn check_early_inits(&mut self, sched: &mut Scheduler<'_>) -> Result<()> {
+        let succeeded = |u: usize| sched.states()[u].status == super::state::Status::Succeeded;
+        let waiting: Vec<(usize, usize)> = self
+            .awaiting_init
+            .iter()
+            .filter(|&(_, &u)| succeeded(u))
+            .map(|(&d, &u)| (d, u))
+            .collect();
+        for (d, u) in waiting {
+            self.awaiting_init.remove(&d);
+            let name = &self.setup.plan.plan.stages[u].name;
+            let manifest = self
+                .setup
+                .run_dir
+                .output_dir(name)
+                .join(protocol::checkpoint::MANIFEST_FILE);
+            if !manifest.is_file() {
+                let event = Event::InputMissing {
+                    stage: d,
+                    upstream: u,
+                };
+                let actions = sched.on(event, Instant::now());
+                self.carry_out(actions, None)?;
+            }
+        }
+        Ok(())
     }
 
     /// The GPU spans of an attempt, for the run's memory picture.
@@ -553,6 +676,16 @@ impl<'h> Driver<'h> {
     }
 
     fn carry_out_one(&mut self, action: Action, result: Option<&AttemptResult>) -> Result<()> {
+        // A held result concluded now is this action's, not the attempt that just ended.
+        let held = match &action {
+            Action::Finished { stage, .. } => self.held_results.remove(stage),
+            _ => None,
+        };
+        let held_stage = held.as_ref().and(match &action {
+            Action::Finished { stage, .. } => Some(*stage),
+            _ => None,
+        });
+        let result = held.as_deref().or(result);
         let setup = &mut self.setup;
         let console = &setup.console;
         let name = |i: usize| setup.plan.plan.stages[i].name.clone();
@@ -598,6 +731,10 @@ impl<'h> Driver<'h> {
                     result,
                 );
                 setup.journal.append(&record)?;
+                if status == StageStatus::Succeeded && self.marked.remove(&stage) {
+                    // Its success is recorded (after its upstreams'): nothing left to clear.
+                    super::early::finished(&setup.run_dir, &name(stage));
+                }
                 if let (Some(error), Some(wait)) = (error_text, retry_in) {
                     console.event(RunEventKind::StageRetrying {
                         stage: name(stage),
@@ -650,6 +787,18 @@ impl<'h> Driver<'h> {
                     self.host.give_back_gpus(&gpus);
                 }
             }
+            Action::StopStage(stage) => {
+                console.warn(&format!(
+                    "{}: stopping it (it started early and cannot use its upstream stage's outputs; it will run again)",
+                    name(stage)
+                ));
+                if let Some(stop) = self.stoppers.remove(&stage) {
+                    let _ = stop.send(());
+                }
+            }
+        }
+        if let Some((d, held)) = held_stage.zip(held) {
+            self.concluded_held.push((d, held));
         }
         Ok(())
     }
@@ -693,6 +842,14 @@ impl<'h> Driver<'h> {
             summary: report.summary(),
         })
     }
+}
+
+/// A fresh start as the scheduler chose it ([`Start::Fresh`]), less the stage.
+struct Fresh {
+    attempt: u32,
+    gpus: Vec<GpuInfo>,
+    cpu_threads: Option<usize>,
+    being_written: Vec<usize>,
 }
 
 /// The tracing span of one attempt.
@@ -766,9 +923,9 @@ impl supervise::AttemptHooks for Hooks<'_> {
         }
     }
 
-    fn gpus_released(&mut self) {
+    fn gpus_released(&mut self, downstream_may_start: bool) {
         if let Some(gpus) = &self.task.release_gpus {
-            let news = StageNews::Released(self.task.stage, gpus.clone());
+            let news = StageNews::Released(self.task.stage, gpus.clone(), downstream_may_start);
             let _ = self.task.news_tx.send(news);
         }
     }

@@ -31,6 +31,8 @@ pub(super) struct Request<'g> {
     pub(super) gpus: &'g [GpuInfo],
     pub(super) cpu_threads: Option<usize>,
     pub(super) prepared: Option<bool>,
+    /// Upstream stages still persisting their outputs (an early start).
+    pub(super) being_written: &'g [usize],
 }
 
 /// The preparer of one run and the directory of its event sockets.
@@ -86,8 +88,17 @@ impl Lookahead {
             gpus,
             cpu_threads,
             prepared,
+            being_written,
         } = request;
-        prepare_attempt(&context, stage, attempt, gpus, cpu_threads, prepared)
+        prepare_attempt(
+            &context,
+            stage,
+            attempt,
+            gpus,
+            cpu_threads,
+            prepared,
+            being_written,
+        )
     }
 
     /// The successor of stage `after` chosen by the scheduler, planned from the files the
@@ -113,6 +124,7 @@ impl Lookahead {
             gpus: &[],
             cpu_threads: None,
             prepared: fresh,
+            being_written: &[],
         };
         let planned = self.prepare_attempt(setup, sched.states(), request);
         let files = written.and_then(|(_, files)| files);

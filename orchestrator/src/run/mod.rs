@@ -15,6 +15,7 @@
 //! chain's next stage.
 
 mod driver;
+mod early;
 mod ending;
 pub(crate) mod files;
 mod lookahead;

@@ -8,6 +8,15 @@
 //! back (journal and console records, quarantines, passing a cancel on). Nothing here touches
 //! a process, a file or the clock: time comes in as an argument, GPUs through [`Resources`].
 //!
+//! Early starts: a running stage whose GPUs went back at its release and whose outputs are
+//! written the checkpoint way (manifest last; its `released` event said so) lets the built-in
+//! stages waiting only on it (and on stages that succeeded) start at once, provisionally
+//! ([`Start::Fresh::being_written`]). Such an attempt's end is held until every upstream it
+//! started ahead of has ended: their success concludes it as usual (so its finish is recorded
+//! after theirs); a failure voids it — it is stopped if it still runs ([`Action::StopStage`]),
+//! recorded as stopped, not counted against its retries, and started again once the upstream's
+//! retry succeeds (or skipped with it).
+//!
 //! Readiness is tracked incrementally, so each event costs O(its neighbours), not O(stages): a
 //! 10,000-stage sweep schedules in linear time.
 
@@ -41,6 +50,9 @@ pub(crate) struct Rules {
     pub(crate) on_leak: OnLeak,
     /// Whether stages that ask for GPUs get them (else they run on the CPU).
     pub(crate) machine_has_gpus: bool,
+    /// Whether built-in stages may start early, while an upstream that released its GPUs
+    /// still persists its outputs (see the module's doc).
+    pub(crate) early_start: bool,
 }
 
 /// Why a run starts no further stage. Ordered by precedence: the greatest cause is the one
@@ -92,7 +104,12 @@ pub(crate) enum Event<'a> {
     HandedOver { from: usize, to: usize },
     /// Stage `stage` released its GPUs and the release held (`crate::gpu::release`): they
     /// may go to another stage now; the stage keeps its slot until its result.
-    GpusReleased(usize),
+    /// `downstream_may_start`: its outputs are written the checkpoint way, so the stages after
+    /// it may start early.
+    GpusReleased {
+        stage: usize,
+        downstream_may_start: bool,
+    },
     /// Stage `stage`'s attempt ended with `result`; `chained`: the successor it started when it
     /// succeeded ([`handover::Kind::Chain`]).
     AttemptEnded {
@@ -100,6 +117,11 @@ pub(crate) enum Event<'a> {
         result: &'a AttemptResult,
         chained: Option<usize>,
     },
+    /// Stage `stage`, started early, reads the checkpoint of `upstream`, which succeeded
+    /// without one (no `manifest.json`, which its release promised): the early attempt waits
+    /// for nothing that will come, so it is stopped and void, and starts again the ordinary
+    /// way (where its worker says what is missing).
+    InputMissing { stage: usize, upstream: usize },
     /// The run was asked to stop.
     Cancel(CancelLevel),
 }
@@ -134,6 +156,9 @@ pub(crate) enum Action {
     /// Give this running stage's GPUs back to the pool now (it released them); they are not
     /// given back again at its end.
     GiveBackGpus(usize),
+    /// Stop this stage's attempt now, its whole tree, as a cancel would (it started early and
+    /// an upstream it started ahead of failed); its end follows and is not counted.
+    StopStage(usize),
 }
 
 /// An attempt to start, as [`Scheduler::next_start`] chose it.
@@ -142,12 +167,15 @@ pub(crate) enum Start {
     /// A stage an ending stage already started in its slot: record it.
     HandedOver(usize),
     /// Start attempt `attempt` of `stage` on `gpus`; `cpu_threads`: the threads a built-in
-    /// stage on the CPU should use (shared with the other built-in CPU stages).
+    /// stage on the CPU should use (shared with the other built-in CPU stages);
+    /// `being_written`: an early start, ahead of these upstream stages, which still persist
+    /// their outputs (empty for an ordinary start).
     Fresh {
         stage: usize,
         attempt: u32,
         gpus: Vec<GpuInfo>,
         cpu_threads: Option<usize>,
+        being_written: Vec<usize>,
     },
 }
 
@@ -199,6 +227,18 @@ pub(crate) struct Scheduler<'p> {
     freed_early: HashSet<usize>,
     /// Running stages whose GPUs went back to the pool at their release.
     gpus_released: HashSet<usize>,
+    /// Running stages that released their GPUs and whose downstream stages may start early.
+    persisting: HashSet<usize>,
+    /// Per stage: upstream stages in `persisting`.
+    waiting_persisting: Vec<usize>,
+    /// Stages started early: the upstream stages they started ahead of that have not ended.
+    ahead_of: BTreeMap<usize, Vec<usize>>,
+    /// Early attempts that ended before those upstream stages: their outcome, held.
+    held: BTreeMap<usize, Outcome>,
+    /// Early attempts still running whose upstream (the value) failed: stopped, their end void.
+    voided: BTreeMap<usize, usize>,
+    /// Per stage: attempts not counted against its retries (voided early attempts).
+    uncharged: Vec<u32>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -220,7 +260,8 @@ pub(crate) struct Scheduler<'p> {
 impl<'p> Scheduler<'p> {
     /// A run of `plan` whose stages stand as `states` (pending, or kept by a resume).
     pub(crate) fn new(plan: &'p LoadedPlan, rules: Rules, states: Vec<StageState>) -> Self {
-        let mut position = vec![0; states.len()];
+        let n = states.len();
+        let mut position = vec![0; n];
         for (p, &i) in plan.order.iter().enumerate() {
             position[i] = p;
         }
@@ -252,6 +293,12 @@ impl<'p> Scheduler<'p> {
             live: BTreeMap::new(),
             freed_early: HashSet::new(),
             gpus_released: HashSet::new(),
+            persisting: HashSet::new(),
+            waiting_persisting: vec![0; n],
+            ahead_of: BTreeMap::new(),
+            held: BTreeMap::new(),
+            voided: BTreeMap::new(),
+            uncharged: vec![0; n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -306,6 +353,13 @@ impl<'p> Scheduler<'p> {
         !self.gpus_released.contains(&i)
     }
 
+    /// Whether stage `i`'s attempt ended and its result is held (it started early and an
+    /// upstream it started ahead of has not ended yet): the run loop keeps the result until
+    /// the scheduler concludes it.
+    pub(crate) fn is_held(&self, i: usize) -> bool {
+        self.held.contains_key(&i)
+    }
+
     /// Stages holding a slot.
     #[cfg(test)]
     pub(crate) fn slots_held(&self) -> usize {
@@ -339,7 +393,8 @@ impl<'p> Scheduler<'p> {
 
     /// The stage to plan now to start the moment the one running stage ends, and how
     /// ([`handover`]): only while exactly one stage runs, alone (no hand-over, retry or GPU
-    /// wait pending, not stopping), and only a command stage's first attempt on the CPU. The
+    /// wait pending, not stopping, no early start unsettled), and only a command stage's first
+    /// attempt on the CPU. The
     /// first ready stage takes its slot (with `max_parallel = 1`, not with `fail_fast`); with
     /// none ready, the first stage that waits on it alone follows it as a chain.
     pub(crate) fn handover_candidate(&self) -> Option<(usize, usize, handover::Kind)> {
@@ -349,6 +404,8 @@ impl<'p> Scheduler<'p> {
             || !self.handed.is_empty()
             || !self.retry_queue.is_empty()
             || self.gpu_waiting
+            || !self.ahead_of.is_empty()
+            || !self.voided.is_empty()
         {
             return None;
         }
@@ -475,11 +532,21 @@ impl<'p> Scheduler<'p> {
         let cpu_threads = (self.is_builtin(i) && gpus.is_empty())
             .then(|| self.cpu_threads(resources.cpu_builtins_running(), resources.cpus()));
         self.occupy(i);
+        // Ready with upstream stages that did not succeed: they persist their outputs.
+        let being_written: Vec<usize> = self.plan.upstream[i]
+            .iter()
+            .copied()
+            .filter(|&u| self.states[u].status != Status::Succeeded)
+            .collect();
+        if !being_written.is_empty() {
+            self.ahead_of.insert(i, being_written.clone());
+        }
         Some(Start::Fresh {
             stage: i,
             attempt: self.states[i].attempts,
             gpus,
             cpu_threads,
+            being_written,
         })
     }
 
@@ -532,6 +599,7 @@ impl<'p> Scheduler<'p> {
             } => {
                 self.slots_held -= 1;
                 self.live.remove(&stage);
+                self.ahead_of.remove(&stage);
                 self.fail_without_attempt(stage, class, message, &mut actions);
             }
             Event::SlotFreed(stage) => {
@@ -545,12 +613,23 @@ impl<'p> Scheduler<'p> {
             }
             // Only a running stage that was given GPUs, once: a late or repeated release
             // (after its end, on the CPU) gives nothing back that another stage now holds.
-            Event::GpusReleased(stage) => {
+            Event::GpusReleased {
+                stage,
+                downstream_may_start,
+            } => {
                 if self.live.contains_key(&stage)
                     && !self.on_cpu(stage)
                     && self.gpus_released.insert(stage)
                 {
                     actions.push(Action::GiveBackGpus(stage));
+                    if downstream_may_start && self.rules.early_start {
+                        self.persisting.insert(stage);
+                        let plan = self.plan;
+                        for &d in &plan.downstream[stage] {
+                            self.waiting_persisting[d] += 1;
+                            self.refresh(d);
+                        }
+                    }
                 }
             }
             Event::AttemptEnded {
@@ -565,7 +644,20 @@ impl<'p> Scheduler<'p> {
                     self.slots_held -= 1;
                 }
                 self.judge_gpus(result, &mut actions);
-                self.conclude(stage, &result.outcome, now, &mut actions);
+                self.stop_persisting(stage);
+                if let Some(upstream) = self.voided.remove(&stage) {
+                    self.void(stage, upstream, now, &mut actions);
+                } else if self.ahead_of.contains_key(&stage) {
+                    self.held.insert(stage, result.outcome.clone());
+                } else {
+                    self.conclude(stage, &result.outcome, now, &mut actions);
+                }
+            }
+            Event::InputMissing { stage, upstream } => {
+                if self.live.contains_key(&stage) && !self.voided.contains_key(&stage) {
+                    self.voided.insert(stage, upstream);
+                    actions.push(Action::StopStage(stage));
+                }
             }
             Event::Cancel(level) => self.cancel(level, &mut actions),
         }
@@ -588,9 +680,136 @@ impl<'p> Scheduler<'p> {
         }
     }
 
-    /// What an attempt's end means for its stage and the stages after it.
+    /// Whether stage `d` may start now: pending, not handed over, and every upstream stage
+    /// succeeded — or, for a built-in stage with early starts on, every one that did not is
+    /// persisting its outputs after its release.
+    fn is_ready(&self, d: usize) -> bool {
+        let early = self.rules.early_start
+            && self.is_builtin(d)
+            && self.waiting_on[d] == self.waiting_persisting[d];
+        self.states[d].status == Status::Pending
+            && (self.waiting_on[d] == 0 || early)
+            && !self.handed.contains(&d)
+    }
+
+    /// Puts pending stage `d` in the ready set or takes it out, as [`Scheduler::is_ready`]
+    /// says (a due retry, which is not pending, is left where it is).
+    fn refresh(&mut self, d: usize) {
+        if self.states[d].status != Status::Pending {
+            return;
+        }
+        let key = (self.position[d], d);
+        if self.is_ready(d) {
+            self.ready.insert(key);
+        } else {
+            self.ready.remove(&key);
+        }
+    }
+
+    /// Stage `u` ended: its downstream stages no longer count it as persisting.
+    fn stop_persisting(&mut self, u: usize) {
+        if self.persisting.remove(&u) {
+            let plan = self.plan;
+            for &d in &plan.downstream[u] {
+                self.waiting_persisting[d] -= 1;
+                self.refresh(d);
+            }
+        }
+    }
+
+    /// Stage `u` was concluded: the stages that started ahead of it are concluded with their
+    /// held outcome once nothing else holds them (it succeeded), or are void (it did not):
+    /// stopped if they still run, else recorded as stopped and started again later.
+    fn settle_ahead(&mut self, u: usize, now: Instant, out: &mut Vec<Action>) {
+        let succeeded = self.states[u].status == Status::Succeeded;
+        let plan = self.plan;
+        for &d in &plan.downstream[u] {
+            let Some(ups) = self.ahead_of.get_mut(&d) else {
+                continue;
+            };
+            let Some(k) = ups.iter().position(|&x| x == u) else {
+                continue;
+            };
+            if succeeded {
+                ups.swap_remove(k);
+                if !ups.is_empty() {
+                    continue;
+                }
+                self.ahead_of.remove(&d);
+                if let Some(outcome) = self.held.remove(&d) {
+                    self.conclude(d, &outcome, now, out);
+                }
+            } else {
+                self.ahead_of.remove(&d);
+                if self.held.remove(&d).is_some() {
+                    self.void(d, u, now, out);
+                } else if self.live.contains_key(&d) {
+                    self.voided.insert(d, u);
+                    out.push(Action::StopStage(d));
+                }
+            }
+        }
+    }
+
+    /// Stage `d`'s early attempt is void (`upstream`, which it started ahead of, did not
+    /// succeed, or succeeded without the checkpoint it promised): recorded as stopped, not
+    /// counted against its retries; it waits again for its upstream stages, or is skipped if
+    /// one of them failed for good.
+    fn void(&mut self, d: usize, upstream: usize, now: Instant, out: &mut Vec<Action>) {
+        self.uncharged[d] += 1;
+        self.ahead_of.remove(&d);
+        let up = &self.plan.plan.stages[upstream].name;
+        let why = match self.states[upstream].status {
+            Status::Succeeded => "which finished without the checkpoint manifest it promised",
+            _ => "which did not succeed",
+        };
+        out.push(Action::Finished {
+            stage: d,
+            attempt: self.states[d].attempts,
+            status: StageStatus::Cancelled,
+            error: Some(format!(
+                "stopped: it started early, before its upstream stage `{up}` finished, {why}; not counted against its retries"
+            )),
+            retry_in: None,
+        });
+        self.states[d].status = Status::Pending;
+        let plan = self.plan;
+        let gone = plan.upstream[d]
+            .iter()
+            .copied()
+            .find(|&u| matches!(self.states[u].status, Status::Failed | Status::Skipped(..)));
+        match gone {
+            Some(u) => {
+                let reason = format!(
+                    "upstream stage `{}` did not succeed",
+                    self.plan.plan.stages[u].name
+                );
+                let class = FailureClass::UpstreamFailed;
+                self.states[d].status = Status::Skipped(class, reason.clone());
+                out.push(Action::Skipped {
+                    stage: d,
+                    class,
+                    reason,
+                });
+                self.skip_downstream(d, out);
+                out.extend(plan.downstream[d].iter().map(|&x| Action::ReleaseFiles(x)));
+            }
+            None => self.refresh(d),
+        }
+        self.settle_ahead(d, now, out);
+    }
+
+    /// What an attempt's end means for its stage and the stages after it (and for the stages
+    /// that started ahead of it).
     fn conclude(&mut self, i: usize, outcome: &Outcome, now: Instant, out: &mut Vec<Action>) {
+        self.conclude_own(i, outcome, now, out);
+        self.settle_ahead(i, now, out);
+    }
+
+    fn conclude_own(&mut self, i: usize, outcome: &Outcome, now: Instant, out: &mut Vec<Action>) {
         let attempt = self.states[i].attempts;
+        // Voided early attempts are not counted.
+        let charged = attempt - self.uncharged[i];
         let finished = |status, error, retry_in| Action::Finished {
             stage: i,
             attempt,
@@ -608,9 +827,9 @@ impl<'p> Scheduler<'p> {
             Outcome::Failed(failure) => {
                 let message = failure.describe();
                 let retry = failure.retryable(self.plan.plan.stages[i].retry_oom)
-                    && attempt <= self.plan.plan.stages[i].retries
+                    && charged <= self.plan.plan.stages[i].retries
                     && !self.stops.contains(&Stopping::Interrupted);
-                let retry_in = retry.then(|| retry_backoff(attempt));
+                let retry_in = retry.then(|| retry_backoff(charged));
                 out.push(finished(
                     StageStatus::Failed,
                     Some(message.clone()),
@@ -639,14 +858,10 @@ impl<'p> Scheduler<'p> {
     /// Stage `i` succeeded: the stages waiting on it alone become ready (a successor it
     /// started itself is recorded by the next round instead).
     fn release_downstream(&mut self, i: usize) {
-        for &d in &self.plan.downstream[i] {
+        let plan = self.plan;
+        for &d in &plan.downstream[i] {
             self.waiting_on[d] -= 1;
-            if self.waiting_on[d] == 0
-                && self.states[d].status == Status::Pending
-                && !self.handed.contains(&d)
-            {
-                self.ready.insert((self.position[d], d));
-            }
+            self.refresh(d);
         }
     }
 
@@ -807,6 +1022,7 @@ mod tests {
             fail_fast: false,
             on_leak: OnLeak::Warn,
             machine_has_gpus: false,
+            early_start: false,
         }
     }
 
@@ -934,6 +1150,14 @@ mod tests {
             at_release: false,
         });
         r
+    }
+
+    /// Stage `stage` released its GPUs, its outputs not written the checkpoint way.
+    fn released(stage: usize) -> Event<'static> {
+        Event::GpusReleased {
+            stage,
+            downstream_may_start: false,
+        }
     }
 
     fn end(s: &mut Scheduler<'_>, stage: usize, r: &AttemptResult, now: Instant) -> Vec<Action> {
@@ -1197,6 +1421,7 @@ mod tests {
             Rules {
                 on_leak: OnLeak::Quarantine,
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(1)
             },
         );
@@ -1329,6 +1554,7 @@ mod tests {
             &p,
             Rules {
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(1)
             },
         );
@@ -1361,6 +1587,7 @@ mod tests {
             &p,
             Rules {
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(2)
             },
         );
@@ -1377,6 +1604,7 @@ mod tests {
             &p,
             Rules {
                 machine_has_gpus: true,
+                early_start: false,
                 ..rules(1)
             },
         );
@@ -1605,7 +1833,7 @@ mod tests {
         assert!(s.gpu_waiting());
         end(&mut s, 2, &succeeded(), now);
         assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
-        let actions = give_back(&mut gpus, s.on(Event::GpusReleased(0), now));
+        let actions = give_back(&mut gpus, s.on(released(0), now));
         assert_eq!(actions, vec![Action::GiveBackGpus(0)]);
         assert!(!s.holds_gpus(0));
         // b starts on the GPU a released, before a's end; a still holds its slot.
@@ -1641,22 +1869,22 @@ mod tests {
         let now = Instant::now();
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![0, 2]);
         // A stage on the CPU has no GPU to give back; nothing changes.
-        assert!(s.on(Event::GpusReleased(2), now).is_empty());
+        assert!(s.on(released(2), now).is_empty());
         assert!(s.holds_gpus(2));
         // A stage not running (b waits for its GPU) neither.
-        assert!(s.on(Event::GpusReleased(1), now).is_empty());
+        assert!(s.on(released(1), now).is_empty());
         assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
         assert!(s.gpu_waiting(), "b still waits: no release held");
         // a's release: once; a second one gives nothing back again.
         assert_eq!(
-            give_back(&mut gpus, s.on(Event::GpusReleased(0), now)),
+            give_back(&mut gpus, s.on(released(0), now)),
             vec![Action::GiveBackGpus(0)]
         );
-        assert!(s.on(Event::GpusReleased(0), now).is_empty());
+        assert!(s.on(released(0), now).is_empty());
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
         // After its end, a late release of a is ignored: b's GPU stays b's.
         end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
-        assert!(s.on(Event::GpusReleased(0), now).is_empty());
+        assert!(s.on(released(0), now).is_empty());
         assert!(s.holds_gpus(0) && gpus.free.is_empty());
     }
 
@@ -1670,7 +1898,7 @@ mod tests {
         let mut gpus = Gpus::new(1);
         let now = Instant::now();
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
-        give_back(&mut gpus, s.on(Event::GpusReleased(0), now));
+        give_back(&mut gpus, s.on(released(0), now));
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
         // a exits 1 while persisting: it fails and is retried, but its GPU is b's.
         let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
@@ -1695,5 +1923,280 @@ mod tests {
         end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), later);
         assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
         assert_eq!(s.states()[0].attempts, 2);
+    }
+
+    /// Built-in train stages on one GPU each: `(name, upstream for init, retries)`.
+    fn train_plan(stages: &[(&str, Option<&str>, u32)]) -> LoadedPlan {
+        let mut text = String::from("[run]\n");
+        for (name, init, retries) in stages {
+            text.push_str(&format!(
+                "[[stage]]\nname = \"{name}\"\nkind = \"train\"\ngpus = 1\nretries = {retries}\n"
+            ));
+            if let Some(up) = init {
+                text.push_str(&format!("init = \"{up}\"\nafter = [\"{up}\"]\n"));
+            }
+        }
+        parse_plan_toml(&text, "t.toml", Path::new("/")).expect("the test plan is valid")
+    }
+
+    fn early_rules(max_parallel: usize) -> Rules {
+        Rules {
+            early_start: true,
+            ..gpu_rules(max_parallel)
+        }
+    }
+
+    /// Stage `stage` released its GPUs and said its downstream stages may start.
+    fn released_for_downstream(stage: usize) -> Event<'static> {
+        Event::GpusReleased {
+            stage,
+            downstream_may_start: true,
+        }
+    }
+
+    /// The next start of a round, launched as the run loop launches it.
+    fn start_one(s: &mut Scheduler<'_>, gpus: &mut Gpus, now: Instant) -> Option<Start> {
+        s.begin_round(now);
+        let mut actions = Vec::new();
+        let start = s.next_start(gpus, &mut actions)?;
+        let (Start::Fresh { stage, .. } | Start::HandedOver(stage)) = start;
+        let event = Event::Launched {
+            stage,
+            may_hand_over: false,
+        };
+        s.on(event, now);
+        Some(start)
+    }
+
+    fn finished_of(actions: &[Action]) -> Vec<(usize, StageStatus, Option<Duration>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Finished {
+                    stage,
+                    status,
+                    retry_in,
+                    ..
+                } => Some((*stage, *status, *retry_in)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_release_that_lets_downstream_start_starts_it_early_and_its_finish_waits_for_the_upstreams()
+    {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        // Without the stage's word, or with early starts off, b waits for a's success.
+        for (rules, event) in [
+            (early_rules(2), released(0)),
+            (gpu_rules(2), released_for_downstream(0)),
+        ] {
+            let mut s = scheduler(&p, rules);
+            let mut gpus = Gpus::new(1);
+            assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+            give_back(&mut gpus, s.on(event, now));
+            assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        }
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        // b starts on the GPU a released, ahead of a, which still persists its outputs.
+        match start_one(&mut s, &mut gpus, now) {
+            Some(Start::Fresh {
+                stage: 1,
+                attempt: 1,
+                gpus: given,
+                being_written,
+                ..
+            }) => {
+                assert_eq!(being_written, vec![0]);
+                assert_eq!(given[0].uuid, "GPU-0");
+            }
+            other => panic!("b did not start early: {other:?}"),
+        }
+        // b ends first: its success is held, nothing is recorded.
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        assert!(finished_of(&actions).is_empty(), "{actions:?}");
+        assert!(s.is_held(1) && !s.is_done());
+        // a's success is recorded, then b's.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![
+                (0, StageStatus::Succeeded, None),
+                (1, StageStatus::Succeeded, None)
+            ]
+        );
+        assert!(!s.is_held(1));
+        assert_eq!(s.states()[1].status, Status::Succeeded);
+        assert!(s.is_done());
+        assert_eq!(s.finish().1, Verdict::Succeeded);
+    }
+
+    #[test]
+    fn an_early_stage_still_running_when_its_upstream_succeeds_is_concluded_as_usual() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(0, StageStatus::Succeeded, None)]
+        );
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(1, StageStatus::Succeeded, None)]
+        );
+        assert!(s.is_done());
+    }
+
+    #[test]
+    fn an_upstream_failure_stops_the_early_stage_which_reruns_after_the_retry_uncharged() {
+        let p = train_plan(&[("a", None, 1), ("b", Some("a"), 1)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // a fails after its release: it is retried, and b is stopped.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        let wait = match finished_of(&actions)[..] {
+            [(0, StageStatus::Failed, Some(wait))] => wait,
+            _ => panic!("a is not retried: {actions:?}"),
+        };
+        assert!(actions.contains(&Action::StopStage(1)), "{actions:?}");
+        // b's end (stopped) is recorded as such, not counted, and b waits for a again.
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &result(Outcome::Cancelled), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(1, StageStatus::Cancelled, None)]
+        );
+        let error = actions.iter().find_map(|a| match a {
+            Action::Finished { error, .. } => error.clone(),
+            _ => None,
+        });
+        assert!(error.unwrap().contains("not counted"));
+        assert_eq!(s.states()[1].status, Status::Pending);
+        assert!(s.ready().next().is_none(), "b waits for a's retry");
+        // a's retry succeeds (no early release this time): b starts again, its second attempt.
+        let later = now + wait;
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), later);
+        match start_one(&mut s, &mut gpus, later) {
+            Some(Start::Fresh {
+                stage: 1,
+                attempt: 2,
+                being_written,
+                ..
+            }) => assert!(being_written.is_empty()),
+            other => panic!("b did not start again: {other:?}"),
+        }
+        // Its one retry is still there: the stopped attempt did not spend it.
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &failed(Failure::Exit(1)), later);
+        assert!(
+            matches!(
+                finished_of(&actions)[..],
+                [(1, StageStatus::Failed, Some(_))]
+            ),
+            "b's retry was spent by the stopped attempt: {actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_held_early_stage_is_void_when_its_upstream_fails_for_good_and_skipped_with_it() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0), ("c", Some("b"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(3));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // b releases too: c starts ahead of b, which is itself ahead of a.
+        give_back(&mut gpus, s.on(released_for_downstream(1), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        end_on_gpus(&mut s, &mut gpus, 2, &succeeded(), now);
+        assert!(s.is_held(1) && s.is_held(2));
+        // a fails for good: b and c are void, recorded as stopped, and skipped.
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![
+                (0, StageStatus::Failed, None),
+                (1, StageStatus::Cancelled, None),
+                (2, StageStatus::Cancelled, None)
+            ]
+        );
+        let skipped: Vec<usize> = skipped(&actions).into_iter().map(|(i, ..)| i).collect();
+        assert_eq!(skipped, vec![1, 2]);
+        assert!(!actions.iter().any(|a| matches!(a, Action::StopStage(_))));
+        assert!(s.is_done());
+        assert_eq!(s.finish().1, Verdict::Failed);
+    }
+
+    #[test]
+    fn a_command_stage_downstream_does_not_start_early() {
+        let text = "[run]\n[[stage]]\nname = \"a\"\nkind = \"train\"\ngpus = 1\n\
+            [[stage]]\nname = \"b\"\ncommand = [\"true\"]\ngpus = 1\nafter = [\"a\"]\n";
+        let p = parse_plan_toml(text, "t.toml", Path::new("/")).unwrap();
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, Vec::<usize>::new());
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+    }
+
+    #[test]
+    fn an_upstream_that_succeeds_without_its_promised_checkpoint_voids_the_early_stage() {
+        let text = "[run]\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\ngpus = 1\n\
+            [[stage]]\nname = \"b\"\nkind = \"train\"\ngpus = 1\ninit = \"a\"\nafter = [\"a\"]\n";
+        let p = parse_plan_toml(text, "t.toml", Path::new("/")).unwrap();
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        // A command stage that opted in releases: b starts early.
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        // It wrote no manifest (the run loop sees that): b is stopped, once.
+        let missing = || Event::InputMissing {
+            stage: 1,
+            upstream: 0,
+        };
+        assert_eq!(s.on(missing(), now), vec![Action::StopStage(1)]);
+        assert!(s.on(missing(), now).is_empty());
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &result(Outcome::Cancelled), now);
+        assert_eq!(
+            finished_of(&actions),
+            vec![(1, StageStatus::Cancelled, None)]
+        );
+        let error = actions.iter().find_map(|a| match a {
+            Action::Finished { error, .. } => error.clone(),
+            _ => None,
+        });
+        assert!(error.unwrap().contains("without the checkpoint manifest"));
+        // b starts again the ordinary way (its worker then says what is missing).
+        match start_one(&mut s, &mut gpus, now) {
+            Some(Start::Fresh {
+                stage: 1,
+                attempt: 2,
+                being_written,
+                ..
+            }) => assert!(being_written.is_empty()),
+            other => panic!("b did not start again: {other:?}"),
+        }
     }
 }

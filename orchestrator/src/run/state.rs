@@ -113,6 +113,7 @@ struct Details {
     stderr_tail: Option<String>,
     start: Option<protocol::report::StageStart>,
     cgroup: Option<CgroupCounters>,
+    started_early: bool,
 }
 
 impl Details {
@@ -125,6 +126,7 @@ impl Details {
             && self.stderr_tail.is_none()
             && self.start.is_none()
             && self.cgroup.is_none()
+            && !self.started_early
     }
 }
 
@@ -140,6 +142,7 @@ impl LastAttempt {
             stderr_tail: result.stderr_tail,
             start: result.start,
             cgroup: result.host.as_ref().and_then(CgroupCounters::of),
+            started_early: result.started_early,
         };
         LastAttempt {
             exit: result.exit,
@@ -226,6 +229,11 @@ impl LastAttempt {
     /// Stages with `preload`: how the attempt's first process was started.
     pub(crate) fn start(&self) -> Option<&protocol::report::StageStart> {
         self.details.as_deref().and_then(|d| d.start.as_ref())
+    }
+
+    /// Whether it was started early (see [`AttemptResult::started_early`]).
+    pub(crate) fn started_early(&self) -> bool {
+        self.details.as_deref().is_some_and(|d| d.started_early)
     }
 }
 

@@ -13,6 +13,7 @@ mod daemon;
 mod daemon_events;
 mod daemon_requests;
 mod daemon_restart;
+mod early_start;
 mod fork_server;
 mod frameworks;
 mod gpu_handout;
