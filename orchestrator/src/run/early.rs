@@ -19,12 +19,10 @@ use tokio::sync::{oneshot, watch};
 /// (`ORCHESTRATE_HAND_ON_AT_RELEASE=0`) turns them off too.
 pub const NO_EARLY_START_VAR: &str = "ORCHESTRATE_EARLY_START";
 
-/// How an early-started stage is stopped: as a graceful cancel stops it (SIGTERM to its whole
-/// tree, then SIGKILL after the plan's grace). A worker waiting for its input exits at once;
-/// what a training one saves on the way out is emptied before the next start (see above).
-/// (Not a SIGKILL at once: on the Linux 6.18 test machine, the idle cgroup of a stage killed
-/// that way, reused by the next stage, had that stage SIGKILLed as it started.)
-const STOP_LEVEL: CancelLevel = CancelLevel::Graceful;
+/// How an early-started stage is stopped: SIGKILL to its whole tree at once (what it would save
+/// on a SIGTERM is built on an upstream that failed, and is emptied before its next start
+/// anyway; see above). Its cgroup, killed, is not reused (`StageCgroup::remove`).
+const STOP_LEVEL: CancelLevel = CancelLevel::Kill;
 
 /// The mark's file name in the stage's directory.
 const MARK: &str = "early-start";

@@ -153,6 +153,7 @@ impl RunCgroup {
             dir,
             idle: None,
             done: AtomicBool::new(false),
+            killed: AtomicBool::new(false),
         };
         for (file, value) in limits.files() {
             let path = made.dir.join(file);
@@ -192,6 +193,7 @@ impl RunCgroup {
             dir,
             idle: Some(self.idle.clone()),
             done: AtomicBool::new(false),
+            killed: AtomicBool::new(false),
         };
         let procs_path = made.dir.join("cgroup.procs");
         made.procs = Some(
@@ -237,6 +239,8 @@ pub struct StageCgroup {
     idle: Option<Arc<Mutex<Vec<PathBuf>>>>,
     /// Removed (or given back) already.
     done: AtomicBool,
+    /// A kill was written to it: it is removed, never given back (see [`StageCgroup::remove`]).
+    killed: AtomicBool,
 }
 
 /// What a stage's cgroup counted, read once its processes are gone.
@@ -269,8 +273,18 @@ impl StageCgroup {
         self.dir_fd.as_ref().map(|f| f.as_fd())
     }
 
-    /// Every live process in it or in a cgroup below it (zombies left out).
+    /// Whether this handle gave its cgroup up ([`StageCgroup::remove`]): a reusable cgroup may
+    /// then be another stage's, so nothing through this handle looks into it or kills in it.
+    fn given_up(&self) -> bool {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Every live process in it or in a cgroup below it (zombies left out); none once the
+    /// cgroup was given up.
     pub fn members(&self) -> Vec<i32> {
+        if self.given_up() {
+            return Vec::new();
+        }
         let mut pids = Vec::new();
         collect_members(&self.dir, &mut pids);
         pids.retain(|&pid| {
@@ -282,8 +296,11 @@ impl StageCgroup {
         pids
     }
 
-    /// Whether any process is in it (`cgroup.events`' `populated`).
+    /// Whether any process is in it (`cgroup.events`' `populated`); false once it was given up.
     pub fn populated(&self) -> bool {
+        if self.given_up() {
+            return false;
+        }
         match std::fs::read_to_string(self.dir.join("cgroup.events")) {
             Ok(events) => counter(&events, "populated") != Some(0),
             Err(_) => !self.members().is_empty(),
@@ -291,8 +308,13 @@ impl StageCgroup {
     }
 
     /// SIGKILLs every process in it and below at once (`cgroup.kill`, Linux 5.14); one by
-    /// one where the kernel has no `cgroup.kill`.
+    /// one where the kernel has no `cgroup.kill`. Nothing once the cgroup was given up: a late
+    /// kill of a stage that is gone must not reach the stage that reuses its cgroup.
     pub fn kill(&self) {
+        if self.given_up() {
+            return;
+        }
+        self.killed.store(true, Ordering::Relaxed);
         if write_file(&self.dir.join("cgroup.kill"), "1").is_err() {
             for pid in self.members() {
                 // SAFETY: sending a signal has no memory-safety preconditions.
@@ -332,12 +354,18 @@ impl StageCgroup {
 
     /// Removes it, and any cgroup a stage made below it; fails while a process is in one.
     /// A reusable one (see [`RunCgroup::stage`]) that is empty goes back to the idle ones
-    /// instead.
+    /// instead, unless a kill was written to it: on Linux 6.18 a process started in a cgroup
+    /// reused soon after its `cgroup.kill` was SIGKILLed as it started (seen with an early
+    /// start stopped at once, then its upstream's retry), so a killed cgroup is made afresh.
     pub fn remove(&self) -> io::Result<()> {
         if self.done.load(Ordering::Relaxed) {
             return Ok(());
         }
-        if let Some(idle) = &self.idle {
+        if let Some(idle) = self
+            .idle
+            .as_ref()
+            .filter(|_| !self.killed.load(Ordering::Relaxed))
+        {
             if !self.populated() && subgroups(&self.dir).is_empty() {
                 self.done.store(true, Ordering::Relaxed);
                 idle.lock()
@@ -490,9 +518,15 @@ mod tests {
             );
         }
         assert!(!stage.populated() && stage.members().is_empty());
-        // Empty, in a run without limits: kept for the next stage, which gets the same one.
-        let dir = stage.path().to_path_buf();
+        // Killed: removed, not kept for another stage.
+        let killed = stage.path().to_path_buf();
         stage.remove().unwrap();
+        assert!(!killed.exists(), "a killed cgroup is not reused");
+        // Empty and never killed, in a run without limits: kept for the next stage, which
+        // gets the same one.
+        let quiet = run.stage("q", &Limits::default()).unwrap();
+        let dir = quiet.path().to_path_buf();
+        quiet.remove().unwrap();
         assert!(dir.is_dir());
         let again = run.stage("b", &Limits::default()).unwrap();
         assert_eq!(again.path(), dir);
@@ -505,6 +539,37 @@ mod tests {
         assert!(
             !run_dir.exists(),
             "the run's cgroup and its idle ones are removed"
+        );
+    }
+
+    #[test]
+    fn a_late_kill_through_a_stage_that_gave_its_cgroup_up_spares_the_stage_that_reuses_it() {
+        let Some(run) = run_cgroup("late-kill") else {
+            return;
+        };
+        let gone = run.stage("a", &Limits::default()).unwrap();
+        gone.remove().unwrap();
+        let next = run.stage("b", &Limits::default()).unwrap();
+        assert_eq!(next.path(), gone.path(), "the idle cgroup is reused");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(next.path().join("cgroup.procs"), child.id().to_string()).unwrap();
+        // What a stop of the first stage still in flight would do.
+        gone.kill();
+        assert!(gone.members().is_empty() && !gone.populated());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the reusing stage's process was killed"
+        );
+        assert_eq!(next.members(), vec![child.id() as i32]);
+        next.kill();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
         );
     }
 
