@@ -281,6 +281,8 @@ def chain(model):
                 ("python-one", lambda: run_python_one(f"{model}-pyone", shape, stages))]
     if model == "m1b":
         variants = [v for v in variants if v[0] != "orchestrate-exec"]
+    if os.environ.get("CHAIN_VARIANTS"):  # e.g. "orchestrate orchestrate-reps python-one"
+        variants = [v for v in variants if v[0] in os.environ["CHAIN_VARIANTS"].split()]
     for name, fn in variants:
         log(f"{model}: {name}")
         try:

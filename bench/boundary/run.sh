@@ -4,7 +4,9 @@
 # BIN_DIR holds stripped release builds of orchestrate and stage-worker (built elsewhere
 # against the torch 2.11 wheel) and COMMIT (the commit they were built from); this host's
 # PyTorch 2.11 provides libtorch. OUT_DIR gets machine.txt, results.json and summary.md.
-# PARTS (default "cold m100 dd m1b") selects what runs; BENCH_TINY=1 rehearses on a CPU.
+# PARTS (default "cold m100 dd m1b") selects what runs, CHAIN_VARIANTS which variants of a chain
+# (orchestrate orchestrate-reps orchestrate-exec python-fresh python-one); BENCH_TINY=1 rehearses
+# on a CPU.
 set -uo pipefail
 BIN=$(cd "$1" && pwd); OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -3,11 +3,18 @@
 //!
 //! Writing: the old manifest is removed first, then each file is put in place atomically, then
 //! the new manifest; so a directory with a manifest always holds exactly the files it lists.
+//! A training checkpoint ([`write`]) puts its files and its manifest in place before it
+//! fsyncs them, so that a downstream stage started early reads them from the page cache while
+//! the disk catches up; the stage's end (and so any use of the checkpoint by a stage that did
+//! not start early) is recorded only after the fsyncs. After a power loss in between, the
+//! manifest may list bytes that never reached the disk; every reader checks each file's size
+//! and checksum against the manifest, so such a checkpoint is refused, never used (a retried
+//! stage then starts afresh instead of resuming from it).
 //! Reading: every listed file is read once, its size and checksum checked against the manifest,
 //! and tensors are parsed from those same verified bytes.
 
 use crate::failure::{Failure, StageResult};
-use crate::fsio::{checksum, remove_durably, write_atomic, WrittenFile};
+use crate::fsio::{checksum, fsync_dir, publish, remove_durably, write_atomic, WrittenFile};
 use crate::model::{config_from_manifest, manifest_model, ByteGpt};
 use crate::optim::AdamW;
 use crate::stream::{self, FileSpec, HeaderEntry, Run};
@@ -197,14 +204,14 @@ pub fn write(
     };
     let after_copies: Option<&(dyn Fn() + Sync)> =
         if release_device { Some(&release) } else { None };
-    let written = tch::no_grad(|| {
-        stream::write_files_then(dir, vec![model_file, optimizer_file], after_copies)
+    let unsynced = tch::no_grad(|| {
+        stream::write_files_unsynced(dir, vec![model_file, optimizer_file], after_copies)
     })
     .map_err(|e| io_failure(dir, e));
     if let Some(h) = releasing.into_inner().unwrap_or_else(|e| e.into_inner()) {
         let _ = h.join();
     }
-    let mut written = written?;
+    let unsynced = unsynced?;
     let mut model_json = manifest_model(&model.config);
     model_json.insert(
         "training".into(),
@@ -212,13 +219,34 @@ pub fn write(
     );
     let manifest = CheckpointManifest {
         v: MANIFEST_VERSION,
-        files: written.iter().map(|w| w.entry.clone()).collect(),
+        files: unsynced.written().map(|w| w.entry.clone()).collect(),
         step: Some(step),
         model: serde_json::Value::Object(model_json),
     };
     let mut text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     text.push(b'\n');
-    written.push(write_listed(dir, MANIFEST_FILE, &text)?);
+    // Complete and checksummed: the manifest goes in place now (see the module's
+    // documentation), then everything is made durable.
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let manifest_file =
+        publish(dir, MANIFEST_FILE, &text).map_err(|e| io_failure(&manifest_path, e))?;
+    let mut written = unsynced.sync().map_err(|e| io_failure(dir, e))?;
+    manifest_file
+        .sync_all()
+        .and_then(|()| fsync_dir(dir))
+        .map_err(|e| io_failure(&manifest_path, e))?;
+    written.push(WrittenFile {
+        identity: std::fs::metadata(&manifest_path)
+            .ok()
+            .map(|m| identity_of(&m)),
+        entry: ManifestFile {
+            path: MANIFEST_FILE.to_string(),
+            bytes: text.len() as u64,
+            checksum: checksum(&text),
+        },
+        path: manifest_path,
+        phases: Vec::new(),
+    });
     Ok((manifest, written))
 }
 

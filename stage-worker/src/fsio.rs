@@ -61,6 +61,23 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
+/// Puts `bytes` in place at `dir/name` as [`write_atomic`] does (a reader sees the old file or
+/// the whole new one), but without waiting for the disk: nothing is fsynced. Returns the open
+/// file, for the caller to fsync it (and then the directory) once it must be durable.
+pub fn publish(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<File> {
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        fs::rename(&tmp, dir.join(name))?;
+        Ok(f)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Removes `dir/name` if it exists and makes the removal durable.
 pub fn remove_durably(dir: &Path, name: &str) -> io::Result<()> {
     match fs::remove_file(dir.join(name)) {

@@ -9,9 +9,10 @@
 //! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
 //! manifest is the one computed on the way out. Several files are written in parallel.
 //!
-//! Promises: a file is complete on disk (fsynced, renamed into place, directory fsynced) when
-//! [`write_files_then`] returns; its manifest entry's size and checksum are those of the bytes
-//! written; the same tensors always give the same bytes.
+//! Promises: [`write_files_unsynced`] returns as soon as every file is complete and in place
+//! in the page cache (what a reader on this machine sees); once its [`Unsynced::sync`]
+//! returns, they are complete on disk (fsynced, renamed into place, directory fsynced); a manifest entry's size and checksum are those of
+//! the bytes written; the same tensors always give the same bytes.
 
 use crate::fsio::{fsync_dir, WrittenFile};
 use protocol::checkpoint::{Checksum, FileIdentity, Hasher, ManifestFile};
@@ -250,15 +251,59 @@ pub struct FileSpec {
     pub runs: Vec<Run>,
 }
 
-/// Writes every file into `dir` in parallel, each atomically (temporary file, fsync, rename),
-/// then fsyncs the directory once. Returns them in the order given. Calls `after_copies` (once, on one of the writing threads) as soon as
+/// Files complete and renamed into place, not yet fsynced: a reader sees every byte (from the
+/// page cache) and can check it against the checksum; a power loss before [`Unsynced::sync`]
+/// may lose them.
+pub struct Unsynced {
+    dir: std::path::PathBuf,
+    files: Vec<(WrittenFile, File)>,
+}
+
+impl Unsynced {
+    /// The files, in the order given.
+    pub fn written(&self) -> impl Iterator<Item = &WrittenFile> {
+        self.files.iter().map(|(w, _)| w)
+    }
+
+    /// fsyncs every file (in parallel) and then the directory; returns the files with their
+    /// `synced` phase.
+    pub fn sync(self) -> io::Result<Vec<WrittenFile>> {
+        let synced: Vec<io::Result<WrittenFile>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .files
+                .into_iter()
+                .map(|(mut w, f)| {
+                    s.spawn(move || {
+                        f.sync_all()?;
+                        let stem = w.entry.path.clone();
+                        w.phases.push(phase("synced", &stem, Instant::now()));
+                        Ok(w)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("checkpoint fsync panicked")))
+                })
+                .collect()
+        });
+        let synced = synced.into_iter().collect::<io::Result<Vec<_>>>()?;
+        fsync_dir(&self.dir)?;
+        Ok(synced)
+    }
+}
+
+/// Writes every file into `dir` in parallel, each atomically (temporary file, then rename),
+/// without waiting for the disk: [`Unsynced::sync`] fsyncs them and the directory. Returns them in the order given. Calls `after_copies` (once, on one of the writing threads) as soon as
 /// every byte of every file has been copied off the device, while the files are still being
 /// written: the caller can give the device back then. Not called if a file fails before that.
-pub fn write_files_then(
+pub fn write_files_unsynced(
     dir: &Path,
     files: Vec<FileSpec>,
     after_copies: Option<&(dyn Fn() + Sync)>,
-) -> io::Result<Vec<WrittenFile>> {
+) -> io::Result<Unsynced> {
     // No buffer is being registered while the files are copied, or when the device is
     // released after the copies.
     finish_pinning();
@@ -271,7 +316,7 @@ pub fn write_files_then(
         }
     };
     let copied = &copied;
-    let results: Vec<io::Result<WrittenFile>> = std::thread::scope(|s| {
+    let results: Vec<io::Result<(WrittenFile, File)>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .into_iter()
             .map(|f| s.spawn(move || write_one(dir, f, copied)))
@@ -284,9 +329,11 @@ pub fn write_files_then(
             })
             .collect()
     });
-    let written = results.into_iter().collect::<io::Result<Vec<_>>>()?;
-    fsync_dir(dir)?;
-    Ok(written)
+    let files = results.into_iter().collect::<io::Result<Vec<_>>>()?;
+    Ok(Unsynced {
+        dir: dir.to_path_buf(),
+        files,
+    })
 }
 
 /// A chunk on its way from the producer to the writer.
@@ -307,44 +354,48 @@ impl Chunk<'_> {
     }
 }
 
-fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<WrittenFile> {
+/// One file written to a temporary name and renamed into place, not fsynced; its open handle
+/// for the fsync.
+fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<(WrittenFile, File)> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result = stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity, times)| {
-        let path = dir.join(&spec.name);
-        fs::rename(&tmp, &path)?;
-        Ok(WrittenFile {
-            path,
-            entry: ManifestFile {
-                path: spec.name.clone(),
-                bytes,
-                checksum: sha,
-            },
-            identity: Some(identity),
-            phases: ["copied", "hashed", "written", "synced"]
-                .iter()
-                .zip(times)
-                .filter_map(|(name, at)| Some(phase(name, &spec.name, at?)))
-                .collect(),
-        })
-    });
+    let result =
+        stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity, times, file)| {
+            let path = dir.join(&spec.name);
+            fs::rename(&tmp, &path)?;
+            let written = WrittenFile {
+                path,
+                entry: ManifestFile {
+                    path: spec.name.clone(),
+                    bytes,
+                    checksum: sha,
+                },
+                identity: Some(identity),
+                phases: ["copied", "hashed", "written"]
+                    .iter()
+                    .zip(times)
+                    .filter_map(|(name, at)| Some(phase(name, &spec.name, at?)))
+                    .collect(),
+            };
+            Ok((written, file))
+        });
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
 }
 
-/// When a file's data was all copied off the device, hashed, written, and fsynced.
-type Times = [Option<Instant>; 4];
+/// When a file's data was all copied off the device, hashed, and written.
+type Times = [Option<Instant>; 3];
 
-/// Streams `runs` into a new file at `path` and fsyncs it; returns the checksum, the size, the
-/// file's identity and when each phase ended. `copied` is called once every run has been
-/// copied off the device.
+/// Streams `runs` into a new file at `path` (its write-back started as it goes, not waited
+/// for); returns the checksum, the size, the file's identity, when each phase ended, and the
+/// open file. `copied` is called once every run has been copied off the device.
 fn stream_to(
     path: &Path,
     runs: &[Run],
     copied: &dyn Fn(),
-) -> io::Result<(Checksum, u64, FileIdentity, Times)> {
-    let mut times: Times = [None; 4];
+) -> io::Result<(Checksum, u64, FileIdentity, Times, File)> {
+    let mut times: Times = [None; 3];
     let mut file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
     // Three threads, so that the device copies, the hash and the disk all work at once: this
@@ -448,8 +499,6 @@ fn stream_to(
         );
     }
     times[2] = Some(write_result?);
-    file.sync_all()?;
-    times[3] = Some(Instant::now());
     let meta = file.metadata()?;
     if meta.len() != total as u64 {
         return Err(io::Error::other(format!(
@@ -457,7 +506,7 @@ fn stream_to(
             meta.len()
         )));
     }
-    Ok((hash, total as u64, FileIdentity::of(&meta), times))
+    Ok((hash, total as u64, FileIdentity::of(&meta), times, file))
 }
 
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
@@ -559,8 +608,19 @@ mod tests {
                 },
             ],
         }];
-        let written = write_files_then(&dir, files, None).unwrap();
+        let unsynced = write_files_unsynced(&dir, files, None).unwrap();
+        // Before any fsync the file is in place, whole, with the checksum it will be listed
+        // under (what a downstream stage started early reads).
+        let before = std::fs::read(dir.join("a.safetensors")).unwrap();
+        let listed = unsynced.written().next().unwrap().entry.clone();
+        assert_eq!(listed.checksum, crate::fsio::checksum(&before));
+        let written = unsynced.sync().unwrap();
+        assert!(written[0]
+            .phases
+            .iter()
+            .any(|(name, _)| name == "t_synced_a"));
         let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
+        assert_eq!(before, bytes);
         assert_eq!(written[0].entry.bytes, bytes.len() as u64);
         assert_eq!(written[0].entry.checksum, crate::fsio::checksum(&bytes));
         let meta = std::fs::metadata(dir.join("a.safetensors")).unwrap();
@@ -609,8 +669,10 @@ mod tests {
         let count = || {
             calls.fetch_add(1, Ordering::SeqCst);
         };
-        let written =
-            write_files_then(&dir, vec![file("a.bin"), file("b.bin")], Some(&count)).unwrap();
+        let written = write_files_unsynced(&dir, vec![file("a.bin"), file("b.bin")], Some(&count))
+            .unwrap()
+            .sync()
+            .unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         for w in &written {
             let bytes = std::fs::read(&w.path).unwrap();
@@ -635,7 +697,10 @@ mod tests {
         }
         // Without the call, the same bytes.
         let dir2 = crate::testutil::scratch_dir("stream-after-none");
-        let again = write_files_then(&dir2, vec![file("a.bin")], None).unwrap();
+        let again = write_files_unsynced(&dir2, vec![file("a.bin")], None)
+            .unwrap()
+            .sync()
+            .unwrap();
         assert_eq!(again[0].entry.checksum, written[0].entry.checksum);
     }
 }
