@@ -288,6 +288,15 @@ pub fn journal_records(run_dir: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The stages that journal `records` record as succeeded, in the order recorded.
+pub fn succeeded_stages(records: &[serde_json::Value]) -> Vec<String> {
+    records
+        .iter()
+        .filter(|r| r["rec"] == "stage_finished" && r["status"] == "succeeded")
+        .filter_map(|r| r["stage"].as_str().map(String::from))
+        .collect()
+}
+
 /// The first process of every attempt the run's journal records as started, in order.
 pub fn stage_pids(run_dir: &Path) -> Vec<i32> {
     journal_records(run_dir)

@@ -780,17 +780,7 @@ impl<'p> Scheduler<'p> {
             .find(|&u| matches!(self.states[u].status, Status::Failed | Status::Skipped(..)));
         match gone {
             Some(u) => {
-                let reason = format!(
-                    "upstream stage `{}` did not succeed",
-                    self.plan.plan.stages[u].name
-                );
-                let class = FailureClass::UpstreamFailed;
-                self.states[d].status = Status::Skipped(class, reason.clone());
-                out.push(Action::Skipped {
-                    stage: d,
-                    class,
-                    reason,
-                });
+                self.skip_for_upstream(d, u, out);
                 self.skip_downstream(d, out);
                 out.extend(plan.downstream[d].iter().map(|&x| Action::ReleaseFiles(x)));
             }
@@ -903,25 +893,31 @@ impl<'p> Scheduler<'p> {
     /// Every stage downstream of `failed` (transitively) that has not run is skipped, each
     /// once, naming the stage it waited on.
     fn skip_downstream(&mut self, failed: usize, out: &mut Vec<Action>) {
+        let plan = self.plan;
         let mut stack = vec![failed];
         while let Some(u) = stack.pop() {
-            for &d in &self.plan.downstream[u] {
+            for &d in &plan.downstream[u] {
                 if matches!(self.states[d].status, Status::Pending | Status::RetryAt(_)) {
-                    let reason = format!(
-                        "upstream stage `{}` did not succeed",
-                        self.plan.plan.stages[u].name
-                    );
-                    let class = FailureClass::UpstreamFailed;
-                    self.states[d].status = Status::Skipped(class, reason.clone());
-                    out.push(Action::Skipped {
-                        stage: d,
-                        class,
-                        reason,
-                    });
+                    self.skip_for_upstream(d, u, out);
                     stack.push(d);
                 }
             }
         }
+    }
+
+    /// Stage `d` is skipped because its upstream `u` did not succeed.
+    fn skip_for_upstream(&mut self, d: usize, u: usize, out: &mut Vec<Action>) {
+        let reason = format!(
+            "upstream stage `{}` did not succeed",
+            self.plan.plan.stages[u].name
+        );
+        let class = FailureClass::UpstreamFailed;
+        self.states[d].status = Status::Skipped(class, reason.clone());
+        out.push(Action::Skipped {
+            stage: d,
+            class,
+            reason,
+        });
     }
 
     /// The run starts nothing more, for `cause` (said once per cause).

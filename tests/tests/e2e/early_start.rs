@@ -10,6 +10,7 @@
 //! `STAGE_WORKER_SIMULATED_CUDA=<ms>` has the worker release it at the end of its training
 //! as on CUDA, its manifest written `<ms>` later (a large checkpoint's disk time).
 
+use e2e_tests::succeeded_stages;
 use e2e_tests::{alive, wait_for, Scratch};
 use e2e_tests::{journal_records, orchestrate, processes_with_env, repo_root, run_plan_with};
 use std::io::{BufRead, BufReader};
@@ -326,11 +327,7 @@ fn a_kill_anywhere_from_the_release_to_the_downstreams_end_never_resumes_wrongly
         let _ = run.wait();
         let run_dir = s.path().join("run");
         let before = journal_records(&run_dir);
-        let done_before: Vec<String> = before
-            .iter()
-            .filter(|r| r["rec"] == "stage_finished" && r["status"] == "succeeded")
-            .filter_map(|r| r["stage"].as_str().map(String::from))
-            .collect();
+        let done_before = succeeded_stages(&before);
         // Never b recorded finished without a.
         assert!(
             !done_before.contains(&"b".to_string()) || done_before.contains(&"a".to_string()),

@@ -4,7 +4,9 @@
 //! leak, and a crash of `orchestrate` anywhere between the release and the checkpoint's
 //! durability never lets a resume use a partial checkpoint or run a finished stage again.
 
-use e2e_tests::{journal_records, orchestrate, read_report, repo_root, wait_for, Scratch};
+use e2e_tests::{
+    journal_records, orchestrate, read_report, repo_root, succeeded_stages, wait_for, Scratch,
+};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -308,11 +310,7 @@ env = {{ PYTHONPATH = "{path}" }}
         let _ = run.wait();
         let run_dir = s.path().join("run");
         let before = journal_records(&run_dir);
-        let finished_before: Vec<String> = before
-            .iter()
-            .filter(|r| r["rec"] == "stage_finished" && r["status"] == "succeeded")
-            .filter_map(|r| r["stage"].as_str().map(String::from))
-            .collect();
+        let finished_before = succeeded_stages(&before);
         if finished_before.is_empty() {
             in_window += 1;
         }
