@@ -160,13 +160,19 @@ mod tests {
                 a.changed().await.unwrap();
                 assert_eq!(*a.borrow_and_update(), STOP_LEVEL);
                 assert_eq!(*b.borrow(), CancelLevel::None, "b was not stopped");
+                // The run's graceful stop reaches b, and never lowers a's level.
+                run_tx.send_replace(CancelLevel::Graceful);
+                b.changed().await.unwrap();
+                assert_eq!(*b.borrow_and_update(), CancelLevel::Graceful);
+                tokio::task::yield_now().await;
+                assert_eq!(
+                    *a.borrow_and_update(),
+                    STOP_LEVEL.max(CancelLevel::Graceful)
+                );
+                // The run's kill reaches both.
                 run_tx.send_replace(CancelLevel::Kill);
                 b.changed().await.unwrap();
                 assert_eq!(*b.borrow_and_update(), CancelLevel::Kill);
-                a.changed().await.unwrap();
-                assert_eq!(*a.borrow_and_update(), CancelLevel::Kill);
-                // A level once reached is not lowered.
-                run_tx.send_replace(CancelLevel::Graceful);
                 tokio::task::yield_now().await;
                 assert_eq!(*a.borrow(), CancelLevel::Kill);
             })
