@@ -3,7 +3,7 @@
 //!
 //! Writing: the old manifest is removed first, then each file is put in place atomically, then
 //! the new manifest; so a directory with a manifest always holds exactly the files it lists.
-//! A training checkpoint ([`write`]) puts its files and its manifest in place before it
+//! A training checkpoint ([`write()`]) puts its files and its manifest in place before it
 //! fsyncs them, so that a downstream stage started early reads them from the page cache while
 //! the disk catches up; the stage's end (and so any use of the checkpoint by a stage that did
 //! not start early) is recorded only after the fsyncs. After a power loss in between, the
