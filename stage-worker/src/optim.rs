@@ -562,6 +562,45 @@ mod tests {
     }
 
     #[test]
+    fn on_the_model_the_list_form_takes_the_flat_forms_steps() {
+        // The byte-level GPT (tied embedding, decayed and undecayed parameters), clipped steps
+        // at a high learning rate: the two forms stay within float rounding of each other.
+        crate::testutil::one_torch_thread();
+        let config = protocol::worker::ModelConfig {
+            d_model: 32,
+            n_layers: 2,
+            n_heads: 4,
+            max_seq_len: 16,
+        };
+        let a = crate::model::ByteGpt::new(&config, Device::Cpu, 7);
+        let b = crate::model::ByteGpt::new(&config, Device::Cpu, 7);
+        let mut lists = AdamW::new(&a.params, 0.1);
+        lists.set_fused(true);
+        lists.lists = true;
+        let mut flat = AdamW::new(&b.params, 0.1);
+        flat.set_fused(true);
+        flat.lists = false;
+        let ids = Tensor::arange(4 * 16, (Kind::Int64, Device::Cpu))
+            .remainder(256)
+            .view([4, 16]);
+        let targets = ids.roll([-1], [1]);
+        let mut models = [a, b];
+        for step in 0..5 {
+            for (m, opt) in models.iter_mut().zip([&mut lists, &mut flat]) {
+                m.params.zero_grad();
+                m.loss(&ids, &targets, Kind::Float).backward();
+                let _ = opt.step(&mut m.params, 3e-3);
+            }
+            let diff = (&models[0].params.flat - &models[1].params.flat)
+                .abs()
+                .max()
+                .double_value(&[]);
+            assert!(diff < 1e-5, "step {step}: the forms differ by {diff}");
+        }
+        assert!(lists.lists && !flat.lists);
+    }
+
+    #[test]
     fn state_round_trips_through_named_tensors() {
         crate::testutil::one_torch_thread();
         let mut p = store();
