@@ -45,8 +45,18 @@ OUTPUT (train)
 OUTPUT (eval)
   metrics.json           the metrics, the checkpoint evaluated and its step
   manifest.json          size and BLAKE3 checksum of metrics.json; written last
-  Every file is written atomically (temporary file, fsync, rename, fsync of the directory).
-  Checkpoints read as input are verified against their manifest before use.
+  Every file is put in place atomically (a temporary file renamed), the manifest last, and
+  all of them are fsynced, with the directory, before the stage reports done. A train
+  checkpoint is in place before its fsyncs, so a stage started early reads it from the page
+  cache. Checkpoints read as input are verified against their manifest before use.
+
+TUNING (environment)
+  STAGE_WORKER_SDPA     attention kernels: auto (default: cuDNN's from 200 planned steps,
+                        memory-efficient below), efficient, flash, libtorch
+  STAGE_WORKER_ADAMW    lists (default: the fused kernel over each parameter's gradient),
+                        flat (over one flat copy of the gradients), plain (tensor operations)
+  STAGE_WORKER_PROFILE  a path: a Chrome trace of a few training steps from libtorch's
+                        profiler (STAGE_WORKER_PROFILE_SKIP, default 2; _STEPS, default 3)
 
 EVENTS
   One JSON object per line ({\"v\": 1, \"event\": ...}) to the Unix socket named by
