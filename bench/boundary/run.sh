@@ -10,16 +10,11 @@
 set -uo pipefail
 BIN=$(cd "$1" && pwd); OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
-TORCH_LIB=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
-export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PYTHONUNBUFFERED=1
+. "$HERE/../machine.sh"
+bench_setup
 W=${BENCH_WORK:-/tmp/boundary-bench}; rm -rf "$W"; mkdir -p "$W"
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "binaries built from: $(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores"
-  echo "torch: $(python3 -c 'import torch;print(torch.__version__)' 2>/dev/null)"
+  machine_info "$BIN"
   echo "work dir: $W on $(df -h "$W" | tail -1 | awk '{print $1" ("$2")"}')"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"

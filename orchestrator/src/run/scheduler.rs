@@ -1964,6 +1964,14 @@ mod tests {
         Some(start)
     }
 
+    /// The error of the first `Finished` among `actions` that has one.
+    fn finished_error(actions: &[Action]) -> Option<String> {
+        actions.iter().find_map(|a| match a {
+            Action::Finished { error, .. } => error.clone(),
+            _ => None,
+        })
+    }
+
     fn finished_of(actions: &[Action]) -> Vec<(usize, StageStatus, Option<Duration>)> {
         actions
             .iter()
@@ -2076,10 +2084,7 @@ mod tests {
             finished_of(&actions),
             vec![(1, StageStatus::Cancelled, None)]
         );
-        let error = actions.iter().find_map(|a| match a {
-            Action::Finished { error, .. } => error.clone(),
-            _ => None,
-        });
+        let error = finished_error(&actions);
         assert!(error.unwrap().contains("not counted"));
         assert_eq!(s.states()[1].status, Status::Pending);
         assert!(s.ready().next().is_none(), "b waits for a's retry");
@@ -2179,10 +2184,7 @@ mod tests {
             finished_of(&actions),
             vec![(1, StageStatus::Cancelled, None)]
         );
-        let error = actions.iter().find_map(|a| match a {
-            Action::Finished { error, .. } => error.clone(),
-            _ => None,
-        });
+        let error = finished_error(&actions);
         assert!(error.unwrap().contains("without the checkpoint manifest"));
         // b starts again the ordinary way (its worker then says what is missing).
         match start_one(&mut s, &mut gpus, now) {
