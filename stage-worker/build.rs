@@ -9,7 +9,8 @@
 //!
 //! It also compiles the few lines of C++ under `csrc/` that reach libtorch where tch does not:
 //! the fused AdamW kernel (`src/optim.rs`), the choice of attention kernels
-//! (`src/attention.rs`) and libtorch's profiler (`src/profile.rs`).
+//! (`src/attention.rs`), libtorch's profiler (`src/profile.rs`) and the fused LayerNorm
+//! kernels with their autograd functions (`src/fused.rs`).
 
 use std::path::PathBuf;
 
@@ -33,12 +34,14 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused_layer_norm.cpp");
     let include = PathBuf::from(&libtorch).join("include");
     cc::Build::new()
         .cpp(true)
         .file("csrc/fused_adamw.cpp")
         .file("csrc/attention.cpp")
         .file("csrc/profiler.cpp")
+        .file("csrc/fused_layer_norm.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

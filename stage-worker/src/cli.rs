@@ -99,6 +99,10 @@ pub struct Cli {
 pub enum Command {
     /// Take GPU memory on cuda:0, hold it, exit: a fixture for benchmarks and leak tests.
     Hold(crate::hold::HoldArgs),
+    /// Check the fused LayerNorm kernels against libtorch's on this machine's GPU (values and
+    /// speed, one JSON object per line); exit 1 if they differ beyond rounding.
+    #[command(name = "check-kernels")]
+    CheckKernels,
     /// Serve forks of fresh workers to orchestrate (started by orchestrate itself).
     #[command(name = "fork-server", hide = true)]
     ForkServer(ForkServerArgs),

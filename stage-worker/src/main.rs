@@ -11,8 +11,10 @@ mod events;
 mod failure;
 mod forkserver;
 mod fsio;
+mod fused;
 mod hold;
 mod input_wait;
+mod kernel_check;
 mod log;
 mod model;
 mod optim;
@@ -56,6 +58,7 @@ fn dispatch(cli: cli::Cli) {
                 std::process::exit(1);
             }
         }
+        (Some(cli::Command::CheckKernels), _) => std::process::exit(kernel_check::run()),
         (Some(cli::Command::ForkServer(args)), _) => {
             std::process::exit(forkserver::serve(args.fd));
         }

@@ -137,16 +137,31 @@ impl ByteGpt {
 
     /// Logits `[batch, time, 256]` in `kind` for input ids `[batch, time]` (int64, time at
     /// most `max_seq_len`). Position `t` sees inputs `0..=t` only.
+    ///
+    /// On CUDA in bf16 each LayerNorm runs with the residual add before it and the cast after
+    /// it as one kernel ([`crate::fused`]); elsewhere as libtorch's three. Same arithmetic.
     pub fn forward(&self, ids: &Tensor, kind: Kind) -> Tensor {
+        let fused = crate::fused::usable(ids.device(), kind, self.config.d_model);
+        self.forward_with(ids, kind, fused)
+    }
+
+    /// [`ByteGpt::forward`] with the fused LayerNorms (`fused`, where
+    /// [`crate::fused::usable`] said yes) or libtorch's kernels.
+    pub fn forward_with(&self, ids: &Tensor, kind: Kind, fused: bool) -> Tensor {
         let (b, t) = ids.size2().expect("ids are [batch, time]");
         let c = self.config.d_model;
         let h = self.config.n_heads;
+        let norms = Norms {
+            model: self,
+            kind,
+            fused,
+        };
         let wte = self.params.get("wte");
         let pos = self.params.get("wpe").narrow(0, 0, t);
         let mut x = Tensor::embedding(wte, ids, -1, false, false) + pos;
+        let mut a = norms.first(&x, "blocks.0.ln1");
         for i in 0..self.config.n_layers {
             let blk = format!("blocks.{i}");
-            let a = self.layer_norm(&x, &format!("{blk}.ln1")).to_kind(kind);
             let qkv = self.linear(&a, &format!("{blk}.attn.qkv"), kind);
             let heads = |t_: &Tensor| t_.view([b, t, h, c / h]).transpose(1, 2);
             let parts = qkv.split(c, -1);
@@ -161,13 +176,19 @@ impl ByteGpt {
                 false,
             );
             let y = y.transpose(1, 2).contiguous().view([b, t, c]);
-            x = residual(&x, &self.linear(&y, &format!("{blk}.attn.proj"), kind));
-            let m = self.layer_norm(&x, &format!("{blk}.ln2")).to_kind(kind);
+            let y = self.linear(&y, &format!("{blk}.attn.proj"), kind);
+            let m;
+            (x, m) = norms.after_residual(&x, &y, &format!("{blk}.ln2"));
             let m = self.linear(&m, &format!("{blk}.mlp.fc"), kind).gelu("none");
-            x = residual(&x, &self.linear(&m, &format!("{blk}.mlp.proj"), kind));
+            let y = self.linear(&m, &format!("{blk}.mlp.proj"), kind);
+            let next = if i + 1 < self.config.n_layers {
+                format!("blocks.{}.ln1", i + 1)
+            } else {
+                "ln_f".to_string()
+            };
+            (x, a) = norms.after_residual(&x, &y, &next);
         }
-        let x = self.layer_norm(&x, "ln_f").to_kind(kind);
-        x.linear::<Tensor>(&wte.to_kind(kind), None)
+        a.linear::<Tensor>(&wte.to_kind(kind), None)
     }
 
     /// Mean cross-entropy (fp32) of the logits for `ids` against `targets`, ignoring targets
@@ -178,10 +199,43 @@ impl ByteGpt {
     }
 }
 
-/// `x + y` out of place (the LayerNorm that read `x` saved it for the backward pass), in
-/// `x`'s kind: an fp32 residual stream stays fp32 when `y` is bf16.
-fn residual(x: &Tensor, y: &Tensor) -> Tensor {
-    x + y
+/// The LayerNorms of one forward pass: fused with the residual add and the cast where
+/// [`crate::fused::usable`] said so, else libtorch's kernels.
+struct Norms<'a> {
+    model: &'a ByteGpt,
+    kind: Kind,
+    fused: bool,
+}
+
+impl Norms<'_> {
+    fn weights(&self, prefix: &str) -> (&Tensor, &Tensor) {
+        let p = &self.model.params;
+        (
+            p.get(&format!("{prefix}.weight")),
+            p.get(&format!("{prefix}.bias")),
+        )
+    }
+
+    /// `layer_norm(x)` in the compute kind.
+    fn first(&self, x: &Tensor, prefix: &str) -> Tensor {
+        if self.fused {
+            let (w, b) = self.weights(prefix);
+            return crate::fused::layer_norm_cast(x, w, b, LN_EPS);
+        }
+        self.model.layer_norm(x, prefix).to_kind(self.kind)
+    }
+
+    /// The residual stream after adding `y` (in `x`'s kind: an fp32 stream stays fp32 when
+    /// `y` is bf16), and its LayerNorm in the compute kind.
+    fn after_residual(&self, x: &Tensor, y: &Tensor, prefix: &str) -> (Tensor, Tensor) {
+        if self.fused {
+            let (w, b) = self.weights(prefix);
+            return crate::fused::residual_layer_norm(x, y, w, b, LN_EPS);
+        }
+        let x = x + y;
+        let a = self.model.layer_norm(&x, prefix).to_kind(self.kind);
+        (x, a)
+    }
 }
 
 /// Mean cross-entropy in fp32 over the targets that are not ignored.

@@ -1,0 +1,706 @@
+// The residual add, the LayerNorm and the cast to bf16 of the model's blocks in one kernel,
+// forward and backward, with autograd functions around them. Called from
+// stage-worker/src/fused.rs.
+//
+// libtorch runs `x + y`, `layer_norm(x)` and `.to(bf16)` as three kernels forward and about
+// six backward (the cast back, LayerNorm's input and parameter gradients, the sum of the two
+// residual gradients, the cast of the branch's gradient), each moving whole activations
+// through memory. Here the forward reads x (fp32) and y (bf16) once and writes the new
+// residual (fp32), the normalised activation (bf16) and the row statistics; the backward reads
+// the activation's gradient (bf16), the saved residual and the residual's own gradient once
+// and writes the gradients of x (fp32) and y (bf16), with the parameter gradients summed per
+// block and then over blocks. The arithmetic is the eager one (fp32 throughout, the same
+// formulas; bf16 rounded to nearest even as c10::BFloat16 does), not bit-identical (sums are
+// taken in another order).
+//
+// The kernels are CUDA C compiled at run time by NVRTC for the device's own architecture (the
+// wheel's libnvrtc, found next to libtorch) and launched through the driver API, both reached
+// by dlopen: nothing here needs the CUDA toolkit at build time. They run on the legacy default
+// stream, which is libtorch's default stream; the worker never switches streams.
+//
+// Every entry point returns 0, or 1 with a message in `err` (no exception unwinds into Rust).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char *const kSource = R"CUDA(
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf2f(unsigned bits) { return __uint_as_float(bits << 16); }
+
+// Round to nearest even, as c10::BFloat16 does; NaN stays a quiet NaN.
+__device__ __forceinline__ unsigned f2bf(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+__device__ __forceinline__ void load_bf16x4(const bf16_t *p, float v[4]) {
+  const uint2 u = *reinterpret_cast<const uint2 *>(p);
+  v[0] = bf2f(u.x & 0xffffu);
+  v[1] = bf2f(u.x >> 16);
+  v[2] = bf2f(u.y & 0xffffu);
+  v[3] = bf2f(u.y >> 16);
+}
+
+__device__ __forceinline__ void store_bf16x4(bf16_t *p, const float v[4]) {
+  uint2 u;
+  u.x = f2bf(v[0]) | (f2bf(v[1]) << 16);
+  u.y = f2bf(v[2]) | (f2bf(v[3]) << 16);
+  *reinterpret_cast<uint2 *>(p) = u;
+}
+
+__device__ __forceinline__ void load_f32x4(const float *p, float v[4]) {
+  const float4 f = *reinterpret_cast<const float4 *>(p);
+  v[0] = f.x;
+  v[1] = f.y;
+  v[2] = f.z;
+  v[3] = f.w;
+}
+
+__device__ __forceinline__ void store_f32x4(float *p, const float v[4]) {
+  *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// The sum of `v` over the block, in every thread. blockDim.x is a multiple of 32.
+__device__ __forceinline__ float2 block_sum2(float2 v, float2 *shared) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();  // the previous use of `shared` is over
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? shared[lane] : make_float2(0.f, 0.f);
+  for (int o = 16; o > 0; o >>= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+  }
+  return v;
+}
+
+// One block per row of C = 4 * blockDim.x values. xn = x + y (when y is given, else x is
+// normalised as it is); a = bf16(LayerNorm(xn) * w + b); the row's mean and 1/std.
+extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
+                                               const bf16_t *__restrict__ y,
+                                               const float *__restrict__ w,
+                                               const float *__restrict__ b,
+                                               float *__restrict__ xn, bf16_t *__restrict__ a,
+                                               float *__restrict__ mean_out,
+                                               float *__restrict__ rstd_out, int C, float eps) {
+  __shared__ float2 red[32];
+  const long long at = (long long)blockIdx.x * C + threadIdx.x * 4;
+  float v[4];
+  load_f32x4(x + at, v);
+  if (y != nullptr) {
+    float u[4];
+    load_bf16x4(y + at, u);
+    for (int k = 0; k < 4; ++k) v[k] += u[k];
+    store_f32x4(xn + at, v);
+  }
+  const float mean = block_sum2(make_float2(v[0] + v[1] + v[2] + v[3], 0.f), red).x / C;
+  float d[4], q = 0.f;
+  for (int k = 0; k < 4; ++k) {
+    d[k] = v[k] - mean;
+    q += d[k] * d[k];
+  }
+  const float rstd = rsqrtf(block_sum2(make_float2(q, 0.f), red).x / C + eps);
+  float wv[4], bv[4], o[4];
+  load_f32x4(w + threadIdx.x * 4, wv);
+  load_f32x4(b + threadIdx.x * 4, bv);
+  for (int k = 0; k < 4; ++k) o[k] = d[k] * rstd * wv[k] + bv[k];
+  store_bf16x4(a + at, o);
+  if (threadIdx.x == 0) {
+    mean_out[blockIdx.x] = mean;
+    rstd_out[blockIdx.x] = rstd;
+  }
+}
+
+// Rows [blockIdx.x * rows, ...) of the backward pass. ga: the gradient of a (bf16); xn: the
+// normalised input (fp32); gres: the gradient of xn from the residual stream, or null.
+// gx = LayerNorm's input gradient + gres (fp32); gy = bf16(gx), unless null. The block's
+// partial sums of ga * xhat and ga per column go to pw and pb (row blockIdx.x).
+extern "C" __global__ void stage_worker_ln_bwd(
+    const bf16_t *__restrict__ ga, const float *__restrict__ xn, const float *__restrict__ mean,
+    const float *__restrict__ rstd, const float *__restrict__ w, const float *__restrict__ gres,
+    float *__restrict__ gx, bf16_t *__restrict__ gy, float *__restrict__ pw,
+    float *__restrict__ pb, int N, int C, int rows) {
+  __shared__ float2 red[32];
+  const int c = threadIdx.x * 4;
+  float wv[4], accw[4] = {0.f, 0.f, 0.f, 0.f}, accb[4] = {0.f, 0.f, 0.f, 0.f};
+  load_f32x4(w + c, wv);
+  const int first = blockIdx.x * rows;
+  const int end = min(N, first + rows);
+  for (int row = first; row < end; ++row) {
+    const long long at = (long long)row * C + c;
+    float g[4], xv[4], xh[4], gw[4];
+    load_bf16x4(ga + at, g);
+    load_f32x4(xn + at, xv);
+    const float m = mean[row], rs = rstd[row];
+    float s1 = 0.f, s2 = 0.f;
+    for (int k = 0; k < 4; ++k) {
+      xh[k] = (xv[k] - m) * rs;
+      gw[k] = g[k] * wv[k];
+      accw[k] += g[k] * xh[k];
+      accb[k] += g[k];
+      s1 += gw[k];
+      s2 += gw[k] * xh[k];
+    }
+    const float2 s = block_sum2(make_float2(s1, s2), red);
+    const float mg = s.x / C, mgx = s.y / C;
+    float dx[4];
+    for (int k = 0; k < 4; ++k) dx[k] = rs * (gw[k] - mg - xh[k] * mgx);
+    if (gres != nullptr) {
+      float r[4];
+      load_f32x4(gres + at, r);
+      for (int k = 0; k < 4; ++k) dx[k] += r[k];
+    }
+    store_f32x4(gx + at, dx);
+    if (gy != nullptr) store_bf16x4(gy + at, dx);
+  }
+  store_f32x4(pw + (long long)blockIdx.x * C + c, accw);
+  store_f32x4(pb + (long long)blockIdx.x * C + c, accb);
+}
+
+// dw, db = the column sums of pw, pb ([parts, C]). Blocks of 32 x 8 threads, C / 32 blocks.
+extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ pw,
+                                                      const float *__restrict__ pb, int parts,
+                                                      int C, float *__restrict__ dw,
+                                                      float *__restrict__ db) {
+  __shared__ float sw[8][33], sb[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  float aw = 0.f, ab = 0.f;
+  for (int p = threadIdx.y; p < parts; p += 8) {
+    aw += pw[(long long)p * C + col];
+    ab += pb[(long long)p * C + col];
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int k = 1; k < 8; ++k) {
+      aw += sw[k][threadIdx.x];
+      ab += sb[k][threadIdx.x];
+    }
+    dw[col] = aw;
+    db[col] = ab;
+  }
+}
+)CUDA";
+
+// The few driver-API and NVRTC entry points used, declared here (their ABI is stable C).
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = struct CUctx_st *;
+using CUmodule = struct CUmod_st *;
+using CUfunction = struct CUfunc_st *;
+using CUstream = struct CUstream_st *;
+using nvrtcResult = int;
+using nvrtcProgram = struct _nvrtcProgram *;
+
+constexpr int kAttrMultiprocessors = 16;
+constexpr int kAttrCcMajor = 75;
+constexpr int kAttrCcMinor = 76;
+
+struct Api {
+  CUresult (*ctx_get_current)(CUcontext *);
+  CUresult (*ctx_set_current)(CUcontext);
+  CUresult (*device_get)(CUdevice *, int);
+  CUresult (*device_attribute)(int *, int, CUdevice);
+  CUresult (*module_load_data)(CUmodule *, const void *);
+  CUresult (*module_function)(CUfunction *, CUmodule, const char *);
+  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                     unsigned, CUstream, void **, void **);
+  CUresult (*error_string)(CUresult, const char **);
+};
+
+struct Nvrtc {
+  nvrtcResult (*create)(nvrtcProgram *, const char *, const char *, int, const char *const *,
+                        const char *const *);
+  nvrtcResult (*compile)(nvrtcProgram, int, const char *const *);
+  nvrtcResult (*log_size)(nvrtcProgram, size_t *);
+  nvrtcResult (*log)(nvrtcProgram, char *);
+  nvrtcResult (*cubin_size)(nvrtcProgram, size_t *);
+  nvrtcResult (*cubin)(nvrtcProgram, char *);
+  nvrtcResult (*destroy)(nvrtcProgram *);
+  nvrtcResult (*version)(int *, int *);
+  const char *(*error_string)(nvrtcResult);
+};
+
+template <typename F> void bind(void *lib, const char *name, F &slot) {
+  void *p = dlsym(lib, name);
+  if (p == nullptr) {
+    throw std::runtime_error(std::string("symbol ") + name + " not found");
+  }
+  slot = reinterpret_cast<F>(p);
+}
+
+// The directory libtorch_cpu.so was loaded from ("" if none is loaded).
+std::string libtorch_dir() {
+  std::string dir;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info *info, size_t, void *out) {
+        const std::string path = info->dlpi_name ? info->dlpi_name : "";
+        const std::string name = "/libtorch_cpu.so";
+        if (path.size() > name.size() &&
+            path.compare(path.size() - name.size(), name.size(), name) == 0) {
+          *static_cast<std::string *>(out) = path.substr(0, path.size() - name.size());
+          return 1;
+        }
+        return 0;
+      },
+      &dir);
+  return dir;
+}
+
+// Loads `dir`'s libnvrtc-builtins.so.<version> (not the ".alt" variant), if there is one.
+void preload_builtins(const std::string &dir) {
+  DIR *d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  const std::string prefix = "libnvrtc-builtins.so.";
+  while (const struct dirent *e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) == 0) {
+      dlopen((dir + "/" + name).c_str(), RTLD_NOW | RTLD_GLOBAL);
+    }
+  }
+  closedir(d);
+}
+
+// libnvrtc as the wheel ships it: on the library path, or where the wheel puts the CUDA
+// libraries, beside libtorch's package (the run path libtorch_cuda.so itself carries).
+const Nvrtc &nvrtc() {
+  static std::once_flag once;
+  static Nvrtc api;
+  static std::string error;
+  std::call_once(once, [] {
+    std::vector<std::string> names = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+    const std::string torch = libtorch_dir();
+    if (!torch.empty()) {
+      names.push_back(torch + "/../../nvidia/cu13/lib/libnvrtc.so.13");
+      names.push_back(torch + "/../../nvidia/cuda_nvrtc/lib/libnvrtc.so.12");
+    }
+    void *lib = nullptr;
+    for (const std::string &n : names) {
+      const size_t slash = n.rfind('/');
+      // libnvrtc opens its builtins by name, which the library path may not find when
+      // libnvrtc itself was found by its path: load them from beside it first.
+      if (slash != std::string::npos) preload_builtins(n.substr(0, slash));
+      if ((lib = dlopen(n.c_str(), RTLD_NOW | RTLD_GLOBAL)) != nullptr) break;
+    }
+    if (lib == nullptr) {
+      error = "libnvrtc was not found (neither on the library path nor beside libtorch)";
+      return;
+    }
+    try {
+      bind(lib, "nvrtcCreateProgram", api.create);
+      bind(lib, "nvrtcCompileProgram", api.compile);
+      bind(lib, "nvrtcGetProgramLogSize", api.log_size);
+      bind(lib, "nvrtcGetProgramLog", api.log);
+      bind(lib, "nvrtcGetCUBINSize", api.cubin_size);
+      bind(lib, "nvrtcGetCUBIN", api.cubin);
+      bind(lib, "nvrtcDestroyProgram", api.destroy);
+      bind(lib, "nvrtcVersion", api.version);
+      bind(lib, "nvrtcGetErrorString", api.error_string);
+    } catch (const std::exception &e) {
+      error = std::string("libnvrtc: ") + e.what();
+    }
+  });
+  if (!error.empty()) throw std::runtime_error(error);
+  return api;
+}
+
+const Api &driver() {
+  static std::once_flag once;
+  static Api api;
+  static std::string error;
+  std::call_once(once, [] {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (lib == nullptr) {
+      error = "libcuda.so.1 was not found";
+      return;
+    }
+    try {
+      bind(lib, "cuCtxGetCurrent", api.ctx_get_current);
+      bind(lib, "cuCtxSetCurrent", api.ctx_set_current);
+      bind(lib, "cuDeviceGet", api.device_get);
+      bind(lib, "cuDeviceGetAttribute", api.device_attribute);
+      bind(lib, "cuModuleLoadData", api.module_load_data);
+      bind(lib, "cuModuleGetFunction", api.module_function);
+      bind(lib, "cuLaunchKernel", api.launch);
+      bind(lib, "cuGetErrorString", api.error_string);
+    } catch (const std::exception &e) {
+      error = std::string("libcuda: ") + e.what();
+    }
+  });
+  if (!error.empty()) throw std::runtime_error(error);
+  return api;
+}
+
+void check(CUresult rc, const char *what) {
+  if (rc != 0) {
+    const char *text = nullptr;
+    driver().error_string(rc, &text);
+    throw std::runtime_error(std::string(what) + ": " + (text ? text : "CUDA error"));
+  }
+}
+
+// The kernels compiled for `sm_<arch>` (e.g. 90) as a cubin.
+std::vector<char> compile(int arch) {
+  const Nvrtc &rt = nvrtc();
+  nvrtcProgram prog = nullptr;
+  if (rt.create(&prog, kSource, "stage_worker_fused_layer_norm.cu", 0, nullptr, nullptr) != 0) {
+    throw std::runtime_error("nvrtcCreateProgram failed");
+  }
+  const std::string gpu = "--gpu-architecture=sm_" + std::to_string(arch);
+  const char *options[] = {gpu.c_str(), "-std=c++17"};
+  const nvrtcResult rc = rt.compile(prog, 2, options);
+  std::string failure;
+  if (rc != 0) {
+    size_t n = 0;
+    rt.log_size(prog, &n);
+    std::string log(n, '\0');
+    if (n > 0) rt.log(prog, log.data());
+    failure = std::string("NVRTC could not compile the fused kernels for sm_") +
+              std::to_string(arch) + " (" + rt.error_string(rc) + "): " + log;
+  }
+  std::vector<char> cubin;
+  if (failure.empty()) {
+    size_t n = 0;
+    rt.cubin_size(prog, &n);
+    cubin.resize(n);
+    if (n > 0) rt.cubin(prog, cubin.data());
+  }
+  rt.destroy(&prog);
+  if (!failure.empty()) throw std::runtime_error(failure);
+  return cubin;
+}
+
+// Where compiled kernels are kept between processes: $STAGE_WORKER_KERNEL_CACHE, else
+// $XDG_CACHE_HOME/stage-worker/kernels, else ~/.cache/stage-worker/kernels ("" for none).
+std::string cache_dir() {
+  if (const char *d = std::getenv("STAGE_WORKER_KERNEL_CACHE")) return d;
+  if (const char *d = std::getenv("XDG_CACHE_HOME"); d != nullptr && *d != '\0') {
+    return std::string(d) + "/stage-worker/kernels";
+  }
+  if (const char *d = std::getenv("HOME"); d != nullptr && *d != '\0') {
+    return std::string(d) + "/.cache/stage-worker/kernels";
+  }
+  return "";
+}
+
+// The cache file for `sm_<arch>`: named by a hash of the source, the architecture and the
+// NVRTC version, so that a changed kernel or compiler never finds a stale cubin.
+std::string cache_path(int arch) {
+  const std::string dir = cache_dir();
+  if (dir.empty()) return "";
+  int major = 0, minor = 0;
+  if (nvrtc().version(&major, &minor) != 0) return "";
+  const std::string key = std::string(kSource) + "\n" + std::to_string(arch) + "\n" +
+                          std::to_string(major) + "." + std::to_string(minor);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : key) {
+    h = (h ^ ch) * 1099511628211ull;
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "/layer-norm-sm%d-%016llx.cubin", arch,
+                static_cast<unsigned long long>(h));
+  return dir + name;
+}
+
+std::vector<char> read_cached(const std::string &path) {
+  std::vector<char> bytes;
+  if (path.empty()) return bytes;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return bytes;
+  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (bytes.size() < 4 || std::memcmp(bytes.data(), "\x7f" "ELF", 4) != 0) bytes.clear();
+  return bytes;
+}
+
+// Best effort: a cache that cannot be written only costs the next process a compile.
+void write_cached(const std::string &path, const std::vector<char> &cubin) {
+  if (path.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return;
+    out.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+struct Kernels {
+  CUcontext context = nullptr;
+  int ordinal = -1;
+  int multiprocessors = 0;
+  CUfunction forward = nullptr;
+  CUfunction backward = nullptr;
+  CUfunction parameters = nullptr;
+};
+
+std::mutex loading;
+Kernels loaded;
+bool loaded_from_cache = false;
+std::string load_error;
+
+// The kernels in the current CUDA context of device `ordinal`, compiled and loaded on first
+// use. Later calls from any thread return the same functions; a failed load is not retried.
+const Kernels &kernels(int ordinal) {
+  std::lock_guard<std::mutex> guard(loading);
+  if (!load_error.empty()) throw std::runtime_error(load_error);
+  if (loaded.forward != nullptr) {
+    if (loaded.ordinal != ordinal) throw std::runtime_error("the fused kernels serve one device");
+    return loaded;
+  }
+  try {
+    const Api &cu = driver();
+    CUcontext ctx = nullptr;
+    check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
+    if (ctx == nullptr) throw std::runtime_error("no CUDA context is current on this thread");
+    CUdevice dev = 0;
+    check(cu.device_get(&dev, ordinal), "cuDeviceGet");
+    int major = 0, minor = 0, sms = 0;
+    check(cu.device_attribute(&major, kAttrCcMajor, dev), "cuDeviceGetAttribute");
+    check(cu.device_attribute(&minor, kAttrCcMinor, dev), "cuDeviceGetAttribute");
+    check(cu.device_attribute(&sms, kAttrMultiprocessors, dev), "cuDeviceGetAttribute");
+    const int arch = major * 10 + minor;
+    const std::string cached = cache_path(arch);
+    std::vector<char> cubin = read_cached(cached);
+    CUmodule module = nullptr;
+    if (cubin.empty() || cu.module_load_data(&module, cubin.data()) != 0) {
+      cubin = compile(arch);
+      check(cu.module_load_data(&module, cubin.data()), "cuModuleLoadData");
+      write_cached(cached, cubin);
+      loaded_from_cache = false;
+    } else {
+      loaded_from_cache = true;
+    }
+    Kernels k;
+    k.context = ctx;
+    k.ordinal = ordinal;
+    k.multiprocessors = sms;
+    check(cu.module_function(&k.forward, module, "stage_worker_ln_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.backward, module, "stage_worker_ln_bwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.parameters, module, "stage_worker_ln_bwd_params"),
+          "cuModuleGetFunction");
+    loaded = k;
+    return loaded;
+  } catch (const std::exception &e) {
+    load_error = e.what();
+    throw;
+  }
+}
+
+// Makes the kernels' context current on this thread (the autograd engine's threads have it
+// already; a thread that never called CUDA may not).
+void enter(const Kernels &k) {
+  CUcontext ctx = nullptr;
+  check(driver().ctx_get_current(&ctx), "cuCtxGetCurrent");
+  if (ctx != k.context) check(driver().ctx_set_current(k.context), "cuCtxSetCurrent");
+}
+
+void launch(CUfunction f, unsigned blocks_x, unsigned threads_x, unsigned threads_y,
+            std::vector<void *> args) {
+  check(driver().launch(f, blocks_x, 1, 1, threads_x, threads_y, 1, 0, nullptr, args.data(),
+                        nullptr),
+        "cuLaunchKernel");
+}
+
+void require(bool ok, const char *what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+void check_operand(const at::Tensor &t, at::ScalarType kind, int64_t numel, const char *what) {
+  require(t.is_cuda() && t.is_contiguous() && t.scalar_type() == kind && t.numel() == numel &&
+              reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+          what);
+}
+
+template <typename T> T *ptr(const at::Tensor &t) {
+  return t.defined() ? static_cast<T *>(t.data_ptr()) : nullptr;
+}
+
+// The forward pass: {xn, a, mean, rstd} (xn undefined when y is).
+std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, const at::Tensor &w,
+                                const at::Tensor &b, double eps) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  require(C % 128 == 0 && C <= 4096, "the fused LayerNorm takes a width that is a multiple of 128, at most 4096");
+  check_operand(x, at::kFloat, N * C, "x must be a contiguous fp32 CUDA tensor");
+  if (y.defined()) check_operand(y, at::kBFloat16, N * C, "y must be a contiguous bf16 tensor like x");
+  check_operand(w, at::kFloat, C, "the LayerNorm weight must be fp32 of the last dimension's size");
+  check_operand(b, at::kFloat, C, "the LayerNorm bias must be fp32 of the last dimension's size");
+  const Kernels &k = kernels(x.get_device());
+  enter(k);
+  at::Tensor xn = y.defined() ? at::empty_like(x) : at::Tensor();
+  at::Tensor a = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  at::Tensor mean = at::empty({N}, x.options());
+  at::Tensor rstd = at::empty({N}, x.options());
+  const float *px = ptr<float>(x);
+  const uint16_t *py = ptr<uint16_t>(y);
+  const float *pw = ptr<float>(w), *pb = ptr<float>(b);
+  float *pxn = ptr<float>(xn);
+  uint16_t *pa = ptr<uint16_t>(a);
+  float *pm = ptr<float>(mean), *pr = ptr<float>(rstd);
+  int c = static_cast<int>(C);
+  float e = static_cast<float>(eps);
+  if (N > 0) {
+    launch(k.forward, static_cast<unsigned>(N), static_cast<unsigned>(C / 4), 1,
+           {&px, &py, &pw, &pb, &pxn, &pa, &pm, &pr, &c, &e});
+  }
+  return {xn, a, mean, rstd};
+}
+
+// The backward pass: {gx, gy, gw, gb} (gy undefined unless wanted).
+std::vector<at::Tensor> ln_backward(const at::Tensor &ga_in, const at::Tensor &gres_in,
+                                 const at::Tensor &xn, const at::Tensor &mean,
+                                 const at::Tensor &rstd, const at::Tensor &w, bool want_gy) {
+  const int64_t C = xn.size(-1), N = xn.numel() / C;
+  const at::Tensor ga = ga_in.to(at::kBFloat16).contiguous();
+  const at::Tensor gres = gres_in.defined() ? gres_in.to(at::kFloat).contiguous() : at::Tensor();
+  check_operand(ga, at::kBFloat16, N * C, "the activation's gradient has the wrong shape");
+  if (gres.defined()) check_operand(gres, at::kFloat, N * C, "the residual's gradient has the wrong shape");
+  const Kernels &k = kernels(xn.get_device());
+  enter(k);
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(N, 4 * k.multiprocessors));
+  const int64_t rows = (N + parts - 1) / parts;
+  const int64_t blocks = N > 0 ? (N + rows - 1) / rows : 1;
+  at::Tensor gx = at::empty_like(xn);
+  at::Tensor gy = want_gy ? at::empty(xn.sizes(), xn.options().dtype(at::kBFloat16)) : at::Tensor();
+  // Every block writes its whole row of partial sums; with no rows there is one row of zeros.
+  at::Tensor pw = N > 0 ? at::empty({blocks, C}, xn.options()) : at::zeros({1, C}, xn.options());
+  at::Tensor pb = N > 0 ? at::empty({blocks, C}, xn.options()) : at::zeros({1, C}, xn.options());
+  at::Tensor gw = at::empty({C}, xn.options());
+  at::Tensor gb = at::empty({C}, xn.options());
+  const uint16_t *p_ga = ptr<uint16_t>(ga);
+  const float *p_xn = ptr<float>(xn), *p_mean = ptr<float>(mean), *p_rstd = ptr<float>(rstd);
+  const float *p_w = ptr<float>(w), *p_gres = ptr<float>(gres);
+  float *p_gx = ptr<float>(gx);
+  uint16_t *p_gy = ptr<uint16_t>(gy);
+  float *p_pw = ptr<float>(pw), *p_pb = ptr<float>(pb), *p_gw = ptr<float>(gw), *p_gb = ptr<float>(gb);
+  int n = static_cast<int>(N), c = static_cast<int>(C), r = static_cast<int>(rows);
+  int nparts = static_cast<int>(blocks);
+  if (N > 0) {
+    launch(k.backward, static_cast<unsigned>(blocks), static_cast<unsigned>(C / 4), 1,
+           {&p_ga, &p_xn, &p_mean, &p_rstd, &p_w, &p_gres, &p_gx, &p_gy, &p_pw, &p_pb, &n, &c, &r});
+  }
+  launch(k.parameters, static_cast<unsigned>(C / 32), 32, 8, {&p_pw, &p_pb, &nparts, &c, &p_gw, &p_gb});
+  return {gx, gy, gw, gb};
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// xn = x + y, a = bf16(LayerNorm(xn)): gradients for x, y, w and b.
+struct ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor y, at::Tensor w,
+                               at::Tensor b, double eps) {
+    auto out = ln_forward(x.contiguous(), y.contiguous(), w.contiguous(), b.contiguous(), eps);
+    ctx->save_for_backward({out[0], out[2], out[3], w});
+    return {out[0], out[1]};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto g = ln_backward(grads[1], grads[0], s[0], s[1], s[2], s[3].contiguous(), true);
+    return {g[0], g[1], g[2], g[3], at::Tensor()};
+  }
+};
+
+// a = bf16(LayerNorm(x)): gradients for x, w and b.
+struct LayerNormCast : public torch::autograd::Function<LayerNormCast> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
+                               double eps) {
+    const at::Tensor xc = x.contiguous();
+    auto out = ln_forward(xc, at::Tensor(), w.contiguous(), b.contiguous(), eps);
+    ctx->save_for_backward({xc, out[2], out[3], w});
+    return {out[1]};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto g = ln_backward(grads[0], at::Tensor(), s[0], s[1], s[2], s[3].contiguous(), false);
+    return {g[0], g[2], g[3], at::Tensor()};
+  }
+};
+
+int fail(const std::exception &e, char *err, size_t err_len) {
+  std::snprintf(err, err_len, "%s", e.what());
+  return 1;
+}
+
+}  // namespace
+
+// Compiles the kernels for sm_<arch> without loading them (no GPU needed); stores the cubin's
+// size in *bytes. A check that the source builds with this NVRTC.
+extern "C" int stage_worker_fused_compile(int arch, size_t *bytes, char *err, size_t err_len) {
+  try {
+    *bytes = compile(arch).size();
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// Compiles (or reads from the cache) and loads the kernels for CUDA device `ordinal`, whose
+// context must be current on this thread, unless that was done: 0 when they can run; *cached
+// says whether the cubin came from the cache (see cache_dir) rather than from NVRTC.
+extern "C" int stage_worker_fused_load(int ordinal, bool *cached, char *err, size_t err_len) {
+  try {
+    kernels(ordinal);
+    *cached = loaded_from_cache;
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// (*xn_out, *a_out) = (x + y, bf16(LayerNorm(x + y) * w + b)), recorded for autograd. With y
+// null: *a_out = bf16(LayerNorm(x) * w + b) and *xn_out is left alone. New handles the caller
+// owns.
+extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::Tensor *y,
+                                                const at::Tensor *w, const at::Tensor *b,
+                                                double eps, at::Tensor **xn_out,
+                                                at::Tensor **a_out, char *err, size_t err_len) {
+  try {
+    if (y != nullptr) {
+      auto out = ResidualLayerNorm::apply(*x, *y, *w, *b, eps);
+      *xn_out = new at::Tensor(out[0]);
+      *a_out = new at::Tensor(out[1]);
+    } else {
+      auto out = LayerNormCast::apply(*x, *w, *b, eps);
+      *a_out = new at::Tensor(out[0]);
+    }
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}

@@ -1,0 +1,206 @@
+//! The residual add, LayerNorm and bf16 cast of the model's blocks as one CUDA kernel, forward
+//! and backward (`csrc/fused_layer_norm.cpp`).
+//!
+//! libtorch's eager kernels run one operation each, so around every LayerNorm of a block the
+//! activations cross memory about nine times (the add, the norm and the cast forward; the cast
+//! back, the norm's two gradients, the sum of the residual's gradients and the branch's cast
+//! backward); `torch.compile` fuses them, which was most of its lead over the worker
+//! (`bench/throughput/README.md`). The fused kernels do the same arithmetic (fp32, the eager
+//! formulas) in one pass each way; sums are taken in another order, so results agree to
+//! rounding, not bit for bit.
+//!
+//! They are compiled at first use by NVRTC for the device's architecture (in the warm-up's
+//! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
+//! (default `$XDG_CACHE_HOME/stage-worker/kernels` or `~/.cache/stage-worker/kernels`, named by
+//! a hash of the source, the architecture and NVRTC's version), so later stages load them
+//! without compiling. They are used on CUDA for
+//! widths that are a multiple of 128 up to 4096, in bf16. `STAGE_WORKER_FUSED=off` turns them
+//! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
+//! leaves the stage on the eager kernels, with one line in the log saying why.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicU8, Ordering};
+use tch::{Device, Kind, Tensor};
+
+extern "C" {
+    fn stage_worker_fused_compile(
+        arch: i32,
+        bytes: *mut usize,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_fused_load(
+        ordinal: i32,
+        cached: *mut bool,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_residual_layer_norm(
+        x: *const c_void,
+        y: *const c_void,
+        w: *const c_void,
+        b: *const c_void,
+        eps: f64,
+        xn_out: *mut *mut c_void,
+        a_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+}
+
+/// Not yet tried / loaded / unavailable.
+const UNTRIED: u8 = 0;
+const READY: u8 = 1;
+const UNAVAILABLE: u8 = 2;
+static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
+
+/// Whether `STAGE_WORKER_FUSED` leaves the fused kernels on (`auto`, the default, or unset).
+fn wanted() -> bool {
+    std::env::var("STAGE_WORKER_FUSED").map_or(true, |v| v != "off")
+}
+
+/// Whether the fused kernels take activations of width `width` in `kind` on `device`: CUDA,
+/// bf16, a multiple of 128 up to 4096, the kernels loaded (compiled on the first call, on the
+/// calling thread, whose CUDA context must be current: any thread that has made a tensor on
+/// the device). A failure to load is logged once and answers `false` from then on.
+pub fn usable(device: Device, kind: Kind, width: i64) -> bool {
+    let Device::Cuda(ordinal) = device else {
+        return false;
+    };
+    if kind != Kind::BFloat16 || width % 128 != 0 || width > 4096 || !wanted() {
+        return false;
+    }
+    match STATE.load(Ordering::Acquire) {
+        READY => return true,
+        UNAVAILABLE => return false,
+        _ => {}
+    }
+    let mut err = [0 as c_char; 2048];
+    let mut cached = false;
+    let started = std::time::Instant::now();
+    // SAFETY: `cached` and `err` are writable; the C++ side NUL-terminates what it writes and
+    // serialises loads behind a mutex.
+    let rc = unsafe {
+        stage_worker_fused_load(ordinal as i32, &mut cached, err.as_mut_ptr(), err.len())
+    };
+    if rc == 0 {
+        if STATE.swap(READY, Ordering::AcqRel) != READY {
+            crate::log!(
+                "fused LayerNorm kernels ready in {:.1} ms ({})",
+                started.elapsed().as_secs_f64() * 1e3,
+                if cached { "from the cache" } else { "compiled" }
+            );
+        }
+        true
+    } else {
+        if STATE.swap(UNAVAILABLE, Ordering::AcqRel) != UNAVAILABLE {
+            crate::log!(
+                "fused LayerNorm kernels unavailable, using libtorch's: {}",
+                message(&err)
+            );
+        }
+        false
+    }
+}
+
+fn message(err: &[c_char]) -> String {
+    // SAFETY: the C++ side NUL-terminated what it wrote into a zeroed buffer.
+    unsafe { CStr::from_ptr(err.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `(x + y, bf16(layer_norm(x + y) * w + b))` with one kernel each way, for autograd: `x` fp32
+/// `[.., C]`, `y` bf16 of its shape, `w` and `b` fp32 `[C]`. Call only where [`usable`] said
+/// yes for this device, kind and width.
+pub fn residual_layer_norm(
+    x: &Tensor,
+    y: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> (Tensor, Tensor) {
+    let (xn, a) = call(x, Some(y), w, b, eps);
+    (xn.expect("the residual variant returns the sum"), a)
+}
+
+/// `bf16(layer_norm(x) * w + b)` with one kernel each way, for autograd; as
+/// [`residual_layer_norm`] without the add.
+pub fn layer_norm_cast(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Tensor {
+    call(x, None, w, b, eps).1
+}
+
+fn call(
+    x: &Tensor,
+    y: Option<&Tensor>,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> (Option<Tensor>, Tensor) {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut xn: *mut c_void = std::ptr::null_mut();
+    let mut a: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: every pointer is a live tch handle (an `at::Tensor *`) borrowed for the call; the
+    // C++ side catches every exception, writes at most `err.len()` bytes, NUL-terminated, and
+    // on success stores new handles that we take over below.
+    let rc = unsafe {
+        stage_worker_residual_layer_norm(
+            handle(x),
+            y.map_or(std::ptr::null(), handle),
+            handle(w),
+            handle(b),
+            eps,
+            &mut xn,
+            &mut a,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    // Shapes, kinds and devices were checked by `usable` and the model; a failure here is a
+    // CUDA error, which the stage reports like any libtorch error.
+    assert!(rc == 0, "fused LayerNorm: {}", message(&err));
+    // SAFETY: handles the C++ side allocated for us, owned by nobody else.
+    let a = unsafe { Tensor::from_ptr(a.cast()) };
+    let xn = (!xn.is_null()).then(|| unsafe { Tensor::from_ptr(xn.cast()) });
+    (xn, a)
+}
+
+/// Compiles the kernels for `sm_<arch>` without a GPU; the cubin's size, or NVRTC's log.
+pub fn compile_for(arch: i32) -> Result<usize, String> {
+    let mut bytes = 0usize;
+    let mut err = [0 as c_char; 4096];
+    // SAFETY: `bytes` and `err` are writable; the C++ side NUL-terminates what it writes.
+    let rc = unsafe { stage_worker_fused_compile(arch, &mut bytes, err.as_mut_ptr(), err.len()) };
+    if rc == 0 {
+        Ok(bytes)
+    } else {
+        Err(message(&err))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels' source compiles with the NVRTC of the wheel the worker links, for the
+    /// architectures of the GPUs it is benchmarked on (no GPU needed): a syntax or type error in
+    /// the CUDA source fails here, not on the first GPU that runs it.
+    #[test]
+    fn the_kernels_compile_for_ampere_and_hopper() {
+        for arch in [80, 90] {
+            let bytes = compile_for(arch).unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
+            assert!(bytes > 1000, "sm_{arch}: a cubin of {bytes} bytes");
+        }
+    }
+
+    /// Off the GPU (and for shapes or kinds the kernels do not take) the model keeps libtorch's
+    /// eager kernels.
+    #[test]
+    fn only_cuda_bf16_widths_of_128_up_to_4096_are_fused() {
+        assert!(!usable(Device::Cpu, Kind::BFloat16, 1024));
+        assert!(!usable(Device::Cuda(0), Kind::Float, 1024));
+        assert!(!usable(Device::Cuda(0), Kind::BFloat16, 1000));
+        assert!(!usable(Device::Cuda(0), Kind::BFloat16, 8192));
+    }
+}

@@ -1,0 +1,225 @@
+//! `stage-worker check-kernels`: the fused LayerNorm kernels ([`crate::fused`]) against
+//! libtorch's eager kernels on this machine's GPU, values and speed.
+//!
+//! For each width it builds one random problem (a residual stream in fp32, a branch output in
+//! bf16, LayerNorm parameters near their trained values, random gradients for both outputs),
+//! runs it forward and backward both ways and reports the largest difference of every output
+//! and gradient relative to the largest eager value; then one training step's loss and
+//! parameter gradients of a two-layer model both ways; then the time of a forward + backward of
+//! the op each way. One JSON object per line on stdout; the exit status is 1 when a difference
+//! is beyond its tolerance (or the kernels cannot run here), else 0.
+
+use crate::model::ByteGpt;
+use protocol::worker::ModelConfig;
+use serde_json::json;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+/// bf16 outputs may differ by a unit in the last place where the fp32 values before rounding
+/// differ by rounding (2^-8 of the value); fp32 ones by the order of their sums.
+const BF16_TOLERANCE: f64 = 1.0 / 64.0;
+const FP32_TOLERANCE: f64 = 1e-4;
+/// A whole model's gradients: bf16 matrix products downstream of a one-ulp difference.
+const MODEL_TOLERANCE: f64 = 3e-2;
+
+/// Runs the checks; the process's exit status.
+pub fn run() -> i32 {
+    tch::manual_seed(0);
+    if !tch::Cuda::is_available() {
+        println!("{}", json!({"error": "no CUDA device"}));
+        return 1;
+    }
+    let device = Device::Cuda(0);
+    if !crate::fused::usable(device, Kind::BFloat16, 1024) {
+        println!(
+            "{}",
+            json!({"error": "the fused kernels cannot run here (see the log)"})
+        );
+        return 1;
+    }
+    let started = Instant::now();
+    let compiled = crate::fused::compile_for(90);
+    println!(
+        "{}",
+        json!({"compile": "sm_90, once more, off the GPU", "ms": started.elapsed().as_secs_f64() * 1e3,
+               "cubin_bytes": compiled.as_ref().ok(), "error": compiled.as_ref().err()})
+    );
+    let mut ok = true;
+    for width in [1024, 2048] {
+        ok &= op_check(device, 8192, width, true);
+        ok &= op_check(device, 8192, width, false);
+        op_speed(device, 8192, width);
+    }
+    ok &= model_check(device);
+    i32::from(!ok)
+}
+
+/// The largest |a - b| over the largest |b|.
+fn relative(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.to_kind(Kind::Float);
+    let b = b.to_kind(Kind::Float);
+    let scale = b.abs().max().double_value(&[]).max(1e-30);
+    (a - b).abs().max().double_value(&[]) / scale
+}
+
+struct Problem {
+    x: Tensor,
+    y: Tensor,
+    w: Tensor,
+    b: Tensor,
+    grad_a: Tensor,
+    grad_xn: Tensor,
+}
+
+fn problem(device: Device, rows: i64, width: i64) -> Problem {
+    let opts = (Kind::Float, device);
+    let x = Tensor::randn([rows, width], opts);
+    let y = Tensor::randn([rows, width], opts).to_kind(Kind::BFloat16);
+    let w = Tensor::randn([width], opts) * 0.1 + 1.0;
+    let b = Tensor::randn([width], opts) * 0.1;
+    Problem {
+        x,
+        y,
+        w,
+        b,
+        grad_a: Tensor::randn([rows, width], opts).to_kind(Kind::BFloat16),
+        grad_xn: Tensor::randn([rows, width], opts),
+    }
+}
+
+/// Outputs and gradients (x, y, w, b) of one pass, fused or eager.
+fn pass(p: &Problem, residual: bool, fused: bool) -> Vec<(&'static str, Tensor)> {
+    let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
+    let (x, y, w, b) = (leaf(&p.x), leaf(&p.y), leaf(&p.w), leaf(&p.b));
+    let (xn, a) = match (residual, fused) {
+        (true, true) => {
+            let (xn, a) = crate::fused::residual_layer_norm(&x, &y, &w, &b, 1e-5);
+            (Some(xn), a)
+        }
+        (false, true) => (None, crate::fused::layer_norm_cast(&x, &w, &b, 1e-5)),
+        (true, false) => {
+            let xn = &x + &y;
+            let a = xn
+                .layer_norm([p.x.size()[1]], Some(&w), Some(&b), 1e-5, true)
+                .to_kind(Kind::BFloat16);
+            (Some(xn), a)
+        }
+        (false, false) => (
+            None,
+            x.layer_norm([p.x.size()[1]], Some(&w), Some(&b), 1e-5, true)
+                .to_kind(Kind::BFloat16),
+        ),
+    };
+    let mut loss = (a.to_kind(Kind::Float) * p.grad_a.to_kind(Kind::Float)).sum(Kind::Float);
+    if let Some(xn) = &xn {
+        loss = loss + (xn * &p.grad_xn).sum(Kind::Float);
+    }
+    loss.backward();
+    let mut out = vec![("a", a.detach())];
+    if let Some(xn) = xn {
+        out.push(("xn", xn.detach()));
+        out.push(("grad_y", y.grad()));
+    }
+    out.push(("grad_x", x.grad()));
+    out.push(("grad_w", w.grad()));
+    out.push(("grad_b", b.grad()));
+    out
+}
+
+fn op_check(device: Device, rows: i64, width: i64, residual: bool) -> bool {
+    let p = problem(device, rows, width);
+    let fused = pass(&p, residual, true);
+    let eager = pass(&p, residual, false);
+    let mut ok = true;
+    let mut diffs = serde_json::Map::new();
+    for ((name, f), (_, e)) in fused.iter().zip(&eager) {
+        let d = relative(f, e);
+        let tolerance = match *name {
+            "a" | "grad_y" => BF16_TOLERANCE,
+            _ => FP32_TOLERANCE,
+        };
+        ok &= d <= tolerance;
+        diffs.insert((*name).into(), json!(d));
+    }
+    println!(
+        "{}",
+        json!({"check": if residual { "residual_layer_norm" } else { "layer_norm_cast" },
+               "rows": rows, "width": width, "relative_difference": diffs, "ok": ok})
+    );
+    ok
+}
+
+/// Milliseconds per forward + backward of the residual op, fused and eager (the median of
+/// five timings of 20 passes each).
+fn op_speed(device: Device, rows: i64, width: i64) {
+    let p = problem(device, rows, width);
+    let time = |fused: bool| {
+        let mut runs: Vec<f64> = (0..5)
+            .map(|_| {
+                tch::Cuda::synchronize(0);
+                let t = Instant::now();
+                for _ in 0..20 {
+                    let _ = pass(&p, true, fused);
+                }
+                tch::Cuda::synchronize(0);
+                t.elapsed().as_secs_f64() * 1e3 / 20.0
+            })
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        runs[2]
+    };
+    let (fused, eager) = (time(true), time(false));
+    println!(
+        "{}",
+        json!({"speed": "residual_layer_norm forward + backward (with the test's loss)",
+               "rows": rows, "width": width, "fused_ms": fused, "eager_ms": eager})
+    );
+}
+
+/// One step's loss and gradients of a two-layer 1024-wide model, fused and eager.
+fn model_check(device: Device) -> bool {
+    let config = ModelConfig {
+        d_model: 1024,
+        n_layers: 2,
+        n_heads: 16,
+        max_seq_len: 256,
+    };
+    let model = ByteGpt::new(&config, device, 1);
+    let ids = Tensor::randint(256, [8, 256], (Kind::Int64, device));
+    let targets = Tensor::randint(256, [8, 256], (Kind::Int64, device));
+    let step = |fused: bool| {
+        for p in &model.params.params {
+            let mut g = p.tensor.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+        let logits = model.forward_with(&ids, Kind::BFloat16, fused);
+        let loss = crate::model::cross_entropy(&logits, &targets);
+        loss.backward();
+        let grads: Vec<(String, Tensor)> = model
+            .params
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.tensor.grad().copy()))
+            .collect();
+        (loss.double_value(&[]), grads)
+    };
+    let (loss_f, grads_f) = step(true);
+    let (loss_e, grads_e) = step(false);
+    let mut worst = (0.0f64, String::new());
+    for ((name, f), (_, e)) in grads_f.iter().zip(&grads_e) {
+        let d = (f - e).norm().double_value(&[]) / e.norm().double_value(&[]).max(1e-30);
+        if d > worst.0 {
+            worst = (d, name.clone());
+        }
+    }
+    let ok = (loss_f - loss_e).abs() <= 1e-3 * loss_e.abs() && worst.0 <= MODEL_TOLERANCE;
+    println!(
+        "{}",
+        json!({"check": "model step (2 layers, d_model 1024, batch 8 x 256)",
+               "loss_fused": loss_f, "loss_eager": loss_e,
+               "largest_gradient_difference": worst.0, "in": worst.1, "ok": ok})
+    );
+    ok
+}
