@@ -34,14 +34,14 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
-    println!("cargo:rerun-if-changed=csrc/fused_layer_norm.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused.cpp");
     let include = PathBuf::from(&libtorch).join("include");
     cc::Build::new()
         .cpp(true)
         .file("csrc/fused_adamw.cpp")
         .file("csrc/attention.cpp")
         .file("csrc/profiler.cpp")
-        .file("csrc/fused_layer_norm.cpp")
+        .file("csrc/fused.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

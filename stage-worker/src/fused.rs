@@ -1,5 +1,7 @@
-//! The residual add, LayerNorm and bf16 cast of the model's blocks as one CUDA kernel, forward
-//! and backward (`csrc/fused_layer_norm.cpp`).
+//! Fused CUDA kernels for the model's blocks (`csrc/fused.cpp`): the residual add, LayerNorm
+//! and bf16 cast as one kernel forward and backward, and linear layers whose backward pass
+//! hands the fp32 masters their gradients directly (the bias's from one column-sum kernel,
+//! fused with GELU's backward after the MLP's first layer).
 //!
 //! libtorch's eager kernels run one operation each, so around every LayerNorm of a block the
 //! activations cross memory about nine times (the add, the norm and the cast forward; the cast
@@ -43,6 +45,15 @@ extern "C" {
         eps: f64,
         xn_out: *mut *mut c_void,
         a_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_linear_bf16(
+        x: *const c_void,
+        w: *const c_void,
+        b: *const c_void,
+        gelu: bool,
+        y_out: *mut *mut c_void,
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
@@ -164,6 +175,33 @@ fn call(
     let a = unsafe { Tensor::from_ptr(a.cast()) };
     let xn = (!xn.is_null()).then(|| unsafe { Tensor::from_ptr(xn.cast()) });
     (xn, a)
+}
+
+/// `x · bf16(w)ᵀ + bf16(b)` in bf16 (then the exact GELU when `gelu`), for autograd, from the
+/// fp32 masters `w` `[out, in]` and `b` `[out]`, as libtorch's `linear` computes it in bf16.
+/// Its backward pass differs only in what it hands the masters: the weight's gradient in fp32
+/// straight from the matrix product, and the bias's from one column-sum kernel (fused with
+/// GELU's backward), in fp32 where libtorch rounds both to bf16 and casts them. Call only where
+/// [`usable`] said yes (the width of `x` is then a multiple of 128).
+pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, gelu: bool) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut y: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_linear_bf16(
+            handle(x),
+            handle(w),
+            handle(b),
+            gelu,
+            &mut y,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused linear: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(y.cast()) }
 }
 
 /// Compiles the kernels for `sm_<arch>` without a GPU; the cubin's size, or NVRTC's log.

@@ -1,10 +1,11 @@
 //! `stage-worker check-kernels`: the fused LayerNorm kernels ([`crate::fused`]) against
 //! libtorch's eager kernels on this machine's GPU, values and speed.
 //!
-//! For each width it builds one random problem (a residual stream in fp32, a branch output in
+//! For each width it builds one random LayerNorm problem (a residual stream in fp32, a branch output in
 //! bf16, LayerNorm parameters near their trained values, random gradients for both outputs),
 //! runs it forward and backward both ways and reports the largest difference of every output
-//! and gradient relative to the largest eager value; then one training step's loss and
+//! and gradient relative to the largest eager value; then the same for three linear layers (one
+//! with GELU); then one training step's loss and
 //! parameter gradients of a two-layer model both ways; then the time of a forward + backward of
 //! the op each way. One JSON object per line on stdout; the exit status is 1 when a difference
 //! is beyond its tolerance (or the kernels cannot run here), else 0.
@@ -49,6 +50,9 @@ pub fn run() -> i32 {
         ok &= op_check(device, 8192, width, true);
         ok &= op_check(device, 8192, width, false);
         op_speed(device, 8192, width);
+    }
+    for (inputs, outputs, gelu) in [(1024, 3072, false), (1024, 4096, true), (4096, 1024, false)] {
+        ok &= linear_check(device, 8192, inputs, outputs, gelu);
     }
     ok &= model_check(device);
     i32::from(!ok)
@@ -174,6 +178,50 @@ fn op_speed(device: Device, rows: i64, width: i64) {
         json!({"speed": "residual_layer_norm forward + backward (with the test's loss)",
                "rows": rows, "width": width, "fused_ms": fused, "eager_ms": eager})
     );
+}
+
+/// A linear layer (with GELU when `gelu`) fused and eager: the output and the gradients of the
+/// input, the weight and the bias (the fused ones are not rounded to bf16, hence bf16's
+/// tolerance for the masters' gradients).
+fn linear_check(device: Device, rows: i64, inputs: i64, outputs: i64, gelu: bool) -> bool {
+    let opts = (Kind::Float, device);
+    let x = Tensor::randn([rows, inputs], opts).to_kind(Kind::BFloat16);
+    let w = Tensor::randn([outputs, inputs], opts) * (1.0 / (inputs as f64).sqrt());
+    let b = Tensor::randn([outputs], opts) * 0.1;
+    let grad = Tensor::randn([rows, outputs], opts);
+    let run = |fused: bool| {
+        let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
+        let (x, w, b) = (leaf(&x), leaf(&w), leaf(&b));
+        let y = if fused {
+            crate::fused::linear(&x, &w, &b, gelu)
+        } else {
+            let y = x.linear(&w.to_kind(Kind::BFloat16), Some(&b.to_kind(Kind::BFloat16)));
+            if gelu {
+                y.gelu("none")
+            } else {
+                y
+            }
+        };
+        (y.to_kind(Kind::Float) * &grad).sum(Kind::Float).backward();
+        vec![y.detach(), x.grad(), w.grad(), b.grad()]
+    };
+    let (fused, eager) = (run(true), run(false));
+    let mut diffs = serde_json::Map::new();
+    let mut ok = true;
+    for (name, (f, e)) in ["y", "grad_x", "grad_w", "grad_b"]
+        .iter()
+        .zip(fused.iter().zip(&eager))
+    {
+        let d = relative(f, e);
+        ok &= d <= BF16_TOLERANCE;
+        diffs.insert((*name).into(), json!(d));
+    }
+    println!(
+        "{}",
+        json!({"check": if gelu { "linear_gelu" } else { "linear" }, "rows": rows,
+               "in": inputs, "out": outputs, "relative_difference": diffs, "ok": ok})
+    );
+    ok
 }
 
 /// One step's loss and gradients of a two-layer 1024-wide model, fused and eager.

@@ -162,7 +162,7 @@ impl ByteGpt {
         let mut a = norms.first(&x, "blocks.0.ln1");
         for i in 0..self.config.n_layers {
             let blk = format!("blocks.{i}");
-            let qkv = self.linear(&a, &format!("{blk}.attn.qkv"), kind);
+            let qkv = norms.linear(&a, &format!("{blk}.attn.qkv"), false);
             let heads = |t_: &Tensor| t_.view([b, t, h, c / h]).transpose(1, 2);
             let parts = qkv.split(c, -1);
             let y = Tensor::scaled_dot_product_attention::<Tensor>(
@@ -176,11 +176,11 @@ impl ByteGpt {
                 false,
             );
             let y = y.transpose(1, 2).contiguous().view([b, t, c]);
-            let y = self.linear(&y, &format!("{blk}.attn.proj"), kind);
+            let y = norms.linear(&y, &format!("{blk}.attn.proj"), false);
             let m;
             (x, m) = norms.after_residual(&x, &y, &format!("{blk}.ln2"));
-            let m = self.linear(&m, &format!("{blk}.mlp.fc"), kind).gelu("none");
-            let y = self.linear(&m, &format!("{blk}.mlp.proj"), kind);
+            let m = norms.linear(&m, &format!("{blk}.mlp.fc"), true);
+            let y = norms.linear(&m, &format!("{blk}.mlp.proj"), false);
             let next = if i + 1 < self.config.n_layers {
                 format!("blocks.{}.ln1", i + 1)
             } else {
@@ -199,8 +199,8 @@ impl ByteGpt {
     }
 }
 
-/// The LayerNorms of one forward pass: fused with the residual add and the cast where
-/// [`crate::fused::usable`] said so, else libtorch's kernels.
+/// The LayerNorms and linear layers of one forward pass: the fused kernels where
+/// [`crate::fused::usable`] said so, else libtorch's.
 struct Norms<'a> {
     model: &'a ByteGpt,
     kind: Kind,
@@ -214,6 +214,20 @@ impl Norms<'_> {
             p.get(&format!("{prefix}.weight")),
             p.get(&format!("{prefix}.bias")),
         )
+    }
+
+    /// The linear layer `prefix` (then GELU when `gelu`) in the compute kind.
+    fn linear(&self, x: &Tensor, prefix: &str, gelu: bool) -> Tensor {
+        if self.fused {
+            let (w, b) = self.weights(prefix);
+            return crate::fused::linear(x, w, b, gelu);
+        }
+        let y = self.model.linear(x, prefix, self.kind);
+        if gelu {
+            y.gelu("none")
+        } else {
+            y
+        }
     }
 
     /// `layer_norm(x)` in the compute kind.

@@ -20,7 +20,10 @@
 //
 // Every entry point returns 0, or 1 with a message in `err` (no exception unwinds into Rust).
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -207,6 +210,69 @@ extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ 
     }
     dw[col] = aw;
     db[col] = ab;
+  }
+}
+
+// Partial column sums of g ([N, C], bf16, C a multiple of 4): columns blockIdx.x * 1024 +
+// 4 * threadIdx.x .. + 3 over rows [blockIdx.y * rows, ...), into row blockIdx.y of partial.
+extern "C" __global__ void stage_worker_colsum_bf16(const bf16_t *__restrict__ g,
+                                                   float *__restrict__ partial, int N, int C,
+                                                   int rows) {
+  const int c = blockIdx.x * 1024 + threadIdx.x * 4;
+  if (c >= C) return;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const int first = blockIdx.y * rows, end = min(N, first + rows);
+  for (int r = first; r < end; ++r) {
+    float v[4];
+    load_bf16x4(g + (long long)r * C + c, v);
+    for (int k = 0; k < 4; ++k) acc[k] += v[k];
+  }
+  store_f32x4(partial + (long long)blockIdx.y * C + c, acc);
+}
+
+// gz = bf16(gh * GELU'(z)) (the exact, erf form, as libtorch computes it in fp32), with the
+// partial column sums of gz as stage_worker_colsum_bf16 takes them.
+extern "C" __global__ void stage_worker_gelu_bwd_colsum(const bf16_t *__restrict__ gh,
+                                                       const bf16_t *__restrict__ z,
+                                                       bf16_t *__restrict__ gz,
+                                                       float *__restrict__ partial, int N,
+                                                       int C, int rows) {
+  const int c = blockIdx.x * 1024 + threadIdx.x * 4;
+  if (c >= C) return;
+  const float kAlpha = 0.70710678118654752440f;        // 1 / sqrt(2)
+  const float kBeta = 0.39894228040143267794f;         // 1 / sqrt(2 pi)
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const int first = blockIdx.y * rows, end = min(N, first + rows);
+  for (int r = first; r < end; ++r) {
+    const long long at = (long long)r * C + c;
+    float g[4], x[4], d[4];
+    load_bf16x4(gh + at, g);
+    load_bf16x4(z + at, x);
+    for (int k = 0; k < 4; ++k) {
+      const float cdf = 0.5f * (1.f + erff(x[k] * kAlpha));
+      const float pdf = expf(-0.5f * x[k] * x[k]) * kBeta;
+      d[k] = g[k] * (cdf + x[k] * pdf);
+    }
+    store_bf16x4(gz + at, d);
+    for (int k = 0; k < 4; ++k) acc[k] += bf2f(f2bf(d[k]));
+  }
+  store_f32x4(partial + (long long)blockIdx.y * C + c, acc);
+}
+
+// out = the column sums of partial ([parts, C]). Blocks of 32 x 8 threads, ceil(C / 32) blocks.
+extern "C" __global__ void stage_worker_colsum_parts(const float *__restrict__ partial,
+                                                    int parts, int C, float *__restrict__ out) {
+  __shared__ float s[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  float a = 0.f;
+  if (col < C) {
+    for (int p = threadIdx.y; p < parts; p += 8) a += partial[(long long)p * C + col];
+  }
+  s[threadIdx.y][threadIdx.x] = a;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < C) {
+    for (int k = 1; k < 8; ++k) a += s[k][threadIdx.x];
+    out[col] = a;
   }
 }
 )CUDA";
@@ -467,12 +533,26 @@ struct Kernels {
   CUfunction forward = nullptr;
   CUfunction backward = nullptr;
   CUfunction parameters = nullptr;
+  CUfunction colsum = nullptr;
+  CUfunction gelu_colsum = nullptr;
+  CUfunction colsum_parts = nullptr;
 };
 
 std::mutex loading;
 Kernels loaded;
 bool loaded_from_cache = false;
 std::string load_error;
+
+// Makes libtorch's context of device `ordinal` (the CUDA runtime's primary context) current on
+// this thread, through the runtime libtorch itself loaded.
+void runtime_select(int ordinal) {
+  using SetDevice = int (*)(int);
+  using Free = int (*)(void *);
+  auto set_device = reinterpret_cast<SetDevice>(dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  auto free = reinterpret_cast<Free>(dlsym(RTLD_DEFAULT, "cudaFree"));
+  if (set_device == nullptr || free == nullptr) return;
+  if (set_device(ordinal) == 0) free(nullptr);
+}
 
 // The kernels in the current CUDA context of device `ordinal`, compiled and loaded on first
 // use. Later calls from any thread return the same functions; a failed load is not retried.
@@ -487,6 +567,10 @@ const Kernels &kernels(int ordinal) {
     const Api &cu = driver();
     CUcontext ctx = nullptr;
     check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
+    if (ctx == nullptr) {
+      runtime_select(ordinal);
+      check(cu.ctx_get_current(&ctx), "cuCtxGetCurrent");
+    }
     if (ctx == nullptr) throw std::runtime_error("no CUDA context is current on this thread");
     CUdevice dev = 0;
     check(cu.device_get(&dev, ordinal), "cuDeviceGet");
@@ -513,6 +597,11 @@ const Kernels &kernels(int ordinal) {
     check(cu.module_function(&k.forward, module, "stage_worker_ln_fwd"), "cuModuleGetFunction");
     check(cu.module_function(&k.backward, module, "stage_worker_ln_bwd"), "cuModuleGetFunction");
     check(cu.module_function(&k.parameters, module, "stage_worker_ln_bwd_params"),
+          "cuModuleGetFunction");
+    check(cu.module_function(&k.colsum, module, "stage_worker_colsum_bf16"), "cuModuleGetFunction");
+    check(cu.module_function(&k.gelu_colsum, module, "stage_worker_gelu_bwd_colsum"),
+          "cuModuleGetFunction");
+    check(cu.module_function(&k.colsum_parts, module, "stage_worker_colsum_parts"),
           "cuModuleGetFunction");
     loaded = k;
     return loaded;
@@ -652,6 +741,84 @@ struct LayerNormCast : public torch::autograd::Function<LayerNormCast> {
   }
 };
 
+// The column sums of g ([N, C], bf16) in fp32; with z given, of gz = g * GELU'(z) instead,
+// which is returned too ({sums, gz}; gz undefined without z).
+std::vector<at::Tensor> column_sums(const at::Tensor &g, const at::Tensor &z) {
+  const int64_t C = g.size(-1), N = g.numel() / C;
+  require(C % 4 == 0, "column sums take a width that is a multiple of 4");
+  check_operand(g, at::kBFloat16, N * C, "the gradient must be a contiguous bf16 CUDA tensor");
+  if (z.defined()) check_operand(z, at::kBFloat16, N * C, "the GELU input must be like the gradient");
+  const Kernels &k = kernels(g.get_device());
+  enter(k);
+  const int64_t tiles = (C + 1023) / 1024;
+  const int64_t want = std::max<int64_t>(1, (4 * k.multiprocessors + tiles - 1) / tiles);
+  const int64_t rows = N > 0 ? (N + std::min(N, want) - 1) / std::min(N, want) : 1;
+  const int64_t parts = N > 0 ? (N + rows - 1) / rows : 1;
+  at::Tensor partial = N > 0 ? at::empty({parts, C}, g.options().dtype(at::kFloat))
+                             : at::zeros({1, C}, g.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({C}, g.options().dtype(at::kFloat));
+  at::Tensor gz = z.defined() ? at::empty_like(g) : at::Tensor();
+  const uint16_t *p_g = ptr<uint16_t>(g), *p_z = ptr<uint16_t>(z);
+  uint16_t *p_gz = ptr<uint16_t>(gz);
+  float *p_partial = ptr<float>(partial), *p_sums = ptr<float>(sums);
+  int n = static_cast<int>(N), c = static_cast<int>(C), r = static_cast<int>(rows);
+  int nparts = static_cast<int>(parts);
+  if (N > 0) {
+    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(256, (C + 3) / 4));
+    const unsigned grid_x = static_cast<unsigned>(tiles), grid_y = static_cast<unsigned>(parts);
+    if (z.defined()) {
+      std::vector<void *> args = {&p_g, &p_z, &p_gz, &p_partial, &n, &c, &r};
+      check(driver().launch(k.gelu_colsum, grid_x, grid_y, 1, threads, 1, 1, 0, nullptr,
+                            args.data(), nullptr),
+            "cuLaunchKernel");
+    } else {
+      std::vector<void *> args = {&p_g, &p_partial, &n, &c, &r};
+      check(driver().launch(k.colsum, grid_x, grid_y, 1, threads, 1, 1, 0, nullptr, args.data(),
+                            nullptr),
+            "cuLaunchKernel");
+    }
+  }
+  launch(k.colsum_parts, static_cast<unsigned>((C + 31) / 32), 32, 8,
+         {&p_partial, &nparts, &c, &p_sums});
+  return {sums, gz};
+}
+
+// y = x W^T + b in bf16 (then GELU when asked) from fp32 masters, as autocast computes it;
+// the backward pass hands the weight its gradient in fp32 straight from the matrix product
+// (no bf16 gradient and cast), and the bias its gradient from one column-sum kernel (fused
+// with GELU's backward when there is one), also in fp32.
+struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
+                               bool gelu) {
+    const int64_t in = w.size(1), out = w.size(0);
+    require(x.scalar_type() == at::kBFloat16 && x.size(-1) == in, "x must be bf16 [.., in]");
+    require(w.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && b.numel() == out,
+            "the weight and bias must be fp32 [out, in] and [out]");
+    const at::Tensor x2 = x.reshape({-1, in}).contiguous();
+    const at::Tensor wb = w.to(at::kBFloat16);
+    const at::Tensor z = at::addmm(b.to(at::kBFloat16), x2, wb.t());
+    const at::Tensor y = gelu ? at::gelu(z) : z;
+    ctx->save_for_backward({x2, wb, gelu ? z : at::Tensor()});
+    ctx->saved_data["gelu"] = gelu;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = out;
+    ctx->saved_data["x_shape"] = x.sizes().vec();
+    return {y.view(shape)};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &x2 = s[0], &wb = s[1], &z = s[2];
+    const bool gelu = ctx->saved_data["gelu"].toBool();
+    const int64_t out = wb.size(0);
+    const at::Tensor g = grads[0].to(at::kBFloat16).reshape({-1, out}).contiguous();
+    auto sums = column_sums(g, gelu ? z : at::Tensor());
+    const at::Tensor gz = gelu ? sums[1] : g;
+    const at::Tensor gx = at::mm(gz, wb).view(ctx->saved_data["x_shape"].toIntVector());
+    const at::Tensor gw = at::mm(gz.t(), x2, at::kFloat);
+    return {gx, gw, sums[0], at::Tensor()};
+  }
+};
+
 int fail(const std::exception &e, char *err, size_t err_len) {
   std::snprintf(err, err_len, "%s", e.what());
   return 1;
@@ -699,6 +866,20 @@ extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::T
       auto out = LayerNormCast::apply(*x, *w, *b, eps);
       *a_out = new at::Tensor(out[0]);
     }
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *y_out = x W^T + b (bf16, GELU applied when `gelu`), recorded for autograd with the
+// gradients described at LinearBf16. A new handle the caller owns.
+extern "C" int stage_worker_linear_bf16(const at::Tensor *x, const at::Tensor *w,
+                                        const at::Tensor *b, bool gelu, at::Tensor **y_out,
+                                        char *err, size_t err_len) {
+  try {
+    auto out = LinearBf16::apply(*x, *w, *b, gelu);
+    *y_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {
     return fail(e, err, err_len);
