@@ -648,6 +648,37 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_leaves_no_manifest_and_the_old_checkpoint_is_not_listed() {
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("ckpt-write-fails");
+        let (model, opt) = trained();
+        write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        assert!(open_verified(&dir).is_ok());
+        // Every write past the headers' first byte fails: no tensor data reaches either file.
+        crate::stream::fail_writes_in(&dir, 1);
+        let err = write(&dir, &model, &opt, 3, &state(), false).err().unwrap();
+        assert!(
+            err.message.contains("injected write error"),
+            "{}",
+            err.message
+        );
+        assert!(!dir.join(MANIFEST_FILE).exists());
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        assert!(
+            err.message.contains("manifest.json is missing"),
+            "{}",
+            err.message
+        );
+        let temporaries: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp-"))
+            .collect();
+        assert!(temporaries.is_empty(), "{temporaries:?}");
+    }
+
+    #[test]
     fn truncated_file_is_refused_by_name_and_size() {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");

@@ -28,6 +28,7 @@ mod stream;
 mod testutil;
 mod train;
 mod warmup;
+mod writeback;
 
 use clap::{CommandFactory, Parser};
 use events::EventSink;
