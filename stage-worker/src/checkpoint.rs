@@ -421,7 +421,7 @@ fn check_size(path: &Path, len: u64, listed: u64) -> StageResult<()> {
 
 /// Reads one listed file and checks its size.
 fn read_sized(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = crate::fileread::read_path(path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
             format!("checkpoint {} is missing", path.display())
         } else {

@@ -9,6 +9,7 @@ mod device;
 mod eval;
 mod events;
 mod failure;
+mod fileread;
 mod forkserver;
 mod fsio;
 mod hold;
