@@ -45,11 +45,13 @@ pub struct WriteSettings {
 pub const MAX_WRITERS: usize = 16;
 
 impl Default for WriteSettings {
-    /// Two writers per file (a second one keeps the file's queue moving while the first is in
-    /// a system call) and write-back started behind them.
+    /// One writer per file and write-back started behind it. (Buffered writes to one file
+    /// hold its inode's lock on ext4, XFS and tmpfs alike, so more writers per file only queue
+    /// on it: 800 MB in 32 MiB `pwrite`s took 0.27–0.28 s with 1, 2 or 4 threads on ext4,
+    /// kernel 6.18. The two files of a checkpoint are written at once, a writer each.)
     fn default() -> Self {
         WriteSettings {
-            writers: 2,
+            writers: 1,
             write_back: WriteBack::Behind,
         }
     }
