@@ -4,8 +4,9 @@
 # BIN_DIR holds release builds of orchestrate and stage-worker (stage-worker linked against
 # the torch 2.11 wheel's libtorch, as for bench/boundary) and COMMIT; this host's PyTorch 2.11
 # provides libtorch at run time. OUT_DIR gets machine.txt, results.json and summary.md.
-# About 135 s on an H200, estimated (one warm-up and 10 runs of 4 stages of the 100M model:
-# independent on/off, chain early/on/off, twice; REPEATS=1: about 70 s). results.json is
+# About 185 s on an H200, estimated (one warm-up and 14 runs of 4 stages of the 100M model:
+# independent on/off, chain early/early-fsync/early-inline/on/off, twice; REPEATS=1: about
+# 95 s). results.json is
 # written after every run. BENCH_TINY=1 rehearses it on a CPU (a fake GPU and stage-worker's
 # simulated CUDA device, so the hand-on and the early start happen).
 set -uo pipefail

@@ -1,18 +1,27 @@
-//! Writing safetensors files at disk speed: one pass over the bytes.
+//! Writing safetensors files at page-cache speed, and to the disk behind it: one pass over the
+//! bytes.
 //!
 //! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
 //! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
-//! file's data is one or two runs). Each file is written by three threads in a pipeline: a
+//! file's data is one or two runs). Its layout is known before the first byte, so each 32 MiB
+//! chunk has its offset in the file from the start. Each file is written by a pipeline: a
 //! copier that copies the next chunk from the device into a recycled host buffer (page-locked
 //! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
-//! memory is used in place), a hasher that feeds it to BLAKE3 ([`crate::fsio::algorithm`]), and a writer that
-//! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
-//! manifest is the one computed on the way out. Several files are written in parallel.
+//! memory is used in place), a hasher that feeds the chunks to BLAKE3 in order
+//! ([`crate::fsio::algorithm`]), and writers (one by default, see
+//! [`crate::writeback::WriteSettings`]) that write each chunk at its offset (`pwrite`) into a
+//! temporary file. The writers do not wait for the disk: by default a thread of its own starts
+//! the write-back of each range they finished ([`crate::writeback`]), so the file reaches the
+//! page cache as fast as the kernel takes it and the final fsync has little left to do. The
+//! bytes are never read back; the checksum in the manifest is the one computed on the way out.
+//! The files are written in parallel, each renamed into place as soon as it is complete.
 //!
 //! Promises: [`write_files_unsynced`] returns as soon as every file is complete and in place
-//! in the page cache (what a reader on this machine sees); once its [`Unsynced::sync`]
-//! returns, they are complete on disk (fsynced, renamed into place, directory fsynced); a manifest entry's size and checksum are those of
-//! the bytes written; the same tensors always give the same bytes.
+//! in the page cache (what a reader on this machine sees), and each file is in place only once
+//! all of its bytes are; once its [`Unsynced::sync`] returns, they are complete on disk
+//! (fsynced, renamed into place, directory fsynced); a manifest entry's size and checksum are
+//! those of the bytes written, whatever the number of writers; the same tensors always give the
+//! same bytes; a failed write leaves neither the file nor its temporary file behind.
 
 use crate::fsio::{fsync_dir, WrittenFile};
 use crate::writeback::{start_write_back, Flusher, WriteBack, WriteSettings};
