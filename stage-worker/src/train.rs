@@ -187,8 +187,9 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 /// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
 /// device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
 /// written when the stage started early was complete; `init_read_early` 1 when its weights
-/// were read before that), `t_inputs_read` (the init checkpoint read), `t_model_built` (the
-/// model built and loaded; the warm-up may still run),
+/// were read before that), `t_init_read` (the init checkpoint's bytes in memory, on the thread
+/// that reads them), `t_inputs_read` (that thread joined, after the device is ready),
+/// `t_model_built` (the model built and loaded; the warm-up may still run),
 /// `t_model_ready` (the warm-up done too),
 /// `t_first_step`, `t_last_step` (the device idle after the last step), `t_device_released`
 /// (the final checkpoint's data all copied to the host and the CUDA context destroyed, when
@@ -238,7 +239,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         std::thread::spawn(move || {
             let (v, waited, complete) = checkpoint::open_init(&spec, &dir)?;
             let at = crate::log::unix_now() - complete.elapsed().as_secs_f64();
-            Ok((v, waited, at))
+            Ok((v, waited, at, crate::log::unix_now()))
         })
     });
     let compute = device::prepare(spec.device, &p.precision)?;
@@ -302,7 +303,8 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
                 .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
         })
         .transpose()?
-        .map(|(v, waited, at)| {
+        .map(|(v, waited, at, read)| {
+            milestones.0.insert("t_init_read".into(), read);
             if !waited.is_zero() {
                 milestones.0.insert("t_input_complete".into(), at);
                 milestones
