@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The hand-on-at-release benchmark's driver (see run.sh): 100M built-in train stages, four at
 a time on one GPU, in two shapes:
-  chain        s1 → s2 → s3 → s4, each from its parent's weights, in three modes: `early`
+  chain        s1 → s2 → s3 → s4, each from its parent's weights, in five modes: `early`
                (the GPU handed on at release and the downstream stage started early, while
-               its upstream persists its checkpoint: the default), `on` (handed on, no early
-               start: ORCHESTRATE_EARLY_START=0, so the downstream starts after its upstream
-               succeeded) and `off` (ORCHESTRATE_HAND_ON_AT_RELEASE=0)
+               its upstream persists its checkpoint: the default), `early-fsync` and
+               `early-inline` (the same, the upstream's write-back started only by its fsync,
+               or inside each write as before: STAGE_WORKER_WRITEBACK), `on` (handed on, no
+               early start: ORCHESTRATE_EARLY_START=0, so the downstream starts after its
+               upstream succeeded) and `off` (ORCHESTRATE_HAND_ON_AT_RELEASE=0)
   independent  four stages with no dependencies, max_parallel = 2, all on the one GPU: the
                next stage starts when the previous one releases the GPU; modes `on`, `off`
 Each variant runs twice, in alternating order, after one warm-up run. Per run: wall, Σ steady training,
@@ -50,7 +52,11 @@ def run(tag, independent, mode):
     run_dir = os.path.join(WORK, tag)
     env = dict(os.environ)
     env["ORCHESTRATE_HAND_ON_AT_RELEASE"] = "0" if mode == "off" else "1"
-    env["ORCHESTRATE_EARLY_START"] = "1" if mode == "early" else "0"
+    env["ORCHESTRATE_EARLY_START"] = "1" if mode.startswith("early") else "0"
+    # The A/B of how checkpoint files reach the disk (stage-worker/src/writeback.rs).
+    env.pop("STAGE_WORKER_WRITEBACK", None)
+    if mode in WRITEBACK:
+        env["STAGE_WORKER_WRITEBACK"] = WRITEBACK[mode]
     if TINY:
         holders = os.path.join(WORK, "holders")
         os.makedirs(holders, exist_ok=True)
@@ -67,7 +73,7 @@ def run(tag, independent, mode):
         stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"),
                        "started_early": bool(s.get("started_early")), **t,
                        **{k: v for k, v in m.items()
-                          if k.startswith("t_") or k in ("tokens_per_s", "input_wait_s")}})
+                          if k.startswith("t_") or k in ("tokens_per_s", "input_wait_s", "init_read_early")}})
     stages.sort(key=lambda s: s.get("spawned") or 0)
     steps = SHAPE[5]
     steady = sum((s["t_last_step"] - s["t_first_step"]) * steps / (steps - 1)
@@ -76,6 +82,7 @@ def run(tag, independent, mode):
     span = (last - first) if first and last else None
     boundaries = []
     for a, b in zip(stages, stages[1:]):
+        placed = [k for k in a if k.startswith("t_written_")]
         if "t_last_step" in a and b.get("spawned"):
             boundaries.append({
                 "from": a["stage"], "to": b["stage"],
@@ -85,9 +92,12 @@ def run(tag, independent, mode):
                 "spawn_before_exit_s": round(a["exited"] - b["spawned"], 4) if a.get("exited") else None,
                 "started_early": bool(b.get("started_early")),
                 "input_wait_s": b.get("input_wait_s"),
+                "init_read_early": bool(b.get("init_read_early")),
+                # The upstream's files complete and in place (its manifest follows at once).
+                "files_in_place_s": round(max(a[k] for k in placed) - a["t_last_step"], 4) if placed else None,
             })
     return {"tag": tag, "independent": independent, "mode": mode, "hand_on": mode != "off",
-            "early_start": mode == "early", "rc": p.returncode,
+            "early_start": mode.startswith("early"), "rc": p.returncode,
             "wall_s": round(wall, 3), "span_s": round(span, 3) if span else None,
             "steady_s": round(steady, 3),
             "overhead_per_stage_s": round((span - steady) / STAGES, 4) if span else None,
@@ -97,7 +107,10 @@ def run(tag, independent, mode):
 
 
 # Shapes and their modes (see the docstring).
-VARIANTS = ((True, ("on", "off")), (False, ("early", "on", "off")))
+VARIANTS = ((True, ("on", "off")), (False, ("early", "early-fsync", "early-inline", "on", "off")))
+# Early starts whose upstream starts its checkpoint's write-back otherwise than by default
+# (behind its writers): only at the fsync, or inside each write as before 2026-12-02.
+WRITEBACK = {"early-fsync": "fsync", "early-inline": "inline"}
 
 
 def median(xs):
@@ -122,8 +135,9 @@ def main():
                     json.dump(results, f, indent=1)
     lines = ["| shape | mode | runs | span (s) | overhead per stage (s), median (min–max) | "
              "last step → next spawn (s), median | last step → next first step (s), median (min–max) | "
-             "next spawned before the previous exited (s), median | started early | verdicts at release |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "next spawned before the previous exited (s), median | upstream's files in place after its last step (s), median | "
+             "input wait (s), median | read before the manifest | started early | verdicts at release |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for independent, modes in VARIANTS:
         for mode in modes:
             rs = [x for x in results["runs"] if x["independent"] == independent and x["mode"] == mode]
@@ -137,6 +151,9 @@ def main():
                 f"| {median([b['last_step_to_spawn_s'] for b in bs])} "
                 f"| {median(firsts)} ({min(firsts, default=None)}–{max(firsts, default=None)}) "
                 f"| {median(before) if before else '—'} "
+                f"| {median([b['files_in_place_s'] for b in bs])} "
+                f"| {median([b['input_wait_s'] for b in bs]) if any(b['input_wait_s'] for b in bs) else '—'} "
+                f"| {sum(b['init_read_early'] for b in bs)}/{len(bs)} "
                 f"| {sum(b['started_early'] for b in bs)}/{len(bs)} "
                 f"| {sum(sum(x['at_release']) for x in rs)}/{sum(len(x['at_release']) for x in rs)} |")
     summary = "\n".join(lines) + "\n"

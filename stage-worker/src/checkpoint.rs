@@ -22,12 +22,14 @@ use protocol::checkpoint::{
     CheckpointManifest, Checksum, FileIdentity, ManifestFile, MANIFEST_FILE, MANIFEST_VERSION,
     MANIFEST_VERSIONS_READ,
 };
-use protocol::worker::ModelConfig;
+use protocol::worker::{ModelConfig, StageSpec};
 use safetensors::tensor::SafeTensors;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tch::Tensor;
 
 /// The weights (fp32, named as in [`crate::model`]).
@@ -257,8 +259,10 @@ pub struct Verified {
     /// Its manifest.
     pub manifest: CheckpointManifest,
     contents: BTreeMap<String, Arc<Vec<u8>>>,
-    /// Checksums still being computed ([`open_for_weights_deferred`]), then their verdict.
+    /// Checksums still being computed ([`open_init`]), then their verdict.
     pending: Mutex<Pending>,
+    /// Whether `model.safetensors` was read before the manifest appeared ([`open_init`]).
+    read_early: bool,
 }
 
 #[derive(Default)]
@@ -284,26 +288,92 @@ pub fn exists(dir: &Path) -> bool {
 /// checksum) before anything is parsed. Every refusal is a bad-input failure naming the file
 /// and what is wrong with it.
 pub fn open_verified(dir: &Path) -> StageResult<Verified> {
-    open_checked(dir, None, false)
+    open_checked(dir, None, false, None)
 }
 
 /// Like [`open_verified`] for a stage that only needs the weights (an `init` checkpoint):
 /// every listed file must be present with its listed size, and `model.safetensors` is read and
 /// its checksum checked; the optimizer state, which such a stage never uses, is not read.
 pub fn open_for_weights(dir: &Path) -> StageResult<Verified> {
-    open_checked(dir, Some(&[MODEL_FILE]), false)
+    open_checked(dir, Some(&[MODEL_FILE]), false, None)
 }
 
-/// Like [`open_for_weights`], but the checksum of `model.safetensors` is computed on a thread
-/// of its own while the stage goes on (building the model, loading these weights, training):
-/// hashing a large checkpoint takes longer than everything else before the first step. The
-/// caller must call [`Verified::finish`] before it writes or reports anything derived from
-/// the weights; until then they are unverified. Sizes are checked at once.
-pub fn open_for_weights_deferred(dir: &Path) -> StageResult<Verified> {
-    open_checked(dir, Some(&[MODEL_FILE]), true)
+/// Opens a stage's `init` checkpoint in `dir` for its weights: like [`open_for_weights`], but
+/// the checksum of `model.safetensors` is computed on a thread of its own while the stage goes
+/// on (building the model, loading these weights, training): hashing a large checkpoint takes
+/// longer than everything else before the first step. The caller must call
+/// [`Verified::finish`] before it writes or reports anything derived from the weights; until
+/// then they are unverified. Sizes are checked at once.
+///
+/// If `spec` says the checkpoint's stage may still be writing it (an early start, see
+/// [`crate::input_wait`]), its manifest is waited for first, and meanwhile `model.safetensors`
+/// is read as soon as it is in place (its writer puts each file in place whole, by rename,
+/// before the manifest). Those bytes are used only if the file at that path once the manifest
+/// is there is the very file that was read (the same identity, and it was held open all along,
+/// so its inode cannot have been reused); otherwise the file is read again. Returns how long
+/// the manifest was waited for and when it was seen.
+pub fn open_init(spec: &StageSpec, dir: &Path) -> StageResult<(Verified, Duration, Instant)> {
+    let model = dir.join(MODEL_FILE);
+    let mut early: Option<EarlyRead> = None;
+    let waited = crate::input_wait::await_input_polling(spec, dir, || {
+        // A file left by an earlier attempt may be there first: a read is (re)started for
+        // each new file put in place (a `stat` per poll).
+        let Ok(meta) = std::fs::metadata(&model) else {
+            return;
+        };
+        if early
+            .as_ref()
+            .is_none_or(|e| e.identity != FileIdentity::of(&meta))
+        {
+            early = EarlyRead::start(&model);
+        }
+    })?;
+    let complete = Instant::now();
+    let v = open_checked(dir, Some(&[MODEL_FILE]), true, early)?;
+    Ok((v, waited, complete))
 }
 
-fn open_checked(dir: &Path, only: Option<&[&str]>, deferred: bool) -> StageResult<Verified> {
+/// A file being read on a thread of its own, held open, with the identity it had when opened.
+struct EarlyRead {
+    identity: FileIdentity,
+    reading: std::thread::JoinHandle<(File, std::io::Result<Vec<u8>>)>,
+}
+
+impl EarlyRead {
+    /// Starts reading the file at `path`, if there is one.
+    fn start(path: &Path) -> Option<EarlyRead> {
+        let file = File::open(path).ok()?;
+        let identity = FileIdentity::of(&file.metadata().ok()?);
+        let reading = std::thread::spawn(move || {
+            let bytes = crate::fileread::read_file(&file);
+            (file, bytes)
+        });
+        Some(EarlyRead { identity, reading })
+    }
+
+    /// The bytes read, if the file now at `path` is the one read and was read whole (true);
+    /// else the file at `path` read now (false). Either way checked against `f`'s size.
+    fn into_bytes(self, path: &Path, f: &ManifestFile) -> StageResult<(Vec<u8>, bool)> {
+        if let Ok((file, Ok(bytes))) = self.reading.join() {
+            let current = std::fs::metadata(path).ok().map(|m| FileIdentity::of(&m));
+            // Held open until now, so that no other file could have taken its inode.
+            drop(file);
+            if current == Some(self.identity) {
+                crate::log!("{} was read before its manifest appeared", path.display());
+                check_size(path, bytes.len() as u64, f.bytes)?;
+                return Ok((bytes, true));
+            }
+        }
+        Ok((read_sized(path, f)?, false))
+    }
+}
+
+fn open_checked(
+    dir: &Path,
+    only: Option<&[&str]>,
+    deferred: bool,
+    mut early: Option<EarlyRead>,
+) -> StageResult<Verified> {
     let manifest_path = dir.join(MANIFEST_FILE);
     let text = std::fs::read(&manifest_path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
@@ -359,9 +429,22 @@ fn open_checked(dir: &Path, only: Option<&[&str]>, deferred: bool) -> StageResul
     }
     let mut contents = BTreeMap::new();
     let mut pending = Pending::default();
+    let mut read_early = false;
     if deferred {
         for (f, path) in to_read {
-            let bytes = Arc::new(read_sized(&path, f)?);
+            let early = if f.path == MODEL_FILE {
+                early.take()
+            } else {
+                None
+            };
+            let bytes = Arc::new(match early {
+                Some(e) => {
+                    let (bytes, was_early) = e.into_bytes(&path, f)?;
+                    read_early |= was_early;
+                    bytes
+                }
+                None => read_sized(&path, f)?,
+            });
             let name = f.path.clone();
             let (entry, shared) = (f.clone(), bytes.clone());
             pending.running.push(std::thread::spawn(move || {
@@ -400,6 +483,7 @@ fn open_checked(dir: &Path, only: Option<&[&str]>, deferred: bool) -> StageResul
         manifest,
         contents,
         pending: Mutex::new(pending),
+        read_early,
     })
 }
 
@@ -421,7 +505,7 @@ fn check_size(path: &Path, len: u64, listed: u64) -> StageResult<()> {
 
 /// Reads one listed file and checks its size.
 fn read_sized(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = crate::fileread::read_path(path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
             format!("checkpoint {} is missing", path.display())
         } else {
@@ -491,6 +575,11 @@ fn load_in_buffer_order(bytes: &[u8], params: &crate::params::ParamStore) -> boo
 }
 
 impl Verified {
+    /// Whether `model.safetensors` was read before its manifest appeared (see [`open_init`]).
+    pub fn read_early(&self) -> bool {
+        self.read_early
+    }
+
     /// The model shape recorded in the manifest.
     pub fn model_config(&self) -> StageResult<ModelConfig> {
         config_from_manifest(&self.manifest.model)
@@ -522,7 +611,7 @@ impl Verified {
         decode_tensors(bytes, &what).map_err(Failure::bad_input)
     }
 
-    /// Waits for the checksums still being computed (see [`open_for_weights_deferred`]) and
+    /// Waits for the checksums still being computed (see [`open_init`]) and
     /// says whether every file read matched its manifest. The same answer every time.
     pub fn finish(&self) -> StageResult<()> {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -645,6 +734,129 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_manifest_and_the_old_checkpoint_is_not_listed() {
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("ckpt-write-fails");
+        let (model, opt) = trained();
+        write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        assert!(open_verified(&dir).is_ok());
+        // Every write past the headers' first byte fails: no tensor data reaches either file.
+        crate::stream::fail_writes_in(&dir, 1);
+        let err = write(&dir, &model, &opt, 3, &state(), false).err().unwrap();
+        assert!(
+            err.message.contains("injected write error"),
+            "{}",
+            err.message
+        );
+        assert!(!dir.join(MANIFEST_FILE).exists());
+        let err = open_verified(&dir).err().unwrap();
+        assert_eq!(err.kind, FailureKind::BadInput);
+        assert!(
+            err.message.contains("manifest.json is missing"),
+            "{}",
+            err.message
+        );
+        let temporaries: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".tmp-"))
+            .collect();
+        assert!(temporaries.is_empty(), "{temporaries:?}");
+    }
+
+    /// A spec whose `init` is `dir`, marked as still being written.
+    fn early_spec(dir: &Path) -> StageSpec {
+        let mut spec: StageSpec = serde_json::from_str(
+            r#"{"v":1,"stage":"s","kind":"train","params":{},"output_dir":"/o","inputs":{},"device":"cpu","attempt":1}"#,
+        )
+        .unwrap();
+        spec.init = Some(dir.to_path_buf());
+        spec.inputs_being_written.push(dir.to_path_buf());
+        spec.input_wait_limit_s = Some(20.0);
+        spec
+    }
+
+    /// Puts `src/name` in place in `dir` whole, as a writer does (temporary file, rename).
+    fn put_in_place(src: &Path, dir: &Path, name: &str) {
+        let tmp = dir.join(format!(".{name}.tmp-test"));
+        std::fs::copy(src.join(name), &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+
+    #[test]
+    fn an_init_being_written_is_read_before_its_manifest_and_a_file_left_before_is_not_used() {
+        crate::testutil::one_torch_thread();
+        let (model, opt) = trained();
+        let src = crate::testutil::scratch_dir("ckpt-early-src");
+        write(&src, &model, &opt, 2, &state(), false).unwrap();
+        // Another model's checkpoint, whose weights are left in place by an earlier attempt.
+        let stale_src = crate::testutil::scratch_dir("ckpt-early-stale");
+        let other = ByteGpt::new(&tiny(), Device::Cpu, 5);
+        write(
+            &stale_src,
+            &other,
+            &AdamW::new(&other.params, 0.1),
+            1,
+            &state(),
+            false,
+        )
+        .unwrap();
+        for left_before in [false, true] {
+            let dir = crate::testutil::scratch_dir(&format!("ckpt-early-{left_before}"));
+            if left_before {
+                put_in_place(&stale_src, &dir, MODEL_FILE);
+            }
+            let writer = {
+                let (src, dir) = (src.to_path_buf(), dir.to_path_buf());
+                std::thread::spawn(move || {
+                    // The writer's order: each file whole, the manifest well after.
+                    std::thread::sleep(Duration::from_millis(100));
+                    put_in_place(&src, &dir, MODEL_FILE);
+                    put_in_place(&src, &dir, OPTIMIZER_FILE);
+                    std::thread::sleep(Duration::from_millis(300));
+                    put_in_place(&src, &dir, MANIFEST_FILE);
+                })
+            };
+            let (v, waited, _) = open_init(&early_spec(&dir), &dir).unwrap();
+            writer.join().unwrap();
+            assert!(waited >= Duration::from_millis(390), "{waited:?}");
+            assert!(v.read_early(), "left before: {left_before}");
+            // The weights are the new checkpoint's, and their checksum is the listed one.
+            v.finish().unwrap();
+            let back = ByteGpt::new(&tiny(), Device::Cpu, 99);
+            v.load_model(&back).unwrap();
+            assert!(back.params.flat.equal(&model.params.flat));
+        }
+        // Not being written: no wait, read as before.
+        let (v, waited, _) = {
+            let mut spec = early_spec(&src);
+            spec.inputs_being_written.clear();
+            open_init(&spec, &src).unwrap()
+        };
+        assert_eq!(waited, Duration::ZERO);
+        assert!(!v.read_early());
+    }
+
+    #[test]
+    fn bytes_read_early_from_a_file_since_replaced_are_not_used() {
+        crate::testutil::one_torch_thread();
+        let dir = crate::testutil::scratch_dir("ckpt-early-replaced");
+        std::fs::write(dir.join(MODEL_FILE), b"old bytes").unwrap();
+        let early = EarlyRead::start(&dir.join(MODEL_FILE)).unwrap();
+        let tmp = dir.join("new");
+        std::fs::write(&tmp, b"the new bytes").unwrap();
+        std::fs::rename(&tmp, dir.join(MODEL_FILE)).unwrap();
+        let listed = ManifestFile {
+            path: MODEL_FILE.into(),
+            bytes: 13,
+            checksum: checksum(b"the new bytes"),
+        };
+        let (bytes, early) = early.into_bytes(&dir.join(MODEL_FILE), &listed).unwrap();
+        assert_eq!(bytes, b"the new bytes");
+        assert!(!early);
     }
 
     #[test]

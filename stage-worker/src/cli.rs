@@ -47,8 +47,12 @@ OUTPUT (eval)
   manifest.json          size and BLAKE3 checksum of metrics.json; written last
   Every file is put in place atomically (a temporary file renamed), the manifest last, and
   all of them are fsynced, with the directory, before the stage reports done. A train
-  checkpoint is in place before its fsyncs, so a stage started early reads it from the page
-  cache. Checkpoints read as input are verified against their manifest before use.
+  checkpoint's files are written to the page cache at full speed (each chunk at its offset;
+  a thread of its own starts their write-back behind the writers) and are in place, with the
+  manifest, before the fsyncs, so a stage started early reads them from the page cache; it
+  reads model.safetensors as soon as that file is in place, and uses those bytes only if the
+  manifest then lists that very file. Checkpoints read as input are verified against their
+  manifest before use.
 
 TUNING (environment)
   STAGE_WORKER_SDPA     attention kernels: auto (default: cuDNN's from 200 planned steps,
@@ -57,6 +61,11 @@ TUNING (environment)
                         flat (over one flat copy of the gradients), plain (tensor operations)
   STAGE_WORKER_PROFILE  a path: a Chrome trace of a few training steps from libtorch's
                         profiler (STAGE_WORKER_PROFILE_SKIP, default 2; _STEPS, default 3)
+  STAGE_WORKER_WRITEBACK
+                        who starts a checkpoint's write-back to the disk: behind (default: a
+                        thread behind the writers), inline (each writer after each write, as
+                        before), fsync (only the final fsync)
+  STAGE_WORKER_WRITERS  writer threads per checkpoint file, 1 (default) to 16
 
 EVENTS
   One JSON object per line ({\"v\": 1, \"event\": ...}) to the Unix socket named by

@@ -30,6 +30,17 @@ pub fn pending(spec: &StageSpec, dir: &Path) -> bool {
 /// Waits until the checkpoint in `dir` is complete, if `spec` says it may still be being
 /// written; how long it waited (zero when it did not).
 pub fn await_input(spec: &StageSpec, dir: &Path) -> StageResult<Duration> {
+    await_input_polling(spec, dir, || {})
+}
+
+/// [`await_input`], calling `each_poll` just before each look for the manifest (so at least
+/// once when `spec` says the input may still be being written, never otherwise): the caller
+/// can start on a file of the checkpoint that is already in place.
+pub fn await_input_polling(
+    spec: &StageSpec,
+    dir: &Path,
+    each_poll: impl FnMut(),
+) -> StageResult<Duration> {
     if !pending(spec, dir) {
         return Ok(Duration::ZERO);
     }
@@ -41,6 +52,7 @@ pub fn await_input(spec: &StageSpec, dir: &Path) -> StageResult<Duration> {
         &dir.join(MANIFEST_FILE),
         limit,
         crate::signals::stop_requested,
+        each_poll,
     )
 }
 
@@ -49,10 +61,12 @@ fn wait_for(
     manifest: &Path,
     limit: Option<Duration>,
     stopped: impl Fn() -> bool,
+    mut each_poll: impl FnMut(),
 ) -> StageResult<Duration> {
     let started = Instant::now();
     let mut said = false;
     loop {
+        each_poll();
         if manifest.is_file() {
             let waited = started.elapsed();
             if said {
@@ -107,7 +121,7 @@ mod tests {
                 Instant::now()
             })
         };
-        let waited = wait_for(&manifest, Some(Duration::from_secs(10)), || false).unwrap();
+        let waited = wait_for(&manifest, Some(Duration::from_secs(10)), || false, || {}).unwrap();
         let written_at = writer.join().unwrap();
         assert!(manifest.is_file());
         assert!(waited >= Duration::from_millis(140), "{waited:?}");
@@ -122,7 +136,8 @@ mod tests {
         let dir = crate::testutil::scratch_dir("input-wait-limit");
         let manifest = dir.join(MANIFEST_FILE);
         let t = Instant::now();
-        let err = wait_for(&manifest, Some(Duration::from_millis(60)), || false).unwrap_err();
+        let err =
+            wait_for(&manifest, Some(Duration::from_millis(60)), || false, || {}).unwrap_err();
         assert!(t.elapsed() >= Duration::from_millis(60));
         assert_eq!(err.kind, FailureKind::Other, "{}", err.message);
         assert!(err.message.contains("did not appear"), "{}", err.message);
@@ -132,7 +147,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(30));
             flag.store(true, Ordering::SeqCst);
         });
-        let err = wait_for(&manifest, None, || stop.load(Ordering::SeqCst)).unwrap_err();
+        let err = wait_for(&manifest, None, || stop.load(Ordering::SeqCst), || {}).unwrap_err();
         assert_eq!(err.kind, FailureKind::Interrupted, "{}", err.message);
     }
 

@@ -9,6 +9,7 @@ mod device;
 mod eval;
 mod events;
 mod failure;
+mod fileread;
 mod forkserver;
 mod fsio;
 mod fused;
@@ -30,6 +31,7 @@ mod stream;
 mod testutil;
 mod train;
 mod warmup;
+mod writeback;
 
 use clap::{CommandFactory, Parser};
 use events::EventSink;

@@ -1,27 +1,37 @@
-//! Writing safetensors files at disk speed: one pass over the bytes.
+//! Writing safetensors files at page-cache speed, and to the disk behind it: one pass over the
+//! bytes.
 //!
 //! A file is a header followed by *runs*: literal bytes, or a range of a flat fp32 tensor (the
 //! model's parameters and the optimizer's moments each live in one flat buffer, so a whole
-//! file's data is one or two runs). Each file is written by three threads in a pipeline: a
+//! file's data is one or two runs). Its layout is known before the first byte, so each 32 MiB
+//! chunk has its offset in the file from the start. Each file is written by a pipeline: a
 //! copier that copies the next chunk from the device into a recycled host buffer (page-locked
 //! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
-//! memory is used in place), a hasher that feeds it to BLAKE3 ([`crate::fsio::algorithm`]), and a writer that
-//! appends it to a temporary file and starts its write-back at once. The bytes are never read back; the checksum in the
-//! manifest is the one computed on the way out. Several files are written in parallel.
+//! memory is used in place), a hasher that feeds the chunks to BLAKE3 in order
+//! ([`crate::fsio::algorithm`]), and writers (one by default, see
+//! [`crate::writeback::WriteSettings`]) that write each chunk at its offset (`pwrite`) into a
+//! temporary file. The writers do not wait for the disk: by default a thread of its own starts
+//! the write-back of each range they finished ([`crate::writeback`]), so the file reaches the
+//! page cache as fast as the kernel takes it and the final fsync has little left to do. The
+//! bytes are never read back; the checksum in the manifest is the one computed on the way out.
+//! The files are written in parallel, each renamed into place as soon as it is complete.
 //!
 //! Promises: [`write_files_unsynced`] returns as soon as every file is complete and in place
-//! in the page cache (what a reader on this machine sees); once its [`Unsynced::sync`]
-//! returns, they are complete on disk (fsynced, renamed into place, directory fsynced); a manifest entry's size and checksum are those of
-//! the bytes written; the same tensors always give the same bytes.
+//! in the page cache (what a reader on this machine sees), and each file is in place only once
+//! all of its bytes are; once its [`Unsynced::sync`] returns, they are complete on disk
+//! (fsynced, renamed into place, directory fsynced); a manifest entry's size and checksum are
+//! those of the bytes written, whatever the number of writers; the same tensors always give the
+//! same bytes; a failed write leaves neither the file nor its temporary file behind.
 
 use crate::fsio::{fsync_dir, WrittenFile};
+use crate::writeback::{start_write_back, Flusher, WriteBack, WriteSettings};
 use protocol::checkpoint::{Checksum, FileIdentity, Hasher, ManifestFile};
 use std::fs::{self, File};
-use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -256,13 +266,21 @@ pub struct FileSpec {
 /// may lose them.
 pub struct Unsynced {
     dir: std::path::PathBuf,
-    files: Vec<(WrittenFile, File)>,
+    files: Vec<Streamed>,
+}
+
+/// A file written and in place: its record, its open handle for the fsync, and the thread
+/// still starting its write-back, if any.
+struct Streamed {
+    written: WrittenFile,
+    file: File,
+    flusher: Option<Flusher>,
 }
 
 impl Unsynced {
     /// The files, in the order given.
     pub fn written(&self) -> impl Iterator<Item = &WrittenFile> {
-        self.files.iter().map(|(w, _)| w)
+        self.files.iter().map(|f| &f.written)
     }
 
     /// fsyncs every file (in parallel) and then the directory; returns the files with their
@@ -272,9 +290,14 @@ impl Unsynced {
             let handles: Vec<_> = self
                 .files
                 .into_iter()
-                .map(|(mut w, f)| {
+                .map(|f| {
                     s.spawn(move || {
-                        f.sync_all()?;
+                        // The fsync writes whatever the flusher has not started yet.
+                        if let Some(flusher) = f.flusher {
+                            flusher.stop();
+                        }
+                        f.file.sync_all()?;
+                        let mut w = f.written;
                         let stem = w.entry.path.clone();
                         w.phases.push(phase("synced", &stem, Instant::now()));
                         Ok(w)
@@ -304,6 +327,16 @@ pub fn write_files_unsynced(
     files: Vec<FileSpec>,
     after_copies: Option<&(dyn Fn() + Sync)>,
 ) -> io::Result<Unsynced> {
+    write_files_with(dir, files, after_copies, WriteSettings::from_env())
+}
+
+/// [`write_files_unsynced`] with these settings rather than the environment's.
+fn write_files_with(
+    dir: &Path,
+    files: Vec<FileSpec>,
+    after_copies: Option<&(dyn Fn() + Sync)>,
+    settings: WriteSettings,
+) -> io::Result<Unsynced> {
     // No buffer is being registered while the files are copied, or when the device is
     // released after the copies.
     finish_pinning();
@@ -316,10 +349,10 @@ pub fn write_files_unsynced(
         }
     };
     let copied = &copied;
-    let results: Vec<io::Result<(WrittenFile, File)>> = std::thread::scope(|s| {
+    let results: Vec<io::Result<Streamed>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .into_iter()
-            .map(|f| s.spawn(move || write_one(dir, f, copied)))
+            .map(|f| s.spawn(move || write_one(dir, f, copied, settings)))
             .collect();
         handles
             .into_iter()
@@ -336,7 +369,7 @@ pub fn write_files_unsynced(
     })
 }
 
-/// A chunk on its way from the producer to the writer.
+/// A chunk on its way from the producer to the writers.
 enum Chunk<'a> {
     Borrowed(&'a [u8]),
     Owned(HostBuf, usize),
@@ -354,30 +387,45 @@ impl Chunk<'_> {
     }
 }
 
+/// A chunk and where its bytes go in the file (the layout is known before the first byte, so
+/// each writer writes its chunks at their own offsets, in any order).
+struct Piece<'a> {
+    at: u64,
+    chunk: Chunk<'a>,
+}
+
 /// One file written to a temporary name and renamed into place, not fsynced; its open handle
 /// for the fsync.
-fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<(WrittenFile, File)> {
+fn write_one(
+    dir: &Path,
+    spec: FileSpec,
+    copied: &dyn Fn(),
+    settings: WriteSettings,
+) -> io::Result<Streamed> {
     let tmp = dir.join(format!(".{}.tmp-{}", spec.name, std::process::id()));
-    let result =
-        stream_to(&tmp, &spec.runs, copied).and_then(|(sha, bytes, identity, times, file)| {
-            let path = dir.join(&spec.name);
-            fs::rename(&tmp, &path)?;
-            let written = WrittenFile {
-                path,
-                entry: ManifestFile {
-                    path: spec.name.clone(),
-                    bytes,
-                    checksum: sha,
-                },
-                identity: Some(identity),
-                phases: ["copied", "hashed", "written"]
-                    .iter()
-                    .zip(times)
-                    .filter_map(|(name, at)| Some(phase(name, &spec.name, at?)))
-                    .collect(),
-            };
-            Ok((written, file))
-        });
+    let result = stream_to(&tmp, &spec.runs, copied, settings).and_then(|out| {
+        let path = dir.join(&spec.name);
+        fs::rename(&tmp, &path)?;
+        let written = WrittenFile {
+            path,
+            entry: ManifestFile {
+                path: spec.name.clone(),
+                bytes: out.bytes,
+                checksum: out.checksum,
+            },
+            identity: Some(out.identity),
+            phases: ["copied", "hashed", "written"]
+                .iter()
+                .zip(out.times)
+                .filter_map(|(name, at)| Some(phase(name, &spec.name, at?)))
+                .collect(),
+        };
+        Ok(Streamed {
+            written,
+            file: out.file,
+            flusher: out.flusher,
+        })
+    });
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -387,52 +435,105 @@ fn write_one(dir: &Path, spec: FileSpec, copied: &dyn Fn()) -> io::Result<(Writt
 /// When a file's data was all copied off the device, hashed, and written.
 type Times = [Option<Instant>; 3];
 
-/// Streams `runs` into a new file at `path` (its write-back started as it goes, not waited
-/// for); returns the checksum, the size, the file's identity, when each phase ended, and the
-/// open file. `copied` is called once every run has been copied off the device.
+/// What [`stream_to`] made: the file's checksum, size, identity, phase times, open handle and
+/// write-back thread.
+struct StreamOut {
+    checksum: Checksum,
+    bytes: u64,
+    identity: FileIdentity,
+    times: Times,
+    file: File,
+    flusher: Option<Flusher>,
+}
+
+/// How many chunks `runs` are sent as.
+fn chunk_count(runs: &[Run]) -> usize {
+    runs.iter()
+        .map(|r| match r {
+            Run::Bytes(_) => 1,
+            Run::Floats { numel, .. } => (*numel as usize * 4).div_ceil(CHUNK),
+        })
+        .sum()
+}
+
+/// Streams `runs` into a new file at `path` (its write-back started as `settings` say, never
+/// waited for); returns what [`StreamOut`] holds. `copied` is called once every run has been
+/// copied off the device.
 fn stream_to(
     path: &Path,
     runs: &[Run],
     copied: &dyn Fn(),
-) -> io::Result<(Checksum, u64, FileIdentity, Times, File)> {
+    settings: WriteSettings,
+) -> io::Result<StreamOut> {
     let mut times: Times = [None; 3];
-    let mut file = File::create(path)?;
+    let file = File::create(path)?;
     let total: usize = runs.iter().map(Run::len).sum();
-    // Three threads, so that the device copies, the hash and the disk all work at once: this
-    // one copies chunks off the device, a hasher feeds them to BLAKE3 in order, a writer
-    // appends them to the file and starts their write-back.
+    let writers = settings.writers.clamp(1, chunk_count(runs).max(1));
+    let (flusher, ranges) = match settings.write_back {
+        WriteBack::Behind => {
+            let (f, send) = Flusher::start(&file)?;
+            (Some(f), Some(send))
+        }
+        WriteBack::Inline | WriteBack::AtSync => (None, None),
+    };
+    // A pipeline, so that the device copies, the hash and the page cache all work at once:
+    // this thread copies chunks off the device, a hasher feeds them to BLAKE3 in order, and
+    // `writers` threads write each at its offset (`pwrite`), then hand its range to the
+    // write-back (see `crate::writeback`).
     // Room for every buffer there can be (the pinned ones and BUFFERS more), so that the copies
     // wait for a free buffer only, never for the hash: with the pinned pool holding the whole
     // checkpoint, the device's part ends right after the last step.
-    let (to_hasher, from_copier) = mpsc::sync_channel::<Chunk>(MAX_PINNED_BUFFERS + BUFFERS);
-    let (to_writer, from_hasher) = mpsc::sync_channel::<Chunk>(MAX_PINNED_BUFFERS + BUFFERS);
+    let (to_hasher, from_copier) = mpsc::sync_channel::<Piece>(MAX_PINNED_BUFFERS + BUFFERS);
+    let (to_writers, from_hasher) = mpsc::sync_channel::<Piece>(MAX_PINNED_BUFFERS + BUFFERS);
+    // Shared by the writers; dropped with the last of them, which ends the hasher's sends.
+    let from_hasher = Arc::new(Mutex::new(from_hasher));
     let (recycle, recycled) = mpsc::channel::<HostBuf>();
-    let file_ref = &mut file;
+    let failed = AtomicBool::new(false);
+    let (file_ref, failed_ref) = (&file, &failed);
     let (hash, write_result) = std::thread::scope(|s| {
-        let writer = s.spawn(move || -> io::Result<Instant> {
-            let fd = file_ref.as_raw_fd();
-            let mut at = 0i64;
-            for chunk in from_hasher {
-                let bytes = chunk.bytes();
-                file_ref.write_all(bytes)?;
-                // Start write-back of what was just written, so the disk works while the
-                // next chunks are copied and hashed; fsync then has little left to do.
-                // SAFETY: a plain system call on an open descriptor.
-                unsafe {
-                    libc::sync_file_range(fd, at, bytes.len() as i64, libc::SYNC_FILE_RANGE_WRITE);
-                }
-                at += bytes.len() as i64;
-                if let Chunk::Owned(v, _) = chunk {
-                    let _ = recycle.send(v);
-                }
-            }
-            Ok(Instant::now())
-        });
+        let handles: Vec<_> = (0..writers)
+            .map(|_| {
+                let (queue, recycle, ranges) =
+                    (from_hasher.clone(), recycle.clone(), ranges.clone());
+                s.spawn(move || -> io::Result<Instant> {
+                    loop {
+                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        // Every piece taken, or another writer failed: this one is done.
+                        let Ok(piece) = next else {
+                            return Ok(Instant::now());
+                        };
+                        if failed_ref.load(Ordering::Acquire) {
+                            return Ok(Instant::now());
+                        }
+                        let bytes = piece.chunk.bytes();
+                        if let Err(e) = write_at(file_ref, path, bytes, piece.at) {
+                            failed_ref.store(true, Ordering::Release);
+                            return Err(e);
+                        }
+                        match (settings.write_back, &ranges) {
+                            (WriteBack::Inline, _) => {
+                                start_write_back(file_ref, piece.at, bytes.len())
+                            }
+                            (WriteBack::Behind, Some(r)) => {
+                                let _ = r.send((piece.at, bytes.len()));
+                            }
+                            _ => {}
+                        }
+                        if let Chunk::Owned(v, _) = piece.chunk {
+                            let _ = recycle.send(v);
+                        }
+                    }
+                })
+            })
+            .collect();
+        // The writers hold the only handles now: once they are all gone, the hasher's sends
+        // fail, the flusher's ranges end and no buffer comes back.
+        drop((from_hasher, recycle, ranges));
         let hasher = s.spawn(move || {
             let mut hasher = Hasher::new(crate::fsio::algorithm());
-            for chunk in from_copier {
-                hasher.update(chunk.bytes());
-                if to_writer.send(chunk).is_err() {
+            for piece in from_copier {
+                hasher.update(piece.chunk.bytes());
+                if to_writers.send(piece).is_err() {
                     break;
                 }
             }
@@ -440,10 +541,19 @@ fn stream_to(
         });
         let mut made = 0usize;
         let mut complete = true;
+        // Each chunk goes at the offset after the one before. Dropping `send` (it owns the
+        // hasher's sender) tells the hasher that the last chunk was sent.
+        let mut at = 0u64;
+        let mut send = move |chunk| {
+            let len = Chunk::bytes(&chunk).len() as u64;
+            let sent = to_hasher.send(Piece { at, chunk }).is_ok();
+            at += len;
+            sent
+        };
         'runs: for run in runs {
             match run {
                 Run::Bytes(b) => {
-                    if to_hasher.send(Chunk::Borrowed(b)).is_err() {
+                    if !send(Chunk::Borrowed(b)) {
                         complete = false;
                         break 'runs;
                     }
@@ -458,7 +568,7 @@ fn stream_to(
                     while done < *numel {
                         let n = per_chunk.min(numel - done);
                         let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
-                        if to_hasher.send(chunk).is_err() {
+                        if !send(chunk) {
                             complete = false;
                             break 'runs;
                         }
@@ -467,15 +577,30 @@ fn stream_to(
                 }
             }
         }
-        drop(to_hasher);
+        drop(send);
         let copies_done = complete.then(Instant::now);
         if complete {
             copied();
         }
         let hash = hasher.join();
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")));
+        // The last writer's end, or the error of the one that failed.
+        let (mut last, mut error) = (None, None);
+        for h in handles {
+            match h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")))
+            {
+                Ok(t) => last = last.max(Some(t)),
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        let written = match (error, last) {
+            (Some(e), _) => Err(e),
+            (None, Some(t)) => Ok(t),
+            (None, None) => Err(io::Error::other("no checkpoint writer ran")),
+        };
         times[0] = copies_done;
         match hash {
             Ok((hash, hashed)) => {
@@ -506,7 +631,23 @@ fn stream_to(
             meta.len()
         )));
     }
-    Ok((hash, total as u64, FileIdentity::of(&meta), times, file))
+    Ok(StreamOut {
+        checksum: hash,
+        bytes: total as u64,
+        identity: FileIdentity::of(&meta),
+        times,
+        file,
+        flusher,
+    })
+}
+
+/// Writes `bytes` at `at` in `file` (the temporary file at `path`).
+fn write_at(file: &File, path: &Path, bytes: &[u8], at: u64) -> io::Result<()> {
+    #[cfg(test)]
+    injected_write_error(path, at)?;
+    #[cfg(not(test))]
+    let _ = path;
+    file.write_all_at(bytes, at)
 }
 
 /// A fresh chunk-sized host buffer, backed by huge pages where the kernel allows it (a 32 MiB
@@ -577,6 +718,31 @@ fn float_chunk<'a>(
         host.copy_(&tensor.narrow(0, offset, n));
     }
     Chunk::Owned(buf, n as usize * 4)
+}
+
+/// Directories in which every checkpoint write at or past an offset fails (tests only).
+#[cfg(test)]
+static FAILING_WRITES: Mutex<Vec<(std::path::PathBuf, u64)>> = Mutex::new(Vec::new());
+
+/// Makes every write into a file in `dir` at or past offset `from` fail (tests only).
+#[cfg(test)]
+pub fn fail_writes_in(dir: &Path, from: u64) {
+    FAILING_WRITES
+        .lock()
+        .unwrap()
+        .push((dir.to_path_buf(), from));
+}
+
+#[cfg(test)]
+fn injected_write_error(path: &Path, at: u64) -> io::Result<()> {
+    let failing = FAILING_WRITES.lock().unwrap();
+    if failing
+        .iter()
+        .any(|(dir, from)| path.parent() == Some(dir) && at >= *from)
+    {
+        return Err(io::Error::other(format!("injected write error at {at}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -702,5 +868,109 @@ mod tests {
             .sync()
             .unwrap();
         assert_eq!(again[0].entry.checksum, written[0].entry.checksum);
+    }
+
+    /// A file of a header and two float runs (one not starting at a chunk boundary) across
+    /// several chunks.
+    fn several_chunks(t: &Tensor, n: i64) -> FileSpec {
+        FileSpec {
+            name: "many.safetensors".into(),
+            runs: vec![
+                Run::Bytes(b"a header of odd length".to_vec()),
+                Run::Floats {
+                    tensor: t.shallow_clone(),
+                    offset: 3,
+                    numel: n,
+                },
+                Run::Bytes(b"between".to_vec()),
+                Run::Floats {
+                    tensor: t.shallow_clone(),
+                    offset: 0,
+                    numel: n / 2,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn several_writers_write_the_bytes_one_writer_writes_with_the_same_checksum() {
+        crate::testutil::one_torch_thread();
+        // Five pieces: three chunks of floats (the second run's one a short one) and two of bytes.
+        let n = (CHUNK / 4) as i64 + 5;
+        let t = Tensor::arange(n + 3, (Kind::Float, Device::Cpu)).sin();
+        // The reference: one writer, its write-back started inline (how files were written
+        // before several writers).
+        let one = WriteSettings {
+            writers: 1,
+            write_back: WriteBack::Inline,
+        };
+        let dir = crate::testutil::scratch_dir("stream-one-writer");
+        let reference = write_files_with(&dir, vec![several_chunks(&t, n)], None, one)
+            .unwrap()
+            .sync()
+            .unwrap();
+        let expected = std::fs::read(&reference[0].path).unwrap();
+        // Which are the runs' bytes, back to back.
+        let floats = |offset: i64, numel: i64| -> Vec<u8> {
+            let v = Vec::<f32>::try_from(t.narrow(0, offset, numel)).unwrap();
+            v.iter().flat_map(|f| f.to_le_bytes()).collect()
+        };
+        let mut runs = b"a header of odd length".to_vec();
+        runs.extend(floats(3, n));
+        runs.extend(b"between");
+        runs.extend(floats(0, n / 2));
+        assert!(expected == runs, "the file is not its runs");
+        assert_eq!(expected.len() as u64, reference[0].entry.bytes);
+        assert_eq!(
+            reference[0].entry.checksum,
+            crate::fsio::checksum(&expected)
+        );
+        for (writers, write_back) in [
+            (4, WriteBack::Behind),
+            (3, WriteBack::AtSync),
+            (2, WriteBack::Inline),
+            (16, WriteBack::Behind),
+        ] {
+            let dir = crate::testutil::scratch_dir(&format!("stream-{writers}-writers"));
+            let settings = WriteSettings {
+                writers,
+                write_back,
+            };
+            let unsynced =
+                write_files_with(&dir, vec![several_chunks(&t, n)], None, settings).unwrap();
+            // In place and whole before the fsync.
+            let before = std::fs::read(dir.join("many.safetensors")).unwrap();
+            assert!(before == expected, "{settings:?}: other bytes");
+            let written = unsynced.sync().unwrap();
+            assert_eq!(written[0].entry, reference[0].entry, "{settings:?}");
+            assert!(std::fs::read(&written[0].path).unwrap() == expected);
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        }
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_file_in_place_and_no_temporary_file() {
+        crate::testutil::one_torch_thread();
+        let n = (CHUNK / 4) as i64 * 3 + 5;
+        let t = Tensor::arange(n + 3, (Kind::Float, Device::Cpu));
+        for writers in [1, 4] {
+            let dir = crate::testutil::scratch_dir(&format!("stream-fails-{writers}"));
+            // The second chunk's write fails; the others may have been written.
+            fail_writes_in(&dir, CHUNK as u64);
+            let settings = WriteSettings {
+                writers,
+                write_back: WriteBack::Behind,
+            };
+            let calls = AtomicUsize::new(0);
+            let count = || {
+                calls.fetch_add(1, Ordering::SeqCst);
+            };
+            let err = write_files_with(&dir, vec![several_chunks(&t, n)], Some(&count), settings)
+                .err()
+                .expect("the write fails");
+            assert!(err.to_string().contains("injected write error"), "{err}");
+            let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+            assert!(left.is_empty(), "{writers} writers left {left:?}");
+        }
     }
 }

@@ -186,8 +186,10 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 /// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
 /// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
 /// device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
-/// written when the stage started early was complete), `t_inputs_read` (the init checkpoint
-/// read), `t_model_built` (the model built and loaded; the warm-up may still run),
+/// written when the stage started early was complete; `init_read_early` 1 when its weights
+/// were read before that), `t_init_read` (the init checkpoint's bytes in memory, on the thread
+/// that reads them), `t_inputs_read` (that thread joined, after the device is ready),
+/// `t_model_built` (the model built and loaded; the warm-up may still run),
 /// `t_model_ready` (the warm-up done too),
 /// `t_first_step`, `t_last_step` (the device idle after the last step), `t_device_released`
 /// (the final checkpoint's data all copied to the host and the CUDA context destroyed, when
@@ -235,9 +237,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let init_reader = spec.init.clone().map(|dir| {
         let spec = spec.clone();
         std::thread::spawn(move || {
-            let waited = crate::input_wait::await_input(&spec, &dir)?;
-            let at = crate::log::unix_now();
-            checkpoint::open_for_weights_deferred(&dir).map(|v| (v, waited, at))
+            let (v, waited, complete) = checkpoint::open_init(&spec, &dir)?;
+            let at = crate::log::unix_now() - complete.elapsed().as_secs_f64();
+            Ok((v, waited, at, crate::log::unix_now()))
         })
     });
     let compute = device::prepare(spec.device, &p.precision)?;
@@ -301,12 +303,15 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
                 .unwrap_or_else(|_| Err(Failure::other("reading the init checkpoint panicked")))
         })
         .transpose()?
-        .map(|(v, waited, at)| {
+        .map(|(v, waited, at, read)| {
+            milestones.0.insert("t_init_read".into(), read);
             if !waited.is_zero() {
                 milestones.0.insert("t_input_complete".into(), at);
                 milestones
                     .0
                     .insert("input_wait_s".into(), waited.as_secs_f64());
+                let early = f64::from(u8::from(v.read_early()));
+                milestones.0.insert("init_read_early".into(), early);
             }
             v
         });

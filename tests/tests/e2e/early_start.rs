@@ -137,8 +137,10 @@ fn a_downstream_train_stage_starts_while_its_upstream_persists_and_finishes_afte
     // b was spawned after a's release, before a's process exited (it was still writing).
     assert!(t(tb, "spawned") >= t(ta, "released"), "{ta} {tb}");
     assert!(t(tb, "spawned") < t(ta, "exited"), "{ta} {tb}");
-    // b waited for the manifest, which came after its own start-up.
+    // b waited for the manifest, which came after its own start-up, and read a's weights file
+    // while it waited (the simulated device puts the manifest in place 100 ms after the files).
     assert!(run.metric("b", "input_wait_s") > 0.0, "{b}");
+    assert_eq!(run.metric("b", "init_read_early"), 1.0, "{b}");
     // a's finish is recorded before b's.
     let records = journal_records(&run.run_dir);
     assert!(
