@@ -171,6 +171,22 @@ if m100.get("orchestrate") and "breakdown" in m100["orchestrate"]:
           f"per repetition (median of its stages): {', '.join(f(x) for x in per_run)}; "
           f"stage 1 of each: {', '.join(f(r['breakdown'][0].get('overhead_s')) for r in runs)}. "
           f"Chain walls: {', '.join(f(w) for w in walls)} s.\n")
+    # The span the chain itself waits at each boundary: a stage's last step to the next one's
+    # first step (with early starts the next stage's start overlaps the previous one's
+    # persisting, which the overhead above counts in both stages).
+    def step_gaps(stages):
+        st = sorted((s for s in stages if "t_first_step" in s and "t_last_step" in s),
+                    key=lambda s: s["t_first_step"])
+        return [b["t_first_step"] - a["t_last_step"] for a, b in zip(st, st[1:])]
+    gaps = {name: [g for r in rs for g in step_gaps(r.get("stages") or [])]
+            for name, rs in (("orchestrate", runs), ("python-one", [m100.get("python-one") or {}]))}
+    if gaps["orchestrate"]:
+        line = (f"Last step → next first step: orchestrate median {f(med(gaps['orchestrate']))} s, range "
+                f"{f(min(gaps['orchestrate']))}–{f(max(gaps['orchestrate']))} s over {len(gaps['orchestrate'])} boundaries")
+        if gaps["python-one"]:
+            line += (f"; python-one (one process) median {f(med(gaps['python-one']))} s, range "
+                     f"{f(min(gaps['python-one']))}–{f(max(gaps['python-one']))} s over {len(gaps['python-one'])}")
+        p(line + ".\n")
     p("Where the checkpoint's time goes (same stages):\n")
     phase_table([("all", [x for r in runs for x in later(r["breakdown"])])])
 

@@ -15,7 +15,8 @@ and the boundary overhead per stage = (wall − Σ steady) / stages; per boundar
 previous stage's last step to the next stage's spawn and to its first step.
 Writes OUT/results.json and prints a summary (OUT/summary.md).
 """
-import json, os, subprocess, sys, time
+import json
+import os, shutil, subprocess, sys, time
 
 BIN, OUT, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 ORCH, WORKER = os.path.join(BIN, "orchestrate"), os.path.join(BIN, "stage-worker")
@@ -67,6 +68,14 @@ def run(tag, independent, mode):
                        env=env, capture_output=True, text=True, timeout=300)
     wall = time.time() - t0
     report = json.load(open(os.path.join(run_dir, "report.json")))
+    # A failed stage's own words, kept before its run directory goes.
+    failures = {s["name"]: open(os.path.join(run_dir, "stages", s["name"], "stderr.log")).read()[-1500:]
+                for s in report["stages"]
+                if s.get("status") not in ("succeeded", None)
+                and os.path.exists(os.path.join(run_dir, "stages", s["name"], "stderr.log"))}
+    # Each run leaves 4.9 GB of checkpoints: removed, so that a long benchmark never fills the
+    # disk (a 64 GiB one filled during the 2026-12-02 run's last chain, which then failed).
+    shutil.rmtree(run_dir, ignore_errors=True)
     stages = []
     for s in report["stages"]:
         t, m = s.get("timing") or {}, s.get("metrics") or {}
@@ -103,7 +112,8 @@ def run(tag, independent, mode):
             "overhead_per_stage_s": round((span - steady) / STAGES, 4) if span else None,
             "at_release": [bool(g.get("at_release")) for s in stages for g in (s.get("gpu") or [])],
             "boundaries": boundaries, "stages": stages,
-            "console_tail": (p.stdout + p.stderr)[-2000:] if p.returncode else ""}
+            "console_tail": (p.stdout + p.stderr)[-2000:] if p.returncode else "",
+            "failed_stage_logs": failures}
 
 
 # Shapes and their modes (see the docstring).
@@ -156,6 +166,14 @@ def main():
                 f"| {sum(b['init_read_early'] for b in bs)}/{len(bs)} "
                 f"| {sum(b['started_early'] for b in bs)}/{len(bs)} "
                 f"| {sum(sum(x['at_release']) for x in rs)}/{sum(len(x['at_release']) for x in rs)} |")
+    failed = [x for x in results["runs"] if x["rc"] != 0]
+    if failed:
+        lines.append("")
+        lines.append("Failed runs (console and failed stages' stderr, last lines):")
+        for x in failed:
+            lines.append(f"\n{x['tag']} (rc {x['rc']}):\n```\n{x['console_tail']}\n```")
+            for name, text in x["failed_stage_logs"].items():
+                lines.append(f"{name}:\n```\n{text}\n```")
     summary = "\n".join(lines) + "\n"
     with open(os.path.join(OUT, "summary.md"), "w") as f:
         f.write(summary)

@@ -13,10 +13,10 @@ from collections import defaultdict
 KINDS = [
     ("attention", r"fmha|flash|attention|efficient|cudnn|sdpa"),
     ("matmul", r"gemm|nvjet|cutlass|sm90_xmma|cublas|splitK"),
-    ("layer_norm", r"layer_norm|LayerNorm"),
+    ("layer_norm", r"layer_norm|LayerNorm|stage_worker_ln_"),
     ("gelu", r"gelu|GeluCUDA"),
     ("adamw", r"adam|Adam"),
-    ("norm/reduce", r"reduce_kernel|norm|Norm|multi_tensor"),
+    ("norm/reduce", r"reduce_kernel|norm|Norm|multi_tensor|stage_worker_colsum"),
     ("softmax/loss", r"softmax|nll|cross_entropy|log_softmax"),
     ("embedding", r"embedding|indexSelect|index_select|sort|radix|unique|compute_grad_weight|sum_and_scatter|krn_partial"),
     ("copy/cast", r"copy|Copy|cast|Memcpy|catArray|CatArray|to_copy"),

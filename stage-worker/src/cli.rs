@@ -59,6 +59,12 @@ TUNING (environment)
                         memory-efficient below), efficient, flash, libtorch
   STAGE_WORKER_ADAMW    lists (default: the fused kernel over each parameter's gradient),
                         flat (over one flat copy of the gradients), plain (tensor operations)
+  STAGE_WORKER_FUSED    auto (default: on CUDA in bf16, the block's residual add, LayerNorm and
+                        cast as one kernel each way, and linear layers that hand the fp32
+                        weights their gradients directly; `check-kernels` tests them), off
+  STAGE_WORKER_KERNEL_CACHE
+                        where those kernels are kept once compiled (default
+                        $XDG_CACHE_HOME/stage-worker/kernels or ~/.cache/stage-worker/kernels)
   STAGE_WORKER_PROFILE  a path: a Chrome trace of a few training steps from libtorch's
                         profiler (STAGE_WORKER_PROFILE_SKIP, default 2; _STEPS, default 3)
   STAGE_WORKER_WRITEBACK
