@@ -116,7 +116,7 @@ fn pass(p: &Problem, residual: bool, fused: bool) -> Vec<(&'static str, Tensor)>
     };
     let mut loss = (a.to_kind(Kind::Float) * p.grad_a.to_kind(Kind::Float)).sum(Kind::Float);
     if let Some(xn) = &xn {
-        loss = loss + (xn * &p.grad_xn).sum(Kind::Float);
+        loss += (xn * &p.grad_xn).sum(Kind::Float);
     }
     loss.backward();
     let mut out = vec![("a", a.detach())];
