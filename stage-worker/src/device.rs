@@ -86,6 +86,11 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                         .to_string(),
                 ));
             };
+            if crate::fused::wanted_by_env().is_none() {
+                return Err(Failure::bad_input(
+                    "STAGE_WORKER_FUSED must be `auto` or `off`".to_string(),
+                ));
+            }
             let device = Device::Cuda(0);
             crate::attention::apply(kernels);
             let probe = Tensor::f_ones([1], (Kind::Float, device))?;

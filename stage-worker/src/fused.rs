@@ -65,9 +65,20 @@ const READY: u8 = 1;
 const UNAVAILABLE: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
 
-/// Whether `STAGE_WORKER_FUSED` leaves the fused kernels on (`auto`, the default, or unset).
-fn wanted() -> bool {
-    std::env::var("STAGE_WORKER_FUSED").map_or(true, |v| v != "off")
+/// What a value of `STAGE_WORKER_FUSED` asks for: `Some(true)` for `auto` (also unset or
+/// empty), `Some(false)` for `off`, `None` for anything else.
+pub fn wanted_from(value: Option<&str>) -> Option<bool> {
+    match value {
+        None | Some("") | Some("auto") => Some(true),
+        Some("off") => Some(false),
+        Some(_) => None,
+    }
+}
+
+/// [`wanted_from`] this process's `STAGE_WORKER_FUSED` (read once).
+pub fn wanted_by_env() -> Option<bool> {
+    static CHOSEN: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| wanted_from(std::env::var("STAGE_WORKER_FUSED").ok().as_deref()))
 }
 
 /// Whether the fused kernels take activations of width `width` in `kind` on `device`: CUDA,
@@ -78,7 +89,7 @@ pub fn usable(device: Device, kind: Kind, width: i64) -> bool {
     let Device::Cuda(ordinal) = device else {
         return false;
     };
-    if kind != Kind::BFloat16 || width % 128 != 0 || width > 4096 || !wanted() {
+    if kind != Kind::BFloat16 || width % 128 != 0 || width > 4096 || wanted_by_env() != Some(true) {
         return false;
     }
     match STATE.load(Ordering::Acquire) {
@@ -230,6 +241,16 @@ mod tests {
             let bytes = compile_for(arch).unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
             assert!(bytes > 1000, "sm_{arch}: a cubin of {bytes} bytes");
         }
+    }
+
+    #[test]
+    fn the_setting_is_auto_or_off_and_anything_else_is_refused() {
+        assert_eq!(wanted_from(None), Some(true));
+        assert_eq!(wanted_from(Some("")), Some(true));
+        assert_eq!(wanted_from(Some("auto")), Some(true));
+        assert_eq!(wanted_from(Some("off")), Some(false));
+        assert_eq!(wanted_from(Some("no")), None);
+        assert_eq!(wanted_from(Some("OFF")), None);
     }
 
     /// Off the GPU (and for shapes or kinds the kernels do not take) the model keeps libtorch's
