@@ -438,7 +438,7 @@ void check(CUresult rc, const char *what) {
 std::vector<char> compile(int arch) {
   const Nvrtc &rt = nvrtc();
   nvrtcProgram prog = nullptr;
-  if (rt.create(&prog, kSource, "stage_worker_fused_layer_norm.cu", 0, nullptr, nullptr) != 0) {
+  if (rt.create(&prog, kSource, "stage_worker_fused.cu", 0, nullptr, nullptr) != 0) {
     throw std::runtime_error("nvrtcCreateProgram failed");
   }
   const std::string gpu = "--gpu-architecture=sm_" + std::to_string(arch);
@@ -492,7 +492,7 @@ std::string cache_path(int arch) {
     h = (h ^ ch) * 1099511628211ull;
   }
   char name[64];
-  std::snprintf(name, sizeof name, "/layer-norm-sm%d-%016llx.cubin", arch,
+  std::snprintf(name, sizeof name, "/fused-sm%d-%016llx.cubin", arch,
                 static_cast<unsigned long long>(h));
   return dir + name;
 }

@@ -108,7 +108,7 @@ pub fn usable(device: Device, kind: Kind, width: i64) -> bool {
     if rc == 0 {
         if STATE.swap(READY, Ordering::AcqRel) != READY {
             crate::log!(
-                "fused LayerNorm kernels ready in {:.1} ms ({})",
+                "fused kernels ready in {:.1} ms ({})",
                 started.elapsed().as_secs_f64() * 1e3,
                 if cached { "from the cache" } else { "compiled" }
             );
@@ -117,7 +117,7 @@ pub fn usable(device: Device, kind: Kind, width: i64) -> bool {
     } else {
         if STATE.swap(UNAVAILABLE, Ordering::AcqRel) != UNAVAILABLE {
             crate::log!(
-                "fused LayerNorm kernels unavailable, using libtorch's: {}",
+                "fused kernels unavailable, using libtorch's: {}",
                 message(&err)
             );
         }

@@ -145,13 +145,13 @@ impl ByteGpt {
         self.forward_with(ids, kind, fused)
     }
 
-    /// [`ByteGpt::forward`] with the fused LayerNorms (`fused`, where
+    /// [`ByteGpt::forward`] with the fused kernels (`fused`, where
     /// [`crate::fused::usable`] said yes) or libtorch's kernels.
     pub fn forward_with(&self, ids: &Tensor, kind: Kind, fused: bool) -> Tensor {
         let (b, t) = ids.size2().expect("ids are [batch, time]");
         let c = self.config.d_model;
         let h = self.config.n_heads;
-        let norms = Norms {
+        let layers = Layers {
             model: self,
             kind,
             fused,
@@ -159,10 +159,10 @@ impl ByteGpt {
         let wte = self.params.get("wte");
         let pos = self.params.get("wpe").narrow(0, 0, t);
         let mut x = Tensor::embedding(wte, ids, -1, false, false) + pos;
-        let mut a = norms.first(&x, "blocks.0.ln1");
+        let mut a = layers.first(&x, "blocks.0.ln1");
         for i in 0..self.config.n_layers {
             let blk = format!("blocks.{i}");
-            let qkv = norms.linear(&a, &format!("{blk}.attn.qkv"), false);
+            let qkv = layers.linear(&a, &format!("{blk}.attn.qkv"), false);
             let heads = |t_: &Tensor| t_.view([b, t, h, c / h]).transpose(1, 2);
             let parts = qkv.split(c, -1);
             let y = Tensor::scaled_dot_product_attention::<Tensor>(
@@ -176,17 +176,17 @@ impl ByteGpt {
                 false,
             );
             let y = y.transpose(1, 2).contiguous().view([b, t, c]);
-            let y = norms.linear(&y, &format!("{blk}.attn.proj"), false);
+            let y = layers.linear(&y, &format!("{blk}.attn.proj"), false);
             let m;
-            (x, m) = norms.after_residual(&x, &y, &format!("{blk}.ln2"));
-            let m = norms.linear(&m, &format!("{blk}.mlp.fc"), true);
-            let y = norms.linear(&m, &format!("{blk}.mlp.proj"), false);
+            (x, m) = layers.after_residual(&x, &y, &format!("{blk}.ln2"));
+            let m = layers.linear(&m, &format!("{blk}.mlp.fc"), true);
+            let y = layers.linear(&m, &format!("{blk}.mlp.proj"), false);
             let next = if i + 1 < self.config.n_layers {
                 format!("blocks.{}.ln1", i + 1)
             } else {
                 "ln_f".to_string()
             };
-            (x, a) = norms.after_residual(&x, &y, &next);
+            (x, a) = layers.after_residual(&x, &y, &next);
         }
         a.linear::<Tensor>(&wte.to_kind(kind), None)
     }
@@ -201,13 +201,13 @@ impl ByteGpt {
 
 /// The LayerNorms and linear layers of one forward pass: the fused kernels where
 /// [`crate::fused::usable`] said so, else libtorch's.
-struct Norms<'a> {
+struct Layers<'a> {
     model: &'a ByteGpt,
     kind: Kind,
     fused: bool,
 }
 
-impl Norms<'_> {
+impl Layers<'_> {
     fn weights(&self, prefix: &str) -> (&Tensor, &Tensor) {
         let p = &self.model.params;
         (
