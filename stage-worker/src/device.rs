@@ -72,7 +72,9 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
         }
         SpecDevice::Cuda => {
             let kind = compute_kind(precision, true)?;
-            if !tch::Cuda::is_available() {
+            let available = tch::Cuda::is_available();
+            let _ = DRIVER_READY_AT.set(crate::log::unix_now());
+            if !available {
                 let visible =
                     std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into());
                 return Err(Failure::other(format!(
@@ -124,6 +126,16 @@ pub fn simulated_persist_delay() {
     if let Some(ms) = simulated_cuda() {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
+}
+
+/// When [`prepare`] had the CUDA driver initialised (libtorch counted the devices, which runs
+/// `cuInit`; no context exists yet), in Unix seconds.
+static DRIVER_READY_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+/// When [`prepare`] had the CUDA driver initialised, before it created a context (`None` off
+/// CUDA): the split of a stage's start between the driver and its context.
+pub fn driver_ready_at() -> Option<f64> {
+    DRIVER_READY_AT.get().copied()
 }
 
 /// When [`release`] destroyed this process's CUDA context, in Unix seconds.

@@ -184,8 +184,8 @@ fn forget_stale_checkpoint(dir: &Path) -> StageResult<()> {
 }
 
 /// When the stage reached each point, in Unix seconds, as metrics named `t_*`:
-/// `t_worker_start` (the process, or the fork server's child, began), `t_device_ready` (first
-/// device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
+/// `t_worker_start` (the process, or the fork server's child, began), `t_cuda_init` (the CUDA
+/// driver initialised, no context yet), `t_device_ready` (first device work done), `t_input_complete` (with `input_wait_s`: an init checkpoint still being
 /// written when the stage started early was complete; `init_read_early` 1 when its weights
 /// were read before that), `t_init_read` (the init checkpoint's bytes in memory, on the thread
 /// that reads them), `t_inputs_read` (that thread joined, after the device is ready),
@@ -245,6 +245,9 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     let compute = device::prepare(spec.device, &p.precision)?;
     let mut milestones = Milestones::default();
     milestones.mark("t_device_ready");
+    if let Some(at) = device::driver_ready_at() {
+        milestones.0.insert("t_cuda_init".into(), at);
+    }
     crate::log!("stage `{}`: train on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
