@@ -155,6 +155,11 @@ pub enum WorkerEvent {
         /// Name → value.
         metrics: BTreeMap<String, f64>,
     },
+    /// The stage's device work ends in a moment: its last step is done and its final
+    /// checkpoint is being copied off the device; a `released` follows unless that fails.
+    /// `orchestrate` may prepare the next stage's process meanwhile (a fork server's
+    /// standby, which initialises the CUDA driver but creates no context). Sent at most once.
+    Finishing {},
     /// The stage's device work is over: every CUDA context of its processes is destroyed, so
     /// NVML lists none of them and the memory is back. Sent once, as early as that is true (a
     /// training stage: as soon as its final checkpoint is on the host, while the disk still

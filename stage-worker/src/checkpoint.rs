@@ -199,6 +199,7 @@ pub fn write(
         let handle = std::thread::spawn(|| {
             if crate::device::release() {
                 crate::events::EventSink::announce_released();
+                crate::device::close_driver_after_announcing();
                 crate::device::simulated_persist_delay();
             }
         });

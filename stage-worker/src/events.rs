@@ -106,6 +106,12 @@ impl EventSink {
         }
     }
 
+    /// `finishing`: the stage's device work ends in a moment (its last step is done; the
+    /// final checkpoint's copies off the device and the release follow).
+    pub fn finishing(&mut self) {
+        self.send(WorkerEvent::Finishing {});
+    }
+
     /// `started`: the device is ready.
     pub fn started(&mut self, device: &str) {
         self.send(WorkerEvent::Started {

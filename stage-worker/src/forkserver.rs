@@ -170,11 +170,33 @@ fn send(sock: &mut UnixStream, reply: &ForkReply) -> io::Result<()> {
     sock.write_all(&msg)
 }
 
-/// Reads one request and the two descriptors sent with it; `None` at end of file.
-fn receive(sock: &UnixStream) -> io::Result<Option<(ForkRequest, [OwnedFd; 2])>> {
+/// Reads one request and the descriptors sent with it (two; three for a standby, whose third
+/// is its socket); `None` at end of file.
+fn receive(sock: &UnixStream) -> io::Result<Option<(ForkRequest, Vec<OwnedFd>)>> {
+    let Some((body, fds)) = receive_framed(sock)? else {
+        return Ok(None);
+    };
+    let request: ForkRequest =
+        serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let wanted = if request.standby { 3 } else { 2 };
+    if fds.len() != wanted {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a request carries {wanted} descriptors, this one {}",
+                fds.len()
+            ),
+        ));
+    }
+    Ok(Some((request, fds)))
+}
+
+/// Reads one length-prefixed message and the descriptors sent with its prefix; `None` at end
+/// of file.
+fn receive_framed(sock: &UnixStream) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut len = [0u8; 4];
-    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let mut space = nix::cmsg_space!([RawFd; 3]);
     let (n, fds) = {
         let mut iov = [IoSliceMut::new(&mut len)];
         let msg = recvmsg::<()>(
@@ -200,22 +222,21 @@ fn receive(sock: &UnixStream) -> io::Result<Option<(ForkRequest, [OwnedFd; 2])>>
     if n < 4 {
         reader.read_exact(&mut len[n..])?;
     }
-    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
-    reader.read_exact(&mut body)?;
-    let request: ForkRequest =
-        serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    let fds: [OwnedFd; 2] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
-        io::Error::new(
+    let n = u32::from_le_bytes(len) as usize;
+    if n > 16 << 20 {
+        return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("a request carries 2 descriptors, this one {}", v.len()),
-        )
-    })?;
-    Ok(Some((request, fds)))
+            format!("a message of {n} bytes"),
+        ));
+    }
+    let mut body = vec![0u8; n];
+    reader.read_exact(&mut body)?;
+    Ok(Some((body, fds)))
 }
 
 /// Forks the worker for `request` through an intermediate process (see the module comment)
 /// and returns its PID once it has been re-parented.
-fn fork_worker(request: &ForkRequest, fds: [OwnedFd; 2], server_sock: RawFd) -> io::Result<u32> {
+fn fork_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd) -> io::Result<u32> {
     if request.v != protocol::PROTOCOL_VERSION {
         return Err(io::Error::other(format!(
             "request of protocol version {}, this stage-worker speaks {}",
@@ -252,6 +273,9 @@ fn fork_worker(request: &ForkRequest, fds: [OwnedFd; 2], server_sock: RawFd) -> 
         if worker == 0 {
             // SAFETY: closing our copy of the read end.
             unsafe { libc::close(pipe[0]) };
+            if request.standby {
+                crate::stage_standby::become_standby(request, fds, server_sock, pipe[1]);
+            }
             become_worker(request, fds, server_sock, pipe[1]);
         }
         let bytes = (worker as i32).to_le_bytes();
@@ -281,7 +305,20 @@ fn fork_worker(request: &ForkRequest, fds: [OwnedFd; 2], server_sock: RawFd) -> 
 
 /// In the new worker: take on the stage's process attributes (see the module comment), run the
 /// stage and exit. Never returns.
-fn become_worker(request: &ForkRequest, fds: [OwnedFd; 2], server_sock: RawFd, pipe_w: RawFd) -> ! {
+fn become_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd, pipe_w: RawFd) -> ! {
+    detach(request, &fds, server_sock, pipe_w);
+    // Descriptors 1 and 2 now hold them; the originals are not needed.
+    drop(fds);
+    take_on(&request.env, &request.cwd);
+    crate::log!("started by the fork server (pid {})", std::process::id());
+    crate::run_command_line(&request.argv)
+}
+
+/// In a new child of the server: wait to be re-parented to the request's `parent`, start a
+/// session, die with that parent, put `/dev/null` on stdin and `fds[0]`, `fds[1]` on stdout
+/// and stderr, close the server's socket and the PID pipe, and clear the signal mask (see the
+/// module comment). Exits the process on any failure.
+pub(crate) fn detach(request: &ForkRequest, fds: &[OwnedFd], server_sock: RawFd, pipe_w: RawFd) {
     crate::log::restart();
     let parent = request.parent as libc::pid_t;
     // Wait until the intermediate has exited and the orchestrator (a subreaper) adopted us.
@@ -323,20 +360,39 @@ fn become_worker(request: &ForkRequest, fds: [OwnedFd; 2], server_sock: RawFd, p
         libc::sigemptyset(&mut none);
         libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
-    // Descriptors 1 and 2 now hold them; the originals are not needed.
-    drop(fds);
-    // The environment is the stage's, before anything reads it (CUDA_VISIBLE_DEVICES first
-    // of all: no CUDA call has been made in this process).
+}
+
+/// Replaces this process's environment with `env` and enters `cwd` (exits if it cannot). In a
+/// new worker, before anything reads the environment (CUDA_VISIBLE_DEVICES first of all: no
+/// CUDA call has been made in this process, or, in a standby, only under the same driver
+/// variables).
+pub(crate) fn take_on(env: &[(String, String)], cwd: &std::path::Path) {
     for (key, _) in std::env::vars_os() {
         std::env::remove_var(key);
     }
-    for (key, value) in &request.env {
+    for (key, value) in env {
         std::env::set_var(key, value);
     }
-    if let Err(e) = std::env::set_current_dir(&request.cwd) {
-        crate::log!("cannot enter {}: {e}", request.cwd.display());
+    if let Err(e) = std::env::set_current_dir(cwd) {
+        crate::log!("cannot enter {}: {e}", cwd.display());
         std::process::exit(1);
     }
-    crate::log!("started by the fork server (pid {})", std::process::id());
-    crate::run_command_line(&request.argv)
+}
+
+/// Reads one length-prefixed JSON message and its descriptors from `sock` (an adoption, on a
+/// standby's socket); `None` at end of file.
+pub(crate) fn receive_message<T: serde::de::DeserializeOwned>(
+    sock: &UnixStream,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let Some((body, fds)) = receive_framed(sock)? else {
+        return Ok(None);
+    };
+    let message =
+        serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(Some((message, fds)))
+}
+
+/// Sends `reply`, length-prefixed, on `sock`.
+pub(crate) fn reply(sock: &mut UnixStream, reply: &ForkReply) -> io::Result<()> {
+    send(sock, reply)
 }

@@ -26,6 +26,7 @@ mod rng;
 mod signals;
 mod spec;
 mod stage;
+mod stage_standby;
 mod stream;
 #[cfg(test)]
 mod testutil;

@@ -410,6 +410,11 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &spec.output_dir,
         init.as_ref(),
     )?;
+    if !stats.interrupted && device::early_release_wanted(compute.device) {
+        // The device work ends with the checkpoint's copies: the next stage's process may get
+        // ready meanwhile (`stage_standby`).
+        sink.finishing();
+    }
     if let Some(v) = &init {
         v.finish()?;
     }

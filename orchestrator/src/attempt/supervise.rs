@@ -343,9 +343,32 @@ async fn watch(
                 }
             }
         }
+        if std::mem::take(&mut w.events.finishing_asked) {
+            prepare_successor(child, baselines, w, hooks);
+        }
         if std::mem::take(&mut w.events.release_asked) {
             consider_release(plan, child, baselines, w, services, hooks).await;
         }
+    }
+}
+
+/// The stage said its device work is about to end: where its GPUs may be handed on at its
+/// release, the fork server gets a standby ready for the stage that takes them next
+/// (`crate::process::fork_server::prepare_standby`).
+fn prepare_successor(
+    child: &tree::StageProcess,
+    baselines: &[(String, u64, u64)],
+    w: &Watch,
+    hooks: &mut dyn AttemptHooks,
+) {
+    let hands_on = std::env::var_os(NO_HAND_ON_VAR).is_none_or(|v| v != "0");
+    if !baselines.is_empty()
+        && w.stop == StopState::Running
+        && w.release.held.is_none()
+        && hooks.hands_on_at_release()
+        && hands_on
+    {
+        crate::process::fork_server::prepare_standby(child.pid);
     }
 }
 
@@ -657,6 +680,8 @@ struct EventState {
     release_asked: bool,
     /// A `released` event said its downstream stages may start early.
     downstream_may_start: bool,
+    /// A `finishing` event came that was not looked at yet.
+    finishing_asked: bool,
 }
 
 impl EventState {
@@ -700,6 +725,7 @@ impl EventState {
                 self.downstream_may_start |= downstream_may_start;
             }
             ChannelItem::Event(WorkerEvent::Started { .. }) => {}
+            ChannelItem::Event(WorkerEvent::Finishing {}) => self.finishing_asked = true,
             ChannelItem::Event(WorkerEvent::Checkpoint {
                 path,
                 step,

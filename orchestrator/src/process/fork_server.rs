@@ -13,6 +13,8 @@
 //!
 //! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
 
+mod standby;
+
 use crate::process::reaper::Reaper;
 use protocol::fork::{ForkReply, ForkRequest, FORK_SERVER_SUBCOMMAND};
 use std::cell::RefCell;
@@ -185,8 +187,15 @@ pub fn spawn(
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
+        if let Some(pid) = standby::adopt(&program, argv, env, cwd, stdout, stderr, cgroup) {
+            standby::remember(pid, &program, env);
+            return Ok(pid);
+        }
         match fork(server, argv, env, cwd, stdout, stderr, gpu_holders, cgroup) {
-            Ok(pid) => Ok(pid),
+            Ok(pid) => {
+                standby::remember(pid, &program, env);
+                Ok(pid)
+            }
             Err(why) => {
                 tracing::warn!(program = %program.display(), "fork server stopped: {why}; workers are exec'd from now on");
                 if let Some(State::Serving(server)) = servers.remove(&program) {
@@ -200,8 +209,30 @@ pub fn spawn(
     })
 }
 
+/// Asks the fork server that started worker `pid` for a standby under that worker's
+/// environment (see [`standby`]): done when `pid` announced that its device work is about to
+/// end, so that the stage that next gets its GPUs finds the CUDA driver started. Does nothing
+/// when standbys are off (`ORCHESTRATE_STANDBY=0`), `pid` was not forked by a server or asked
+/// for no GPU, or the server is not serving; a failure only costs the next stage that time.
+pub fn prepare_standby(pid: i32) {
+    if !standby::enabled() {
+        return;
+    }
+    let Some((program, env)) = standby::forked_env(pid) else {
+        return;
+    };
+    SERVERS.with(|servers| {
+        if let Some(State::Serving(server)) = servers.borrow_mut().get_mut(&program) {
+            if server.exit.try_wait().is_none() {
+                standby::request(server, &program, &env);
+            }
+        }
+    });
+}
+
 /// Stops every fork server of this process and waits until they are gone.
 pub fn shutdown() {
+    standby::stop_all();
     SERVERS.with(|s| {
         for (_, state) in s.borrow_mut().drain() {
             if let State::Serving(server) = state {
@@ -443,12 +474,13 @@ pub(super) fn fork(
         cwd: cwd.to_path_buf(),
         parent: std::process::id(),
         cgroup: cgroup.map(|c| c.to_path_buf()),
+        standby: false,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
     send_with_fds(
         &server.sock,
         &body,
-        [stdout.as_raw_fd(), stderr.as_raw_fd()],
+        &[stdout.as_raw_fd(), stderr.as_raw_fd()],
     )
     .map_err(ForkServerError::Send)?;
     server
@@ -463,11 +495,11 @@ pub(super) fn fork(
     }
 }
 
-fn send_with_fds(sock: &UnixStream, body: &[u8], fds: [i32; 2]) -> io::Result<()> {
+pub(super) fn send_with_fds(sock: &UnixStream, body: &[u8], fds: &[i32]) -> io::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let len = (body.len() as u32).to_le_bytes();
     let iov = [IoSlice::new(&len)];
-    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
     let sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None)
         .map_err(io::Error::from)?;
     let mut writer = sock;
@@ -477,7 +509,7 @@ fn send_with_fds(sock: &UnixStream, body: &[u8], fds: [i32; 2]) -> io::Result<()
     writer.write_all(body)
 }
 
-fn read_reply(sock: &mut UnixStream) -> Result<ForkReply, ReplyError> {
+pub(super) fn read_reply(sock: &mut UnixStream) -> Result<ForkReply, ReplyError> {
     let mut len = [0u8; 4];
     sock.read_exact(&mut len)?;
     let n = u32::from_le_bytes(len) as usize;

@@ -456,3 +456,60 @@ after = ["up"]
     assert_eq!(down["failure"], "bad_input", "{down}");
     assert!(left_running(&s).is_empty());
 }
+
+/// Stage `stage`'s worker log.
+fn stage_log(run_dir: &Path, stage: &str) -> String {
+    std::fs::read_to_string(run_dir.join(format!("stages/{stage}/stderr.log"))).unwrap_or_default()
+}
+
+#[test]
+fn the_downstream_stage_becomes_the_standby_its_upstream_readied_and_nothing_is_left() {
+    let s = Scratch::new("standby-chain");
+    let plan = chain_plan(&s);
+    let run = run_plan_with(command(&s), &s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // a was forked (no stage finished before it); b was the standby that a's `finishing`
+    // event had the fork server start, and it trained from a's checkpoint as usual.
+    let (log_a, log_b) = (stage_log(&run.run_dir, "a"), stage_log(&run.run_dir, "b"));
+    assert!(log_a.contains("started by the fork server"), "{log_a}");
+    assert!(!log_a.contains("from a standby"), "{log_a}");
+    assert!(log_b.contains("from a standby"), "{log_b}");
+    assert_eq!(run.stage("b")["started_early"], true);
+    let listed = listed_model_checksum(&run.run_dir.join("stages/a/output"));
+    assert_eq!(loaded_checksum(&run.run_dir, "b"), listed);
+    assert!(left_running(&s).is_empty());
+
+    // Off: every stage is forked.
+    let s = Scratch::new("standby-off");
+    let plan = chain_plan(&s);
+    let mut cmd = command(&s);
+    cmd.env("ORCHESTRATE_STANDBY", "0");
+    let run = run_plan_with(cmd, &s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let log_b = stage_log(&run.run_dir, "b");
+    assert!(log_b.contains("started by the fork server"), "{log_b}");
+    assert!(!log_b.contains("from a standby"), "{log_b}");
+}
+
+#[test]
+fn a_standby_no_stage_can_become_is_killed_and_the_next_stage_is_forked_as_usual() {
+    // b sets a variable the CUDA driver reads at start-up, so the standby readied under a's
+    // environment must not serve it.
+    let s = Scratch::new("standby-mismatch");
+    let text = std::fs::read_to_string(chain_plan(&s)).unwrap();
+    let text = text.replace(
+        "init = \"a\"\n",
+        "init = \"a\"\nenv = { CUDA_MODULE_LOADING = \"EAGER\" }\n",
+    );
+    let plan = s.write("plan.toml", &text);
+    let mut cmd = command(&s);
+    cmd.env("RUST_LOG", "orchestrator=debug,warn");
+    let run = run_plan_with(cmd, &s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stderr.contains("standby started"), "{}", run.stderr);
+    let log_b = stage_log(&run.run_dir, "b");
+    assert!(log_b.contains("started by the fork server"), "{log_b}");
+    assert!(!log_b.contains("from a standby"), "{log_b}");
+    // The standby that waited in vain is gone with the run.
+    assert!(left_running(&s).is_empty());
+}

@@ -1,0 +1,287 @@
+//! Standbys: fork-server children that start the CUDA driver ahead of the stage they become.
+//!
+//! When a built-in worker says its device work is about to end (`finishing`), the run asks
+//! its server for a standby under that worker's environment ([`request`]): a child with a
+//! worker's process attributes that runs `cuInit` (no context, no device memory, nothing NVML
+//! lists, so the finishing stage's release is checked as before) and waits on a socket of its
+//! own. The next built-in stage forked through that server with the same driver variables
+//! ([`protocol::fork::driver_env`]: the same GPUs, among others) adopts it ([`adopt`]: moved
+//! into the stage's cgroup, if it has one) instead of being forked: it saves the driver's start (about 0.1 s on an H200)
+//! and the fork, on the path from one stage's release to the next one's first step.
+//!
+//! Nothing is left behind: a standby not adopted within [`STANDBY_TTL`] is killed (it also
+//! exits by itself when its socket closes), every one is killed when the servers are shut
+//! down, and a failed adoption kills it and forks the stage as usual. Standbys are killed
+//! through a pidfd, so a reused PID is never signalled. `ORCHESTRATE_STANDBY=0` turns them off.
+
+use super::{read_reply, send_with_fds, ReplyError, Server, FORK_TIMEOUT};
+use protocol::fork::{driver_env, Adopt, ForkReply, ForkRequest};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Environment variable that turns standbys off (`0`, `off`, `false`, `no`).
+pub const ENV_STANDBY: &str = "ORCHESTRATE_STANDBY";
+
+/// How long a standby waits to be adopted before it is killed.
+pub const STANDBY_TTL: Duration = Duration::from_secs(60);
+
+/// Workers whose environment is remembered (the most recent ones), for [`forked_env`].
+const REMEMBERED: usize = 256;
+
+/// A standby waiting for its stage.
+struct Standby {
+    program: PathBuf,
+    /// The driver variables it started the driver under.
+    driver: Vec<(String, String)>,
+    pid: i32,
+    pidfd: OwnedFd,
+    sock: UnixStream,
+    since: Instant,
+}
+
+/// A forked worker's program and environment.
+type Forked = (i32, PathBuf, Vec<(String, String)>);
+
+thread_local! {
+    static STANDBYS: RefCell<Vec<Standby>> = const { RefCell::new(Vec::new()) };
+    static FORKED: RefCell<VecDeque<Forked>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// Whether standbys are on.
+pub fn enabled() -> bool {
+    !matches!(
+        std::env::var(ENV_STANDBY).as_deref().map(str::trim),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+fn driver_of(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    driver_env(env.iter().copied())
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Notes the environment worker `pid` was started with, when it was given GPUs (a standby is
+/// only ever asked for on behalf of such a worker).
+pub fn remember(pid: i32, program: &Path, env: &[(&str, &str)]) {
+    let gpus = env
+        .iter()
+        .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty());
+    if !gpus || !enabled() {
+        return;
+    }
+    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    FORKED.with(|f| {
+        let mut f = f.borrow_mut();
+        if f.len() == REMEMBERED {
+            f.pop_front();
+        }
+        f.push_back((pid, program.to_path_buf(), env.collect()));
+    });
+}
+
+/// The program and environment worker `pid` was started with, if [`remember`] kept them (they
+/// are forgotten now: one standby per worker).
+pub fn forked_env(pid: i32) -> Option<(PathBuf, Vec<(String, String)>)> {
+    FORKED.with(|f| {
+        let mut f = f.borrow_mut();
+        let at = f.iter().position(|(p, _, _)| *p == pid)?;
+        f.remove(at).map(|(_, program, env)| (program, env))
+    })
+}
+
+/// Asks `server` (of `program`) for a standby under `env`, unless one with the same driver
+/// variables is waiting already. A failure is logged and costs nothing else.
+pub fn request(server: &mut Server, program: &Path, env: &[(String, String)]) {
+    expire();
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let driver = driver_of(&pairs);
+    let waiting = STANDBYS.with(|s| {
+        s.borrow()
+            .iter()
+            .any(|w| w.program == program && w.driver == driver)
+    });
+    if waiting {
+        return;
+    }
+    match start(server, env) {
+        Ok((pid, pidfd, sock)) => {
+            tracing::debug!(pid, "standby started");
+            STANDBYS.with(|s| {
+                s.borrow_mut().push(Standby {
+                    program: program.to_path_buf(),
+                    driver,
+                    pid,
+                    pidfd,
+                    sock,
+                    since: Instant::now(),
+                })
+            });
+        }
+        Err(why) => tracing::debug!("no standby: {why}"),
+    }
+}
+
+/// Sends the standby request and reads the server's answer: the standby's PID, a pidfd of it
+/// and our end of its socket.
+fn start(
+    server: &mut Server,
+    env: &[(String, String)],
+) -> Result<(i32, OwnedFd, UnixStream), String> {
+    let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let null = std::fs::File::options()
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| e.to_string())?;
+    let request = ForkRequest {
+        v: protocol::PROTOCOL_VERSION,
+        argv: Vec::new(),
+        env: env.to_vec(),
+        cwd: PathBuf::from("/"),
+        parent: std::process::id(),
+        cgroup: None,
+        standby: true,
+    };
+    let body = serde_json::to_vec(&request).expect("request serializes");
+    let fds = [null.as_raw_fd(), null.as_raw_fd(), theirs.as_raw_fd()];
+    send_with_fds(&server.sock, &body, &fds).map_err(|e| e.to_string())?;
+    drop(theirs);
+    server
+        .sock
+        .set_read_timeout(Some(FORK_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let pid = match read_reply(&mut server.sock) {
+        Ok(ForkReply::Forked { pid }) => pid as i32,
+        Ok(reply) => return Err(format!("the server answered {reply:?}")),
+        Err(e) => return Err(e.to_string()),
+    };
+    let pidfd = pidfd_open(pid).map_err(|e| format!("no pidfd for standby {pid}: {e}"))?;
+    Ok((pid, pidfd, ours))
+}
+
+/// Makes a waiting standby of `program` with the driver variables of `env` the worker running
+/// `argv` (see [`Adopt`]), moved first into the stage's `cgroup` if it has one; its PID, or
+/// `None` when there is none or it failed (then it is killed and the caller forks as usual).
+/// (What the standby allocated before its move stays charged where it was: the driver's
+/// start-up, no stage data.)
+pub fn adopt(
+    program: &Path,
+    argv: &[String],
+    env: &[(&str, &str)],
+    cwd: &Path,
+    stdout: &OwnedFd,
+    stderr: &OwnedFd,
+    cgroup: Option<&Path>,
+) -> Option<i32> {
+    expire();
+    let driver = driver_of(env);
+    let standby = STANDBYS.with(|s| {
+        let mut s = s.borrow_mut();
+        let at = s
+            .iter()
+            .position(|w| w.program == program && w.driver == driver)?;
+        Some(s.remove(at))
+    })?;
+    let message = Adopt {
+        v: protocol::PROTOCOL_VERSION,
+        argv: argv.to_vec(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        cwd: cwd.to_path_buf(),
+    };
+    let moved = cgroup.map_or(Ok(()), |dir| {
+        std::fs::write(dir.join("cgroup.procs"), standby.pid.to_string())
+    });
+    let handed = match moved {
+        Ok(()) => hand_over(&standby, &message, stdout, stderr),
+        Err(e) => Err(ReplyError::Io(e)),
+    };
+    match handed {
+        Ok(()) => {
+            tracing::debug!(pid = standby.pid, "stage adopted a standby");
+            Some(standby.pid)
+        }
+        Err(why) => {
+            tracing::debug!(pid = standby.pid, "standby not adopted: {why}");
+            kill(&standby);
+            None
+        }
+    }
+}
+
+fn hand_over(
+    standby: &Standby,
+    message: &Adopt,
+    stdout: &OwnedFd,
+    stderr: &OwnedFd,
+) -> Result<(), ReplyError> {
+    let body = serde_json::to_vec(message).expect("adoption serializes");
+    send_with_fds(
+        &standby.sock,
+        &body,
+        &[stdout.as_raw_fd(), stderr.as_raw_fd()],
+    )?;
+    let mut sock = standby.sock.try_clone()?;
+    sock.set_read_timeout(Some(FORK_TIMEOUT))?;
+    match read_reply(&mut sock)? {
+        ForkReply::Forked { pid } if pid as i32 == standby.pid => Ok(()),
+        reply => Err(ReplyError::Io(std::io::Error::other(format!(
+            "the standby answered {reply:?}"
+        )))),
+    }
+}
+
+/// Kills the standbys that waited longer than [`STANDBY_TTL`].
+fn expire() {
+    let old: Vec<Standby> = STANDBYS.with(|s| {
+        let mut s = s.borrow_mut();
+        let (old, young) = std::mem::take(&mut *s)
+            .into_iter()
+            .partition(|w| w.since.elapsed() > STANDBY_TTL);
+        *s = young;
+        old
+    });
+    for w in &old {
+        kill(w);
+    }
+}
+
+/// Kills every waiting standby (the servers are being shut down).
+pub fn stop_all() {
+    let all = STANDBYS.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    for w in &all {
+        kill(w);
+    }
+}
+
+/// SIGKILL through the standby's pidfd (never another process that took its PID); the reaper
+/// collects it as an orphaned descendant.
+fn kill(standby: &Standby) {
+    // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            standby.pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
+    }
+}
+
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a PID and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor is new and ours.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
