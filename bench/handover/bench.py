@@ -54,10 +54,12 @@ def run(tag, independent, mode):
     env = dict(os.environ)
     env["ORCHESTRATE_HAND_ON_AT_RELEASE"] = "0" if mode == "off" else "1"
     env["ORCHESTRATE_EARLY_START"] = "1" if mode.startswith("early") else "0"
-    # The A/B of how checkpoint files reach the disk (stage-worker/src/writeback.rs).
-    env.pop("STAGE_WORKER_WRITEBACK", None)
-    if mode in WRITEBACK:
-        env["STAGE_WORKER_WRITEBACK"] = WRITEBACK[mode]
+    # The A/B settings of a mode (how checkpoint files reach the disk, standbys, when the
+    # released worker closes the driver's files); the defaults otherwise.
+    for settings in MODE_ENV.values():
+        for k in settings:
+            env.pop(k, None)
+    env.update(MODE_ENV.get(mode, {}))
     if TINY:
         holders = os.path.join(WORK, "holders")
         os.makedirs(holders, exist_ok=True)
@@ -69,6 +71,11 @@ def run(tag, independent, mode):
     wall = time.time() - t0
     report = json.load(open(os.path.join(run_dir, "report.json")))
     # A failed stage's own words, kept before its run directory goes.
+    # Which stages' workers were standbys the fork server had readied (stage-worker's
+    # stage_standby.rs), read before the run directory goes.
+    standby = {s["name"]: "from a standby" in open(os.path.join(run_dir, "stages", s["name"], "stderr.log")).read()
+               for s in report["stages"]
+               if os.path.exists(os.path.join(run_dir, "stages", s["name"], "stderr.log"))}
     failures = {s["name"]: open(os.path.join(run_dir, "stages", s["name"], "stderr.log")).read()[-1500:]
                 for s in report["stages"]
                 if s.get("status") not in ("succeeded", None)
@@ -80,7 +87,8 @@ def run(tag, independent, mode):
     for s in report["stages"]:
         t, m = s.get("timing") or {}, s.get("metrics") or {}
         stages.append({"stage": s["name"], "status": s["status"], "gpu": s.get("gpu"),
-                       "started_early": bool(s.get("started_early")), **t,
+                       "started_early": bool(s.get("started_early")),
+                       "standby": standby.get(s["name"], False), **t,
                        **{k: v for k, v in m.items()
                           if k.startswith("t_") or k in ("tokens_per_s", "input_wait_s", "init_read_early")}})
     stages.sort(key=lambda s: s.get("spawned") or 0)
@@ -100,6 +108,10 @@ def run(tag, independent, mode):
                 "released_at_s": round(a["released"] - a["t_last_step"], 4) if a.get("released") else None,
                 "spawn_before_exit_s": round(a["exited"] - b["spawned"], 4) if a.get("exited") else None,
                 "started_early": bool(b.get("started_early")),
+                "standby": b.get("standby", False),
+                "spawn_to_cuda_init_s": round(b["t_cuda_init"] - b["spawned"], 4) if "t_cuda_init" in b else None,
+                "spawn_to_device_ready_s": round(b["t_device_ready"] - b["spawned"], 4) if "t_device_ready" in b else None,
+                "device_ready_to_model_ready_s": round(b["t_model_ready"] - b["t_device_ready"], 4) if "t_model_ready" in b and "t_device_ready" in b else None,
                 "input_wait_s": b.get("input_wait_s"),
                 "init_read_early": bool(b.get("init_read_early")),
                 # The upstream's files complete and in place (its manifest follows at once).
@@ -116,11 +128,23 @@ def run(tag, independent, mode):
             "failed_stage_logs": failures}
 
 
-# Shapes and their modes (see the docstring).
-VARIANTS = ((True, ("on", "off")), (False, ("early", "early-fsync", "early-inline", "on", "off")))
-# Early starts whose upstream starts its checkpoint's write-back otherwise than by default
-# (behind its writers): only at the fsync, or inside each write as before 2026-12-02.
-WRITEBACK = {"early-fsync": "fsync", "early-inline": "inline"}
+# Shapes and their modes (see the docstring); CHAIN_MODES and INDEPENDENT_MODES pick others.
+CHAIN_MODES = os.environ.get("CHAIN_MODES", "early early-fsync early-inline on off").split()
+INDEPENDENT_MODES = os.environ.get("INDEPENDENT_MODES", "on off").split()
+VARIANTS = ((True, tuple(INDEPENDENT_MODES)), (False, tuple(CHAIN_MODES)))
+# What a mode changes against the defaults:
+# - early-fsync, early-inline: the upstream starts its checkpoint's write-back only at the
+#   fsync, or inside each write as before 2026-12-02 (the default: behind its writers);
+# - early-nostandby: no standby, every worker forked at its start (ORCHESTRATE_STANDBY=0);
+# - early-closefirst: the released worker closes the driver's files before announcing it;
+# - early-before: both of these, as builds before the standbys (2026-12-02).
+MODE_ENV = {
+    "early-fsync": {"STAGE_WORKER_WRITEBACK": "fsync"},
+    "early-inline": {"STAGE_WORKER_WRITEBACK": "inline"},
+    "early-nostandby": {"ORCHESTRATE_STANDBY": "0"},
+    "early-closefirst": {"STAGE_WORKER_CLOSE_DRIVER": "first"},
+    "early-before": {"ORCHESTRATE_STANDBY": "0", "STAGE_WORKER_CLOSE_DRIVER": "first"},
+}
 
 
 def median(xs):
@@ -146,8 +170,9 @@ def main():
     lines = ["| shape | mode | runs | span (s) | overhead per stage (s), median (min–max) | "
              "last step → next spawn (s), median | last step → next first step (s), median (min–max) | "
              "next spawned before the previous exited (s), median | upstream's files in place after its last step (s), median | "
-             "input wait (s), median | read before the manifest | started early | verdicts at release |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "input wait (s), median | read before the manifest | started early | verdicts at release | "
+             "from a standby | next spawn → its driver up, → device ready, → model ready (s), medians |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for independent, modes in VARIANTS:
         for mode in modes:
             rs = [x for x in results["runs"] if x["independent"] == independent and x["mode"] == mode]
@@ -165,7 +190,10 @@ def main():
                 f"| {median([b['input_wait_s'] for b in bs]) if any(b['input_wait_s'] for b in bs) else '—'} "
                 f"| {sum(b['init_read_early'] for b in bs)}/{len(bs)} "
                 f"| {sum(b['started_early'] for b in bs)}/{len(bs)} "
-                f"| {sum(sum(x['at_release']) for x in rs)}/{sum(len(x['at_release']) for x in rs)} |")
+                f"| {sum(sum(x['at_release']) for x in rs)}/{sum(len(x['at_release']) for x in rs)} "
+                f"| {sum(b['standby'] for b in bs)}/{len(bs)} "
+                f"| {median([b['spawn_to_cuda_init_s'] for b in bs])}, {median([b['spawn_to_device_ready_s'] for b in bs])}, "
+                f"{median([b['device_ready_to_model_ready_s'] for b in bs])} |")
     failed = [x for x in results["runs"] if x["rc"] != 0]
     if failed:
         lines.append("")
