@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The hand-on-at-release benchmark's driver (see run.sh): 100M built-in train stages, four at
 a time on one GPU, in two shapes:
-  chain        s1 → s2 → s3 → s4, each from its parent's weights, in five modes: `early`
-               (the GPU handed on at release and the downstream stage started early, while
-               its upstream persists its checkpoint: the default), `early-fsync` and
-               `early-inline` (the same, the upstream's write-back started only by its fsync,
-               or inside each write as before: STAGE_WORKER_WRITEBACK), `on` (handed on, no
-               early start: ORCHESTRATE_EARLY_START=0, so the downstream starts after its
-               upstream succeeded) and `off` (ORCHESTRATE_HAND_ON_AT_RELEASE=0)
+  chain        s1 → s2 → s3 → s4, each from its parent's weights, by default in four modes:
+               `early` (the GPU handed on at release and the downstream stage started early,
+               while its upstream persists its checkpoint, its worker a standby readied at the
+               upstream's last step: the defaults), `early-nostandby` (the same, every worker
+               forked at its start: ORCHESTRATE_STANDBY=0), `on` (handed on, no early start:
+               ORCHESTRATE_EARLY_START=0, so the downstream starts after its upstream
+               succeeded) and `off` (ORCHESTRATE_HAND_ON_AT_RELEASE=0); CHAIN_MODES may add
+               `early-fsync` and `early-inline` (the upstream's write-back started only by
+               its fsync, or inside each write as before: STAGE_WORKER_WRITEBACK)
   independent  four stages with no dependencies, max_parallel = 2, all on the one GPU: the
                next stage starts when the previous one releases the GPU; modes `on`, `off`
 Each variant runs twice, in alternating order, after one warm-up run. Per run: wall, Σ steady training,
@@ -129,21 +131,19 @@ def run(tag, independent, mode):
 
 
 # Shapes and their modes (see the docstring); CHAIN_MODES and INDEPENDENT_MODES pick others.
-CHAIN_MODES = os.environ.get("CHAIN_MODES", "early early-fsync early-inline on off").split()
+CHAIN_MODES = os.environ.get("CHAIN_MODES", "early early-nostandby on off").split()
 INDEPENDENT_MODES = os.environ.get("INDEPENDENT_MODES", "on off").split()
 VARIANTS = ((True, tuple(INDEPENDENT_MODES)), (False, tuple(CHAIN_MODES)))
 # What a mode changes against the defaults:
 # - early-fsync, early-inline: the upstream starts its checkpoint's write-back only at the
 #   fsync, or inside each write as before 2026-12-02 (the default: behind its writers);
-# - early-nostandby: no standby, every worker forked at its start (ORCHESTRATE_STANDBY=0);
-# - early-closefirst: the released worker closes the driver's files before announcing it;
-# - early-before: both of these, as builds before the standbys (2026-12-02).
+# - early-nostandby: no standby, every worker forked at its start (ORCHESTRATE_STANDBY=0).
+# (38996ce's run also had early-closefirst and early-before, for a setting since removed:
+# bench/handover/README.md.)
 MODE_ENV = {
     "early-fsync": {"STAGE_WORKER_WRITEBACK": "fsync"},
     "early-inline": {"STAGE_WORKER_WRITEBACK": "inline"},
     "early-nostandby": {"ORCHESTRATE_STANDBY": "0"},
-    "early-closefirst": {"STAGE_WORKER_CLOSE_DRIVER": "first"},
-    "early-before": {"ORCHESTRATE_STANDBY": "0", "STAGE_WORKER_CLOSE_DRIVER": "first"},
 }
 
 

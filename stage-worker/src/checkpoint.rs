@@ -199,7 +199,6 @@ pub fn write(
         let handle = std::thread::spawn(|| {
             if crate::device::release() {
                 crate::events::EventSink::announce_released();
-                crate::device::close_driver_after_announcing();
                 crate::device::simulated_persist_delay();
             }
         });

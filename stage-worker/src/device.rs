@@ -179,48 +179,18 @@ pub fn release() -> bool {
     };
     if ok {
         let _ = RELEASED_AT.set(crate::log::unix_now());
-        if driver_close() == DriverClose::BeforeAnnouncing {
+        if std::env::var("STAGE_WORKER_CLOSE_DRIVER").map_or(true, |v| v != "0") {
             close_driver_files();
         }
     }
     ok
 }
 
-/// When the NVIDIA device files are closed after [`release`] (`STAGE_WORKER_CLOSE_DRIVER`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DriverClose {
-    /// After the release is announced (the default, `1`): NVML no longer lists a process
-    /// whose context is destroyed, so `orchestrate`'s check need not wait for the driver's
-    /// teardown of the files (about 0.05 s on an H200, `docs/boundary.md` §8).
-    AfterAnnouncing,
-    /// Before it (`first`), as builds before 2026-12-02 did: for the benchmark's A/B.
-    BeforeAnnouncing,
-    /// Never (`0`): they close at exit.
-    Never,
-}
-
-/// The `STAGE_WORKER_CLOSE_DRIVER` setting; anything unknown is the default.
-pub fn driver_close() -> DriverClose {
-    match std::env::var("STAGE_WORKER_CLOSE_DRIVER").as_deref() {
-        Ok("0") => DriverClose::Never,
-        Ok("first") => DriverClose::BeforeAnnouncing,
-        _ => DriverClose::AfterAnnouncing,
-    }
-}
-
-/// After [`release`] was announced: closes the NVIDIA device files, unless the setting says
-/// they were closed before or stay open.
-pub fn close_driver_after_announcing() {
-    if simulated_cuda().is_none() && driver_close() == DriverClose::AfterAnnouncing {
-        close_driver_files();
-    }
-}
-
 /// After [`release`], closes this process's descriptors of the NVIDIA device files
 /// (`/dev/nvidiactl`, `/dev/nvidia0`, `/dev/nvidia-uvm`; each becomes /dev/null), so that the
 /// driver's per-process teardown, which otherwise happens at exit (about 0.07 s on an H200),
 /// happens now, alongside the disk. Nothing may use the driver afterwards, which [`release`]'s
-/// contract already says. `STAGE_WORKER_CLOSE_DRIVER=0` turns it off ([`DriverClose`]).
+/// contract already says. `STAGE_WORKER_CLOSE_DRIVER=0` turns it off.
 fn close_driver_files() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
