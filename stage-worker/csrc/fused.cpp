@@ -27,12 +27,14 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <c10/core/GradMode.h>
 
 #include <dirent.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -273,6 +275,123 @@ extern "C" __global__ void stage_worker_colsum_parts(const float *__restrict__ p
   if (threadIdx.y == 0 && col < C) {
     for (int k = 1; k < 8; ++k) a += s[k][threadIdx.x];
     out[col] = a;
+  }
+}
+// ---- AdamW over the parameters' own gradients (see stage_worker_fused_optimizer_step) ----
+
+// One parameter of an optimizer launch: its gradient (null: none, taken as zeros), where it
+// lies in the flat parameter and moment buffers, its length, its weight decay, and the first
+// block of the launch that works on it (blocks first_block .. the next entry's first_block).
+struct OptEntry {
+  const float *grad;
+  long long offset;
+  long long len;
+  float decay;
+  unsigned first_block;
+};
+
+// The parameters of one launch, passed by value as a kernel parameter (2056 bytes, under the
+// 4 KiB limit); longer lists take several launches.
+#define SW_OPT_TENSORS 64
+struct OptTable {
+  OptEntry e[SW_OPT_TENSORS];
+  int count;
+  unsigned blocks;
+};
+static_assert(sizeof(OptEntry) == 32, "the host lays OptEntry out the same way");
+static_assert(sizeof(OptTable) == 2056, "the host lays OptTable out the same way");
+
+// The entry this block works on: the last one whose first_block is at most blockIdx.x.
+__device__ __forceinline__ int opt_entry(const OptTable &t) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (t.e[mid].first_block <= blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// How many blocks work on entry i.
+__device__ __forceinline__ long long opt_blocks(const OptTable &t, int i) {
+  const unsigned end = i + 1 < t.count ? t.e[i + 1].first_block : t.blocks;
+  return (long long)(end - t.e[i].first_block);
+}
+
+// partial[blockIdx.x] = the sum of squares of the block's share of its entry's gradient.
+extern "C" __global__ void stage_worker_opt_sumsq(const OptTable t, float *__restrict__ partial) {
+  __shared__ float2 red[32];
+  const int i = opt_entry(t);
+  const float *g = t.e[i].grad;
+  const long long len = t.e[i].len;
+  const long long stride = opt_blocks(t, i) * blockDim.x;
+  float s = 0.f;
+  if (g != nullptr) {
+    for (long long k = (long long)(blockIdx.x - t.e[i].first_block) * blockDim.x + threadIdx.x;
+         k < len; k += stride) {
+      const float v = g[k];
+      s += v * v;
+    }
+  }
+  s = block_sum2(make_float2(s, 0.f), red).x;
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block (blockDim.x a multiple of 32): norm = sqrt(sum of partial), the clipping scale
+// max((norm + 1e-6) / clip, 1) into opt[0], the step counter advanced by one, and the bias
+// corrections of that step, 1 - beta1^t and sqrt(1 - beta2^t), into opt[1] and opt[2].
+extern "C" __global__ void stage_worker_opt_finish(const float *__restrict__ partial, int parts,
+                                                   float inv_clip, double beta1, double beta2,
+                                                   float *__restrict__ norm,
+                                                   float *__restrict__ step,
+                                                   float *__restrict__ opt) {
+  __shared__ double red[32];
+  double s = 0.0;
+  for (int k = threadIdx.x; k < parts; k += blockDim.x) s += (double)partial[k];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+      const float n = (float)sqrt(s);
+      *norm = n;
+      opt[0] = fmaxf((n + 1e-6f) * inv_clip, 1.f);
+      const float t = *step + 1.f;
+      *step = t;
+      opt[1] = (float)(1.0 - pow(beta1, (double)t));
+      opt[2] = (float)sqrt(1.0 - pow(beta2, (double)t));
+    }
+  }
+}
+
+// AdamW (decoupled weight decay) over each entry's slice of the flat buffers, with the
+// gradient divided by the clipping scale opt[0] and the bias corrections opt[1], opt[2], as
+// torch's fused AdamW computes it in fp32.
+extern "C" __global__ void stage_worker_opt_adamw(const OptTable t, float *__restrict__ param,
+                                                  float *__restrict__ exp_avg,
+                                                  float *__restrict__ exp_avg_sq,
+                                                  const float *__restrict__ opt, float lr,
+                                                  float beta1, float beta2, float eps) {
+  const int i = opt_entry(t);
+  const float *g = t.e[i].grad;
+  const long long len = t.e[i].len, offset = t.e[i].offset;
+  const float lr_decay = lr * t.e[i].decay;
+  const long long stride = opt_blocks(t, i) * blockDim.x;
+  const float scale = opt[0], step_size = lr / opt[1], bc2_sqrt = opt[2];
+  for (long long k = (long long)(blockIdx.x - t.e[i].first_block) * blockDim.x + threadIdx.x;
+       k < len; k += stride) {
+    const long long at = offset + k;
+    const float gk = g != nullptr ? g[k] / scale : 0.f;
+    float p = param[at];
+    p -= lr_decay * p;
+    const float m = beta1 * exp_avg[at] + (1.f - beta1) * gk;
+    const float v = beta2 * exp_avg_sq[at] + (1.f - beta2) * gk * gk;
+    exp_avg[at] = m;
+    exp_avg_sq[at] = v;
+    p -= step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+    param[at] = p;
   }
 }
 )CUDA";
@@ -536,6 +655,9 @@ struct Kernels {
   CUfunction colsum = nullptr;
   CUfunction gelu_colsum = nullptr;
   CUfunction colsum_parts = nullptr;
+  CUfunction opt_sumsq = nullptr;
+  CUfunction opt_finish = nullptr;
+  CUfunction opt_adamw = nullptr;
 };
 
 std::mutex loading;
@@ -603,6 +725,9 @@ const Kernels &kernels(int ordinal) {
           "cuModuleGetFunction");
     check(cu.module_function(&k.colsum_parts, module, "stage_worker_colsum_parts"),
           "cuModuleGetFunction");
+    check(cu.module_function(&k.opt_sumsq, module, "stage_worker_opt_sumsq"), "cuModuleGetFunction");
+    check(cu.module_function(&k.opt_finish, module, "stage_worker_opt_finish"), "cuModuleGetFunction");
+    check(cu.module_function(&k.opt_adamw, module, "stage_worker_opt_adamw"), "cuModuleGetFunction");
     loaded = k;
     return loaded;
   } catch (const std::exception &e) {
@@ -819,6 +944,127 @@ struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
   }
 };
 
+// The host's copy of the kernels' OptEntry and OptTable (same layout, checked below).
+constexpr int kOptTensors = 64;
+struct OptEntry {
+  const float *grad;
+  long long offset;
+  long long len;
+  float decay;
+  unsigned first_block;
+};
+struct OptTable {
+  OptEntry e[kOptTensors];
+  int count;
+  unsigned blocks;
+};
+static_assert(sizeof(OptEntry) == 32 && sizeof(OptTable) == 2056,
+              "OptTable must match the kernels' layout");
+
+constexpr unsigned kOptThreads = 256;
+// Each parameter gets one block per 8 elements a thread, at most this many (a block then
+// strides over its share): enough blocks to fill the GPU, few partial sums for the norm.
+constexpr long long kOptMaxBlocks = 512;
+
+// The launches of one optimizer step: tables of at most kOptTensors parameters each, every
+// parameter with its own range of blocks.
+std::vector<OptTable> opt_tables(const std::vector<OptEntry> &entries) {
+  std::vector<OptTable> tables;
+  for (const OptEntry &e : entries) {
+    if (tables.empty() || tables.back().count == kOptTensors) {
+      tables.emplace_back();
+      std::memset(&tables.back(), 0, sizeof(OptTable));
+    }
+    OptTable &t = tables.back();
+    const long long per_block = static_cast<long long>(kOptThreads) * 8;
+    const long long blocks = std::min(kOptMaxBlocks, (e.len + per_block - 1) / per_block);
+    t.e[t.count] = e;
+    t.e[t.count].first_block = t.blocks;
+    t.count += 1;
+    t.blocks += static_cast<unsigned>(blocks);
+  }
+  return tables;
+}
+
+// Every check of the optimizer's operands, before anything runs; throws std::invalid_argument.
+void check_optimizer_state(const at::Tensor &flat, const at::Tensor &m, const at::Tensor &v,
+                           const at::Tensor &step) {
+  require(flat.is_cuda() && flat.is_contiguous() && flat.scalar_type() == at::kFloat,
+          "the flat parameters must be a contiguous fp32 CUDA tensor");
+  for (const at::Tensor *t : {&m, &v}) {
+    require(t->is_cuda() && t->is_contiguous() && t->scalar_type() == at::kFloat &&
+                t->numel() == flat.numel() && t->get_device() == flat.get_device(),
+            "the moments must be contiguous fp32 tensors like the flat parameters");
+  }
+  require(step.is_cuda() && step.is_contiguous() && step.scalar_type() == at::kFloat &&
+              step.numel() == 1 && step.get_device() == flat.get_device(),
+          "the step counter must be one fp32 on the parameters' device");
+}
+
+// The table entries of the parameters, with their gradients made contiguous fp32 where
+// autograd left them otherwise (kept alive in `held` until the launches are queued).
+std::vector<OptEntry> opt_entries(const at::Tensor *const *leaves, const int64_t *offsets,
+                                  size_t n, const at::Tensor &flat, int64_t decay_len,
+                                  double weight_decay, std::vector<at::Tensor> &held) {
+  std::vector<OptEntry> entries;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t len = leaves[i]->numel();
+    require(offsets[i] >= 0 && offsets[i] + len <= flat.numel(),
+            "a parameter lies outside the flat buffer");
+    if (len == 0) continue;
+    at::Tensor g = leaves[i]->grad();
+    const float *gp = nullptr;
+    if (g.defined()) {
+      require(g.is_cuda() && g.get_device() == flat.get_device() && g.numel() == len &&
+                  g.scalar_type() == at::kFloat,
+              "a gradient is not fp32 on the parameters' device, or not of its parameter's size");
+      held.push_back(g.contiguous());
+      gp = ptr<float>(held.back());
+    }
+    const float decay = offsets[i] < decay_len ? static_cast<float>(weight_decay) : 0.f;
+    entries.push_back({gp, offsets[i], len, decay, 0});
+  }
+  return entries;
+}
+
+// The optimizer step's launches: the squares' partial sums, the norm, clipping scale, step
+// and bias corrections, then AdamW. Returns the norm before clipping (a device scalar).
+at::Tensor optimizer_launches(const std::vector<OptTable> &tables, const at::Tensor &flat,
+                              const at::Tensor &m, const at::Tensor &v, const at::Tensor &step,
+                              double lr, double beta1, double beta2, double eps,
+                              double clip_norm) {
+  const Kernels &k = kernels(flat.get_device());
+  enter(k);
+  int64_t parts = 0;
+  for (const OptTable &t : tables) parts += t.blocks;
+  at::Tensor partial = at::empty({std::max<int64_t>(1, parts)}, flat.options());
+  at::Tensor norm = at::empty({}, flat.options());
+  at::Tensor opt = at::empty({3}, flat.options());
+  float *p_partial = ptr<float>(partial);
+  for (const OptTable &t : tables) {
+    OptTable table = t;
+    float *out = p_partial;
+    launch(k.opt_sumsq, t.blocks, kOptThreads, 1, {&table, &out});
+    p_partial += t.blocks;
+  }
+  const float *p_parts = ptr<float>(partial);
+  int nparts = static_cast<int>(parts);
+  float inv_clip = static_cast<float>(1.0 / clip_norm);
+  float *p_norm = ptr<float>(norm), *p_step = ptr<float>(step), *p_opt = ptr<float>(opt);
+  launch(k.opt_finish, 1, 1024, 1,
+         {&p_parts, &nparts, &inv_clip, &beta1, &beta2, &p_norm, &p_step, &p_opt});
+  float *p_flat = ptr<float>(flat), *p_m = ptr<float>(m), *p_v = ptr<float>(v);
+  const float *p_opt_in = p_opt;
+  float f_lr = static_cast<float>(lr), b1 = static_cast<float>(beta1),
+        b2 = static_cast<float>(beta2), e = static_cast<float>(eps);
+  for (const OptTable &t : tables) {
+    OptTable table = t;
+    launch(k.opt_adamw, t.blocks, kOptThreads, 1,
+           {&table, &p_flat, &p_m, &p_v, &p_opt_in, &f_lr, &b1, &b2, &e});
+  }
+  return norm;
+}
+
 int fail(const std::exception &e, char *err, size_t err_len) {
   std::snprintf(err, err_len, "%s", e.what());
   return 1;
@@ -883,5 +1129,44 @@ extern "C" int stage_worker_linear_bf16(const at::Tensor *x, const at::Tensor *w
     return 0;
   } catch (const std::exception &e) {
     return fail(e, err, err_len);
+  }
+}
+
+// One AdamW step with the module's kernels, as stage_worker_adamw_lists (fused_adamw.cpp) takes
+// it with libtorch's: leaves[i] is parameter i, at offsets[i] in `flat` (decayed by
+// `weight_decay` when below `decay_len`), its gradient as autograd left it (none: zeros). The
+// global gradient norm clips the gradients to `clip_norm`, the fp32 counter `step` (on the
+// device) advances by one and gives the bias corrections, and every gradient is dropped
+// afterwards. Nothing is read back to the host. Returns 0 with *norm_out a new handle (the
+// norm before clipping, a device fp32 scalar); 1 when the operands were refused before
+// anything ran (the caller may take another path); 2 when a launch failed part-way.
+extern "C" int stage_worker_fused_optimizer_step(
+    const at::Tensor *const *leaves, const int64_t *offsets, size_t n, const at::Tensor *flat,
+    const at::Tensor *exp_avg, const at::Tensor *exp_avg_sq, int64_t decay_len,
+    const at::Tensor *step, double lr, double beta1, double beta2, double weight_decay,
+    double eps, double clip_norm, at::Tensor **norm_out, char *err, size_t err_len) {
+  std::vector<at::Tensor> held;
+  std::vector<OptTable> tables;
+  try {
+    c10::NoGradGuard no_grad;
+    require(clip_norm > 0.0, "the clipping norm must be positive");
+    check_optimizer_state(*flat, *exp_avg, *exp_avg_sq, *step);
+    tables = opt_tables(opt_entries(leaves, offsets, n, *flat, decay_len, weight_decay, held));
+    kernels(flat->get_device());
+  } catch (const std::exception &e) {
+    fail(e, err, err_len);
+    return 1;
+  }
+  try {
+    c10::NoGradGuard no_grad;
+    at::Tensor norm = optimizer_launches(tables, *flat, *exp_avg, *exp_avg_sq, *step, lr, beta1,
+                                         beta2, eps, clip_norm);
+    held.clear();
+    for (size_t i = 0; i < n; ++i) leaves[i]->mutable_grad().reset();
+    *norm_out = new at::Tensor(norm);
+    return 0;
+  } catch (const std::exception &e) {
+    fail(e, err, err_len);
+    return 2;
   }
 }

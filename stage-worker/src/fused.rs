@@ -20,6 +20,7 @@
 //! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
 //! leaves the stage on the eager kernels, with one line in the log saying why.
 
+use crate::params::ParamStore;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
@@ -45,6 +46,25 @@ extern "C" {
         eps: f64,
         xn_out: *mut *mut c_void,
         a_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_fused_optimizer_step(
+        leaves: *const *const c_void,
+        offsets: *const i64,
+        n: usize,
+        flat: *const c_void,
+        exp_avg: *const c_void,
+        exp_avg_sq: *const c_void,
+        decay_len: i64,
+        step: *const c_void,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        clip_norm: f64,
+        norm_out: *mut *mut c_void,
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
@@ -213,6 +233,83 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, gelu: bool) -> Tensor {
     assert!(rc == 0, "fused linear: {}", message(&err));
     // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
     unsafe { Tensor::from_ptr(y.cast()) }
+}
+
+/// The constants of one AdamW step (see [`adamw_step`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    /// The learning rate.
+    pub lr: f64,
+    /// The moments' decay rates.
+    pub betas: (f64, f64),
+    /// Decoupled weight decay of the parameters below [`ParamStore::decay_len`].
+    pub weight_decay: f64,
+    /// Added to the second moment's square root.
+    pub eps: f64,
+    /// Largest global gradient norm; larger gradients are scaled down to it.
+    pub clip_norm: f64,
+}
+
+/// Why [`adamw_step`] did not update the parameters.
+#[derive(Debug)]
+pub enum StepError {
+    /// The operands were refused before anything ran: nothing changed, another form of the
+    /// update can take over.
+    Refused(String),
+    /// A launch failed after others had run: the state is partly updated.
+    Failed(String),
+}
+
+/// One AdamW step with the module's kernels, on the parameters' own gradients (a parameter
+/// without one takes zeros): the global gradient norm, the gradients divided by
+/// `max((norm + 1e-6) / clip_norm, 1)`, the fp32 step counter `step` (one value on the device)
+/// advanced by one and its bias corrections, the moments and parameters updated in place as
+/// torch's fused AdamW does, and every gradient dropped afterwards. Nothing is read back to
+/// the host. Returns the norm before clipping (a device fp32 scalar). Call only on CUDA where
+/// [`usable`] said yes.
+pub fn adamw_step(
+    params: &ParamStore,
+    exp_avg: &Tensor,
+    exp_avg_sq: &Tensor,
+    step: &Tensor,
+    c: &AdamWStep,
+) -> Result<Tensor, StepError> {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let leaves: Vec<*const c_void> = params.params.iter().map(|p| handle(&p.tensor)).collect();
+    let offsets: Vec<i64> = params.params.iter().map(|p| p.offset).collect();
+    let mut norm: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: every pointer is a live tch handle (an `at::Tensor *`) borrowed for the call,
+    // `leaves` and `offsets` hold `leaves.len()` entries each; the C++ side catches every
+    // exception, writes at most `err.len()` bytes, NUL-terminated, and on success stores a new
+    // handle in `norm` that we take over below.
+    let rc = unsafe {
+        stage_worker_fused_optimizer_step(
+            leaves.as_ptr(),
+            offsets.as_ptr(),
+            leaves.len(),
+            handle(&params.flat),
+            handle(exp_avg),
+            handle(exp_avg_sq),
+            params.decay_len,
+            handle(step),
+            c.lr,
+            c.betas.0,
+            c.betas.1,
+            c.weight_decay,
+            c.eps,
+            c.clip_norm,
+            &mut norm,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    match rc {
+        // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+        0 => Ok(unsafe { Tensor::from_ptr(norm.cast()) }),
+        1 => Err(StepError::Refused(message(&err))),
+        _ => Err(StepError::Failed(message(&err))),
+    }
 }
 
 /// Compiles the kernels for `sm_<arch>` without a GPU; the cubin's size, or NVRTC's log.

@@ -11,6 +11,7 @@
 //! is beyond its tolerance (or the kernels cannot run here), else 0.
 
 use crate::model::ByteGpt;
+use crate::optim::AdamW;
 use protocol::worker::ModelConfig;
 use serde_json::json;
 use std::time::Instant;
@@ -22,6 +23,9 @@ const BF16_TOLERANCE: f64 = 1.0 / 64.0;
 const FP32_TOLERANCE: f64 = 1e-4;
 /// A whole model's gradients: bf16 matrix products downstream of a one-ulp difference.
 const MODEL_TOLERANCE: f64 = 3e-2;
+/// AdamW's updates: the same fp32 formulas as torch's fused kernel (which takes some products
+/// in double), so a few roundings per step apart.
+const OPTIMIZER_TOLERANCE: f64 = 1e-4;
 
 /// Runs the checks; the process's exit status.
 pub fn run() -> i32 {
@@ -54,6 +58,7 @@ pub fn run() -> i32 {
     for (inputs, outputs, gelu) in [(1024, 3072, false), (1024, 4096, true), (4096, 1024, false)] {
         ok &= linear_check(device, 8192, inputs, outputs, gelu);
     }
+    ok &= optimizer_check(device);
     ok &= model_check(device);
     i32::from(!ok)
 }
@@ -222,6 +227,103 @@ fn linear_check(device: Device, rows: i64, inputs: i64, outputs: i64, gelu: bool
                "in": inputs, "out": outputs, "relative_difference": diffs, "ok": ok})
     );
     ok
+}
+
+/// A few AdamW steps with the worker's kernels and with libtorch's fused kernel on lists, from
+/// identical parameters and gradients: a six-layer model's 76 tensors (two launches' tables),
+/// weight decay on the matrices, one parameter left without a gradient, and gradients large
+/// enough to be clipped in some steps and not in others. Compares the returned norms, the
+/// parameters' updates and both moments.
+fn optimizer_check(device: Device) -> bool {
+    let config = ModelConfig {
+        d_model: 256,
+        n_layers: 6,
+        n_heads: 4,
+        max_seq_len: 128,
+    };
+    let mut models = [
+        ByteGpt::new(&config, device, 2),
+        ByteGpt::new(&config, device, 2),
+    ];
+    let start = models[0].params.flat.copy();
+    let mut opts = [
+        AdamW::new(&models[0].params, 0.1),
+        AdamW::new(&models[1].params, 0.1),
+    ];
+    opts[0].use_kernels(true);
+    let mut norms = [Vec::new(), Vec::new()];
+    for (k, scale) in [10.0, 1e-3, 3.0, 1e-4].into_iter().enumerate() {
+        let grads: Vec<Tensor> = models[0]
+            .params
+            .params
+            .iter()
+            .map(|p| Tensor::randn(p.shape.as_slice(), (Kind::Float, device)) * scale)
+            .collect();
+        for ((m, opt), norms) in models.iter_mut().zip(&mut opts).zip(&mut norms) {
+            set_gradients(m, &grads);
+            let norm = opt.step(&mut m.params, 1e-2 * (k + 1) as f64);
+            norms.push(norm.double_value(&[]));
+        }
+    }
+    let mut diffs = serde_json::Map::new();
+    let mut ok = opts[0].kernels();
+    let worst_norm = norms[0]
+        .iter()
+        .zip(&norms[1])
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-30))
+        .fold(0.0f64, f64::max);
+    ok &= worst_norm <= FP32_TOLERANCE;
+    diffs.insert("norm".into(), json!(worst_norm));
+    let update = |m: &ByteGpt| &m.params.flat - &start;
+    for (name, a, b, tolerance) in [
+        (
+            "update",
+            update(&models[0]),
+            update(&models[1]),
+            OPTIMIZER_TOLERANCE,
+        ),
+        (
+            "exp_avg",
+            opts[0].exp_avg.shallow_clone(),
+            opts[1].exp_avg.shallow_clone(),
+            FP32_TOLERANCE,
+        ),
+        (
+            "exp_avg_sq",
+            opts[0].exp_avg_sq.shallow_clone(),
+            opts[1].exp_avg_sq.shallow_clone(),
+            FP32_TOLERANCE,
+        ),
+    ] {
+        let d = relative(&a, &b);
+        ok &= d <= tolerance;
+        diffs.insert(name.into(), json!(d));
+    }
+    let dropped = models[0]
+        .params
+        .params
+        .iter()
+        .all(|p| !p.tensor.grad().defined());
+    ok &= dropped;
+    println!(
+        "{}",
+        json!({"check": "adamw (4 steps, 76 tensors, clipped and not)", "kernels": opts[0].kernels(),
+               "gradients_dropped": dropped, "norms_kernels": norms[0], "norms_libtorch": norms[1],
+               "relative_difference": diffs, "ok": ok})
+    );
+    ok
+}
+
+/// Gives every parameter but the last `grads[i]` as its gradient (the last gets none, as a
+/// parameter that took no part in a loss).
+fn set_gradients(model: &mut ByteGpt, grads: &[Tensor]) {
+    model.params.zero_grad();
+    let params = &model.params.params;
+    let mut loss = Tensor::zeros([], (Kind::Float, model.params.device()));
+    for (p, g) in params.iter().zip(grads).take(params.len() - 1) {
+        loss += (&p.tensor * g).sum(Kind::Float);
+    }
+    loss.backward();
 }
 
 /// One step's loss and gradients of a two-layer 1024-wide model, fused and eager.

@@ -344,6 +344,12 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         ByteGpt::new(&config, compute.device, p.seed)
     };
     let mut opt = AdamW::new(&model.params, p.weight_decay);
+    // The optimizer's kernels run exactly where the model's fused kernels do.
+    opt.use_kernels(crate::fused::usable(
+        compute.device,
+        compute.kind,
+        config.d_model,
+    ));
     if let Some(own) = own {
         own.load_model(&model)?;
         own.load_optimizer(&model, &mut opt)?;
