@@ -394,6 +394,58 @@ extern "C" __global__ void stage_worker_opt_adamw(const OptTable t, float *__res
     param[at] = p;
   }
 }
+// ---- Token and position embedding ----
+
+// out[0 .. n) = 0 (fp32), grid-stride.
+extern "C" __global__ void stage_worker_zero_f32(float *__restrict__ out, long long n) {
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x) {
+    out[k] = 0.f;
+  }
+}
+
+// x[r, :] = wte[ids[r], :] + wpe[r % T, :] for the rows r of ids ([B, T] flattened), C a
+// multiple of 4, one block per row. An id outside [0, V) takes a zero token embedding (libtorch
+// would stop with a device-side assertion; the model's ids are bytes).
+extern "C" __global__ void stage_worker_embed_fwd(const long long *__restrict__ ids,
+                                                  const float *__restrict__ wte,
+                                                  const float *__restrict__ wpe,
+                                                  float *__restrict__ x, int T, int C, int V) {
+  const long long r = blockIdx.x;
+  const long long id = ids[r];
+  const bool known = id >= 0 && id < V;
+  const long long t = r % T;
+  for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) {
+    float e[4] = {0.f, 0.f, 0.f, 0.f}, p[4];
+    if (known) load_f32x4(wte + id * C + c, e);
+    load_f32x4(wpe + t * C + c, p);
+    for (int k = 0; k < 4; ++k) e[k] += p[k];
+    store_f32x4(x + r * C + c, e);
+  }
+}
+
+// The embedding's backward pass for position t = blockIdx.x and column blockIdx.y *
+// blockDim.x + threadIdx.x: dwpe[t, c] = sum over b of g[b, t, c] (written), and
+// dwte[ids[b, t], c] += g[b, t, c] (atomicAdd into a zeroed dwte; ids outside [0, V) add
+// nothing).
+extern "C" __global__ void stage_worker_embed_bwd(const float *__restrict__ g,
+                                                  const long long *__restrict__ ids,
+                                                  float *__restrict__ dwte,
+                                                  float *__restrict__ dwpe, int B, int T, int C,
+                                                  int V) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const long long t = blockIdx.x;
+  float s = 0.f;
+  for (int b = 0; b < B; ++b) {
+    const long long r = (long long)b * T + t;
+    const float v = g[r * C + c];
+    s += v;
+    const long long id = ids[r];
+    if (id >= 0 && id < V) atomicAdd(dwte + id * C + c, v);
+  }
+  dwpe[t * C + c] = s;
+}
 )CUDA";
 
 // The few driver-API and NVRTC entry points used, declared here (their ABI is stable C).
@@ -658,6 +710,9 @@ struct Kernels {
   CUfunction opt_sumsq = nullptr;
   CUfunction opt_finish = nullptr;
   CUfunction opt_adamw = nullptr;
+  CUfunction zero_f32 = nullptr;
+  CUfunction embed_fwd = nullptr;
+  CUfunction embed_bwd = nullptr;
 };
 
 std::mutex loading;
@@ -728,6 +783,9 @@ const Kernels &kernels(int ordinal) {
     check(cu.module_function(&k.opt_sumsq, module, "stage_worker_opt_sumsq"), "cuModuleGetFunction");
     check(cu.module_function(&k.opt_finish, module, "stage_worker_opt_finish"), "cuModuleGetFunction");
     check(cu.module_function(&k.opt_adamw, module, "stage_worker_opt_adamw"), "cuModuleGetFunction");
+    check(cu.module_function(&k.zero_f32, module, "stage_worker_zero_f32"), "cuModuleGetFunction");
+    check(cu.module_function(&k.embed_fwd, module, "stage_worker_embed_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.embed_bwd, module, "stage_worker_embed_bwd"), "cuModuleGetFunction");
     loaded = k;
     return loaded;
   } catch (const std::exception &e) {
@@ -941,6 +999,81 @@ struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
     const at::Tensor gx = at::mm(gz, wb).view(ctx->saved_data["x_shape"].toIntVector());
     const at::Tensor gw = at::mm(gz.t(), x2, at::kFloat);
     return {gx, gw, sums[0], at::Tensor()};
+  }
+};
+
+// 0 into every element of `t` (contiguous fp32) with the module's kernel, so that a zeroed
+// buffer costs no libtorch kernel.
+void zero(const Kernels &k, const at::Tensor &t) {
+  long long n = t.numel();
+  if (n == 0) return;
+  float *p = ptr<float>(t);
+  const long long blocks = std::min<long long>((n + 255) / 256, 8LL * k.multiprocessors);
+  launch(k.zero_f32, static_cast<unsigned>(blocks), 256, 1, {&p, &n});
+}
+
+void check_ids(const at::Tensor &ids, const at::Tensor &like, const char *what) {
+  require(ids.is_cuda() && ids.is_contiguous() && ids.scalar_type() == at::kLong &&
+              ids.get_device() == like.get_device(),
+          what);
+}
+
+// x[b, t, :] = wte[ids[b, t], :] + wpe[t, :] (fp32) for ids [B, T], T at most wpe's rows, and
+// the gradients of wte and wpe (wpe's rows from T on get zeros; ids are not differentiable).
+struct Embedding : public torch::autograd::Function<Embedding> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor wte, at::Tensor wpe,
+                               at::Tensor ids_in) {
+    const at::Tensor ids = ids_in.contiguous();
+    require(ids.dim() == 2, "the ids must be [batch, time]");
+    const int64_t B = ids.size(0), T = ids.size(1), C = wte.size(-1), V = wte.size(0);
+    require(wte.dim() == 2 && wpe.dim() == 2 && wpe.size(1) == C && T <= wpe.size(0),
+            "the embeddings must be [vocab, C] and [positions, C], with at least T positions");
+    require(C % 4 == 0 && C <= 4096, "the fused embedding takes a width that is a multiple of 4");
+    const at::Tensor e = wte.contiguous(), p = wpe.contiguous();
+    check_operand(e, at::kFloat, V * C, "the token embedding must be a contiguous fp32 CUDA tensor");
+    check_operand(p, at::kFloat, wpe.size(0) * C, "the position embedding must be fp32 like it");
+    check_ids(ids, e, "the ids must be int64 on the embeddings' device");
+    const Kernels &k = kernels(e.get_device());
+    enter(k);
+    at::Tensor x = at::empty({B, T, C}, e.options());
+    const long long *p_ids = ptr<long long>(ids);
+    const float *p_e = ptr<float>(e), *p_p = ptr<float>(p);
+    float *p_x = ptr<float>(x);
+    int t = static_cast<int>(T), c = static_cast<int>(C), v = static_cast<int>(V);
+    if (B * T > 0) {
+      const unsigned threads = static_cast<unsigned>(std::min<int64_t>(256, std::max<int64_t>(32, C / 4)));
+      launch(k.embed_fwd, static_cast<unsigned>(B * T), threads, 1, {&p_ids, &p_e, &p_p, &p_x, &t, &c, &v});
+    }
+    ctx->save_for_backward({ids});
+    ctx->saved_data["sizes"] = std::vector<int64_t>{V, wpe.size(0), C};
+    return {x};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    const at::Tensor ids = ctx->get_saved_variables()[0];
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const int64_t V = sizes[0], P = sizes[1], C = sizes[2], B = ids.size(0), T = ids.size(1);
+    const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+    check_operand(g, at::kFloat, B * T * C, "the embedding's gradient has the wrong shape");
+    const Kernels &k = kernels(g.get_device());
+    enter(k);
+    at::Tensor dwte = at::empty({V, C}, g.options());
+    at::Tensor dwpe = at::empty({P, C}, g.options());
+    zero(k, dwte);
+    zero(k, dwpe);
+    const float *p_g = ptr<float>(g);
+    const long long *p_ids = ptr<long long>(ids);
+    float *p_dwte = ptr<float>(dwte), *p_dwpe = ptr<float>(dwpe);
+    int b = static_cast<int>(B), t = static_cast<int>(T), c = static_cast<int>(C),
+        v = static_cast<int>(V);
+    if (B * T > 0) {
+      const unsigned threads = 256;
+      const unsigned columns = static_cast<unsigned>((C + threads - 1) / threads);
+      std::vector<void *> args = {&p_g, &p_ids, &p_dwte, &p_dwpe, &b, &t, &c, &v};
+      check(driver().launch(k.embed_bwd, static_cast<unsigned>(T), columns, 1, threads, 1, 1, 0,
+                            nullptr, args.data(), nullptr),
+            "cuLaunchKernel");
+    }
+    return {dwte, dwpe, at::Tensor()};
   }
 };
 
@@ -1168,5 +1301,19 @@ extern "C" int stage_worker_fused_optimizer_step(
   } catch (const std::exception &e) {
     fail(e, err, err_len);
     return 2;
+  }
+}
+
+// *x_out = wte[ids] + wpe[:T] (fp32 [B, T, C]), recorded for autograd as Embedding describes.
+// A new handle the caller owns.
+extern "C" int stage_worker_embedding(const at::Tensor *wte, const at::Tensor *wpe,
+                                      const at::Tensor *ids, at::Tensor **x_out, char *err,
+                                      size_t err_len) {
+  try {
+    auto out = Embedding::apply(*wte, *wpe, *ids);
+    *x_out = new at::Tensor(out[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
   }
 }

@@ -68,6 +68,14 @@ extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
+    fn stage_worker_embedding(
+        wte: *const c_void,
+        wpe: *const c_void,
+        ids: *const c_void,
+        x_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
     fn stage_worker_linear_bf16(
         x: *const c_void,
         w: *const c_void,
@@ -233,6 +241,33 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, gelu: bool) -> Tensor {
     assert!(rc == 0, "fused linear: {}", message(&err));
     // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
     unsafe { Tensor::from_ptr(y.cast()) }
+}
+
+/// `wte[ids] + wpe[..T]` (fp32 `[B, T, C]`) with one kernel each way, for autograd: `wte`
+/// fp32 `[V, C]`, `wpe` fp32 `[P, C]` with `P >= T`, `ids` int64 `[B, T]` on the same device.
+/// The backward pass hands `wte` its gradient summed over the ids (atomic fp32 adds, so the
+/// order of the sums varies between runs) and `wpe` its own over the batch, zero for the rows
+/// from `T` on; autograd adds any other use of `wte` (the tied output head) to it as usual. An
+/// id outside `0..V` takes a zero token embedding and passes on no gradient (libtorch's
+/// kernel stops with a device-side assertion instead). Call only where [`usable`] said yes.
+pub fn embedding(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut x: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_embedding(
+            handle(wte),
+            handle(wpe),
+            handle(ids),
+            &mut x,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused embedding: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(x.cast()) }
 }
 
 /// The constants of one AdamW step (see [`adamw_step`]).

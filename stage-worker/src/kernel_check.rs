@@ -58,6 +58,7 @@ pub fn run() -> i32 {
     for (inputs, outputs, gelu) in [(1024, 3072, false), (1024, 4096, true), (4096, 1024, false)] {
         ok &= linear_check(device, 8192, inputs, outputs, gelu);
     }
+    ok &= embedding_check(device, 8, 512, 1024);
     ok &= optimizer_check(device);
     ok &= model_check(device);
     i32::from(!ok)
@@ -225,6 +226,45 @@ fn linear_check(device: Device, rows: i64, inputs: i64, outputs: i64, gelu: bool
         "{}",
         json!({"check": if gelu { "linear_gelu" } else { "linear" }, "rows": rows,
                "in": inputs, "out": outputs, "relative_difference": diffs, "ok": ok})
+    );
+    ok
+}
+
+/// The token + position embedding fused and eager (`embedding` plus a slice of the positions):
+/// the output and the gradients of both tables, with ids covering every byte many times so
+/// that the token table's gradient sums many rows each.
+fn embedding_check(device: Device, batch: i64, time: i64, width: i64) -> bool {
+    let opts = (Kind::Float, device);
+    let wte = Tensor::randn([256, width], opts) * 0.02;
+    let wpe = Tensor::randn([2 * time, width], opts) * 0.02;
+    let ids = Tensor::randint(256, [batch, time], (Kind::Int64, device));
+    let grad = Tensor::randn([batch, time, width], opts);
+    let run = |fused: bool| {
+        let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
+        let (wte, wpe) = (leaf(&wte), leaf(&wpe));
+        let x = if fused {
+            crate::fused::embedding(&wte, &wpe, &ids)
+        } else {
+            Tensor::embedding(&wte, &ids, -1, false, false) + wpe.narrow(0, 0, time)
+        };
+        (&x * &grad).sum(Kind::Float).backward();
+        vec![x.detach(), wte.grad(), wpe.grad()]
+    };
+    let (fused, eager) = (run(true), run(false));
+    let mut diffs = serde_json::Map::new();
+    let mut ok = true;
+    for (name, (f, e)) in ["x", "grad_wte", "grad_wpe"]
+        .iter()
+        .zip(fused.iter().zip(&eager))
+    {
+        let d = relative(f, e);
+        ok &= d <= FP32_TOLERANCE;
+        diffs.insert((*name).into(), json!(d));
+    }
+    println!(
+        "{}",
+        json!({"check": "embedding", "batch": batch, "time": time, "width": width,
+               "relative_difference": diffs, "ok": ok})
     );
     ok
 }
