@@ -446,6 +446,122 @@ extern "C" __global__ void stage_worker_embed_bwd(const float *__restrict__ g,
   }
   dwpe[t * C + c] = s;
 }
+
+// ---- Cross-entropy over 256 classes (bf16 logits) ----
+
+// The row's 256 logits, 8 per lane of the calling warp.
+__device__ __forceinline__ void load_row256(const bf16_t *row, int lane, float v[8]) {
+  load_bf16x4(row + lane * 8, v);
+  load_bf16x4(row + lane * 8 + 4, v + 4);
+}
+
+// Whether target `tg` counts: not the ignored value and a class (libtorch would stop with a
+// device-side assertion on any other value; the worker's targets are bytes or ignored).
+__device__ __forceinline__ bool xent_counted(long long tg, long long ignore) {
+  return tg != ignore && tg >= 0 && tg < 256;
+}
+
+// One warp per row of logits ([N, 256], bf16), rows strided over the grid (blockDim.x a
+// multiple of 32): lse[r] = log(sum(exp(logits[r, :]))), and per block the sum of
+// lse[r] - logits[r, target[r]] and the number of such rows over the counted rows (see
+// xent_counted) into partial[blockIdx.x].
+extern "C" __global__ void stage_worker_xent_fwd(const bf16_t *__restrict__ logits,
+                                                 const long long *__restrict__ targets,
+                                                 float *__restrict__ lse,
+                                                 float2 *__restrict__ partial, long long N,
+                                                 long long ignore) {
+  __shared__ float2 red[32];
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  float loss = 0.f, count = 0.f;
+  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < N;
+       r += (long long)gridDim.x * warps) {
+    const bf16_t *row = logits + r * 256;
+    float v[8];
+    load_row256(row, lane, v);
+    float m = v[0];
+    for (int k = 1; k < 8; ++k) m = fmaxf(m, v[k]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s = 0.f;
+    for (int k = 0; k < 8; ++k) s += expf(v[k] - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float l = m + logf(s);
+    const long long tg = targets[r];
+    if (lane == 0) {
+      lse[r] = l;
+      if (xent_counted(tg, ignore)) {
+        loss += l - bf2f(row[tg]);
+        count += 1.f;
+      }
+    }
+  }
+  const float2 total = block_sum2(make_float2(loss, count), red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// One block (blockDim.x a multiple of 32): loss = the sum of the partial losses over the
+// number of counted rows (NaN when none counts, as libtorch's mean), and that number.
+extern "C" __global__ void stage_worker_xent_finish(const float2 *__restrict__ partial,
+                                                    int parts, float *__restrict__ loss,
+                                                    float *__restrict__ count) {
+  __shared__ double red[2][32];
+  double s = 0.0, n = 0.0;
+  for (int k = threadIdx.x; k < parts; k += blockDim.x) {
+    s += (double)partial[k].x;
+    n += (double)partial[k].y;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    n += __shfl_xor_sync(0xffffffffu, n, o);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    red[0][warp] = s;
+    red[1][warp] = n;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool mine = lane < (int)(blockDim.x >> 5);
+    s = mine ? red[0][lane] : 0.0;
+    n = mine ? red[1][lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      n += __shfl_xor_sync(0xffffffffu, n, o);
+    }
+    if (lane == 0) {
+      *loss = (float)(s / n);
+      *count = (float)n;
+    }
+  }
+}
+
+// dlogits = bf16((softmax(logits[r, :]) - onehot(target[r])) * grad / count) for counted rows,
+// 0 for the others; one warp per row as stage_worker_xent_fwd.
+extern "C" __global__ void stage_worker_xent_bwd(const bf16_t *__restrict__ logits,
+                                                 const long long *__restrict__ targets,
+                                                 const float *__restrict__ lse,
+                                                 const float *__restrict__ grad,
+                                                 const float *__restrict__ count,
+                                                 bf16_t *__restrict__ dlogits, long long N,
+                                                 long long ignore) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const float scale = *grad / *count;
+  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < N;
+       r += (long long)gridDim.x * warps) {
+    const long long tg = targets[r];
+    float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (xent_counted(tg, ignore)) {
+      float v[8];
+      load_row256(logits + r * 256, lane, v);
+      const float l = lse[r];
+      for (int k = 0; k < 8; ++k) {
+        const float hot = lane * 8 + k == tg ? 1.f : 0.f;
+        d[k] = (expf(v[k] - l) - hot) * scale;
+      }
+    }
+    store_bf16x4(dlogits + r * 256 + lane * 8, d);
+    store_bf16x4(dlogits + r * 256 + lane * 8 + 4, d + 4);
+  }
+}
 )CUDA";
 
 // The few driver-API and NVRTC entry points used, declared here (their ABI is stable C).
@@ -713,6 +829,9 @@ struct Kernels {
   CUfunction zero_f32 = nullptr;
   CUfunction embed_fwd = nullptr;
   CUfunction embed_bwd = nullptr;
+  CUfunction xent_fwd = nullptr;
+  CUfunction xent_finish = nullptr;
+  CUfunction xent_bwd = nullptr;
 };
 
 std::mutex loading;
@@ -786,6 +905,9 @@ const Kernels &kernels(int ordinal) {
     check(cu.module_function(&k.zero_f32, module, "stage_worker_zero_f32"), "cuModuleGetFunction");
     check(cu.module_function(&k.embed_fwd, module, "stage_worker_embed_fwd"), "cuModuleGetFunction");
     check(cu.module_function(&k.embed_bwd, module, "stage_worker_embed_bwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_fwd, module, "stage_worker_xent_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_finish, module, "stage_worker_xent_finish"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_bwd, module, "stage_worker_xent_bwd"), "cuModuleGetFunction");
     loaded = k;
     return loaded;
   } catch (const std::exception &e) {
@@ -1077,6 +1199,67 @@ struct Embedding : public torch::autograd::Function<Embedding> {
   }
 };
 
+// The blocks of a launch that takes `rows` rows of logits, one warp per row, 8 warps a block.
+unsigned xent_blocks(const Kernels &k, int64_t rows) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 8LL * k.multiprocessors)));
+}
+
+// The mean cross-entropy (fp32 scalar) of bf16 logits [.., 256] against int64 targets of the
+// leading shape, over the targets that are neither `ignore` nor outside [0, 256); the
+// gradient of the logits in bf16.
+struct CrossEntropy : public torch::autograd::Function<CrossEntropy> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor logits_in, at::Tensor targets_in,
+                               int64_t ignore) {
+    require(logits_in.size(-1) == 256, "the fused cross-entropy takes 256 classes");
+    const at::Tensor logits = logits_in.reshape({-1, 256}).contiguous();
+    const at::Tensor targets = targets_in.reshape({-1}).contiguous();
+    const int64_t N = logits.size(0);
+    check_operand(logits, at::kBFloat16, N * 256, "the logits must be a contiguous bf16 CUDA tensor");
+    check_ids(targets, logits, "the targets must be int64 on the logits' device");
+    require(targets.numel() == N, "one target per row of logits");
+    const Kernels &k = kernels(logits.get_device());
+    enter(k);
+    const unsigned blocks = xent_blocks(k, N);
+    at::Tensor lse = at::empty({std::max<int64_t>(1, N)}, logits.options().dtype(at::kFloat));
+    at::Tensor partial = at::empty({2 * static_cast<int64_t>(blocks)}, lse.options());
+    at::Tensor loss = at::empty({}, lse.options());
+    at::Tensor count = at::empty({1}, lse.options());
+    const uint16_t *p_logits = ptr<uint16_t>(logits);
+    const long long *p_targets = ptr<long long>(targets);
+    float *p_lse = ptr<float>(lse), *p_partial = ptr<float>(partial);
+    float *p_loss = ptr<float>(loss), *p_count = ptr<float>(count);
+    long long n = N, ign = ignore;
+    launch(k.xent_fwd, blocks, 256, 1, {&p_logits, &p_targets, &p_lse, &p_partial, &n, &ign});
+    int parts = static_cast<int>(blocks);
+    const float *p_parts = p_partial;
+    launch(k.xent_finish, 1, 256, 1, {&p_parts, &parts, &p_loss, &p_count});
+    ctx->save_for_backward({logits, targets, lse, count});
+    ctx->saved_data["ignore"] = ignore;
+    ctx->saved_data["shape"] = logits_in.sizes().vec();
+    return {loss};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &logits = s[0], &targets = s[1], &lse = s[2], &count = s[3];
+    const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+    require(g.numel() == 1 && g.is_cuda(), "the loss's gradient must be one value on the device");
+    const Kernels &k = kernels(logits.get_device());
+    enter(k);
+    const int64_t N = logits.size(0);
+    at::Tensor dlogits = at::empty_like(logits);
+    const uint16_t *p_logits = ptr<uint16_t>(logits);
+    const long long *p_targets = ptr<long long>(targets);
+    const float *p_lse = ptr<float>(lse), *p_g = ptr<float>(g), *p_count = ptr<float>(count);
+    uint16_t *p_d = ptr<uint16_t>(dlogits);
+    long long n = N, ign = ctx->saved_data["ignore"].toInt();
+    if (N > 0) {
+      launch(k.xent_bwd, xent_blocks(k, N), 256, 1,
+             {&p_logits, &p_targets, &p_lse, &p_g, &p_count, &p_d, &n, &ign});
+    }
+    return {dlogits.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
 // The host's copy of the kernels' OptEntry and OptTable (same layout, checked below).
 constexpr int kOptTensors = 64;
 struct OptEntry {
@@ -1312,6 +1495,20 @@ extern "C" int stage_worker_embedding(const at::Tensor *wte, const at::Tensor *w
   try {
     auto out = Embedding::apply(*wte, *wpe, *ids);
     *x_out = new at::Tensor(out[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *loss_out = the mean cross-entropy of bf16 logits [.., 256] against targets, ignoring
+// `ignore`, recorded for autograd as CrossEntropy describes. A new handle the caller owns.
+extern "C" int stage_worker_cross_entropy(const at::Tensor *logits, const at::Tensor *targets,
+                                          int64_t ignore, at::Tensor **loss_out, char *err,
+                                          size_t err_len) {
+  try {
+    auto out = CrossEntropy::apply(*logits, *targets, ignore);
+    *loss_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {
     return fail(e, err, err_len);

@@ -76,6 +76,14 @@ extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
+    fn stage_worker_cross_entropy(
+        logits: *const c_void,
+        targets: *const c_void,
+        ignore: i64,
+        loss_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
     fn stage_worker_linear_bf16(
         x: *const c_void,
         w: *const c_void,
@@ -268,6 +276,32 @@ pub fn embedding(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Tensor {
     assert!(rc == 0, "fused embedding: {}", message(&err));
     // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
     unsafe { Tensor::from_ptr(x.cast()) }
+}
+
+/// The mean cross-entropy (an fp32 scalar on the device) of bf16 `logits` `[.., 256]` against
+/// int64 `targets` of the leading shape, over the targets other than `ignore`, with one
+/// kernel forward (and one summing the rows' losses) and one backward writing the logits'
+/// gradient in bf16. No rows counted gives NaN, as libtorch's mean does; a target outside
+/// `0..256` counts as ignored (libtorch's kernel stops with a device-side assertion instead).
+/// Call only where [`usable`] said yes for the logits' device, kind and width.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut loss: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_cross_entropy(
+            handle(logits),
+            handle(targets),
+            ignore,
+            &mut loss,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused cross-entropy: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(loss.cast()) }
 }
 
 /// The constants of one AdamW step (see [`adamw_step`]).

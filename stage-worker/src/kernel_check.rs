@@ -59,6 +59,7 @@ pub fn run() -> i32 {
         ok &= linear_check(device, 8192, inputs, outputs, gelu);
     }
     ok &= embedding_check(device, 8, 512, 1024);
+    ok &= cross_entropy_check(device, 8, 1024);
     ok &= optimizer_check(device);
     ok &= model_check(device);
     i32::from(!ok)
@@ -269,6 +270,34 @@ fn embedding_check(device: Device, batch: i64, time: i64, width: i64) -> bool {
     ok
 }
 
+/// The cross-entropy of bf16 logits fused and eager (the cast to fp32, `log_softmax`, the
+/// mean negative log-likelihood): the loss and the logits' gradient (bf16) under an upstream
+/// gradient other than 1, with about one target in ten ignored.
+fn cross_entropy_check(device: Device, batch: i64, time: i64) -> bool {
+    let logits =
+        (Tensor::randn([batch, time, 256], (Kind::Float, device)) * 3.0).to_kind(Kind::BFloat16);
+    let ignored = Tensor::rand([batch, time], (Kind::Float, device)).lt(0.1);
+    let targets = Tensor::randint(256, [batch, time], (Kind::Int64, device))
+        .masked_fill(&ignored, crate::data::batch::IGNORE);
+    let run = |fused: bool| {
+        let logits = logits.detach().set_requires_grad(true);
+        let loss = crate::model::cross_entropy_with(&logits, &targets, fused);
+        (&loss * 1.7).backward();
+        (loss.detach(), logits.grad())
+    };
+    let ((loss_f, grad_f), (loss_e, grad_e)) = (run(true), run(false));
+    let d_loss = relative(&loss_f, &loss_e);
+    let d_grad = relative(&grad_f, &grad_e);
+    let ok = d_loss <= FP32_TOLERANCE && d_grad <= BF16_TOLERANCE;
+    println!(
+        "{}",
+        json!({"check": "cross_entropy", "rows": batch * time, "loss_fused": loss_f.double_value(&[]),
+               "loss_eager": loss_e.double_value(&[]),
+               "relative_difference": {"loss": d_loss, "grad_logits": d_grad}, "ok": ok})
+    );
+    ok
+}
+
 /// A few AdamW steps with the worker's kernels and with libtorch's fused kernel on lists, from
 /// identical parameters and gradients: a six-layer model's 76 tensors (two launches' tables),
 /// weight decay on the matrices, one parameter left without a gradient, and gradients large
@@ -385,7 +414,7 @@ fn model_check(device: Device) -> bool {
             }
         }
         let logits = model.forward_with(&ids, Kind::BFloat16, fused);
-        let loss = crate::model::cross_entropy(&logits, &targets);
+        let loss = crate::model::cross_entropy_with(&logits, &targets, fused);
         loss.backward();
         let grads: Vec<(String, Tensor)> = model
             .params

@@ -194,8 +194,9 @@ impl ByteGpt {
     /// Mean cross-entropy (fp32) of the logits for `ids` against `targets`, ignoring targets
     /// equal to [`crate::data::batch::IGNORE`].
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, kind: Kind) -> Tensor {
-        let logits = self.forward(ids, kind);
-        cross_entropy(&logits, targets)
+        let fused = crate::fused::usable(ids.device(), kind, self.config.d_model);
+        let logits = self.forward_with(ids, kind, fused);
+        cross_entropy_with(&logits, targets, fused)
     }
 }
 
@@ -263,8 +264,14 @@ impl Layers<'_> {
     }
 }
 
-/// Mean cross-entropy in fp32 over the targets that are not ignored.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
+/// Mean cross-entropy in fp32 over the targets that are not [`crate::data::batch::IGNORE`],
+/// with the fused kernels (`fused`, where [`crate::fused::usable`] said yes for the logits'
+/// device and kind) or libtorch's: the cast to fp32, `log_softmax` and the mean negative
+/// log-likelihood.
+pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, fused: bool) -> Tensor {
+    if fused {
+        return crate::fused::cross_entropy(logits, targets, crate::data::batch::IGNORE);
+    }
     logits
         .to_kind(Kind::Float)
         .view([-1, VOCAB_SIZE])
