@@ -1,6 +1,8 @@
 // The residual add, the LayerNorm and the cast to bf16 of the model's blocks in one kernel,
-// forward and backward, with autograd functions around them. Called from
-// stage-worker/src/fused.rs.
+// forward and backward, with autograd functions around them; also (further down) the linear
+// layers' bias gradients, the token + position embedding, the cross-entropy of the logits and
+// the AdamW step, so that a new process loads one module of kernels rather than a dozen
+// kinds of libtorch's. Called from stage-worker/src/fused.rs.
 //
 // libtorch runs `x + y`, `layer_norm(x)` and `.to(bf16)` as three kernels forward and about
 // six backward (the cast back, LayerNorm's input and parameter gradients, the sum of the two

@@ -1,7 +1,11 @@
-//! Fused CUDA kernels for the model's blocks (`csrc/fused.cpp`): the residual add, LayerNorm
-//! and bf16 cast as one kernel forward and backward, and linear layers whose backward pass
-//! hands the fp32 masters their gradients directly (the bias's from one column-sum kernel,
-//! fused with GELU's backward after the MLP's first layer).
+//! Fused CUDA kernels for a training step (`csrc/fused.cpp`): the residual add, LayerNorm
+//! and bf16 cast of the model's blocks as one kernel forward and backward; linear layers whose
+//! backward pass hands the fp32 masters their gradients directly (the bias's from one
+//! column-sum kernel, fused with GELU's backward after the MLP's first layer); the token +
+//! position embedding as one kernel each way; the cross-entropy of the bf16 logits (one kernel
+//! for the rows' losses and one for their mean, one for the gradient); and the AdamW step
+//! ([`adamw_step`]: the gradients' norm, clipping, the update and the step count, three
+//! kernels over tables of the parameters).
 //!
 //! libtorch's eager kernels run one operation each, so around every LayerNorm of a block the
 //! activations cross memory about nine times (the add, the norm and the cast forward; the cast
@@ -11,12 +15,20 @@
 //! formulas) in one pass each way; sums are taken in another order, so results agree to
 //! rounding, not bit for bit.
 //!
+//! The embedding, the cross-entropy and the optimizer are here for another reason: a new
+//! stage's CUDA context loads every distinct kind of libtorch kernel on first use, one after
+//! the other (5–20 ms each), and libtorch spends about a dozen kinds on them (the embedding's
+//! sort-based backward, the cast, `log_softmax` and the loss both ways, the norms and the
+//! fused AdamW with its arithmetic); all the kernels here load as one module in a few
+//! milliseconds.
+//!
 //! They are compiled at first use by NVRTC for the device's architecture (in the warm-up's
 //! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
 //! (default `$XDG_CACHE_HOME/stage-worker/kernels` or `~/.cache/stage-worker/kernels`, named by
 //! a hash of the source, the architecture and NVRTC's version), so later stages load them
 //! without compiling. They are used on CUDA for
-//! widths that are a multiple of 128 up to 4096, in bf16. `STAGE_WORKER_FUSED=off` turns them
+//! widths that are a multiple of 128 up to 4096, in bf16 (the optimizer's where the model's
+//! are, see [`crate::optim::AdamW::use_kernels`]). `STAGE_WORKER_FUSED=off` turns them all
 //! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
 //! leaves the stage on the eager kernels, with one line in the log saying why.
 

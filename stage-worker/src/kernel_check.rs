@@ -1,14 +1,18 @@
-//! `stage-worker check-kernels`: the fused LayerNorm kernels ([`crate::fused`]) against
-//! libtorch's eager kernels on this machine's GPU, values and speed.
+//! `stage-worker check-kernels`: the fused kernels ([`crate::fused`]) against libtorch's on
+//! this machine's GPU, values and speed.
 //!
-//! For each width it builds one random LayerNorm problem (a residual stream in fp32, a branch output in
-//! bf16, LayerNorm parameters near their trained values, random gradients for both outputs),
-//! runs it forward and backward both ways and reports the largest difference of every output
-//! and gradient relative to the largest eager value; then the same for three linear layers (one
-//! with GELU); then one training step's loss and
-//! parameter gradients of a two-layer model both ways; then the time of a forward + backward of
-//! the op each way. One JSON object per line on stdout; the exit status is 1 when a difference
-//! is beyond its tolerance (or the kernels cannot run here), else 0.
+//! For each width it builds one random LayerNorm problem (a residual stream in fp32, a branch
+//! output in bf16, LayerNorm parameters near their trained values, random gradients for both
+//! outputs), runs it forward and backward both ways and reports the largest difference of
+//! every output and gradient relative to the largest eager value; then the same for three
+//! linear layers (one with GELU), the token + position embedding (output and both tables'
+//! gradients), the cross-entropy of bf16 logits (loss and the logits' gradient, some targets
+//! ignored), and four AdamW steps with the worker's kernels against libtorch's fused AdamW on
+//! identical parameters and gradients (the returned norms, the parameters' updates, both
+//! moments, the gradients dropped); then one training step's loss and parameter gradients of a
+//! two-layer model with every fused kernel against none; then the time of a forward +
+//! backward of the LayerNorm op each way. One JSON object per line on stdout; the exit status
+//! is 1 when a difference is beyond its tolerance (or the kernels cannot run here), else 0.
 
 use crate::model::ByteGpt;
 use crate::optim::AdamW;
