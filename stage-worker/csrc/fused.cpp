@@ -1369,7 +1369,9 @@ at::Tensor optimizer_launches(const std::vector<OptTable> &tables, const at::Ten
   int nparts = static_cast<int>(parts);
   float inv_clip = static_cast<float>(1.0 / clip_norm);
   float *p_norm = ptr<float>(norm), *p_step = ptr<float>(step), *p_opt = ptr<float>(opt);
-  launch(k.opt_finish, 1, 1024, 1,
+  // 256 threads, not 1024: the double-precision pow may take more registers than a block of
+  // 1024 threads may have each.
+  launch(k.opt_finish, 1, 256, 1,
          {&p_parts, &nparts, &inv_clip, &beta1, &beta2, &p_norm, &p_step, &p_opt});
   float *p_flat = ptr<float>(flat), *p_m = ptr<float>(m), *p_v = ptr<float>(v);
   const float *p_opt_in = p_opt;
