@@ -436,10 +436,13 @@ fn optimizer_speed(device: Device) {
 fn set_gradients(model: &mut ByteGpt, grads: &[Tensor]) {
     model.params.zero_grad();
     let params = &model.params.params;
-    let mut loss = Tensor::zeros([], (Kind::Float, model.params.device()));
-    for (p, g) in params.iter().zip(grads).take(params.len() - 1) {
-        loss += (&p.tensor * g).sum(Kind::Float);
-    }
+    let loss = params
+        .iter()
+        .zip(grads)
+        .take(params.len() - 1)
+        .map(|(p, g)| (&p.tensor * g).sum(Kind::Float))
+        .reduce(|a, b| a + b)
+        .expect("the model has more than one parameter");
     loss.backward();
 }
 
