@@ -17,10 +17,11 @@
 //!
 //! The embedding, the cross-entropy and the optimizer are here for another reason: a new
 //! stage's CUDA context loads every distinct kind of libtorch kernel on first use, one after
-//! the other (5–20 ms each), and libtorch spends about a dozen kinds on them (the embedding's
-//! sort-based backward, the cast, `log_softmax` and the loss both ways, the norms and the
-//! fused AdamW with its arithmetic); all the kernels here load as one module in a few
-//! milliseconds.
+//! the other (5–20 ms each), and libtorch spends some twenty kinds on them (by our count: the
+//! embedding's lookup and its sort-based backward, the cast, `log_softmax` and the loss both
+//! ways, the norms and the fused AdamW with its arithmetic); all the kernels here load as one
+//! module in a few milliseconds. The embedding's backward pass adds into the token table's
+//! gradient atomically, so that sum's order (and its last bits) varies from run to run.
 //!
 //! They are compiled at first use by NVRTC for the device's architecture (in the warm-up's
 //! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
