@@ -22,6 +22,9 @@
 //! ways, the norms and the fused AdamW with its arithmetic); all the kernels here load as one
 //! module in a few milliseconds. The embedding's backward pass adds into the token table's
 //! gradient atomically, so that sum's order (and its last bits) varies from run to run.
+//! `csrc/emulate/run.sh` runs those kernels on the host (a shim for the CUDA built-ins, one
+//! host thread per GPU thread) against reference loops, a check without a GPU;
+//! `stage-worker check-kernels` is the check on one.
 //!
 //! They are compiled at first use by NVRTC for the device's architecture (in the warm-up's
 //! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
