@@ -9,8 +9,8 @@
 //!
 //! It also compiles the few lines of C++ under `csrc/` that reach libtorch where tch does not:
 //! the fused AdamW kernel (`src/optim.rs`), the choice of attention kernels
-//! (`src/attention.rs`), libtorch's profiler (`src/profile.rs`) and the fused LayerNorm
-//! kernels with their autograd functions (`src/fused.rs`).
+//! (`src/attention.rs`), libtorch's profiler (`src/profile.rs`) and the fused kernels with
+//! their autograd functions (`src/fused.rs`).
 
 use std::path::PathBuf;
 

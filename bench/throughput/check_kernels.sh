@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fused LayerNorm kernels against libtorch's on this machine's GPU, run on the device
+# The fused kernels against libtorch's on this machine's GPU, run on the device
 # machine from the repository root:
 #   bench/throughput/check_kernels.sh BIN_DIR OUT_DIR
 # Writes OUT_DIR/check-kernels.jsonl (`stage-worker check-kernels`: relative differences of

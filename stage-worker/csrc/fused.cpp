@@ -1,6 +1,8 @@
 // The residual add, the LayerNorm and the cast to bf16 of the model's blocks in one kernel,
-// forward and backward, with autograd functions around them. Called from
-// stage-worker/src/fused.rs.
+// forward and backward, with autograd functions around them; also (further down) the linear
+// layers' bias gradients, the token + position embedding, the cross-entropy of the logits and
+// the AdamW step, so that a new process loads one module of kernels rather than a dozen
+// kinds of libtorch's. Called from stage-worker/src/fused.rs.
 //
 // libtorch runs `x + y`, `layer_norm(x)` and `.to(bf16)` as three kernels forward and about
 // six backward (the cast back, LayerNorm's input and parameter gradients, the sum of the two
@@ -27,12 +29,14 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <c10/core/GradMode.h>
 
 #include <dirent.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -273,6 +277,291 @@ extern "C" __global__ void stage_worker_colsum_parts(const float *__restrict__ p
   if (threadIdx.y == 0 && col < C) {
     for (int k = 1; k < 8; ++k) a += s[k][threadIdx.x];
     out[col] = a;
+  }
+}
+// ---- AdamW over the parameters' own gradients (see stage_worker_fused_optimizer_step) ----
+
+// One parameter of an optimizer launch: its gradient (null: none, taken as zeros), where it
+// lies in the flat parameter and moment buffers, its length, its weight decay, and the first
+// block of the launch that works on it (blocks first_block .. the next entry's first_block).
+struct OptEntry {
+  const float *grad;
+  long long offset;
+  long long len;
+  float decay;
+  unsigned first_block;
+};
+
+// The parameters of one launch, passed by value as a kernel parameter (2056 bytes, under the
+// 4 KiB limit); longer lists take several launches.
+#define SW_OPT_TENSORS 64
+struct OptTable {
+  OptEntry e[SW_OPT_TENSORS];
+  int count;
+  unsigned blocks;
+};
+static_assert(sizeof(OptEntry) == 32, "the host lays OptEntry out the same way");
+static_assert(sizeof(OptTable) == 2056, "the host lays OptTable out the same way");
+
+// The entry this block works on: the last one whose first_block is at most blockIdx.x.
+__device__ __forceinline__ int opt_entry(const OptTable &t) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (t.e[mid].first_block <= blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// How many blocks work on entry i.
+__device__ __forceinline__ long long opt_blocks(const OptTable &t, int i) {
+  const unsigned end = i + 1 < t.count ? t.e[i + 1].first_block : t.blocks;
+  return (long long)(end - t.e[i].first_block);
+}
+
+// partial[blockIdx.x] = the sum of squares of the block's share of its entry's gradient.
+extern "C" __global__ void stage_worker_opt_sumsq(const OptTable t, float *__restrict__ partial) {
+  __shared__ float2 red[32];
+  const int i = opt_entry(t);
+  const float *g = t.e[i].grad;
+  const long long len = t.e[i].len;
+  const long long stride = opt_blocks(t, i) * blockDim.x;
+  float s = 0.f;
+  if (g != nullptr) {
+    for (long long k = (long long)(blockIdx.x - t.e[i].first_block) * blockDim.x + threadIdx.x;
+         k < len; k += stride) {
+      const float v = g[k];
+      s += v * v;
+    }
+  }
+  s = block_sum2(make_float2(s, 0.f), red).x;
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block (blockDim.x a multiple of 32): norm = sqrt(sum of partial), the clipping scale
+// max((norm + 1e-6) / clip, 1) into opt[0], the step counter advanced by one, and the bias
+// corrections of that step, 1 - beta1^t and sqrt(1 - beta2^t), into opt[1] and opt[2].
+extern "C" __global__ void stage_worker_opt_finish(const float *__restrict__ partial, int parts,
+                                                   float inv_clip, double beta1, double beta2,
+                                                   float *__restrict__ norm,
+                                                   float *__restrict__ step,
+                                                   float *__restrict__ opt) {
+  __shared__ double red[32];
+  double s = 0.0;
+  for (int k = threadIdx.x; k < parts; k += blockDim.x) s += (double)partial[k];
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    s = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+      const float n = (float)sqrt(s);
+      *norm = n;
+      opt[0] = fmaxf((n + 1e-6f) * inv_clip, 1.f);
+      const float t = *step + 1.f;
+      *step = t;
+      opt[1] = (float)(1.0 - pow(beta1, (double)t));
+      opt[2] = (float)sqrt(1.0 - pow(beta2, (double)t));
+    }
+  }
+}
+
+// AdamW (decoupled weight decay) over each entry's slice of the flat buffers, with the
+// gradient divided by the clipping scale opt[0] and the bias corrections opt[1], opt[2], as
+// torch's fused AdamW computes it in fp32.
+extern "C" __global__ void stage_worker_opt_adamw(const OptTable t, float *__restrict__ param,
+                                                  float *__restrict__ exp_avg,
+                                                  float *__restrict__ exp_avg_sq,
+                                                  const float *__restrict__ opt, float lr,
+                                                  float beta1, float beta2, float eps) {
+  const int i = opt_entry(t);
+  const float *g = t.e[i].grad;
+  const long long len = t.e[i].len, offset = t.e[i].offset;
+  const float lr_decay = lr * t.e[i].decay;
+  const long long stride = opt_blocks(t, i) * blockDim.x;
+  const float scale = opt[0], step_size = lr / opt[1], bc2_sqrt = opt[2];
+  for (long long k = (long long)(blockIdx.x - t.e[i].first_block) * blockDim.x + threadIdx.x;
+       k < len; k += stride) {
+    const long long at = offset + k;
+    const float gk = g != nullptr ? g[k] / scale : 0.f;
+    float p = param[at];
+    p -= lr_decay * p;
+    const float m = beta1 * exp_avg[at] + (1.f - beta1) * gk;
+    const float v = beta2 * exp_avg_sq[at] + (1.f - beta2) * gk * gk;
+    exp_avg[at] = m;
+    exp_avg_sq[at] = v;
+    p -= step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+    param[at] = p;
+  }
+}
+// ---- Token and position embedding ----
+
+// out[0 .. n) = 0 (fp32), grid-stride.
+extern "C" __global__ void stage_worker_zero_f32(float *__restrict__ out, long long n) {
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x) {
+    out[k] = 0.f;
+  }
+}
+
+// x[r, :] = wte[ids[r], :] + wpe[r % T, :] for the rows r of ids ([B, T] flattened), C a
+// multiple of 4, one block per row. An id outside [0, V) takes a zero token embedding (libtorch
+// would stop with a device-side assertion; the model's ids are bytes).
+extern "C" __global__ void stage_worker_embed_fwd(const long long *__restrict__ ids,
+                                                  const float *__restrict__ wte,
+                                                  const float *__restrict__ wpe,
+                                                  float *__restrict__ x, int T, int C, int V) {
+  const long long r = blockIdx.x;
+  const long long id = ids[r];
+  const bool known = id >= 0 && id < V;
+  const long long t = r % T;
+  for (int c = threadIdx.x * 4; c < C; c += blockDim.x * 4) {
+    float e[4] = {0.f, 0.f, 0.f, 0.f}, p[4];
+    if (known) load_f32x4(wte + id * C + c, e);
+    load_f32x4(wpe + t * C + c, p);
+    for (int k = 0; k < 4; ++k) e[k] += p[k];
+    store_f32x4(x + r * C + c, e);
+  }
+}
+
+// The embedding's backward pass for position t = blockIdx.x and column blockIdx.y *
+// blockDim.x + threadIdx.x: dwpe[t, c] = sum over b of g[b, t, c] (written), and
+// dwte[ids[b, t], c] += g[b, t, c] (atomicAdd into a zeroed dwte; ids outside [0, V) add
+// nothing).
+extern "C" __global__ void stage_worker_embed_bwd(const float *__restrict__ g,
+                                                  const long long *__restrict__ ids,
+                                                  float *__restrict__ dwte,
+                                                  float *__restrict__ dwpe, int B, int T, int C,
+                                                  int V) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const long long t = blockIdx.x;
+  float s = 0.f;
+  for (int b = 0; b < B; ++b) {
+    const long long r = (long long)b * T + t;
+    const float v = g[r * C + c];
+    s += v;
+    const long long id = ids[r];
+    if (id >= 0 && id < V) atomicAdd(dwte + id * C + c, v);
+  }
+  dwpe[t * C + c] = s;
+}
+
+// ---- Cross-entropy over 256 classes (bf16 logits) ----
+
+// The row's 256 logits, 8 per lane of the calling warp.
+__device__ __forceinline__ void load_row256(const bf16_t *row, int lane, float v[8]) {
+  load_bf16x4(row + lane * 8, v);
+  load_bf16x4(row + lane * 8 + 4, v + 4);
+}
+
+// Whether target `tg` counts: not the ignored value and a class (libtorch would stop with a
+// device-side assertion on any other value; the worker's targets are bytes or ignored).
+__device__ __forceinline__ bool xent_counted(long long tg, long long ignore) {
+  return tg != ignore && tg >= 0 && tg < 256;
+}
+
+// One warp per row of logits ([N, 256], bf16), rows strided over the grid (blockDim.x a
+// multiple of 32): lse[r] = log(sum(exp(logits[r, :]))), and per block the sum of
+// lse[r] - logits[r, target[r]] and the number of such rows over the counted rows (see
+// xent_counted) into partial[blockIdx.x].
+extern "C" __global__ void stage_worker_xent_fwd(const bf16_t *__restrict__ logits,
+                                                 const long long *__restrict__ targets,
+                                                 float *__restrict__ lse,
+                                                 float2 *__restrict__ partial, long long N,
+                                                 long long ignore) {
+  __shared__ float2 red[32];
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  float loss = 0.f, count = 0.f;
+  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < N;
+       r += (long long)gridDim.x * warps) {
+    const bf16_t *row = logits + r * 256;
+    float v[8];
+    load_row256(row, lane, v);
+    float m = v[0];
+    for (int k = 1; k < 8; ++k) m = fmaxf(m, v[k]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s = 0.f;
+    for (int k = 0; k < 8; ++k) s += expf(v[k] - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float l = m + logf(s);
+    const long long tg = targets[r];
+    if (lane == 0) {
+      lse[r] = l;
+      if (xent_counted(tg, ignore)) {
+        loss += l - bf2f(row[tg]);
+        count += 1.f;
+      }
+    }
+  }
+  const float2 total = block_sum2(make_float2(loss, count), red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// One block (blockDim.x a multiple of 32): loss = the sum of the partial losses over the
+// number of counted rows (NaN when none counts, as libtorch's mean), and that number.
+extern "C" __global__ void stage_worker_xent_finish(const float2 *__restrict__ partial,
+                                                    int parts, float *__restrict__ loss,
+                                                    float *__restrict__ count) {
+  __shared__ double red[2][32];
+  double s = 0.0, n = 0.0;
+  for (int k = threadIdx.x; k < parts; k += blockDim.x) {
+    s += (double)partial[k].x;
+    n += (double)partial[k].y;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    n += __shfl_xor_sync(0xffffffffu, n, o);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    red[0][warp] = s;
+    red[1][warp] = n;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const bool mine = lane < (int)(blockDim.x >> 5);
+    s = mine ? red[0][lane] : 0.0;
+    n = mine ? red[1][lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      n += __shfl_xor_sync(0xffffffffu, n, o);
+    }
+    if (lane == 0) {
+      *loss = (float)(s / n);
+      *count = (float)n;
+    }
+  }
+}
+
+// dlogits = bf16((softmax(logits[r, :]) - onehot(target[r])) * grad / count) for counted rows,
+// 0 for the others; one warp per row as stage_worker_xent_fwd.
+extern "C" __global__ void stage_worker_xent_bwd(const bf16_t *__restrict__ logits,
+                                                 const long long *__restrict__ targets,
+                                                 const float *__restrict__ lse,
+                                                 const float *__restrict__ grad,
+                                                 const float *__restrict__ count,
+                                                 bf16_t *__restrict__ dlogits, long long N,
+                                                 long long ignore) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const float scale = *grad / *count;
+  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < N;
+       r += (long long)gridDim.x * warps) {
+    const long long tg = targets[r];
+    float d[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (xent_counted(tg, ignore)) {
+      float v[8];
+      load_row256(logits + r * 256, lane, v);
+      const float l = lse[r];
+      for (int k = 0; k < 8; ++k) {
+        const float hot = lane * 8 + k == tg ? 1.f : 0.f;
+        d[k] = (expf(v[k] - l) - hot) * scale;
+      }
+    }
+    store_bf16x4(dlogits + r * 256 + lane * 8, d);
+    store_bf16x4(dlogits + r * 256 + lane * 8 + 4, d + 4);
   }
 }
 )CUDA";
@@ -536,6 +825,15 @@ struct Kernels {
   CUfunction colsum = nullptr;
   CUfunction gelu_colsum = nullptr;
   CUfunction colsum_parts = nullptr;
+  CUfunction opt_sumsq = nullptr;
+  CUfunction opt_finish = nullptr;
+  CUfunction opt_adamw = nullptr;
+  CUfunction zero_f32 = nullptr;
+  CUfunction embed_fwd = nullptr;
+  CUfunction embed_bwd = nullptr;
+  CUfunction xent_fwd = nullptr;
+  CUfunction xent_finish = nullptr;
+  CUfunction xent_bwd = nullptr;
 };
 
 std::mutex loading;
@@ -603,6 +901,15 @@ const Kernels &kernels(int ordinal) {
           "cuModuleGetFunction");
     check(cu.module_function(&k.colsum_parts, module, "stage_worker_colsum_parts"),
           "cuModuleGetFunction");
+    check(cu.module_function(&k.opt_sumsq, module, "stage_worker_opt_sumsq"), "cuModuleGetFunction");
+    check(cu.module_function(&k.opt_finish, module, "stage_worker_opt_finish"), "cuModuleGetFunction");
+    check(cu.module_function(&k.opt_adamw, module, "stage_worker_opt_adamw"), "cuModuleGetFunction");
+    check(cu.module_function(&k.zero_f32, module, "stage_worker_zero_f32"), "cuModuleGetFunction");
+    check(cu.module_function(&k.embed_fwd, module, "stage_worker_embed_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.embed_bwd, module, "stage_worker_embed_bwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_fwd, module, "stage_worker_xent_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_finish, module, "stage_worker_xent_finish"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_bwd, module, "stage_worker_xent_bwd"), "cuModuleGetFunction");
     loaded = k;
     return loaded;
   } catch (const std::exception &e) {
@@ -819,6 +1126,265 @@ struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
   }
 };
 
+// 0 into every element of `t` (contiguous fp32) with the module's kernel, so that a zeroed
+// buffer costs no libtorch kernel.
+void zero(const Kernels &k, const at::Tensor &t) {
+  long long n = t.numel();
+  if (n == 0) return;
+  float *p = ptr<float>(t);
+  const long long blocks = std::min<long long>((n + 255) / 256, 8LL * k.multiprocessors);
+  launch(k.zero_f32, static_cast<unsigned>(blocks), 256, 1, {&p, &n});
+}
+
+void check_ids(const at::Tensor &ids, const at::Tensor &like, const char *what) {
+  require(ids.is_cuda() && ids.is_contiguous() && ids.scalar_type() == at::kLong &&
+              ids.get_device() == like.get_device(),
+          what);
+}
+
+// x[b, t, :] = wte[ids[b, t], :] + wpe[t, :] (fp32) for ids [B, T], T at most wpe's rows, and
+// the gradients of wte and wpe (wpe's rows from T on get zeros; ids are not differentiable).
+struct Embedding : public torch::autograd::Function<Embedding> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor wte, at::Tensor wpe,
+                               at::Tensor ids_in) {
+    const at::Tensor ids = ids_in.contiguous();
+    require(ids.dim() == 2, "the ids must be [batch, time]");
+    const int64_t B = ids.size(0), T = ids.size(1), C = wte.size(-1), V = wte.size(0);
+    require(wte.dim() == 2 && wpe.dim() == 2 && wpe.size(1) == C && T <= wpe.size(0),
+            "the embeddings must be [vocab, C] and [positions, C], with at least T positions");
+    require(C % 4 == 0 && C <= 4096, "the fused embedding takes a width that is a multiple of 4");
+    const at::Tensor e = wte.contiguous(), p = wpe.contiguous();
+    check_operand(e, at::kFloat, V * C, "the token embedding must be a contiguous fp32 CUDA tensor");
+    check_operand(p, at::kFloat, wpe.size(0) * C, "the position embedding must be fp32 like it");
+    check_ids(ids, e, "the ids must be int64 on the embeddings' device");
+    const Kernels &k = kernels(e.get_device());
+    enter(k);
+    at::Tensor x = at::empty({B, T, C}, e.options());
+    const long long *p_ids = ptr<long long>(ids);
+    const float *p_e = ptr<float>(e), *p_p = ptr<float>(p);
+    float *p_x = ptr<float>(x);
+    int t = static_cast<int>(T), c = static_cast<int>(C), v = static_cast<int>(V);
+    if (B * T > 0) {
+      const unsigned threads = static_cast<unsigned>(std::min<int64_t>(256, std::max<int64_t>(32, C / 4)));
+      launch(k.embed_fwd, static_cast<unsigned>(B * T), threads, 1, {&p_ids, &p_e, &p_p, &p_x, &t, &c, &v});
+    }
+    ctx->save_for_backward({ids});
+    ctx->saved_data["sizes"] = std::vector<int64_t>{V, wpe.size(0), C};
+    return {x};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    const at::Tensor ids = ctx->get_saved_variables()[0];
+    const std::vector<int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    const int64_t V = sizes[0], P = sizes[1], C = sizes[2], B = ids.size(0), T = ids.size(1);
+    const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+    check_operand(g, at::kFloat, B * T * C, "the embedding's gradient has the wrong shape");
+    const Kernels &k = kernels(g.get_device());
+    enter(k);
+    at::Tensor dwte = at::empty({V, C}, g.options());
+    at::Tensor dwpe = at::empty({P, C}, g.options());
+    zero(k, dwte);
+    zero(k, dwpe);
+    const float *p_g = ptr<float>(g);
+    const long long *p_ids = ptr<long long>(ids);
+    float *p_dwte = ptr<float>(dwte), *p_dwpe = ptr<float>(dwpe);
+    int b = static_cast<int>(B), t = static_cast<int>(T), c = static_cast<int>(C),
+        v = static_cast<int>(V);
+    if (B * T > 0) {
+      const unsigned threads = 256;
+      const unsigned columns = static_cast<unsigned>((C + threads - 1) / threads);
+      std::vector<void *> args = {&p_g, &p_ids, &p_dwte, &p_dwpe, &b, &t, &c, &v};
+      check(driver().launch(k.embed_bwd, static_cast<unsigned>(T), columns, 1, threads, 1, 1, 0,
+                            nullptr, args.data(), nullptr),
+            "cuLaunchKernel");
+    }
+    return {dwte, dwpe, at::Tensor()};
+  }
+};
+
+// The blocks of a launch that takes `rows` rows of logits, one warp per row, 8 warps a block.
+unsigned xent_blocks(const Kernels &k, int64_t rows) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 8LL * k.multiprocessors)));
+}
+
+// The mean cross-entropy (fp32 scalar) of bf16 logits [.., 256] against int64 targets of the
+// leading shape, over the targets that are neither `ignore` nor outside [0, 256); the
+// gradient of the logits in bf16.
+struct CrossEntropy : public torch::autograd::Function<CrossEntropy> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor logits_in, at::Tensor targets_in,
+                               int64_t ignore) {
+    require(logits_in.size(-1) == 256, "the fused cross-entropy takes 256 classes");
+    const at::Tensor logits = logits_in.reshape({-1, 256}).contiguous();
+    const at::Tensor targets = targets_in.reshape({-1}).contiguous();
+    const int64_t N = logits.size(0);
+    check_operand(logits, at::kBFloat16, N * 256, "the logits must be a contiguous bf16 CUDA tensor");
+    check_ids(targets, logits, "the targets must be int64 on the logits' device");
+    require(targets.numel() == N, "one target per row of logits");
+    const Kernels &k = kernels(logits.get_device());
+    enter(k);
+    const unsigned blocks = xent_blocks(k, N);
+    at::Tensor lse = at::empty({std::max<int64_t>(1, N)}, logits.options().dtype(at::kFloat));
+    at::Tensor partial = at::empty({2 * static_cast<int64_t>(blocks)}, lse.options());
+    at::Tensor loss = at::empty({}, lse.options());
+    at::Tensor count = at::empty({1}, lse.options());
+    const uint16_t *p_logits = ptr<uint16_t>(logits);
+    const long long *p_targets = ptr<long long>(targets);
+    float *p_lse = ptr<float>(lse), *p_partial = ptr<float>(partial);
+    float *p_loss = ptr<float>(loss), *p_count = ptr<float>(count);
+    long long n = N, ign = ignore;
+    launch(k.xent_fwd, blocks, 256, 1, {&p_logits, &p_targets, &p_lse, &p_partial, &n, &ign});
+    int parts = static_cast<int>(blocks);
+    const float *p_parts = p_partial;
+    launch(k.xent_finish, 1, 256, 1, {&p_parts, &parts, &p_loss, &p_count});
+    ctx->save_for_backward({logits, targets, lse, count});
+    ctx->saved_data["ignore"] = ignore;
+    ctx->saved_data["shape"] = logits_in.sizes().vec();
+    return {loss};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &logits = s[0], &targets = s[1], &lse = s[2], &count = s[3];
+    const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+    require(g.numel() == 1 && g.is_cuda(), "the loss's gradient must be one value on the device");
+    const Kernels &k = kernels(logits.get_device());
+    enter(k);
+    const int64_t N = logits.size(0);
+    at::Tensor dlogits = at::empty_like(logits);
+    const uint16_t *p_logits = ptr<uint16_t>(logits);
+    const long long *p_targets = ptr<long long>(targets);
+    const float *p_lse = ptr<float>(lse), *p_g = ptr<float>(g), *p_count = ptr<float>(count);
+    uint16_t *p_d = ptr<uint16_t>(dlogits);
+    long long n = N, ign = ctx->saved_data["ignore"].toInt();
+    if (N > 0) {
+      launch(k.xent_bwd, xent_blocks(k, N), 256, 1,
+             {&p_logits, &p_targets, &p_lse, &p_g, &p_count, &p_d, &n, &ign});
+    }
+    return {dlogits.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The host's copy of the kernels' OptEntry and OptTable (same layout, checked below).
+constexpr int kOptTensors = 64;
+struct OptEntry {
+  const float *grad;
+  long long offset;
+  long long len;
+  float decay;
+  unsigned first_block;
+};
+struct OptTable {
+  OptEntry e[kOptTensors];
+  int count;
+  unsigned blocks;
+};
+static_assert(sizeof(OptEntry) == 32 && sizeof(OptTable) == 2056,
+              "OptTable must match the kernels' layout");
+
+constexpr unsigned kOptThreads = 256;
+// Each parameter gets one block per 8 elements a thread, at most this many (a block then
+// strides over its share): enough blocks to fill the GPU, few partial sums for the norm.
+constexpr long long kOptMaxBlocks = 512;
+
+// The launches of one optimizer step: tables of at most kOptTensors parameters each, every
+// parameter with its own range of blocks.
+std::vector<OptTable> opt_tables(const std::vector<OptEntry> &entries) {
+  std::vector<OptTable> tables;
+  for (const OptEntry &e : entries) {
+    if (tables.empty() || tables.back().count == kOptTensors) {
+      tables.emplace_back();
+      std::memset(&tables.back(), 0, sizeof(OptTable));
+    }
+    OptTable &t = tables.back();
+    const long long per_block = static_cast<long long>(kOptThreads) * 8;
+    const long long blocks = std::min(kOptMaxBlocks, (e.len + per_block - 1) / per_block);
+    t.e[t.count] = e;
+    t.e[t.count].first_block = t.blocks;
+    t.count += 1;
+    t.blocks += static_cast<unsigned>(blocks);
+  }
+  return tables;
+}
+
+// Every check of the optimizer's operands, before anything runs; throws std::invalid_argument.
+void check_optimizer_state(const at::Tensor &flat, const at::Tensor &m, const at::Tensor &v,
+                           const at::Tensor &step) {
+  require(flat.is_cuda() && flat.is_contiguous() && flat.scalar_type() == at::kFloat,
+          "the flat parameters must be a contiguous fp32 CUDA tensor");
+  for (const at::Tensor *t : {&m, &v}) {
+    require(t->is_cuda() && t->is_contiguous() && t->scalar_type() == at::kFloat &&
+                t->numel() == flat.numel() && t->get_device() == flat.get_device(),
+            "the moments must be contiguous fp32 tensors like the flat parameters");
+  }
+  require(step.is_cuda() && step.is_contiguous() && step.scalar_type() == at::kFloat &&
+              step.numel() == 1 && step.get_device() == flat.get_device(),
+          "the step counter must be one fp32 on the parameters' device");
+}
+
+// The table entries of the parameters, with their gradients made contiguous fp32 where
+// autograd left them otherwise (kept alive in `held` until the launches are queued).
+std::vector<OptEntry> opt_entries(const at::Tensor *const *leaves, const int64_t *offsets,
+                                  size_t n, const at::Tensor &flat, int64_t decay_len,
+                                  double weight_decay, std::vector<at::Tensor> &held) {
+  std::vector<OptEntry> entries;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t len = leaves[i]->numel();
+    require(offsets[i] >= 0 && offsets[i] + len <= flat.numel(),
+            "a parameter lies outside the flat buffer");
+    if (len == 0) continue;
+    at::Tensor g = leaves[i]->grad();
+    const float *gp = nullptr;
+    if (g.defined()) {
+      require(g.is_cuda() && g.get_device() == flat.get_device() && g.numel() == len &&
+                  g.scalar_type() == at::kFloat,
+              "a gradient is not fp32 on the parameters' device, or not of its parameter's size");
+      held.push_back(g.contiguous());
+      gp = ptr<float>(held.back());
+    }
+    const float decay = offsets[i] < decay_len ? static_cast<float>(weight_decay) : 0.f;
+    entries.push_back({gp, offsets[i], len, decay, 0});
+  }
+  return entries;
+}
+
+// The optimizer step's launches: the squares' partial sums, the norm, clipping scale, step
+// and bias corrections, then AdamW. Returns the norm before clipping (a device scalar).
+at::Tensor optimizer_launches(const std::vector<OptTable> &tables, const at::Tensor &flat,
+                              const at::Tensor &m, const at::Tensor &v, const at::Tensor &step,
+                              double lr, double beta1, double beta2, double eps,
+                              double clip_norm) {
+  const Kernels &k = kernels(flat.get_device());
+  enter(k);
+  int64_t parts = 0;
+  for (const OptTable &t : tables) parts += t.blocks;
+  at::Tensor partial = at::empty({std::max<int64_t>(1, parts)}, flat.options());
+  at::Tensor norm = at::empty({}, flat.options());
+  at::Tensor opt = at::empty({3}, flat.options());
+  float *p_partial = ptr<float>(partial);
+  for (const OptTable &t : tables) {
+    OptTable table = t;
+    float *out = p_partial;
+    launch(k.opt_sumsq, t.blocks, kOptThreads, 1, {&table, &out});
+    p_partial += t.blocks;
+  }
+  const float *p_parts = ptr<float>(partial);
+  int nparts = static_cast<int>(parts);
+  float inv_clip = static_cast<float>(1.0 / clip_norm);
+  float *p_norm = ptr<float>(norm), *p_step = ptr<float>(step), *p_opt = ptr<float>(opt);
+  // 256 threads, not 1024: the double-precision pow may take more registers than a block of
+  // 1024 threads may have each.
+  launch(k.opt_finish, 1, 256, 1,
+         {&p_parts, &nparts, &inv_clip, &beta1, &beta2, &p_norm, &p_step, &p_opt});
+  float *p_flat = ptr<float>(flat), *p_m = ptr<float>(m), *p_v = ptr<float>(v);
+  const float *p_opt_in = p_opt;
+  float f_lr = static_cast<float>(lr), b1 = static_cast<float>(beta1),
+        b2 = static_cast<float>(beta2), e = static_cast<float>(eps);
+  for (const OptTable &t : tables) {
+    OptTable table = t;
+    launch(k.opt_adamw, t.blocks, kOptThreads, 1,
+           {&table, &p_flat, &p_m, &p_v, &p_opt_in, &f_lr, &b1, &b2, &e});
+  }
+  return norm;
+}
+
 int fail(const std::exception &e, char *err, size_t err_len) {
   std::snprintf(err, err_len, "%s", e.what());
   return 1;
@@ -880,6 +1446,73 @@ extern "C" int stage_worker_linear_bf16(const at::Tensor *x, const at::Tensor *w
   try {
     auto out = LinearBf16::apply(*x, *w, *b, gelu);
     *y_out = new at::Tensor(out[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// One AdamW step with the module's kernels, as stage_worker_adamw_lists (fused_adamw.cpp) takes
+// it with libtorch's: leaves[i] is parameter i, at offsets[i] in `flat` (decayed by
+// `weight_decay` when below `decay_len`), its gradient as autograd left it (none: zeros). The
+// global gradient norm clips the gradients to `clip_norm`, the fp32 counter `step` (on the
+// device) advances by one and gives the bias corrections, and every gradient is dropped
+// afterwards. Nothing is read back to the host. Returns 0 with *norm_out a new handle (the
+// norm before clipping, a device fp32 scalar); 1 when the operands were refused before
+// anything ran (the caller may take another path); 2 when a launch failed part-way.
+extern "C" int stage_worker_fused_optimizer_step(
+    const at::Tensor *const *leaves, const int64_t *offsets, size_t n, const at::Tensor *flat,
+    const at::Tensor *exp_avg, const at::Tensor *exp_avg_sq, int64_t decay_len,
+    const at::Tensor *step, double lr, double beta1, double beta2, double weight_decay,
+    double eps, double clip_norm, at::Tensor **norm_out, char *err, size_t err_len) {
+  std::vector<at::Tensor> held;
+  std::vector<OptTable> tables;
+  try {
+    c10::NoGradGuard no_grad;
+    require(clip_norm > 0.0, "the clipping norm must be positive");
+    check_optimizer_state(*flat, *exp_avg, *exp_avg_sq, *step);
+    tables = opt_tables(opt_entries(leaves, offsets, n, *flat, decay_len, weight_decay, held));
+    kernels(flat->get_device());
+  } catch (const std::exception &e) {
+    fail(e, err, err_len);
+    return 1;
+  }
+  try {
+    c10::NoGradGuard no_grad;
+    at::Tensor norm = optimizer_launches(tables, *flat, *exp_avg, *exp_avg_sq, *step, lr, beta1,
+                                         beta2, eps, clip_norm);
+    held.clear();
+    for (size_t i = 0; i < n; ++i) leaves[i]->mutable_grad().reset();
+    *norm_out = new at::Tensor(norm);
+    return 0;
+  } catch (const std::exception &e) {
+    fail(e, err, err_len);
+    return 2;
+  }
+}
+
+// *x_out = wte[ids] + wpe[:T] (fp32 [B, T, C]), recorded for autograd as Embedding describes.
+// A new handle the caller owns.
+extern "C" int stage_worker_embedding(const at::Tensor *wte, const at::Tensor *wpe,
+                                      const at::Tensor *ids, at::Tensor **x_out, char *err,
+                                      size_t err_len) {
+  try {
+    auto out = Embedding::apply(*wte, *wpe, *ids);
+    *x_out = new at::Tensor(out[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *loss_out = the mean cross-entropy of bf16 logits [.., 256] against targets, ignoring
+// `ignore`, recorded for autograd as CrossEntropy describes. A new handle the caller owns.
+extern "C" int stage_worker_cross_entropy(const at::Tensor *logits, const at::Tensor *targets,
+                                          int64_t ignore, at::Tensor **loss_out, char *err,
+                                          size_t err_len) {
+  try {
+    auto out = CrossEntropy::apply(*logits, *targets, ignore);
+    *loss_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {
     return fail(e, err, err_len);

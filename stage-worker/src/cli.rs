@@ -57,11 +57,15 @@ OUTPUT (eval)
 TUNING (environment)
   STAGE_WORKER_SDPA     attention kernels: auto (default: cuDNN's from 200 planned steps,
                         memory-efficient below), efficient, flash, libtorch
-  STAGE_WORKER_ADAMW    lists (default: the fused kernel over each parameter's gradient),
-                        flat (over one flat copy of the gradients), plain (tensor operations)
+  STAGE_WORKER_ADAMW    lists (default: a fused update over each parameter's gradient, the
+                        worker's kernels where STAGE_WORKER_FUSED's run, else libtorch's),
+                        flat (libtorch's over one flat copy of the gradients), plain (tensor
+                        operations)
   STAGE_WORKER_FUSED    auto (default: on CUDA in bf16, the block's residual add, LayerNorm and
-                        cast as one kernel each way, and linear layers that hand the fp32
-                        weights their gradients directly; `check-kernels` tests them), off
+                        cast as one kernel each way, linear layers that hand the fp32
+                        weights their gradients directly, the embedding, the cross-entropy
+                        and the AdamW step as the worker's own kernels; `check-kernels`
+                        tests them), off
   STAGE_WORKER_KERNEL_CACHE
                         where those kernels are kept once compiled (default
                         $XDG_CACHE_HOME/stage-worker/kernels or ~/.cache/stage-worker/kernels)

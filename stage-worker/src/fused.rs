@@ -1,7 +1,11 @@
-//! Fused CUDA kernels for the model's blocks (`csrc/fused.cpp`): the residual add, LayerNorm
-//! and bf16 cast as one kernel forward and backward, and linear layers whose backward pass
-//! hands the fp32 masters their gradients directly (the bias's from one column-sum kernel,
-//! fused with GELU's backward after the MLP's first layer).
+//! Fused CUDA kernels for a training step (`csrc/fused.cpp`): the residual add, LayerNorm
+//! and bf16 cast of the model's blocks as one kernel forward and backward; linear layers whose
+//! backward pass hands the fp32 masters their gradients directly (the bias's from one
+//! column-sum kernel, fused with GELU's backward after the MLP's first layer); the token +
+//! position embedding as one kernel each way; the cross-entropy of the bf16 logits (one kernel
+//! for the rows' losses and one for their mean, one for the gradient); and the AdamW step
+//! ([`adamw_step`]: the gradients' norm, clipping, the update and the step count, three
+//! kernels over tables of the parameters).
 //!
 //! libtorch's eager kernels run one operation each, so around every LayerNorm of a block the
 //! activations cross memory about nine times (the add, the norm and the cast forward; the cast
@@ -11,15 +15,28 @@
 //! formulas) in one pass each way; sums are taken in another order, so results agree to
 //! rounding, not bit for bit.
 //!
+//! The embedding, the cross-entropy and the optimizer are here for another reason: a new
+//! stage's CUDA context loads every distinct kind of libtorch kernel on first use, one after
+//! the other (5–20 ms each), and libtorch spends some twenty kinds on them (by our count: the
+//! embedding's lookup and its sort-based backward, the cast, `log_softmax` and the loss both
+//! ways, the norms and the fused AdamW with its arithmetic); all the kernels here load as one
+//! module in a few milliseconds. The embedding's backward pass adds into the token table's
+//! gradient atomically, so that sum's order (and its last bits) varies from run to run.
+//! `csrc/emulate/run.sh` runs those kernels on the host (a shim for the CUDA built-ins, one
+//! host thread per GPU thread) against reference loops, a check without a GPU;
+//! `stage-worker check-kernels` is the check on one.
+//!
 //! They are compiled at first use by NVRTC for the device's architecture (in the warm-up's
 //! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
 //! (default `$XDG_CACHE_HOME/stage-worker/kernels` or `~/.cache/stage-worker/kernels`, named by
 //! a hash of the source, the architecture and NVRTC's version), so later stages load them
 //! without compiling. They are used on CUDA for
-//! widths that are a multiple of 128 up to 4096, in bf16. `STAGE_WORKER_FUSED=off` turns them
+//! widths that are a multiple of 128 up to 4096, in bf16 (the optimizer's where the model's
+//! are, see [`crate::optim::AdamW::use_kernels`]). `STAGE_WORKER_FUSED=off` turns them all
 //! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
 //! leaves the stage on the eager kernels, with one line in the log saying why.
 
+use crate::params::ParamStore;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
@@ -45,6 +62,41 @@ extern "C" {
         eps: f64,
         xn_out: *mut *mut c_void,
         a_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_fused_optimizer_step(
+        leaves: *const *const c_void,
+        offsets: *const i64,
+        n: usize,
+        flat: *const c_void,
+        exp_avg: *const c_void,
+        exp_avg_sq: *const c_void,
+        decay_len: i64,
+        step: *const c_void,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        clip_norm: f64,
+        norm_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_embedding(
+        wte: *const c_void,
+        wpe: *const c_void,
+        ids: *const c_void,
+        x_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_cross_entropy(
+        logits: *const c_void,
+        targets: *const c_void,
+        ignore: i64,
+        loss_out: *mut *mut c_void,
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
@@ -213,6 +265,136 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, gelu: bool) -> Tensor {
     assert!(rc == 0, "fused linear: {}", message(&err));
     // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
     unsafe { Tensor::from_ptr(y.cast()) }
+}
+
+/// `wte[ids] + wpe[..T]` (fp32 `[B, T, C]`) with one kernel each way, for autograd: `wte`
+/// fp32 `[V, C]`, `wpe` fp32 `[P, C]` with `P >= T`, `ids` int64 `[B, T]` on the same device.
+/// The backward pass hands `wte` its gradient summed over the ids (atomic fp32 adds, so the
+/// order of the sums varies between runs) and `wpe` its own over the batch, zero for the rows
+/// from `T` on; autograd adds any other use of `wte` (the tied output head) to it as usual. An
+/// id outside `0..V` takes a zero token embedding and passes on no gradient (libtorch's
+/// kernel stops with a device-side assertion instead). Call only where [`usable`] said yes.
+pub fn embedding(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut x: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_embedding(
+            handle(wte),
+            handle(wpe),
+            handle(ids),
+            &mut x,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused embedding: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(x.cast()) }
+}
+
+/// The mean cross-entropy (an fp32 scalar on the device) of bf16 `logits` `[.., 256]` against
+/// int64 `targets` of the leading shape, over the targets other than `ignore`, with one
+/// kernel forward (and one summing the rows' losses) and one backward writing the logits'
+/// gradient in bf16. No rows counted gives NaN, as libtorch's mean does; a target outside
+/// `0..256` counts as ignored (libtorch's kernel stops with a device-side assertion instead).
+/// Call only where [`usable`] said yes for the logits' device, kind and width.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut loss: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_cross_entropy(
+            handle(logits),
+            handle(targets),
+            ignore,
+            &mut loss,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused cross-entropy: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(loss.cast()) }
+}
+
+/// The constants of one AdamW step (see [`adamw_step`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    /// The learning rate.
+    pub lr: f64,
+    /// The moments' decay rates.
+    pub betas: (f64, f64),
+    /// Decoupled weight decay of the parameters below [`ParamStore::decay_len`].
+    pub weight_decay: f64,
+    /// Added to the second moment's square root.
+    pub eps: f64,
+    /// Largest global gradient norm; larger gradients are scaled down to it.
+    pub clip_norm: f64,
+}
+
+/// Why [`adamw_step`] did not update the parameters.
+#[derive(Debug)]
+pub enum StepError {
+    /// The operands were refused before anything ran: nothing changed, another form of the
+    /// update can take over.
+    Refused(String),
+    /// A launch failed after others had run: the state is partly updated.
+    Failed(String),
+}
+
+/// One AdamW step with the module's kernels, on the parameters' own gradients (a parameter
+/// without one takes zeros): the global gradient norm, the gradients divided by
+/// `max((norm + 1e-6) / clip_norm, 1)`, the fp32 step counter `step` (one value on the device)
+/// advanced by one and its bias corrections, the moments and parameters updated in place as
+/// torch's fused AdamW does, and every gradient dropped afterwards. Nothing is read back to
+/// the host. Returns the norm before clipping (a device fp32 scalar). Call only on CUDA where
+/// [`usable`] said yes.
+pub fn adamw_step(
+    params: &ParamStore,
+    exp_avg: &Tensor,
+    exp_avg_sq: &Tensor,
+    step: &Tensor,
+    c: &AdamWStep,
+) -> Result<Tensor, StepError> {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let leaves: Vec<*const c_void> = params.params.iter().map(|p| handle(&p.tensor)).collect();
+    let offsets: Vec<i64> = params.params.iter().map(|p| p.offset).collect();
+    let mut norm: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: every pointer is a live tch handle (an `at::Tensor *`) borrowed for the call,
+    // `leaves` and `offsets` hold `leaves.len()` entries each; the C++ side catches every
+    // exception, writes at most `err.len()` bytes, NUL-terminated, and on success stores a new
+    // handle in `norm` that we take over below.
+    let rc = unsafe {
+        stage_worker_fused_optimizer_step(
+            leaves.as_ptr(),
+            offsets.as_ptr(),
+            leaves.len(),
+            handle(&params.flat),
+            handle(exp_avg),
+            handle(exp_avg_sq),
+            params.decay_len,
+            handle(step),
+            c.lr,
+            c.betas.0,
+            c.betas.1,
+            c.weight_decay,
+            c.eps,
+            c.clip_norm,
+            &mut norm,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    match rc {
+        // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+        0 => Ok(unsafe { Tensor::from_ptr(norm.cast()) }),
+        1 => Err(StepError::Refused(message(&err))),
+        _ => Err(StepError::Failed(message(&err))),
+    }
 }
 
 /// Compiles the kernels for `sm_<arch>` without a GPU; the cubin's size, or NVRTC's log.

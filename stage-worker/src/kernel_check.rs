@@ -1,16 +1,22 @@
-//! `stage-worker check-kernels`: the fused LayerNorm kernels ([`crate::fused`]) against
-//! libtorch's eager kernels on this machine's GPU, values and speed.
+//! `stage-worker check-kernels`: the fused kernels ([`crate::fused`]) against libtorch's on
+//! this machine's GPU, values and speed.
 //!
-//! For each width it builds one random LayerNorm problem (a residual stream in fp32, a branch output in
-//! bf16, LayerNorm parameters near their trained values, random gradients for both outputs),
-//! runs it forward and backward both ways and reports the largest difference of every output
-//! and gradient relative to the largest eager value; then the same for three linear layers (one
-//! with GELU); then one training step's loss and
-//! parameter gradients of a two-layer model both ways; then the time of a forward + backward of
-//! the op each way. One JSON object per line on stdout; the exit status is 1 when a difference
-//! is beyond its tolerance (or the kernels cannot run here), else 0.
+//! For each width it builds one random LayerNorm problem (a residual stream in fp32, a branch
+//! output in bf16, LayerNorm parameters near their trained values, random gradients for both
+//! outputs), runs it forward and backward both ways and reports the largest difference of
+//! every output and gradient relative to the largest eager value; then the same for three
+//! linear layers (one with GELU), the token + position embedding (output and both tables'
+//! gradients), the cross-entropy of bf16 logits (loss and the logits' gradient, some targets
+//! ignored), and four AdamW steps with the worker's kernels against libtorch's fused AdamW on
+//! identical parameters and gradients (the returned norms, the parameters' updates, both
+//! moments, the gradients dropped); then one training step's loss and parameter gradients of a
+//! two-layer model with every fused kernel against none; also the time of a forward +
+//! backward of the LayerNorm op each way and of an AdamW step of a 300M-parameter model each
+//! way. One JSON object per line on stdout; the exit status
+//! is 1 when a difference is beyond its tolerance (or the kernels cannot run here), else 0.
 
 use crate::model::ByteGpt;
+use crate::optim::AdamW;
 use protocol::worker::ModelConfig;
 use serde_json::json;
 use std::time::Instant;
@@ -22,6 +28,9 @@ const BF16_TOLERANCE: f64 = 1.0 / 64.0;
 const FP32_TOLERANCE: f64 = 1e-4;
 /// A whole model's gradients: bf16 matrix products downstream of a one-ulp difference.
 const MODEL_TOLERANCE: f64 = 3e-2;
+/// AdamW's updates: the same fp32 formulas as torch's fused kernel (which takes some products
+/// in double), so a few roundings per step apart.
+const OPTIMIZER_TOLERANCE: f64 = 1e-4;
 
 /// Runs the checks; the process's exit status.
 pub fn run() -> i32 {
@@ -54,6 +63,10 @@ pub fn run() -> i32 {
     for (inputs, outputs, gelu) in [(1024, 3072, false), (1024, 4096, true), (4096, 1024, false)] {
         ok &= linear_check(device, 8192, inputs, outputs, gelu);
     }
+    ok &= embedding_check(device, 8, 512, 1024);
+    ok &= cross_entropy_check(device, 8, 1024);
+    ok &= optimizer_check(device);
+    optimizer_speed(device);
     ok &= model_check(device);
     i32::from(!ok)
 }
@@ -224,6 +237,215 @@ fn linear_check(device: Device, rows: i64, inputs: i64, outputs: i64, gelu: bool
     ok
 }
 
+/// The token + position embedding fused and eager (`embedding` plus a slice of the positions):
+/// the output and the gradients of both tables, with ids covering every byte many times so
+/// that the token table's gradient sums many rows each.
+fn embedding_check(device: Device, batch: i64, time: i64, width: i64) -> bool {
+    let opts = (Kind::Float, device);
+    let wte = Tensor::randn([256, width], opts) * 0.02;
+    let wpe = Tensor::randn([2 * time, width], opts) * 0.02;
+    let ids = Tensor::randint(256, [batch, time], (Kind::Int64, device));
+    let grad = Tensor::randn([batch, time, width], opts);
+    let run = |fused: bool| {
+        let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
+        let (wte, wpe) = (leaf(&wte), leaf(&wpe));
+        let x = if fused {
+            crate::fused::embedding(&wte, &wpe, &ids)
+        } else {
+            Tensor::embedding(&wte, &ids, -1, false, false) + wpe.narrow(0, 0, time)
+        };
+        (&x * &grad).sum(Kind::Float).backward();
+        vec![x.detach(), wte.grad(), wpe.grad()]
+    };
+    let (fused, eager) = (run(true), run(false));
+    let mut diffs = serde_json::Map::new();
+    let mut ok = true;
+    for (name, (f, e)) in ["x", "grad_wte", "grad_wpe"]
+        .iter()
+        .zip(fused.iter().zip(&eager))
+    {
+        let d = relative(f, e);
+        ok &= d <= FP32_TOLERANCE;
+        diffs.insert((*name).into(), json!(d));
+    }
+    println!(
+        "{}",
+        json!({"check": "embedding", "batch": batch, "time": time, "width": width,
+               "relative_difference": diffs, "ok": ok})
+    );
+    ok
+}
+
+/// The cross-entropy of bf16 logits fused and eager (the cast to fp32, `log_softmax`, the
+/// mean negative log-likelihood): the loss and the logits' gradient (bf16) under an upstream
+/// gradient other than 1, with about one target in ten ignored.
+fn cross_entropy_check(device: Device, batch: i64, time: i64) -> bool {
+    let logits =
+        (Tensor::randn([batch, time, 256], (Kind::Float, device)) * 3.0).to_kind(Kind::BFloat16);
+    let ignored = Tensor::rand([batch, time], (Kind::Float, device)).lt(0.1);
+    let targets = Tensor::randint(256, [batch, time], (Kind::Int64, device))
+        .masked_fill(&ignored, crate::data::batch::IGNORE);
+    let run = |fused: bool| {
+        let logits = logits.detach().set_requires_grad(true);
+        let loss = crate::model::cross_entropy_with(&logits, &targets, fused);
+        (&loss * 1.7).backward();
+        (loss.detach(), logits.grad())
+    };
+    let ((loss_f, grad_f), (loss_e, grad_e)) = (run(true), run(false));
+    let d_loss = relative(&loss_f, &loss_e);
+    let d_grad = relative(&grad_f, &grad_e);
+    let ok = d_loss <= FP32_TOLERANCE && d_grad <= BF16_TOLERANCE;
+    println!(
+        "{}",
+        json!({"check": "cross_entropy", "rows": batch * time, "loss_fused": loss_f.double_value(&[]),
+               "loss_eager": loss_e.double_value(&[]),
+               "relative_difference": {"loss": d_loss, "grad_logits": d_grad}, "ok": ok})
+    );
+    ok
+}
+
+/// A few AdamW steps with the worker's kernels and with libtorch's fused kernel on lists, from
+/// identical parameters and gradients: a six-layer model's 76 tensors (two launches' tables),
+/// weight decay on the matrices, one parameter left without a gradient, and gradients large
+/// enough to be clipped in some steps and not in others. Compares the returned norms, the
+/// parameters' updates and both moments.
+fn optimizer_check(device: Device) -> bool {
+    let config = ModelConfig {
+        d_model: 256,
+        n_layers: 6,
+        n_heads: 4,
+        max_seq_len: 128,
+    };
+    let mut models = [
+        ByteGpt::new(&config, device, 2),
+        ByteGpt::new(&config, device, 2),
+    ];
+    let start = models[0].params.flat.copy();
+    let mut opts = [
+        AdamW::new(&models[0].params, 0.1),
+        AdamW::new(&models[1].params, 0.1),
+    ];
+    opts[0].use_kernels(true);
+    let mut norms = [Vec::new(), Vec::new()];
+    for (k, scale) in [10.0, 1e-3, 3.0, 1e-4].into_iter().enumerate() {
+        let grads: Vec<Tensor> = models[0]
+            .params
+            .params
+            .iter()
+            .map(|p| Tensor::randn(p.shape.as_slice(), (Kind::Float, device)) * scale)
+            .collect();
+        for ((m, opt), norms) in models.iter_mut().zip(&mut opts).zip(&mut norms) {
+            set_gradients(m, &grads);
+            let norm = opt.step(&mut m.params, 1e-2 * (k + 1) as f64);
+            norms.push(norm.double_value(&[]));
+        }
+    }
+    let mut diffs = serde_json::Map::new();
+    let mut ok = opts[0].kernels();
+    let worst_norm = norms[0]
+        .iter()
+        .zip(&norms[1])
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-30))
+        .fold(0.0f64, f64::max);
+    ok &= worst_norm <= FP32_TOLERANCE;
+    diffs.insert("norm".into(), json!(worst_norm));
+    let update = |m: &ByteGpt| &m.params.flat - &start;
+    for (name, a, b, tolerance) in [
+        (
+            "update",
+            update(&models[0]),
+            update(&models[1]),
+            OPTIMIZER_TOLERANCE,
+        ),
+        (
+            "exp_avg",
+            opts[0].exp_avg.shallow_clone(),
+            opts[1].exp_avg.shallow_clone(),
+            FP32_TOLERANCE,
+        ),
+        (
+            "exp_avg_sq",
+            opts[0].exp_avg_sq.shallow_clone(),
+            opts[1].exp_avg_sq.shallow_clone(),
+            FP32_TOLERANCE,
+        ),
+    ] {
+        let d = relative(&a, &b);
+        ok &= d <= tolerance;
+        diffs.insert(name.into(), json!(d));
+    }
+    let dropped = models[0]
+        .params
+        .params
+        .iter()
+        .all(|p| !p.tensor.grad().defined());
+    ok &= dropped;
+    println!(
+        "{}",
+        json!({"check": "adamw (4 steps, 76 tensors, clipped and not)", "kernels": opts[0].kernels(),
+               "gradients_dropped": dropped, "norms_kernels": norms[0], "norms_libtorch": norms[1],
+               "relative_difference": diffs, "ok": ok})
+    );
+    ok
+}
+
+/// Milliseconds per AdamW step over a 24-layer 1024-wide model's gradients (about 300M
+/// parameters), the worker's kernels and libtorch's fused kernel on lists (the median of five
+/// steps each, the gradients set before each step and not timed).
+fn optimizer_speed(device: Device) {
+    let config = ModelConfig {
+        d_model: 1024,
+        n_layers: 24,
+        n_heads: 16,
+        max_seq_len: 1024,
+    };
+    let mut model = ByteGpt::zeroed(&config, device);
+    let grads: Vec<Tensor> = model
+        .params
+        .params
+        .iter()
+        .map(|p| Tensor::randn(p.shape.as_slice(), (Kind::Float, device)) * 1e-3)
+        .collect();
+    let mut time = |kernels: bool| {
+        let mut opt = AdamW::new(&model.params, 0.1);
+        opt.use_kernels(kernels);
+        let mut runs: Vec<f64> = (0..6)
+            .map(|_| {
+                set_gradients(&mut model, &grads);
+                tch::Cuda::synchronize(0);
+                let t = Instant::now();
+                let _ = opt.step(&mut model.params, 1e-3);
+                tch::Cuda::synchronize(0);
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .skip(1)
+            .collect();
+        runs.sort_by(f64::total_cmp);
+        (runs[2], opt.kernels())
+    };
+    let (kernels, libtorch) = (time(true), time(false));
+    println!(
+        "{}",
+        json!({"speed": "adamw step (24 layers, d_model 1024)", "parameters": model.params.numel(),
+               "kernels_ms": kernels.0, "kernels_used": kernels.1, "libtorch_ms": libtorch.0})
+    );
+}
+
+/// Gives every parameter but the last `grads[i]` as its gradient (the last gets none, as a
+/// parameter that took no part in a loss).
+fn set_gradients(model: &mut ByteGpt, grads: &[Tensor]) {
+    model.params.zero_grad();
+    let params = &model.params.params;
+    let loss = params
+        .iter()
+        .zip(grads)
+        .take(params.len() - 1)
+        .map(|(p, g)| (&p.tensor * g).sum(Kind::Float))
+        .reduce(|a, b| a + b)
+        .expect("the model has more than one parameter");
+    loss.backward();
+}
+
 /// One step's loss and gradients of a two-layer 1024-wide model, fused and eager.
 fn model_check(device: Device) -> bool {
     let config = ModelConfig {
@@ -243,7 +465,7 @@ fn model_check(device: Device) -> bool {
             }
         }
         let logits = model.forward_with(&ids, Kind::BFloat16, fused);
-        let loss = crate::model::cross_entropy(&logits, &targets);
+        let loss = crate::model::cross_entropy_with(&logits, &targets, fused);
         loss.backward();
         let grads: Vec<(String, Tensor)> = model
             .params

@@ -139,7 +139,8 @@ impl ByteGpt {
     /// most `max_seq_len`). Position `t` sees inputs `0..=t` only.
     ///
     /// On CUDA in bf16 each LayerNorm runs with the residual add before it and the cast after
-    /// it as one kernel ([`crate::fused`]); elsewhere as libtorch's three. Same arithmetic.
+    /// it as one kernel ([`crate::fused`]), and so do the embeddings' lookup and sum;
+    /// elsewhere as libtorch's kernels. Same arithmetic.
     pub fn forward(&self, ids: &Tensor, kind: Kind) -> Tensor {
         let fused = crate::fused::usable(ids.device(), kind, self.config.d_model);
         self.forward_with(ids, kind, fused)
@@ -157,8 +158,7 @@ impl ByteGpt {
             fused,
         };
         let wte = self.params.get("wte");
-        let pos = self.params.get("wpe").narrow(0, 0, t);
-        let mut x = Tensor::embedding(wte, ids, -1, false, false) + pos;
+        let mut x = layers.embedding(ids);
         let mut a = layers.first(&x, "blocks.0.ln1");
         for i in 0..self.config.n_layers {
             let blk = format!("blocks.{i}");
@@ -194,8 +194,9 @@ impl ByteGpt {
     /// Mean cross-entropy (fp32) of the logits for `ids` against `targets`, ignoring targets
     /// equal to [`crate::data::batch::IGNORE`].
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, kind: Kind) -> Tensor {
-        let logits = self.forward(ids, kind);
-        cross_entropy(&logits, targets)
+        let fused = crate::fused::usable(ids.device(), kind, self.config.d_model);
+        let logits = self.forward_with(ids, kind, fused);
+        cross_entropy_with(&logits, targets, fused)
     }
 }
 
@@ -214,6 +215,17 @@ impl Layers<'_> {
             p.get(&format!("{prefix}.weight")),
             p.get(&format!("{prefix}.bias")),
         )
+    }
+
+    /// The token embeddings of `ids` `[B, T]` plus the positions' (fp32 `[B, T, C]`).
+    fn embedding(&self, ids: &Tensor) -> Tensor {
+        let p = &self.model.params;
+        let (wte, wpe) = (p.get("wte"), p.get("wpe"));
+        if self.fused {
+            return crate::fused::embedding(wte, wpe, ids);
+        }
+        let t = ids.size()[1];
+        Tensor::embedding(wte, ids, -1, false, false) + wpe.narrow(0, 0, t)
     }
 
     /// The linear layer `prefix` (then GELU when `gelu`) in the compute kind.
@@ -252,8 +264,14 @@ impl Layers<'_> {
     }
 }
 
-/// Mean cross-entropy in fp32 over the targets that are not ignored.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
+/// Mean cross-entropy in fp32 over the targets that are not [`crate::data::batch::IGNORE`],
+/// with the fused kernels (`fused`, where [`crate::fused::usable`] said yes for the logits'
+/// device and kind) or libtorch's: the cast to fp32, `log_softmax` and the mean negative
+/// log-likelihood.
+pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, fused: bool) -> Tensor {
+    if fused {
+        return crate::fused::cross_entropy(logits, targets, crate::data::batch::IGNORE);
+    }
     logits
         .to_kind(Kind::Float)
         .view([-1, VOCAB_SIZE])

@@ -16,6 +16,14 @@
 //! every new kind of kernel on first use, 5–20 ms each, see docs/boundary.md §2, and that form
 //! uses about ten kinds). All three compute the same update (tested); an error of a fused call
 //! falls back to the next form.
+//!
+//! Where the model runs the worker's own kernels ([`crate::fused`]), the list form runs as
+//! three kernels of that module instead (the squares' partial sums, the norm with the clipping
+//! scale and the step's bias corrections, the update): the eight or so kinds of libtorch
+//! kernel the list form loads into a fresh CUDA context (the norms, their stack, the clipping
+//! arithmetic, the step count's add and the fused update) cost a new stage about 90 ms before
+//! its first step, and the module loads all its kernels at once. Same update, same dropped
+//! gradients; `check-kernels` compares the two on the GPU.
 
 #[cfg(test)]
 use crate::params::slices_cpu;
@@ -78,6 +86,9 @@ pub struct AdamW {
     /// [`AdamW::step`] as an fp32 tensor on the device, for the fused kernel; made when first
     /// needed.
     step_tensor: Option<Tensor>,
+    /// Whether the update runs as the worker's own kernels ([`crate::fused::adamw_step`]); off
+    /// unless [`AdamW::use_kernels`] turned it on.
+    kernels: bool,
 }
 
 extern "C" {
@@ -193,7 +204,23 @@ impl AdamW {
             fused: fused_wanted(),
             lists: lists_wanted(),
             step_tensor: None,
+            kernels: false,
         }
+    }
+
+    /// Runs the update as the worker's own kernels ([`crate::fused::adamw_step`]) when `on`:
+    /// pass whether [`crate::fused::usable`] said yes for the model's device, compute kind and
+    /// width, so that the optimizer's kernels run exactly where the model's do. Either way
+    /// the update is the same; if the kernels refuse the operands the step falls back to
+    /// libtorch's fused kernel (see [`AdamW::step`]), and `STAGE_WORKER_ADAMW=flat` or `plain`
+    /// keep libtorch's forms regardless.
+    pub fn use_kernels(&mut self, on: bool) {
+        self.kernels = on;
+    }
+
+    /// Whether the next step runs as the worker's own kernels.
+    pub fn kernels(&self) -> bool {
+        self.kernels && self.fused && self.lists
     }
 
     /// Whether the next step uses the fused kernel.
@@ -213,6 +240,17 @@ impl AdamW {
     /// temporaries are the flat gradient and the denominator. Returns the gradient norm before
     /// clipping (a device scalar).
     pub fn step(&mut self, params: &mut ParamStore, lr: f64) -> Tensor {
+        if self.kernels() {
+            match self.step_kernels(params, lr) {
+                Ok(norm) => return norm,
+                Err(e) => {
+                    crate::log!(
+                        "note: the worker's AdamW kernels refused the step ({e}); using libtorch's"
+                    );
+                    self.kernels = false;
+                }
+            }
+        }
         if self.fused && self.lists {
             match self.step_lists(params, lr) {
                 Ok(norm) => return norm,
@@ -288,6 +326,37 @@ impl AdamW {
             self.step_tensor = Some(step);
             Ok(norm)
         })
+    }
+
+    /// [`AdamW::step`] with the worker's own kernels: as [`AdamW::step_lists`] (the same
+    /// update, the gradients dropped afterwards), with the step counter advanced on the device
+    /// by the kernels themselves. An error means nothing changed.
+    fn step_kernels(&mut self, params: &mut ParamStore, lr: f64) -> Result<Tensor, String> {
+        let step = match self.step_tensor.take() {
+            Some(t) => t,
+            None => Tensor::from_slice(&[self.step as f32]).to_device(params.flat.device()),
+        };
+        let constants = crate::fused::AdamWStep {
+            lr,
+            betas: (self.beta1, self.beta2),
+            weight_decay: self.weight_decay,
+            eps: self.eps,
+            clip_norm: CLIP_NORM,
+        };
+        let done =
+            crate::fused::adamw_step(params, &self.exp_avg, &self.exp_avg_sq, &step, &constants);
+        // Advanced in place on success, untouched when refused.
+        self.step_tensor = Some(step);
+        match done {
+            Ok(norm) => {
+                self.step += 1;
+                Ok(norm)
+            }
+            Err(crate::fused::StepError::Refused(e)) => Err(e),
+            Err(crate::fused::StepError::Failed(e)) => {
+                panic!("the worker's AdamW kernels failed half-way through a step: {e}")
+            }
+        }
     }
 
     /// [`AdamW::step`] with the fused kernel over per-parameter lists: the parameters' own
@@ -598,6 +667,30 @@ mod tests {
             assert!(diff < 1e-5, "step {step}: the forms differ by {diff}");
         }
         assert!(lists.lists && !flat.lists);
+    }
+
+    #[test]
+    fn the_kernels_are_off_by_default_and_refused_off_the_gpu_without_changing_the_step() {
+        // Asked for on the CPU, the worker's kernels refuse the operands before anything runs;
+        // libtorch's list form takes the step instead, exactly as it would have.
+        crate::testutil::one_torch_thread();
+        let mut a = store();
+        let mut b = store();
+        let mut asked = AdamW::new(&a, 0.1);
+        assert!(!asked.kernels(), "the kernels are on by default");
+        asked.use_kernels(true);
+        assert!(asked.kernels());
+        let mut lists = AdamW::new(&b, 0.1);
+        for (p, opt) in [(&mut a, &mut asked), (&mut b, &mut lists)] {
+            p.zero_grad();
+            (p.get("w").square().sum(Kind::Float) * 50.0).backward();
+            let norm = opt.step(p, 0.01);
+            assert!(norm.double_value(&[]).is_finite());
+        }
+        assert!(!asked.kernels(), "the refusal was not remembered");
+        assert_eq!(asked.step, 1);
+        assert!(a.flat.equal(&b.flat));
+        assert!(asked.exp_avg_sq.equal(&lists.exp_avg_sq));
     }
 
     #[test]

@@ -522,6 +522,15 @@ fn train_loop(
         finished: Instant::now(),
         interrupted: false,
     };
+    // The optimizer's kernels run exactly where the model's fused kernels do. Asked here, not
+    // when the optimizer is made: the first ask loads the kernels (or waits for the warm-up
+    // loading them), which the first forward pass would wait for anyway, but loading a
+    // checkpoint must not.
+    opt.use_kernels(crate::fused::usable(
+        compute.device,
+        compute.kind,
+        model.config.d_model,
+    ));
     let first = opt.step + 1;
     let mut profile = crate::profile::StepProfile::from_env(first, compute.device)?;
     for step in first..=p.steps {

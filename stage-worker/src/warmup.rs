@@ -96,6 +96,7 @@ fn ms(t: Instant) -> f64 {
 fn one_step(config: &ModelConfig, batch: usize, seq_len: usize, kind: Kind, device: Device) {
     let mut model = ByteGpt::zeroed(config, device);
     let mut opt = AdamW::new(&model.params, 0.0);
+    opt.use_kernels(crate::fused::usable(device, kind, config.d_model));
     let shape = [batch as i64, seq_len as i64];
     let ids = Tensor::zeros(shape, (Kind::Int64, device));
     model.params.zero_grad();
@@ -165,15 +166,16 @@ fn trace_ops(config: &ModelConfig, batch: usize, seq_len: usize, kind: Kind, dev
     lap("attention forward + backward");
     matmuls(config, batch, seq_len, kind, device);
     lap("matrix products forward + backward");
-    let logits = Tensor::zeros([n, 256], (Kind::Float, device)).set_requires_grad(true);
+    // As the model's loss takes it: the fused kernels' where the model's run.
+    let fused = crate::fused::usable(device, kind, d);
+    let logits = Tensor::zeros([n, 256], (kind, device)).set_requires_grad(true);
     let tgt = Tensor::zeros([n], (Kind::Int64, device));
-    logits
-        .cross_entropy_loss::<Tensor>(&tgt, None, tch::Reduction::Mean, -100, 0.0)
-        .backward();
+    crate::model::cross_entropy_with(&logits, &tgt, fused).backward();
     lap("cross-entropy forward + backward");
     let mut model = ByteGpt::zeroed(config, device);
     lap("one-layer model built");
     let mut opt = AdamW::new(&model.params, 0.0);
+    opt.use_kernels(crate::fused::usable(device, kind, config.d_model));
     lap("optimizer state");
     let ids = Tensor::zeros([batch as i64, seq_len as i64], (Kind::Int64, device));
     let loss = model.loss(&ids, &ids, kind);
