@@ -467,10 +467,7 @@ pub(super) fn fork(
     let request = ForkRequest {
         v: protocol::PROTOCOL_VERSION,
         argv: argv.to_vec(),
-        env: env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        env: owned(env),
         cwd: cwd.to_path_buf(),
         parent: std::process::id(),
         cgroup: cgroup.map(|c| c.to_path_buf()),
@@ -493,6 +490,13 @@ pub(super) fn fork(
         ForkReply::Refused { reason } => Err(ForkServerError::Refused { reason }),
         reply => Err(ForkServerError::Unexpected { reply }),
     }
+}
+
+/// An environment as the protocol's messages carry it.
+pub(super) fn owned(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 pub(super) fn send_with_fds(sock: &UnixStream, body: &[u8], fds: &[i32]) -> io::Result<()> {

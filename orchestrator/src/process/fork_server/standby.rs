@@ -14,7 +14,7 @@
 //! down, and a failed adoption kills it and forks the stage as usual. Standbys are killed
 //! through a pidfd, so a reused PID is never signalled. `ORCHESTRATE_STANDBY=0` turns them off.
 
-use super::{read_reply, send_with_fds, ReplyError, Server, FORK_TIMEOUT};
+use super::{owned, read_reply, send_with_fds, ReplyError, Server, FORK_TIMEOUT};
 use protocol::fork::{driver_env, Adopt, ForkReply, ForkRequest};
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -60,10 +60,7 @@ pub fn enabled() -> bool {
 }
 
 fn driver_of(env: &[(&str, &str)]) -> Vec<(String, String)> {
-    driver_env(env.iter().copied())
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    owned(&driver_env(env.iter().copied()))
 }
 
 /// Notes the environment worker `pid` was started with, when it was given GPUs (a standby is
@@ -75,13 +72,12 @@ pub fn remember(pid: i32, program: &Path, env: &[(&str, &str)]) {
     if !gpus || !enabled() {
         return;
     }
-    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
     FORKED.with(|f| {
         let mut f = f.borrow_mut();
         if f.len() == REMEMBERED {
             f.pop_front();
         }
-        f.push_back((pid, program.to_path_buf(), env.collect()));
+        f.push_back((pid, program.to_path_buf(), owned(env)));
     });
 }
 
@@ -190,10 +186,7 @@ pub fn adopt(
     let message = Adopt {
         v: protocol::PROTOCOL_VERSION,
         argv: argv.to_vec(),
-        env: env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        env: owned(env),
         cwd: cwd.to_path_buf(),
     };
     let moved = cgroup.map_or(Ok(()), |dir| {
