@@ -187,7 +187,16 @@ pub fn spawn(
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
-        if let Some(pid) = standby::adopt(&program, argv, env, cwd, stdout, stderr, cgroup) {
+        let standby = standby::Stage {
+            argv,
+            env,
+            cwd,
+            stdout,
+            stderr,
+            cgroup,
+            gpu_holders,
+        };
+        if let Some(pid) = standby::adopt(&program, &standby) {
             standby::remember(pid, &program, env);
             return Ok(pid);
         }

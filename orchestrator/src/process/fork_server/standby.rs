@@ -11,7 +11,8 @@
 //!
 //! Nothing is left behind: a standby not adopted within [`STANDBY_TTL`] is killed (it also
 //! exits by itself when its socket closes), every one is killed when the servers are shut
-//! down, and a failed adoption kills it and forks the stage as usual. Standbys are killed
+//! down, and a failed adoption (or a standby that NVML lists on the stage's GPUs, which would
+//! mean it created a context) kills it and forks the stage as usual. Standbys are killed
 //! through a pidfd, so a reused PID is never signalled. `ORCHESTRATE_STANDBY=0` turns them off.
 
 use super::{owned, read_reply, send_with_fds, ReplyError, Server, FORK_TIMEOUT};
@@ -160,20 +161,34 @@ fn start(
     Ok((pid, pidfd, ours))
 }
 
-/// Makes a waiting standby of `program` with the driver variables of `env` the worker running
-/// `argv` (see [`Adopt`]), moved first into the stage's `cgroup` if it has one; its PID, or
+/// The stage a standby may become, as [`super::spawn`] was asked to start it.
+pub struct Stage<'a> {
+    pub argv: &'a [String],
+    pub env: &'a [(&'a str, &'a str)],
+    pub cwd: &'a Path,
+    pub stdout: &'a OwnedFd,
+    pub stderr: &'a OwnedFd,
+    pub cgroup: Option<&'a Path>,
+    /// The PIDs NVML lists on the stage's GPUs: a standby among them holds a context, which it
+    /// must not, and is not adopted.
+    pub gpu_holders: &'a [u32],
+}
+
+/// Makes a waiting standby of `program` with the driver variables of the stage's environment
+/// its worker (see [`Adopt`]), moved first into the stage's cgroup if it has one; its PID, or
 /// `None` when there is none or it failed (then it is killed and the caller forks as usual).
 /// (What the standby allocated before its move stays charged where it was: the driver's
 /// start-up, no stage data.)
-pub fn adopt(
-    program: &Path,
-    argv: &[String],
-    env: &[(&str, &str)],
-    cwd: &Path,
-    stdout: &OwnedFd,
-    stderr: &OwnedFd,
-    cgroup: Option<&Path>,
-) -> Option<i32> {
+pub fn adopt(program: &Path, stage: &Stage<'_>) -> Option<i32> {
+    let Stage {
+        argv,
+        env,
+        cwd,
+        stdout,
+        stderr,
+        cgroup,
+        gpu_holders,
+    } = *stage;
     expire();
     let driver = driver_of(env);
     let standby = STANDBYS.with(|s| {
@@ -189,6 +204,14 @@ pub fn adopt(
         env: owned(env),
         cwd: cwd.to_path_buf(),
     };
+    if gpu_holders.contains(&(standby.pid as u32)) {
+        tracing::warn!(
+            pid = standby.pid,
+            "a standby is listed on a GPU; killed, not adopted"
+        );
+        kill(&standby);
+        return None;
+    }
     let moved = cgroup.map_or(Ok(()), |dir| {
         std::fs::write(dir.join("cgroup.procs"), standby.pid.to_string())
     });
