@@ -149,23 +149,32 @@ thread_local! {
     static SERVERS: RefCell<HashMap<PathBuf, State>> = RefCell::new(HashMap::new());
 }
 
-/// Starts a worker running `argv` (a `stage-worker` command line) with exactly `env`, in
-/// `cwd`, with `stdout` and `stderr`, through the fork server of `argv[0]`. Returns its PID:
-/// a child of this process, in its own session, not yet registered with `reaper` (register it
-/// before the next `.await`). `gpu_holders` are the PIDs NVML lists on the stage's GPUs; a
-/// server among them is refused. An error says why the caller should exec instead.
-#[allow(clippy::too_many_arguments)]
-pub fn spawn(
-    argv: &[String],
-    env: &[(&str, &str)],
-    cwd: &std::path::Path,
-    stdout: &OwnedFd,
-    stderr: &OwnedFd,
-    gpu_holders: &[u32],
-    cgroup: Option<&std::path::Path>,
-    reaper: &Reaper,
-) -> Result<i32, ForkServerError> {
-    let program = PathBuf::from(argv.first().ok_or(ForkServerError::EmptyCommand)?);
+/// A worker to start through a fork server: everything its process is given.
+pub struct Worker<'a> {
+    /// Its command line, as it would be exec'd.
+    pub argv: &'a [String],
+    /// Its whole environment.
+    pub env: &'a [(&'a str, &'a str)],
+    /// Its working directory.
+    pub cwd: &'a std::path::Path,
+    /// Its stdout.
+    pub stdout: &'a OwnedFd,
+    /// Its stderr.
+    pub stderr: &'a OwnedFd,
+    /// The PIDs NVML lists on the stage's GPUs now: a server (or a standby) among them is
+    /// not used.
+    pub gpu_holders: &'a [u32],
+    /// The stage's cgroup directory, if it has one: the worker is born in it (a standby is
+    /// moved into it).
+    pub cgroup: Option<&'a std::path::Path>,
+}
+
+/// Starts `worker` (a `stage-worker` command line) through the fork server of its `argv[0]`,
+/// or as the standby waiting for it ([`standby`]). Returns its PID: a child of this process,
+/// in its own session, not yet registered with `reaper` (register it before the next
+/// `.await`). An error says why the caller should exec instead.
+pub fn spawn(worker: &Worker<'_>, reaper: &Reaper) -> Result<i32, ForkServerError> {
+    let program = PathBuf::from(worker.argv.first().ok_or(ForkServerError::EmptyCommand)?);
     SERVERS.with(|servers| {
         let mut servers = servers.borrow_mut();
         if let Some(State::Failed(why)) = servers.get(&program) {
@@ -187,22 +196,13 @@ pub fn spawn(
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
-        let standby = standby::Stage {
-            argv,
-            env,
-            cwd,
-            stdout,
-            stderr,
-            cgroup,
-            gpu_holders,
-        };
-        if let Some(pid) = standby::adopt(&program, &standby) {
-            standby::remember(pid, &program, env);
+        if let Some(pid) = standby::adopt(&program, worker) {
+            standby::remember(pid, &program, worker.env);
             return Ok(pid);
         }
-        match fork(server, argv, env, cwd, stdout, stderr, gpu_holders, cgroup) {
+        match fork(server, worker) {
             Ok(pid) => {
-                standby::remember(pid, &program, env);
+                standby::remember(pid, &program, worker.env);
                 Ok(pid)
             }
             Err(why) => {
@@ -455,38 +455,28 @@ fn readied(
     }
 }
 
-/// Asks `server` for a worker (see [`spawn`]); its PID.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn fork(
-    server: &mut Server,
-    argv: &[String],
-    env: &[(&str, &str)],
-    cwd: &std::path::Path,
-    stdout: &OwnedFd,
-    stderr: &OwnedFd,
-    gpu_holders: &[u32],
-    cgroup: Option<&std::path::Path>,
-) -> Result<i32, ForkServerError> {
+/// Asks `server` for `worker` (see [`spawn`]); its PID.
+pub(super) fn fork(server: &mut Server, worker: &Worker<'_>) -> Result<i32, ForkServerError> {
     if server.exit.try_wait().is_some() {
         return Err(ForkServerError::Exited);
     }
-    if gpu_holders.contains(&(server.pid as u32)) {
+    if worker.gpu_holders.contains(&(server.pid as u32)) {
         return Err(ForkServerError::OnGpu { pid: server.pid });
     }
     let request = ForkRequest {
         v: protocol::PROTOCOL_VERSION,
-        argv: argv.to_vec(),
-        env: owned(env),
-        cwd: cwd.to_path_buf(),
+        argv: worker.argv.to_vec(),
+        env: owned(worker.env),
+        cwd: worker.cwd.to_path_buf(),
         parent: std::process::id(),
-        cgroup: cgroup.map(|c| c.to_path_buf()),
+        cgroup: worker.cgroup.map(|c| c.to_path_buf()),
         standby: false,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
     send_with_fds(
         &server.sock,
         &body,
-        &[stdout.as_raw_fd(), stderr.as_raw_fd()],
+        &[worker.stdout.as_raw_fd(), worker.stderr.as_raw_fd()],
     )
     .map_err(ForkServerError::Send)?;
     server

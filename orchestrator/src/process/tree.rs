@@ -131,16 +131,17 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     }
     if launch.fork_server && crate::process::fork_server::enabled() {
-        match crate::process::fork_server::spawn(
-            &launch.argv,
-            &stage_environment(&launch),
-            &launch.cwd,
-            &launch.stdout,
-            &launch.stderr,
-            &launch.gpu_holders,
-            launch.cgroup.as_ref().map(StageCgroup::path),
-            reaper,
-        ) {
+        let env = stage_environment(&launch);
+        let worker = crate::process::fork_server::Worker {
+            argv: &launch.argv,
+            env: &env,
+            cwd: &launch.cwd,
+            stdout: &launch.stdout,
+            stderr: &launch.stderr,
+            gpu_holders: &launch.gpu_holders,
+            cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
+        };
+        match crate::process::fork_server::spawn(&worker, reaper) {
             Ok(pid) => return Ok(forked(pid, launch, reaper, None)),
             Err(why) => tracing::debug!("not through the fork server: {why}"),
         }
@@ -150,14 +151,16 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         use protocol::report::{StageStart, StartVia};
         let env = stage_environment(&launch);
         let stage = crate::process::zygote::PythonStage {
-            argv: &launch.argv,
-            env: &env,
-            cwd: &launch.cwd,
-            stdout: &launch.stdout,
-            stderr: &launch.stderr,
-            gpu_holders: &launch.gpu_holders,
+            worker: crate::process::fork_server::Worker {
+                argv: &launch.argv,
+                env: &env,
+                cwd: &launch.cwd,
+                stdout: &launch.stdout,
+                stderr: &launch.stderr,
+                gpu_holders: &launch.gpu_holders,
+                cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
+            },
             preload: &launch.preload,
-            cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
         };
         let fallback = match crate::process::zygote::spawn(&stage, reaper) {
             Ok(pid) => {

@@ -34,7 +34,6 @@ use crate::process::reaper::Reaper;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -120,24 +119,13 @@ fn shown(value: &Option<String>) -> String {
     }
 }
 
-/// One Python stage to start: its whole environment, and the modules its zygote preloads.
+/// One Python stage to start: the worker (its whole environment, among the rest), and the
+/// modules its zygote preloads.
 pub struct PythonStage<'a> {
-    /// The command line.
-    pub argv: &'a [String],
-    /// The stage's whole environment.
-    pub env: &'a [(&'a str, &'a str)],
-    /// Its working directory.
-    pub cwd: &'a Path,
-    /// Its stdout.
-    pub stdout: &'a OwnedFd,
-    /// Its stderr.
-    pub stderr: &'a OwnedFd,
-    /// PIDs NVML lists on the stage's GPUs now (a zygote among them is not used).
-    pub gpu_holders: &'a [u32],
+    /// What its process is given.
+    pub worker: fork_server::Worker<'a>,
     /// The modules to preload.
     pub preload: &'a [String],
-    /// The stage's cgroup directory, if it has one: the stage is born in it.
-    pub cgroup: Option<&'a std::path::Path>,
 }
 
 struct Zygote {
@@ -175,6 +163,7 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
     }
     let interpreter = plain_python_run(stage)?;
     let env: Vec<(String, String)> = stage
+        .worker
         .env
         .iter()
         .filter(|(k, _)| !per_stage_variable(k) && *k != NVML_CHECK_VAR)
@@ -204,17 +193,8 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
             }
             State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
-        env_mismatch(zygote, stage.env)?;
-        match fork_server::fork(
-            &mut zygote.server,
-            stage.argv,
-            stage.env,
-            stage.cwd,
-            stage.stdout,
-            stage.stderr,
-            stage.gpu_holders,
-            stage.cgroup,
-        ) {
+        env_mismatch(zygote, stage.worker.env)?;
+        match fork_server::fork(&mut zygote.server, &stage.worker) {
             Ok(pid) => Ok(pid),
             Err(why) => {
                 tracing::warn!("zygote stopped: {why}; its Python stages are exec'd from now on");
@@ -271,32 +251,39 @@ pub fn shutdown() {
 /// The interpreter of a `python SCRIPT …` / `python -m MODULE …` command, as exec would find
 /// it (not resolved further: a virtual environment's `bin/python` is what makes it one).
 fn plain_python_run(stage: &PythonStage<'_>) -> Result<PathBuf, Fallback> {
-    let program = stage.argv.first().map(String::as_str).unwrap_or("");
+    let program = stage.worker.argv.first().map(String::as_str).unwrap_or("");
     if !is_python_name(program.rsplit('/').next().unwrap_or(program)) {
         return Err(Fallback::NotPython(program.into()));
     }
     let path_var = stage
+        .worker
         .env
         .iter()
         .rev()
         .find(|(k, _)| *k == "PATH")
         .map(|(_, v)| *v);
-    let (interpreter, _) =
-        crate::process::spawn::resolve(program, path_var, stage.cwd).map_err(|source| {
-            Fallback::NotFound {
-                program: program.into(),
-                source,
-            }
+    let (interpreter, _) = crate::process::spawn::resolve(program, path_var, stage.worker.cwd)
+        .map_err(|source| Fallback::NotFound {
+            program: program.into(),
+            source,
         })?;
     let interpreter = if interpreter.is_relative() {
-        stage.cwd.join(interpreter)
+        stage.worker.cwd.join(interpreter)
     } else {
         interpreter
     };
-    match stage.argv.get(1).map(String::as_str) {
-        Some("-m") if stage.argv.get(2).is_some_and(|m| !m.starts_with('-')) => Ok(interpreter),
+    match stage.worker.argv.get(1).map(String::as_str) {
+        Some("-m")
+            if stage
+                .worker
+                .argv
+                .get(2)
+                .is_some_and(|m| !m.starts_with('-')) =>
+        {
+            Ok(interpreter)
+        }
         Some(script) if !script.starts_with('-') => {
-            let path = stage.cwd.join(script);
+            let path = stage.worker.cwd.join(script);
             if path.is_file() {
                 Ok(interpreter)
             } else {

@@ -15,7 +15,7 @@
 //! mean it created a context) kills it and forks the stage as usual. Standbys are killed
 //! through a pidfd, so a reused PID is never signalled. `ORCHESTRATE_STANDBY=0` turns them off.
 
-use super::{owned, read_reply, send_with_fds, ReplyError, Server, FORK_TIMEOUT};
+use super::{owned, read_reply, send_with_fds, ReplyError, Server, Worker, FORK_TIMEOUT};
 use protocol::fork::{driver_env, Adopt, ForkReply, ForkRequest};
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -161,26 +161,14 @@ fn start(
     Ok((pid, pidfd, ours))
 }
 
-/// The stage a standby may become, as [`super::spawn`] was asked to start it.
-pub struct Stage<'a> {
-    pub argv: &'a [String],
-    pub env: &'a [(&'a str, &'a str)],
-    pub cwd: &'a Path,
-    pub stdout: &'a OwnedFd,
-    pub stderr: &'a OwnedFd,
-    pub cgroup: Option<&'a Path>,
-    /// The PIDs NVML lists on the stage's GPUs: a standby among them holds a context, which it
-    /// must not, and is not adopted.
-    pub gpu_holders: &'a [u32],
-}
-
-/// Makes a waiting standby of `program` with the driver variables of the stage's environment
-/// its worker (see [`Adopt`]), moved first into the stage's cgroup if it has one; its PID, or
-/// `None` when there is none or it failed (then it is killed and the caller forks as usual).
-/// (What the standby allocated before its move stays charged where it was: the driver's
-/// start-up, no stage data.)
-pub fn adopt(program: &Path, stage: &Stage<'_>) -> Option<i32> {
-    let Stage {
+/// Makes a waiting standby of `program` with the driver variables of `worker`'s environment
+/// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or `None`
+/// when there is none or it failed (then it is killed and the caller forks as usual). A
+/// standby that NVML lists on the stage's GPUs (it would hold a context) is killed too. (What
+/// the standby allocated before its move stays charged where it was: the driver's start-up,
+/// no stage data.)
+pub fn adopt(program: &Path, worker: &Worker<'_>) -> Option<i32> {
+    let Worker {
         argv,
         env,
         cwd,
@@ -188,7 +176,7 @@ pub fn adopt(program: &Path, stage: &Stage<'_>) -> Option<i32> {
         stderr,
         cgroup,
         gpu_holders,
-    } = *stage;
+    } = *worker;
     expire();
     let driver = driver_of(env);
     let standby = STANDBYS.with(|s| {
