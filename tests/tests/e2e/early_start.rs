@@ -510,6 +510,8 @@ fn a_standby_no_stage_can_become_is_killed_and_the_next_stage_is_forked_as_usual
     let log_b = stage_log(&run.run_dir, "b");
     assert!(log_b.contains("started by the fork server"), "{log_b}");
     assert!(!log_b.contains("from a standby"), "{log_b}");
-    // The standby that waited in vain is gone with the run.
+    // The standby that waited in vain is gone with the run: killed by `orchestrate` as it shut
+    // its servers down (not merely by its death signal once `orchestrate` exited).
+    assert!(run.stderr.contains("standby killed"), "{}", run.stderr);
     assert!(left_running(&s).is_empty());
 }

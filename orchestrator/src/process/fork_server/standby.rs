@@ -269,14 +269,18 @@ pub fn stop_all() {
 /// collects it as an orphaned descendant.
 fn kill(standby: &Standby) {
     // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo.
-    unsafe {
+    let rc = unsafe {
         libc::syscall(
             libc::SYS_pidfd_send_signal,
             standby.pidfd.as_raw_fd(),
             libc::SIGKILL,
             std::ptr::null::<libc::siginfo_t>(),
             0,
-        );
+        )
+    };
+    match rc {
+        0 => tracing::debug!(pid = standby.pid, "standby killed"),
+        _ => tracing::debug!(pid = standby.pid, "standby already gone"),
     }
 }
 
