@@ -142,8 +142,14 @@ impl ByteGpt {
     /// it as one kernel ([`crate::fused`]), and so do the embeddings' lookup and sum;
     /// elsewhere as libtorch's kernels. Same arithmetic.
     pub fn forward(&self, ids: &Tensor, kind: Kind) -> Tensor {
-        let fused = crate::fused::usable(ids.device(), kind, self.config.d_model);
-        self.forward_with(ids, kind, fused)
+        self.forward_with(ids, kind, self.fused_kernels(kind))
+    }
+
+    /// Whether this model computes in `kind` with the worker's own kernels
+    /// ([`crate::fused::usable`] for its device and width): its forward pass, its loss and,
+    /// set by the caller with [`crate::optim::AdamW::use_kernels`], its optimizer step.
+    pub fn fused_kernels(&self, kind: Kind) -> bool {
+        crate::fused::usable(self.params.device(), kind, self.config.d_model)
     }
 
     /// [`ByteGpt::forward`] with the fused kernels (`fused`, where
@@ -194,7 +200,7 @@ impl ByteGpt {
     /// Mean cross-entropy (fp32) of the logits for `ids` against `targets`, ignoring targets
     /// equal to [`crate::data::batch::IGNORE`].
     pub fn loss(&self, ids: &Tensor, targets: &Tensor, kind: Kind) -> Tensor {
-        let fused = crate::fused::usable(ids.device(), kind, self.config.d_model);
+        let fused = self.fused_kernels(kind);
         let logits = self.forward_with(ids, kind, fused);
         cross_entropy_with(&logits, targets, fused)
     }

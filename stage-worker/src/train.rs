@@ -526,11 +526,7 @@ fn train_loop(
     // when the optimizer is made: the first ask loads the kernels (or waits for the warm-up
     // loading them), which the first forward pass would wait for anyway, but loading a
     // checkpoint must not.
-    opt.use_kernels(crate::fused::usable(
-        compute.device,
-        compute.kind,
-        model.config.d_model,
-    ));
+    opt.use_kernels(model.fused_kernels(compute.kind));
     let first = opt.step + 1;
     let mut profile = crate::profile::StepProfile::from_env(first, compute.device)?;
     for step in first..=p.steps {

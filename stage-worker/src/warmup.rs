@@ -96,7 +96,7 @@ fn ms(t: Instant) -> f64 {
 fn one_step(config: &ModelConfig, batch: usize, seq_len: usize, kind: Kind, device: Device) {
     let mut model = ByteGpt::zeroed(config, device);
     let mut opt = AdamW::new(&model.params, 0.0);
-    opt.use_kernels(crate::fused::usable(device, kind, config.d_model));
+    opt.use_kernels(model.fused_kernels(kind));
     let shape = [batch as i64, seq_len as i64];
     let ids = Tensor::zeros(shape, (Kind::Int64, device));
     model.params.zero_grad();
@@ -175,7 +175,7 @@ fn trace_ops(config: &ModelConfig, batch: usize, seq_len: usize, kind: Kind, dev
     let mut model = ByteGpt::zeroed(config, device);
     lap("one-layer model built");
     let mut opt = AdamW::new(&model.params, 0.0);
-    opt.use_kernels(crate::fused::usable(device, kind, config.d_model));
+    opt.use_kernels(model.fused_kernels(kind));
     lap("optimizer state");
     let ids = Tensor::zeros([batch as i64, seq_len as i64], (Kind::Int64, device));
     let loss = model.loss(&ids, &ids, kind);
