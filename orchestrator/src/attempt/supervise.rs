@@ -140,6 +140,22 @@ struct Release {
 /// after its stage ends, as before releases existed); for comparisons.
 pub const NO_HAND_ON_VAR: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
 
+/// Whether releases are looked at in this process ([`NO_HAND_ON_VAR`] is not `0`).
+pub fn hand_on_enabled() -> bool {
+    std::env::var_os(NO_HAND_ON_VAR).is_none_or(|v| v != "0")
+}
+
+/// Whether this attempt's GPUs may still be handed on at a release: it has GPUs to check, runs
+/// (is not being stopped), has not released them yet, and both the run and this process hand
+/// on at release.
+fn may_hand_on(baselines: &[(String, u64, u64)], w: &Watch, hooks: &dyn AttemptHooks) -> bool {
+    !baselines.is_empty()
+        && w.stop == StopState::Running
+        && w.release.held.is_none()
+        && hooks.hands_on_at_release()
+        && hand_on_enabled()
+}
+
 /// Refusals of a stage's releases kept for its report.
 const LISTED_REFUSALS: usize = 4;
 
@@ -361,13 +377,7 @@ fn prepare_successor(
     w: &Watch,
     hooks: &mut dyn AttemptHooks,
 ) {
-    let hands_on = std::env::var_os(NO_HAND_ON_VAR).is_none_or(|v| v != "0");
-    if !baselines.is_empty()
-        && w.stop == StopState::Running
-        && w.release.held.is_none()
-        && hooks.hands_on_at_release()
-        && hands_on
-    {
+    if may_hand_on(baselines, w, hooks) {
         crate::process::fork_server::prepare_standby(child.pid);
     }
 }
@@ -387,15 +397,7 @@ async fn consider_release(
     let Some(probe) = &services.probe else {
         return;
     };
-    if w.release.held.is_some()
-        || baselines.is_empty()
-        || w.stop != StopState::Running
-        || !hooks.hands_on_at_release()
-    {
-        return;
-    }
-    // For benchmarks: the same run without the hand-on.
-    if std::env::var_os(NO_HAND_ON_VAR).is_some_and(|v| v == "0") {
+    if !may_hand_on(baselines, w, hooks) {
         return;
     }
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();

@@ -29,8 +29,8 @@ const MARK: &str = "early-start";
 
 /// Whether this process starts stages early.
 pub(super) fn enabled() -> bool {
-    let off = |var: &str| std::env::var_os(var).is_some_and(|v| v == "0");
-    !off(NO_EARLY_START_VAR) && !off(crate::attempt::supervise::NO_HAND_ON_VAR)
+    let early = std::env::var_os(NO_EARLY_START_VAR).is_none_or(|v| v != "0");
+    early && crate::attempt::supervise::hand_on_enabled()
 }
 
 /// Before an attempt of stage `name` starts: empties its output directory if an early
