@@ -18,6 +18,9 @@ use std::ops::Range;
 /// The `data` values that name built-in synthetic tasks; anything else is a file path.
 pub const SYNTHETIC_DATA: &[&str] = &["synthetic:pretrain", "synthetic:sft"];
 
+/// Unknown keys of one table that get a "did you mean": past these, only the list of known keys.
+const MAX_GUESSES: usize = 100;
+
 /// The accepted precisions.
 const PRECISIONS: &[&str] = &["auto", "bf16", "fp32"];
 
@@ -31,13 +34,13 @@ pub(crate) struct ParamsAt<'a> {
 }
 
 impl ParamsAt<'_> {
-    fn key_span(&self, path: &[&str]) -> Option<Range<usize>> {
-        let (last, parents) = path.split_last()?;
+    /// The table at `path` under `params` (`params` itself when empty).
+    fn table(&self, path: &[&str]) -> Option<&Node> {
         let mut node = self.node?;
-        for p in parents {
+        for p in path {
             node = node.get(p)?;
         }
-        node.entry(last)?.key_span.clone()
+        Some(node)
     }
 
     fn value_span(&self, path: &[&str]) -> Option<Range<usize>> {
@@ -112,6 +115,10 @@ fn check_keys<T: DeserializeOwned + Default + Serialize>(
         .chain(prefix.iter().copied())
         .collect::<Vec<_>>()
         .join(".");
+    // The table's keys by name, built at the first unknown key: one pass over a table of many
+    // unknown keys, not one per key.
+    let keys = std::cell::OnceCell::new();
+    let mut unknown = 0usize;
     for (key, value) in params {
         let path: Vec<&str> = prefix
             .iter()
@@ -120,16 +127,23 @@ fn check_keys<T: DeserializeOwned + Default + Serialize>(
             .collect();
         if !known.contains(&key.as_str()) {
             ok = false;
+            unknown += 1;
             let article = if kind == BuiltinKind::Eval { "an" } else { "a" };
             let what = format!(
                 "keys of `{table}` in {article} `{}` stage are",
                 kind.as_str()
             );
+            let span = keys
+                .get_or_init(|| at.table(prefix).map(Node::entries_by_key))
+                .as_ref()
+                .and_then(|k| k.get(key.as_str()))
+                .and_then(|e| e.key_span.clone());
+            let guess = unknown <= MAX_GUESSES;
             at.report(
                 rep,
-                at.key_span(&path),
+                span,
                 format!("unknown key `{key}` in `{table}`"),
-                Some(suggest::help(key, &known, &what)),
+                Some(suggest::help_maybe_guessing(key, &known, &what, guess)),
             );
             continue;
         }

@@ -7,7 +7,7 @@ use super::params::{self, ParamsAt};
 use super::suggest;
 use super::tree::Node;
 use protocol::plan::{BuiltinKind, Plan, Stage};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 /// The longest stage (or run) name, in characters.
@@ -265,11 +265,13 @@ impl<'p> Validator<'p, '_, '_> {
     fn check_after(&mut self, i: usize) -> Vec<usize> {
         let stage = self.stage(i);
         let mut upstream = Vec::new();
+        // The entries seen so far: a long list is checked in one pass, not compared pairwise.
+        let mut seen: HashSet<&str> = HashSet::with_capacity(stage.after.len());
         for (j, dep) in stage.after.iter().enumerate() {
             let span = self.item(i, "after", j);
             if *dep == stage.name {
                 self.error(span, i, "the stage lists itself in `after`".into(), None);
-            } else if stage.after[..j].contains(dep) {
+            } else if !seen.insert(dep.as_str()) {
                 self.error(
                     span,
                     i,
