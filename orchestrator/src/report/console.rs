@@ -23,8 +23,8 @@ pub struct Console {
     json: bool,
     quiet: bool,
     start: Instant,
-    /// When each stage's last progress line was shown.
-    last_progress: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+    /// What each stage's progress showed last (see [`Console::progress`]).
+    last_progress: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Shown>>>,
     /// Nothing on stderr at all (a daemon's runs): events go to the tap only.
     silent: bool,
     /// Where every event also goes.
@@ -51,6 +51,28 @@ struct Sweep {
 
 /// A stage's progress is shown at most this often (a stage may report every step).
 pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// The progress a stage attempt last showed: when, and whether it showed its last step.
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    at: Instant,
+    last_step: bool,
+}
+
+/// Whether a stage attempt's next progress event is shown (and sent as a run event), given
+/// what it showed before (its first always is): at most one per [`PROGRESS_EVERY`], except that
+/// the first to reach its total is shown at once. Only the first: a stage that repeats
+/// `step >= total` is throttled like any other, whatever its fields claim.
+fn progress_due(shown: &mut Shown, last_step: bool, now: Instant) -> bool {
+    let due = now.duration_since(shown.at) >= PROGRESS_EVERY || (last_step && !shown.last_step);
+    if due {
+        *shown = Shown {
+            at: now,
+            last_step: shown.last_step || last_step,
+        };
+    }
+    due
+}
 
 fn human_rate(rate: f64) -> String {
     if rate >= 1e6 {
@@ -259,14 +281,17 @@ impl Console {
         elapsed: Duration,
     ) {
         let last_step = total.is_some_and(|t| step >= t);
-        if !last_step {
+        {
             let mut shown = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
             match shown.get_mut(stage) {
-                Some(t) if now.duration_since(*t) < PROGRESS_EVERY => return,
-                Some(t) => *t = now,
+                Some(before) => {
+                    if !progress_due(before, last_step, now) {
+                        return;
+                    }
+                }
                 None => {
-                    shown.insert(stage.to_string(), now);
+                    shown.insert(stage.to_string(), Shown { at: now, last_step });
                 }
             }
         }
@@ -449,6 +474,23 @@ pub fn warning_of(kind: &RunEventKind) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_first_final_step_skips_the_progress_throttle() {
+        let t0 = Instant::now();
+        let mut shown = Shown {
+            at: t0,
+            last_step: false,
+        };
+        let soon = t0 + Duration::from_millis(10);
+        assert!(!progress_due(&mut shown, false, soon), "within the interval");
+        assert!(progress_due(&mut shown, true, soon), "the first final step");
+        let repeats = (0..20_000)
+            .filter(|_| progress_due(&mut shown, true, soon))
+            .count();
+        assert_eq!(repeats, 0, "repeated final steps are throttled");
+        assert!(progress_due(&mut shown, true, soon + PROGRESS_EVERY));
+    }
 
     #[test]
     fn a_host_oom_kill_is_a_warning_naming_the_limit_and_the_peak() {

@@ -743,3 +743,50 @@ fn a_retry_succeeds_only_on_outputs_it_wrote_itself() {
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert_eq!(stage["failure"], "missing_outputs", "{stage}");
 }
+
+/// A stage that sends `n` progress events claiming its last step (`step == total`) as fast as
+/// it can, then exits.
+fn repeated_final_step_plan(s: &e2e_tests::Scratch, n: usize) -> String {
+    let script = s.write(
+        "final.py",
+        &format!(
+            "import json, os, socket\nc = socket.socket(socket.AF_UNIX)\nc.connect(os.environ['ORCHESTRATE_EVENTS'])\n\
+             line = (json.dumps({{'v': 1, 'event': 'progress', 'step': 5, 'total_steps': 5, 'loss': 1.0}}) + '\\n').encode()\n\
+             c.sendall(line * {n})\nc.close()\n"
+        ),
+    );
+    format!(
+        "[[stage]]\nname = \"final\"\ncommand = [\"python3\", \"{}\"]\n",
+        script.display()
+    )
+}
+
+#[test]
+fn a_stage_repeating_its_final_step_gets_a_bounded_number_of_console_lines_and_run_events() {
+    // Before: each of the 20,000 became a console line and a run event (`step >= total` was
+    // exempt from the 2 s throttle every time, not once).
+    const N: usize = 20_000;
+    let s = e2e_tests::Scratch::new("final-step-flood");
+    let plan = s.write("plan.toml", &repeated_final_step_plan(&s, N));
+    let run = e2e_tests::run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("final: step 5/5"))
+        .count();
+    // The first final step at once, then at most one per 2 s while the flood lasts.
+    assert!((1..=10).contains(&lines), "{lines} progress lines");
+
+    let d = e2e_tests::daemon::TestDaemon::start_in(s.path(), "daemon.log");
+    let mut c = d.connect();
+    let id = c.submit_toml(&repeated_final_step_plan(&s, N), s.path());
+    let finished = c.wait(&id);
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    let events = std::fs::read_to_string(d.runs.join(&id).join("events.jsonl")).unwrap();
+    let progress = events
+        .lines()
+        .filter(|l| l.contains("\"progress\""))
+        .count();
+    assert!((1..=10).contains(&progress), "{progress} progress run events");
+}
