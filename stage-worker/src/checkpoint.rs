@@ -51,6 +51,19 @@ pub struct TrainingState {
     pub seed: u64,
 }
 
+/// What a training's final metrics are computed from besides its weights, kept in each of its
+/// checkpoints (the manifest's `model.losses`): a stage resumed from one reports the
+/// `first_loss` and `final_loss` an uninterrupted training would (see `train`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LossHistory {
+    /// The loss of the training's first step.
+    #[serde(default)]
+    pub first_loss: Option<f64>,
+    /// The losses of its last steps, oldest first (as many as `final_loss` averages, or fewer).
+    #[serde(default)]
+    pub recent: Vec<f64>,
+}
+
 /// Parses safetensors bytes into named CPU tensors; `what` names the source in errors.
 pub fn decode_tensors(bytes: &[u8], what: &str) -> Result<Vec<(String, Tensor)>, String> {
     let st = SafeTensors::deserialize(bytes)
@@ -149,6 +162,7 @@ pub fn write(
     opt: &AdamW,
     step: u64,
     training: &TrainingState,
+    losses: &LossHistory,
     release_device: bool,
 ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
     std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
@@ -218,6 +232,10 @@ pub fn write(
     model_json.insert(
         "training".into(),
         serde_json::to_value(training).expect("training state serializes"),
+    );
+    model_json.insert(
+        "losses".into(),
+        serde_json::to_value(losses).expect("loss history serializes"),
     );
     let manifest = CheckpointManifest {
         v: MANIFEST_VERSION,
@@ -592,6 +610,13 @@ impl Verified {
         serde_json::from_value(t.clone()).ok()
     }
 
+    /// The loss history recorded in the manifest (none in a checkpoint written before it was
+    /// kept).
+    pub fn losses(&self) -> Option<LossHistory> {
+        let t = self.manifest.model.get("losses")?;
+        serde_json::from_value(t.clone()).ok()
+    }
+
     /// The named tensors of the listed, verified `file`.
     pub fn tensors(&self, file: &str) -> StageResult<Vec<(String, Tensor)>> {
         let what = self.dir.join(file).display().to_string();
@@ -701,7 +726,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
         let (model, opt) = trained();
-        let (manifest, files) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        let (manifest, files) = write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
         assert_eq!(manifest.step, Some(2));
         assert_eq!(files.len(), 3);
         for f in &files {
@@ -725,7 +750,7 @@ mod tests {
 
         // Writing what was read gives the very same bytes.
         let dir2 = crate::testutil::scratch_dir("ckpt-rewrite");
-        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state(), false).unwrap();
+        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state(), &LossHistory::default(), false).unwrap();
         assert_eq!(manifest2.files, manifest.files);
         for name in [MODEL_FILE, OPTIMIZER_FILE, MANIFEST_FILE] {
             assert_eq!(
@@ -741,11 +766,11 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-write-fails");
         let (model, opt) = trained();
-        write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
         assert!(open_verified(&dir).is_ok());
         // Every write past the headers' first byte fails: no tensor data reaches either file.
         crate::stream::fail_writes_in(&dir, 1);
-        let err = write(&dir, &model, &opt, 3, &state(), false).err().unwrap();
+        let err = write(&dir, &model, &opt, 3, &state(), &LossHistory::default(), false).err().unwrap();
         assert!(
             err.message.contains("injected write error"),
             "{}",
@@ -791,7 +816,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let (model, opt) = trained();
         let src = crate::testutil::scratch_dir("ckpt-early-src");
-        write(&src, &model, &opt, 2, &state(), false).unwrap();
+        write(&src, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
         // Another model's checkpoint, whose weights are left in place by an earlier attempt.
         let stale_src = crate::testutil::scratch_dir("ckpt-early-stale");
         let other = ByteGpt::new(&tiny(), Device::Cpu, 5);
@@ -864,7 +889,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");
         let (model, opt) = trained();
-        let (manifest, _) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        let (manifest, _) = write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
         let full = manifest.files[0].bytes;
         let path = dir.join(MODEL_FILE);
         let bytes = std::fs::read(&path).unwrap();
@@ -884,7 +909,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-corrupt");
         let (model, opt) = trained();
-        write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
         let path = dir.join(OPTIMIZER_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
         let i = bytes.len() - 3;
@@ -922,7 +947,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-v1");
         let (model, opt) = trained();
-        let (mut manifest, _) = write(&dir, &model, &opt, 2, &state(), false).unwrap();
+        let (mut manifest, _) = write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
         // Rewrite the manifest as an older worker wrote it: version 1, SHA-256 per file.
         let rewrite = |manifest: &CheckpointManifest| {
             std::fs::write(

@@ -1,7 +1,7 @@
 //! The `train` stage: from scratch or from `init`'s checkpoint, resuming its own interrupted
 //! attempt when the output directory holds one.
 
-use crate::checkpoint::{self, TrainingState, Verified};
+use crate::checkpoint::{self, LossHistory, TrainingState, Verified};
 use crate::data::batch::Sampler;
 use crate::data::{self, Split};
 use crate::device::{self, Compute};
@@ -219,6 +219,8 @@ impl Milestones {
 
 /// Figures gathered during the loop.
 struct LoopStats {
+    /// The loss history of the attempts before this one (a resumed training's checkpoint's).
+    earlier: LossHistory,
     first_loss: Option<f64>,
     recent: VecDeque<Tensor>,
     tokens_after_first: usize,
@@ -226,6 +228,21 @@ struct LoopStats {
     started: Instant,
     finished: Instant,
     interrupted: bool,
+}
+
+impl LoopStats {
+    /// The training's loss history so far, over every attempt: the first step's loss and the
+    /// last [`FINAL_LOSS_STEPS`] losses. Reads this attempt's recent losses off the device.
+    fn history(&self) -> LossHistory {
+        let mut recent = self.earlier.recent.clone();
+        recent.extend(self.recent.iter().map(|t| t.double_value(&[])));
+        let older = recent.len().saturating_sub(FINAL_LOSS_STEPS);
+        recent.drain(..older);
+        LossHistory {
+            first_loss: self.earlier.first_loss.or(self.first_loss),
+            recent,
+        }
+    }
 }
 
 /// Runs the `train` stage of `spec`, reporting on `sink`.
@@ -336,6 +353,8 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     }
 
     let own = resumable(&spec.output_dir, &p, &config);
+    // A resumed training's metrics go on from its checkpoint's losses.
+    let earlier = own.as_ref().and_then(Verified::losses).unwrap_or_default();
     // Weights that a checkpoint overwrites whole are not drawn first (drawing them would also
     // load the random-number kernels into the context, which the warm-up then waits behind).
     let mut model = if own.is_some() || init.is_some() {
@@ -409,6 +428,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         sink,
         &spec.output_dir,
         init.as_ref(),
+        earlier,
     )?;
     if !stats.interrupted && device::early_release_wanted(compute.device) {
         // The device work ends with the checkpoint's copies: the next stage's process may get
@@ -419,7 +439,8 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         v.finish()?;
     }
     let complete = !stats.interrupted;
-    let metrics = final_metrics(&stats, opt.step, resumed_from, model.params.numel());
+    let history = stats.history();
+    let metrics = final_metrics(&stats, &history, opt.step, resumed_from, model.params.numel());
     if complete {
         // Before the checkpoint's manifest: once the manifest says "complete", the metrics
         // that go with it are on disk too.
@@ -444,6 +465,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
         &opt,
         opt.step,
         &training_state(&p, complete),
+        &history,
         release,
     );
     let step = opt.step;
@@ -506,6 +528,7 @@ fn train_loop(
     sink: &mut EventSink,
     output_dir: &std::path::Path,
     input: Option<&Verified>,
+    earlier: LossHistory,
 ) -> StageResult<LoopStats> {
     let schedule = Schedule {
         peak: p.lr,
@@ -514,6 +537,7 @@ fn train_loop(
     };
     let mut clock = ProgressClock::new(p.progress_every_s);
     let mut stats = LoopStats {
+        earlier,
         first_loss: None,
         recent: VecDeque::with_capacity(FINAL_LOSS_STEPS + 1),
         tokens_after_first: 0,
@@ -582,6 +606,7 @@ fn train_loop(
                 opt,
                 step,
                 &training_state(p, false),
+                &stats.history(),
                 false,
             )?;
             sink.checkpoint_files(files, Some(step));
@@ -593,21 +618,23 @@ fn train_loop(
     Ok(stats)
 }
 
+/// The stage's metrics; `first_loss` and `final_loss` (the mean of the last
+/// [`FINAL_LOSS_STEPS`] losses) from `history`, which spans every attempt of the training.
 fn final_metrics(
     stats: &LoopStats,
+    history: &LossHistory,
     steps: u64,
     resumed_from: u64,
     n_params: i64,
 ) -> BTreeMap<String, f64> {
     let end = stats.finished;
     let mut m = BTreeMap::new();
-    if let Some(first) = stats.first_loss {
+    if let Some(first) = history.first_loss {
         m.insert("first_loss".into(), first);
     }
-    if !stats.recent.is_empty() {
-        let recent: Vec<&Tensor> = stats.recent.iter().collect();
-        let mean = Tensor::stack(&recent, 0).mean(tch::Kind::Float);
-        m.insert("final_loss".into(), mean.double_value(&[]));
+    if !history.recent.is_empty() {
+        let mean = history.recent.iter().sum::<f64>() / history.recent.len() as f64;
+        m.insert("final_loss".into(), mean);
     }
     if let Some(t) = stats.after_first {
         let secs = end.duration_since(t).as_secs_f64();

@@ -295,3 +295,82 @@ fn editing_one_stage_of_the_quickstart_reruns_it_and_its_downstream_only() {
         "a kept stage keeps its metrics: {kept}"
     );
 }
+
+/// A built-in `train` stage of 24 steps, slow enough on the CPU (a few hundred ms a step) that
+/// a stop asked at step 16 lands before its end.
+const TRAIN_24: &str = r#"[[stage]]
+name = "train"
+kind = "train"
+[stage.params]
+data = "synthetic:pretrain"
+steps = 24
+batch_size = 16
+seq_len = 64
+lr = 0.01
+warmup_steps = 2
+seed = 3
+progress_every_s = 0.001
+model = { d_model = 128, n_layers = 2, n_heads = 4, max_seq_len = 64 }
+"#;
+
+/// The highest step the train stage reported on its channel so far.
+fn reported_step(run_dir: &Path) -> u64 {
+    std::fs::read_to_string(run_dir.join("stages/train/events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"]["event"] == "progress")
+        .filter_map(|e| e["event"]["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_train_stage_stopped_in_its_last_ten_steps_and_resumed_reports_the_uninterrupted_losses() {
+    // Before: `final_loss` averaged only the steps after the resume, and `first_loss` was the
+    // resumed attempt's first step (the window of losses was not in the checkpoint).
+    let straight = Scratch::new("resume-losses-straight");
+    let plan = straight.write("plan.toml", TRAIN_24);
+    let uninterrupted = run_plan(&straight, &plan, &[]);
+    assert_eq!(uninterrupted.code, Some(0), "{}", uninterrupted.stderr);
+
+    let s = Scratch::new("resume-losses-stopped");
+    let plan = s.write("plan.toml", TRAIN_24);
+    let (mut child, run_dir) = e2e_tests::spawn_plan(&s, &plan);
+    assert!(
+        e2e_tests::wait_for(Duration::from_secs(120), || reported_step(&run_dir) >= 16),
+        "training reported step 16"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130), "stopped mid-training");
+    let out = Command::new(orchestrate())
+        .arg("resume")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = e2e_tests::read_report(&run_dir);
+    let metrics = &e2e_tests::report_stage(&report, "train")["metrics"];
+    let resumed_from = metrics["resumed_from_step"].as_f64().unwrap_or(0.0);
+    assert!(
+        (15.0..24.0).contains(&resumed_from),
+        "resumed within the last ten steps: {metrics}"
+    );
+    for metric in ["final_loss", "first_loss"] {
+        let want = uninterrupted.metric("train", metric);
+        let got = metrics[metric].as_f64().unwrap();
+        assert!(
+            (got - want).abs() <= 1e-4,
+            "{metric}: resumed {got}, uninterrupted {want} (resumed from step {resumed_from})"
+        );
+    }
+}
