@@ -422,31 +422,66 @@ async fn send_events(
     true
 }
 
-/// Streams run `id`'s events from `from`, then its outcome.
+/// Sends the events of run `id`'s log from `*next` up to `upto` (not included), a piece at a
+/// time: each piece is read only once the one before is written, so a client that does not
+/// read holds one piece, and the daemon's thread reads at most one piece per turn. `false` when
+/// the client is gone.
+async fn replay(
+    stream: &mut UnixStream,
+    id: &str,
+    log: &mut super::event_log::EventReader,
+    next: &mut u64,
+    upto: u64,
+) -> bool {
+    while *next < upto {
+        let piece = log.piece(*next, upto);
+        if !send_events(stream, id, piece.events, next).await {
+            return false;
+        }
+        if piece.done {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    true
+}
+
+/// Streams run `id`'s events from `from`, then its outcome: those it had when asked from its
+/// event file (see [`replay`]), the later ones as they come (from the file again if this
+/// watcher falls behind).
 async fn watch(daemon: &Rc<Daemon>, stream: &mut UnixStream, id: &str, from: u64) -> bool {
-    let Some((backlog, mut live)) = daemon.registry.borrow().get(id).map(|r| r.subscribe(from))
+    let Some((path, (mut upto, mut live))) = daemon
+        .registry
+        .borrow()
+        .get(id)
+        .map(|r| (r.events_path(), r.watch_point()))
     else {
         return send(stream, &not_found(id)).await;
     };
+    let mut log = super::event_log::EventReader::new(&path);
     let mut next = from;
-    if !send_events(stream, id, backlog, &mut next).await {
-        return false;
-    }
-    if let Some(live) = live.as_mut() {
-        loop {
-            let events = match live.recv().await {
-                Ok(numbered) => vec![numbered],
-                // This watcher fell behind: catch up from the log.
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    match daemon.registry.borrow().get(id) {
-                        Some(run) => run.backlog(next),
-                        None => break,
-                    }
+    loop {
+        if !replay(stream, id, &mut log, &mut next, upto).await {
+            return false;
+        }
+        let Some(receiver) = live.as_mut() else {
+            break;
+        };
+        let received = receiver.recv().await;
+        // The run's count now: what this watcher missed is in the file below it.
+        let count = daemon.registry.borrow().get(id).map(|r| r.event_count());
+        match (received, count) {
+            (Ok(numbered), _) => {
+                if !send_events(stream, id, vec![numbered], &mut next).await {
+                    return false;
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-            };
-            if !send_events(stream, id, events, &mut next).await {
-                return false;
+            }
+            (Err(_), None) => break,
+            // Fell behind (catch up from the file) or the run ended (send what is left).
+            (Err(tokio::sync::broadcast::error::RecvError::Lagged(_)), Some(count)) => upto = count,
+            (Err(tokio::sync::broadcast::error::RecvError::Closed), Some(count)) => {
+                upto = count;
+                live = None;
             }
         }
     }

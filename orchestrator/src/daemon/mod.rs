@@ -4,6 +4,7 @@
 //!   daemon refused), who may connect (`SO_PEERCRED`: the same user or root);
 //! - `runs_lock`: the daemon's exclusive hold on its runs directory;
 //! - `registry`: the runs, their event logs and watchers;
+//! - `event_log`: a run's event log read back in bounded pieces, for watchers that replay it;
 //! - `recover`: the runs a starting daemon finds, listed or resumed;
 //! - `connection`: one client's requests, with a size cap and an idle timeout, so a slow or
 //!   hostile client costs the others nothing.
@@ -16,6 +17,7 @@
 
 pub mod client;
 pub(crate) mod connection;
+pub(crate) mod event_log;
 pub(crate) mod recover;
 pub(crate) mod registry;
 pub(crate) mod request_budget;

@@ -1,16 +1,17 @@
 //! The daemon's runs: each one's state, its event log and watchers, its cancel handle.
 //!
 //! Every event of a run gets a sequence number (from 0, no gaps), is appended to
-//! `<run>/events.jsonl` and, while the run goes, kept in memory and broadcast to watchers; a
-//! finished run keeps only its summary in memory (watchers of it read the file), so the
-//! daemon's memory does not grow with the events of finished runs.
+//! `<run>/events.jsonl` (written and flushed before anyone is told of it) and, while the run
+//! goes, broadcast to watchers. Events are not kept in memory: a watcher replays what came
+//! before it from the file, in bounded pieces ([`super::event_log`]), so the daemon's memory
+//! grows neither with a run's events nor with the watchers that replay them.
 
 use crate::attempt::launch::CancelLevel;
 use protocol::daemon::{RunEvent, RunEventKind, RunInfo};
 use protocol::status::RunStatus;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tokio::sync::{broadcast, watch};
 
 /// An event with its sequence number.
@@ -57,8 +58,6 @@ pub struct RunEntry {
     earlier_successes: HashSet<String>,
     running: usize,
     waiting: BTreeMap<String, String>,
-    /// Events while running (dropped when it ends).
-    events: Vec<std::sync::Arc<RunEvent>>,
     event_count: u64,
     events_file: Option<std::io::BufWriter<std::fs::File>>,
     live: Option<broadcast::Sender<Numbered>>,
@@ -75,7 +74,7 @@ impl RunEntry {
     /// A run about to start (or a finished one read back, with `finished` set).
     pub fn new(submission: Submission, run_dir: PathBuf) -> RunEntry {
         let events_path = run_dir.join(EVENTS_FILE);
-        let event_count = count_lines(&events_path);
+        let event_count = super::event_log::count_lines(&events_path);
         let events_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -92,7 +91,6 @@ impl RunEntry {
             earlier_successes: HashSet::new(),
             running: 0,
             waiting: BTreeMap::new(),
-            events: Vec::new(),
             event_count,
             events_file,
             live: Some(broadcast::channel(1024).0),
@@ -181,11 +179,9 @@ impl RunEntry {
         let seq = self.event_count;
         self.event_count += 1;
         // Shared, not copied, by every watcher and page of the run.
-        let event = std::sync::Arc::new(event);
         if let Some(live) = &self.live {
-            let _ = live.send((seq, event.clone()));
+            let _ = live.send((seq, std::sync::Arc::new(event)));
         }
-        self.events.push(event);
     }
 
     fn forget_earlier_success(&mut self, stage: &str) {
@@ -209,8 +205,7 @@ impl RunEntry {
         }
     }
 
-    /// The run ended now: its outcome recorded, its watchers told, its in-memory events
-    /// dropped.
+    /// The run ended now: its outcome recorded, its watchers told.
     pub fn finish(&mut self, state: RunStatus, exit_code: i32) {
         self.finish_at(state, exit_code, crate::timefmt::unix_secs_f64());
     }
@@ -223,18 +218,23 @@ impl RunEntry {
         self.running = 0;
         self.earlier_successes = HashSet::new();
         self.waiting.clear();
-        self.events = Vec::new();
         self.events_file = None;
         self.live = None;
         self.done.send_replace(true);
     }
 
-    /// Events from `from` that exist now, and a receiver for later ones (None once finished).
-    pub fn subscribe(&self, from: u64) -> (Vec<Numbered>, Option<broadcast::Receiver<Numbered>>) {
+    /// Where a watcher starts: how many events the run has had (those are in its event file,
+    /// see [`RunEntry::events_path`]) and, while it goes, a receiver of the later ones.
+    pub fn watch_point(&self) -> (u64, Option<broadcast::Receiver<Numbered>>) {
         (
-            self.backlog(from),
+            self.event_count,
             self.live.as_ref().map(broadcast::Sender::subscribe),
         )
+    }
+
+    /// The run's event file: line `n` is its event numbered `n`.
+    pub fn events_path(&self) -> PathBuf {
+        self.run_dir.join(EVENTS_FILE)
     }
 
     /// How many events it has had (each change of its counts is one).
@@ -248,45 +248,6 @@ impl RunEntry {
             .as_ref()
             .map(|l| (self.event_count, l.subscribe()))
     }
-
-    /// Events from `from` that exist now: from memory while the run goes, from its event file
-    /// for what is not in memory (a finished run, events from before a daemon restart).
-    pub fn backlog(&self, from: u64) -> Vec<Numbered> {
-        let base = self.event_count - self.events.len() as u64;
-        let mut backlog: Vec<Numbered> = if from < base {
-            read_events(&self.run_dir.join(EVENTS_FILE), from)
-                .into_iter()
-                .filter(|(seq, _)| *seq < base)
-                .map(|(seq, event)| (seq, std::sync::Arc::new(event)))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        backlog.extend(
-            self.events
-                .iter()
-                .enumerate()
-                .map(|(i, e)| (base + i as u64, e.clone()))
-                .filter(|(seq, _)| *seq >= from),
-        );
-        backlog
-    }
-}
-
-fn count_lines(path: &Path) -> u64 {
-    std::fs::read(path)
-        .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
-        .unwrap_or(0)
-}
-
-/// Events `from` onwards from a run's event file.
-pub fn read_events(path: &Path, from: u64) -> Vec<(u64, RunEvent)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .enumerate()
-        .skip(from as usize)
-        .filter_map(|(i, line)| serde_json::from_str(line).ok().map(|e| (i as u64, e)))
-        .collect()
 }
 
 /// Every run of the daemon.

@@ -251,7 +251,7 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         web.frames
             .retain(|run| registry.get(run).is_some_and(|r| !r.finished()));
     }
-    let Some(sub) = super::feed::subscribe(web, id, from) else {
+    let Some(mut sub) = super::feed::subscribe(web, id) else {
         let _ = http::write(&mut stream, &not_found(id).encode(false)).await;
         return;
     };
@@ -261,7 +261,8 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         return;
     }
     let mut next = from;
-    if !send_events(web, &mut stream, id, &sub.backlog, &mut next).await {
+    let (upto, large) = (sub.upto, sub.large);
+    if !replay_to(web, &mut stream, id, &mut sub.log, &mut next, upto, large).await {
         return;
     }
     if let Some(mut batches) = sub.batches {
@@ -283,14 +284,9 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
                 }
                 Ok(Err(RecvError::Lagged(_))) => {
                     // This page fell behind its feed: catch up from the run's log.
-                    let mut missed = match web.daemon.registry.borrow().get(id) {
-                        Some(run) => run.backlog(next),
-                        None => break,
-                    };
-                    if sub.large {
-                        missed = super::feed::coalesce(missed);
-                    }
-                    if !send_events(web, &mut stream, id, &missed, &mut next).await {
+                    let count = web.daemon.registry.borrow().get(id).map(|r| r.event_count());
+                    let Some(count) = count else { break };
+                    if !replay_to(web, &mut stream, id, &mut sub.log, &mut next, count, large).await {
                         return;
                     }
                 }
@@ -307,6 +303,37 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
     let info = web.daemon.registry.borrow().get(id).map(|r| r.info());
     let data = serde_json::to_string(&info).unwrap_or_default();
     let _ = http::write(&mut stream, &sse("end", None, &data)).await;
+}
+
+/// Writes run `id`'s events from `*next` up to `upto` from its log, a piece at a time (each
+/// read once the last is written, so a page that does not read holds one piece, and one turn
+/// of the daemon's thread reads at most one: see [`crate::daemon::event_log`]); `false` when
+/// the peer is gone.
+async fn replay_to(
+    web: &Web,
+    stream: &mut TcpStream,
+    id: &str,
+    log: &mut crate::daemon::event_log::EventReader,
+    next: &mut u64,
+    upto: u64,
+    large: bool,
+) -> bool {
+    while *next < upto {
+        let piece = log.piece(*next, upto);
+        let events = if large {
+            super::feed::coalesce(piece.events)
+        } else {
+            piece.events
+        };
+        if !send_events(web, stream, id, &events, next).await {
+            return false;
+        }
+        if piece.done {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    true
 }
 
 /// Writes the events numbered `next` and later, in one write; `false` when the peer is gone.

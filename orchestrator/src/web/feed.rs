@@ -18,6 +18,7 @@
 
 use super::cadence::BATCH;
 use super::Web;
+use crate::daemon::event_log::EventReader;
 use crate::daemon::registry::Numbered;
 use protocol::daemon::RunEventKind;
 use std::collections::HashSet;
@@ -115,10 +116,10 @@ pub struct Feeds {
     runs: std::cell::RefCell<std::collections::HashMap<String, broadcast::Sender<Rc<Batch>>>>,
 }
 
-/// A page's view of run `id` from event `from`: the events that exist now (coalesced when the
-/// run is large) and, while the run goes, a receiver of the run's feed, started now if no
-/// other page has it; `None` when there is no such run.
-pub fn subscribe(web: &Rc<Web>, id: &str, from: u64) -> Option<Subscription> {
+/// A page's view of run `id`: how many events it has now (the page reads them from the run's
+/// event file, see [`replay`]) and, while the run goes, a receiver of the run's feed, started
+/// now if no other page has it; `None` when there is no such run.
+pub fn subscribe(web: &Rc<Web>, id: &str) -> Option<Subscription> {
     let registry = web.daemon.registry.borrow();
     let run = registry.get(id)?;
     let large = run.submission.stages >= LARGE_RUN;
@@ -132,14 +133,11 @@ pub fn subscribe(web: &Rc<Web>, id: &str, from: u64) -> Option<Subscription> {
             rx
         }),
     };
-    // Read after the receiver exists and with no wait between: what the backlog lacks, the
-    // feed's batches have.
-    let mut backlog = run.backlog(from);
-    if large {
-        backlog = coalesce(backlog);
-    }
+    // Counted after the receiver exists and with no wait between: what the file has below the
+    // count, the feed's batches do not need to.
     Some(Subscription {
-        backlog,
+        upto: run.event_count(),
+        log: EventReader::new(&run.events_path()),
         batches,
         large,
     })
@@ -147,8 +145,10 @@ pub fn subscribe(web: &Rc<Web>, id: &str, from: u64) -> Option<Subscription> {
 
 /// What [`subscribe`] gives a page.
 pub struct Subscription {
-    /// The events that exist now, from the page's `from`.
-    pub backlog: Vec<Numbered>,
+    /// How many events the run had when the page subscribed: those are in `log`.
+    pub upto: u64,
+    /// The run's event file, read forward as the page needs it.
+    pub log: EventReader,
     /// The feed's batches (`None` once the run has finished).
     pub batches: Option<broadcast::Receiver<Rc<Batch>>>,
     /// The run's batches are coalesced.
@@ -174,6 +174,10 @@ async fn feed(
     tx: broadcast::Sender<Rc<Batch>>,
 ) {
     use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    let mut log = match web.daemon.registry.borrow().get(&id) {
+        Some(run) => EventReader::new(&run.events_path()),
+        None => return,
+    };
     loop {
         let mut events = match live.recv().await {
             Ok(numbered) => vec![numbered],
@@ -196,31 +200,19 @@ async fn feed(
             }
         }
         if lagged {
-            // The feed fell behind the run: catch up from its log.
-            match web.daemon.registry.borrow().get(&id) {
-                Some(run) => events = run.backlog(next),
-                None => break,
+            // The feed fell behind the run: catch up from its log, a batch per piece.
+            let count = web.daemon.registry.borrow().get(&id).map(|r| r.event_count());
+            let Some(count) = count else { break };
+            if !catch_up(&web, &id, large, &tx, &mut log, &mut next, count).await {
+                // No page left: the feed goes (the next page starts another).
+                break;
             }
         }
         events.retain(|(seq, _)| *seq >= next);
         if let Some(&(to, _)) = events.last() {
             let from = next;
             next = to + 1;
-            if large {
-                events = coalesce(events);
-            }
-            let pieces = pieces(&web, &id, &events, from);
-            let bytes = assemble(&pieces).into();
-            // No page left: the feed goes (the next page starts another).
-            if tx
-                .send(Rc::new(Batch {
-                    from,
-                    to,
-                    pieces,
-                    bytes,
-                }))
-                .is_err()
-            {
+            if !publish(&web, &id, large, &tx, events, from) {
                 break;
             }
         }
@@ -229,6 +221,58 @@ async fn feed(
         }
     }
     web.feeds.runs.borrow_mut().remove(&id);
+}
+
+/// Sends the run's events from `*next` up to `upto` from its log, a batch per piece (see
+/// [`crate::daemon::event_log`]); `false` when no page is left.
+async fn catch_up(
+    web: &Web,
+    id: &str,
+    large: bool,
+    tx: &broadcast::Sender<Rc<Batch>>,
+    log: &mut EventReader,
+    next: &mut u64,
+    upto: u64,
+) -> bool {
+    while *next < upto {
+        let piece = log.piece(*next, upto);
+        if let (Some(&(from, _)), Some(&(to, _))) = (piece.events.first(), piece.events.last()) {
+            if !publish(web, id, large, tx, piece.events, from) {
+                return false;
+            }
+            *next = to + 1;
+        }
+        if piece.done {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    true
+}
+
+/// Sends the feed's events numbered `from` and later (a run's events of one batch time, or
+/// one piece of its log) to every page as one batch; `false` when no page is left.
+fn publish(
+    web: &Web,
+    id: &str,
+    large: bool,
+    tx: &broadcast::Sender<Rc<Batch>>,
+    events: Vec<Numbered>,
+    from: u64,
+) -> bool {
+    let Some(&(to, _)) = events.last() else {
+        return true;
+    };
+    let events = if large { coalesce(events) } else { events };
+    let pieces = pieces(web, id, &events, from);
+    let bytes = assemble(&pieces).into();
+    tx.send(Rc::new(Batch {
+        from,
+        to,
+        pieces,
+        bytes,
+    }))
+    .is_ok()
 }
 
 #[cfg(test)]

@@ -109,3 +109,76 @@ fn a_plan_the_host_cannot_run_is_refused_at_submit_and_no_run_is_created() {
         .unwrap_or(0);
     assert_eq!(runs, 0, "no run directory was created");
 }
+
+/// The daemon's resident memory, in KiB (`VmRSS`).
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+#[test]
+fn watchers_that_do_not_read_a_200000_event_replay_cost_the_daemon_a_bounded_amount() {
+    // Before: each `watch --from 0` of a finished run read and parsed its whole event log on
+    // the daemon's thread and held it: 8 such watchers took a release daemon from 7 MB to
+    // 1,066 MB and stalled its socket 2.1-2.6 s; 835 MB stayed after they left.
+    const EVENTS: usize = 200_000;
+    const WATCHERS: usize = 8;
+    let s = Scratch::new("replay-bounded");
+    let mut d = start(&s);
+    let id = d
+        .connect()
+        .submit_toml("[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n", s.path());
+    assert_eq!(d.connect().wait(&id)["state"], "succeeded");
+    assert!(d.stop_with(e2e_tests::daemon::Signal::SIGTERM).success());
+    drop(d);
+    // The finished run's log made long (the daemon counts its lines when it starts).
+    let log = s.path().join("runs").join(&id).join("events.jsonl");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text.lines().next().unwrap().to_string() + "\n";
+    let mut long = text.clone();
+    long.push_str(&line.repeat(EVENTS - text.lines().count()));
+    std::fs::write(&log, long).unwrap();
+
+    let d = start(&s);
+    let run = d.connect().call(json!({"v": 1, "type": "status", "id": id}));
+    assert_eq!(run["runs"][0]["events"], EVENTS as u64, "{run}");
+    let before = rss_kib(d.pid());
+    let mut watchers = Vec::new();
+    for _ in 0..WATCHERS {
+        let mut w = d.connect();
+        let request = json!({"v": 1, "type": "watch", "id": id, "from": 0});
+        assert!(w.send_raw(format!("{request}\n").as_bytes()));
+        watchers.push(w); // never read
+    }
+    // The daemon answers at once while they wait, and its memory stays bounded.
+    let mut peak = before;
+    for _ in 0..10 {
+        let mut c = d.connect();
+        let answer = c.call_within(
+            json!({"v": 1, "type": "status", "id": id}),
+            std::time::Duration::from_secs(2),
+        );
+        assert_eq!(answer["type"], "runs", "{answer}");
+        peak = peak.max(rss_kib(d.pid()));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // A reader that does read gets every event, in order.
+    assert_eq!(events(&d, &id).len(), EVENTS);
+    peak = peak.max(rss_kib(d.pid()));
+    drop(watchers);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after = rss_kib(d.pid());
+    // Each watcher holds one piece of the log and what its socket buffers: a few MiB in all.
+    assert!(
+        peak < before + 64 * 1024,
+        "the daemon went from {before} KiB to {peak} KiB with {WATCHERS} watchers"
+    );
+    assert!(
+        after < before + 64 * 1024,
+        "{after} KiB after the watchers left (from {before} KiB)"
+    );
+}
