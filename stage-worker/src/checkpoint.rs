@@ -726,7 +726,16 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
         let (model, opt) = trained();
-        let (manifest, files) = write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
+        let (manifest, files) = write(
+            &dir,
+            &model,
+            &opt,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         assert_eq!(manifest.step, Some(2));
         assert_eq!(files.len(), 3);
         for f in &files {
@@ -750,7 +759,16 @@ mod tests {
 
         // Writing what was read gives the very same bytes.
         let dir2 = crate::testutil::scratch_dir("ckpt-rewrite");
-        let (manifest2, _) = write(&dir2, &back, &opt_back, 2, &state(), &LossHistory::default(), false).unwrap();
+        let (manifest2, _) = write(
+            &dir2,
+            &back,
+            &opt_back,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         assert_eq!(manifest2.files, manifest.files);
         for name in [MODEL_FILE, OPTIMIZER_FILE, MANIFEST_FILE] {
             assert_eq!(
@@ -766,11 +784,30 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-write-fails");
         let (model, opt) = trained();
-        write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
+        write(
+            &dir,
+            &model,
+            &opt,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         assert!(open_verified(&dir).is_ok());
         // Every write past the headers' first byte fails: no tensor data reaches either file.
         crate::stream::fail_writes_in(&dir, 1);
-        let err = write(&dir, &model, &opt, 3, &state(), &LossHistory::default(), false).err().unwrap();
+        let err = write(
+            &dir,
+            &model,
+            &opt,
+            3,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .err()
+        .unwrap();
         assert!(
             err.message.contains("injected write error"),
             "{}",
@@ -816,7 +853,16 @@ mod tests {
         crate::testutil::one_torch_thread();
         let (model, opt) = trained();
         let src = crate::testutil::scratch_dir("ckpt-early-src");
-        write(&src, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
+        write(
+            &src,
+            &model,
+            &opt,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         // Another model's checkpoint, whose weights are left in place by an earlier attempt.
         let stale_src = crate::testutil::scratch_dir("ckpt-early-stale");
         let other = ByteGpt::new(&tiny(), Device::Cpu, 5);
@@ -826,6 +872,7 @@ mod tests {
             &AdamW::new(&other.params, 0.1),
             1,
             &state(),
+            &LossHistory::default(),
             false,
         )
         .unwrap();
@@ -889,7 +936,16 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");
         let (model, opt) = trained();
-        let (manifest, _) = write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
+        let (manifest, _) = write(
+            &dir,
+            &model,
+            &opt,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         let full = manifest.files[0].bytes;
         let path = dir.join(MODEL_FILE);
         let bytes = std::fs::read(&path).unwrap();
@@ -909,7 +965,16 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-corrupt");
         let (model, opt) = trained();
-        write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
+        write(
+            &dir,
+            &model,
+            &opt,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         let path = dir.join(OPTIMIZER_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
         let i = bytes.len() - 3;
@@ -947,7 +1012,16 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-v1");
         let (model, opt) = trained();
-        let (mut manifest, _) = write(&dir, &model, &opt, 2, &state(), &LossHistory::default(), false).unwrap();
+        let (mut manifest, _) = write(
+            &dir,
+            &model,
+            &opt,
+            2,
+            &state(),
+            &LossHistory::default(),
+            false,
+        )
+        .unwrap();
         // Rewrite the manifest as an older worker wrote it: version 1, SHA-256 per file.
         let rewrite = |manifest: &CheckpointManifest| {
             std::fs::write(

@@ -440,7 +440,13 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     }
     let complete = !stats.interrupted;
     let history = stats.history();
-    let metrics = final_metrics(&stats, &history, opt.step, resumed_from, model.params.numel());
+    let metrics = final_metrics(
+        &stats,
+        &history,
+        opt.step,
+        resumed_from,
+        model.params.numel(),
+    );
     if complete {
         // Before the checkpoint's manifest: once the manifest says "complete", the metrics
         // that go with it are on disk too.

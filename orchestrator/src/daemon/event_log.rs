@@ -84,7 +84,10 @@ impl EventReader {
         let n = match file.read_at(&mut buf, self.offset) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {
-                return Piece { events, done: false }
+                return Piece {
+                    events,
+                    done: false,
+                }
             }
             Err(_) => 0,
         };
@@ -200,7 +203,13 @@ mod tests {
             }
         }
         let want: Vec<u64> = (1000..3000).chain([3002]).collect();
-        assert!(seqs == want, "{} events from {:?} to {:?}", seqs.len(), seqs.first(), seqs.last());
+        assert!(
+            seqs == want,
+            "{} events from {:?} to {:?}",
+            seqs.len(),
+            seqs.first(),
+            seqs.last()
+        );
         assert!(pieces > text.len() / PIECE_BYTES, "{pieces} pieces");
         assert!(reader.partial.capacity() <= MAX_LINE + PIECE_BYTES);
         // Nothing past the limit asked for, and a later call with a higher one goes on there.

@@ -483,7 +483,10 @@ mod tests {
             last_step: false,
         };
         let soon = t0 + Duration::from_millis(10);
-        assert!(!progress_due(&mut shown, false, soon), "within the interval");
+        assert!(
+            !progress_due(&mut shown, false, soon),
+            "within the interval"
+        );
         assert!(progress_due(&mut shown, true, soon), "the first final step");
         let repeats = (0..20_000)
             .filter(|_| progress_due(&mut shown, true, soon))

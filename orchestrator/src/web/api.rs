@@ -284,9 +284,15 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
                 }
                 Ok(Err(RecvError::Lagged(_))) => {
                     // This page fell behind its feed: catch up from the run's log.
-                    let count = web.daemon.registry.borrow().get(id).map(|r| r.event_count());
+                    let count = web
+                        .daemon
+                        .registry
+                        .borrow()
+                        .get(id)
+                        .map(|r| r.event_count());
                     let Some(count) = count else { break };
-                    if !replay_to(web, &mut stream, id, &mut sub.log, &mut next, count, large).await {
+                    if !replay_to(web, &mut stream, id, &mut sub.log, &mut next, count, large).await
+                    {
                         return;
                     }
                 }

@@ -201,7 +201,12 @@ async fn feed(
         }
         if lagged {
             // The feed fell behind the run: catch up from its log, a batch per piece.
-            let count = web.daemon.registry.borrow().get(&id).map(|r| r.event_count());
+            let count = web
+                .daemon
+                .registry
+                .borrow()
+                .get(&id)
+                .map(|r| r.event_count());
             let Some(count) = count else { break };
             if !catch_up(&web, &id, large, &tx, &mut log, &mut next, count).await {
                 // No page left: the feed goes (the next page starts another).

@@ -788,5 +788,8 @@ fn a_stage_repeating_its_final_step_gets_a_bounded_number_of_console_lines_and_r
         .lines()
         .filter(|l| l.contains("\"progress\""))
         .count();
-    assert!((1..=10).contains(&progress), "{progress} progress run events");
+    assert!(
+        (1..=10).contains(&progress),
+        "{progress} progress run events"
+    );
 }

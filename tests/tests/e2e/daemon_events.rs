@@ -144,7 +144,9 @@ fn watchers_that_do_not_read_a_200000_event_replay_cost_the_daemon_a_bounded_amo
     std::fs::write(&log, long).unwrap();
 
     let d = start(&s);
-    let run = d.connect().call(json!({"v": 1, "type": "status", "id": id}));
+    let run = d
+        .connect()
+        .call(json!({"v": 1, "type": "status", "id": id}));
     assert_eq!(run["runs"][0]["events"], EVENTS as u64, "{run}");
     let before = rss_kib(d.pid());
     let mut watchers = Vec::new();

@@ -346,7 +346,11 @@ fn a_train_stage_stopped_in_its_last_ten_steps_and_resumed_reports_the_uninterru
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(130), "stopped mid-training");
+    assert_eq!(
+        child.wait().unwrap().code(),
+        Some(130),
+        "stopped mid-training"
+    );
     let out = Command::new(orchestrate())
         .arg("resume")
         .arg(&run_dir)

@@ -468,7 +468,10 @@ fn a_40000_entry_after_list_and_40000_unknown_params_validate_in_linear_time() {
     let (out, took) = timed_validate(&plan);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    let reported = stderr.lines().filter(|l| l.contains("which is not a stage")).count();
+    let reported = stderr
+        .lines()
+        .filter(|l| l.contains("which is not a stage"))
+        .count();
     assert_eq!(reported, N);
     assert!(took < bound, "{N} `after` entries: {took:?}");
 
@@ -480,10 +483,17 @@ fn a_40000_entry_after_list_and_40000_unknown_params_validate_in_linear_time() {
     let (out, took) = timed_validate(&plan);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    let reported = stderr.lines().filter(|l| l.contains("unknown key `k")).count();
+    let reported = stderr
+        .lines()
+        .filter(|l| l.contains("unknown key `k"))
+        .count();
     assert_eq!(reported, N);
     // Each at its own line (the keys start on line 5).
-    let last = format!("params.toml:{}:1: error: stage `t`: unknown key `k{}`", N + 4, N - 1);
+    let last = format!(
+        "params.toml:{}:1: error: stage `t`: unknown key `k{}`",
+        N + 4,
+        N - 1
+    );
     assert!(stderr.contains(&last), "the last key at its line");
     assert!(took < bound, "{N} unknown params: {took:?}");
 }
