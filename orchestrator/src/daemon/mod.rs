@@ -382,8 +382,11 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
     // Every connection, log and stage pipe is a descriptor: take all the system allows, so
     // that a common soft limit of 1,024 is not what refuses the owner's next connection.
     match crate::host::descriptors::raise_nofile_limit() {
-        Ok((before, after)) => {
-            tracing::info!(before, after, "open files limit (soft RLIMIT_NOFILE) raised to the hard limit")
+        Ok((before, after)) if before < after => tracing::info!(
+            "open files limit (soft RLIMIT_NOFILE) raised from {before} to {after}, the hard limit"
+        ),
+        Ok((_, after)) => {
+            tracing::info!("open files limit (soft RLIMIT_NOFILE): {after}, the hard limit")
         }
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
