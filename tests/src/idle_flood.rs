@@ -1,6 +1,7 @@
 //! Idle TCP connections held open by another process, as a local user without the token
 //! would: a forked child (uid and gid 65534, "nobody", when the test runs as root) connects
-//! to each address and then sends nothing, until the [`IdleFlood`] is dropped.
+//! to each address and then sends nothing, opening again every connection the server closes,
+//! until the [`IdleFlood`] is dropped.
 
 use std::net::SocketAddrV4;
 
@@ -45,6 +46,18 @@ impl IdleFlood {
             rlim_cur: if root { wanted } else { wanted.min(hard) },
             rlim_max: if root { wanted.max(hard) } else { hard },
         };
+        // One entry per connection: its descriptor and the target it goes to.
+        let targets_of: Vec<usize> = (0..targets.len())
+            .flat_map(|t| std::iter::repeat_n(t, per_address))
+            .collect();
+        let mut polls = vec![
+            libc::pollfd {
+                fd: -1,
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            };
+            targets_of.len()
+        ];
         let mut pipe = [0; 2];
         // SAFETY: pipe2 fills the two descriptors.
         assert_eq!(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
@@ -53,7 +66,7 @@ impl IdleFlood {
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
         if pid == 0 {
             // SAFETY: system calls on prepared values; the child ends in `pause`/`_exit`.
-            unsafe { hold(pipe[1], &limit, root, &targets, per_address) }
+            unsafe { hold(pipe[1], &limit, root, &targets, &mut polls, &targets_of) }
         }
         // SAFETY: closing our copy of the write end; reading into a live buffer.
         let mut report = [0u8; 8];
@@ -78,7 +91,8 @@ unsafe fn hold(
     limit: &libc::rlimit,
     root: bool,
     targets: &[libc::sockaddr_in],
-    per_address: usize,
+    polls: &mut [libc::pollfd],
+    targets_of: &[usize],
 ) -> ! {
     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
     libc::setrlimit(libc::RLIMIT_NOFILE, limit);
@@ -90,28 +104,44 @@ unsafe fn hold(
         libc::_exit(1);
     }
     let mut connected: u32 = 0;
-    for target in targets {
-        for _ in 0..per_address {
-            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-            if fd < 0 {
-                break;
-            }
-            let addr = (target as *const libc::sockaddr_in).cast::<libc::sockaddr>();
-            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            if libc::connect(fd, addr, len) == 0 {
-                connected += 1;
-            } else {
-                libc::close(fd);
-            }
+    for (poll, target) in polls.iter_mut().zip(targets_of.iter()) {
+        poll.fd = connect(&targets[*target]);
+        if poll.fd >= 0 {
+            connected += 1;
         }
     }
     let mut out = [0u8; 8];
     out[..4].copy_from_slice(&connected.to_ne_bytes());
     out[4..].copy_from_slice(&libc::getuid().to_ne_bytes());
     libc::write(report, out.as_ptr().cast(), out.len());
+    // Then keep them up, as an attacker would: every connection the server closes is opened
+    // again, five times a second.
     loop {
-        libc::pause();
+        libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 200);
+        for (poll, target) in polls.iter_mut().zip(targets_of.iter()) {
+            if poll.revents == 0 {
+                continue;
+            }
+            libc::close(poll.fd);
+            poll.fd = connect(&targets[*target]);
+            poll.revents = 0;
+        }
     }
+}
+
+/// A new connection to `target`; -1 when it failed.
+unsafe fn connect(target: &libc::sockaddr_in) -> libc::c_int {
+    let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+    if fd < 0 {
+        return fd;
+    }
+    let addr = (target as *const libc::sockaddr_in).cast::<libc::sockaddr>();
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    if libc::connect(fd, addr, len) != 0 {
+        libc::close(fd);
+        return -1;
+    }
+    fd
 }
 
 fn sockaddr(addr: &SocketAddrV4) -> libc::sockaddr_in {

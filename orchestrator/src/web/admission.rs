@@ -157,6 +157,9 @@ where
                     let number = ticket.number;
                     let task = tokio::task::spawn_local(serve(stream, ticket));
                     admission.track(number, task.abort_handle());
+                    // Let the new connection read its head before the next one arrives: a
+                    // burst of accepts must not push a waiting request out unread.
+                    tokio::task::yield_now().await;
                 }
                 Err(e) => {
                     if crate::host::descriptors::out_of_descriptors(&e) {
@@ -167,6 +170,20 @@ where
             }
         }
     })
+}
+
+/// The listen backlog of the web view's listeners: a burst of connections waits in the
+/// kernel instead of having its handshakes dropped (then retried after a second or more).
+pub const BACKLOG: libc::c_int = 1024;
+
+/// Sets `listener`'s backlog to [`BACKLOG`] (the standard library listens with 128).
+pub fn deepen_backlog(listener: &std::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: listen(2) again on a listening socket we own changes only its backlog.
+    if unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Admission {

@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// Binds `addr` (a free port when it is 0); the listener and the address bound.
 pub fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
     let listener = std::net::TcpListener::bind(addr)?;
+    admission::deepen_backlog(&listener)?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
     Ok((TcpListener::from_std(listener)?, bound))

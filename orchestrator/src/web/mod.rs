@@ -132,6 +132,7 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         addr: config.addr,
         source,
     };
+    admission::deepen_backlog(&std_listener).map_err(bind)?;
     std_listener.set_nonblocking(true).map_err(bind)?;
     let addr = std_listener.local_addr().map_err(bind)?;
     let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind)?;
