@@ -30,7 +30,7 @@ pub fn raise_nofile() -> u64 {
         limit.rlim_cur = limit.rlim_max;
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
     }
-    limit.rlim_cur as u64
+    limit.rlim_cur
 }
 
 impl IdleFlood {
@@ -60,7 +60,10 @@ impl IdleFlood {
         ];
         let mut pipe = [0; 2];
         // SAFETY: pipe2 fills the two descriptors.
-        assert_eq!(unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        assert_eq!(
+            unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) },
+            0
+        );
         // SAFETY: the child calls only async-signal-safe functions and never returns.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());

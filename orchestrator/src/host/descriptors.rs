@@ -15,7 +15,7 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let before = limit.rlim_cur as u64;
+    let before = limit.rlim_cur;
     if limit.rlim_cur >= limit.rlim_max {
         return Ok((before, before));
     }
@@ -24,7 +24,7 @@ pub fn raise_nofile_limit() -> io::Result<(u64, u64)> {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok((before, limit.rlim_max as u64))
+    Ok((before, limit.rlim_max))
 }
 
 /// Whether `error` says the process (or the system) is out of descriptors or buffers.
@@ -97,7 +97,7 @@ mod tests {
             0
         );
         assert_eq!(limit.rlim_cur, limit.rlim_max);
-        assert_eq!(after, limit.rlim_cur as u64);
+        assert_eq!(after, limit.rlim_cur);
     }
 
     #[test]

@@ -253,7 +253,11 @@ mod tests {
         assert!(third.admit());
         assert_eq!(a.counts(), (1, 1));
         drop(first);
-        assert_eq!(a.counts(), (1, 1), "a dropped-out ticket frees nothing twice");
+        assert_eq!(
+            a.counts(),
+            (1, 1),
+            "a dropped-out ticket frees nothing twice"
+        );
         drop(second);
         assert_eq!(a.counts(), (0, 1));
         drop(third);

@@ -243,7 +243,11 @@ mod tests {
     use protocol::web::ROUTES;
 
     fn auth() -> Auth {
-        Auth::new("t0k".into(), &["box.lan".into()], "orchestrate_token_9_x".into())
+        Auth::new(
+            "t0k".into(),
+            &["box.lan".into()],
+            "orchestrate_token_9_x".into(),
+        )
     }
 
     fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request {
@@ -295,7 +299,10 @@ mod tests {
                 401,
                 "{route:?}"
             );
-            let wrong = [("host", "localhost:9"), ("cookie", "orchestrate_token_9_x=t0x")];
+            let wrong = [
+                ("host", "localhost:9"),
+                ("cookie", "orchestrate_token_9_x=t0x"),
+            ];
             assert_eq!(
                 a.gate(&request(m, route.path, &wrong), Some(route))
                     .unwrap_err()
@@ -407,7 +414,10 @@ mod tests {
         let other = request(
             "GET",
             "/",
-            &[("host", "localhost:9"), ("cookie", "orchestrate_token_8_y=t0k")],
+            &[
+                ("host", "localhost:9"),
+                ("cookie", "orchestrate_token_8_y=t0k"),
+            ],
         );
         assert_eq!(a.gate(&other, None).unwrap_err().status, 401);
         assert!(a.set_cookie().starts_with("orchestrate_token_9_x=t0k;"));

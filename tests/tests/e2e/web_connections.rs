@@ -122,7 +122,10 @@ fn idle_connections_without_the_token_lock_out_neither_the_owner_nor_a_scrape_no
         .collect();
     let flood = IdleFlood::start(&targets, IDLE_PER_LISTENER);
     if nix::unistd::geteuid().is_root() {
-        assert_eq!(flood.uid, NOBODY, "the idle connections come from another user");
+        assert_eq!(
+            flood.uid, NOBODY,
+            "the idle connections come from another user"
+        );
     }
     assert!(
         flood.connected as usize >= 2 * IDLE_PER_LISTENER - 10,
@@ -172,7 +175,9 @@ fn idle_connections_without_the_token_lock_out_neither_the_owner_nor_a_scrape_no
     let log = w.d.log();
     for listener in ["web view", "metrics address"] {
         assert!(
-            log.contains(&format!("{listener}: 64 connections without a complete request")),
+            log.contains(&format!(
+                "{listener}: 64 connections without a complete request"
+            )),
             "{listener} dropped its oldest pending connections: {log}"
         );
     }
