@@ -55,8 +55,10 @@ pub const ROUTES: &[Route] = &[
     read("metrics", "/metrics"),
 ];
 
-/// The name of the cookie the token URL sets.
-pub const COOKIE: &str = "orchestrate_token";
+/// How the name of the cookie the token URL sets begins. The rest names the daemon (its
+/// port and a digest of its address and runs directory), since browsers keep cookies per host
+/// name, not per port: two daemons on one machine each keep their own login.
+pub const COOKIE_PREFIX: &str = "orchestrate_token_";
 
 /// What the file beside the daemon's socket that holds the web view's token (mode 0600) adds
 /// to the socket's path: `daemon.sock` → `daemon.sock.web-token`.

@@ -9,6 +9,7 @@ use std::process::{Command, Output};
 pub mod daemon;
 pub mod fixtures;
 pub mod http;
+pub mod idle_flood;
 
 /// The directory holding the workspace's built binaries (`target/debug` for `cargo test`).
 pub fn bin_dir() -> PathBuf {

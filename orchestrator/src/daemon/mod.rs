@@ -381,6 +381,17 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
             .with_context(|| format!("cannot resolve {}", config.runs_dir.display()))?,
         ..config
     };
+    // Every connection, log and stage pipe is a descriptor: take all the system allows, so
+    // that a common soft limit of 1,024 is not what refuses the owner's next connection.
+    match crate::host::descriptors::raise_nofile_limit() {
+        Ok((before, after)) if before < after => tracing::info!(
+            "open files limit (soft RLIMIT_NOFILE) raised from {before} to {after}, the hard limit"
+        ),
+        Ok((_, after)) => {
+            tracing::info!("open files limit (soft RLIMIT_NOFILE): {after}, the hard limit")
+        }
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
     let runs_lock = runs_lock::RunsDirLock::acquire(&config.runs_dir)?;
     let listening = socket::listen(&config.socket)?;
     let listener = tokio::net::UnixListener::from_std(listening.listener.try_clone()?)?;
@@ -416,6 +427,7 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         listening.path.display(),
         daemon.config.runs_dir.display()
     );
+    let mut accept_errors = crate::host::descriptors::AcceptErrors::default();
     loop {
         if daemon.shutting_down.get() && daemon.registry.borrow().running() == 0 {
             break;
@@ -423,13 +435,13 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    accept_errors.accepted("daemon socket");
                     let daemon = daemon.clone();
                     tokio::task::spawn_local(connection::serve(daemon, stream));
                 }
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                // Out of descriptors the connection waits in the backlog: a short pause (the
+                // other tasks run on), then again; never a spin, never a stop.
+                Err(e) => accept_errors.failed("daemon socket", &e).await,
             },
             _ = daemon.changed.notified() => {}
             _ = sigint.recv() => { daemon.shutdown(ShutdownMode::Cancel); }

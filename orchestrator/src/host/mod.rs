@@ -15,6 +15,7 @@
 //! runs waiting for GPUs are served in ticket order (higher priority first, then submission
 //! order), so a run never waits behind a later one of the same priority.
 
+pub mod descriptors;
 pub(crate) mod sockets;
 
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};

@@ -26,8 +26,9 @@ pub fn find(request: &Request) -> Option<(&'static Route, Vec<String>)> {
         .find_map(|r| protocol::web::match_path(r.path, &request.path).map(|p| (r, p)))
 }
 
-/// Serves one connection: one request, then close.
-pub async fn serve(web: Rc<Web>, mut stream: TcpStream) {
+/// Serves one connection: one request, then close. The connection is admitted (out of the
+/// budget of those without the token, see [`super::admission`]) once the gate passes it.
+pub async fn serve(web: Rc<Web>, mut stream: TcpStream, mut ticket: super::admission::Ticket) {
     let request = match http::read_head(&mut stream).await {
         Ok(r) => r,
         Err(http::HeadError::Incomplete) => return,
@@ -52,6 +53,10 @@ pub async fn serve(web: Rc<Web>, mut stream: TcpStream) {
     let head_only = request.method == "HEAD";
     let answer = match web.auth.gate(&request, found.as_ref().map(|(r, _)| *r)) {
         Err(refused) => refused,
+        Ok(_) if !ticket.admit() => Response::text(
+            503,
+            "busy: too many connections being served at once; try again",
+        ),
         Ok(super::auth::Pass::SetCookie { location }) => Response::text(303, "see the page")
             .with("Set-Cookie", web.auth.set_cookie())
             .with("Location", location),

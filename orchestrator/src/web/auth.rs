@@ -3,21 +3,23 @@
 //! 1. the `Host` header names an allowed host (loopback names, and the names the operator
 //!    adds), else 403: a page on another site that rebinds its DNS name to this address
 //!    cannot read the view;
-//! 2. the request carries the token: the cookie the token URL sets, or
-//!    `Authorization: Bearer <token>` (a scraper), else 401; `?token=` on a `GET` is
-//!    exchanged for the HttpOnly, SameSite=Strict cookie and redirected to the URL without it;
+//! 2. the request carries the token: the cookie the token URL sets (named for this daemon,
+//!    [`cookie_name`]), or `Authorization: Bearer <token>` (a scraper; the scheme in any case),
+//!    else 401; `?token=` on a `GET` is exchanged for the HttpOnly, SameSite=Strict cookie and
+//!    redirected to the URL without it;
 //! 3. a route that changes state answers only its own non-`GET` method (else 405), and only
 //!    when `Origin` is this server's own origin (else 403), so another site cannot cancel a run
 //!    through the user's browser.
 
 use super::http::{Request, Response};
-use protocol::web::{Effect, Route, COOKIE};
+use protocol::web::{Effect, Route, COOKIE_PREFIX};
 
 /// The token and the allowed host names.
 #[derive(Debug, Clone)]
 pub struct Auth {
     token: String,
     hosts: Vec<String>,
+    cookie: String,
 }
 
 /// What the gate lets through.
@@ -36,11 +38,21 @@ pub enum Pass {
 pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 
 impl Auth {
-    /// `token` and the host names allowed beyond the loopback ones.
-    pub fn new(token: String, extra_hosts: &[String]) -> Auth {
+    /// `token`, the host names allowed beyond the loopback ones, and the cookie's name
+    /// ([`cookie_name`]).
+    pub fn new(token: String, extra_hosts: &[String], cookie: String) -> Auth {
         let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
         hosts.extend(extra_hosts.iter().map(|h| h.to_ascii_lowercase()));
-        Auth { token, hosts }
+        Auth {
+            token,
+            hosts,
+            cookie,
+        }
+    }
+
+    /// The cookie's name.
+    pub fn cookie_name(&self) -> &str {
+        &self.cookie
     }
 
     /// The token.
@@ -70,7 +82,7 @@ impl Auth {
                 format!("forbidden: Host {host:?} is not an allowed name for this server"),
             ));
         }
-        let authorized = cookie(request, COOKIE).is_some_and(|t| self.is_token(t))
+        let authorized = cookie(request, &self.cookie).is_some_and(|t| self.is_token(t))
             || bearer(request).is_some_and(|t| self.is_token(t));
         if !authorized {
             let from_url = request.param("token").is_some_and(|t| self.is_token(t));
@@ -112,10 +124,38 @@ impl Auth {
         Ok(Pass::Serve)
     }
 
-    /// The header that sets the cookie.
+    /// The header that sets the cookie: for this host name only (no `Domain`), never to
+    /// scripts (`HttpOnly`), never on another site's requests (`SameSite=Strict`).
     pub fn set_cookie(&self) -> String {
-        format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", self.token)
+        format!(
+            "{}={}; HttpOnly; SameSite=Strict; Path=/",
+            self.cookie, self.token
+        )
     }
+}
+
+/// The cookie's name for a daemon listening on `addr` with its runs in `runs_dir`:
+/// [`COOKIE_PREFIX`], the port, and 8 hex digits of a digest of both (FNV-1a), so that two
+/// daemons on one machine (another port, or another runs directory on the same port later)
+/// never share a name and a login to one leaves the other's alone. Stable across restarts of
+/// the same daemon; a restarted daemon has a new token, so its page asks for the token URL.
+pub fn cookie_name(addr: std::net::SocketAddr, runs_dir: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let addr = addr.to_string();
+    for &b in addr
+        .as_bytes()
+        .iter()
+        .chain(b"\0")
+        .chain(runs_dir.as_os_str().as_bytes())
+    {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{COOKIE_PREFIX}{}_{:08x}", addr_port(&addr), hash as u32)
+}
+
+fn addr_port(addr: &str) -> &str {
+    addr.rsplit(':').next().unwrap_or("0")
 }
 
 /// The name part of a `Host` value (`[::1]:80` → `[::1]`, `a:80` → `a`).
@@ -141,8 +181,13 @@ fn cookie<'a>(request: &'a Request, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// The token of `Authorization: Bearer <token>`; the scheme's name is compared without regard
+/// to case (RFC 9110, section 11.1), and spaces may be more than one.
 fn bearer(request: &Request) -> Option<&str> {
-    request.header("authorization")?.strip_prefix("Bearer ")
+    let (scheme, token) = request.header("authorization")?.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
 }
 
 /// The request's path and query without `token`.
@@ -198,7 +243,11 @@ mod tests {
     use protocol::web::ROUTES;
 
     fn auth() -> Auth {
-        Auth::new("t0k".into(), &["box.lan".into()])
+        Auth::new(
+            "t0k".into(),
+            &["box.lan".into()],
+            "orchestrate_token_9_x".into(),
+        )
     }
 
     fn request(method: &str, path: &str, headers: &[(&str, &str)]) -> Request {
@@ -213,7 +262,7 @@ mod tests {
         }
     }
 
-    const COOKIE_OK: (&str, &str) = ("cookie", "a=b; orchestrate_token=t0k");
+    const COOKIE_OK: (&str, &str) = ("cookie", "a=b; orchestrate_token_9_x=t0k");
 
     #[test]
     fn every_route_refuses_a_foreign_host_a_missing_token_and_a_foreign_origin() {
@@ -250,7 +299,10 @@ mod tests {
                 401,
                 "{route:?}"
             );
-            let wrong = [("host", "localhost:9"), ("cookie", "orchestrate_token=t0x")];
+            let wrong = [
+                ("host", "localhost:9"),
+                ("cookie", "orchestrate_token_9_x=t0x"),
+            ];
             assert_eq!(
                 a.gate(&request(m, route.path, &wrong), Some(route))
                     .unwrap_err()
@@ -325,9 +377,50 @@ mod tests {
             &[("host", "[::1]:8"), ("authorization", "Bearer t0k")],
         );
         assert_eq!(a.gate(&r, None), Ok(Pass::Serve));
+        // The scheme's name is case-insensitive (RFC 9110), the token is not.
+        for scheme in ["bearer t0k", "BEARER t0k", "bEaReR  t0k"] {
+            let r = request(
+                "GET",
+                "/metrics",
+                &[("host", "[::1]:8"), ("authorization", scheme)],
+            );
+            assert_eq!(a.gate(&r, None), Ok(Pass::Serve), "{scheme}");
+        }
+        for wrong in ["bearer T0K", "Basic t0k", "Bearert0k", "bearer", "t0k"] {
+            let r = request(
+                "GET",
+                "/metrics",
+                &[("host", "[::1]:8"), ("authorization", wrong)],
+            );
+            assert_eq!(a.gate(&r, None).unwrap_err().status, 401, "{wrong}");
+        }
         assert!(a.host_allowed("LOCALHOST"));
         assert!(!a.host_allowed("localhost.evil.example"));
         assert!(!a.host_allowed(""));
+    }
+
+    #[test]
+    fn each_daemon_has_a_cookie_of_its_own_name() {
+        use std::path::Path;
+        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        let one = cookie_name(at("127.0.0.1:8765"), Path::new("/r"));
+        assert!(one.starts_with("orchestrate_token_8765_"), "{one}");
+        assert_eq!(one, cookie_name(at("127.0.0.1:8765"), Path::new("/r")));
+        assert_ne!(one, cookie_name(at("127.0.0.1:8766"), Path::new("/r")));
+        assert_ne!(one, cookie_name(at("127.0.0.1:8765"), Path::new("/s")));
+        assert_ne!(one, cookie_name(at("[::1]:8765"), Path::new("/r")));
+        // A cookie token-named for another daemon does not open this one.
+        let a = auth();
+        let other = request(
+            "GET",
+            "/",
+            &[
+                ("host", "localhost:9"),
+                ("cookie", "orchestrate_token_8_y=t0k"),
+            ],
+        );
+        assert_eq!(a.gate(&other, None).unwrap_err().status, 401);
+        assert!(a.set_cookie().starts_with("orchestrate_token_9_x=t0k;"));
     }
 
     #[test]

@@ -9,8 +9,9 @@ use tokio::net::TcpStream;
 
 /// The largest request head (request line and headers) read.
 pub const MAX_HEAD_BYTES: usize = 16 << 10;
-/// A request head that does not arrive in this time closes the connection.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request head that does not arrive in this time closes the connection (until its head
+/// has come, a connection holds a place in its listener's small pending budget).
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// An answer (or one server-sent event) that cannot be written in this time closes the
 /// connection.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -214,6 +215,7 @@ fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         409 => "Conflict",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Internal Server Error",
     }
 }

@@ -5,6 +5,7 @@
 //! web view applies (a page elsewhere cannot read it by rebinding its DNS name); the address
 //! is loopback unless `--http-remote` is given.
 
+use super::admission;
 use super::api::metrics;
 use super::http::{self, Response};
 use super::Web;
@@ -15,39 +16,25 @@ use tokio::net::{TcpListener, TcpStream};
 /// Binds `addr` (a free port when it is 0); the listener and the address bound.
 pub fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
     let listener = std::net::TcpListener::bind(addr)?;
+    admission::deepen_backlog(&listener)?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
     Ok((TcpListener::from_std(listener)?, bound))
 }
 
-/// Serves `listener` until dropped (at most [`super::MAX_CONNECTIONS`] connections at once,
-/// counted with the web view's).
+/// Serves `listener` until dropped, with budgets of its own ([`admission::METRICS`]): a
+/// connection is admitted once it has sent a complete request for `/metrics` that passes the
+/// `Host` check, so idle or partial connections cannot keep a scrape out.
 pub fn start(web: Rc<Web>, listener: TcpListener) -> tokio::task::JoinHandle<()> {
-    tokio::task::spawn_local(async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    if web.open.get() >= super::MAX_CONNECTIONS {
-                        continue;
-                    }
-                    let web = web.clone();
-                    web.open.set(web.open.get() + 1);
-                    tokio::task::spawn_local(async move {
-                        serve(&web, stream).await;
-                        web.open.set(web.open.get() - 1);
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("metrics address: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
+    let admission = admission::Admission::new("metrics address", admission::METRICS);
+    admission::accept_loop(listener, admission, move |stream, ticket| {
+        let web = web.clone();
+        async move { serve(&web, stream, ticket).await }
     })
 }
 
 /// One connection: one request, then close.
-async fn serve(web: &Web, mut stream: TcpStream) {
+async fn serve(web: &Web, mut stream: TcpStream, mut ticket: admission::Ticket) {
     let answer = match http::read_head(&mut stream).await {
         Err(http::HeadError::Incomplete) => return,
         Err(e) => Response::text(400, e.to_string()),
@@ -62,6 +49,8 @@ async fn serve(web: &Web, mut stream: TcpStream) {
                 Response::text(404, "only /metrics is served here")
             } else if request.method != "GET" && request.method != "HEAD" {
                 Response::text(405, "/metrics answers GET and HEAD")
+            } else if !ticket.admit() {
+                Response::text(503, "busy: too many scrapes at once; try again")
             } else {
                 let answer = metrics(web);
                 let head_only = request.method == "HEAD";

@@ -2,6 +2,8 @@
 //! memory, and `/metrics` for Prometheus.
 //!
 //! - [`http`]: the little HTTP/1.1 it speaks (one request per connection, bounded heads);
+//! - [`admission`]: each listener's two connection budgets, one for connections without the
+//!   token (the oldest dropped for a newer one), one for those being served;
 //! - [`auth`]: the checks every request passes first (allowed `Host`, the token, a change's
 //!   method and `Origin`), in the order of the route table [`protocol::web::ROUTES`];
 //! - [`api`]: the routes' answers (JSON, the run's events as server-sent events, logs);
@@ -17,6 +19,7 @@
 //! beside the socket; nothing it serves runs a plan; its page and script are in the binary, so
 //! nothing is fetched from elsewhere.
 
+pub mod admission;
 pub mod api;
 pub mod auth;
 pub mod cadence;
@@ -80,16 +83,11 @@ pub struct Web {
     pub auth: auth::Auth,
     /// The GPUs' memory.
     pub memory: memory::Memory,
-    /// Connections open now (at most [`MAX_CONNECTIONS`]; more are closed at once).
-    pub open: std::cell::Cell<usize>,
     /// Event frames encoded once for every page.
     pub frames: api::Frames,
     /// The live runs' feeds, one per run with a page open.
     pub feeds: feed::Feeds,
 }
-
-/// Connections (pages' event streams included) served at once.
-pub const MAX_CONNECTIONS: usize = 1024;
 
 /// A started web view; dropping it stops it.
 pub struct Running {
@@ -134,6 +132,7 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         addr: config.addr,
         source,
     };
+    admission::deepen_backlog(&std_listener).map_err(bind)?;
     std_listener.set_nonblocking(true).map_err(bind)?;
     let addr = std_listener.local_addr().map_err(bind)?;
     let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind)?;
@@ -176,40 +175,19 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         path.display()
     );
     tracing::info!(addr = %addr, token_file = %path.display(), "web view listening");
+    let cookie = auth::cookie_name(addr, &daemon.config.runs_dir);
     let (memory, sampler) = memory::start(daemon.host.clone());
     let web = Rc::new(Web {
         daemon,
-        auth: auth::Auth::new(token, &hosts),
+        auth: auth::Auth::new(token, &hosts, cookie),
         memory,
-        open: std::cell::Cell::new(0),
         frames: api::Frames::default(),
         feeds: feed::Feeds::default(),
     });
     let metrics_web = web.clone();
-    let accept = tokio::task::spawn_local(async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    if web.open.get() >= MAX_CONNECTIONS {
-                        tracing::warn!(
-                            "web view: {MAX_CONNECTIONS} connections open; one more closed"
-                        );
-                        continue;
-                    }
-                    let _ = stream.set_nodelay(true);
-                    let web = web.clone();
-                    web.open.set(web.open.get() + 1);
-                    tokio::task::spawn_local(async move {
-                        api::serve(web.clone(), stream).await;
-                        web.open.set(web.open.get() - 1);
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("web view: accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
+    let admission = admission::Admission::new("web view", admission::WEB);
+    let accept = admission::accept_loop(listener, admission, move |stream, ticket| {
+        api::serve(web.clone(), stream, ticket)
     });
     let mut tasks = vec![accept];
     if let Some((listener, addr)) = metrics_listener {

@@ -31,4 +31,5 @@ mod slurm;
 mod timeout_stall;
 mod validate_cli;
 mod web;
+mod web_connections;
 mod zygote;

@@ -61,6 +61,15 @@ impl WebDaemon {
         format!("Bearer {}", self.token)
     }
 
+    /// Logs in with the token URL, as a browser does: the cookie it sets (`name=value`; the
+    /// name is this daemon's own).
+    fn login(&self) -> String {
+        let answer = http::get(&self.addr, &format!("/?token={}", self.token), &[]);
+        assert_eq!(answer.status, 303, "{}", answer.text());
+        let set = answer.header("set-cookie").expect("a cookie");
+        set.split(';').next().unwrap().trim().to_string()
+    }
+
     fn get(&self, path: &str) -> http::Answer {
         let bearer = self.bearer();
         http::get(&self.addr, path, &[("Authorization", &bearer)])
@@ -130,7 +139,7 @@ fn every_route_needs_the_token_an_allowed_host_and_for_a_change_its_own_origin()
         s.path(),
     );
     assert_eq!(c.wait(&id)["state"], "succeeded");
-    let cookie = format!("orchestrate_token={}", w.token);
+    let cookie = w.login();
     let own_origin = format!("http://{}", w.addr);
     for route in ROUTES {
         let path = path_of(route, &id, "a");
@@ -144,7 +153,7 @@ fn every_route_needs_the_token_an_allowed_host_and_for_a_change_its_own_origin()
         let what = format!("{m} {path}");
         // No token.
         assert_eq!(send(&[("Origin", &own_origin)]).status, 401, "{what}");
-        let wrong = format!("orchestrate_token={}x", w.token);
+        let wrong = format!("{cookie}x");
         assert_eq!(
             send(&[("Cookie", &wrong), ("Origin", &own_origin)]).status,
             401,
@@ -237,7 +246,7 @@ fn cancel_from_the_page_stops_a_running_run() {
         .get("/api/runs")
         .json()["runs"][0]["info"]["running"]
         == 1));
-    let cookie = format!("orchestrate_token={}", w.token);
+    let cookie = w.login();
     let origin = format!("http://{}", w.addr);
     let a = http::request(
         &w.addr,
