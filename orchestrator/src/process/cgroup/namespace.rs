@@ -102,7 +102,9 @@ mod tests {
         assert_eq!(Support::from(Ok(()), true), Support::Confining);
         assert_eq!(Support::from(Ok(()), false), Support::NotConfining);
         let refused = Support::from(Err("unshare: EPERM".into()), true);
-        assert!(refused.describe().contains("no cgroup namespace per stage (unshare: EPERM)"));
+        assert!(refused
+            .describe()
+            .contains("no cgroup namespace per stage (unshare: EPERM)"));
     }
 
     #[test]
