@@ -73,7 +73,7 @@ fn v2(text: &str) -> String {
 
 /// Whether process `pid` is alive running `sleep 301` (the escapee below; a reused pid is not).
 fn escapee_alive(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\0301\0")
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\x00301\x00")
 }
 
 /// A stage whose setsid'd, token-less grandchild writes itself into the root cgroup's
@@ -329,6 +329,39 @@ fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
         stage["leftover_processes"],
         serde_json::json!([]),
         "{stage}"
+    );
+}
+
+#[test]
+fn a_worker_forked_by_the_fork_server_is_in_a_cgroup_namespace_of_its_own() {
+    if !stage_cgroups_here() || !stage_namespaces_here().0 {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-fork-server-namespace");
+    let plan = scratch.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\nkind = \"train\"\n[stage.params]\nsteps = 100000\nbatch_size = 4\n\
+         seq_len = 32\nseed = 3\nmodel = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }\n",
+    );
+    let (mut orch, run_dir) = e2e_tests::spawn_plan(&scratch, &plan);
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).ok();
+    let mut seen = None;
+    wait_for(Duration::from_secs(30), || {
+        seen = e2e_tests::stage_pids(&run_dir)
+            .first()
+            .and_then(|pid| Some((*pid, ns(&pid.to_string())?)));
+        seen.is_some()
+    });
+    // SAFETY: signalling the orchestrate this test started.
+    unsafe { libc::kill(orch.id() as i32, libc::SIGTERM) };
+    let _ = orch.wait();
+    let (pid, worker_ns) = seen.expect("the worker started");
+    let stderr = std::fs::read_to_string(run_dir.join("stages/a/stderr.log")).unwrap();
+    assert!(stderr.contains("started by the fork server"), "{stderr}");
+    assert_ne!(
+        Some(worker_ns),
+        ns("self"),
+        "worker {pid} shares the test's cgroup namespace"
     );
 }
 
