@@ -132,6 +132,60 @@ fn a_process_that_moves_itself_to_another_cgroup_is_still_the_stages_and_is_kill
 }
 
 #[test]
+fn a_stage_that_ends_while_another_runs_kills_none_of_the_others_moved_processes() {
+    if !stage_cgroups_here() {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-mover-bystander");
+    let path = |name: &str| scratch.path().join(name);
+    let (pidfile, moved) = (path("pid"), path("moved"));
+    // The bystander's own moved process must live through the mover's end and stop.
+    let plan = format!(
+        r#"[[stage]]
+name = "bystander"
+command = ["sh", "-c", "setsid env -i sleep 301 </dev/null >/dev/null 2>&1 & echo $! > {bpid}; echo $! > {root}/cgroup.procs; sleep 1.5; kill -0 $(cat {bpid}) && touch {alive}"]
+
+{mover}"#,
+        bpid = path("bpid").display(),
+        root = v2_root().display(),
+        alive = path("alive").display(),
+        mover = mover_stage("mover", &pidfile, &moved),
+    );
+    let plan = scratch.write("plan.toml", &plan);
+    let result = run_plan(&scratch, &plan, &[]);
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    assert!(
+        path("alive").exists(),
+        "the bystander's process was killed with the mover: {}",
+        result.stderr
+    );
+    let report = result.report();
+    for file in ["pid", "bpid"] {
+        let pid: i32 = std::fs::read_to_string(path(file))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = wait_for(Duration::from_secs(2), || !escapee_alive(pid));
+        if !gone {
+            // SAFETY: killing the test's own leaked process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(gone, "pid {pid} ({file}) outlived the run");
+        // Whose: the stage it carried a token of, or that was running when it was born
+        // (with both running, the last of them to end claims it).
+        let listed = ["bystander", "mover"].iter().any(|s| {
+            report_stage(&report, s)["leftover_processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l == &format!("pid {pid} (sleep)"))
+        });
+        assert!(listed, "pid {pid} is no stage's leftover: {report}");
+    }
+}
+
+#[test]
 fn under_the_daemon_a_process_that_moves_itself_to_another_cgroup_is_killed_with_its_stage() {
     if !stage_cgroups_here() {
         return;
