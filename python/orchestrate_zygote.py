@@ -156,6 +156,23 @@ def become_stage(request, fds, sock, pid_pipe):
     return request["argv"]
 
 
+CLONE_NEWCGROUP = 0x02000000
+
+
+def enter_cgroup_namespace():
+    """Puts this process (the intermediate, now in the stage's cgroup) in a cgroup namespace
+    of its own rooted there, which the stage it forks is born in; where the kernel refuses
+    (no CAP_SYS_ADMIN) it stays without one, as an exec'd stage would."""
+    unshare = getattr(os, "unshare", None)
+    try:
+        if unshare is not None:
+            unshare(CLONE_NEWCGROUP)
+        else:
+            ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWCGROUP)
+    except OSError:
+        pass
+
+
 def fork_stage(request, fds, sock):
     """Forks the stage through an intermediate process. In the zygote returns
     ("forked", pid); in the stage ("stage", argv)."""
@@ -175,6 +192,7 @@ def fork_stage(request, fds, sock):
             except OSError:
                 os.write(write_end, struct.pack("<i", -1))
                 os._exit(0)
+            enter_cgroup_namespace()
         stage = os.fork()
         if stage == 0:
             os.close(read_end)

@@ -62,6 +62,11 @@ pub struct Adopt {
     pub env: Vec<(String, String)>,
     /// Its working directory.
     pub cwd: PathBuf,
+    /// The standby was moved into the stage's cgroup: it enters a cgroup namespace of its own
+    /// rooted there before it runs the stage, where the kernel allows (as a forked or exec'd
+    /// worker is born in one).
+    #[serde(default)]
+    pub cgroup_namespace: bool,
 }
 
 /// The variables of `env` that the CUDA driver and its loader may read when it starts

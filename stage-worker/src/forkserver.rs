@@ -264,10 +264,16 @@ fn fork_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd) -> 
     if intermediate == 0 {
         // The intermediate: into the stage's cgroup (the worker is born there), fork the
         // worker, report its PID, exit.
-        let placed = request
-            .cgroup
-            .as_ref()
-            .is_none_or(|dir| std::fs::write(dir.join("cgroup.procs"), b"0").is_ok());
+        let placed = request.cgroup.as_ref().is_none_or(|dir| {
+            let moved = std::fs::write(dir.join("cgroup.procs"), b"0").is_ok();
+            // The worker is born in a cgroup namespace rooted at its stage's cgroup, where
+            // the kernel allows (CAP_SYS_ADMIN); without one otherwise.
+            if moved {
+                // SAFETY: unshare takes flags only; it changes this process's namespaces.
+                unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+            }
+            moved
+        });
         // SAFETY: still single-threaded.
         let worker = if placed { unsafe { libc::fork() } } else { -1 };
         if worker == 0 {

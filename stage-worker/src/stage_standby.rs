@@ -61,6 +61,13 @@ pub(crate) fn become_standby(
         std::process::exit(1);
     }
     drop(stage_fds);
+    if adopt.cgroup_namespace {
+        // Moved into the stage's cgroup by `orchestrate`: a namespace rooted there, as a
+        // forked worker is born in (this thread's, which runs the stage and every thread it
+        // starts). Refused without CAP_SYS_ADMIN: it goes on without one.
+        // SAFETY: unshare takes flags only.
+        unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    }
     take_on(&adopt.env, &adopt.cwd);
     let waited_s = started.elapsed().as_secs_f64() - driver_s;
     let pid = std::process::id();
@@ -134,6 +141,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             cwd: "/".into(),
+            cgroup_namespace: false,
         }
     }
 

@@ -50,7 +50,10 @@ pub struct Request<'a> {
     /// A cgroup's `cgroup.procs`, open for writing: the child moves itself in (writes `0` to
     /// it) before anything else, so that all it runs is in the cgroup; unless it was created
     /// in it (`CLONE_INTO_CGROUP`, Linux 5.7, with [`Request::cgroup_dir`]), which spares the
-    /// kernel a migration.
+    /// kernel a migration. Once in it, the child enters a cgroup namespace of its own, rooted
+    /// at that cgroup (`unshare(CLONE_NEWCGROUP)`), where the kernel allows (it needs
+    /// `CAP_SYS_ADMIN`; refused, the child goes on without one: see
+    /// `crate::process::cgroup::namespace`).
     pub cgroup_procs: Option<BorrowedFd<'a>>,
     /// The cgroup's directory (open for reading), for `CLONE_INTO_CGROUP`.
     pub cgroup_dir: Option<BorrowedFd<'a>>,
@@ -374,6 +377,12 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             && libc::write(p.cgroup_procs, b"0".as_ptr().cast(), 1) != 1
         {
             fail(p);
+        }
+        // Its own cgroup namespace, rooted at the stage's cgroup: `/proc/self/cgroup` reads
+        // `0::/`, and where the hierarchy is mounted with `nsdelegate` the kernel refuses its
+        // moves out of the cgroup. Not permitted (no CAP_SYS_ADMIN): it goes on without.
+        if p.cgroup_procs >= 0 || p.cgroup_dir >= 0 {
+            libc::unshare(libc::CLONE_NEWCGROUP);
         }
         // Default dispositions for every signal that has a handler (exec would reset those
         // anyway; this is for the instants before it) and for SIGPIPE, which is ignored here.

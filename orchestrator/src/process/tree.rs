@@ -11,9 +11,14 @@
 //!   the kernel would not kill).
 //!
 //! A stage given a cgroup ([`Launch::cgroup`], see [`crate::process::cgroup`]) has its
-//! processes placed in it before they run (exec'd or forked by the fork server); its members
-//! are then the cgroup's, wherever they went, and SIGKILL is one write to `cgroup.kill`. The
-//! cgroup is removed once empty, after its counters were read ([`StopSummary::cgroup`]).
+//! processes placed in it before they run (exec'd or forked by the fork server), in a cgroup
+//! namespace of their own where the host allows. Its members are the cgroup's, wherever they
+//! went, and also every process the subreaper's view gives it (`scan::stage_members`: its
+//! session, their descendants, the orphans it claims) that is no longer in the cgroup: a
+//! process that wrote itself into another cgroup's `cgroup.procs` is still the stage's, found,
+//! reported and killed. SIGKILL is one write to `cgroup.kill`, and one signal to each such
+//! escapee. The cgroup is removed once empty, after its counters were read
+//! ([`StopSummary::cgroup`]).
 
 use crate::process::cgroup::{CgroupUsage, StageCgroup};
 use crate::process::reaper::{ExitWait, Reaper};
@@ -243,7 +248,7 @@ impl StageProcess {
     /// by its token, wherever it went: another session, another group).
     pub fn signal(&self, signal: Signal) {
         match &self.cgroup {
-            Some(cgroup) => signal_cgroup(self.pid, cgroup, signal),
+            Some(cgroup) => signal_cgroup(self.pid, &self.token, cgroup, signal),
             None => signal_tree(self.pid, &self.token, signal),
         }
     }
@@ -256,13 +261,14 @@ impl StageProcess {
     /// Every live process of the stage, with its name.
     pub fn members(&self) -> Vec<StoppedProcess> {
         match &self.cgroup {
-            Some(cgroup) => named(cgroup.members()),
+            Some(cgroup) => named(cgroup_members(self.pid, &self.token, cgroup)),
             None => describe(self.pid, &self.token),
         }
     }
 
     /// Whether live process `pid` is one of the stage's: its first process, a member of its
-    /// cgroup, or a process whose environment carries the stage's token.
+    /// cgroup, a process whose environment carries the stage's token, or one the subreaper's
+    /// view gives the stage (see `scan::stage_members`), whatever cgroup it is in.
     pub fn owns(&self, pid: i32) -> bool {
         if pid == self.pid {
             return true;
@@ -274,6 +280,9 @@ impl StageProcess {
         }
         let entry = format!("{}={}", scan::TOKEN_VAR, self.token);
         scan::environ_any(pid, |e| e == entry.as_bytes())
+            || scan::stage_members(self.pid, &self.token)
+                .iter()
+                .any(|p| p.pid == pid)
     }
 
     /// The memory the stage uses: its cgroup's `memory.current` when the memory controller
@@ -283,7 +292,7 @@ impl StageProcess {
             return current;
         }
         let pids: Vec<i32> = match &self.cgroup {
-            Some(cgroup) => cgroup.members(),
+            Some(cgroup) => cgroup_members(self.pid, &self.token, cgroup),
             None => scan::stage_members(self.pid, &self.token)
                 .iter()
                 .map(|p| p.pid)
@@ -297,23 +306,50 @@ impl StageProcess {
     /// and it is removed).
     pub async fn stop(&self, grace: Duration, reaper: &Reaper) -> StopSummary {
         match &self.cgroup {
-            Some(cgroup) => stop_cgroup(self.pid, cgroup, grace, reaper).await,
+            Some(cgroup) => stop_cgroup(self.pid, &self.token, cgroup, grace, reaper).await,
             None => stop_tree(self.pid, &self.token, grace, reaper).await,
         }
     }
 }
 
-/// Sends `signal` to the stage's process group and every process of its cgroup (SIGKILL: the
-/// whole cgroup at once, by `cgroup.kill`), once to each process.
-fn signal_cgroup(leader: i32, cgroup: &StageCgroup, signal: Signal) {
+/// Sends `signal` to the stage's process group, every process of its cgroup (SIGKILL: the
+/// whole cgroup at once, by `cgroup.kill`) and every process of it that left the cgroup
+/// ([`escaped`]), once to each process.
+fn signal_cgroup(leader: i32, token: &str, cgroup: &StageCgroup, signal: Signal) {
     let _ = killpg(Pid::from_raw(leader), signal);
+    let members = cgroup.members();
+    let outside = escaped(leader, token, &members);
     if signal == Signal::SIGKILL {
         cgroup.kill();
-        return;
+    } else {
+        for &pid in &members {
+            signal_outside_group(pid, leader, signal);
+        }
     }
-    for pid in cgroup.members() {
+    for pid in outside {
         signal_outside_group(pid, leader, signal);
     }
+}
+
+/// The processes of the stage whose first process is `leader` that the subreaper's view
+/// gives it (`scan::stage_members`: its session, their descendants, the orphans it claims)
+/// and that are not among `in_cgroup`: they wrote themselves into another cgroup. Costs no
+/// scan of `/proc` once the stage's process group is empty and no orphan is about.
+fn escaped(leader: i32, token: &str, in_cgroup: &[i32]) -> Vec<i32> {
+    scan::stage_members(leader, token)
+        .into_iter()
+        .map(|p| p.pid)
+        .filter(|pid| !in_cgroup.contains(pid))
+        .collect()
+}
+
+/// Every live process of a stage with a cgroup: the cgroup's, then those that left it
+/// ([`escaped`]).
+fn cgroup_members(leader: i32, token: &str, cgroup: &StageCgroup) -> Vec<i32> {
+    let mut pids = cgroup.members();
+    let outside = escaped(leader, token, &pids);
+    pids.extend(outside);
+    pids
 }
 
 /// Sends `signal` to `pid` unless it is in the process group `leader` leads, which
@@ -336,11 +372,13 @@ fn named(pids: Vec<i32>) -> Vec<StoppedProcess> {
         .collect()
 }
 
-/// [`stop_tree`] for a stage with a cgroup: SIGTERM to its members (unless `grace` is zero),
-/// up to `grace` for them to go, then `cgroup.kill` until it is empty (10 s at most); then its
-/// counters, and the cgroup removed.
+/// [`stop_tree`] for a stage with a cgroup: SIGTERM to its members, those that left the
+/// cgroup included (unless `grace` is zero), up to `grace` for them to go, then `cgroup.kill`
+/// and SIGKILL to those outside until none is left (10 s at most); then its counters, and the
+/// cgroup removed.
 async fn stop_cgroup(
     leader: i32,
+    token: &str,
     cgroup: &StageCgroup,
     grace: Duration,
     reaper: &Reaper,
@@ -352,33 +390,35 @@ async fn stop_cgroup(
         }
     }
     let _over = Over(leader);
-    // An empty cgroup (the usual end: the stage's one process is gone) costs one read.
-    let found = match cgroup.populated() {
-        true => named(cgroup.members()),
+    // An empty cgroup and an empty process group with no orphan about (the usual end: the
+    // stage's one process is gone) cost one read and one check.
+    let inside = match cgroup.populated() {
+        true => cgroup.members(),
         false => Vec::new(),
     };
+    let outside = escaped(leader, token, &inside);
     let mut summary = StopSummary {
-        found,
+        found: named(inside.into_iter().chain(outside).collect()),
         ..Default::default()
     };
     let gone = |limit| {
         crate::process::backoff::poll(limit, Duration::from_millis(10), || {
             reaper.reap_now();
-            !cgroup.populated()
+            !cgroup.populated() && escaped(leader, token, &[]).is_empty()
         })
     };
     if !summary.found.is_empty() {
         let mut done = false;
         if !grace.is_zero() {
-            signal_cgroup(leader, cgroup, Signal::SIGTERM);
+            signal_cgroup(leader, token, cgroup, Signal::SIGTERM);
             done = gone(grace).await;
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while !done {
-            cgroup.kill();
+            signal_cgroup(leader, token, cgroup, Signal::SIGKILL);
             done = gone(Duration::from_millis(200)).await;
             if !done && Instant::now() > deadline {
-                summary.survivors = named(cgroup.members());
+                summary.survivors = named(cgroup_members(leader, token, cgroup));
                 break;
             }
         }

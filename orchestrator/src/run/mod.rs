@@ -232,8 +232,9 @@ fn run_cgroup(
                 false => format!("; limits with {}", cleared.controllers.join(", ")),
             };
             console.note(&format!(
-                "isolation: a cgroup per stage under {}{limits}",
-                run.path().display()
+                "isolation: a cgroup per stage under {}{limits}; {}",
+                run.path().display(),
+                crate::process::cgroup::namespace::Support::here().describe()
             ));
             Ok(Some(Rc::new(run)))
         }

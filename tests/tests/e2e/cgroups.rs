@@ -4,7 +4,10 @@
 //! runs. The limits themselves (`oom_killed`, `pids`) need a delegated hierarchy: see
 //! `bench/cgroup/h200_check.sh` and its committed results.
 
-use e2e_tests::{orchestrate, run_plan, run_plan_with, wait_for, Scratch};
+use e2e_tests::daemon::TestDaemon;
+use e2e_tests::{
+    orchestrate, read_report, report_stage, run_plan, run_plan_with, wait_for, Scratch,
+};
 use std::process::Command;
 use std::time::Duration;
 
@@ -28,6 +31,201 @@ fn stage_cgroups_here() -> bool {
         assert!(cgroups, "no usable cgroup v2 on the CI machine: {line}");
     }
     cgroups
+}
+
+/// Whether stages get a cgroup namespace of their own here (`orchestrate doctor`), and whether
+/// it confines them (`nsdelegate`). Under CI, as root, they must get one.
+fn stage_namespaces_here() -> (bool, bool) {
+    let line = doctor(&[]);
+    let namespaced = line.contains("each stage in a cgroup namespace of its own");
+    // SAFETY: geteuid has no preconditions.
+    if std::env::var("CI").as_deref() == Ok("true") && unsafe { libc::geteuid() } == 0 {
+        assert!(namespaced, "root gets no cgroup namespace on CI: {line}");
+    }
+    (
+        namespaced,
+        line.contains("nsdelegate: moves out of it refused"),
+    )
+}
+
+/// Where the cgroup v2 hierarchy is mounted (its root's `cgroup.procs` is the one a stage
+/// writes itself into to leave its cgroup).
+fn v2_root() -> std::path::PathBuf {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mountinfo
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split_whitespace().nth(4).map(Into::into))?
+        })
+        .expect("a cgroup v2 mount")
+}
+
+/// The `0::` path of a `/proc/<pid>/cgroup` text.
+fn v2(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Whether process `pid` is alive running `sleep 301` (the escapee below; a reused pid is not).
+fn escapee_alive(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\x00301\x00")
+}
+
+/// A stage whose setsid'd, token-less grandchild writes itself into the root cgroup's
+/// `cgroup.procs` (`moved` is touched if the kernel let it), its pid in `pidfile`.
+fn mover_stage(name: &str, pidfile: &std::path::Path, moved: &std::path::Path) -> String {
+    format!(
+        r#"[[stage]]
+name = "{name}"
+command = ["sh", "-c", "setsid env -i sleep 301 </dev/null >/dev/null 2>&1 & echo $! > {pid}; echo $! > {root}/cgroup.procs && touch {moved}; sleep 0.3"]
+"#,
+        pid = pidfile.display(),
+        root = v2_root().display(),
+        moved = moved.display(),
+    )
+}
+
+/// The stage's moved process was reported as its leftover and is gone; `moved` says whether
+/// the move happened, as this host's namespaces promise. Kills the escapee if it lives.
+fn mover_was_caught(stage: &serde_json::Value, pidfile: &std::path::Path, moved: &std::path::Path) {
+    let pid: i32 = std::fs::read_to_string(pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = wait_for(Duration::from_secs(2), || !escapee_alive(pid));
+    if !gone {
+        // SAFETY: killing the test's own leaked process.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let (_, confining) = stage_namespaces_here();
+    // With nsdelegate the kernel refuses the move; without, root's write goes through.
+    assert_eq!(moved.exists(), !confining, "{stage}");
+    assert!(
+        gone,
+        "pid {pid}, which left the stage's cgroup, outlived the run"
+    );
+    let leftovers = stage["leftover_processes"].as_array().unwrap();
+    assert!(
+        leftovers.iter().any(|l| l == &format!("pid {pid} (sleep)")),
+        "pid {pid} is not among the leftovers: {stage}"
+    );
+}
+
+#[test]
+fn a_process_that_moves_itself_to_another_cgroup_is_still_the_stages_and_is_killed() {
+    if !stage_cgroups_here() {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-mover");
+    let (pidfile, moved) = (scratch.path().join("pid"), scratch.path().join("moved"));
+    let plan = scratch.write("plan.toml", &mover_stage("mover", &pidfile, &moved));
+    let result = run_plan(&scratch, &plan, &[]);
+    let stage = result.stage("mover");
+    assert_eq!(stage["host"]["isolation"], "cgroup", "{stage}");
+    mover_was_caught(&stage, &pidfile, &moved);
+}
+
+#[test]
+fn a_stage_that_ends_while_another_runs_kills_none_of_the_others_moved_processes() {
+    if !stage_cgroups_here() {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-mover-bystander");
+    let path = |name: &str| scratch.path().join(name);
+    let (pidfile, moved) = (path("pid"), path("moved"));
+    // The bystander's own moved process must live through the mover's end and stop.
+    let plan = format!(
+        r#"[[stage]]
+name = "bystander"
+command = ["sh", "-c", "setsid env -i sleep 301 </dev/null >/dev/null 2>&1 & echo $! > {bpid}; echo $! > {root}/cgroup.procs; sleep 1.5; kill -0 $(cat {bpid}) && touch {alive}"]
+
+{mover}"#,
+        bpid = path("bpid").display(),
+        root = v2_root().display(),
+        alive = path("alive").display(),
+        mover = mover_stage("mover", &pidfile, &moved),
+    );
+    let plan = scratch.write("plan.toml", &plan);
+    let result = run_plan(&scratch, &plan, &[]);
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    assert!(
+        path("alive").exists(),
+        "the bystander's process was killed with the mover: {}",
+        result.stderr
+    );
+    let report = result.report();
+    for file in ["pid", "bpid"] {
+        let pid: i32 = std::fs::read_to_string(path(file))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let gone = wait_for(Duration::from_secs(2), || !escapee_alive(pid));
+        if !gone {
+            // SAFETY: killing the test's own leaked process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(gone, "pid {pid} ({file}) outlived the run");
+        // Whose: the stage it carried a token of, or that was running when it was born
+        // (with both running, the last of them to end claims it).
+        let listed = ["bystander", "mover"].iter().any(|s| {
+            report_stage(&report, s)["leftover_processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l == &format!("pid {pid} (sleep)"))
+        });
+        assert!(listed, "pid {pid} is no stage's leftover: {report}");
+    }
+}
+
+#[test]
+fn under_the_daemon_a_process_that_moves_itself_to_another_cgroup_is_killed_with_its_stage() {
+    if !stage_cgroups_here() {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-mover-daemon");
+    let (pidfile, moved) = (scratch.path().join("pid"), scratch.path().join("moved"));
+    let daemon = TestDaemon::start_in(scratch.path(), "daemon.log");
+    let mut conn = daemon.connect();
+    let id = conn.submit_toml(&mover_stage("mover", &pidfile, &moved), scratch.path());
+    let run = conn.wait(&id);
+    let dir = std::path::PathBuf::from(run["run_dir"].as_str().unwrap());
+    let report = read_report(&dir);
+    let stage = report_stage(&report, "mover");
+    assert_eq!(stage["host"]["isolation"], "cgroup", "{stage}");
+    mover_was_caught(stage, &pidfile, &moved);
+}
+
+#[test]
+fn a_stage_sees_its_cgroup_as_the_root_of_a_cgroup_namespace_of_its_own() {
+    if !stage_cgroups_here() || !stage_namespaces_here().0 {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-namespace");
+    let out = scratch.path().join("cgroup.txt");
+    let plan = scratch.write(
+        "plan.toml",
+        &format!(
+            "[[stage]]
+name = \"where\"
+command = [\"sh\", \"-c\", \"cat /proc/self/cgroup > {0}; echo --- >> {0}; cat /proc/$PPID/cgroup >> {0}\"]\n",
+            out.display()
+        ),
+    );
+    let result = run_plan(&scratch, &plan, &[]);
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (own, parent) = text.split_once("---").unwrap();
+    assert_eq!(v2(own), "/", "{text}");
+    // orchestrate (its parent) is two levels up: the run's cgroup, then the stage's.
+    assert_eq!(v2(parent), "/../..", "{text}");
 }
 
 /// Pids of processes whose command line holds `marker`.
@@ -189,6 +387,39 @@ fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
 }
 
 #[test]
+fn a_worker_forked_by_the_fork_server_is_in_a_cgroup_namespace_of_its_own() {
+    if !stage_cgroups_here() || !stage_namespaces_here().0 {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-fork-server-namespace");
+    let plan = scratch.write(
+        "plan.toml",
+        "[[stage]]\nname = \"a\"\nkind = \"train\"\n[stage.params]\nsteps = 100000\nbatch_size = 4\n\
+         seq_len = 32\nseed = 3\nmodel = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }\n",
+    );
+    let (mut orch, run_dir) = e2e_tests::spawn_plan(&scratch, &plan);
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).ok();
+    let mut seen = None;
+    wait_for(Duration::from_secs(30), || {
+        seen = e2e_tests::stage_pids(&run_dir)
+            .first()
+            .and_then(|pid| Some((*pid, ns(&pid.to_string())?)));
+        seen.is_some()
+    });
+    // SAFETY: signalling the orchestrate this test started.
+    unsafe { libc::kill(orch.id() as i32, libc::SIGTERM) };
+    let _ = orch.wait();
+    let (pid, worker_ns) = seen.expect("the worker started");
+    let stderr = std::fs::read_to_string(run_dir.join("stages/a/stderr.log")).unwrap();
+    assert!(stderr.contains("started by the fork server"), "{stderr}");
+    assert_ne!(
+        Some(worker_ns),
+        ns("self"),
+        "worker {pid} shares the test's cgroup namespace"
+    );
+}
+
+#[test]
 fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
     if !stage_cgroups_here() {
         return;
@@ -196,8 +427,9 @@ fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
     let scratch = Scratch::new("cgroups-zygote");
     scratch.write(
         "where.py",
-        "import os, sys\nopen(os.path.join(os.environ['ORCHESTRATE_OUTPUT_DIR'], 'cgroup.txt'), 'w')\
-         .write(open('/proc/self/cgroup').read())\n",
+        "import os, sys\nout = os.environ['ORCHESTRATE_OUTPUT_DIR']\n\
+         open(os.path.join(out, 'cgroup.txt'), 'w').write(open('/proc/self/cgroup').read())\n\
+         open(os.path.join(out, 'parent.txt'), 'w').write(open(f'/proc/{os.getppid()}/cgroup').read())\n",
     );
     // The zygote's import of `zmark` leaves its pid in `zmark.pid`; `warm`, exec'd while the
     // zygote starts (the run does not wait for it), ends once it is there, so `a` is forked.
@@ -232,13 +464,18 @@ fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
     // forking), not in the zygote's or the test's.
     let cgroup =
         std::fs::read_to_string(result.run_dir.join("stages/a/output/cgroup.txt")).unwrap();
+    if stage_namespaces_here().0 {
+        // In a cgroup namespace rooted at the stage's cgroup, two levels below orchestrate's
+        // (the run's, then the stage's): the intermediate unshared once it had moved there.
+        assert_eq!(v2(&cgroup), "/", "{cgroup}");
+        let parent = v2(&std::fs::read_to_string(
+            result.run_dir.join("stages/a/output/parent.txt"),
+        )
+        .unwrap());
+        assert_eq!(parent, "/../..", "{cgroup}");
+        return;
+    }
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    let v2 = |text: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap_or_default()
-            .to_string()
-    };
     assert_ne!(v2(&cgroup), v2(&own), "{cgroup}");
     // A stage's cgroup is `N-<stage>`, or `stage-N` where idle ones are reused.
     let leaf = v2(&cgroup)

@@ -11,12 +11,14 @@
 //! ([`RunCgroup::stage`]): a sweep of short stages is spared a `mkdir` and an `rmdir` each.
 //!
 //! - [`host`]: what the host offers (read only);
-//! - [`policy`]: whether a stage's limits are enforced, refused or left to Slurm.
+//! - [`policy`]: whether a stage's limits are enforced, refused or left to Slurm;
+//! - [`namespace`]: whether each stage gets a cgroup namespace of its own here.
 //!
 //! Where cgroup v2 cannot be used, stages keep the process-group mechanism of
 //! [`crate::process::tree`], and asking for a limit is refused at preflight.
 
 pub mod host;
+pub mod namespace;
 pub mod policy;
 
 use std::fs::{File, OpenOptions};

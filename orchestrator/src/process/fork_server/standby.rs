@@ -191,6 +191,7 @@ pub fn adopt(program: &Path, worker: &Worker<'_>) -> Option<i32> {
         argv: argv.to_vec(),
         env: owned(env),
         cwd: cwd.to_path_buf(),
+        cgroup_namespace: cgroup.is_some(),
     };
     if gpu_holders.contains(&(standby.pid as u32)) {
         tracing::warn!(

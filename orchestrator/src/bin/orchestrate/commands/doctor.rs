@@ -3,11 +3,18 @@
 use orchestrator::process::cgroup::host::HostCgroups;
 use std::process::ExitCode;
 
-/// Prints one line on the host's cgroups (see [`HostCgroups::describe`]) and, inside a Slurm
-/// job, one on where stage cgroups would nest.
+/// Prints one line on the host's cgroups (see [`HostCgroups::describe`]), one on the stages'
+/// cgroup namespaces where stages get cgroups, and, inside a Slurm job, one on where stage
+/// cgroups would nest.
 pub(crate) fn doctor() -> ExitCode {
     let host = HostCgroups::detect();
     println!("{}", host.describe());
+    if host.usable() {
+        println!(
+            "cgroup namespaces: {}",
+            orchestrator::process::cgroup::namespace::Support::here().describe()
+        );
+    }
     if orchestrator::slurm::Allocation::detect().is_some() {
         let own = host
             .own

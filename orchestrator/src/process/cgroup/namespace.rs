@@ -1,0 +1,117 @@
+//! A cgroup namespace per stage: each stage's processes are placed in their cgroup, then enter
+//! a cgroup namespace rooted there (`unshare(CLONE_NEWCGROUP)`, in the exec path's child, the
+//! fork server's and the zygote's intermediate process, and an adopted standby), so that
+//! inside it `/proc/self/cgroup` reads `0::/`; where the v2 hierarchy is mounted with
+//! `nsdelegate` the kernel also refuses its writes to any `cgroup.procs` outside its subtree.
+//!
+//! Whether it does, or why not, is said here for `orchestrate doctor` and the run's isolation
+//! line. Either way a stage cannot leave what contains it: a process that moved itself to
+//! another cgroup is still the stage's through the subreaper's view
+//! ([`crate::process::tree`]), found, reported and killed with it.
+
+/// What a stage's cgroup namespace does on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Support {
+    /// Each stage gets one and the hierarchy is mounted with `nsdelegate`: its moves out of
+    /// its cgroup are refused by the kernel.
+    Confining,
+    /// Each stage gets one, but without `nsdelegate` a privileged stage may still write itself
+    /// into another cgroup (it is followed there).
+    NotConfining,
+    /// The kernel refused the namespace (the reason): stages run without one.
+    Refused(String),
+}
+
+impl Support {
+    /// What it is on this host, tried once per process.
+    pub fn here() -> Support {
+        static HERE: std::sync::OnceLock<Support> = std::sync::OnceLock::new();
+        HERE.get_or_init(|| {
+            let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            Support::from(try_unshare(), nsdelegate(&mountinfo))
+        })
+        .clone()
+    }
+
+    /// From whether a namespace could be made and whether the hierarchy has `nsdelegate`.
+    pub fn from(unshared: Result<(), String>, nsdelegate: bool) -> Support {
+        match (unshared, nsdelegate) {
+            (Err(why), _) => Support::Refused(why),
+            (Ok(()), true) => Support::Confining,
+            (Ok(()), false) => Support::NotConfining,
+        }
+    }
+
+    /// A phrase for `orchestrate doctor` and the run's isolation line.
+    pub fn describe(&self) -> String {
+        match self {
+            Support::Confining => {
+                "each stage in a cgroup namespace of its own (nsdelegate: moves out of it refused)"
+                    .into()
+            }
+            Support::NotConfining => "each stage in a cgroup namespace of its own (no nsdelegate: \
+                 a process that moves out is followed through the subreaper)"
+                .into(),
+            Support::Refused(why) => format!(
+                "no cgroup namespace per stage ({why}): a process that moves out is followed \
+                 through the subreaper"
+            ),
+        }
+    }
+}
+
+/// Whether the cgroup v2 hierarchy in `mountinfo` is mounted with `nsdelegate`.
+pub fn nsdelegate(mountinfo: &str) -> bool {
+    mountinfo.lines().any(|line| {
+        let Some((_, right)) = line.split_once(" - ") else {
+            return false;
+        };
+        let mut fields = right.split_whitespace();
+        fields.next() == Some("cgroup2")
+            && fields
+                .nth(1)
+                .is_some_and(|options| options.split(',').any(|o| o == "nsdelegate"))
+    })
+}
+
+/// Makes a cgroup namespace in a thread of its own, which ends with it (namespaces are a
+/// thread's): whether stages may have one.
+fn try_unshare() -> Result<(), String> {
+    std::thread::spawn(|| {
+        // SAFETY: unshare takes flags only; it changes this short-lived thread's namespace.
+        match unsafe { libc::unshare(libc::CLONE_NEWCGROUP) } {
+            0 => Ok(()),
+            _ => Err(format!("unshare: {}", std::io::Error::last_os_error())),
+        }
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the probe failed".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nsdelegate_is_read_from_the_cgroup2_mount_only() {
+        let with = "25 1 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        let without = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n\
+                       35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,nsdelegate\n";
+        assert!(nsdelegate(with));
+        assert!(!nsdelegate(without));
+        assert_eq!(Support::from(Ok(()), true), Support::Confining);
+        assert_eq!(Support::from(Ok(()), false), Support::NotConfining);
+        let refused = Support::from(Err("unshare: EPERM".into()), true);
+        assert!(refused
+            .describe()
+            .contains("no cgroup namespace per stage (unshare: EPERM)"));
+    }
+
+    #[test]
+    fn root_may_make_a_cgroup_namespace() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert_eq!(try_unshare(), Ok(()));
+        }
+    }
+}
