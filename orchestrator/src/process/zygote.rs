@@ -238,7 +238,11 @@ fn zygote_env(stage: &PythonStage<'_>) -> Vec<(String, String)> {
 /// stage is exec'd: a zygote whose code went out of date is replaced by a fresh one
 /// (`restart`), importing in the background; any other failure leaves its key exec'd for
 /// good (it refused: CUDA, threads; it is gone; it answered wrongly).
-fn retire(zygote: Zygote, why: ForkServerError, restart: impl FnOnce() -> State) -> (State, Fallback) {
+fn retire(
+    zygote: Zygote,
+    why: ForkServerError,
+    restart: impl FnOnce() -> State,
+) -> (State, Fallback) {
     fork_server::stop(zygote.server);
     if let ForkServerError::Stale { reason } = why {
         tracing::info!("zygote retired: {reason}; a fresh one is importing the new code");
