@@ -9,7 +9,7 @@
 numpy_python() {
 	local p
 	for p in "${REPRO_PYTHON:-}" "${ORCHESTRATE_TEST_PYTHON:-}" "$repo/.venv-frameworks/bin/python" \
-		/work/main/.venv-frameworks/bin/python "$(command -v python3)"; do
+		"$(command -v python3)"; do
 		[ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import numpy' 2>/dev/null && { echo "$p"; return 0; }
 	done
 	return 1
