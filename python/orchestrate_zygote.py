@@ -11,6 +11,18 @@ Promises:
   serve (now or before any later fork) once CUDA was initialised in it: torch says so, the
   CUDA driver says so, it holds `/dev/nvidia-uvm` or maps a device, or the flag file of
   `STAGE_WORKER_SIMULATED_DEVICE_FLAG` exists (tests on machines without a GPU);
+- it forks from one thread only: after each preload import and before every fork it counts
+  Python's threads and the kernel's (/proc/self/task). A Python thread besides the main one
+  is a refusal (it may hold a lock the child would inherit held, forever); so is a native
+  thread that a fork leaves running: thread pools that stop themselves in a fork handler
+  (OpenBLAS's, started by `import numpy`) are allowed, as the fork itself stops them;
+- it forks only code that matches the disk: at ready it records (mtime, size, inode) of every
+  module file it imported and the mtime of the site-packages directories (a package
+  installed, upgraded or removed), compares them before every fork, and on a change answers
+  `stale` and exits, so that orchestrate starts a fresh zygote;
+- a forked stage reseeds, before its first line, the random generators it inherited: Python's
+  `random`, numpy's legacy global state when `numpy.random` is loaded, torch's CPU generator
+  when torch is loaded (no new import);
 - every environment variable read through `os.environ`/`os.getenv` while importing is
   listed in the ready message, so that orchestrate forks only stages whose values of them
   match;
@@ -94,6 +106,105 @@ def cuda_touched():
     if not signs:
         return None
     return "CUDA was initialised in the zygote: " + "; ".join(signs)
+
+
+def _os_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def threads_running():
+    """Why this process must not fork because of its threads, or None.
+
+    A Python thread besides the main one is always a refusal: whatever lock it holds at the
+    fork (its own, the logging module's, an allocator's) stays held in the child with no
+    thread to release it. A native thread is a refusal only if a fork leaves it running:
+    OpenBLAS (loaded by `import numpy`) starts a pool at load and stops it in a
+    `pthread_atfork` handler, so a throwaway fork followed by a recount tells a pool that
+    makes itself safe from one that does not."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        return f"it runs {len(names) + 1} Python threads (besides the main one: {', '.join(names)})"
+    if _os_threads() == 1:
+        return None
+    probe = os.fork()
+    if probe == 0:
+        os._exit(0)
+    os.waitpid(probe, 0)
+    # A thread stopped by a fork handler may linger in /proc for a moment after its join.
+    deadline = time.monotonic() + 0.5
+    while _os_threads() > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    count = _os_threads()
+    if count == 1:
+        return None
+    return f"it runs {count} threads, and a fork leaves them running (native threads no fork handler stops)"
+
+
+def _site_directories():
+    site = sys.modules.get("site")
+    found = []
+    if site is not None:
+        for getter in ("getsitepackages", "getusersitepackages"):
+            try:
+                got = getattr(site, getter)()
+            except (AttributeError, OSError):
+                continue
+            found.extend([got] if isinstance(got, str) else got)
+    return [d for d in found if os.path.isdir(d)]
+
+
+def _identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def loaded_files():
+    """What the imported code was read from, as `{path: (mtime_ns, size, inode)}`: every
+    module's file (the interpreter's own modules too: an upgrade replaces them as well) and
+    the site-packages directories, whose mtime changes when a package is installed, upgraded
+    or removed (a new `.pth`, `.dist-info`)."""
+    paths = {
+        m.__file__
+        for m in list(sys.modules.values())
+        if isinstance(getattr(m, "__file__", None), str) and os.path.isabs(m.__file__)
+    }
+    paths.update(_site_directories())
+    recorded = {}
+    for path in paths:
+        identity = _identity(path)
+        if identity is not None:  # a module whose __file__ names nothing on disk
+            recorded[path] = identity
+    return recorded
+
+
+def changed_on_disk(recorded):
+    """The first recorded file that is no longer what was imported, described, or None."""
+    for path, identity in recorded.items():
+        now = _identity(path)
+        if now != identity:
+            what = "was removed" if now is None else "changed"
+            return f"{path} {what} since the zygote imported it"
+    return None
+
+
+def reseed_inherited_generators():
+    """In a forked stage: gives the generators seeded in the zygote fresh seeds from the
+    system's entropy, as a fresh interpreter's would be. Imports nothing: a generator whose
+    module the zygote did not load is seeded by the stage's own import."""
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None and hasattr(numpy_random, "seed"):
+        numpy_random.seed()  # the legacy global RandomState behind np.random.rand & co
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None) if torch is not None else None
+    if generator is not None:
+        generator.seed()  # CUDA's generators are made in the stage, when it initialises CUDA
 
 
 def send(sock, message):
@@ -210,11 +321,10 @@ def fork_stage(request, fds, sock):
     return "forked", struct.unpack("<i", data)[0]
 
 
-def serve(fd, modules):
-    """Imports `modules`, then forks stages until end of file. Returns the argv of a stage
-    in a forked stage process, None in the zygote when it is done."""
-    sock = socket.socket(fileno=fd)
-    os.set_inheritable(fd, False)
+def preload(sock, modules):
+    """Imports `modules`, checking after each that this process may still fork (so that a
+    refusal names the import that made it unsafe: the user can preload less). Returns the
+    names of the environment variables the imports read, or None once it refused."""
     recorder = _ReadRecorder()
     recorder.install()
     try:
@@ -224,17 +334,44 @@ def serve(fd, modules):
             except BaseException as error:  # noqa: BLE001 - any failure is a refusal
                 send(sock, {"reply": "refused", "reason": f"importing preload module `{name}` failed: {error!r}"})
                 return None
-            why = cuda_touched()
-            if why:  # say which import did it: the user can preload less
+            why = cuda_touched() or threads_running()
+            if why:
                 send(sock, {"reply": "refused", "reason": f"after importing `{name}`, {why}"})
                 return None
     finally:
         recorder.uninstall()
+    return recorder.names
+
+
+def unsafe_to_fork(recorded):
+    """The reply that refuses a fork now, or None: CUDA or threads make this zygote unsafe
+    for good ("refused"), a preloaded file changed makes it out of date ("stale")."""
+    why = cuda_touched()
+    if why:
+        return {"reply": "refused", "reason": why}
+    why = threads_running()
+    if why:
+        return {"reply": "refused", "reason": f"the zygote is no longer safe to fork: {why}"}
+    why = changed_on_disk(recorded)
+    if why:
+        return {"reply": "stale", "reason": why}
+    return None
+
+
+def serve(fd, modules):
+    """Imports `modules`, then forks stages until end of file. Returns the argv of a stage
+    in a forked stage process, None in the zygote when it is done."""
+    sock = socket.socket(fileno=fd)
+    os.set_inheritable(fd, False)
+    env_read = preload(sock, modules)
+    if env_read is None:
+        return None
+    recorded = loaded_files()
     send(sock, {
         "reply": "ready",
         "pid": os.getpid(),
-        "threads": len(os.listdir("/proc/self/task")),
-        "env_read": sorted(recorder.names),
+        "threads": _os_threads(),
+        "env_read": sorted(env_read),
     })
     while True:
         try:
@@ -245,9 +382,9 @@ def serve(fd, modules):
         if got is None:
             return None
         request, fds = got
-        why = cuda_touched()
-        if why:
-            send(sock, {"reply": "refused", "reason": why})
+        refusal = unsafe_to_fork(recorded)
+        if refusal:
+            send(sock, refusal)
             return None
         try:
             role, value = fork_stage(request, fds, sock)
@@ -255,6 +392,7 @@ def serve(fd, modules):
             send(sock, {"reply": "failed", "error": str(error)})
             continue
         if role == "stage":
+            reseed_inherited_generators()
             return value
         send(sock, {"reply": "forked", "pid": value})
 

@@ -95,7 +95,8 @@ pub enum ForkReply {
     Ready {
         /// The server's PID.
         pid: u32,
-        /// Threads in the server (forking is only safe with one).
+        /// Threads in the server (forking is only safe with one: orchestrate refuses a server
+        /// that says more).
         threads: u32,
         /// Environment variables the server's start-up read (a Python zygote's preload
         /// imports): a worker whose value of one differs must not be forked from it. Absent
@@ -106,6 +107,14 @@ pub enum ForkReply {
     /// The server will not fork (sent instead of `Ready`, or to a request); it exits next.
     Refused {
         /// Why, for the user.
+        reason: String,
+    },
+    /// The server will not fork this request because what it loaded no longer matches the
+    /// disk (a Python zygote: a preloaded module's file changed, or a package was installed,
+    /// upgraded or removed, since it imported them); it exits next. Unlike [`Self::Refused`],
+    /// a fresh server started now would load the new code and may serve.
+    Stale {
+        /// What changed, for the user.
         reason: String,
     },
     /// A worker was started: it is now a child of the request's `parent`.

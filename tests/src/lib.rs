@@ -48,6 +48,37 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The framework venv's python (`ORCHESTRATE_TEST_PYTHON`: torch, numpy, transformers,
+/// accelerate, lightning and `./python` installed; scripts/test sets it up), or None (test
+/// skipped) outside CI when there is none: under CI (`CI=true`) a missing one fails the test,
+/// elsewhere `.venv-frameworks/` is tried.
+pub fn framework_python() -> Option<PathBuf> {
+    let python = match std::env::var_os("ORCHESTRATE_TEST_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
+            "ORCHESTRATE_TEST_PYTHON is not set: under CI the framework tests must run \
+             (scripts/test sets it up with scripts/setup-python-frameworks)"
+        ),
+        None => {
+            let fallback = repo_root().join(".venv-frameworks/bin/python");
+            if !fallback.exists() {
+                eprintln!(
+                    "skipped: no framework venv (run scripts/setup-python-frameworks, or set \
+                     ORCHESTRATE_TEST_PYTHON)"
+                );
+                return None;
+            }
+            fallback
+        }
+    };
+    assert!(
+        python.exists(),
+        "ORCHESTRATE_TEST_PYTHON={} does not exist",
+        python.display()
+    );
+    Some(python)
+}
+
 /// A fresh scratch directory for one test, removed when dropped unless the test panicked (then
 /// its path is printed and the files stay for a look). Every test of the workspace that needs
 /// files takes one: nothing is left in the system's temporary directory.

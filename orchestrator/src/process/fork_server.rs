@@ -87,6 +87,20 @@ pub enum ForkServerError {
         /// Its reason.
         reason: String,
     },
+    /// The server says its loaded code no longer matches the disk (see [`ForkReply::Stale`]):
+    /// it exits, and a fresh one may serve.
+    #[error("{reason}")]
+    Stale {
+        /// What changed.
+        reason: String,
+    },
+    /// The new server said it is ready with more than one thread: a fork would copy locks
+    /// the other threads hold.
+    #[error("the fork server runs {threads} threads; it may fork only with one")]
+    Threads {
+        /// How many it said.
+        threads: u32,
+    },
     /// The new server said something other than that it is ready.
     #[error("the fork server answered {reply:?} instead of ready")]
     NotReady {
@@ -436,6 +450,10 @@ fn readied(
     ready: Result<ForkReply, ReplyError>,
 ) -> Result<Server, ForkServerError> {
     match ready {
+        Ok(ForkReply::Ready { threads, .. }) if threads > 1 => {
+            stop(server);
+            Err(ForkServerError::Threads { threads })
+        }
         Ok(ForkReply::Ready { env_read, .. }) => {
             server.env_read = env_read;
             Ok(server)
@@ -487,6 +505,7 @@ pub(super) fn fork(server: &mut Server, worker: &Worker<'_>) -> Result<i32, Fork
         ForkReply::Forked { pid } => Ok(pid as i32),
         ForkReply::Failed { error } => Err(ForkServerError::ForkFailed { error }),
         ForkReply::Refused { reason } => Err(ForkServerError::Refused { reason }),
+        ForkReply::Stale { reason } => Err(ForkServerError::Stale { reason }),
         reply => Err(ForkServerError::Unexpected { reply }),
     }
 }

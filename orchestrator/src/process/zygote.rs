@@ -22,7 +22,18 @@
 //!   frameworks read them at import (DeepSpeed's accelerator counts the devices). So in
 //!   practice a stage falls back when a preloaded module read an `ORCHESTRATE_*` variable;
 //! - the zygote did not initialise CUDA (it checks before every fork, and NVML must not list
-//!   it on the stage's GPUs), has not exited, and answers.
+//!   it on the stage's GPUs), has not exited, and answers;
+//! - the zygote runs one thread (it checks after each preload import, naming the import that
+//!   started threads, and before every fork; a thread pool that a fork handler stops, as
+//!   OpenBLAS's, does not count), and says so in its ready message;
+//! - every file the zygote imported (and the site-packages directories) is as it was when it
+//!   was imported, checked before every fork: on a change the zygote answers `stale`, is
+//!   retired and replaced by a fresh one importing in the background ([`Fallback::Stale`]);
+//!   so a daemon's zygote never serves code that a fix or an upgrade replaced.
+//!
+//! A forked stage reseeds the generators it inherited before its first line (Python's
+//! `random`, numpy's legacy global state, torch's CPU generator), as a fresh interpreter would
+//! have seeded them.
 //!
 //! A zygote imports in the background (a thread awaits its readiness): the stages that need
 //! it before it is ready are exec'd, so the thread that starts stages (a run's loop, or the
@@ -107,6 +118,14 @@ pub enum Fallback {
         /// How long ago it was started.
         seconds: f64,
     },
+    /// A file the zygote imported changed on disk since (a fix, `pip install -U`): that
+    /// zygote was retired and a fresh one started, which imports the new code; the stage does
+    /// not wait for it.
+    #[error("the zygote's preloaded code is out of date ({reason}): it was retired, and a fresh zygote is importing the new code")]
+    Stale {
+        /// What changed.
+        reason: String,
+    },
     /// The zygote cannot serve (it refused, is gone, or failed earlier).
     #[error("the zygote cannot serve: {0}")]
     Zygote(#[from] ForkServerError),
@@ -162,14 +181,7 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
         return Err(Fallback::Disabled);
     }
     let interpreter = plain_python_run(stage)?;
-    let env: Vec<(String, String)> = stage
-        .worker
-        .env
-        .iter()
-        .filter(|(k, _)| !per_stage_variable(k) && *k != NVML_CHECK_VAR)
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain([(NVML_CHECK_VAR.to_string(), "1".to_string())])
-        .collect();
+    let env = zygote_env(stage);
     let key = {
         let mut sorted: Vec<&(String, String)> = env.iter().collect();
         sorted.sort();
@@ -194,19 +206,54 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
             State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
         env_mismatch(zygote, stage.worker.env)?;
-        match fork_server::fork(&mut zygote.server, &stage.worker) {
-            Ok(pid) => Ok(pid),
-            Err(why) => {
-                tracing::warn!("zygote stopped: {why}; its Python stages are exec'd from now on");
-                if let Some(State::Serving(z)) = zygotes.remove(&key) {
-                    fork_server::stop(z.server);
-                }
-                let why = Arc::new(why);
-                zygotes.insert(key, State::Failed(why.clone()));
-                Err(ForkServerError::Unusable(why).into())
-            }
-        }
+        let why = match fork_server::fork(&mut zygote.server, &stage.worker) {
+            Ok(pid) => return Ok(pid),
+            Err(why) => why,
+        };
+        let Some(State::Serving(old)) = zygotes.remove(&key) else {
+            unreachable!("the zygote just asked was serving")
+        };
+        let (next, fallback) = retire(old, why, || {
+            start(&interpreter, stage.preload, zygote_env(stage), reaper)
+        });
+        zygotes.insert(key, next);
+        Err(fallback)
     })
+}
+
+/// The environment a zygote of `stage` is started with: the stage's, less what orchestrate
+/// sets per stage, with torch's NVML-based CUDA check.
+fn zygote_env(stage: &PythonStage<'_>) -> Vec<(String, String)> {
+    stage
+        .worker
+        .env
+        .iter()
+        .filter(|(k, _)| !per_stage_variable(k) && *k != NVML_CHECK_VAR)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain([(NVML_CHECK_VAR.to_string(), "1".to_string())])
+        .collect()
+}
+
+/// Stops `zygote`, which could not fork (`why`), and says what takes its place and why the
+/// stage is exec'd: a zygote whose code went out of date is replaced by a fresh one
+/// (`restart`), importing in the background; any other failure leaves its key exec'd for
+/// good (it refused: CUDA, threads; it is gone; it answered wrongly).
+fn retire(
+    zygote: Zygote,
+    why: ForkServerError,
+    restart: impl FnOnce() -> State,
+) -> (State, Fallback) {
+    fork_server::stop(zygote.server);
+    if let ForkServerError::Stale { reason } = why {
+        tracing::info!("zygote retired: {reason}; a fresh one is importing the new code");
+        return (restart(), Fallback::Stale { reason });
+    }
+    tracing::warn!("zygote stopped: {why}; its Python stages are exec'd from now on");
+    let why = Arc::new(why);
+    (
+        State::Failed(why.clone()),
+        ForkServerError::Unusable(why).into(),
+    )
 }
 
 /// A starting zygote's state now: serving once it said it is ready, failed if it never will.

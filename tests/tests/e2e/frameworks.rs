@@ -9,39 +9,11 @@
 //! scripts/setup-python-frameworks). Under CI (`CI=true`) a missing one fails every test here;
 //! elsewhere the tests fall back to `.venv-frameworks/` and are skipped without it.
 
-use e2e_tests::{orchestrate, repo_root, RunResult, Scratch};
+use e2e_tests::{framework_python, orchestrate, repo_root, RunResult, Scratch};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-/// The framework venv's python, or None (test skipped) outside CI when there is none.
-fn framework_python() -> Option<PathBuf> {
-    let python = match std::env::var_os("ORCHESTRATE_TEST_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
-            "ORCHESTRATE_TEST_PYTHON is not set: under CI the framework tests must run \
-             (scripts/test sets it up with scripts/setup-python-frameworks)"
-        ),
-        None => {
-            let fallback = repo_root().join(".venv-frameworks/bin/python");
-            if !fallback.exists() {
-                eprintln!(
-                    "skipped: no framework venv (run scripts/setup-python-frameworks, or set \
-                     ORCHESTRATE_TEST_PYTHON)"
-                );
-                return None;
-            }
-            fallback
-        }
-    };
-    assert!(
-        python.exists(),
-        "ORCHESTRATE_TEST_PYTHON={} does not exist",
-        python.display()
-    );
-    Some(python)
-}
 
 /// `orchestrate` with the venv first on PATH, as a user with the venv activated runs it (the
 /// plans say `python3`). One thread per stage: two tests' stages share the 2-core CI machine,

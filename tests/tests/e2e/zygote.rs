@@ -530,3 +530,187 @@ fn a_zygote_still_importing_is_not_waited_for_and_the_run_goes_on() {
         .collect();
     assert!(left.is_empty(), "zygotes left behind: {left:?}");
 }
+
+/// A preloaded module that starts a thread which holds a lock most of the time (as a
+/// library's background worker does): a stage forked from there would inherit the lock held,
+/// with no thread left to release it, and hang. The zygote refuses at once, naming the import
+/// and the thread; every stage of it is exec'd and takes the lock in a moment.
+#[test]
+fn a_preload_that_starts_a_thread_is_refused_and_its_stages_are_exec_d() {
+    python_available();
+    let s = Scratch::new("zygote-thread");
+    write_modules(&s);
+    s.write(
+        "mods/locker.py",
+        "import threading, time\nLOCK = threading.Lock()\n\
+         def _hold():\n    while True:\n        with LOCK:\n            time.sleep(0.2)\n        time.sleep(0.001)\n\
+         threading.Thread(target=_hold, name='locker-holds', daemon=True).start()\n",
+    );
+    s.write(
+        "lock.py",
+        "import locker\nwith locker.LOCK:\n    print('took the lock', flush=True)\n",
+    );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    let stage = |name: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"lock.py\"]\n\
+             timeout = \"30s\"\nenv = {env}\n\n"
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\", \"locker\"]\n\n{}{}{}",
+            warm_stage("warm", "", &env),
+            stage("a"),
+            stage("b"),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let out = run(&plan, &run_dir, &[]);
+    ok(&out);
+    let report = read_report(&run_dir);
+    for name in ["a", "b"] {
+        let st = report_stage(&report, name);
+        assert_eq!(st["status"], "succeeded", "{st}");
+        let start = &st["start"];
+        assert_eq!(start["via"], "exec", "{name}: {start}");
+        let why = start["fallback"].as_str().unwrap();
+        assert!(
+            why.contains("after importing `locker`")
+                && why.contains("Python threads")
+                && why.contains("locker-holds"),
+            "{name}: the culprit is named: {why}"
+        );
+    }
+    let console = String::from_utf8_lossy(&out.stderr);
+    assert!(console.contains("locker-holds"), "{console}");
+}
+
+/// A preloaded module edited on disk while its zygote serves (a fix, an upgrade under a
+/// daemon): the zygote checks its files before every fork, so the next stage is not forked
+/// from the old code; it is exec'd with the reason, the zygote is retired, and a fresh one
+/// serves the new code to the stages after.
+#[test]
+fn a_preloaded_module_edited_on_disk_is_never_forked_from_stale() {
+    python_available();
+    let s = Scratch::new("zygote-stale");
+    write_modules(&s);
+    let versioned = s.write("mods/versioned.py", "VERSION = 1\n");
+    s.write(
+        "show.py",
+        "import heavy, versioned, json, os\n\
+         print(json.dumps({'version': versioned.VERSION, 'pid': os.getpid(), 'imported_in': heavy.IMPORTED_IN}))\n",
+    );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    let show = |name: &str, after: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ncommand = [\"python3\", \"show.py\"]\nenv = {env}\n\n"
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\", \"versioned\"]\n\n{warm}{old}\
+             [[stage]]\nname = \"edit\"\nafter = [\"old\"]\ncommand = [\"sh\", \"-c\", \"echo 'VERSION = 22' > {path}\"]\n\n\
+             {new}{warm2}{fresh}",
+            warm = warm_stage("warm", "", &env),
+            old = show("old", "warm"),
+            path = versioned.display(),
+            new = show("new", "edit"),
+            warm2 = warm_stage("warm2", "after = [\"new\"]\n", &env),
+            fresh = show("fresh", "warm2"),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[]));
+    let old = stdout_json(&run_dir, "old");
+    assert_eq!(stage_start(&run_dir, "old")["via"], "zygote");
+    assert_eq!(old["version"], 1, "{old}");
+    // The edit is seen before the next fork: exec'd, with the new code and the reason.
+    let new = stdout_json(&run_dir, "new");
+    assert_eq!(
+        new["version"], 22,
+        "the stage after the edit ran the old code: {new}"
+    );
+    let start = stage_start(&run_dir, "new");
+    assert_eq!(start["via"], "exec", "{start}");
+    let why = start["fallback"].as_str().unwrap();
+    assert!(
+        why.contains("out of date")
+            && why.contains("versioned.py changed since the zygote imported it"),
+        "{why}"
+    );
+    // A fresh zygote imported the new code and serves again.
+    let fresh = stdout_json(&run_dir, "fresh");
+    assert_eq!(stage_start(&run_dir, "fresh")["via"], "zygote");
+    assert_eq!(fresh["version"], 22, "{fresh}");
+    assert_ne!(fresh["imported_in"], fresh["pid"], "{fresh}");
+    assert_ne!(
+        fresh["imported_in"], old["imported_in"],
+        "served by the fresh zygote, not the retired one"
+    );
+    assert!(
+        !alive(old["imported_in"].as_i64().unwrap() as i32),
+        "the retired zygote is gone"
+    );
+}
+
+/// Stages forked from one zygote inherit its random generators: without a reseed, numpy's
+/// global state (loaded with `numpy.random`) and torch's CPU generator draw the same values in
+/// every instance of a sweep. Four forked instances draw four different values from each,
+/// as exec'd ones do. Needs numpy and torch: the framework Python (`ORCHESTRATE_TEST_PYTHON`).
+#[test]
+fn forked_instances_of_a_matrix_draw_different_random_numbers() {
+    let Some(python) = e2e_tests::framework_python() else {
+        return;
+    };
+    let s = Scratch::new("zygote-reseed");
+    write_modules(&s);
+    s.write(
+        "draw.py",
+        "import json, os, random\nimport numpy as np, torch, heavy\n\
+         print(json.dumps({'np': np.random.rand(), 'random': random.random(), 'torch': torch.rand(1).item(), \
+         'pid': os.getpid(), 'imported_in': heavy.IMPORTED_IN}))\n",
+    );
+    // No OMP_NUM_THREADS: OpenBLAS (loaded with numpy) starts its thread pool in the zygote,
+    // which forks nonetheless, as a fork stops that pool.
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    // `heavy` last: the warm stage ends once the zygote imported it, so once it imported all.
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"torch\", \"numpy.random\", \"heavy\"]\n\n{warm}\
+             [[stage]]\nname = \"draw\"\nafter = [\"warm\"]\nmatrix = {{ i = [1, 2, 3, 4] }}\n\
+             command = [\"python3\", \"draw.py\"]\nenv = {env}\n",
+            warm = warm_stage("warm", "", &env),
+        ),
+    );
+    let bin = python.parent().expect("the venv's bin directory");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[("PATH", &path)]));
+    let draws: Vec<Value> = (1..=4)
+        .map(|i| {
+            let name = format!("draw[i={i}]");
+            let start = stage_start(&run_dir, &name);
+            assert_eq!(start["via"], "zygote", "{name}: {start}");
+            let drew = stdout_json(&run_dir, &name);
+            assert_ne!(drew["imported_in"], drew["pid"], "forked: {drew}");
+            drew
+        })
+        .collect();
+    for generator in ["np", "random", "torch"] {
+        let mut values: Vec<f64> = draws
+            .iter()
+            .map(|d| d[generator].as_f64().unwrap())
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values.dedup();
+        assert_eq!(values.len(), 4, "{generator}: {draws:?}");
+    }
+}
