@@ -54,7 +54,9 @@ pub struct NvmlProbe {
 pub fn discover() -> Inventory {
     let nvml = match Nvml::init() {
         Ok(nvml) => nvml,
-        Err(NvmlError::LibloadingError(_)) => return Inventory::Unavailable(NvmlUnavailable::NoDriver),
+        Err(NvmlError::LibloadingError(_)) => {
+            return Inventory::Unavailable(NvmlUnavailable::NoDriver)
+        }
         Err(e) => return Inventory::Unavailable(NvmlUnavailable::Init(e)),
     };
     let count = match nvml.device_count() {

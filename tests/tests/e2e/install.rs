@@ -77,3 +77,73 @@ fn a_worker_on_path_is_found() {
     assert!(!stderr.contains("no stage-worker was found"), "{stderr}");
     assert!(dir.join("marker").exists(), "{stderr}");
 }
+
+/// Whether this host has the NVIDIA driver (then the CPU-only wording does not apply).
+fn has_nvidia_driver() -> bool {
+    Path::new("/proc/driver/nvidia").exists()
+}
+
+#[test]
+fn doctor_names_every_area_and_the_fix_for_what_is_missing() {
+    let dir = Scratch::new("doctor");
+    let exe = installed(&dir);
+    // No worker beside it or on PATH, no Slurm: both reported missing, the worker with its fix.
+    let out = Command::new(&exe)
+        .arg("doctor")
+        .current_dir(dir.path())
+        .env("PATH", "/usr/bin:/bin")
+        .env_remove("ORCHESTRATE_WORKER")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for area in ["gpus", "isolation", "worker", "python", "slurm", "disk"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(area)),
+            "no `{area}` line in:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.lines().count() <= 24,
+        "more than a screen:\n{stdout}"
+    );
+    let worker = stdout.lines().find(|l| l.starts_with("worker")).unwrap();
+    assert!(
+        worker.contains("no stage-worker") && worker.contains("cargo build --release"),
+        "{worker}"
+    );
+    let disk = stdout.lines().find(|l| l.starts_with("disk")).unwrap();
+    assert!(disk.contains("GiB free"), "{disk}");
+    if !has_nvidia_driver() {
+        let gpus = stdout.lines().find(|l| l.starts_with("gpus")).unwrap();
+        assert!(
+            gpus.contains("no NVIDIA driver found: stages run on the CPU and GPU checks are off"),
+            "{gpus}"
+        );
+    }
+}
+
+#[test]
+fn a_run_without_the_nvidia_driver_says_so_in_one_line() {
+    if has_nvidia_driver() {
+        return; // the wording is for hosts without the driver
+    }
+    let dir = Scratch::new("no-driver");
+    std::fs::write(
+        dir.join("plan.toml"),
+        "[[stage]]\nname = \"s\"\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(orchestrate())
+        .current_dir(dir.path())
+        .args(["--plan", "plan.toml", "--run-dir", "run"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("no NVIDIA driver found: stages run on the CPU and GPU checks are off"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("libloading"), "{stderr}");
+}
