@@ -174,8 +174,8 @@ fn disk(runs: &Path) -> String {
     let at = if runs.is_dir() { runs } else { Path::new(".") };
     match nix::sys::statvfs::statvfs(at) {
         Ok(s) => {
-            let free = s.blocks_available() as u64 * s.fragment_size() as u64;
-            let total = s.blocks() as u64 * s.fragment_size() as u64;
+            let free = s.blocks_available() * s.fragment_size();
+            let total = s.blocks() * s.fragment_size();
             let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
             let warn = if free < 10 << 30 {
                 "; under 10 GiB: checkpoints may not fit, choose another --run-dir"
