@@ -421,4 +421,6 @@ def main():
     run_as_python(argv)
 
 
-main()
+# `python -c SOURCE` runs it as __main__; importing it (it ships in the wheel) starts nothing.
+if __name__ == "__main__":
+    main()

@@ -15,3 +15,4 @@ pub(crate) mod prepare;
 pub(crate) mod preparer;
 pub(crate) mod rendezvous;
 pub(crate) mod supervise;
+pub mod worker_binary;

@@ -5,7 +5,6 @@
 use crate::attempt::contract::{self, ContractPaths};
 use crate::attempt::launch::AttemptPlan;
 use crate::attempt::outcome::Failure;
-use crate::error::{Context, Error};
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
 use crate::store::rundir::RunDir;
@@ -13,27 +12,7 @@ use protocol::worker::{Device, StageSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Finds the `stage-worker` binary: the explicit path, the plan's `run.worker` (relative to
-/// the plan's directory), `$ORCHESTRATE_WORKER`, or the file beside this executable.
-pub fn resolve_worker(explicit: Option<&Path>, plan: &LoadedPlan) -> crate::error::Result<PathBuf> {
-    let candidate = if let Some(p) = explicit {
-        p.to_path_buf()
-    } else if let Some(p) = &plan.plan.run.worker {
-        plan.base_dir.join(p)
-    } else if let Some(p) = std::env::var_os("ORCHESTRATE_WORKER") {
-        PathBuf::from(p)
-    } else {
-        let exe = std::env::current_exe().context("cannot find this executable's path")?;
-        exe.with_file_name("stage-worker")
-    };
-    if !candidate.is_file() {
-        return Err(Error::Refused(format!(
-            "the built-in stage worker was not found at {}: build it (`cargo build --release -p stage-worker`), or point `run.worker` in the plan or --worker at it",
-            candidate.display()
-        )));
-    }
-    Ok(candidate)
-}
+pub use super::worker_binary::resolve_worker;
 
 /// The files a stage's attempt starts with: its directories, `inputs.json`, `spec.json` and its
 /// (empty) logs. What they hold depends on the plan, the attempt number and the device only, so the

@@ -26,13 +26,23 @@ pub enum Inventory {
 /// Why NVML cannot be used on this machine.
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlUnavailable {
-    /// The library could not be loaded or initialised (no NVIDIA driver).
+    /// The library is not on this host: no NVIDIA driver is installed. Said in a few words
+    /// rather than the loader's message, on every run of such a host.
+    #[error("{}", NO_DRIVER)]
+    NoDriver,
+    /// The library was loaded but could not be initialised.
     #[error("NVML is not available ({0})")]
     Init(#[source] NvmlError),
     /// It was loaded but could not say how many GPUs there are.
     #[error("NVML could not count GPUs ({0})")]
     Count(#[source] NvmlError),
 }
+
+/// What NVML's absence means for a run, in the words runs and `orchestrate doctor` use.
+pub const NO_DRIVER: &str = "no NVIDIA driver found";
+/// What a run on a host without the driver says once, at its start.
+pub const NO_DRIVER_NOTE: &str =
+    "no NVIDIA driver found: stages run on the CPU and GPU checks are off";
 
 /// Reads memory through NVML.
 pub struct NvmlProbe {
@@ -44,6 +54,9 @@ pub struct NvmlProbe {
 pub fn discover() -> Inventory {
     let nvml = match Nvml::init() {
         Ok(nvml) => nvml,
+        Err(NvmlError::LibloadingError(_)) => {
+            return Inventory::Unavailable(NvmlUnavailable::NoDriver)
+        }
         Err(e) => return Inventory::Unavailable(NvmlUnavailable::Init(e)),
     };
     let count = match nvml.device_count() {

@@ -251,6 +251,9 @@ fn run_cgroup(
 /// How the run's GPUs are checked, for the console.
 fn gpu_check_note(plan: &LoadedPlan, cleared: &preflight::Cleared) -> String {
     let gpu_check = &cleared.gpu_check;
+    if cleared.no_driver {
+        return crate::gpu::NO_DRIVER_NOTE.to_string();
+    }
     if cleared.gpus.is_empty() && plan.plan.stages.iter().any(|s| s.gpus_wanted() > 0) {
         format!("GPU check: {gpu_check}; no GPU found: stages that ask for GPUs run on the CPU")
     } else {

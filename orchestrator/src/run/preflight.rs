@@ -67,6 +67,8 @@ pub(crate) struct Cleared {
     pub(crate) probe: Option<Rc<dyn MemoryProbe>>,
     /// The GPU check as the report and the journal describe it.
     pub(crate) gpu_check: String,
+    /// NVML is absent because no NVIDIA driver is installed (the run says so in those words).
+    pub(crate) no_driver: bool,
     /// The machine's GPUs (stages get them by UUID).
     pub(crate) gpus: Vec<GpuInfo>,
     /// What the host's cgroups offer.
@@ -177,11 +179,16 @@ pub(crate) fn check(
             });
         }
     }
+    let no_driver = matches!(
+        host.inventory.status,
+        Err(crate::gpu::NvmlUnavailable::NoDriver)
+    ) && setting != GpuCheck::Off;
     let cgroups = HostCgroups::detect();
     let (controllers, limit_notes) = host_limits(plan, &cgroups, job)?;
     Ok(Cleared {
         probe,
         gpu_check,
+        no_driver,
         gpus,
         cgroups,
         controllers,

@@ -166,7 +166,7 @@ impl Allocation {
 
 impl Allocation {
     /// One line for the console: the job, which start this is, its nodes and GPUs.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let start = if self.restart_count == 0 {
             "first start".to_string()
         } else {

@@ -19,6 +19,7 @@ mod frameworks;
 mod gpu_handout;
 mod handover;
 mod hostile_inputs;
+mod install;
 mod matrix;
 mod pipeline;
 mod python_stage;

@@ -223,8 +223,9 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// What this host offers stages: cgroup v2 (where, which limits: memory, pids, cpus) or
-    /// process groups only, and whether a Slurm job's cgroup is the parent. Exit 0.
+    /// What this host offers stages and what is missing, with the fix for each: the NVIDIA
+    /// driver and GPUs, cgroup v2 and which limits, the built-in worker and its libtorch, Python
+    /// with the helper and the frameworks it finds, Slurm, free space where runs go. Exit 0.
     Doctor,
 }
 
