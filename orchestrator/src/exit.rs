@@ -31,35 +31,34 @@ pub const ALL: &[(i32, &str)] = &[
 
 #[cfg(test)]
 mod tests {
-    /// The README's paragraph, whitespace collapsed.
-    fn readme_exit_status() -> String {
+    /// The rows of the README's "Exit status" table: (code, meaning).
+    fn readme_exit_status() -> Vec<(i32, String)> {
         let readme =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
         let start = readme
-            .find("Exit status:")
-            .expect("an Exit status paragraph");
-        let end = readme[start..]
-            .find("\n\n")
-            .map_or(readme.len(), |e| start + e);
-        readme[start..end]
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
+            .find("## Exit status")
+            .expect("an Exit status section");
+        readme[start..]
+            .lines()
+            .skip(1)
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .filter_map(|row| {
+                let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+                Some((cells.get(1)?.parse().ok()?, cells.get(2)?.to_string()))
+            })
+            .collect()
     }
 
     #[test]
     fn the_readme_lists_every_exit_status_with_its_meaning_and_no_other() {
-        let text = readme_exit_status();
+        let rows = readme_exit_status();
         for (code, meaning) in super::ALL {
-            let entry = format!("`{code}` {meaning}");
-            assert!(text.contains(&entry), "README lacks {entry:?}: {text}");
+            assert!(
+                rows.iter().any(|(c, m)| c == code && m.contains(meaning)),
+                "README lacks `{code}` {meaning:?}: {rows:?}"
+            );
         }
-        let codes = text
-            .split('`')
-            .skip(1)
-            .step_by(2)
-            .filter(|w| w.parse::<i32>().is_ok())
-            .count();
-        assert_eq!(codes, super::ALL.len(), "{text}");
+        assert_eq!(rows.len(), super::ALL.len(), "{rows:?}");
     }
 }

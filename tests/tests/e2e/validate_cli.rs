@@ -155,7 +155,11 @@ fn gpu_check_json_stays_json_without_nvml() {
     });
     if out.status.code() == Some(4) {
         assert_eq!(v["available"], false);
-        assert!(v["error"].as_str().unwrap().contains("NVML"));
+        let error = v["error"].as_str().unwrap();
+        assert!(
+            error.contains("NVML") || error.contains("no NVIDIA driver found"),
+            "{error}"
+        );
     } else {
         assert!(v["gpus"].is_array(), "with NVML: the inventory");
     }
