@@ -117,8 +117,8 @@ pub struct Feeds {
 }
 
 /// A page's view of run `id`: how many events it has now (the page reads them from the run's
-/// event file, see [`replay`]) and, while the run goes, a receiver of the run's feed, started
-/// now if no other page has it; `None` when there is no such run.
+/// event file, see the web API's `replay_to`) and, while the run goes, a receiver of the run's
+/// feed, started now if no other page has it; `None` when there is no such run.
 pub fn subscribe(web: &Rc<Web>, id: &str) -> Option<Subscription> {
     let registry = web.daemon.registry.borrow();
     let run = registry.get(id)?;
