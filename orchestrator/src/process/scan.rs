@@ -122,7 +122,8 @@ fn own_children() -> Vec<i32> {
         .collect()
 }
 
-/// Children of the orchestrator that belong to no stage (the guard): the check for escaped
+/// Children of the orchestrator that belong to no stage (the guard, standbys waiting to be
+/// adopted): the check for escaped
 /// stage processes among the orchestrator's children skips them instead of reading their
 /// environment at every stage's end.
 static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
@@ -131,6 +132,15 @@ static HELPERS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 /// the check for escaped stage processes skips for as long as this process lives.
 pub fn note_helper(pid: i32) {
     HELPERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
+}
+
+/// Notes that helper `pid` (see [`note_helper`]) is no longer one: it was killed, or a stage
+/// took it over (an adopted standby).
+pub fn forget_helper(pid: i32) {
+    HELPERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
 }
 
 fn is_helper(pid: i32) -> bool {

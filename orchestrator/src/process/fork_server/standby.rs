@@ -109,6 +109,9 @@ pub fn request(server: &mut Server, program: &Path, env: &[(String, String)]) {
     match start(server, env) {
         Ok((pid, pidfd, sock)) => {
             tracing::debug!(pid, "standby started");
+            // Re-parented to this process but no stage's until one adopts it: the stage whose
+            // `finishing` readied it must not count it among its leftovers.
+            crate::process::scan::note_helper(pid);
             STANDBYS.with(|s| {
                 s.borrow_mut().push(Standby {
                     program: program.to_path_buf(),
@@ -211,6 +214,7 @@ pub fn adopt(program: &Path, worker: &Worker<'_>) -> Option<i32> {
     match handed {
         Ok(()) => {
             tracing::debug!(pid = standby.pid, "stage adopted a standby");
+            crate::process::scan::forget_helper(standby.pid);
             Some(standby.pid)
         }
         Err(why) => {
@@ -283,6 +287,7 @@ fn kill(standby: &Standby) {
         0 => tracing::debug!(pid = standby.pid, "standby killed"),
         _ => tracing::debug!(pid = standby.pid, "standby already gone"),
     }
+    crate::process::scan::forget_helper(standby.pid);
 }
 
 fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
