@@ -138,7 +138,10 @@ pub fn verdict(node: String, stdout: &str, stderr: &str, srun: Option<ExitStatus
     let Ok(result) = serde_json::from_str::<serde_json::Value>(stdout) else {
         return NodeGpuCheck {
             node,
-            verdict: if said.contains("NVML") || said.contains("nvml") {
+            verdict: if said.contains("NVML")
+                || said.contains("nvml")
+                || said.contains(crate::gpu::NO_DRIVER)
+            {
                 NodeVerdict::Unavailable
             } else {
                 NodeVerdict::Failed
