@@ -721,21 +721,21 @@ mod tests {
         }
     }
 
+    /// The checkpoint of `model` and `opt` at step 2 with [`state`] and no loss history, not final.
+    fn write_at_step_2(
+        dir: &Path,
+        model: &ByteGpt,
+        opt: &AdamW,
+    ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
+        write(dir, model, opt, 2, &state(), &LossHistory::default(), false)
+    }
+
     #[test]
     fn written_checkpoint_reads_back_bit_identical() {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-roundtrip");
         let (model, opt) = trained();
-        let (manifest, files) = write(
-            &dir,
-            &model,
-            &opt,
-            2,
-            &state(),
-            &LossHistory::default(),
-            false,
-        )
-        .unwrap();
+        let (manifest, files) = write_at_step_2(&dir, &model, &opt).unwrap();
         assert_eq!(manifest.step, Some(2));
         assert_eq!(files.len(), 3);
         for f in &files {
@@ -784,16 +784,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-write-fails");
         let (model, opt) = trained();
-        write(
-            &dir,
-            &model,
-            &opt,
-            2,
-            &state(),
-            &LossHistory::default(),
-            false,
-        )
-        .unwrap();
+        write_at_step_2(&dir, &model, &opt).unwrap();
         assert!(open_verified(&dir).is_ok());
         // Every write past the headers' first byte fails: no tensor data reaches either file.
         crate::stream::fail_writes_in(&dir, 1);
@@ -853,16 +844,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let (model, opt) = trained();
         let src = crate::testutil::scratch_dir("ckpt-early-src");
-        write(
-            &src,
-            &model,
-            &opt,
-            2,
-            &state(),
-            &LossHistory::default(),
-            false,
-        )
-        .unwrap();
+        write_at_step_2(&src, &model, &opt).unwrap();
         // Another model's checkpoint, whose weights are left in place by an earlier attempt.
         let stale_src = crate::testutil::scratch_dir("ckpt-early-stale");
         let other = ByteGpt::new(&tiny(), Device::Cpu, 5);
@@ -936,16 +918,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-truncated");
         let (model, opt) = trained();
-        let (manifest, _) = write(
-            &dir,
-            &model,
-            &opt,
-            2,
-            &state(),
-            &LossHistory::default(),
-            false,
-        )
-        .unwrap();
+        let (manifest, _) = write_at_step_2(&dir, &model, &opt).unwrap();
         let full = manifest.files[0].bytes;
         let path = dir.join(MODEL_FILE);
         let bytes = std::fs::read(&path).unwrap();
@@ -965,16 +938,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-corrupt");
         let (model, opt) = trained();
-        write(
-            &dir,
-            &model,
-            &opt,
-            2,
-            &state(),
-            &LossHistory::default(),
-            false,
-        )
-        .unwrap();
+        write_at_step_2(&dir, &model, &opt).unwrap();
         let path = dir.join(OPTIMIZER_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
         let i = bytes.len() - 3;
@@ -1012,16 +976,7 @@ mod tests {
         crate::testutil::one_torch_thread();
         let dir = crate::testutil::scratch_dir("ckpt-v1");
         let (model, opt) = trained();
-        let (mut manifest, _) = write(
-            &dir,
-            &model,
-            &opt,
-            2,
-            &state(),
-            &LossHistory::default(),
-            false,
-        )
-        .unwrap();
+        let (mut manifest, _) = write_at_step_2(&dir, &model, &opt).unwrap();
         // Rewrite the manifest as an older worker wrote it: version 1, SHA-256 per file.
         let rewrite = |manifest: &CheckpointManifest| {
             std::fs::write(
