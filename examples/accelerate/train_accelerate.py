@@ -42,6 +42,12 @@ def batch(rng, phase, size, seq, pairs=None):
     return torch.tensor(rows)
 
 
+def weight_sum(model):
+    """Sum of every weight's magnitude, in float64: the same number for the same weights, so a
+    downstream stage can show it began from exactly what its upstream saved."""
+    return sum(p.detach().double().abs().sum().item() for p in model.parameters())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--phase", choices=["pretrain", "sft"], required=True)
@@ -53,6 +59,7 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     args = p.parse_args()
 
+    torch.manual_seed(0 if args.phase == "pretrain" else 1)
     accelerator = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() else "no")
     if args.init:
         model = GPT2LMHeadModel.from_pretrained(args.init)
@@ -60,6 +67,7 @@ def main():
         config = GPT2Config(vocab_size=256, n_positions=args.seq, n_embd=512, n_layer=6, n_head=8,
                             bos_token_id=10, eos_token_id=10)
         model = GPT2LMHeadModel(config)
+    init_weight_sum = weight_sum(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
     rng = random.Random(0 if args.phase == "pretrain" else 1)
@@ -87,7 +95,8 @@ def main():
         accelerator.unwrap_model(model).save_pretrained(args.out, safe_serialization=True)
         stage.checkpoint(os.path.join(args.out, "model.safetensors"), step=args.steps)
         stage.metrics(first_loss=first, final_loss=loss.item(), steps=args.steps,
-                      train_wall_s=time.time() - t0)
+                      train_wall_s=time.time() - t0, init_weight_sum=init_weight_sum,
+                      final_weight_sum=weight_sum(accelerator.unwrap_model(model)))
 
 
 if __name__ == "__main__":

@@ -222,12 +222,18 @@ outputs = ["model.safetensors", "config.json"]
         assert_eq!(run.metric(stage, "steps"), 6.0);
         checkpoint_record(&run, stage, "model.safetensors");
     }
-    // SFT started from pretrain's weights: its first loss is below a fresh model's.
-    let fresh = run.metric("pretrain", "first_loss");
-    let sft = run.metric("sft", "first_loss");
+    // SFT started from exactly the weights pretrain saved (their fingerprint matches), and not
+    // from a fresh model (whose fingerprint pretrain reported before its first step).
+    let saved = run.metric("pretrain", "final_weight_sum");
+    let fresh = run.metric("pretrain", "init_weight_sum");
+    let began = run.metric("sft", "init_weight_sum");
     assert!(
-        sft < fresh - 0.5,
-        "sft began at {sft}, a fresh model at {fresh}"
+        (began - saved).abs() <= 1e-9 * saved.abs(),
+        "sft began from weights summing to {began}, pretrain saved {saved}"
+    );
+    assert!(
+        (began - fresh).abs() > 1e-6 * fresh.abs(),
+        "sft began from a fresh model ({began} = {fresh})"
     );
 }
 
