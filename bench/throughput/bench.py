@@ -6,7 +6,7 @@ and 1B parameters, every variant REPEATS times, interleaved, in one go on one GP
   bench.py BIN_DIR OUT_DIR WORK_DIR
 
 Environment: SHAPES (default "m100 m1b"), REPEATS (3), WORKER_VARIANTS (space-separated;
-"default" is the worker as built, "NAME=VALUE[,NAME=VALUE]" sets STAGE_WORKER_NAME=VALUE),
+"default" is the worker as built, "NAME=VALUE[,NAME=VALUE]" sets STAGE_WORKER_NAME=VALUE; "WORKER=PATH" runs that binary instead),
 PEERS ("eager compile"), PROFILE=1 adds one profiled run of each worker variant and peer at
 the first shape (traces in OUT_DIR/profiles, summarised by profile_summary.py), or of those
 PROFILE_VARIANTS and PROFILE_PEERS name.
@@ -43,10 +43,17 @@ def save():
         json.dump(RESULTS, f, indent=1)
 
 
-def variant_env(variant):
+def variant_settings(variant):
+    """A variant's settings: `default`, or `KEY=VALUE,...` where each KEY becomes the worker's
+    `STAGE_WORKER_KEY` variable, except `WORKER=PATH`, which runs another stage-worker binary
+    (an A/B of two builds in one call)."""
     if variant == "default":
         return {}
-    return {f"STAGE_WORKER_{k}": v for k, v in (kv.split("=", 1) for kv in variant.split(","))}
+    return dict(kv.split("=", 1) for kv in variant.split(","))
+
+
+def variant_env(variant):
+    return {f"STAGE_WORKER_{k}": v for k, v in variant_settings(variant).items() if k != "WORKER"}
 
 
 def run_worker(shape_name, variant, profile=None):
@@ -62,7 +69,8 @@ def run_worker(shape_name, variant, profile=None):
     if profile:
         env["STAGE_WORKER_PROFILE"] = profile
     run_dir = os.path.join(WORK, tag)
-    p = subprocess.run([ORCH, "--plan", plan, "--run-dir", run_dir, "--worker", WORKER, "-q"],
+    worker = variant_settings(variant).get("WORKER", WORKER)
+    p = subprocess.run([ORCH, "--plan", plan, "--run-dir", run_dir, "--worker", worker, "-q"],
                        env=env, capture_output=True, text=True, timeout=500)
     row = {"who": "stage-worker", "variant": variant, "shape": shape_name, "rc": p.returncode,
            "profiled": bool(profile)}
