@@ -1,6 +1,9 @@
-//! The results table of a sweep: one row per matrix instance with its values, status and final
-//! metrics, written as `results.csv` and `results.json` in the run directory and shown at the
-//! end of the run.
+//! The results of a sweep, written in the run directory and shown at the end of the run:
+//! `results.json` has one row per matrix instance with its values, status and final metrics;
+//! `results.csv` one row per sample (one combination of matrix values), joining the instances
+//! of every matrix stage that ran on it, so a fine-tune and its evaluation read as one line.
+//! Neither carries the `t_*` timing metrics (`report.json` does), and whole numbers are written
+//! as integers.
 
 use crate::plan::LoadedPlan;
 use protocol::report::StageReport;
@@ -11,8 +14,8 @@ use std::collections::BTreeSet;
 pub type Row = Vec<(String, serde_json::Value)>;
 
 /// Instance `i`'s row: `stage`, `instance`, each matrix key, `status`, `node` (only where it ran
-/// as a Slurm job step: its first task's node), `error`, then every
-/// metric (as `metric.NAME` when a column of that name already exists). `None` for a stage
+/// as a Slurm job step: its first task's node), `error`, then every metric but the `t_*`
+/// timings (as `metric.NAME` when a column of that name already exists). `None` for a stage
 /// that is not a matrix instance.
 pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
     let origin = plan.instances.get(i)?.as_ref()?;
@@ -23,25 +26,106 @@ pub fn row(plan: &LoadedPlan, i: usize, stage: &StageReport) -> Option<Row> {
     for (k, v) in &origin.values {
         row.push((k.to_string(), v.clone().into()));
     }
-    row.push(("status".into(), stage.status.as_str().into()));
-    // The node it ran on, where it ran as a job step (placed over an allocation, or srun).
+    push_outcome(&mut row, "", stage);
+    Some(row)
+}
+
+/// Appends `stage`'s `status`, `node` (where it ran as a Slurm job step: its first task's
+/// node), `error` and metrics to `row`, each column named `PREFIX` + its name; a metric whose
+/// column already exists (a matrix key, a fixed column) is named `PREFIX` + `metric.NAME`.
+fn push_outcome(row: &mut Row, prefix: &str, stage: &StageReport) {
+    row.push((format!("{prefix}status"), stage.status.as_str().into()));
     if let Some(task) = stage.tasks.first() {
-        row.push(("node".into(), task.node.clone().into()));
+        row.push((format!("{prefix}node"), task.node.clone().into()));
     }
     row.push((
-        "error".into(),
+        format!("{prefix}error"),
         stage.error.clone().unwrap_or_default().into(),
     ));
-    for (k, v) in &stage.metrics {
-        // A metric named like a matrix key (or a fixed column) keeps both apart.
-        let name = if row.iter().any(|(c, _)| c == k) {
-            format!("metric.{k}")
+    for (k, v) in stage.metrics.iter().filter(|(k, _)| !is_timing(k)) {
+        let name = format!("{prefix}{k}");
+        let name = if row.iter().any(|(c, _)| *c == name) {
+            format!("{prefix}metric.{k}")
         } else {
-            k.clone()
+            name
         };
-        row.push((name, (*v).into()));
+        row.push((name, number(*v)));
     }
-    Some(row)
+}
+
+/// Whether a metric is one of the worker's internal timings (`t_model_ready`, …): Unix times
+/// that mean something only beside each other, kept in `report.json`.
+fn is_timing(metric: &str) -> bool {
+    metric.starts_with("t_")
+}
+
+/// A metric as JSON: a whole number (within the range a double holds exactly) as an integer,
+/// anything else as it is.
+fn number(v: f64) -> serde_json::Value {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    if v.fract() == 0.0 && v.abs() < EXACT {
+        (v as i64).into()
+    } else {
+        v.into()
+    }
+}
+
+/// The samples of the plan: each distinct combination of matrix values, in the order of its
+/// first instance, with the indices of the instances (of every matrix stage) that ran on it.
+fn samples(plan: &LoadedPlan) -> Vec<Vec<usize>> {
+    let mut index: std::collections::HashMap<&[(std::sync::Arc<str>, String)], usize> =
+        std::collections::HashMap::new();
+    let mut samples: Vec<Vec<usize>> = Vec::new();
+    for (i, origin) in plan.instances.iter().enumerate() {
+        let Some(origin) = origin else { continue };
+        let n = *index.entry(&origin.values).or_insert_with(|| {
+            samples.push(Vec::new());
+            samples.len() - 1
+        });
+        samples[n].push(i);
+    }
+    samples
+}
+
+/// Whether the plan has instances of more than one matrix stage.
+fn several_stages(plan: &LoadedPlan) -> bool {
+    let mut bases = plan.instances.iter().flatten().map(|o| &o.base);
+    let first = bases.next();
+    bases.any(|b| Some(b) != first)
+}
+
+/// One sample's CSV row: each matrix key, then each of its instances' outcome. With instances
+/// of more than one matrix stage (`prefixed`) the columns of each are prefixed with its stage
+/// name (`finetune.status`, `eval.accuracy`); a plan with one matrix stage keeps plain names.
+fn sample_row(
+    plan: &LoadedPlan,
+    sample: &[usize],
+    prefixed: bool,
+    report: &dyn Fn(usize) -> StageReport,
+) -> Row {
+    let mut row: Row = Vec::new();
+    for &i in sample {
+        let Some(origin) = &plan.instances[i] else {
+            continue;
+        };
+        for (k, v) in &origin.values {
+            if !row.iter().any(|(c, _)| c.as_str() == &**k) {
+                row.push((k.to_string(), v.clone().into()));
+            }
+        }
+    }
+    for &i in sample {
+        let Some(origin) = &plan.instances[i] else {
+            continue;
+        };
+        let prefix = if prefixed {
+            format!("{}.", origin.base)
+        } else {
+            String::new()
+        };
+        push_outcome(&mut row, &prefix, &report(i));
+    }
+    row
 }
 
 /// Writes `row` as one JSON object, its keys in column order (their names are unique).
@@ -78,11 +162,8 @@ pub fn write(
             row(plan, i, &report(i))
         })
     };
-    // One pass writes results.json (a JSON array, one row per line) and collects the CSV's
-    // columns (the union of every row's, in the order they first appear) and the console
-    // table's rows; a second writes results.csv, whose header needs every column first.
-    let mut columns: Vec<String> = Vec::new();
-    let mut seen = BTreeSet::new();
+    // One pass writes results.json (a JSON array, one row per line) and collects the console
+    // table's rows; then results.csv, whose header needs every sample row's columns first.
     let mut total = 0usize;
     let mut shown: Vec<Row> = Vec::new();
     crate::store::rundir::write_replace_with(&dir.join("results.json"), |out| {
@@ -90,11 +171,6 @@ pub fn write(
         for row in rows() {
             out.write_all(if total == 0 { b"\n" } else { b",\n" })?;
             total += 1;
-            for (key, _) in &row {
-                if seen.insert(key.clone()) {
-                    columns.push(key.clone());
-                }
-            }
             write_object(&mut *out, &row)?;
             if shown.len() < TABLE_ROWS || !succeeded(&row) {
                 shown.push(row);
@@ -102,9 +178,24 @@ pub fn write(
         }
         out.write_all(b"\n]\n")
     })?;
+    // The CSV's columns: every sample row's, in the order they first appear.
+    let samples = samples(plan);
+    let prefixed = several_stages(plan);
+    let mut columns: Vec<String> = Vec::new();
+    let mut seen = BTreeSet::new();
+    for sample in &samples {
+        for (key, _) in sample_row(plan, sample, prefixed, report) {
+            if seen.insert(key.clone()) {
+                columns.push(key);
+            }
+        }
+    }
     crate::store::rundir::write_replace_with(&dir.join("results.csv"), |out| {
         writeln!(out, "{}", columns.join(","))?;
-        for row in rows() {
+        for row in samples
+            .iter()
+            .map(|s| sample_row(plan, s, prefixed, report))
+        {
             let line: Vec<String> = columns
                 .iter()
                 .map(|c| get(&row, c).map(csv_field).unwrap_or_default())

@@ -70,20 +70,18 @@ outputs = ["sum"]
                 < pos(&format!("\"stage_started\",\"stage\":\"check[i={i}]\""))
         );
     }
+    // results.csv: one row per sample, the two matrix stages joined on it.
     let csv = read("results.csv");
+    assert_eq!(csv.lines().count(), 51, "a header and one row per sample");
     assert_eq!(
-        csv.lines().count(),
-        101,
-        "a header and one row per instance"
-    );
-    assert!(
-        csv.lines()
-            .next()
-            .unwrap()
-            .starts_with("stage,instance,i,status,error"),
+        csv.lines().next().unwrap(),
+        "i,work.status,work.error,check.status,check.error,check.double",
         "{csv}"
     );
-    assert!(csv.contains("check,check[i=7],7,succeeded,,14"), "{csv}");
+    assert!(
+        csv.lines().any(|l| l == "7,succeeded,,succeeded,,14"),
+        "a whole number is written as one: {csv}"
+    );
     let json: serde_json::Value = serde_json::from_str(&read("results.json")).unwrap();
     assert_eq!(json.as_array().unwrap().len(), 100);
 }
@@ -103,8 +101,8 @@ fn failed_instances_are_listed_and_fail_fast_stops_the_rest() {
         assert_eq!(run.stage("job[n=2]")["failure"], "exit_code");
         let csv = std::fs::read_to_string(run.run_dir.join("results.csv")).unwrap();
         assert!(
-            csv.contains("job[n=2],2,failed,exited with code 1"),
-            "{csv}"
+            csv.lines().any(|l| l == "2,failed,exited with code 1"),
+            "one matrix stage: its columns unprefixed: {csv}"
         );
         let later = run.stage("job[n=4]")["status"].clone();
         if fail_fast {
@@ -158,4 +156,81 @@ matrix = { i = { lines = "ids.txt" } }
     assert!(said.contains("t[i=0] → "), "{said}");
     assert!(said.contains("… 110 more …"), "{said}");
     assert!(!said.contains("t[i=50]"), "{said}");
+}
+
+#[test]
+fn results_csv_has_one_row_per_sample_joining_its_fine_tune_and_eval() {
+    let s = Scratch::new("matrix-samples");
+    for name in ["a", "b"] {
+        let pairs: String = (0..6)
+            .map(|i| format!("{{\"prompt\": \"q{name}{i}\", \"completion\": \"{name}\"}}\n"))
+            .collect();
+        s.write(&format!("{name}.jsonl"), &pairs);
+    }
+    let tiny = "model = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }";
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"
+[[stage]]
+name = "finetune"
+kind = "train"
+matrix = {{ sample = {{ glob = "*.jsonl" }} }}
+[stage.params]
+data = "{{matrix.sample}}"
+steps = 2
+batch_size = 2
+seq_len = 16
+{tiny}
+
+[[stage]]
+name = "eval"
+kind = "eval"
+after = ["finetune"]
+init = "finetune"
+matrix = {{ sample = {{ glob = "*.jsonl" }} }}
+[stage.params]
+data = "{{matrix.sample}}"
+seq_len = 16
+"#
+        ),
+    );
+    let run = run_plan(&s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let csv = std::fs::read_to_string(run.run_dir.join("results.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "one row per sample: {csv}");
+    assert_eq!(header[0], "sample");
+    for column in [
+        "finetune.status",
+        "finetune.final_loss",
+        "eval.status",
+        "eval.accuracy",
+    ] {
+        assert!(header.contains(&column), "{column}: {csv}");
+    }
+    assert!(
+        !header
+            .iter()
+            .any(|c| c.split('.').any(|part| part.starts_with("t_"))),
+        "no internal timing columns: {csv}"
+    );
+    let cell = |row: &[&str], column: &str| {
+        let at = header.iter().position(|c| *c == column).unwrap();
+        row[at].to_string()
+    };
+    for (row, sample) in rows.iter().zip(["a", "b"]) {
+        assert!(
+            cell(row, "sample").ends_with(&format!("{sample}.jsonl")),
+            "{csv}"
+        );
+        assert_eq!(cell(row, "finetune.status"), "succeeded");
+        assert_eq!(cell(row, "eval.status"), "succeeded");
+        // Counts are integers, not `2.0`; the eval's figures are its own instance's.
+        assert_eq!(cell(row, "finetune.steps"), "2", "{csv}");
+        let samples = run.metric(&format!("eval[sample={sample}.jsonl]"), "samples");
+        assert_eq!(cell(row, "eval.samples"), format!("{samples}"), "{csv}");
+    }
 }
