@@ -20,6 +20,7 @@ mod gpu_handout;
 mod handover;
 mod hostile_inputs;
 mod install;
+mod logs;
 mod matrix;
 mod pipeline;
 mod python_stage;

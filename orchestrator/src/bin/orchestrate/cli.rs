@@ -209,6 +209,20 @@ pub(crate) enum Command {
         #[arg(long)]
         cancel: bool,
     },
+    /// Print a run's stage logs (stdout, then stderr, each line prefixed with its stage when
+    /// every stage is shown); with -f, keep printing lines as they are written, stages that
+    /// start later included, until the run ends.
+    Logs {
+        /// The run: its directory, or the id of a daemon run.
+        run: String,
+        /// Only this stage (an instance by its full name, `finetune[sample=a]`).
+        stage: Option<String>,
+        /// Follow the logs until the run ends (Ctrl-C stops following, not the run).
+        #[arg(short, long)]
+        follow: bool,
+        #[command(flatten)]
+        daemon: SocketArg,
+    },
     /// Inventory and memory of this machine's GPUs (NVML); with --wait, wait until each is
     /// clean (no compute process, used memory under the threshold). Exit 0 clean, 3 not
     /// clean, 4 NVML unavailable. For Slurm prolog/epilog scripts.

@@ -98,6 +98,12 @@ fn run_command(cli: Cli) -> ExitCode {
             priority,
         } => client::submit(&daemon.path(), &plan, watch, wait, json, id, priority),
         Command::Runs { daemon, json } => client::runs(&daemon.path(), json),
+        Command::Logs {
+            run,
+            stage,
+            follow,
+            daemon,
+        } => commands::logs::logs(&run, stage.as_deref(), follow, &daemon.path()),
         Command::Watch {
             id,
             daemon,

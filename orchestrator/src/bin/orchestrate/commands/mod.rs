@@ -6,6 +6,7 @@ pub(crate) mod client;
 pub(crate) mod daemon;
 pub(crate) mod doctor;
 pub(crate) mod gpu_check;
+pub(crate) mod logs;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod status;
