@@ -11,7 +11,8 @@
 //! - [`gpu`] is the NVML inventory and the reclaim verdict;
 //! - [`store`] makes a run durable (run directory, journal, resume), [`report`] makes it
 //!   readable (console, `report.json`, results);
-//! - [`plan`] loads and validates plans;
+//! - [`plan`] loads and validates plans; [`tracking`] logs a finished run to an experiment
+//!   tracker (MLflow) from its run directory;
 //! - [`table`] and [`timefmt`] are plain-text helpers every layer may use.
 
 pub mod attempt;
@@ -30,4 +31,5 @@ pub mod table;
 #[cfg(test)]
 mod testutil;
 pub mod timefmt;
+pub mod tracking;
 pub mod web;

@@ -61,6 +61,25 @@ pub struct RunSettings {
     /// preloaded: it is forked from a zygote that imported them (default none: exec'd).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preload: Vec<String>,
+    /// Experiment tracking: "mlflow" logs the run, and each stage as a nested run, to an MLflow
+    /// server when the run ends (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<Tracking>,
+    /// The tracking server, `http://host:port` (default: `$MLFLOW_TRACKING_URI`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking_uri: Option<String>,
+    /// The experiment runs are logged under (default: `$MLFLOW_EXPERIMENT_NAME`, else the
+    /// run's `name`, else "orchestrate").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+}
+
+/// An experiment tracker a run is logged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tracking {
+    /// An MLflow tracking server (its REST API).
+    Mlflow,
 }
 
 fn default_grace() -> HumanDuration {
@@ -87,6 +106,9 @@ impl Default for RunSettings {
             worker: None,
             cuda_visible_devices: VisibleDevices::default(),
             preload: Vec::new(),
+            tracking: None,
+            tracking_uri: None,
+            experiment: None,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod fixtures;
 pub mod http;
 pub mod idle_flood;
+pub mod mlflow;
 
 /// The directory holding the workspace's built binaries (`target/debug` for `cargo test`).
 pub fn bin_dir() -> PathBuf {

@@ -18,7 +18,7 @@ mod files;
 mod graph;
 mod json_tree;
 mod layout;
-pub(crate) mod matrix;
+pub mod matrix;
 mod params;
 pub(crate) mod placeholder;
 mod preload;

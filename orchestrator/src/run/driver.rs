@@ -831,6 +831,7 @@ impl<'h> Driver<'h> {
             status,
         );
         ending::write_report_and_results(setup, &report);
+        ending::track(setup).await;
         if let Some(sampler) = self.sampler.take() {
             sampler.abort();
             ending::draw_gpu_memory(setup, &self.spans, self.started);

@@ -111,3 +111,37 @@ pub(super) fn draw_gpu_memory(setup: &Setup, spans: &[gpu::timeline::StageSpan],
             .warn(&format!("cannot write {}: {e}", svg_path.display())),
     }
 }
+
+/// Logs the finished run to the experiment tracker its plan names, if any: from its run
+/// directory (`report.json` was just written), on a blocking thread (a daemon's runs share
+/// this runtime). What happened is one line; nothing here changes the run's outcome.
+pub(super) async fn track(setup: &Setup) {
+    let console = &setup.console;
+    let target = match crate::tracking::target(&setup.plan.plan.run) {
+        Ok(Some(target)) => target,
+        Ok(None) => return,
+        Err(e) => return console.warn(&format!("tracking: {e}")),
+    };
+    let root = setup.run_dir.root().to_path_buf();
+    let report = match crate::report::load_for_display(&root) {
+        Ok(report) => report,
+        Err(e) => return console.warn(&format!("tracking: cannot read the run's report: {e}")),
+    };
+    let params = crate::tracking::stage_params(&setup.plan);
+    let to = target.clone();
+    let logged =
+        tokio::task::spawn_blocking(move || crate::tracking::export(&to, &report, &params, &root))
+            .await;
+    match logged {
+        Ok(Ok(logged)) => console.note(&format!(
+            "tracking: MLflow run {} ({} stages) in experiment {:?} at {}",
+            logged.run_id, logged.stages, target.experiment, target.uri
+        )),
+        Ok(Err(e)) => console.warn(&format!(
+            "tracking: the run was not logged to {}: {e} (`orchestrate track {}` logs it later)",
+            target.uri,
+            setup.run_dir.root().display()
+        )),
+        Err(e) => console.warn(&format!("tracking: the exporter failed: {e}")),
+    }
+}

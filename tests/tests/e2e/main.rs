@@ -31,6 +31,7 @@ mod signals;
 mod slots;
 mod slurm;
 mod timeout_stall;
+mod tracking;
 mod validate_cli;
 mod web;
 mod web_connections;

@@ -223,6 +223,21 @@ pub(crate) enum Command {
         #[command(flatten)]
         daemon: SocketArg,
     },
+    /// Log a run directory to MLflow as a finished run with a nested run per stage (params,
+    /// metrics at their steps, verdicts and checksums as tags): what `[run] tracking =
+    /// "mlflow"` does when a run ends.
+    Track {
+        /// The run directory.
+        run_dir: PathBuf,
+        /// The tracking server, http://host:port (default: the plan's tracking_uri, else
+        /// $MLFLOW_TRACKING_URI).
+        #[arg(long)]
+        uri: Option<String>,
+        /// The experiment (default: the plan's, else $MLFLOW_EXPERIMENT_NAME, else the
+        /// plan's name, else "orchestrate").
+        #[arg(long)]
+        experiment: Option<String>,
+    },
     /// Inventory and memory of this machine's GPUs (NVML); with --wait, wait until each is
     /// clean (no compute process, used memory under the threshold). Exit 0 clean, 3 not
     /// clean, 4 NVML unavailable. For Slurm prolog/epilog scripts.

@@ -98,6 +98,11 @@ fn run_command(cli: Cli) -> ExitCode {
             priority,
         } => client::submit(&daemon.path(), &plan, watch, wait, json, id, priority),
         Command::Runs { daemon, json } => client::runs(&daemon.path(), json),
+        Command::Track {
+            run_dir,
+            uri,
+            experiment,
+        } => commands::track::track(&run_dir, uri, experiment),
         Command::Logs {
             run,
             stage,

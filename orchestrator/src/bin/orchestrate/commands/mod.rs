@@ -10,6 +10,7 @@ pub(crate) mod logs;
 pub(crate) mod report;
 pub(crate) mod run;
 pub(crate) mod status;
+pub(crate) mod track;
 pub(crate) mod validate;
 
 use orchestrator::exit;
