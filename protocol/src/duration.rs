@@ -154,6 +154,81 @@ impl JsonSchema for HumanDuration {
     }
 }
 
+/// How long a stage may go without progress before it is judged hung: a duration, or
+/// `"off"` (never judged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallTimeout {
+    /// Never judged hung.
+    Off,
+    /// Hung after this long without progress.
+    After(HumanDuration),
+}
+
+impl StallTimeout {
+    /// The window, unless off.
+    pub fn window(self) -> Option<Duration> {
+        match self {
+            StallTimeout::Off => None,
+            StallTimeout::After(d) => Some(d.get()),
+        }
+    }
+}
+
+impl fmt::Display for StallTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StallTimeout::Off => f.write_str("off"),
+            StallTimeout::After(d) => d.fmt(f),
+        }
+    }
+}
+
+impl Serialize for StallTimeout {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for StallTimeout {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl de::Visitor<'_> for Visitor {
+            type Value = StallTimeout;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"10m\", or \"off\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StallTimeout, E> {
+                if v == "off" {
+                    return Ok(StallTimeout::Off);
+                }
+                let d: HumanDuration = v.parse().map_err(E::custom)?;
+                if d.get().is_zero() {
+                    return Err(E::custom("a stall timeout of 0 would judge every stage hung: give a duration, or \"off\""));
+                }
+                Ok(StallTimeout::After(d))
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
+}
+
+impl JsonSchema for StallTimeout {
+    fn schema_name() -> String {
+        "StallTimeout".into()
+    }
+
+    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        let mut schema = schemars::schema::SchemaObject {
+            instance_type: Some(schemars::schema::InstanceType::String.into()),
+            ..Default::default()
+        };
+        schema.string().pattern = Some("^(off|([0-9]+(ms|s|m|h|d))+)$".into());
+        schema.metadata().description =
+            Some("A duration such as \"90s\" or \"30m\", or \"off\".".into());
+        schema.into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 //! full example, and `orchestrate schema` prints the JSON Schema generated from these types.
 
 use crate::bytesize::ByteSize;
-use crate::duration::HumanDuration;
+use crate::duration::{HumanDuration, StallTimeout};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -61,6 +61,10 @@ pub struct RunSettings {
     /// preloaded: it is forked from a zygote that imported them (default none: exec'd).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub preload: Vec<String>,
+    /// Judge a stage hung after this long without progress, or "off" (default: 30 minutes,
+    /// and only for stages that have reported progress).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout: Option<StallTimeout>,
     /// Experiment tracking: "mlflow" logs the run, and each stage as a nested run, to an MLflow
     /// server when the run ends (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +110,7 @@ impl Default for RunSettings {
             worker: None,
             cuda_visible_devices: VisibleDevices::default(),
             preload: Vec::new(),
+            stall_timeout: None,
             tracking: None,
             tracking_uri: None,
             experiment: None,
@@ -177,6 +182,10 @@ pub struct Stage {
     /// Stop the stage (SIGTERM, grace, SIGKILL) after this long.
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
+    /// Judge the stage hung after this long without progress, or "off" (default: `[run]
+    /// stall_timeout`; see `docs/plan-format.md`, "Hangs").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout: Option<StallTimeout>,
     /// How many more attempts after a failed one (default 0).
     #[serde(default)]
     pub retries: u32,

@@ -119,6 +119,8 @@ words! {
         KilledExternally = "killed_externally",
         /// It ran past its timeout.
         Timeout = "timeout",
+        /// It made no progress for its `stall_timeout` and was stopped.
+        Hung = "hung",
         /// CUDA ran out of memory.
         CudaOom = "cuda_oom",
         /// The kernel's OOM killer ended a process of its cgroup (host memory past `memory`).

@@ -80,6 +80,24 @@ pub fn framework_python() -> Option<PathBuf> {
     Some(python)
 }
 
+/// `orchestrate` with the framework venv of `python` first on PATH, as a user with the venv
+/// activated runs it (plans say `python3`). One thread per stage: two tests' stages share the
+/// 2-core CI machine, and oversubscribed PyTorch threads make a step ten times slower.
+pub fn orchestrate_with(python: &Path) -> Command {
+    let bin = python.parent().expect("venv bin directory");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin.to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    let mut cmd = Command::new(orchestrate());
+    cmd.env("PATH", std::env::join_paths(dirs).unwrap())
+        .env("VIRTUAL_ENV", bin.parent().unwrap())
+        .env("OMP_NUM_THREADS", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONWARNINGS", "ignore")
+        .env_remove("PYTHONPATH");
+    cmd
+}
+
 /// A fresh scratch directory for one test, removed when dropped unless the test panicked (then
 /// its path is printed and the files stay for a look). Every test of the workspace that needs
 /// files takes one: nothing is left in the system's temporary directory.

@@ -79,6 +79,8 @@ pub struct AttemptPlan {
     pub gpus: Vec<GpuInfo>,
     /// Time limit.
     pub timeout: Option<Duration>,
+    /// When it is judged hung.
+    pub stall: crate::attempt::stall::StallRule,
     /// SIGTERM → SIGKILL grace.
     pub grace: Duration,
     /// Event socket path.

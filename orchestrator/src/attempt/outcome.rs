@@ -20,6 +20,8 @@ pub enum Failure {
     KilledExternally,
     /// It ran past its timeout and was stopped.
     Timeout(Duration),
+    /// It made no progress for its stall window and was stopped: what it was doing.
+    Hung(String),
     /// The device ran out of memory.
     CudaOutOfMemory(String),
     /// The kernel's OOM killer ended processes of the stage's cgroup: it reached its `memory`.
@@ -52,6 +54,7 @@ impl Failure {
             Failure::Signal(name) => format!("killed by {name}"),
             Failure::KilledExternally => "killed by SIGKILL that orchestrate did not send (most likely the kernel's out-of-memory killer: check `dmesg`)".into(),
             Failure::Timeout(d) => format!("timed out after {}", protocol::duration::HumanDuration(*d)),
+            Failure::Hung(what) => format!("hung: {what}"),
             Failure::CudaOutOfMemory(msg) => format!("CUDA out of memory: {msg}"),
             Failure::OomKilled { kills, peak, limit } => {
                 let size = |b: &Option<u64>| b.map_or("unknown".to_string(), |b| protocol::bytesize::ByteSize(b).to_string());
@@ -74,6 +77,7 @@ impl Failure {
             Failure::Signal(_) => C::Signal,
             Failure::KilledExternally => C::KilledExternally,
             Failure::Timeout(_) => C::Timeout,
+            Failure::Hung(_) => C::Hung,
             Failure::CudaOutOfMemory(_) => C::CudaOom,
             Failure::OomKilled { .. } => C::OomKilled,
             Failure::Reported(..) => C::Reported,

@@ -350,6 +350,10 @@ pub(crate) fn prepare_attempt(
         left_over: std::sync::Arc::new(left_over),
         gpus: gpus.to_vec(),
         timeout: stage.timeout(),
+        stall: crate::attempt::stall::StallRule::of(
+            stage.stall_timeout,
+            plan.plan.run.stall_timeout,
+        ),
         grace: plan.plan.run.grace.get(),
         socket,
         graceful_to_leader: false,

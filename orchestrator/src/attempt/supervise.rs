@@ -65,6 +65,8 @@ enum StopWhy {
     Cancelled,
     /// It ran past its timeout, and the run was then cancelled with a kill.
     TimedOutThenCancelled,
+    /// It made no progress for its stall window ([`Watch::hung`] says what it was doing).
+    Hung,
 }
 
 /// How far the stopping of an attempt went.
@@ -123,6 +125,10 @@ struct Watch {
     tree_rss_peak: u64,
     /// What came of its `released` events.
     release: Release,
+    /// Its progress, as far as a hang is concerned.
+    stall: crate::attempt::stall::StallWatch,
+    /// Why it was judged hung, once it was.
+    hung: Option<String>,
 }
 
 /// What came of a stage's `released` events.
@@ -185,6 +191,8 @@ pub async fn supervise(
         events: EventState::default(),
         tree_rss_peak: 0,
         release: Release::default(),
+        stall: crate::attempt::stall::StallWatch::new(plan.stall, std::time::Instant::now()),
+        hung: None,
     };
     let reaped = watch(
         plan,
@@ -297,6 +305,8 @@ async fn watch(
     let mut cancel_closed = false;
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    let stall_period = plan.stall.period();
+    let mut stall_tick = tokio::time::interval(stall_period.unwrap_or(Duration::from_secs(3600)));
     loop {
         let kill_at = match w.stop {
             StopState::Terminating { kill_at, .. } => Some(kill_at),
@@ -311,7 +321,17 @@ async fn watch(
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
                 w.tree_rss_peak = w.tree_rss_peak.max(child.resident_bytes());
             },
-            item = channel.next() => w.events.absorb(item, &plan.name, console, started),
+            item = channel.next() => {
+                if let ChannelItem::Event(event) = &item {
+                    w.stall.event(event, std::time::Instant::now());
+                }
+                w.events.absorb(item, &plan.name, console, started)
+            }
+            _ = stall_tick.tick(), if running && stall_period.is_some() => {
+                if let Some(window) = look_for_a_hang(plan, child, w) {
+                    w.stop = stop_hung(plan, child, w, services, window).await;
+                }
+            }
             _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)), if timing_out => {
                 // A process that ended before the timeout was looked at finished in time,
                 // even if its exit was not collected yet (orchestrate itself was stopped, or
@@ -366,6 +386,84 @@ async fn watch(
             consider_release(plan, child, baselines, w, services, hooks).await;
         }
     }
+}
+
+/// Samples what a stage that reports no progress shows, when its rule judges it by that; the
+/// window it has gone without progress, if it is hung now.
+fn look_for_a_hang(
+    plan: &AttemptPlan,
+    child: &tree::StageProcess,
+    w: &mut Watch,
+) -> Option<Duration> {
+    let now = std::time::Instant::now();
+    if w.stall.wants_activity() {
+        let pids = child.members().into_iter().map(|p| p.pid);
+        let seen = crate::attempt::stall::Activity {
+            cpu_s: crate::attempt::hang_evidence::cpu_seconds(pids),
+            written: crate::attempt::stall::written(&[&plan.stage_dir]),
+        };
+        w.stall.activity(seen, now);
+    }
+    w.stall.hung(now)
+}
+
+/// A hung stage: its evidence saved (stacks, processes, GPUs), said on the console with each
+/// process's top frame, then the stop a timeout gets (SIGTERM, the grace, SIGKILL).
+async fn stop_hung(
+    plan: &AttemptPlan,
+    child: &tree::StageProcess,
+    w: &mut Watch,
+    services: &Services,
+    window: Duration,
+) -> StopState {
+    let console = &services.console;
+    let members = child.members();
+    let gpus: Vec<String> = plan.gpus.iter().map(|g| g.uuid.clone()).collect();
+    let gpu_text = services
+        .probe
+        .as_ref()
+        .filter(|_| !gpus.is_empty())
+        .map(|probe| crate::attempt::hang_evidence::gpu_state(&gpus, probe.as_ref()));
+    let evidence = crate::attempt::hang_evidence::collect(
+        &services.reaper,
+        &plan.stage_dir,
+        plan.attempt,
+        &members,
+        plan.argv.first().map(String::as_str),
+        gpu_text,
+    )
+    .await;
+    let step = w
+        .stall
+        .last_step()
+        .map(|s| format!(" (last step {s})"))
+        .unwrap_or_default();
+    let mut what = format!(
+        "no progress for {}{step}; evidence in {}",
+        protocol::duration::HumanDuration(window),
+        evidence.dir.display()
+    );
+    if let Some(why) = &evidence.no_stacks {
+        what.push_str(&format!(" (no stacks: {why})"));
+    }
+    if let Some(top) = evidence.frames.first() {
+        what.push_str(&format!("; {top}"));
+    }
+    console.warn(&format!("{}: hung: {what}; stopping it", plan.name));
+    if !evidence.frames.is_empty() {
+        let frames: String = evidence
+            .frames
+            .iter()
+            .take(16)
+            .map(|f| format!("  {f}\n"))
+            .collect();
+        console.detail(&format!(
+            "---- where {}'s processes were ----\n{frames}----\n",
+            plan.name
+        ));
+    }
+    w.hung = Some(what);
+    terminate(plan, child, StopWhy::Hung)
 }
 
 /// The stage said its device work is about to end: where its GPUs may be handed on at its
@@ -621,15 +719,18 @@ async fn conclude(
         false => read_tail(&stderr_path, ended.stderr_offset),
     };
     let stop = watched.stop;
-    let mut outcome = classify(
-        plan,
-        ended.exit,
-        &watched.events,
-        stop.timed_out(),
-        stop.cancelled(),
-        matches!(stop, StopState::Killed { .. }),
-        &stderr_tail,
-    );
+    let mut outcome = match watched.hung.take() {
+        Some(what) => Outcome::Failed(Failure::Hung(what)),
+        None => classify(
+            plan,
+            ended.exit,
+            &watched.events,
+            stop.timed_out(),
+            stop.cancelled(),
+            matches!(stop, StopState::Killed { .. }),
+            &stderr_tail,
+        ),
+    };
     outcome = host_oom(outcome, &ended.host);
     let mut checkpoints = Vec::new();
     if outcome == Outcome::Succeeded {

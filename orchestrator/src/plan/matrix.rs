@@ -595,6 +595,7 @@ fn skeleton(stage: &Stage) -> Stage {
         params: serde_json::Map::new(),
         init: stage.init.clone(),
         timeout: stage.timeout,
+        stall_timeout: stage.stall_timeout,
         retries: stage.retries,
         gpus: stage.gpus,
         env: stage.env.clone(),

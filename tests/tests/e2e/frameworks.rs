@@ -9,29 +9,11 @@
 //! scripts/setup-python-frameworks). Under CI (`CI=true`) a missing one fails every test here;
 //! elsewhere the tests fall back to `.venv-frameworks/` and are skipped without it.
 
-use e2e_tests::{framework_python, orchestrate, repo_root, RunResult, Scratch};
+use e2e_tests::{framework_python, orchestrate_with, repo_root, RunResult, Scratch};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
-
-/// `orchestrate` with the venv first on PATH, as a user with the venv activated runs it (the
-/// plans say `python3`). One thread per stage: two tests' stages share the 2-core CI machine,
-/// and oversubscribed PyTorch threads make a step ten times slower.
-fn orchestrate_with(python: &Path) -> Command {
-    let bin = python.parent().expect("venv bin directory");
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![bin.to_path_buf()];
-    dirs.extend(std::env::split_paths(&path));
-    let mut cmd = Command::new(orchestrate());
-    cmd.env("PATH", std::env::join_paths(dirs).unwrap())
-        .env("VIRTUAL_ENV", bin.parent().unwrap())
-        .env("OMP_NUM_THREADS", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("PYTHONWARNINGS", "ignore")
-        .env_remove("PYTHONPATH");
-    cmd
-}
 
 /// Runs `plan` to its end into `<scratch>/run` (with `extra` arguments).
 fn run(python: &Path, s: &Scratch, plan: &Path, extra: &[&str]) -> RunResult {

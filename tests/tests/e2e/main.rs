@@ -18,6 +18,7 @@ mod fork_server;
 mod frameworks;
 mod gpu_handout;
 mod handover;
+mod hangs;
 mod hostile_inputs;
 mod install;
 mod logs;
