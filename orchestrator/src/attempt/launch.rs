@@ -79,6 +79,8 @@ pub struct AttemptPlan {
     pub gpus: Vec<GpuInfo>,
     /// Time limit.
     pub timeout: Option<Duration>,
+    /// The machine has GPUs and this attempt got none: its `CUDA_VISIBLE_DEVICES` is empty.
+    pub gpus_hidden: bool,
     /// When it is judged hung.
     pub stall: crate::attempt::stall::StallRule,
     /// SIGTERM → SIGKILL grace.
@@ -177,7 +179,12 @@ impl Launched {
 
     /// Tells the console that the attempt started, and where.
     pub fn announce(&self, console: &Console) {
-        let placement = if self.plan.gpus.is_empty() {
+        let placement = if self.plan.gpus_hidden {
+            // On a machine with GPUs, a stage without `gpus` sees none of them: say so where
+            // the user looks, not only in its environment.
+            "cpu (no GPU: this machine's GPUs are hidden from it; set `gpus` to give it some)"
+                .to_string()
+        } else if self.plan.gpus.is_empty() {
             "cpu".to_string()
         } else {
             self.plan

@@ -350,6 +350,7 @@ pub(crate) fn prepare_attempt(
         left_over: std::sync::Arc::new(left_over),
         gpus: gpus.to_vec(),
         timeout: stage.timeout(),
+        gpus_hidden: machine_has_gpus && gpus.is_empty(),
         stall: crate::attempt::stall::StallRule::of(
             stage.stall_timeout,
             plan.plan.run.stall_timeout,

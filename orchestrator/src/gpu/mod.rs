@@ -81,3 +81,15 @@ pub trait MemoryProbe {
     /// Processes holding memory on the GPU now.
     fn holders(&self, uuid: &str) -> Vec<Holder>;
 }
+
+/// How many GPUs this machine offers stages: the fake ones where they are asked for
+/// ([`fake::FAKE_GPUS_VAR`]), else NVML's count (0 without the driver).
+pub fn machine_gpu_count() -> usize {
+    if let Some((gpus, _)) = fake::from_env() {
+        return gpus.len();
+    }
+    match discover() {
+        Inventory::Available { gpus, .. } => gpus.len(),
+        Inventory::Unavailable(_) => 0,
+    }
+}

@@ -501,3 +501,63 @@ fn a_40000_entry_after_list_and_40000_unknown_params_validate_in_linear_time() {
     assert!(stderr.contains(&last), "the last key at its line");
     assert!(took < bound, "{N} unknown params: {took:?}");
 }
+
+#[test]
+fn a_command_stage_without_gpus_on_a_gpu_machine_is_told_it_gets_none() {
+    let s = e2e_tests::Scratch::new("validate-no-gpu");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "train"
+command = ["sh", "-c", "echo \"[$CUDA_VISIBLE_DEVICES]\""]
+
+[[stage]]
+name = "sweep"
+matrix = { i = [1, 2, 3] }
+command = ["true"]
+
+[[stage]]
+name = "cpu-only"
+command = ["true"]
+gpus = 0
+"#,
+    );
+    let with_gpus = |cmd: &mut Command| {
+        cmd.env("ORCHESTRATE_FAKE_GPUS", "2")
+            .env("ORCHESTRATE_FAKE_GPU_DIR", s.path());
+    };
+    let mut check = Command::new(orchestrate());
+    check.arg("validate").arg(&plan);
+    with_gpus(&mut check);
+    let out = check.output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: stage `train` gets no GPU") && err.contains("2 GPU(s)"),
+        "{err}"
+    );
+    assert_eq!(err.matches("stage `sweep` gets no GPU").count(), 1, "{err}");
+    assert!(
+        !err.contains("cpu-only"),
+        "gpus = 0 says it on purpose: {err}"
+    );
+    // Without GPUs there is nothing to say.
+    let out = validate(&plan);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("gets no GPU"));
+
+    // The run's start line says it too.
+    let mut run = Command::new(orchestrate());
+    run.arg("--plan")
+        .arg(&plan)
+        .arg("--run-dir")
+        .arg(s.path().join("run"));
+    with_gpus(&mut run);
+    let out = run.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train: started, pid")
+            && err.contains("no GPU: this machine's GPUs are hidden from it"),
+        "{err}"
+    );
+}

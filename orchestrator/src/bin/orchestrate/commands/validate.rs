@@ -24,6 +24,9 @@ pub(crate) fn validate(plan: &Path) -> ExitCode {
         eprintln!("{}: error: {refusal}", plan.display());
         return ExitCode::from(exit::INVALID_INPUT as u8);
     }
+    for warning in no_gpu_warnings(&loaded) {
+        eprintln!("{}: warning: {warning}", plan.display());
+    }
     println!(
         "{}: ok ({} stage{}; order: {})",
         plan.display(),
@@ -36,6 +39,34 @@ pub(crate) fn validate(plan: &Path) -> ExitCode {
         order_text(&loaded)
     );
     ExitCode::SUCCESS
+}
+
+/// On a machine with GPUs: one warning per command stage (a matrix stage once) that gets none
+/// because it does not set `gpus` (its `CUDA_VISIBLE_DEVICES` is empty, so a framework that
+/// would use a GPU trains on the CPU without an error).
+fn no_gpu_warnings(loaded: &LoadedPlan) -> Vec<String> {
+    let gpus = orchestrator::gpu::machine_gpu_count();
+    if gpus == 0 {
+        return Vec::new();
+    }
+    let mut named = std::collections::BTreeSet::new();
+    loaded
+        .plan
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.command.is_some() && s.gpus.is_none())
+        .filter_map(|(i, s)| {
+            let base = loaded.instances[i]
+                .as_ref()
+                .map_or(s.name.clone(), |o| o.base.to_string());
+            named.insert(base.clone()).then(|| {
+                format!(
+                    "stage `{base}` gets no GPU: a command stage without `gpus` runs with CUDA_VISIBLE_DEVICES empty on this machine's {gpus} GPU(s); set `gpus = 1` if it uses one, or `gpus = 0` to say it does not"
+                )
+            })
+        })
+        .collect()
 }
 
 /// `orchestrate schema`: the plan format's JSON Schema.
