@@ -212,7 +212,10 @@ impl KeptAlive {
         let length = String::from_utf8_lossy(&raw)
             .to_ascii_lowercase()
             .lines()
-            .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().to_string()))
+            .find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .map(|v| v.trim().to_string())
+            })
             .and_then(|v| v.parse::<usize>().ok())
             .ok_or_else(|| std::io::Error::other("an answer without Content-Length"))?;
         let start = raw.len();

@@ -123,5 +123,4 @@ mod tests {
         assert_eq!(t.reclaim_count, 4);
         assert!((t.reclaim_sum_s - 100.085).abs() < 1e-9);
     }
-
 }

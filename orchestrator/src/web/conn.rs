@@ -132,7 +132,11 @@ impl AsyncRead for WriteDeadline {
 }
 
 impl AsyncWrite for WriteDeadline {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.stream).poll_write(cx, buf);
         this.watch(cx, poll)
@@ -182,7 +186,11 @@ mod tests {
         let head = String::from_utf8(raw).unwrap();
         let length: usize = head
             .lines()
-            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
             .unwrap();
         let mut body = vec![0u8; length];
         stream.read_exact(&mut body).unwrap();
@@ -219,13 +227,23 @@ mod tests {
         let local = tokio::task::LocalSet::new();
         local.block_on(&runtime, async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
-            let admission = Admission::new("test", Budgets { pending: 2, admitted: 2 });
+            let admission = Admission::new(
+                "test",
+                Budgets {
+                    pending: 2,
+                    admitted: 2,
+                },
+            );
             let (stream, _) = listener.accept().await.unwrap();
-            serve(stream, admission.arrive(), |request: Request, seat: Seat| async move {
-                assert!(seat.admit());
-                let q = request.param("x").unwrap_or("").to_string();
-                Response::text(200, format!("{}{q}", request.path))
-            })
+            serve(
+                stream,
+                admission.arrive(),
+                |request: Request, seat: Seat| async move {
+                    assert!(seat.admit());
+                    let q = request.param("x").unwrap_or("").to_string();
+                    Response::text(200, format!("{}{q}", request.path))
+                },
+            )
             .await;
             assert_eq!(admission.counts(), (0, 0), "the connection's seat is freed");
         });

@@ -19,8 +19,8 @@
 use super::cadence::BATCH;
 use super::frames::Frames;
 use crate::daemon::event_log::EventReader;
-use crate::daemon::Daemon;
 use crate::daemon::registry::Numbered;
+use crate::daemon::Daemon;
 use protocol::daemon::RunEventKind;
 use std::collections::HashSet;
 use std::rc::Rc;

@@ -109,5 +109,4 @@ mod tests {
         let after = frames.get("r", 100, &event("hundred"));
         assert!(!Rc::ptr_eq(&far, &after), "a finished run's frames go");
     }
-
 }

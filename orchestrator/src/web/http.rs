@@ -129,15 +129,19 @@ pub struct Response {
 
 impl PartialEq for Response {
     fn eq(&self, other: &Response) -> bool {
-        (self.status, self.content_type, &self.headers, &self.body, self.close)
-            == (
-                other.status,
-                other.content_type,
-                &other.headers,
-                &other.body,
-                other.close,
-            )
-            && self.stream.is_none() == other.stream.is_none()
+        (
+            self.status,
+            self.content_type,
+            &self.headers,
+            &self.body,
+            self.close,
+        ) == (
+            other.status,
+            other.content_type,
+            &other.headers,
+            &other.body,
+            other.close,
+        ) && self.stream.is_none() == other.stream.is_none()
     }
 }
 
@@ -215,7 +219,10 @@ const FIXED_HEADERS: [(&str, &str); 5] = [
     ("X-Content-Type-Options", "nosniff"),
     ("X-Frame-Options", "DENY"),
     ("Referrer-Policy", "no-referrer"),
-    ("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"),
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    ),
 ];
 
 /// Frames an event stream holds before its producer waits for the connection to take them.
@@ -310,7 +317,9 @@ impl Body for Payload {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Payload::Whole(body) => SizeHint::with_exact(body.as_ref().map_or(0, |b| b.remaining() as u64)),
+            Payload::Whole(body) => {
+                SizeHint::with_exact(body.as_ref().map_or(0, |b| b.remaining() as u64))
+            }
             Payload::Stream(_) => SizeHint::default(),
         }
     }

@@ -33,11 +33,11 @@ pub mod conn;
 pub mod feed;
 pub mod frames;
 pub mod http;
+pub mod listen;
 pub mod memory;
 pub mod metrics;
 pub mod metrics_bind;
 pub mod runs_stream;
-pub mod listen;
 pub mod state;
 
 pub use listen::{start, token_file, Running, WebConfig, WebError, DEFAULT_ADDR};

@@ -794,7 +794,13 @@ fn requests_follow_each_other_on_one_kept_alive_connection() {
         .get(&format!("/?token={}", token.trim()), &[])
         .unwrap();
     assert_eq!(login.status, 303, "{}", login.text());
-    let cookie = login.header("set-cookie").unwrap().split(';').next().unwrap().to_string();
+    let cookie = login
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
     let page = browser.get("/", &[("Cookie", &cookie)]).unwrap();
     assert_eq!(page.status, 200, "{}", page.text());
     assert!(page.text().contains("<html"), "{}", page.text());
@@ -805,7 +811,9 @@ fn requests_follow_each_other_on_one_kept_alive_connection() {
     for _ in 0..2 {
         let scraped = scraper.get("/metrics", &[]).unwrap();
         assert_eq!(scraped.status, 200, "{}", scraped.text());
-        assert!(scraped.text().contains("orchestrate_runs{state=\"succeeded\"} 0"));
+        assert!(scraped
+            .text()
+            .contains("orchestrate_runs{state=\"succeeded\"} 0"));
     }
     drop(d);
 }
