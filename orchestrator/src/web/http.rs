@@ -2,7 +2,7 @@
 //! the checks and routes read, its query percent-decoded) and a [`Response`] (a whole body, or
 //! an event stream fed through an [`EventSink`]), with the headers every answer carries. The
 //! limits of the protocol itself (head size, timeouts, keep-alive) are set where connections
-//! are served, in [`super::conn`].
+//! are served, in the `conn` module.
 
 use bytes::Buf;
 use hyper::body::{Body, Frame, SizeHint};
