@@ -170,3 +170,57 @@ pub fn json(addr: &str, method: &str, path: &str, body: &serde_json::Value) -> s
     .unwrap_or_else(|e| panic!("{method} http://{addr}{path}: {e}"))
     .json()
 }
+
+/// One kept-alive connection: requests sent one after another on it, each answer read by its
+/// `Content-Length` (so the connection stays open for the next).
+pub struct KeptAlive {
+    stream: TcpStream,
+    addr: String,
+}
+
+impl KeptAlive {
+    /// Connects to `addr`; each read waits at most `limit`.
+    pub fn connect(addr: &str, limit: Duration) -> std::io::Result<KeptAlive> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(limit))?;
+        Ok(KeptAlive {
+            stream,
+            addr: addr.to_string(),
+        })
+    }
+
+    /// Sends `GET path` with `headers` (and `Host`), reads its answer; an error when the
+    /// connection was closed instead.
+    pub fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Answer> {
+        let mut head = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        for (n, v) in headers {
+            head.push_str(&format!("{n}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.stream.write_all(head.as_bytes())?;
+        let mut raw = Vec::new();
+        let mut byte = [0u8; 1];
+        while !raw.ends_with(b"\r\n\r\n") {
+            if self.stream.read(&mut byte)? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the server closed the connection instead of answering",
+                ));
+            }
+            raw.push(byte[0]);
+        }
+        let length = String::from_utf8_lossy(&raw)
+            .to_ascii_lowercase()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .map(|v| v.trim().to_string())
+            })
+            .and_then(|v| v.parse::<usize>().ok())
+            .ok_or_else(|| std::io::Error::other("an answer without Content-Length"))?;
+        let start = raw.len();
+        raw.resize(start + length, 0);
+        self.stream.read_exact(&mut raw[start..])?;
+        parse(&raw)
+    }
+}

@@ -24,6 +24,7 @@ pub(crate) mod request_budget;
 pub(crate) mod runs_lock;
 pub mod socket;
 pub(crate) mod strict_json;
+pub mod tally;
 
 use crate::attempt::launch::CancelLevel;
 use crate::host::Host;
@@ -48,8 +49,6 @@ pub struct DaemonConfig {
     pub idle_timeout: Duration,
     /// The stage-worker binary, if not the default.
     pub worker: Option<PathBuf>,
-    /// The web view, when asked for (`--http`).
-    pub http: Option<crate::web::WebConfig>,
 }
 
 /// The per-user default directory of the daemon's runs: `$XDG_STATE_HOME/orchestrate/runs`,
@@ -80,8 +79,8 @@ pub struct Daemon {
     pub connections: Cell<usize>,
     /// What the connections' unfinished requests hold, all together.
     pub request_budget: request_budget::RequestBudget,
-    /// What `/metrics` counts from the runs' events.
-    pub tally: RefCell<crate::web::metrics::Tally>,
+    /// What the daemon counts from the runs' events (`/metrics` shows it).
+    pub tally: RefCell<tally::Tally>,
 }
 
 /// Why the daemon could not take a plan, start a run or resume one.
@@ -366,8 +365,14 @@ impl Daemon {
 
 /// Runs the daemon until it is shut down (a `shutdown` request, SIGINT or SIGTERM, which
 /// stop running runs gracefully: they resume when the daemon starts again). Refuses to start
-/// when another daemon owns the runs directory or serves the socket.
-pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
+/// when another daemon owns the runs directory or serves the socket. Once its runs are
+/// recovered, `beside` starts what serves beside the socket (the web view), with a handle to
+/// the daemon; what it returns is kept until the daemon stops, and its error (a message for
+/// the user) refuses the start.
+pub async fn serve<B>(
+    config: DaemonConfig,
+    beside: impl FnOnce(Rc<Daemon>) -> Result<B, String>,
+) -> crate::error::Result<()> {
     use crate::error::Context;
     use tokio::signal::unix::{signal, SignalKind};
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -409,13 +414,7 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         tally: RefCell::default(),
     });
     daemon.recover();
-    let web = match &daemon.config.http {
-        Some(http) => Some(
-            crate::web::start(daemon.clone(), http)
-                .map_err(|e| crate::error::Error::Refused(e.to_string()))?,
-        ),
-        None => None,
-    };
+    let beside = beside(daemon.clone()).map_err(crate::error::Error::Refused)?;
     tracing::info!(
         socket = %listening.path.display(),
         runs_dir = %daemon.config.runs_dir.display(),
@@ -450,7 +449,7 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
         }
     }
     tracing::info!("daemon stopped");
-    drop(web);
+    drop(beside);
     drop(listening);
     drop(runs_lock);
     Ok(())

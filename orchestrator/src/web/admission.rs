@@ -5,11 +5,14 @@
 //!   request head with the token; for `/metrics` alone, a complete request for it). At most
 //!   [`Budgets::pending`] of them; one more makes the listener drop its *oldest* pending
 //!   connection, so idle sockets cannot keep a newcomer out: they only push each other out. A
-//!   pending connection also has [`super::http::HEAD_TIMEOUT`] to send its whole request head.
-//! - **Admitted**: a connection past that point, counted against [`Budgets::admitted`]; one
-//!   over it is answered 503. Every answer closes its connection and a write that stalls
+//!   pending connection also has [`super::http::HEAD_TIMEOUT`] for each request head (kept
+//!   alive through refusals, it stays pending, and stays subject to being dropped).
+//! - **Admitted**: a connection past that point, counted against [`Budgets::admitted`] until
+//!   it closes; one over it is answered 503 and closed. A kept-alive connection closes when no
+//!   next request head comes within [`super::http::HEAD_TIMEOUT`], and a write that stalls
 //!   [`super::http::WRITE_TIMEOUT`] closes it too, so an admitted connection lives as long as
-//!   its answer (an event stream as long as its reader takes its events).
+//!   its requests keep coming and its answers are taken (an event stream as long as its
+//!   reader takes its events).
 //!
 //! So what a client without the token can hold is `pending` descriptors per listener, whatever
 //! it does; the owner's request and a scrape get through all the same.

@@ -2,9 +2,12 @@
 //! before its route is looked at further; the route is found in [`ROUTES`] and its handler
 //! chosen by the route's name.
 
+use super::admission::Ticket;
+use super::auth::Pass;
 use super::cadence::KEEPALIVE;
-use super::http::{self, Request, Response};
-use super::Web;
+use super::conn::{self, Seat};
+use super::http::{self, EventSink, Request, Response};
+use super::state::Web;
 use crate::attempt::launch::CancelLevel;
 use protocol::web::{Route, ROUTES};
 use std::rc::Rc;
@@ -26,54 +29,37 @@ pub fn find(request: &Request) -> Option<(&'static Route, Vec<String>)> {
         .find_map(|r| protocol::web::match_path(r.path, &request.path).map(|p| (r, p)))
 }
 
-/// Serves one connection: one request, then close. The connection is admitted (out of the
-/// budget of those without the token, see [`super::admission`]) once the gate passes it.
-pub async fn serve(web: Rc<Web>, mut stream: TcpStream, mut ticket: super::admission::Ticket) {
-    let request = match http::read_head(&mut stream).await {
-        Ok(r) => r,
-        Err(http::HeadError::Incomplete) => return,
-        Err(e @ http::HeadError::TooLarge) => {
-            let _ = http::write(
-                &mut stream,
-                &Response::text(431, e.to_string()).encode(false),
-            )
-            .await;
-            return;
-        }
-        Err(e) => {
-            let _ = http::write(
-                &mut stream,
-                &Response::text(400, e.to_string()).encode(false),
-            )
-            .await;
-            return;
-        }
-    };
-    let found = find(&request);
-    let head_only = request.method == "HEAD";
-    let answer = match web.auth.gate(&request, found.as_ref().map(|(r, _)| *r)) {
+/// Serves one connection, request after request (see [`super::conn`]). The connection is
+/// admitted (out of the budget of those without the token, see [`super::admission`]) once the
+/// gate passes one of its requests.
+pub async fn serve(web: Rc<Web>, stream: TcpStream, ticket: Ticket) {
+    conn::serve(stream, ticket, move |request, seat| {
+        let web = web.clone();
+        async move { route(&web, &request, &seat).await }
+    })
+    .await
+}
+
+/// The answer to `request`, the gate's checks first.
+async fn route(web: &Rc<Web>, request: &Request, seat: &Seat) -> Response {
+    let found = find(request);
+    match web.auth.gate(request, found.as_ref().map(|(r, _)| *r)) {
         Err(refused) => refused,
-        Ok(_) if !ticket.admit() => Response::text(
+        Ok(_) if !seat.admit() => Response::text(
             503,
             "busy: too many connections being served at once; try again",
-        ),
-        Ok(super::auth::Pass::SetCookie { location }) => Response::text(303, "see the page")
+        )
+        .closing(),
+        Ok(Pass::SetCookie { location }) => Response::text(303, "see the page")
             .with("Set-Cookie", web.auth.set_cookie())
             .with("Location", location),
-        Ok(super::auth::Pass::Serve) => match found {
+        Ok(Pass::Serve) => match found {
             None => Response::text(404, format!("no such page: {}", request.path)),
-            Some((route, params)) => {
-                if route.name == "events" {
-                    return events(&web, stream, &request, &params[0]).await;
-                }
-                if route.name == "runs_events" {
-                    return super::runs_stream::serve(&web, stream).await;
-                }
-                answer(&web, route, &params, &request).await
-            }
+            Some((route, _)) if route.name == "runs_events" => super::runs_stream::serve(web),
+            Some((route, params)) if route.name == "events" => events(web, request, &params[0]),
+            Some((route, params)) => answer(web, route, &params, request).await,
         },
-    };
-    let _ = http::write(&mut stream, &answer.encode(head_only)).await;
+    }
 }
 
 /// The answer of every route but the event stream.
@@ -244,7 +230,7 @@ fn sse(kind: &str, id: Option<u64>, data: &str) -> Vec<u8> {
 /// Streams run `id`'s events, from `?from=` (or after `Last-Event-ID`), as server-sent events:
 /// each a `data: {seq, event}` message, the same events and numbers the socket's watchers get
 /// (a large run's coalesced: see [`super::feed`]); then `event: end` with the run's final state.
-async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &str) {
+fn events(web: &Rc<Web>, request: &Request, id: &str) -> Response {
     let from = request
         .header("last-event-id")
         .and_then(|s| s.parse::<u64>().ok())
@@ -253,21 +239,31 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         .unwrap_or(0);
     {
         let registry = web.daemon.registry.borrow();
-        web.frames
+        web.feeds
+            .frames
             .retain(|run| registry.get(run).is_some_and(|r| !r.finished()));
     }
-    let Some(mut sub) = super::feed::subscribe(web, id) else {
-        let _ = http::write(&mut stream, &not_found(id).encode(false)).await;
-        return;
+    let Some(sub) = super::feed::subscribe(&web.daemon, &web.feeds, id) else {
+        return not_found(id);
     };
-    let mut head = http::head(200, "text/event-stream", &[]);
-    head.extend_from_slice(b"\r\n");
-    if !http::write(&mut stream, &head).await {
-        return;
-    }
-    let mut next = from;
+    let (sink, answer) = http::event_stream();
+    tokio::task::spawn_local(stream_events(web.clone(), sink, id.to_string(), sub, from));
+    answer
+}
+
+/// Writes run `id`'s events from `next` into `sink`: its log up to what the subscription
+/// counted, then the feed's batches, then `event: end`; until the page goes.
+async fn stream_events(
+    web: Rc<Web>,
+    sink: EventSink,
+    id: String,
+    mut sub: super::feed::Subscription,
+    mut next: u64,
+) {
+    let web = &web;
+    let id = id.as_str();
     let (upto, large) = (sub.upto, sub.large);
-    if !replay_to(web, &mut stream, id, &mut sub.log, &mut next, upto, large).await {
+    if !replay_to(web, &sink, id, &mut sub.log, &mut next, upto, large).await {
         return;
     }
     if let Some(mut batches) = sub.batches {
@@ -275,14 +271,14 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         loop {
             match tokio::time::timeout(KEEPALIVE, batches.recv()).await {
                 Err(_) => {
-                    if !http::write(&mut stream, b": keepalive\n\n").await {
+                    if !sink.send(&b": keepalive\n\n"[..]).await {
                         return;
                     }
                 }
                 Ok(Ok(batch)) => {
                     if let Some(bytes) = batch.after(next) {
                         next = batch.to + 1;
-                        if !http::write(&mut stream, &bytes).await {
+                        if !sink.send(bytes).await {
                             return;
                         }
                     }
@@ -296,8 +292,7 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
                         .get(id)
                         .map(|r| r.event_count());
                     let Some(count) = count else { break };
-                    if !replay_to(web, &mut stream, id, &mut sub.log, &mut next, count, large).await
-                    {
+                    if !replay_to(web, &sink, id, &mut sub.log, &mut next, count, large).await {
                         return;
                     }
                 }
@@ -310,19 +305,19 @@ async fn events(web: &Rc<Web>, mut stream: TcpStream, request: &Request, id: &st
         None => return,
     };
     let _ = done.wait_for(|d| *d).await;
-    web.frames.forget(id);
+    web.feeds.frames.forget(id);
     let info = web.daemon.registry.borrow().get(id).map(|r| r.info());
     let data = serde_json::to_string(&info).unwrap_or_default();
-    let _ = http::write(&mut stream, &sse("end", None, &data)).await;
+    let _ = sink.send(sse("end", None, &data)).await;
 }
 
 /// Writes run `id`'s events from `*next` up to `upto` from its log, a piece at a time (each
-/// read once the last is written, so a page that does not read holds one piece, and one turn
+/// read once the last is taken, so a page that does not read holds one piece, and one turn
 /// of the daemon's thread reads at most one: see [`crate::daemon::event_log`]); `false` when
 /// the peer is gone.
 async fn replay_to(
     web: &Web,
-    stream: &mut TcpStream,
+    sink: &EventSink,
     id: &str,
     log: &mut crate::daemon::event_log::EventReader,
     next: &mut u64,
@@ -336,7 +331,7 @@ async fn replay_to(
         } else {
             piece.events
         };
-        if !send_events(web, stream, id, &events, next).await {
+        if !send_events(web, sink, id, &events, next).await {
             return false;
         }
         if piece.done {
@@ -347,90 +342,20 @@ async fn replay_to(
     true
 }
 
-/// Writes the events numbered `next` and later, in one write; `false` when the peer is gone.
+/// Sends the events numbered `next` and later, as one frame; `false` when the peer is gone.
 async fn send_events(
     web: &Web,
-    stream: &mut TcpStream,
+    sink: &EventSink,
     id: &str,
     events: &[crate::daemon::registry::Numbered],
     next: &mut u64,
 ) -> bool {
-    let pieces = super::feed::pieces(web, id, events, *next);
+    let pieces = super::feed::pieces(&web.feeds.frames, id, events, *next);
     let Some(&(last, _)) = pieces.last() else {
         return true;
     };
     *next = last + 1;
-    http::write(stream, &super::feed::assemble(&pieces)).await
-}
-
-/// Event `seq`'s `data:` frame (its `id:` line, where it has one, is added before it).
-fn piece(seq: u64, event: &protocol::daemon::RunEvent) -> Vec<u8> {
-    let mut out = Vec::with_capacity(160);
-    out.extend_from_slice(b"data: {\"seq\":");
-    out.extend_from_slice(seq.to_string().as_bytes());
-    out.extend_from_slice(b",\"event\":");
-    if serde_json::to_writer(&mut out, event).is_err() {
-        out.extend_from_slice(b"null");
-    }
-    out.extend_from_slice(b"}\n\n");
-    out
-}
-
-/// One run's latest frames, by sequence number, oldest first.
-type Ring = std::collections::VecDeque<(u64, Rc<[u8]>)>;
-
-/// The server-sent-event frames (`data:` lines) of each run's latest events, encoded once for
-/// all the pages that stream them: at most [`Frames::KEPT`] per run, and only for runs not finished.
-#[derive(Default)]
-pub struct Frames {
-    runs: std::cell::RefCell<std::collections::HashMap<String, Ring>>,
-}
-
-impl Frames {
-    /// Frames kept per run.
-    pub const KEPT: usize = 4096;
-
-    /// The `data:` frame of run `id`'s event `seq`, encoded now unless its feed or a page's
-    /// stream just did.
-    pub fn get(&self, id: &str, seq: u64, event: &protocol::daemon::RunEvent) -> Rc<[u8]> {
-        let mut runs = self.runs.borrow_mut();
-        // Looked up before inserting: a page's stream asks once per event, and a key made
-        // for every lookup was an allocation each.
-        if !runs.contains_key(id) {
-            runs.insert(id.to_string(), Ring::default());
-        }
-        let Some(ring) = runs.get_mut(id) else {
-            return Rc::from(Vec::new());
-        };
-        if let Some(&(first, _)) = ring.front() {
-            if let Some((_, frame)) = seq.checked_sub(first).and_then(|i| ring.get(i as usize)) {
-                return frame.clone();
-            }
-        }
-        let frame: Rc<[u8]> = piece(seq, event).into();
-        // Kept only when it extends the ring (the live edge), so the ring stays in order.
-        let extends = ring.back().is_none_or(|&(last, _)| seq == last + 1);
-        if extends {
-            if ring.len() == Self::KEPT {
-                ring.pop_front();
-            }
-            ring.push_back((seq, frame.clone()));
-        } else if ring.back().is_some_and(|&(last, _)| seq > last + 1) {
-            ring.clear();
-            ring.push_back((seq, frame.clone()));
-        }
-        frame
-    }
-
-    /// Run `id` has ended: its frames go.
-    pub fn forget(&self, id: &str) {
-        self.runs.borrow_mut().remove(id);
-    }
-
-    /// Keeps the frames of the runs `live` says yes to (the others have ended).
-    pub fn retain(&self, live: impl Fn(&str) -> bool) {
-        self.runs.borrow_mut().retain(|id, _| live(id));
-    }
+    sink.send(super::feed::assemble(&pieces)).await
 }
 
 #[cfg(test)]
@@ -463,39 +388,6 @@ mod tests {
             assert!(!safe_segment(bad), "{bad:?}");
         }
         assert!(safe_segment("train-1.b"));
-    }
-
-    #[test]
-    fn a_frame_is_encoded_once_and_the_same_for_every_stream() {
-        let frames = Frames::default();
-        let event = |text: &str| protocol::daemon::RunEvent {
-            t_ms: 7,
-            kind: protocol::daemon::RunEventKind::Note { text: text.into() },
-        };
-        let a = frames.get("r", 5, &event("five"));
-        let again = frames.get("r", 5, &event("five"));
-        assert!(
-            Rc::ptr_eq(&a, &again),
-            "the second stream reuses the first's frame"
-        );
-        let text = String::from_utf8(a.to_vec()).unwrap();
-        let data = text.lines().next().unwrap().strip_prefix("data: ").unwrap();
-        assert!(
-            text.starts_with("data: ") && text.ends_with("}\n\n"),
-            "{text}"
-        );
-        let data: serde_json::Value = serde_json::from_str(data).unwrap();
-        assert_eq!(data["seq"], 5);
-        assert_eq!(data["event"]["text"], "five");
-        // An older event than the ring holds is encoded, not kept; a jump restarts the ring.
-        frames.get("r", 6, &event("six"));
-        let one = frames.get("r", 1, &event("one"));
-        assert!(!Rc::ptr_eq(&one, &frames.get("r", 1, &event("one"))));
-        let far = frames.get("r", 100, &event("hundred"));
-        assert!(Rc::ptr_eq(&far, &frames.get("r", 100, &event("hundred"))));
-        frames.retain(|_| false);
-        let after = frames.get("r", 100, &event("hundred"));
-        assert!(!Rc::ptr_eq(&far, &after), "a finished run's frames go");
     }
 
     #[test]

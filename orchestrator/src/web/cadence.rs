@@ -1,6 +1,5 @@
-//! How often the web view's event streams write: the pace that the run feeds
-//! ([`super::feed`]), the runs list's stream ([`super::runs_stream`]) and the pages' streams
-//! ([`super::api`]) share.
+//! How often the web view's event streams write: the pace that the run feeds, the runs
+//! list's stream and the pages' streams share.
 
 use std::time::Duration;
 

@@ -17,9 +17,10 @@
 //! after it.
 
 use super::cadence::BATCH;
-use super::Web;
+use super::frames::Frames;
 use crate::daemon::event_log::EventReader;
 use crate::daemon::registry::Numbered;
+use crate::daemon::Daemon;
 use protocol::daemon::RunEventKind;
 use std::collections::HashSet;
 use std::rc::Rc;
@@ -110,26 +111,30 @@ pub fn coalesce(events: Vec<Numbered>) -> Vec<Numbered> {
         .collect()
 }
 
-/// The feeds of the runs that have a page open now, by run id.
+/// The feeds of the runs that have a page open now, by run id, and the frames they encode.
 #[derive(Default)]
 pub struct Feeds {
     runs: std::cell::RefCell<std::collections::HashMap<String, broadcast::Sender<Rc<Batch>>>>,
+    /// Event frames encoded once for every page.
+    pub frames: Frames,
 }
 
 /// A page's view of run `id`: how many events it has now (the page reads them from the run's
 /// event file, see the web API's `replay_to`) and, while the run goes, a receiver of the run's
 /// feed, started now if no other page has it; `None` when there is no such run.
-pub fn subscribe(web: &Rc<Web>, id: &str) -> Option<Subscription> {
-    let registry = web.daemon.registry.borrow();
+pub fn subscribe(daemon: &Rc<Daemon>, feeds: &Rc<Feeds>, id: &str) -> Option<Subscription> {
+    let registry = daemon.registry.borrow();
     let run = registry.get(id)?;
     let large = run.submission.stages >= LARGE_RUN;
-    let mut feeds = web.feeds.runs.borrow_mut();
-    let batches = match feeds.get(id) {
+    let mut runs = feeds.runs.borrow_mut();
+    let batches = match runs.get(id) {
         Some(tx) => Some(tx.subscribe()),
         None => run.follow().map(|(start, live)| {
             let (tx, rx) = broadcast::channel(KEPT_BATCHES);
-            feeds.insert(id.to_string(), tx.clone());
-            tokio::task::spawn_local(feed(web.clone(), id.to_string(), large, start, live, tx));
+            runs.insert(id.to_string(), tx.clone());
+            let (daemon, feeds) = (daemon.clone(), feeds.clone());
+            let id = id.to_string();
+            tokio::task::spawn_local(feed(daemon, feeds, id, large, start, live, tx));
             rx
         }),
     };
@@ -156,17 +161,18 @@ pub struct Subscription {
 }
 
 /// Encodes `events` (numbered `next` and later) with the run's shared frames.
-pub fn pieces(web: &Web, id: &str, events: &[Numbered], next: u64) -> Vec<(u64, Rc<[u8]>)> {
+pub fn pieces(frames: &Frames, id: &str, events: &[Numbered], next: u64) -> Vec<(u64, Rc<[u8]>)> {
     events
         .iter()
         .filter(|(seq, _)| *seq >= next)
-        .map(|(seq, event)| (*seq, web.frames.get(id, *seq, event)))
+        .map(|(seq, event)| (*seq, frames.get(id, *seq, event)))
         .collect()
 }
 
 /// The feed of run `id`: its events from `next`, in batches, until the run's stream closes.
 async fn feed(
-    web: Rc<Web>,
+    daemon: Rc<Daemon>,
+    feeds: Rc<Feeds>,
     id: String,
     large: bool,
     mut next: u64,
@@ -174,7 +180,7 @@ async fn feed(
     tx: broadcast::Sender<Rc<Batch>>,
 ) {
     use tokio::sync::broadcast::error::{RecvError, TryRecvError};
-    let mut log = match web.daemon.registry.borrow().get(&id) {
+    let mut log = match daemon.registry.borrow().get(&id) {
         Some(run) => EventReader::new(&run.events_path()),
         None => return,
     };
@@ -201,14 +207,9 @@ async fn feed(
         }
         if lagged {
             // The feed fell behind the run: catch up from its log, a batch per piece.
-            let count = web
-                .daemon
-                .registry
-                .borrow()
-                .get(&id)
-                .map(|r| r.event_count());
+            let count = daemon.registry.borrow().get(&id).map(|r| r.event_count());
             let Some(count) = count else { break };
-            if !catch_up(&web, &id, large, &tx, &mut log, &mut next, count).await {
+            if !catch_up(&feeds.frames, &id, large, &tx, &mut log, &mut next, count).await {
                 // No page left: the feed goes (the next page starts another).
                 break;
             }
@@ -217,7 +218,7 @@ async fn feed(
         if let Some(&(to, _)) = events.last() {
             let from = next;
             next = to + 1;
-            if !publish(&web, &id, large, &tx, events, from) {
+            if !publish(&feeds.frames, &id, large, &tx, events, from) {
                 break;
             }
         }
@@ -225,13 +226,13 @@ async fn feed(
             break;
         }
     }
-    web.feeds.runs.borrow_mut().remove(&id);
+    feeds.runs.borrow_mut().remove(&id);
 }
 
 /// Sends the run's events from `*next` up to `upto` from its log, a batch per piece (see
 /// [`crate::daemon::event_log`]); `false` when no page is left.
 async fn catch_up(
-    web: &Web,
+    frames: &Frames,
     id: &str,
     large: bool,
     tx: &broadcast::Sender<Rc<Batch>>,
@@ -242,7 +243,7 @@ async fn catch_up(
     while *next < upto {
         let piece = log.piece(*next, upto);
         if let (Some(&(from, _)), Some(&(to, _))) = (piece.events.first(), piece.events.last()) {
-            if !publish(web, id, large, tx, piece.events, from) {
+            if !publish(frames, id, large, tx, piece.events, from) {
                 return false;
             }
             *next = to + 1;
@@ -258,7 +259,7 @@ async fn catch_up(
 /// Sends the feed's events numbered `from` and later (a run's events of one batch time, or
 /// one piece of its log) to every page as one batch; `false` when no page is left.
 fn publish(
-    web: &Web,
+    frames: &Frames,
     id: &str,
     large: bool,
     tx: &broadcast::Sender<Rc<Batch>>,
@@ -269,7 +270,7 @@ fn publish(
         return true;
     };
     let events = if large { coalesce(events) } else { events };
-    let pieces = pieces(web, id, &events, from);
+    let pieces = pieces(frames, id, &events, from);
     let bytes = assemble(&pieces).into();
     tx.send(Rc::new(Batch {
         from,

@@ -1,22 +1,32 @@
-//! Just enough HTTP/1.1 for the web view: one request per connection (every answer closes it),
-//! a request head of at most [`MAX_HEAD_BYTES`] read within [`HEAD_TIMEOUT`], no request body
-//! (none of the routes takes one; a body is never read), answers written within
-//! [`WRITE_TIMEOUT`]. Anything else is refused with a 400 and the connection closed.
+//! What the web view's routes see of HTTP: a [`Request`] (hyper parsed it; this is the view
+//! the checks and routes read, its query percent-decoded) and a [`Response`] (a whole body, or
+//! an event stream fed through an [`EventSink`]), with the headers every answer carries. The
+//! limits of the protocol itself (head size, timeouts, keep-alive) are set where connections
+//! are served, in the `conn` module.
 
+use bytes::Buf;
+use hyper::body::{Body, Frame, SizeHint};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 
-/// The largest request head (request line and headers) read.
+/// The largest request head (request line and headers) read; a larger one is answered 431.
 pub const MAX_HEAD_BYTES: usize = 16 << 10;
-/// A request head that does not arrive in this time closes the connection (until its head
-/// has come, a connection holds a place in its listener's small pending budget).
+/// The largest request body read (no route takes one; a larger one is answered 413).
+pub const MAX_BODY_BYTES: usize = 16 << 10;
+/// A request head that does not arrive in this time closes the connection: a new
+/// connection's first head (until it has come, a connection holds a place in its listener's
+/// small pending budget), and the next head on a kept-alive connection (so an idle one goes).
+/// A request body has as long again.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
-/// An answer (or one server-sent event) that cannot be written in this time closes the
-/// connection.
+/// An answer (or one server-sent event) whose writing makes no progress for this long closes
+/// the connection.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A parsed request head.
+/// A request as the checks and routes read it.
 #[derive(Debug, Clone, Default)]
 pub struct Request {
     /// `GET`, `POST`, …
@@ -47,66 +57,46 @@ impl Request {
     }
 }
 
-/// Why a request head could not be read.
+/// Why a request is refused before any route sees it (answered 400, the connection closed).
 #[derive(Debug, thiserror::Error)]
-pub enum HeadError {
-    /// The peer closed, or timed out, before a whole head.
-    #[error("no complete request")]
-    Incomplete,
-    /// Over [`MAX_HEAD_BYTES`].
-    #[error("request head over {MAX_HEAD_BYTES} bytes")]
-    TooLarge,
-    /// Not an HTTP/1.x request.
+pub enum RequestError {
+    /// Not a request a route can take.
     #[error("malformed request: {0}")]
     Malformed(&'static str),
 }
 
-/// Reads and parses one request head.
-pub async fn read_head(stream: &mut TcpStream) -> Result<Request, HeadError> {
-    let mut buf = Vec::with_capacity(2048);
-    let deadline = tokio::time::Instant::now() + HEAD_TIMEOUT;
-    loop {
-        if let Some(end) = find_end(&buf) {
-            return parse_head(&buf[..end]);
-        }
-        if buf.len() >= MAX_HEAD_BYTES {
-            return Err(HeadError::TooLarge);
-        }
-        let mut chunk = [0u8; 4096];
-        let n = match tokio::time::timeout_at(deadline, stream.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return Err(HeadError::Incomplete),
-            Ok(Ok(n)) => n,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-fn find_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n")
-}
-
-/// Parses a request head (without its blank line).
-pub fn parse_head(head: &[u8]) -> Result<Request, HeadError> {
-    let text = std::str::from_utf8(head).map_err(|_| HeadError::Malformed("not UTF-8"))?;
-    let mut lines = text.split("\r\n");
-    let line = lines.next().unwrap_or("");
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(HeadError::Malformed("bad request line"));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err(HeadError::Malformed("not HTTP/1.x"));
-    }
+/// The view of hyper's request head: only origin-form targets (a path), upper-case methods,
+/// UTF-8 header values and a query that decodes.
+pub fn view(head: &hyper::http::request::Parts) -> Result<Request, RequestError> {
+    let method = head.method.as_str();
     if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Err(HeadError::Malformed("bad method"));
+        return Err(RequestError::Malformed("bad method"));
     }
-    if !target.starts_with('/') {
-        return Err(HeadError::Malformed("the target is not a path"));
+    let uri = &head.uri;
+    if uri.scheme().is_some() || uri.authority().is_some() || !uri.path().starts_with('/') {
+        return Err(RequestError::Malformed("the target is not a path"));
     }
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let query = query
+    let query = decode_query(uri.query().unwrap_or(""))?;
+    let headers = head
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            let value = std::str::from_utf8(value.as_bytes())
+                .map_err(|_| RequestError::Malformed("a header value is not UTF-8"))?;
+            Ok((name.as_str().to_string(), value.trim().to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Request {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+        query,
+        headers,
+    })
+}
+
+/// A query's pairs, `+` as a space and percent escapes decoded.
+pub fn decode_query(query: &str) -> Result<Vec<(String, String)>, RequestError> {
+    query
         .split('&')
         .filter(|p| !p.is_empty())
         .map(|pair| {
@@ -114,30 +104,14 @@ pub fn parse_head(head: &[u8]) -> Result<Request, HeadError> {
             let decode = |s: &str| protocol::web::percent_decode(&s.replace('+', " "));
             match (decode(k), decode(v)) {
                 (Some(k), Some(v)) => Ok((k, v)),
-                _ => Err(HeadError::Malformed("bad query escape")),
+                _ => Err(RequestError::Malformed("bad query escape")),
             }
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut headers = Vec::new();
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(HeadError::Malformed("bad header line"));
-        };
-        if name.is_empty() || name.contains(' ') {
-            return Err(HeadError::Malformed("bad header name"));
-        }
-        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
-    }
-    Ok(Request {
-        method: method.to_string(),
-        path: path.to_string(),
-        query,
-        headers,
-    })
+        .collect()
 }
 
 /// An answer.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Response {
     /// Status code.
     pub status: u16,
@@ -145,8 +119,30 @@ pub struct Response {
     pub content_type: &'static str,
     /// Headers beyond the fixed ones.
     pub headers: Vec<(&'static str, String)>,
-    /// Body.
+    /// Body (empty for an event stream).
     pub body: Vec<u8>,
+    /// An event stream's frames, as its producer sends them.
+    pub stream: Option<mpsc::Receiver<Chunk>>,
+    /// The connection closes after this answer.
+    pub close: bool,
+}
+
+impl PartialEq for Response {
+    fn eq(&self, other: &Response) -> bool {
+        (
+            self.status,
+            self.content_type,
+            &self.headers,
+            &self.body,
+            self.close,
+        ) == (
+            other.status,
+            other.content_type,
+            &other.headers,
+            &other.body,
+            other.close,
+        ) && self.stream.is_none() == other.stream.is_none()
+    }
 }
 
 impl Response {
@@ -157,6 +153,8 @@ impl Response {
             content_type,
             headers: Vec::new(),
             body: body.into(),
+            stream: None,
+            close: false,
         }
     }
 
@@ -181,62 +179,171 @@ impl Response {
         self
     }
 
-    /// The head and body as written, with the headers every answer has.
-    pub fn encode(&self, head_only: bool) -> Vec<u8> {
-        let mut out = head(self.status, self.content_type, &self.headers);
-        out.extend_from_slice(format!("Content-Length: {}\r\n\r\n", self.body.len()).as_bytes());
-        if !head_only {
-            out.extend_from_slice(&self.body);
+    /// The same answer, and the connection closed after it.
+    pub fn closing(mut self) -> Response {
+        self.close = true;
+        self
+    }
+
+    /// The answer as hyper writes it, with the headers every answer has.
+    pub fn into_hyper(self) -> hyper::Response<Payload> {
+        let mut builder = hyper::Response::builder()
+            .status(self.status)
+            .header("Content-Type", self.content_type);
+        for (name, value) in FIXED_HEADERS {
+            builder = builder.header(name, value);
         }
-        out
+        for (name, value) in &self.headers {
+            builder = builder.header(*name, value);
+        }
+        if self.close {
+            builder = builder.header("Connection", "close");
+        }
+        let payload = match self.stream {
+            Some(frames) => Payload::Stream(frames),
+            None => Payload::Whole(Some(Chunk::from(self.body))),
+        };
+        builder.body(payload).unwrap_or_else(|e| {
+            let mut fallback = hyper::Response::new(Payload::Whole(Some(Chunk::from(
+                format!("cannot write the answer: {e}\n").into_bytes(),
+            ))));
+            *fallback.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+            fallback
+        })
     }
 }
 
-/// A status line and the headers every answer has (no blank line yet).
-pub fn head(status: u16, content_type: &str, extra: &[(&'static str, String)]) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nConnection: close\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\nContent-Security-Policy: default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'\r\n",
-        reason(status)
-    );
-    for (name, value) in extra {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    out.into_bytes()
-}
+/// Headers every answer has: nothing cached, sniffed, framed or referred.
+const FIXED_HEADERS: [(&str, &str); 5] = [
+    ("Cache-Control", "no-store"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    ),
+];
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        303 => "See Other",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        409 => "Conflict",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        _ => "Internal Server Error",
+/// Frames an event stream holds before its producer waits for the connection to take them.
+const STREAM_QUEUE: usize = 1;
+
+/// Where an event stream's producer sends its frames.
+pub struct EventSink(mpsc::Sender<Chunk>);
+
+impl EventSink {
+    /// Sends `bytes` once the connection has taken what came before; `false` when the
+    /// connection is gone (its peer left, or stopped reading for [`WRITE_TIMEOUT`]).
+    pub async fn send(&self, bytes: impl Into<Chunk>) -> bool {
+        self.0.send(bytes.into()).await.is_ok()
     }
 }
 
-/// Writes `bytes` within [`WRITE_TIMEOUT`]; `false` when the peer is gone or too slow.
-pub async fn write(stream: &mut TcpStream, bytes: &[u8]) -> bool {
-    matches!(
-        tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(bytes)).await,
-        Ok(Ok(()))
-    )
+/// A `200 text/event-stream` answer and the sink its frames go into; the answer ends when
+/// the sink is dropped.
+pub fn event_stream() -> (EventSink, Response) {
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let mut response = Response::new(200, "text/event-stream", Vec::new());
+    response.stream = Some(rx);
+    (EventSink(tx), response)
+}
+
+/// Bytes written as they are: shared (an event batch written to every page is encoded once)
+/// or owned.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    bytes: Rc<[u8]>,
+    at: usize,
+}
+
+impl From<Rc<[u8]>> for Chunk {
+    fn from(bytes: Rc<[u8]>) -> Chunk {
+        Chunk { bytes, at: 0 }
+    }
+}
+
+impl From<Vec<u8>> for Chunk {
+    fn from(bytes: Vec<u8>) -> Chunk {
+        Chunk::from(Rc::<[u8]>::from(bytes))
+    }
+}
+
+impl From<&'static [u8]> for Chunk {
+    fn from(bytes: &'static [u8]) -> Chunk {
+        Chunk::from(Rc::<[u8]>::from(bytes))
+    }
+}
+
+impl Buf for Chunk {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    fn chunk(&self) -> &[u8] {
+        &self.bytes[self.at..]
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.bytes.len());
+    }
+}
+
+/// An answer's body: whole (its length known, so it is sent with `Content-Length`), or an
+/// event stream's frames as they come.
+pub enum Payload {
+    /// A whole body, until taken.
+    Whole(Option<Chunk>),
+    /// An event stream.
+    Stream(mpsc::Receiver<Chunk>),
+}
+
+impl Body for Payload {
+    type Data = Chunk;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Chunk>, Infallible>>> {
+        match self.get_mut() {
+            Payload::Whole(body) => Poll::Ready(body.take().map(|b| Ok(Frame::data(b)))),
+            Payload::Stream(frames) => frames.poll_recv(cx).map(|f| f.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, Payload::Whole(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Payload::Whole(body) => {
+                SizeHint::with_exact(body.as_ref().map_or(0, |b| b.remaining() as u64))
+            }
+            Payload::Stream(_) => SizeHint::default(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parts(target: &str, method: &str, headers: &[(&str, &[u8])]) -> hyper::http::request::Parts {
+        let mut builder = hyper::Request::builder().method(method).uri(target);
+        for (n, v) in headers {
+            builder = builder.header(*n, *v);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
     #[test]
-    fn a_head_parses_into_path_query_and_headers() {
-        let r = parse_head(
-            b"GET /api/runs?state=running&q=a%20b HTTP/1.1\r\nHost: localhost:8\r\nX-A:  v ",
-        )
+    fn a_head_is_read_into_path_query_and_headers() {
+        let r = view(&parts(
+            "/api/runs?state=running&q=a%20b",
+            "GET",
+            &[("Host", b"localhost:8"), ("X-A", b"v")],
+        ))
         .unwrap();
         assert_eq!(r.method, "GET");
         assert_eq!(r.path, "/api/runs");
@@ -247,26 +354,24 @@ mod tests {
     }
 
     #[test]
-    fn malformed_heads_are_refused() {
-        for bad in [
-            &b"GET /x"[..],
-            b"GET http://evil/ HTTP/1.1",
-            b"get / HTTP/1.1",
-            b"GET / HTTP/2",
-            b"GET / HTTP/1.1\r\nno colon",
-            b"GET /?a=%zz HTTP/1.1",
-        ] {
-            assert!(parse_head(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
+    fn requests_no_route_can_take_are_refused() {
+        assert!(view(&parts("http://evil/", "GET", &[])).is_err());
+        assert!(view(&parts("/", "get", &[])).is_err());
+        assert!(view(&parts("/?a=%zz", "GET", &[])).is_err());
+        assert!(view(&parts("/", "GET", &[("x", b"\xff")])).is_err());
     }
 
     #[test]
-    fn every_answer_closes_and_forbids_framing() {
-        let bytes = Response::text(404, "no").encode(false);
-        let text = String::from_utf8(bytes).unwrap();
-        assert!(text.starts_with("HTTP/1.1 404 Not Found\r\n"));
-        assert!(text.contains("Connection: close\r\n"));
-        assert!(text.contains("frame-ancestors 'none'"));
-        assert!(text.ends_with("\r\n\r\nno\n"));
+    fn every_answer_forbids_framing_and_a_refusal_can_close() {
+        let answer = Response::text(404, "no").closing().into_hyper();
+        assert_eq!(answer.status(), 404);
+        let h = answer.headers();
+        assert!(h["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("frame-ancestors 'none'"));
+        assert_eq!(h["x-frame-options"], "DENY");
+        assert_eq!(h["connection"], "close");
+        assert_eq!(answer.body().size_hint().exact(), Some(3));
     }
 }

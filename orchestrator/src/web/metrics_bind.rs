@@ -7,8 +7,9 @@
 
 use super::admission;
 use super::api::metrics;
-use super::http::{self, Response};
-use super::Web;
+use super::conn::{self, Seat};
+use super::http::{Request, Response};
+use super::state::Web;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use tokio::net::{TcpListener, TcpStream};
@@ -28,36 +29,34 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
 pub fn start(web: Rc<Web>, listener: TcpListener) -> tokio::task::JoinHandle<()> {
     let admission = admission::Admission::new("metrics address", admission::METRICS);
     admission::accept_loop(listener, admission, move |stream, ticket| {
-        let web = web.clone();
-        async move { serve(&web, stream, ticket).await }
+        serve(web.clone(), stream, ticket)
     })
 }
 
-/// One connection: one request, then close.
-async fn serve(web: &Web, mut stream: TcpStream, mut ticket: admission::Ticket) {
-    let answer = match http::read_head(&mut stream).await {
-        Err(http::HeadError::Incomplete) => return,
-        Err(e) => Response::text(400, e.to_string()),
-        Ok(request) => {
-            let host = request.header("host").unwrap_or("");
-            if !web.auth.host_allowed(host) {
-                Response::text(
-                    403,
-                    format!("Host {host:?} is not one this server answers to"),
-                )
-            } else if request.path != "/metrics" {
-                Response::text(404, "only /metrics is served here")
-            } else if request.method != "GET" && request.method != "HEAD" {
-                Response::text(405, "/metrics answers GET and HEAD")
-            } else if !ticket.admit() {
-                Response::text(503, "busy: too many scrapes at once; try again")
-            } else {
-                let answer = metrics(web);
-                let head_only = request.method == "HEAD";
-                let _ = http::write(&mut stream, &answer.encode(head_only)).await;
-                return;
-            }
-        }
-    };
-    let _ = http::write(&mut stream, &answer.encode(false)).await;
+/// One connection, request after request (see [`super::conn`]).
+async fn serve(web: Rc<Web>, stream: TcpStream, ticket: admission::Ticket) {
+    conn::serve(stream, ticket, move |request, seat| {
+        let web = web.clone();
+        async move { answer(&web, &request, &seat) }
+    })
+    .await
+}
+
+/// The answer to `request`: `/metrics` for an allowed `Host`, a refusal for anything else.
+fn answer(web: &Web, request: &Request, seat: &Seat) -> Response {
+    let host = request.header("host").unwrap_or("");
+    if !web.auth.host_allowed(host) {
+        Response::text(
+            403,
+            format!("Host {host:?} is not one this server answers to"),
+        )
+    } else if request.path != "/metrics" {
+        Response::text(404, "only /metrics is served here")
+    } else if request.method != "GET" && request.method != "HEAD" {
+        Response::text(405, "/metrics answers GET and HEAD")
+    } else if !seat.admit() {
+        Response::text(503, "busy: too many scrapes at once; try again").closing()
+    } else {
+        metrics(web)
+    }
 }

@@ -8,12 +8,11 @@
 //! lists cost no writes but a keepalive.
 
 use super::cadence::{BATCH, KEEPALIVE};
-use super::http;
-use super::Web;
+use super::http::{self, EventSink, Response};
+use super::state::Web;
 use protocol::status::RunStatus;
 use std::collections::HashMap;
 use std::rc::Rc;
-use tokio::net::TcpStream;
 
 /// What says a run changed: its state and its number of events.
 type Seen = HashMap<String, (RunStatus, u64)>;
@@ -46,21 +45,24 @@ fn changes(web: &Web, seen: &mut Seen, all: bool) -> Option<Vec<u8>> {
     Some(format!("event: runs\ndata: {data}\n\n").into_bytes())
 }
 
-/// Serves one page's live runs list until the page goes.
-pub async fn serve(web: &Rc<Web>, mut stream: TcpStream) {
-    let mut head = http::head(200, "text/event-stream", &[]);
-    head.extend_from_slice(b"\r\n");
+/// The answer of one page's live runs list: an event stream that lasts until the page goes.
+pub fn serve(web: &Rc<Web>) -> Response {
+    let (sink, answer) = http::event_stream();
+    tokio::task::spawn_local(stream(web.clone(), sink));
+    answer
+}
+
+async fn stream(web: Rc<Web>, sink: EventSink) {
     let mut seen = Seen::new();
-    if let Some(first) = changes(web, &mut seen, true) {
-        head.extend_from_slice(&first);
-    }
-    if !http::write(&mut stream, &head).await {
-        return;
+    if let Some(first) = changes(&web, &mut seen, true) {
+        if !sink.send(first).await {
+            return;
+        }
     }
     let mut quiet = std::time::Duration::ZERO;
     loop {
         tokio::time::sleep(BATCH).await;
-        let frame = match changes(web, &mut seen, false) {
+        let frame = match changes(&web, &mut seen, false) {
             Some(frame) => frame,
             None if quiet + BATCH >= KEEPALIVE => b": keepalive\n\n".to_vec(),
             None => {
@@ -69,7 +71,7 @@ pub async fn serve(web: &Rc<Web>, mut stream: TcpStream) {
             }
         };
         quiet = std::time::Duration::ZERO;
-        if !http::write(&mut stream, &frame).await {
+        if !sink.send(frame).await {
             return;
         }
     }

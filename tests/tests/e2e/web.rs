@@ -772,6 +772,52 @@ fn a_large_runs_stream_keeps_every_stages_final_state_and_the_runs_end() {
     }
 }
 
+/// A browser's connection is kept alive: the token URL's redirect, the page and the API are
+/// answered one after another on one connection (the server once closed it after every
+/// answer), and so are two scrapes of `--metrics-addr`.
+#[test]
+fn requests_follow_each_other_on_one_kept_alive_connection() {
+    let s = Scratch::new("web-keep-alive");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let addr = format!("127.0.0.1:{}", free_port());
+    let d = TestDaemon::start_with_args(
+        &s.path().join("sock/d.sock"),
+        &s.path().join("runs"),
+        &s.path().join("daemon.log"),
+        "5s",
+        &["--http", &addr, "--metrics-addr", &metrics],
+        &[],
+    );
+    let token = std::fs::read_to_string(s.path().join("sock/d.sock.web-token")).unwrap();
+    let mut browser = http::KeptAlive::connect(&addr, Duration::from_secs(30)).unwrap();
+    let login = browser
+        .get(&format!("/?token={}", token.trim()), &[])
+        .unwrap();
+    assert_eq!(login.status, 303, "{}", login.text());
+    let cookie = login
+        .header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = browser.get("/", &[("Cookie", &cookie)]).unwrap();
+    assert_eq!(page.status, 200, "{}", page.text());
+    assert!(page.text().contains("<html"), "{}", page.text());
+    let runs = browser.get("/api/runs", &[("Cookie", &cookie)]).unwrap();
+    assert_eq!(runs.status, 200, "{}", runs.text());
+    assert!(runs.json()["runs"].is_array(), "{}", runs.text());
+    let mut scraper = http::KeptAlive::connect(&metrics, Duration::from_secs(30)).unwrap();
+    for _ in 0..2 {
+        let scraped = scraper.get("/metrics", &[]).unwrap();
+        assert_eq!(scraped.status, 200, "{}", scraped.text());
+        assert!(scraped
+            .text()
+            .contains("orchestrate_runs{state=\"succeeded\"} 0"));
+    }
+    drop(d);
+}
+
 #[test]
 fn metrics_addr_serves_metrics_alone_without_the_token() {
     let s = Scratch::new("web-metrics-addr");

@@ -76,18 +76,20 @@ fn run_command(cli: Cli) -> ExitCode {
             http_remote,
             http_allow_host,
             metrics_addr,
-        } => commands::daemon::daemon(orchestrator::daemon::DaemonConfig {
-            socket: socket.unwrap_or_else(orchestrator::daemon::socket::default_path),
-            runs_dir: runs_dir.unwrap_or_else(orchestrator::daemon::default_runs_dir),
-            idle_timeout: idle_timeout.get(),
-            worker: cli.run.worker,
-            http: http.map(|addr| orchestrator::web::WebConfig {
+        } => commands::daemon::daemon(
+            orchestrator::daemon::DaemonConfig {
+                socket: socket.unwrap_or_else(orchestrator::daemon::socket::default_path),
+                runs_dir: runs_dir.unwrap_or_else(orchestrator::daemon::default_runs_dir),
+                idle_timeout: idle_timeout.get(),
+                worker: cli.run.worker,
+            },
+            http.map(|addr| orchestrator::web::WebConfig {
                 addr,
                 allow_hosts: http_allow_host,
                 remote: http_remote,
                 metrics_addr,
             }),
-        }),
+        ),
         Command::Submit {
             plan,
             daemon,

@@ -1,0 +1,19 @@
+//! What every request of the web view shares.
+
+use super::auth::Auth;
+use super::feed::Feeds;
+use super::memory::Memory;
+use crate::daemon::Daemon;
+use std::rc::Rc;
+
+/// The web view's shared state.
+pub struct Web {
+    /// The daemon.
+    pub daemon: Rc<Daemon>,
+    /// The checks.
+    pub auth: Auth,
+    /// The GPUs' memory.
+    pub memory: Memory,
+    /// The live runs' feeds, one per run with a page open, and their encoded frames.
+    pub feeds: Rc<Feeds>,
+}
