@@ -35,6 +35,22 @@ impl TestDaemon {
         Self::start(&dir.join("sock/d.sock"), &dir.join("runs"), &dir.join(log))
     }
 
+    /// [`TestDaemon::start_with_args`] in the test's directory `dir`, laid out as
+    /// [`TestDaemon::start_in`] lays it out (log `dir/daemon.log`).
+    pub fn start_in_with(
+        dir: &Path,
+        idle_timeout: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> TestDaemon {
+        let (socket, runs, log) = (
+            dir.join("sock/d.sock"),
+            dir.join("runs"),
+            dir.join("daemon.log"),
+        );
+        Self::start_with_args(&socket, &runs, &log, idle_timeout, args, env)
+    }
+
     /// [`TestDaemon::start`] with another `--idle-timeout` than 5 s (how long a connection may
     /// sit in the middle of a request), and `env` added to the daemon's environment.
     pub fn start_with(

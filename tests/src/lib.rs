@@ -364,6 +364,41 @@ pub fn cmdline(pid: i32) -> String {
         .unwrap_or_default()
 }
 
+/// `orchestrate --plan PLAN --run-dir <scratch>/run` on `gpus` stand-in GPUs (a count or a
+/// list of memory sizes, as `ORCHESTRATE_FAKE_GPUS` takes them) whose holder files are in
+/// `holders` (created).
+pub fn fake_gpu_command(s: &Scratch, plan: &Path, gpus: &str, holders: &Path) -> Command {
+    std::fs::create_dir_all(holders).unwrap();
+    let mut cmd = Command::new(orchestrate());
+    cmd.arg("--plan")
+        .arg(plan)
+        .arg("--run-dir")
+        .arg(s.path().join("run"))
+        .env("ORCHESTRATE_FAKE_GPUS", gpus)
+        .env("ORCHESTRATE_FAKE_GPU_DIR", holders);
+    cmd
+}
+
+/// A finished command's exit status, stdout and stderr, for an assertion's message.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A live process's resident memory (`VmRSS`), in KiB.
+pub fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
 /// How many attempts of `stage` the run's journal records as started.
 pub fn stage_starts(run_dir: &Path, stage: &str) -> usize {
     journal_records(run_dir)

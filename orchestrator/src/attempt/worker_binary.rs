@@ -5,8 +5,9 @@ use crate::error::{Context, Error};
 use crate::plan::LoadedPlan;
 use std::path::{Path, PathBuf};
 
-/// The two ways to get a worker, for the refusal and for `orchestrate doctor`.
-pub const HOW_TO_GET_ONE: &str = "build it from a clone of the repository (`scripts/setup-libtorch && cargo build --release --locked -p stage-worker`, then put target/release/stage-worker beside orchestrate or on PATH), or install it with cargo (`LIBTORCH=... cargo install --locked --path stage-worker`; see docs/install.md)";
+/// The two ways to get a worker, for the refusal and for `orchestrate doctor`: the wheel beside
+/// an installed torch 2.11.0, or a build from a clone (or `cargo install`) against libtorch.
+pub const HOW_TO_GET_ONE: &str = "install the orchestrate-worker wheel into the Python environment that has torch 2.11.0 (`scripts/build-worker-wheel`, then `pip install dist/orchestrate_worker-*.whl`: its bin/stage-worker uses that torch's libtorch), or build it from a clone of the repository (`scripts/setup-libtorch && cargo build --release --locked -p stage-worker`, then put target/release/stage-worker beside orchestrate or on PATH; or `LIBTORCH=... cargo install --locked --path stage-worker`); see docs/install.md";
 
 /// Finds the `stage-worker` binary: the explicit path (`--worker`), the plan's `run.worker`
 /// (relative to the plan's directory), `$ORCHESTRATE_WORKER`, the file beside this executable,

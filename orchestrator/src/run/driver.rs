@@ -643,8 +643,8 @@ impl<'h> Driver<'h> {
     /// Rewrites `report.json`. The whole report costs O(stages): at most once a second, and
     /// never more than 0.2% of the time (a 100,000-stage sweep's report is tens of megabytes;
     /// every rewrite is time the next stage waits, so its share is a cost per stage that grows
-    /// with the plan: at 0.5% it was 3% of the scheduling thread's time in a 20,000-stage
-    /// sweep, two runs by hand).
+    /// with the plan; the measurements behind 0.2%: `bench/overhead/README.md`, the tenth
+    /// round).
     fn rewrite_report(&mut self, sched: &Scheduler<'_>) -> Result<()> {
         if self.last_report.elapsed() < self.report_every {
             return Ok(());

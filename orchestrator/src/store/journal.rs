@@ -28,10 +28,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// How long a stage's end record may wait for the fsync it shares with the ends around it.
-/// Each fsync is a flush of the disk's write cache and its interrupts; at 20 ms a sweep of
-/// short stages flushed about 85 times a second; at 100 ms 5,000-stage sweeps on this
-/// project's development machine ran 2% faster (one A/B of eight alternations by hand:
-/// `bench/overhead/README.md`, the tenth round).
+/// Each fsync is a flush of the disk's write cache and its interrupts; a machine crash can
+/// undo at most this much of stage ends (those stages run again on resume). The measurements
+/// behind 100 ms: `bench/overhead/README.md`, the tenth round.
 pub(crate) const GROUP_COMMIT: Duration = Duration::from_millis(100);
 
 pub use protocol::journal::JournalRecord;

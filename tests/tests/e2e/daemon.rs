@@ -21,13 +21,7 @@ const IDLE_TIMEOUT: &str = "2s";
 /// A daemon on the scratch directory's `sock/d.sock` and `runs` (its log `daemon.log`), with
 /// `env` added to its environment.
 fn start(s: &Scratch, env: &[(&str, &str)]) -> TestDaemon {
-    TestDaemon::start_with(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join("daemon.log"),
-        IDLE_TIMEOUT,
-        env,
-    )
+    TestDaemon::start_in_with(s.path(), IDLE_TIMEOUT, &[], env)
 }
 
 #[test]

@@ -3,16 +3,8 @@
 //! refused in the answer to its `submit`, before any run exists.
 
 use e2e_tests::daemon::TestDaemon;
-use e2e_tests::Scratch;
+use e2e_tests::{rss_kib, Scratch};
 use serde_json::{json, Value};
-
-fn start(s: &Scratch) -> TestDaemon {
-    TestDaemon::start(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join("daemon.log"),
-    )
-}
 
 /// Every event of run `id`, from its first, until the run's end.
 fn events(d: &TestDaemon, id: &str) -> Vec<Value> {
@@ -40,7 +32,7 @@ fn position(events: &[Value], what: impl Fn(&Value) -> bool) -> usize {
 #[test]
 fn a_retry_and_a_skip_reach_watchers_as_typed_events_in_order() {
     let s = Scratch::new("daemon-typed-events");
-    let d = start(&s);
+    let d = TestDaemon::start_in(&s, "daemon.log");
     let mut c = d.connect();
     let toml = "[[stage]]\nname = \"a\"\ncommand = [\"false\"]\nretries = 1\n\
                 [[stage]]\nname = \"b\"\nafter = [\"a\"]\ncommand = [\"true\"]\n";
@@ -87,7 +79,7 @@ fn a_retry_and_a_skip_reach_watchers_as_typed_events_in_order() {
 #[test]
 fn a_plan_the_host_cannot_run_is_refused_at_submit_and_no_run_is_created() {
     let s = Scratch::new("daemon-refused");
-    let d = start(&s);
+    let d = TestDaemon::start_in(&s, "daemon.log");
     let mut c = d.connect();
     // Refused on any machine: without NVML for `gpu_check = "required"`, with it for the
     // GPUs the stage asks for.
@@ -110,16 +102,6 @@ fn a_plan_the_host_cannot_run_is_refused_at_submit_and_no_run_is_created() {
     assert_eq!(runs, 0, "no run directory was created");
 }
 
-/// The daemon's resident memory, in KiB (`VmRSS`).
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/PID/status")
-}
-
 #[test]
 fn watchers_that_do_not_read_a_200000_event_replay_cost_the_daemon_a_bounded_amount() {
     // Before: each `watch --from 0` of a finished run read and parsed its whole event log on
@@ -128,7 +110,7 @@ fn watchers_that_do_not_read_a_200000_event_replay_cost_the_daemon_a_bounded_amo
     const EVENTS: usize = 200_000;
     const WATCHERS: usize = 8;
     let s = Scratch::new("replay-bounded");
-    let mut d = start(&s);
+    let mut d = TestDaemon::start_in(&s, "daemon.log");
     let id = d
         .connect()
         .submit_toml("[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n", s.path());
@@ -143,7 +125,7 @@ fn watchers_that_do_not_read_a_200000_event_replay_cost_the_daemon_a_bounded_amo
     long.push_str(&line.repeat(EVENTS - text.lines().count()));
     std::fs::write(&log, long).unwrap();
 
-    let d = start(&s);
+    let d = TestDaemon::start_in(&s, "daemon.log");
     let run = d
         .connect()
         .call(json!({"v": 1, "type": "status", "id": id}));

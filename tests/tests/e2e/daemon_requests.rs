@@ -12,13 +12,7 @@ use std::time::Duration;
 fn unfinished_requests_of_many_connections_together_are_bounded() {
     let s = Scratch::new("request-budget");
     // Held connections must not be closed as idle while the next ones fill the budget.
-    let d = TestDaemon::start_with(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join("daemon.log"),
-        "120s",
-        &[],
-    );
+    let d = TestDaemon::start_in_with(s.path(), "120s", &[], &[]);
     // Each line is under the 8 MiB cap of one line; twelve of them are far over the 64 MiB
     // the daemon holds for all connections.
     let partial = vec![b' '; 6 << 20];

@@ -2,7 +2,10 @@
 //! real runs of `orchestrate` on stand-in GPUs (`ORCHESTRATE_FAKE_GPUS`, memory read from
 //! holder files), with real processes as the holders.
 
-use e2e_tests::{orchestrate, read_report, report_stage, wait_for, Scratch};
+use e2e_tests::{
+    fake_gpu_command, orchestrate, output_text as text, read_report, report_stage, wait_for,
+    Scratch,
+};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -12,27 +15,6 @@ fn run_on_fake_gpus(s: &Scratch, plan: &Path, gpus: &str, holders: &Path) -> Out
     fake_gpu_command(s, plan, gpus, holders)
         .output()
         .expect("orchestrate runs")
-}
-
-fn fake_gpu_command(s: &Scratch, plan: &Path, gpus: &str, holders: &Path) -> Command {
-    std::fs::create_dir_all(holders).unwrap();
-    let mut cmd = Command::new(orchestrate());
-    cmd.arg("--plan")
-        .arg(plan)
-        .arg("--run-dir")
-        .arg(s.path().join("run"))
-        .env("ORCHESTRATE_FAKE_GPUS", gpus)
-        .env("ORCHESTRATE_FAKE_GPU_DIR", holders);
-    cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! output directories; checkpoint records that lie; a submission's missing `base_dir`.
 
 use e2e_tests::daemon::TestDaemon;
-use e2e_tests::{orchestrate, run_plan, spawn_plan, wait_for, Scratch};
+use e2e_tests::{orchestrate, rss_kib, run_plan, spawn_plan, wait_for, Scratch};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -100,16 +100,6 @@ fn plans_and_matrix_lines_that_are_devices_or_fifos_are_refused_at_once() {
 /// Sends one request on a new connection and returns the answer, which must come within 10 s.
 fn call(d: &TestDaemon, request: Value) -> Value {
     d.connect().call_within(request, Duration::from_secs(10))
-}
-
-/// The resident memory of process `pid`, in KiB.
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 #[test]

@@ -53,7 +53,8 @@ fn a_builtin_stage_without_a_worker_is_refused_before_anything_runs() {
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("no stage-worker was found"), "{stderr}");
     assert!(
-        stderr.contains("cargo build --release --locked -p stage-worker")
+        stderr.contains("pip install dist/orchestrate_worker-*.whl")
+            && stderr.contains("cargo build --release --locked -p stage-worker")
             && stderr.contains("cargo install --locked --path stage-worker"),
         "the refusal names both ways to get a worker: {stderr}"
     );

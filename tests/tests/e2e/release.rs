@@ -5,25 +5,13 @@
 //! durability never lets a resume use a partial checkpoint or run a finished stage again.
 
 use e2e_tests::{
-    journal_records, orchestrate, read_report, repo_root, succeeded_stages, wait_for, Scratch,
+    fake_gpu_command, journal_records, orchestrate, read_report, repo_root, succeeded_stages,
+    wait_for, Scratch,
 };
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// `orchestrate --plan` on one fake GPU whose holders are in `holders`.
-fn command(s: &Scratch, plan: &Path, holders: &Path) -> Command {
-    std::fs::create_dir_all(holders).unwrap();
-    let mut cmd = Command::new(orchestrate());
-    cmd.arg("--plan")
-        .arg(plan)
-        .arg("--run-dir")
-        .arg(s.path().join("run"))
-        .env("ORCHESTRATE_FAKE_GPUS", "1")
-        .env("ORCHESTRATE_FAKE_GPU_DIR", holders);
-    cmd
-}
 
 /// Runs `cmd` with its console read as it comes: when a line contains `trigger`, creates
 /// `go` (a stage waits for it). Whether the trigger came, the exit status and the console.
@@ -149,7 +137,8 @@ command = ["sh", "-c", "touch {b}"]
         ),
     );
     let trigger = "release does not hold";
-    let (refused, code, console) = run_answering(command(&s, &plan, &holders), trigger, &go);
+    let (refused, code, console) =
+        run_answering(fake_gpu_command(&s, &plan, "1", &holders), trigger, &go);
     assert_eq!(code, Some(0), "{console}");
     assert!(refused, "no refusal on the console:\n{console}");
     let refusal = console.lines().find(|l| l.contains(trigger)).unwrap();
@@ -214,7 +203,11 @@ with open(holder, "w") as f:
     f.write(f"{os.getpid()} python3 {1 << 30}\n")
 "#,
     );
-    let (held, _, text) = run_answering(command(&s, &plan, &holders), "a: released", &go);
+    let (held, _, text) = run_answering(
+        fake_gpu_command(&s, &plan, "1", &holders),
+        "a: released",
+        &go,
+    );
     assert!(held, "{text}");
     let report = read_report(&s.path().join("run"));
     let gpu = &report["stages"][0]["gpu"][0];
@@ -295,7 +288,7 @@ env = {{ PYTHONPATH = "{path}" }}
                 path = helper_path(),
             ),
         );
-        let mut run = command(&s, &plan, &holders)
+        let mut run = fake_gpu_command(&s, &plan, "1", &holders)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -379,7 +372,7 @@ while not os.path.exists(go) and time.time() < deadline:
 open(holder, "w").close()
 "#,
     );
-    let cmd = command(&s, &plan, &holders);
+    let cmd = fake_gpu_command(&s, &plan, "1", &holders);
     let (refused, code, text) = run_answering(cmd, "release does not hold", &go);
     assert!(refused && code == Some(0), "{text}");
     let report = read_report(&s.path().join("run"));

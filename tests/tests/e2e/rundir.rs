@@ -4,8 +4,8 @@
 //! directory was once damaged or a run lost.
 
 use e2e_tests::{
-    journal_records as journal, orchestrate, processes_with_env, read_report as report, spawn_plan,
-    stage_starts as starts, wait_for, Scratch,
+    journal_records as journal, orchestrate, output_text as text, processes_with_env,
+    read_report as report, spawn_plan, stage_starts as starts, wait_for, Scratch,
 };
 use serde_json::Value;
 use std::path::Path;
@@ -32,14 +32,6 @@ fn run_quiet(plan: &Path, run_dir: &Path, cwd: &Path) -> Output {
             "-q",
         ],
         cwd,
-    )
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
     )
 }
 

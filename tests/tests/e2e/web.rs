@@ -29,10 +29,8 @@ fn start(s: &Scratch) -> WebDaemon {
     let addr = format!("127.0.0.1:{port}");
     let fake = s.path().join("fake-gpus");
     std::fs::create_dir_all(&fake).unwrap();
-    let d = TestDaemon::start_with_args(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join("daemon.log"),
+    let d = TestDaemon::start_in_with(
+        s.path(),
         "5s",
         &["--http", &addr],
         &[
@@ -824,10 +822,8 @@ fn metrics_addr_serves_metrics_alone_without_the_token() {
     let (port, metrics_port) = (free_port(), free_port());
     let addr = format!("127.0.0.1:{port}");
     let metrics = format!("127.0.0.1:{metrics_port}");
-    let d = TestDaemon::start_with_args(
-        &s.path().join("sock/d.sock"),
-        &s.path().join("runs"),
-        &s.path().join("daemon.log"),
+    let d = TestDaemon::start_in_with(
+        s.path(),
         "5s",
         &["--http", &addr, "--metrics-addr", &metrics],
         &[],

@@ -32,14 +32,7 @@ fn start(dir: &Path, metrics: bool) -> WebDaemon {
     if let Some(m) = &metrics {
         args.extend(["--metrics-addr", m]);
     }
-    let d = TestDaemon::start_with_args(
-        &dir.join("sock/d.sock"),
-        &dir.join("runs"),
-        &dir.join("daemon.log"),
-        "5s",
-        &args,
-        &[],
-    );
+    let d = TestDaemon::start_in_with(dir, "5s", &args, &[]);
     let token = std::fs::read_to_string(dir.join("sock/d.sock.web-token"))
         .expect("the token file")
         .trim()

@@ -84,6 +84,12 @@ fn worker() -> String {
             worker_binary::HOW_TO_GET_ONE
         );
     };
+    if is_launcher_script(&path) {
+        return format!(
+            "{}, a launcher (the orchestrate-worker wheel's: libtorch from its environment's torch)",
+            path.display()
+        );
+    }
     match Command::new("ldd").arg(&path).output() {
         Ok(out) => {
             let text = String::from_utf8_lossy(&out.stdout);
@@ -123,6 +129,16 @@ fn worker() -> String {
             path.display()
         ),
     }
+}
+
+/// Whether `path` is a script (`#!`), as the orchestrate-worker wheel's `stage-worker` is,
+/// rather than the binary itself (which `ldd` can check).
+fn is_launcher_script(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == b"#!")
 }
 
 /// What `python3` on PATH offers: its version, the helper, and the frameworks it would import.

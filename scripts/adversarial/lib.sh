@@ -1,4 +1,4 @@
-# Shared by the reproduction scripts (scripts/repro-issue30, scripts/repro-issue43): the
+# Shared by the adversarial passes (scripts/adversarial/second-pass, third-pass): the
 # helpers their items use and the driver that runs each item in a scratch directory of its own,
 # in a process of its own under `timeout`. A script sets NAME (for its scratch directory), defines
 # its `itemN` functions, then calls `repro_main "$0" "$@"`.
