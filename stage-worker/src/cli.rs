@@ -57,10 +57,6 @@ OUTPUT (eval)
 TUNING (environment)
   STAGE_WORKER_SDPA     attention kernels: auto (default: cuDNN's from 200 planned steps,
                         memory-efficient below), efficient, flash, libtorch
-  STAGE_WORKER_ADAMW    lists (default: a fused update over each parameter's gradient, the
-                        worker's kernels where STAGE_WORKER_FUSED's run, else libtorch's),
-                        flat (libtorch's over one flat copy of the gradients), plain (tensor
-                        operations)
   STAGE_WORKER_FUSED    auto (default: on CUDA in bf16, the block's residual add, LayerNorm and
                         cast as one kernel each way, linear layers that hand the fp32
                         weights their gradients directly, the embedding, the cross-entropy
