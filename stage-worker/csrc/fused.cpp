@@ -2,7 +2,7 @@
 // forward and backward, with autograd functions around them; also (further down) the linear
 // layers' bias gradients, the token + position embedding, the cross-entropy of the logits and
 // the AdamW step, so that a new process loads one module of kernels rather than a dozen
-// kinds of libtorch's. Called from stage-worker/src/fused.rs.
+// kinds of libtorch's. Called from stage-worker/src/kernels/fused.rs.
 //
 // libtorch runs `x + y`, `layer_norm(x)` and `.to(bf16)` as three kernels forward and about
 // six backward (the cast back, LayerNorm's input and parameter gradients, the sum of the two

@@ -8,10 +8,10 @@
 //! copier that copies the next chunk from the device into a recycled host buffer (page-locked
 //! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
 //! memory is used in place), a hasher that feeds the chunks to BLAKE3 in order
-//! ([`crate::fsio::algorithm`]), and writers (one by default, see
-//! [`crate::writeback::WriteSettings`]) that write each chunk at its offset (`pwrite`) into a
+//! ([`crate::checkpoint::fsio::algorithm`]), and writers (one by default, see
+//! [`crate::checkpoint::writeback::WriteSettings`]) that write each chunk at its offset (`pwrite`) into a
 //! temporary file. The writers do not wait for the disk: by default a thread of its own starts
-//! the write-back of each range they finished ([`crate::writeback`]), so the file reaches the
+//! the write-back of each range they finished ([`crate::checkpoint::writeback`]), so the file reaches the
 //! page cache as fast as the kernel takes it and the final fsync has little left to do. The
 //! bytes are never read back; the checksum in the manifest is the one computed on the way out.
 //! The files are written in parallel, each renamed into place as soon as it is complete.
@@ -23,8 +23,8 @@
 //! those of the bytes written, whatever the number of writers; the same tensors always give the
 //! same bytes; a failed write leaves neither the file nor its temporary file behind.
 
-use crate::fsio::{fsync_dir, WrittenFile};
-use crate::writeback::{start_write_back, Flusher, WriteBack, WriteSettings};
+use crate::checkpoint::fsio::{fsync_dir, WrittenFile};
+use crate::checkpoint::writeback::{start_write_back, Flusher, WriteBack, WriteSettings};
 use protocol::checkpoint::{Checksum, FileIdentity, Hasher, ManifestFile};
 use std::fs::{self, File};
 use std::io;
@@ -479,7 +479,7 @@ fn stream_to(
     // A pipeline, so that the device copies, the hash and the page cache all work at once:
     // this thread copies chunks off the device, a hasher feeds them to BLAKE3 in order, and
     // `writers` threads write each at its offset (`pwrite`), then hand its range to the
-    // write-back (see `crate::writeback`).
+    // write-back (see `crate::checkpoint::writeback`).
     // Room for every buffer there can be (the pinned ones and BUFFERS more), so that the copies
     // wait for a free buffer only, never for the hash: with the pinned pool holding the whole
     // checkpoint, the device's part ends right after the last step.
@@ -530,7 +530,7 @@ fn stream_to(
         // fail, the flusher's ranges end and no buffer comes back.
         drop((from_hasher, recycle, ranges));
         let hasher = s.spawn(move || {
-            let mut hasher = Hasher::new(crate::fsio::algorithm());
+            let mut hasher = Hasher::new(crate::checkpoint::fsio::algorithm());
             for piece in from_copier {
                 hasher.update(piece.chunk.bytes());
                 if to_writers.send(piece).is_err() {
@@ -779,7 +779,7 @@ mod tests {
         // under (what a downstream stage started early reads).
         let before = std::fs::read(dir.join("a.safetensors")).unwrap();
         let listed = unsynced.written().next().unwrap().entry.clone();
-        assert_eq!(listed.checksum, crate::fsio::checksum(&before));
+        assert_eq!(listed.checksum, crate::checkpoint::fsio::checksum(&before));
         let written = unsynced.sync().unwrap();
         assert!(written[0]
             .phases
@@ -788,7 +788,10 @@ mod tests {
         let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
         assert_eq!(before, bytes);
         assert_eq!(written[0].entry.bytes, bytes.len() as u64);
-        assert_eq!(written[0].entry.checksum, crate::fsio::checksum(&bytes));
+        assert_eq!(
+            written[0].entry.checksum,
+            crate::checkpoint::fsio::checksum(&bytes)
+        );
         let meta = std::fs::metadata(dir.join("a.safetensors")).unwrap();
         let id = written[0].identity.unwrap();
         assert_eq!((id.dev, id.ino), (meta.dev(), meta.ino()));
@@ -844,7 +847,7 @@ mod tests {
             let bytes = std::fs::read(&w.path).unwrap();
             assert_eq!(bytes.len() as u64, w.entry.bytes);
             assert_eq!(bytes.len(), 4 + n as usize * 4);
-            assert_eq!(w.entry.checksum, crate::fsio::checksum(&bytes));
+            assert_eq!(w.entry.checksum, crate::checkpoint::fsio::checksum(&bytes));
             let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
             assert_eq!(last, (n - 1) as f32);
         }
@@ -923,7 +926,7 @@ mod tests {
         assert_eq!(expected.len() as u64, reference[0].entry.bytes);
         assert_eq!(
             reference[0].entry.checksum,
-            crate::fsio::checksum(&expected)
+            crate::checkpoint::fsio::checksum(&expected)
         );
         for (writers, write_back) in [
             (4, WriteBack::Behind),

@@ -4,7 +4,7 @@
 //! whole update is a few whole-buffer operations, and they save and load as named tensors
 //! (one pair per parameter) next to the step count.
 //!
-//! One update path. Where the model runs the worker's own kernels ([`crate::fused`]), the
+//! One update path. Where the model runs the worker's own kernels ([`crate::kernels::fused`]), the
 //! step is three kernels of that module (the squares' partial sums, the norm with the
 //! clipping scale and the step's bias corrections, the update), which load with the model's
 //! kernels. Everywhere else, and whenever those kernels refuse the operands, it is libtorch's
@@ -18,8 +18,8 @@
 //! `bench/throughput/README.md` ("Where the optimizer step's form came from").
 
 #[cfg(test)]
-use crate::params::slices_cpu;
-use crate::params::{load_slices, ParamStore};
+use crate::model::params::slices_cpu;
+use crate::model::params::{load_slices, ParamStore};
 use tch::Tensor;
 
 /// Largest global gradient norm; larger gradients are scaled down to it.
@@ -74,7 +74,7 @@ pub struct AdamW {
     /// [`AdamW::step`] as an fp32 tensor on the device, for the fused kernels; made when first
     /// needed.
     step_tensor: Option<Tensor>,
-    /// Whether the update runs as the worker's own kernels ([`crate::fused::adamw_step`]); off
+    /// Whether the update runs as the worker's own kernels ([`crate::kernels::fused::adamw_step`]); off
     /// unless [`AdamW::use_kernels`] turned it on.
     kernels: bool,
 }
@@ -120,8 +120,8 @@ impl AdamW {
         }
     }
 
-    /// Runs the update as the worker's own kernels ([`crate::fused::adamw_step`]) when `on`:
-    /// pass whether [`crate::fused::usable`] said yes for the model's device, compute kind and
+    /// Runs the update as the worker's own kernels ([`crate::kernels::fused::adamw_step`]) when `on`:
+    /// pass whether [`crate::kernels::fused::usable`] said yes for the model's device, compute kind and
     /// width, so that the optimizer's kernels run exactly where the model's do. Either way
     /// the update is the same; if the kernels refuse the operands the step falls back to
     /// libtorch's fused AdamW (see [`AdamW::step`]).
@@ -163,15 +163,20 @@ impl AdamW {
             Some(t) => t,
             None => Tensor::from_slice(&[self.step as f32]).to_device(params.flat.device()),
         };
-        let constants = crate::fused::AdamWStep {
+        let constants = crate::kernels::fused::AdamWStep {
             lr,
             betas: (self.beta1, self.beta2),
             weight_decay: self.weight_decay,
             eps: self.eps,
             clip_norm: CLIP_NORM,
         };
-        let done =
-            crate::fused::adamw_step(params, &self.exp_avg, &self.exp_avg_sq, &step, &constants);
+        let done = crate::kernels::fused::adamw_step(
+            params,
+            &self.exp_avg,
+            &self.exp_avg_sq,
+            &step,
+            &constants,
+        );
         // Advanced in place on success, untouched when refused.
         self.step_tensor = Some(step);
         match done {
@@ -179,8 +184,8 @@ impl AdamW {
                 self.step += 1;
                 Ok(norm)
             }
-            Err(crate::fused::StepError::Refused(e)) => Err(e),
-            Err(crate::fused::StepError::Failed(e)) => {
+            Err(crate::kernels::fused::StepError::Refused(e)) => Err(e),
+            Err(crate::kernels::fused::StepError::Failed(e)) => {
                 panic!("the worker's AdamW kernels failed half-way through a step: {e}")
             }
         }
@@ -299,7 +304,7 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::{Init, ParamSpecs};
+    use crate::model::params::{Init, ParamSpecs};
     use tch::{Device, Kind};
 
     #[test]
@@ -399,7 +404,10 @@ mod tests {
             }
             norms.push(libtorch.step(&mut a, lr).double_value(&[]));
             norms.push(reference_step(&mut reference, &mut b, lr).double_value(&[]));
-            assert!((norms[0] - norms[1]).abs() <= 1e-5 * norms[1].abs(), "{norms:?}");
+            assert!(
+                (norms[0] - norms[1]).abs() <= 1e-5 * norms[1].abs(),
+                "{norms:?}"
+            );
             assert!(
                 a.params.iter().all(|p| !p.tensor.grad().defined()),
                 "a gradient survived the step"

@@ -113,7 +113,7 @@ pub struct Cli {
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Take GPU memory on cuda:0, hold it, exit: a fixture for benchmarks and leak tests.
-    Hold(crate::hold::HoldArgs),
+    Hold(crate::boot::hold::HoldArgs),
     /// Check the fused LayerNorm kernels against libtorch's on this machine's GPU (values and
     /// speed, one JSON object per line); exit 1 if they differ beyond rounding.
     #[command(name = "check-kernels")]
