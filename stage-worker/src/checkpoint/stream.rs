@@ -495,112 +495,30 @@ fn stream_to(
             .map(|_| {
                 let (queue, recycle, ranges) =
                     (from_hasher.clone(), recycle.clone(), ranges.clone());
-                s.spawn(move || -> io::Result<Instant> {
-                    loop {
-                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        // Every piece taken, or another writer failed: this one is done.
-                        let Ok(piece) = next else {
-                            return Ok(Instant::now());
-                        };
-                        if failed_ref.load(Ordering::Acquire) {
-                            return Ok(Instant::now());
-                        }
-                        let bytes = piece.chunk.bytes();
-                        if let Err(e) = write_at(file_ref, path, bytes, piece.at) {
-                            failed_ref.store(true, Ordering::Release);
-                            return Err(e);
-                        }
-                        match (settings.write_back, &ranges) {
-                            (WriteBack::Inline, _) => {
-                                start_write_back(file_ref, piece.at, bytes.len())
-                            }
-                            (WriteBack::Behind, Some(r)) => {
-                                let _ = r.send((piece.at, bytes.len()));
-                            }
-                            _ => {}
-                        }
-                        if let Chunk::Owned(v, _) = piece.chunk {
-                            let _ = recycle.send(v);
-                        }
-                    }
+                s.spawn(move || {
+                    write_pieces(
+                        file_ref,
+                        path,
+                        &queue,
+                        &recycle,
+                        ranges.as_ref(),
+                        settings,
+                        failed_ref,
+                    )
                 })
             })
             .collect();
         // The writers hold the only handles now: once they are all gone, the hasher's sends
         // fail, the flusher's ranges end and no buffer comes back.
         drop((from_hasher, recycle, ranges));
-        let hasher = s.spawn(move || {
-            let mut hasher = Hasher::new(crate::checkpoint::fsio::algorithm());
-            for piece in from_copier {
-                hasher.update(piece.chunk.bytes());
-                if to_writers.send(piece).is_err() {
-                    break;
-                }
-            }
-            (hasher.finalize(), Instant::now())
-        });
-        let mut made = 0usize;
-        let mut complete = true;
-        // Each chunk goes at the offset after the one before. Dropping `send` (it owns the
-        // hasher's sender) tells the hasher that the last chunk was sent.
-        let mut at = 0u64;
-        let mut send = move |chunk| {
-            let len = Chunk::bytes(&chunk).len() as u64;
-            let sent = to_hasher.send(Piece { at, chunk }).is_ok();
-            at += len;
-            sent
-        };
-        'runs: for run in runs {
-            match run {
-                Run::Bytes(b) => {
-                    if !send(Chunk::Borrowed(b)) {
-                        complete = false;
-                        break 'runs;
-                    }
-                }
-                Run::Floats {
-                    tensor,
-                    offset,
-                    numel,
-                } => {
-                    let per_chunk = (CHUNK / 4) as i64;
-                    let mut done = 0i64;
-                    while done < *numel {
-                        let n = per_chunk.min(numel - done);
-                        let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
-                        if !send(chunk) {
-                            complete = false;
-                            break 'runs;
-                        }
-                        done += n;
-                    }
-                }
-            }
-        }
-        drop(send);
+        let hasher = s.spawn(move || hash_pieces(from_copier, to_writers));
+        let complete = copy_runs(runs, to_hasher, &recycled);
         let copies_done = complete.then(Instant::now);
         if complete {
             copied();
         }
         let hash = hasher.join();
-        // The last writer's end, or the error of the one that failed.
-        let (mut last, mut error) = (None, None);
-        for h in handles {
-            match h
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")))
-            {
-                Ok(t) => last = last.max(Some(t)),
-                Err(e) => {
-                    error.get_or_insert(e);
-                }
-            }
-        }
-        let written = match (error, last) {
-            (Some(e), _) => Err(e),
-            (None, Some(t)) => Ok(t),
-            (None, None) => Err(io::Error::other("no checkpoint writer ran")),
-        };
+        let written = join_writers(handles);
         times[0] = copies_done;
         match hash {
             Ok((hash, hashed)) => {
@@ -639,6 +557,133 @@ fn stream_to(
         file,
         flusher,
     })
+}
+
+/// A writer of [`stream_to`]: takes pieces off `queue` and writes each at its offset, then
+/// starts its write-back as `settings` say (itself, or by handing the range to the flusher's
+/// `ranges`) and sends an owned buffer back on `recycle`. Returns when the queue is empty and
+/// closed, or another writer failed (`failed`), with the time it ended; an error sets `failed`.
+fn write_pieces(
+    file: &File,
+    path: &Path,
+    queue: &Mutex<mpsc::Receiver<Piece<'_>>>,
+    recycle: &mpsc::Sender<HostBuf>,
+    ranges: Option<&mpsc::Sender<(u64, usize)>>,
+    settings: WriteSettings,
+    failed: &AtomicBool,
+) -> io::Result<Instant> {
+    loop {
+        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        // Every piece taken, or another writer failed: this one is done.
+        let Ok(piece) = next else {
+            return Ok(Instant::now());
+        };
+        if failed.load(Ordering::Acquire) {
+            return Ok(Instant::now());
+        }
+        let bytes = piece.chunk.bytes();
+        if let Err(e) = write_at(file, path, bytes, piece.at) {
+            failed.store(true, Ordering::Release);
+            return Err(e);
+        }
+        match (settings.write_back, ranges) {
+            (WriteBack::Inline, _) => start_write_back(file, piece.at, bytes.len()),
+            (WriteBack::Behind, Some(r)) => {
+                let _ = r.send((piece.at, bytes.len()));
+            }
+            _ => {}
+        }
+        if let Chunk::Owned(v, _) = piece.chunk {
+            let _ = recycle.send(v);
+        }
+    }
+}
+
+/// The hasher of [`stream_to`]: feeds the pieces, in order, to the checksum and passes each on
+/// to the writers. Returns the checksum and when it was done.
+fn hash_pieces<'a>(
+    pieces: mpsc::Receiver<Piece<'a>>,
+    to_writers: mpsc::SyncSender<Piece<'a>>,
+) -> (Checksum, Instant) {
+    let mut hasher = Hasher::new(crate::checkpoint::fsio::algorithm());
+    for piece in pieces {
+        hasher.update(piece.chunk.bytes());
+        if to_writers.send(piece).is_err() {
+            break;
+        }
+    }
+    (hasher.finalize(), Instant::now())
+}
+
+/// The copier of [`stream_to`] (the calling thread): cuts `runs` into chunks, copies those on a
+/// device into host buffers (recycled ones from `recycled` where it can) and sends each,
+/// with its offset in the file, to the hasher. Whether every chunk was sent (the hasher gone
+/// means a writer failed).
+fn copy_runs<'a>(
+    runs: &'a [Run],
+    to_hasher: mpsc::SyncSender<Piece<'a>>,
+    recycled: &mpsc::Receiver<HostBuf>,
+) -> bool {
+    let mut made = 0usize;
+    // Each chunk goes at the offset after the one before. Returning drops `to_hasher`, which
+    // tells the hasher that the last chunk was sent.
+    let mut at = 0u64;
+    let mut send = |chunk: Chunk<'a>| {
+        let len = Chunk::bytes(&chunk).len() as u64;
+        let sent = to_hasher.send(Piece { at, chunk }).is_ok();
+        at += len;
+        sent
+    };
+    for run in runs {
+        match run {
+            Run::Bytes(b) => {
+                if !send(Chunk::Borrowed(b)) {
+                    return false;
+                }
+            }
+            Run::Floats {
+                tensor,
+                offset,
+                numel,
+            } => {
+                let per_chunk = (CHUNK / 4) as i64;
+                let mut done = 0i64;
+                while done < *numel {
+                    let n = per_chunk.min(numel - done);
+                    let chunk = float_chunk(tensor, offset + done, n, recycled, &mut made);
+                    if !send(chunk) {
+                        return false;
+                    }
+                    done += n;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Waits for the writers of [`stream_to`]: the last one's end, or the error of the one that
+/// failed.
+fn join_writers(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, io::Result<Instant>>>,
+) -> io::Result<Instant> {
+    let (mut last, mut error) = (None, None);
+    for h in handles {
+        match h
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")))
+        {
+            Ok(t) => last = last.max(Some(t)),
+            Err(e) => {
+                error.get_or_insert(e);
+            }
+        }
+    }
+    match (error, last) {
+        (Some(e), _) => Err(e),
+        (None, Some(t)) => Ok(t),
+        (None, None) => Err(io::Error::other("no checkpoint writer ran")),
+    }
 }
 
 /// Writes `bytes` at `at` in `file` (the temporary file at `path`).
