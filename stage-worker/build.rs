@@ -7,10 +7,14 @@
 //!   `LD_LIBRARY_PATH`. (`LD_LIBRARY_PATH` still wins, which is how the binary runs on a host
 //!   whose own PyTorch 2.11 provides libtorch.)
 //!
-//! It also compiles the few lines of C++ under `csrc/` that reach libtorch where tch does not:
-//! the fused AdamW kernel (`src/optim.rs`), the choice of attention kernels
-//! (`src/attention.rs`), libtorch's profiler (`src/profile.rs`) and the fused kernels with
-//! their autograd functions (`src/fused.rs`).
+//! It also compiles the C++ under `csrc/` that reaches libtorch where tch does not: libtorch's
+//! fused AdamW over per-parameter lists (`fused_adamw.cpp`, for `src/model/optim.rs`), the
+//! choice of attention kernels (`attention.cpp`, `src/model/attention.rs`), libtorch's profiler
+//! (`profiler.cpp`, `src/stages/profile.rs`), and the worker's own CUDA kernels: their source
+//! `kernels.cu`, which is written into `$OUT_DIR/kernels_cu.inc` as one raw string literal and
+//! compiled at run time by NVRTC (`kernel_module.cpp`, no CUDA toolkit needed here), and their
+//! autograd functions and entry points (`fused.cpp`, `src/kernels/fused.rs`). The host check
+//! `csrc/emulate/run.sh` compiles `kernels.cu` directly for the CPU.
 
 use std::path::PathBuf;
 
@@ -35,6 +39,11 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/attention.cpp");
     println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/fused.cpp");
+    println!("cargo:rerun-if-changed=csrc/kernel_module.cpp");
+    println!("cargo:rerun-if-changed=csrc/kernel_module.h");
+    println!("cargo:rerun-if-changed=csrc/kernels.cu");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    embed_cuda_source(&out);
     let include = PathBuf::from(&libtorch).join("include");
     cc::Build::new()
         .cpp(true)
@@ -42,6 +51,9 @@ fn main() {
         .file("csrc/attention.cpp")
         .file("csrc/profiler.cpp")
         .file("csrc/fused.cpp")
+        .file("csrc/kernel_module.cpp")
+        .include("csrc")
+        .include(&out)
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
@@ -55,4 +67,16 @@ fn main() {
         println!("cargo:rustc-link-arg-bins=-ltorch_cuda");
         println!("cargo:rustc-link-arg-bins=-Wl,--as-needed");
     }
+}
+
+/// Writes `csrc/kernels.cu` as one C++ raw string literal into `out/kernels_cu.inc`, which
+/// `kernel_module.cpp` includes as the source it hands NVRTC.
+fn embed_cuda_source(out: &std::path::Path) {
+    let source = std::fs::read_to_string("csrc/kernels.cu").expect("csrc/kernels.cu is readable");
+    assert!(
+        !source.contains(")CUDA\""),
+        "csrc/kernels.cu must not contain the raw string's end `)CUDA\"`"
+    );
+    let literal = format!("R\"CUDA({source})CUDA\"\n");
+    std::fs::write(out.join("kernels_cu.inc"), literal).expect("OUT_DIR is writable");
 }

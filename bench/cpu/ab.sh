@@ -8,7 +8,7 @@
 #
 # BIN_DIR holds one folder per build, each with `orchestrate`, `stage-worker` and a file
 # `COMMIT` (one line: the commit it was built from). An arm is a build, optionally with worker
-# variables: ARMS="old new new:STAGE_WORKER_ADAMW=plain" (the default is every folder).
+# variables: ARMS="old new new:STAGE_WORKER_CHECKSUM=sha256" (the default is every folder).
 # Each repetition runs every arm once, the order rotated each time (REPS, default 3). EXTRA
 # arms (same form) run after those, up to REPS times each. No run is started that would, at
 # the length of the longest run so far, end after BUDGET_S seconds (default 480), so that a

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How fast this host's page cache takes a checkpoint-sized file, by the ways stage-worker can
-write one (stage-worker/src/writeback.rs): run by run.sh before the benchmark, in its work
+write one (stage-worker/src/checkpoint/writeback.rs): run by run.sh before the benchmark, in its work
 directory (the file system the checkpoints go to).
 
   python3 disk_probe.py WORK_DIR OUT_JSON

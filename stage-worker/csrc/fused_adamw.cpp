@@ -1,5 +1,6 @@
-// One AdamW step over flat fp32 buffers with libtorch's fused kernel (`_fused_adamw_`, one
-// kernel for the whole update), which tch does not bind. Called from stage-worker/src/optim.rs.
+// One AdamW step with libtorch's fused kernel (`_fused_adamw_`, which tch does not bind): the
+// worker's optimizer wherever its own kernels do not run, and their reference. Called from
+// stage-worker/src/model/optim.rs.
 //
 // Tensors arrive as tch's handles (`at::Tensor *`). Returns 0, or 1 with a message in `err`
 // (a libtorch exception must not unwind into Rust).
@@ -10,31 +11,10 @@
 #include <exception>
 #include <optional>
 
-extern "C" int stage_worker_fused_adamw(const at::Tensor *param, const at::Tensor *grad,
-                                        const at::Tensor *exp_avg, const at::Tensor *exp_avg_sq,
-                                        const at::Tensor *step, double lr,
-                                        double beta1, double beta2, double weight_decay,
-                                        double eps, const at::Tensor *grad_scale, char *err,
-                                        size_t err_len) {
-  try {
-    std::optional<at::Tensor> scale;
-    if (grad_scale != nullptr) {
-      scale = *grad_scale;
-    }
-    at::_fused_adamw_({*param}, {*grad}, {*exp_avg}, {*exp_avg_sq}, {}, {*step}, lr, beta1,
-                      beta2, weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, scale,
-                      /*found_inf=*/std::nullopt);
-    return 0;
-  } catch (const std::exception &e) {
-    std::snprintf(err, err_len, "%s", e.what());
-    return 1;
-  }
-}
-
-// The same update with no flat gradient: each parameter's own gradient (as autograd left it)
+// The update with no flat gradient: each parameter's own gradient (as autograd left it)
 // goes to the kernel in a list, next to the matching slices of the flat parameter and moment
 // buffers, so no gradient is copied, zeroed or accumulated into another buffer. The global
-// gradient norm (for clipping, as the flat form takes it) comes from `_foreach_norm`.
+// gradient norm (for clipping) comes from `_foreach_norm`.
 // Afterwards every gradient is dropped (the next backward pass hands its fresh gradients over
 // without a copy). `leaves[i]` is parameter i, laid out at `offsets[i]` in `flat`; those
 // below `decay_len` take `weight_decay`, the rest none. On success `*norm_out` is a new

@@ -1,5 +1,5 @@
 // libtorch's own profiler (Kineto: operators on the CPU, kernels and copies on the GPU), which
-// tch does not bind. Called from stage-worker/src/profile.rs around a few training steps; the
+// tch does not bind. Called from stage-worker/src/stages/profile.rs around a few training steps; the
 // trace it saves is the Chrome trace format that torch.profiler's export_chrome_trace writes.
 //
 // Both calls return 0, or 1 with a message in `err` (a libtorch exception must not unwind

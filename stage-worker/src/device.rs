@@ -13,6 +13,19 @@ pub struct Compute {
     pub kind: Kind,
     /// For the `started` event and logs, such as "cuda:0 NVIDIA H200, bf16" or "cpu, 2 threads, fp32".
     pub description: String,
+    /// When [`prepare`] had the CUDA driver initialised (libtorch counted the devices, which
+    /// runs `cuInit`; no context existed yet), in Unix seconds; `None` off CUDA. The split of a
+    /// stage's start between the driver and its context.
+    pub driver_ready_at: Option<f64>,
+}
+
+/// What [`release`] did, in Unix seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Released {
+    /// When the CUDA context was destroyed.
+    pub at: f64,
+    /// When the NVIDIA device files were closed afterwards, if they were.
+    pub driver_closed_at: Option<f64>,
 }
 
 /// The compute kind for a `precision` parameter on a device: `"auto"` is bf16 on CUDA and fp32
@@ -57,6 +70,7 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                 device: Device::Cpu,
                 kind,
                 description: format!("cpu, {threads} threads, {}", kind_name(kind)),
+                driver_ready_at: None,
             })
         }
         SpecDevice::Cuda if simulated_cuda().is_some() => {
@@ -68,12 +82,13 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                     "cpu (simulating cuda), {threads} threads, {}",
                     kind_name(kind)
                 ),
+                driver_ready_at: None,
             })
         }
         SpecDevice::Cuda => {
             let kind = compute_kind(precision, true)?;
             let available = tch::Cuda::is_available();
-            let _ = DRIVER_READY_AT.set(crate::log::unix_now());
+            let driver_ready_at = Some(crate::log::unix_now());
             if !available {
                 let visible =
                     std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into());
@@ -82,19 +97,19 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                      check the driver, and that stage-worker was built against a libtorch with CUDA"
                 )));
             }
-            let Some(kernels) = crate::attention::Kernels::from_env() else {
+            let Some(kernels) = crate::model::attention::Kernels::from_env() else {
                 return Err(Failure::bad_input(
                     "STAGE_WORKER_SDPA must be `auto`, `efficient`, `flash` or `libtorch`"
                         .to_string(),
                 ));
             };
-            if crate::fused::wanted_by_env().is_none() {
+            if crate::kernels::fused::wanted_by_env().is_none() {
                 return Err(Failure::bad_input(
                     "STAGE_WORKER_FUSED must be `auto` or `off`".to_string(),
                 ));
             }
             let device = Device::Cuda(0);
-            crate::attention::apply(kernels);
+            crate::model::attention::apply(kernels);
             let probe = Tensor::f_ones([1], (Kind::Float, device))?;
             let _ = probe.f_sum(Kind::Float)?.f_double_value(&[])?;
             let name = cuda_device_name().unwrap_or_else(|| "CUDA device".into());
@@ -102,6 +117,7 @@ pub fn prepare(requested: SpecDevice, precision: &str) -> StageResult<Compute> {
                 device,
                 kind,
                 description: format!("cuda:0 {name}, {}", kind_name(kind)),
+                driver_ready_at,
             })
         }
     }
@@ -128,19 +144,6 @@ pub fn simulated_persist_delay() {
     }
 }
 
-/// When [`prepare`] had the CUDA driver initialised (libtorch counted the devices, which runs
-/// `cuInit`; no context exists yet), in Unix seconds.
-static DRIVER_READY_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-
-/// When [`prepare`] had the CUDA driver initialised, before it created a context (`None` off
-/// CUDA): the split of a stage's start between the driver and its context.
-pub fn driver_ready_at() -> Option<f64> {
-    DRIVER_READY_AT.get().copied()
-}
-
-/// When [`release`] destroyed this process's CUDA context, in Unix seconds.
-static RELEASED_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-
 /// Whether a stage that is about to end should give its device back as soon as its final
 /// checkpoint is on the host (`STAGE_WORKER_EARLY_RELEASE=0` turns it off).
 pub fn early_release_wanted(device: Device) -> bool {
@@ -155,11 +158,13 @@ pub fn early_release_wanted(device: Device) -> bool {
 /// may follow, not even freeing a tensor (the caller forgets them). The stage's isolation is
 /// unchanged: the process still exits, and `orchestrate` still verifies with NVML that the
 /// memory is back before the next stage may use the device (at once, when the caller reports
-/// the release: see `EventSink::announce_released`). Returns whether it was done.
-pub fn release() -> bool {
+/// the release: see `EventSink::announce_released`). Returns when it was done, if it was.
+pub fn release() -> Option<Released> {
     if simulated_cuda().is_some() {
-        let _ = RELEASED_AT.set(crate::log::unix_now());
-        return true;
+        return Some(Released {
+            at: crate::log::unix_now(),
+            driver_closed_at: None,
+        });
     }
     type Sync = unsafe extern "C" fn() -> i32;
     type Reset = unsafe extern "C" fn() -> i32;
@@ -177,24 +182,30 @@ pub fn release() -> bool {
             sync() == 0 && reset() == 0
         }
     };
-    if ok {
-        let _ = RELEASED_AT.set(crate::log::unix_now());
-        if std::env::var("STAGE_WORKER_CLOSE_DRIVER").map_or(true, |v| v != "0") {
-            close_driver_files();
-        }
+    if !ok {
+        return None;
     }
-    ok
+    let at = crate::log::unix_now();
+    let driver_closed_at = if std::env::var("STAGE_WORKER_CLOSE_DRIVER").map_or(true, |v| v != "0")
+    {
+        close_driver_files()
+    } else {
+        None
+    };
+    Some(Released {
+        at,
+        driver_closed_at,
+    })
 }
 
 /// After [`release`], closes this process's descriptors of the NVIDIA device files
 /// (`/dev/nvidiactl`, `/dev/nvidia0`, `/dev/nvidia-uvm`; each becomes /dev/null), so that the
 /// driver's per-process teardown, which otherwise happens at exit (about 0.07 s on an H200),
 /// happens now, alongside the disk. Nothing may use the driver afterwards, which [`release`]'s
-/// contract already says. `STAGE_WORKER_CLOSE_DRIVER=0` turns it off.
-fn close_driver_files() {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return;
-    };
+/// contract already says. `STAGE_WORKER_CLOSE_DRIVER=0` turns it off. Returns when it was
+/// done, if it was.
+fn close_driver_files() -> Option<f64> {
+    let dir = std::fs::read_dir("/proc/self/fd").ok()?;
     let fds: Vec<i32> = dir
         .flatten()
         .filter_map(|e| {
@@ -206,9 +217,7 @@ fn close_driver_files() {
     // Each descriptor is pointed at /dev/null (`dup2` closes the device file) rather than
     // closed, so that its number is not reused by a file this process opens next while a
     // thread of the driver's library may still poll or read it.
-    let Ok(null) = std::fs::File::open("/dev/null") else {
-        return;
-    };
+    let null = std::fs::File::open("/dev/null").ok()?;
     for fd in fds {
         // SAFETY: replaces a descriptor of a device file nothing in this process uses any more
         // (the CUDA context is destroyed and no device call follows) with /dev/null.
@@ -216,20 +225,7 @@ fn close_driver_files() {
             libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd);
         }
     }
-    let _ = DRIVER_CLOSED_AT.set(crate::log::unix_now());
-}
-
-/// When [`close_driver_files`] was done, if it was.
-static DRIVER_CLOSED_AT: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-
-/// When the NVIDIA device files were closed after the release, if they were.
-pub fn driver_closed_at() -> Option<f64> {
-    DRIVER_CLOSED_AT.get().copied()
-}
-
-/// When [`release`] destroyed the CUDA context, if it did.
-pub fn released_at() -> Option<f64> {
-    RELEASED_AT.get().copied()
+    Some(crate::log::unix_now())
 }
 
 fn kind_name(kind: Kind) -> &'static str {

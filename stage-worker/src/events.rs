@@ -157,8 +157,12 @@ impl EventSink {
     }
 
     /// `checkpoint` for each file of a checkpoint just written (see
-    /// [`crate::fsio::WrittenFile`]), as of `step`.
-    pub fn checkpoint_files(&mut self, files: Vec<crate::fsio::WrittenFile>, step: Option<u64>) {
+    /// [`crate::checkpoint::fsio::WrittenFile`]), as of `step`.
+    pub fn checkpoint_files(
+        &mut self,
+        files: Vec<crate::checkpoint::fsio::WrittenFile>,
+        step: Option<u64>,
+    ) {
         for f in files {
             self.checkpoint(f.path, f.entry.checksum, f.entry.bytes, step, f.identity);
         }

@@ -1,38 +1,18 @@
 //! `stage-worker`: runs one built-in stage (train or eval) of an orchestrate pipeline and exits.
 //! See `stage-worker --help` for the contract.
 
-mod attention;
+mod boot;
 mod checkpoint;
-mod cli;
 mod data;
 mod device;
-mod eval;
 mod events;
 mod failure;
-mod fileread;
-mod forkserver;
-mod fsio;
-mod fused;
-mod hold;
-mod input_wait;
-mod kernel_check;
+mod kernels;
 mod log;
 mod model;
-mod optim;
-mod params;
-mod profile;
-mod progress;
-mod rng;
-mod signals;
-mod spec;
-mod stage;
-mod stage_standby;
-mod stream;
+mod stages;
 #[cfg(test)]
 mod testutil;
-mod train;
-mod warmup;
-mod writeback;
 
 use clap::{CommandFactory, Parser};
 use events::EventSink;
@@ -42,32 +22,32 @@ use std::path::Path;
 
 fn main() {
     log::start();
-    dispatch(cli::Cli::parse());
+    dispatch(boot::cli::Cli::parse());
 }
 
 /// Runs `argv` as if it were this process's command line (a worker forked by the fork
 /// server), then exits.
 pub fn run_command_line(argv: &[String]) -> ! {
-    let cli = cli::Cli::try_parse_from(argv).unwrap_or_else(|e| e.exit());
+    let cli = boot::cli::Cli::try_parse_from(argv).unwrap_or_else(|e| e.exit());
     dispatch(cli);
     std::process::exit(0)
 }
 
-fn dispatch(cli: cli::Cli) {
+fn dispatch(cli: boot::cli::Cli) {
     match (&cli.command, &cli.spec) {
-        (Some(cli::Command::Hold(args)), _) => {
-            if let Err(e) = hold::run(args) {
+        (Some(boot::cli::Command::Hold(args)), _) => {
+            if let Err(e) = boot::hold::run(args) {
                 log!("hold: {e}");
                 std::process::exit(1);
             }
         }
-        (Some(cli::Command::CheckKernels), _) => std::process::exit(kernel_check::run()),
-        (Some(cli::Command::ForkServer(args)), _) => {
-            std::process::exit(forkserver::serve(args.fd));
+        (Some(boot::cli::Command::CheckKernels), _) => std::process::exit(kernels::check::run()),
+        (Some(boot::cli::Command::ForkServer(args)), _) => {
+            std::process::exit(boot::forkserver::serve(args.fd));
         }
         (None, Some(spec)) => run_stage(spec),
         (None, None) => {
-            cli::Cli::command()
+            boot::cli::Cli::command()
                 .error(
                     clap::error::ErrorKind::MissingRequiredArgument,
                     "no stage spec: pass --spec PATH or set ORCHESTRATE_SPEC",
@@ -86,7 +66,7 @@ fn run_stage(spec: &Path) -> ! {
             std::process::exit(1);
         }
     };
-    if let Err(e) = signals::install() {
+    if let Err(e) = boot::signals::install() {
         log!("cannot install the SIGTERM handler: {e}");
     }
     // libtorch reports errors by panicking through tch; log one readable entry and turn the
@@ -104,7 +84,7 @@ fn run_stage(spec: &Path) -> ! {
             .unwrap_or_default();
         log!("internal error{at}: {}", readable_message(text));
     }));
-    let outcome = panic::catch_unwind(AssertUnwindSafe(|| stage::run(spec, &mut sink)));
+    let outcome = panic::catch_unwind(AssertUnwindSafe(|| stages::run(spec, &mut sink)));
     let failure = match outcome {
         Ok(Ok(())) => {
             sink.done();
@@ -124,7 +104,7 @@ fn run_stage(spec: &Path) -> ! {
 /// and every event sent, and the OS reclaims the rest, device memory included.
 fn exit_now(code: i32) -> ! {
     use std::io::Write;
-    if warmup::tracing() {
+    if boot::warmup::tracing() {
         log!("exiting at {:.4}", log::unix_now());
     }
     let _ = std::io::stdout().flush();

@@ -1,5 +1,5 @@
 //! The worker's own CUDA kernels (the embedding, the cross-entropy and the AdamW step of
-//! `csrc/fused.cpp`) run on the host, one host thread per GPU thread, against reference loops
+//! `csrc/kernels.cu`) run on the host, one host thread per GPU thread, against reference loops
 //! (`csrc/emulate/run.sh`): their arithmetic is checked on every CI run, which has no GPU (a
 //! wrong AdamW denominator, for one, fails it). The emulated optimizer step's norm stays under
 //! the clipping threshold; `stage-worker check-kernels` checks clipped steps, and every kernel

@@ -1,8 +1,9 @@
-// Runs the NVRTC kernels of fused.cpp on the host, against plain reference loops: the
+// Runs the NVRTC kernels of kernels.cu on the host, against plain reference loops: the
 // embedding, cross-entropy and AdamW kernels, whose results are checked here for their
 // indexing, bounds and reductions without a GPU (the GPU's own check is `stage-worker
-// check-kernels`). Built and run by run.sh, which extracts the kernels' source from fused.cpp;
-// a development aid, not part of the build.
+// check-kernels`). Built and run by run.sh, which compiles this file with kernels.cu
+// included below (each `extern "C" __global__` kernel becomes a plain host function); a
+// development aid, not part of the build.
 #include <barrier>
 #include <thread>
 #include <cmath>
@@ -18,6 +19,7 @@ struct dim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local dim3 threadIdx, blockIdx;
 static dim3 blockDim, gridDim;
 #define __device__
+#define __global__
 #define __forceinline__ inline
 #define __restrict__
 #define __shared__ static
@@ -49,7 +51,7 @@ inline float atomicAdd(float *p, float v) {
 }
 using std::min; using std::max;
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
-#include "kernels.inc"
+#include "../kernels.cu"
 // Runs kernel body `f` over a grid of gx x gy blocks of bx threads, one block at a time, every
 // thread of the block on its own host thread (so that __syncthreads and the warp shuffles
 // meet as on the GPU).

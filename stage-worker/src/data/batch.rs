@@ -1,7 +1,7 @@
 //! Batches: token ids and next-token targets, built on the host and moved to the device.
 
 use super::{Dataset, Example};
-use crate::rng::Rng;
+use crate::data::rng::Rng;
 use tch::{Device, Kind, Tensor};
 
 /// Target value that the loss ignores (prompt positions and padding).

@@ -9,6 +9,7 @@
 
 pub mod batch;
 pub mod files;
+pub mod rng;
 pub mod synthetic;
 
 use crate::failure::{Failure, StageResult};

@@ -11,7 +11,7 @@
 //! Everything here is a pure function of its seed.
 
 use super::{Example, Split};
-use crate::rng::{stable_hash, Rng};
+use crate::data::rng::{stable_hash, Rng};
 
 const NOUNS: &[&str] = &[
     "cat", "dog", "bird", "fish", "fox", "owl", "cow", "bee", "frog", "duck", "goat", "hen",

@@ -8,7 +8,11 @@
 //! LayerNorms run in fp32, and every matrix product (attention included) runs in the compute
 //! kind (bf16 on GPU), with weights cast on the way in so gradients reach the fp32 masters.
 
-use crate::params::{Init, ParamSpecs, ParamStore};
+pub mod attention;
+pub mod optim;
+pub mod params;
+
+use crate::model::params::{Init, ParamSpecs, ParamStore};
 use protocol::worker::ModelConfig;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -139,21 +143,21 @@ impl ByteGpt {
     /// most `max_seq_len`). Position `t` sees inputs `0..=t` only.
     ///
     /// On CUDA in bf16 each LayerNorm runs with the residual add before it and the cast after
-    /// it as one kernel ([`crate::fused`]), and so do the embeddings' lookup and sum;
+    /// it as one kernel ([`crate::kernels::fused`]), and so do the embeddings' lookup and sum;
     /// elsewhere as libtorch's kernels. Same arithmetic.
     pub fn forward(&self, ids: &Tensor, kind: Kind) -> Tensor {
         self.forward_with(ids, kind, self.fused_kernels(kind))
     }
 
     /// Whether this model computes in `kind` with the worker's own kernels
-    /// ([`crate::fused::usable`] for its device and width): its forward pass, its loss and,
-    /// set by the caller with [`crate::optim::AdamW::use_kernels`], its optimizer step.
+    /// ([`crate::kernels::fused::usable`] for its device and width): its forward pass, its loss and,
+    /// set by the caller with [`crate::model::optim::AdamW::use_kernels`], its optimizer step.
     pub fn fused_kernels(&self, kind: Kind) -> bool {
-        crate::fused::usable(self.params.device(), kind, self.config.d_model)
+        crate::kernels::fused::usable(self.params.device(), kind, self.config.d_model)
     }
 
     /// [`ByteGpt::forward`] with the fused kernels (`fused`, where
-    /// [`crate::fused::usable`] said yes) or libtorch's kernels.
+    /// [`crate::kernels::fused::usable`] said yes) or libtorch's kernels.
     pub fn forward_with(&self, ids: &Tensor, kind: Kind, fused: bool) -> Tensor {
         let (b, t) = ids.size2().expect("ids are [batch, time]");
         let c = self.config.d_model;
@@ -207,7 +211,7 @@ impl ByteGpt {
 }
 
 /// The LayerNorms and linear layers of one forward pass: the fused kernels where
-/// [`crate::fused::usable`] said so, else libtorch's.
+/// [`crate::kernels::fused::usable`] said so, else libtorch's.
 struct Layers<'a> {
     model: &'a ByteGpt,
     kind: Kind,
@@ -228,7 +232,7 @@ impl Layers<'_> {
         let p = &self.model.params;
         let (wte, wpe) = (p.get("wte"), p.get("wpe"));
         if self.fused {
-            return crate::fused::embedding(wte, wpe, ids);
+            return crate::kernels::fused::embedding(wte, wpe, ids);
         }
         let t = ids.size()[1];
         Tensor::embedding(wte, ids, -1, false, false) + wpe.narrow(0, 0, t)
@@ -238,7 +242,7 @@ impl Layers<'_> {
     fn linear(&self, x: &Tensor, prefix: &str, gelu: bool) -> Tensor {
         if self.fused {
             let (w, b) = self.weights(prefix);
-            return crate::fused::linear(x, w, b, gelu);
+            return crate::kernels::fused::linear(x, w, b, gelu);
         }
         let y = self.model.linear(x, prefix, self.kind);
         if gelu {
@@ -252,7 +256,7 @@ impl Layers<'_> {
     fn first(&self, x: &Tensor, prefix: &str) -> Tensor {
         if self.fused {
             let (w, b) = self.weights(prefix);
-            return crate::fused::layer_norm_cast(x, w, b, LN_EPS);
+            return crate::kernels::fused::layer_norm_cast(x, w, b, LN_EPS);
         }
         self.model.layer_norm(x, prefix).to_kind(self.kind)
     }
@@ -262,7 +266,7 @@ impl Layers<'_> {
     fn after_residual(&self, x: &Tensor, y: &Tensor, prefix: &str) -> (Tensor, Tensor) {
         if self.fused {
             let (w, b) = self.weights(prefix);
-            return crate::fused::residual_layer_norm(x, y, w, b, LN_EPS);
+            return crate::kernels::fused::residual_layer_norm(x, y, w, b, LN_EPS);
         }
         let x = x + y;
         let a = self.model.layer_norm(&x, prefix).to_kind(self.kind);
@@ -271,12 +275,12 @@ impl Layers<'_> {
 }
 
 /// Mean cross-entropy in fp32 over the targets that are not [`crate::data::batch::IGNORE`],
-/// with the fused kernels (`fused`, where [`crate::fused::usable`] said yes for the logits'
+/// with the fused kernels (`fused`, where [`crate::kernels::fused::usable`] said yes for the logits'
 /// device and kind) or libtorch's: the cast to fp32, `log_softmax` and the mean negative
 /// log-likelihood.
 pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, fused: bool) -> Tensor {
     if fused {
-        return crate::fused::cross_entropy(logits, targets, crate::data::batch::IGNORE);
+        return crate::kernels::fused::cross_entropy(logits, targets, crate::data::batch::IGNORE);
     }
     logits
         .to_kind(Kind::Float)

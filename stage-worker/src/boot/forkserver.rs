@@ -19,11 +19,12 @@
 //!    and the rest are the stage's before any CUDA call), changes directory, and runs the
 //!    stage as `stage-worker --spec …` would.
 
+use crate::boot::fork_messages::{receive_framed, send};
+use crate::boot::forked_child::{detach, take_on};
 use protocol::fork::{ForkReply, ForkRequest, ENV_SIMULATED_DEVICE_FLAG};
-use std::io::{self, IoSliceMut, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
 
 /// Why this process must not fork workers, if it must not: a device was initialised in it
 /// (it holds a handle on the NVIDIA driver, or the CUDA driver says it was initialised, or
@@ -163,13 +164,6 @@ pub fn serve(fd: RawFd) -> i32 {
     }
 }
 
-fn send(sock: &mut UnixStream, reply: &ForkReply) -> io::Result<()> {
-    let body = serde_json::to_vec(reply).expect("reply serializes");
-    let mut msg = (body.len() as u32).to_le_bytes().to_vec();
-    msg.extend_from_slice(&body);
-    sock.write_all(&msg)
-}
-
 /// Reads one request and the descriptors sent with it (two; three for a standby, whose third
 /// is its socket); `None` at end of file.
 fn receive(sock: &UnixStream) -> io::Result<Option<(ForkRequest, Vec<OwnedFd>)>> {
@@ -189,49 +183,6 @@ fn receive(sock: &UnixStream) -> io::Result<Option<(ForkRequest, Vec<OwnedFd>)>>
         ));
     }
     Ok(Some((request, fds)))
-}
-
-/// Reads one length-prefixed message and the descriptors sent with its prefix; `None` at end
-/// of file.
-fn receive_framed(sock: &UnixStream) -> io::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut len = [0u8; 4];
-    let mut space = nix::cmsg_space!([RawFd; 3]);
-    let (n, fds) = {
-        let mut iov = [IoSliceMut::new(&mut len)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )
-        .map_err(io::Error::from)?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::ScmRights(r) = c {
-                // SAFETY: descriptors received with SCM_RIGHTS are new and ours.
-                fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-            }
-        }
-        (msg.bytes, fds)
-    };
-    if n == 0 {
-        return Ok(None);
-    }
-    let mut reader = sock;
-    if n < 4 {
-        reader.read_exact(&mut len[n..])?;
-    }
-    let n = u32::from_le_bytes(len) as usize;
-    if n > 16 << 20 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a message of {n} bytes"),
-        ));
-    }
-    let mut body = vec![0u8; n];
-    reader.read_exact(&mut body)?;
-    Ok(Some((body, fds)))
 }
 
 /// Forks the worker for `request` through an intermediate process (see the module comment)
@@ -280,7 +231,7 @@ fn fork_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd) -> 
             // SAFETY: closing our copy of the read end.
             unsafe { libc::close(pipe[0]) };
             if request.standby {
-                crate::stage_standby::become_standby(request, fds, server_sock, pipe[1]);
+                crate::boot::standby::become_standby(request, fds, server_sock, pipe[1]);
             }
             become_worker(request, fds, server_sock, pipe[1]);
         }
@@ -318,87 +269,4 @@ fn become_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd, p
     take_on(&request.env, &request.cwd);
     crate::log!("started by the fork server (pid {})", std::process::id());
     crate::run_command_line(&request.argv)
-}
-
-/// In a new child of the server: wait to be re-parented to the request's `parent`, start a
-/// session, die with that parent, put `/dev/null` on stdin and `fds[0]`, `fds[1]` on stdout
-/// and stderr, close the server's socket and the PID pipe, and clear the signal mask (see the
-/// module comment). Exits the process on any failure.
-pub(crate) fn detach(request: &ForkRequest, fds: &[OwnedFd], server_sock: RawFd, pipe_w: RawFd) {
-    crate::log::restart();
-    let parent = request.parent as libc::pid_t;
-    // Wait until the intermediate has exited and the orchestrator (a subreaper) adopted us.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    // SAFETY: getppid has no preconditions.
-    while unsafe { libc::getppid() } != parent {
-        if Instant::now() > deadline {
-            // SAFETY: leaving without unwinding.
-            unsafe { libc::_exit(1) };
-        }
-        std::thread::sleep(Duration::from_micros(50));
-    }
-    // SAFETY: plain system calls on this process.
-    unsafe {
-        if libc::setsid() < 0 {
-            libc::_exit(1);
-        }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-            libc::_exit(1);
-        }
-        // The orchestrator may have died before the flag was set: then nobody would kill us.
-        if libc::getppid() != parent {
-            libc::_exit(1);
-        }
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
-        if null < 0
-            || libc::dup2(null, 0) < 0
-            || libc::dup2(fds[0].as_raw_fd(), 1) < 0
-            || libc::dup2(fds[1].as_raw_fd(), 2) < 0
-        {
-            libc::_exit(1);
-        }
-        // The server's socket and the PID pipe are not the stage's business. (Every other
-        // descriptor of the server is close-on-exec: the server received nothing else.)
-        libc::close(server_sock);
-        libc::close(pipe_w);
-        // Default signal handling and an empty mask, as after exec.
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-    }
-}
-
-/// Replaces this process's environment with `env` and enters `cwd` (exits if it cannot). In a
-/// new worker, before anything reads the environment (CUDA_VISIBLE_DEVICES first of all: no
-/// CUDA call has been made in this process, or, in a standby, only under the same driver
-/// variables).
-pub(crate) fn take_on(env: &[(String, String)], cwd: &std::path::Path) {
-    for (key, _) in std::env::vars_os() {
-        std::env::remove_var(key);
-    }
-    for (key, value) in env {
-        std::env::set_var(key, value);
-    }
-    if let Err(e) = std::env::set_current_dir(cwd) {
-        crate::log!("cannot enter {}: {e}", cwd.display());
-        std::process::exit(1);
-    }
-}
-
-/// Reads one length-prefixed JSON message and its descriptors from `sock` (an adoption, on a
-/// standby's socket); `None` at end of file.
-pub(crate) fn receive_message<T: serde::de::DeserializeOwned>(
-    sock: &UnixStream,
-) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
-    let Some((body, fds)) = receive_framed(sock)? else {
-        return Ok(None);
-    };
-    let message =
-        serde_json::from_slice(&body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok(Some((message, fds)))
-}
-
-/// Sends `reply`, length-prefixed, on `sock`.
-pub(crate) fn reply(sock: &mut UnixStream, reply: &ForkReply) -> io::Result<()> {
-    send(sock, reply)
 }

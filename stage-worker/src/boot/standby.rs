@@ -3,7 +3,7 @@
 //!
 //! When a stage's last step is done (its `finishing` event), `orchestrate` asks the fork server
 //! for a standby under that stage's environment ([`protocol::fork::ForkRequest::standby`]). The
-//! standby takes on a worker's process attributes ([`crate::forkserver::detach`]), initialises
+//! standby takes on a worker's process attributes ([`crate::boot::forked_child::detach`]), initialises
 //! the CUDA driver (libtorch counts the devices: `cuInit`, about 0.1 s on an H200; no context
 //! is created, no device memory taken, and NVML lists nothing of it, so the previous stage's
 //! release is checked exactly as before), and then waits on its own socket. The stage that
@@ -14,7 +14,8 @@
 //! closes, or that is offered a stage with other driver variables, exits without running
 //! anything.
 
-use crate::forkserver::{detach, receive_message, reply, take_on};
+use crate::boot::fork_messages::{receive_message, send};
+use crate::boot::forked_child::{detach, take_on};
 use protocol::fork::{driver_env, Adopt, ForkReply, ForkRequest};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -22,7 +23,7 @@ use std::time::Instant;
 
 /// In the new child: detach, start the driver, wait for a stage and become its worker (see the
 /// module comment). Never returns.
-pub(crate) fn become_standby(
+pub fn become_standby(
     request: &ForkRequest,
     fds: Vec<OwnedFd>,
     server_sock: RawFd,
@@ -50,7 +51,7 @@ pub(crate) fn become_standby(
         _ => std::process::exit(0),
     };
     if let Err(why) = adoptable(request, &adopt, &stage_fds) {
-        let _ = reply(&mut sock, &ForkReply::Refused { reason: why });
+        let _ = send(&mut sock, &ForkReply::Refused { reason: why });
         std::process::exit(1);
     }
     // SAFETY: dup2 onto this process's stdout and stderr of descriptors it received.
@@ -71,7 +72,7 @@ pub(crate) fn become_standby(
     take_on(&adopt.env, &adopt.cwd);
     let waited_s = started.elapsed().as_secs_f64() - driver_s;
     let pid = std::process::id();
-    if reply(&mut sock, &ForkReply::Forked { pid }).is_err() {
+    if send(&mut sock, &ForkReply::Forked { pid }).is_err() {
         std::process::exit(1);
     }
     drop(sock);

@@ -1,4 +1,4 @@
-//! `stage-worker check-kernels`: the fused kernels ([`crate::fused`]) against libtorch's on
+//! `stage-worker check-kernels`: the fused kernels ([`crate::kernels::fused`]) against libtorch's on
 //! this machine's GPU, values and speed.
 //!
 //! For each width it builds one random LayerNorm problem (a residual stream in fp32, a branch
@@ -15,8 +15,8 @@
 //! way. One JSON object per line on stdout; the exit status
 //! is 1 when a difference is beyond its tolerance (or the kernels cannot run here), else 0.
 
+use crate::model::optim::AdamW;
 use crate::model::ByteGpt;
-use crate::optim::AdamW;
 use protocol::worker::ModelConfig;
 use serde_json::json;
 use std::time::Instant;
@@ -40,7 +40,7 @@ pub fn run() -> i32 {
         return 1;
     }
     let device = Device::Cuda(0);
-    if !crate::fused::usable(device, Kind::BFloat16, 1024) {
+    if !crate::kernels::fused::usable(device, Kind::BFloat16, 1024) {
         println!(
             "{}",
             json!({"error": "the fused kernels cannot run here (see the log)"})
@@ -48,7 +48,7 @@ pub fn run() -> i32 {
         return 1;
     }
     let started = Instant::now();
-    let compiled = crate::fused::compile_for(90);
+    let compiled = crate::kernels::fused::compile_for(90);
     println!(
         "{}",
         json!({"compile": "sm_90, once more, off the GPU", "ms": started.elapsed().as_secs_f64() * 1e3,
@@ -110,10 +110,13 @@ fn pass(p: &Problem, residual: bool, fused: bool) -> Vec<(&'static str, Tensor)>
     let (x, y, w, b) = (leaf(&p.x), leaf(&p.y), leaf(&p.w), leaf(&p.b));
     let (xn, a) = match (residual, fused) {
         (true, true) => {
-            let (xn, a) = crate::fused::residual_layer_norm(&x, &y, &w, &b, 1e-5);
+            let (xn, a) = crate::kernels::fused::residual_layer_norm(&x, &y, &w, &b, 1e-5);
             (Some(xn), a)
         }
-        (false, true) => (None, crate::fused::layer_norm_cast(&x, &w, &b, 1e-5)),
+        (false, true) => (
+            None,
+            crate::kernels::fused::layer_norm_cast(&x, &w, &b, 1e-5),
+        ),
         (true, false) => {
             let xn = &x + &y;
             let a = xn
@@ -206,7 +209,7 @@ fn linear_check(device: Device, rows: i64, inputs: i64, outputs: i64, gelu: bool
         let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
         let (x, w, b) = (leaf(&x), leaf(&w), leaf(&b));
         let y = if fused {
-            crate::fused::linear(&x, &w, &b, gelu)
+            crate::kernels::fused::linear(&x, &w, &b, gelu)
         } else {
             let y = x.linear(&w.to_kind(Kind::BFloat16), Some(&b.to_kind(Kind::BFloat16)));
             if gelu {
@@ -250,7 +253,7 @@ fn embedding_check(device: Device, batch: i64, time: i64, width: i64) -> bool {
         let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
         let (wte, wpe) = (leaf(&wte), leaf(&wpe));
         let x = if fused {
-            crate::fused::embedding(&wte, &wpe, &ids)
+            crate::kernels::fused::embedding(&wte, &wpe, &ids)
         } else {
             Tensor::embedding(&wte, &ids, -1, false, false) + wpe.narrow(0, 0, time)
         };

@@ -8,10 +8,10 @@
 //! copier that copies the next chunk from the device into a recycled host buffer (page-locked
 //! ahead of time where the device allows it, see [`pin_host_buffers`]; on the CPU the tensor's
 //! memory is used in place), a hasher that feeds the chunks to BLAKE3 in order
-//! ([`crate::fsio::algorithm`]), and writers (one by default, see
-//! [`crate::writeback::WriteSettings`]) that write each chunk at its offset (`pwrite`) into a
+//! ([`crate::checkpoint::fsio::algorithm`]), and writers (one by default, see
+//! [`crate::checkpoint::writeback::WriteSettings`]) that write each chunk at its offset (`pwrite`) into a
 //! temporary file. The writers do not wait for the disk: by default a thread of its own starts
-//! the write-back of each range they finished ([`crate::writeback`]), so the file reaches the
+//! the write-back of each range they finished ([`crate::checkpoint::writeback`]), so the file reaches the
 //! page cache as fast as the kernel takes it and the final fsync has little left to do. The
 //! bytes are never read back; the checksum in the manifest is the one computed on the way out.
 //! The files are written in parallel, each renamed into place as soon as it is complete.
@@ -23,8 +23,8 @@
 //! those of the bytes written, whatever the number of writers; the same tensors always give the
 //! same bytes; a failed write leaves neither the file nor its temporary file behind.
 
-use crate::fsio::{fsync_dir, WrittenFile};
-use crate::writeback::{start_write_back, Flusher, WriteBack, WriteSettings};
+use crate::checkpoint::fsio::{fsync_dir, WrittenFile};
+use crate::checkpoint::writeback::{start_write_back, Flusher, WriteBack, WriteSettings};
 use protocol::checkpoint::{Checksum, FileIdentity, Hasher, ManifestFile};
 use std::fs::{self, File};
 use std::io;
@@ -479,7 +479,7 @@ fn stream_to(
     // A pipeline, so that the device copies, the hash and the page cache all work at once:
     // this thread copies chunks off the device, a hasher feeds them to BLAKE3 in order, and
     // `writers` threads write each at its offset (`pwrite`), then hand its range to the
-    // write-back (see `crate::writeback`).
+    // write-back (see `crate::checkpoint::writeback`).
     // Room for every buffer there can be (the pinned ones and BUFFERS more), so that the copies
     // wait for a free buffer only, never for the hash: with the pinned pool holding the whole
     // checkpoint, the device's part ends right after the last step.
@@ -495,112 +495,30 @@ fn stream_to(
             .map(|_| {
                 let (queue, recycle, ranges) =
                     (from_hasher.clone(), recycle.clone(), ranges.clone());
-                s.spawn(move || -> io::Result<Instant> {
-                    loop {
-                        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        // Every piece taken, or another writer failed: this one is done.
-                        let Ok(piece) = next else {
-                            return Ok(Instant::now());
-                        };
-                        if failed_ref.load(Ordering::Acquire) {
-                            return Ok(Instant::now());
-                        }
-                        let bytes = piece.chunk.bytes();
-                        if let Err(e) = write_at(file_ref, path, bytes, piece.at) {
-                            failed_ref.store(true, Ordering::Release);
-                            return Err(e);
-                        }
-                        match (settings.write_back, &ranges) {
-                            (WriteBack::Inline, _) => {
-                                start_write_back(file_ref, piece.at, bytes.len())
-                            }
-                            (WriteBack::Behind, Some(r)) => {
-                                let _ = r.send((piece.at, bytes.len()));
-                            }
-                            _ => {}
-                        }
-                        if let Chunk::Owned(v, _) = piece.chunk {
-                            let _ = recycle.send(v);
-                        }
-                    }
+                s.spawn(move || {
+                    write_pieces(
+                        file_ref,
+                        path,
+                        &queue,
+                        &recycle,
+                        ranges.as_ref(),
+                        settings,
+                        failed_ref,
+                    )
                 })
             })
             .collect();
         // The writers hold the only handles now: once they are all gone, the hasher's sends
         // fail, the flusher's ranges end and no buffer comes back.
         drop((from_hasher, recycle, ranges));
-        let hasher = s.spawn(move || {
-            let mut hasher = Hasher::new(crate::fsio::algorithm());
-            for piece in from_copier {
-                hasher.update(piece.chunk.bytes());
-                if to_writers.send(piece).is_err() {
-                    break;
-                }
-            }
-            (hasher.finalize(), Instant::now())
-        });
-        let mut made = 0usize;
-        let mut complete = true;
-        // Each chunk goes at the offset after the one before. Dropping `send` (it owns the
-        // hasher's sender) tells the hasher that the last chunk was sent.
-        let mut at = 0u64;
-        let mut send = move |chunk| {
-            let len = Chunk::bytes(&chunk).len() as u64;
-            let sent = to_hasher.send(Piece { at, chunk }).is_ok();
-            at += len;
-            sent
-        };
-        'runs: for run in runs {
-            match run {
-                Run::Bytes(b) => {
-                    if !send(Chunk::Borrowed(b)) {
-                        complete = false;
-                        break 'runs;
-                    }
-                }
-                Run::Floats {
-                    tensor,
-                    offset,
-                    numel,
-                } => {
-                    let per_chunk = (CHUNK / 4) as i64;
-                    let mut done = 0i64;
-                    while done < *numel {
-                        let n = per_chunk.min(numel - done);
-                        let chunk = float_chunk(tensor, offset + done, n, &recycled, &mut made);
-                        if !send(chunk) {
-                            complete = false;
-                            break 'runs;
-                        }
-                        done += n;
-                    }
-                }
-            }
-        }
-        drop(send);
+        let hasher = s.spawn(move || hash_pieces(from_copier, to_writers));
+        let complete = copy_runs(runs, to_hasher, &recycled);
         let copies_done = complete.then(Instant::now);
         if complete {
             copied();
         }
         let hash = hasher.join();
-        // The last writer's end, or the error of the one that failed.
-        let (mut last, mut error) = (None, None);
-        for h in handles {
-            match h
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")))
-            {
-                Ok(t) => last = last.max(Some(t)),
-                Err(e) => {
-                    error.get_or_insert(e);
-                }
-            }
-        }
-        let written = match (error, last) {
-            (Some(e), _) => Err(e),
-            (None, Some(t)) => Ok(t),
-            (None, None) => Err(io::Error::other("no checkpoint writer ran")),
-        };
+        let written = join_writers(handles);
         times[0] = copies_done;
         match hash {
             Ok((hash, hashed)) => {
@@ -639,6 +557,133 @@ fn stream_to(
         file,
         flusher,
     })
+}
+
+/// A writer of [`stream_to`]: takes pieces off `queue` and writes each at its offset, then
+/// starts its write-back as `settings` say (itself, or by handing the range to the flusher's
+/// `ranges`) and sends an owned buffer back on `recycle`. Returns when the queue is empty and
+/// closed, or another writer failed (`failed`), with the time it ended; an error sets `failed`.
+fn write_pieces(
+    file: &File,
+    path: &Path,
+    queue: &Mutex<mpsc::Receiver<Piece<'_>>>,
+    recycle: &mpsc::Sender<HostBuf>,
+    ranges: Option<&mpsc::Sender<(u64, usize)>>,
+    settings: WriteSettings,
+    failed: &AtomicBool,
+) -> io::Result<Instant> {
+    loop {
+        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        // Every piece taken, or another writer failed: this one is done.
+        let Ok(piece) = next else {
+            return Ok(Instant::now());
+        };
+        if failed.load(Ordering::Acquire) {
+            return Ok(Instant::now());
+        }
+        let bytes = piece.chunk.bytes();
+        if let Err(e) = write_at(file, path, bytes, piece.at) {
+            failed.store(true, Ordering::Release);
+            return Err(e);
+        }
+        match (settings.write_back, ranges) {
+            (WriteBack::Inline, _) => start_write_back(file, piece.at, bytes.len()),
+            (WriteBack::Behind, Some(r)) => {
+                let _ = r.send((piece.at, bytes.len()));
+            }
+            _ => {}
+        }
+        if let Chunk::Owned(v, _) = piece.chunk {
+            let _ = recycle.send(v);
+        }
+    }
+}
+
+/// The hasher of [`stream_to`]: feeds the pieces, in order, to the checksum and passes each on
+/// to the writers. Returns the checksum and when it was done.
+fn hash_pieces<'a>(
+    pieces: mpsc::Receiver<Piece<'a>>,
+    to_writers: mpsc::SyncSender<Piece<'a>>,
+) -> (Checksum, Instant) {
+    let mut hasher = Hasher::new(crate::checkpoint::fsio::algorithm());
+    for piece in pieces {
+        hasher.update(piece.chunk.bytes());
+        if to_writers.send(piece).is_err() {
+            break;
+        }
+    }
+    (hasher.finalize(), Instant::now())
+}
+
+/// The copier of [`stream_to`] (the calling thread): cuts `runs` into chunks, copies those on a
+/// device into host buffers (recycled ones from `recycled` where it can) and sends each,
+/// with its offset in the file, to the hasher. Whether every chunk was sent (the hasher gone
+/// means a writer failed).
+fn copy_runs<'a>(
+    runs: &'a [Run],
+    to_hasher: mpsc::SyncSender<Piece<'a>>,
+    recycled: &mpsc::Receiver<HostBuf>,
+) -> bool {
+    let mut made = 0usize;
+    // Each chunk goes at the offset after the one before. Returning drops `to_hasher`, which
+    // tells the hasher that the last chunk was sent.
+    let mut at = 0u64;
+    let mut send = |chunk: Chunk<'a>| {
+        let len = Chunk::bytes(&chunk).len() as u64;
+        let sent = to_hasher.send(Piece { at, chunk }).is_ok();
+        at += len;
+        sent
+    };
+    for run in runs {
+        match run {
+            Run::Bytes(b) => {
+                if !send(Chunk::Borrowed(b)) {
+                    return false;
+                }
+            }
+            Run::Floats {
+                tensor,
+                offset,
+                numel,
+            } => {
+                let per_chunk = (CHUNK / 4) as i64;
+                let mut done = 0i64;
+                while done < *numel {
+                    let n = per_chunk.min(numel - done);
+                    let chunk = float_chunk(tensor, offset + done, n, recycled, &mut made);
+                    if !send(chunk) {
+                        return false;
+                    }
+                    done += n;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Waits for the writers of [`stream_to`]: the last one's end, or the error of the one that
+/// failed.
+fn join_writers(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, io::Result<Instant>>>,
+) -> io::Result<Instant> {
+    let (mut last, mut error) = (None, None);
+    for h in handles {
+        match h
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("checkpoint writer thread panicked")))
+        {
+            Ok(t) => last = last.max(Some(t)),
+            Err(e) => {
+                error.get_or_insert(e);
+            }
+        }
+    }
+    match (error, last) {
+        (Some(e), _) => Err(e),
+        (None, Some(t)) => Ok(t),
+        (None, None) => Err(io::Error::other("no checkpoint writer ran")),
+    }
 }
 
 /// Writes `bytes` at `at` in `file` (the temporary file at `path`).
@@ -779,7 +824,7 @@ mod tests {
         // under (what a downstream stage started early reads).
         let before = std::fs::read(dir.join("a.safetensors")).unwrap();
         let listed = unsynced.written().next().unwrap().entry.clone();
-        assert_eq!(listed.checksum, crate::fsio::checksum(&before));
+        assert_eq!(listed.checksum, crate::checkpoint::fsio::checksum(&before));
         let written = unsynced.sync().unwrap();
         assert!(written[0]
             .phases
@@ -788,7 +833,10 @@ mod tests {
         let bytes = std::fs::read(dir.join("a.safetensors")).unwrap();
         assert_eq!(before, bytes);
         assert_eq!(written[0].entry.bytes, bytes.len() as u64);
-        assert_eq!(written[0].entry.checksum, crate::fsio::checksum(&bytes));
+        assert_eq!(
+            written[0].entry.checksum,
+            crate::checkpoint::fsio::checksum(&bytes)
+        );
         let meta = std::fs::metadata(dir.join("a.safetensors")).unwrap();
         let id = written[0].identity.unwrap();
         assert_eq!((id.dev, id.ino), (meta.dev(), meta.ino()));
@@ -844,7 +892,7 @@ mod tests {
             let bytes = std::fs::read(&w.path).unwrap();
             assert_eq!(bytes.len() as u64, w.entry.bytes);
             assert_eq!(bytes.len(), 4 + n as usize * 4);
-            assert_eq!(w.entry.checksum, crate::fsio::checksum(&bytes));
+            assert_eq!(w.entry.checksum, crate::checkpoint::fsio::checksum(&bytes));
             let last = f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
             assert_eq!(last, (n - 1) as f32);
         }
@@ -923,7 +971,7 @@ mod tests {
         assert_eq!(expected.len() as u64, reference[0].entry.bytes);
         assert_eq!(
             reference[0].entry.checksum,
-            crate::fsio::checksum(&expected)
+            crate::checkpoint::fsio::checksum(&expected)
         );
         for (writers, write_back) in [
             (4, WriteBack::Behind),

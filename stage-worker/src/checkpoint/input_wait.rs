@@ -51,7 +51,7 @@ pub fn await_input_polling(
     wait_for(
         &dir.join(MANIFEST_FILE),
         limit,
-        crate::signals::stop_requested,
+        crate::boot::signals::stop_requested,
         each_poll,
     )
 }
@@ -117,7 +117,7 @@ mod tests {
             let dir = dir.to_path_buf();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(150));
-                crate::fsio::write_atomic(&dir, MANIFEST_FILE, b"{}").unwrap();
+                crate::checkpoint::fsio::write_atomic(&dir, MANIFEST_FILE, b"{}").unwrap();
                 Instant::now()
             })
         };

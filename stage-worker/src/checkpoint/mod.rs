@@ -13,11 +13,20 @@
 //! Reading: every listed file is read once, its size and checksum checked against the manifest,
 //! and tensors are parsed from those same verified bytes.
 
+pub mod fileread;
+pub mod fsio;
+pub mod input_wait;
+pub mod stream;
+pub mod writeback;
+
+use crate::checkpoint::fsio::{
+    checksum, fsync_dir, publish, remove_durably, write_atomic, WrittenFile,
+};
+use crate::checkpoint::stream::{FileSpec, HeaderEntry, Run};
+use crate::device::Released;
 use crate::failure::{Failure, StageResult};
-use crate::fsio::{checksum, fsync_dir, publish, remove_durably, write_atomic, WrittenFile};
+use crate::model::optim::AdamW;
 use crate::model::{config_from_manifest, manifest_model, ByteGpt};
-use crate::optim::AdamW;
-use crate::stream::{self, FileSpec, HeaderEntry, Run};
 use protocol::checkpoint::{
     CheckpointManifest, Checksum, FileIdentity, ManifestFile, MANIFEST_FILE, MANIFEST_VERSION,
     MANIFEST_VERSIONS_READ,
@@ -34,7 +43,7 @@ use tch::Tensor;
 
 /// The weights (fp32, named as in [`crate::model`]).
 pub const MODEL_FILE: &str = "model.safetensors";
-/// The AdamW moments and step (see [`crate::optim`]).
+/// The AdamW moments and step (see [`crate::model::optim`]).
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// How far the training that wrote a checkpoint got; stored in the manifest's
@@ -132,7 +141,7 @@ pub fn identity_of(meta: &std::fs::Metadata) -> FileIdentity {
 }
 
 /// Header entries of the slices of a flat buffer, names prefixed, in buffer order.
-fn flat_entries(params: &crate::params::ParamStore, prefix: &str) -> Vec<HeaderEntry> {
+fn flat_entries(params: &crate::model::params::ParamStore, prefix: &str) -> Vec<HeaderEntry> {
     params
         .params
         .iter()
@@ -146,16 +155,18 @@ fn flat_entries(params: &crate::params::ParamStore, prefix: &str) -> Vec<HeaderE
 }
 
 /// Writes a complete checkpoint of `model` and `opt` at `step` into `dir`: the two tensor
-/// files (in parallel, each in one pass, see [`crate::stream`]), then the manifest. As with
+/// files (in parallel, each in one pass, see [`crate::checkpoint::stream`]), then the manifest. As with
 /// [`write_with_manifest`], the old manifest is removed first.
 ///
 /// Layout: in `model.safetensors` the parameters follow each other in buffer order, so its
-/// data is [`crate::params::ParamStore::flat`] verbatim; `optimizer.safetensors` holds the
+/// data is [`crate::model::params::ParamStore::flat`] verbatim; `optimizer.safetensors` holds the
 /// step (int64) and then both moments in the same order.
 ///
-/// With `release_device`, the process's CUDA context is destroyed as soon as every byte has
-/// been copied to the host, while the disk finishes (see [`crate::device::release`]): the
-/// caller must then make no further device call, not even dropping a device tensor.
+/// With `released` given, the process's CUDA context is destroyed as soon as every byte has
+/// been copied to the host, while the disk finishes (see [`crate::device::release`]), and
+/// what was done is recorded there, also when the write then fails: once it holds a
+/// [`Released`], the caller must make no further device call, not even dropping a device
+/// tensor.
 pub fn write(
     dir: &Path,
     model: &ByteGpt,
@@ -163,7 +174,7 @@ pub fn write(
     step: u64,
     training: &TrainingState,
     losses: &LossHistory,
-    release_device: bool,
+    released: Option<&mut Option<Released>>,
 ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
     std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
     remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
@@ -181,13 +192,13 @@ pub fn write(
         ],
     };
     let mut entries = vec![HeaderEntry {
-        name: crate::optim::STEP_TENSOR.into(),
+        name: crate::model::optim::STEP_TENSOR.into(),
         dtype: "I64",
         shape: vec![1],
         bytes: 8,
     }];
-    entries.extend(flat_entries(params, crate::optim::EXP_AVG));
-    entries.extend(flat_entries(params, crate::optim::EXP_AVG_SQ));
+    entries.extend(flat_entries(params, crate::model::optim::EXP_AVG));
+    entries.extend(flat_entries(params, crate::model::optim::EXP_AVG_SQ));
     let mut head = stream::header(&entries);
     head.extend_from_slice(&(opt.step as i64).to_le_bytes());
     let optimizer_file = FileSpec {
@@ -211,21 +222,29 @@ pub fn write(
     let releasing = std::sync::Mutex::new(None);
     let release = || {
         let handle = std::thread::spawn(|| {
-            if crate::device::release() {
+            let done = crate::device::release();
+            if done.is_some() {
                 crate::events::EventSink::announce_released();
                 crate::device::simulated_persist_delay();
             }
+            done
         });
         *releasing.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
     };
-    let after_copies: Option<&(dyn Fn() + Sync)> =
-        if release_device { Some(&release) } else { None };
+    let after_copies: Option<&(dyn Fn() + Sync)> = if released.is_some() {
+        Some(&release)
+    } else {
+        None
+    };
     let unsynced = tch::no_grad(|| {
         stream::write_files_unsynced(dir, vec![model_file, optimizer_file], after_copies)
     })
     .map_err(|e| io_failure(dir, e));
     if let Some(h) = releasing.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        let _ = h.join();
+        let done = h.join().ok().flatten();
+        if let Some(slot) = released {
+            *slot = done;
+        }
     }
     let unsynced = unsynced?;
     let mut model_json = manifest_model(&model.config);
@@ -324,7 +343,7 @@ pub fn open_for_weights(dir: &Path) -> StageResult<Verified> {
 /// then they are unverified. Sizes are checked at once.
 ///
 /// If `spec` says the checkpoint's stage may still be writing it (an early start, see
-/// [`crate::input_wait`]), its manifest is waited for first, and meanwhile `model.safetensors`
+/// [`crate::checkpoint::input_wait`]), its manifest is waited for first, and meanwhile `model.safetensors`
 /// is read as soon as it is in place (its writer puts each file in place whole, by rename,
 /// before the manifest). Those bytes are used only if the file at that path once the manifest
 /// is there is the very file that was read (the same identity, and it was held open all along,
@@ -333,7 +352,7 @@ pub fn open_for_weights(dir: &Path) -> StageResult<Verified> {
 pub fn open_init(spec: &StageSpec, dir: &Path) -> StageResult<(Verified, Duration, Instant)> {
     let model = dir.join(MODEL_FILE);
     let mut early: Option<EarlyRead> = None;
-    let waited = crate::input_wait::await_input_polling(spec, dir, || {
+    let waited = crate::checkpoint::input_wait::await_input_polling(spec, dir, || {
         // A file left by an earlier attempt may be there first: a read is (re)started for
         // each new file put in place (a `stat` per poll).
         let Ok(meta) = std::fs::metadata(&model) else {
@@ -363,7 +382,7 @@ impl EarlyRead {
         let file = File::open(path).ok()?;
         let identity = FileIdentity::of(&file.metadata().ok()?);
         let reading = std::thread::spawn(move || {
-            let bytes = crate::fileread::read_file(&file);
+            let bytes = crate::checkpoint::fileread::read_file(&file);
             (file, bytes)
         });
         Some(EarlyRead { identity, reading })
@@ -523,7 +542,7 @@ fn check_size(path: &Path, len: u64, listed: u64) -> StageResult<()> {
 
 /// Reads one listed file and checks its size.
 fn read_sized(path: &Path, f: &ManifestFile) -> StageResult<Vec<u8>> {
-    let bytes = crate::fileread::read_path(path).map_err(|e| {
+    let bytes = crate::checkpoint::fileread::read_path(path).map_err(|e| {
         Failure::bad_input(if e.kind() == std::io::ErrorKind::NotFound {
             format!("checkpoint {} is missing", path.display())
         } else {
@@ -549,7 +568,7 @@ fn check_hash(path: &Path, f: &ManifestFile, bytes: &[u8]) -> StageResult<()> {
 
 /// Copies a safetensors file's data into `params.flat` in one transfer when the file holds
 /// exactly the parameters, as fp32, laid out in buffer order; false (nothing done) otherwise.
-fn load_in_buffer_order(bytes: &[u8], params: &crate::params::ParamStore) -> bool {
+fn load_in_buffer_order(bytes: &[u8], params: &crate::model::params::ParamStore) -> bool {
     let Ok((header_len, metadata)) = SafeTensors::read_metadata(bytes) else {
         return false;
     };
@@ -727,7 +746,7 @@ mod tests {
         model: &ByteGpt,
         opt: &AdamW,
     ) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
-        write(dir, model, opt, 2, &state(), &LossHistory::default(), false)
+        write(dir, model, opt, 2, &state(), &LossHistory::default(), None)
     }
 
     #[test]
@@ -766,7 +785,7 @@ mod tests {
             2,
             &state(),
             &LossHistory::default(),
-            false,
+            None,
         )
         .unwrap();
         assert_eq!(manifest2.files, manifest.files);
@@ -787,7 +806,7 @@ mod tests {
         write_at_step_2(&dir, &model, &opt).unwrap();
         assert!(open_verified(&dir).is_ok());
         // Every write past the headers' first byte fails: no tensor data reaches either file.
-        crate::stream::fail_writes_in(&dir, 1);
+        crate::checkpoint::stream::fail_writes_in(&dir, 1);
         let err = write(
             &dir,
             &model,
@@ -795,7 +814,7 @@ mod tests {
             3,
             &state(),
             &LossHistory::default(),
-            false,
+            None,
         )
         .err()
         .unwrap();
@@ -855,7 +874,7 @@ mod tests {
             1,
             &state(),
             &LossHistory::default(),
-            false,
+            None,
         )
         .unwrap();
         for left_before in [false, true] {

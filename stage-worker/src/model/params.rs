@@ -185,7 +185,8 @@ impl ParamStore {
     }
 
     /// Every parameter's gradient, flattened and concatenated in the order of [`Self::flat`]
-    /// (zeros for a parameter that got none).
+    /// (zeros for a parameter that got none). The reference AdamW of the optimizer's tests.
+    #[cfg(test)]
     pub fn flat_grad(&self) -> Tensor {
         let grads: Vec<Tensor> = self
             .params

@@ -1,16 +1,16 @@
 //! The `eval` stage: loss and perplexity of `init`'s checkpoint on held-out data, and on
 //! prompt/completion data the exact-match accuracy of greedy decoding.
 
+use crate::boot::signals;
+use crate::boot::spec::parse_params;
 use crate::checkpoint;
 use crate::data::batch::{fits, pair_rows, round_width, text_windows, HostBatch};
+use crate::data::rng::Rng;
 use crate::data::{self, Dataset, Example, Split};
 use crate::device::{self, Compute};
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
 use crate::model::ByteGpt;
-use crate::rng::Rng;
-use crate::signals;
-use crate::spec::parse_params;
 use protocol::worker::{EvalParams, StageSpec};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -123,7 +123,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     crate::log!("stage `{}`: eval on {}", spec.stage, compute.description);
     sink.started(&compute.description);
 
-    crate::input_wait::await_input(spec, init)?;
+    crate::checkpoint::input_wait::await_input(spec, init)?;
     let verified = checkpoint::open_for_weights(init)?;
     let config = verified.model_config()?;
     let seq_len = p.seq_len as usize;
@@ -313,6 +313,7 @@ mod tests {
             device: Device::Cpu,
             kind: Kind::Float,
             description: "cpu".into(),
+            driver_ready_at: None,
         };
         let prompts: Vec<&[u8]> = vec![b"upper: cat\n", b"hi", b"upper: red fox\n"];
         let lens = vec![4, 6, 8];

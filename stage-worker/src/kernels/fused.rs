@@ -32,11 +32,11 @@
 //! a hash of the source, the architecture and NVRTC's version), so later stages load them
 //! without compiling. They are used on CUDA for
 //! widths that are a multiple of 128 up to 4096, in bf16 (the optimizer's where the model's
-//! are, see [`crate::optim::AdamW::use_kernels`]). `STAGE_WORKER_FUSED=off` turns them all
+//! are, see [`crate::model::optim::AdamW::use_kernels`]). `STAGE_WORKER_FUSED=off` turns them all
 //! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
 //! leaves the stage on the eager kernels, with one line in the log saying why.
 
-use crate::params::ParamStore;
+use crate::model::params::ParamStore;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};

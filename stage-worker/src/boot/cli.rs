@@ -57,10 +57,6 @@ OUTPUT (eval)
 TUNING (environment)
   STAGE_WORKER_SDPA     attention kernels: auto (default: cuDNN's from 200 planned steps,
                         memory-efficient below), efficient, flash, libtorch
-  STAGE_WORKER_ADAMW    lists (default: a fused update over each parameter's gradient, the
-                        worker's kernels where STAGE_WORKER_FUSED's run, else libtorch's),
-                        flat (libtorch's over one flat copy of the gradients), plain (tensor
-                        operations)
   STAGE_WORKER_FUSED    auto (default: on CUDA in bf16, the block's residual add, LayerNorm and
                         cast as one kernel each way, linear layers that hand the fp32
                         weights their gradients directly, the embedding, the cross-entropy
@@ -117,7 +113,7 @@ pub struct Cli {
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Take GPU memory on cuda:0, hold it, exit: a fixture for benchmarks and leak tests.
-    Hold(crate::hold::HoldArgs),
+    Hold(crate::boot::hold::HoldArgs),
     /// Check the fused LayerNorm kernels against libtorch's on this machine's GPU (values and
     /// speed, one JSON object per line); exit 1 if they differ beyond rounding.
     #[command(name = "check-kernels")]

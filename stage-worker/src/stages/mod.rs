@@ -1,9 +1,13 @@
 //! One stage, start to finish: read the spec, run the task it names.
 
+pub mod eval;
+pub mod profile;
+pub mod progress;
+pub mod train;
+
+use crate::boot::spec::read_spec;
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
-use crate::spec::read_spec;
-use crate::{eval, train};
 use protocol::plan::BuiltinKind;
 use std::path::Path;
 

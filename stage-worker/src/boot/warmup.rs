@@ -14,8 +14,8 @@
 //! times each kind of operation on its own (synchronising after each) and logs the times: a
 //! diagnostic for the benchmark, slower than a plain warm-up.
 
+use crate::model::optim::AdamW;
 use crate::model::ByteGpt;
-use crate::optim::AdamW;
 use protocol::worker::ModelConfig;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -167,7 +167,7 @@ fn trace_ops(config: &ModelConfig, batch: usize, seq_len: usize, kind: Kind, dev
     matmuls(config, batch, seq_len, kind, device);
     lap("matrix products forward + backward");
     // As the model's loss takes it: the fused kernels' where the model's run.
-    let fused = crate::fused::usable(device, kind, d);
+    let fused = crate::kernels::fused::usable(device, kind, d);
     let logits = Tensor::zeros([n, 256], (kind, device)).set_requires_grad(true);
     let tgt = Tensor::zeros([n], (Kind::Int64, device));
     crate::model::cross_entropy_with(&logits, &tgt, fused).backward();
