@@ -22,12 +22,12 @@ use crate::attempt::launch::{self, CancelLevel, Launched, Services};
 use crate::attempt::outcome::{AttemptResult, Failure};
 use crate::attempt::supervise;
 use crate::error::{Context, Result};
+use crate::events::{RunEvent, StageEnd};
 use crate::gpu::{self, GpuInfo};
 use crate::host::{Host, Ticket};
 use crate::plan::LoadedPlan;
-use crate::report::console::human_duration;
 use crate::report::Snapshot;
-use crate::store::journal::JournalRecord;
+use crate::timefmt::human_duration;
 use protocol::daemon::RunEventKind;
 use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
@@ -233,7 +233,7 @@ impl<'h> Driver<'h> {
                 started,
                 RunStatus::Running,
             )
-            .write_or_warn(&run_dir.report_path(), &setup.console);
+            .write_or_warn(&run_dir.report_path(), &setup.events);
         }
         let lookahead = Lookahead::start(&setup, host)?;
         Ok(Driver {
@@ -394,7 +394,7 @@ impl<'h> Driver<'h> {
                 .iter()
                 .map(|&u| setup.plan.plan.stages[u].name.as_str())
                 .collect();
-            setup.console.note(&format!(
+            setup.events.note(&format!(
                 "{}: started early, while {} still writes its outputs",
                 stage.name,
                 ahead.join(", ")
@@ -438,14 +438,15 @@ impl<'h> Driver<'h> {
         let stage = &setup.plan.plan.stages[i];
         let attempt = sched.states()[i].attempts;
         let span = stage_span(&stage.name, attempt);
-        span.in_scope(|| launched.announce(&setup.console));
-        setup.journal.append(&JournalRecord::StageStarted {
+        let event = RunEvent::StageStarted {
             stage: stage.name.clone(),
             attempt,
-            pid: launched.pid() as u32,
+            pid: launched.pid(),
+            placement: launched.placement(),
             gpus: given.iter().map(|g| g.uuid.clone()).collect(),
             plan_hash: setup.fingerprints.get(i),
-        })?;
+        };
+        span.in_scope(|| setup.events.emit(event))?;
         let node_check = crate::slurm::node_check::NodeCheck::for_stage(
             stage,
             setup.slurm.as_ref(),
@@ -650,7 +651,7 @@ impl<'h> Driver<'h> {
             return Ok(());
         }
         let setup = &self.setup;
-        self.run_files.finish(&setup.console)?;
+        self.run_files.finish(&setup.events)?;
         let t = Instant::now();
         Snapshot::new(
             &setup.plan,
@@ -660,7 +661,7 @@ impl<'h> Driver<'h> {
             self.started,
             RunStatus::Running,
         )
-        .write_or_warn(&setup.run_dir.report_path(), &setup.console);
+        .write_or_warn(&setup.run_dir.report_path(), &setup.events);
         self.report_every = (t.elapsed() * 500).max(Duration::from_secs(1));
         self.last_report = Instant::now();
         Ok(())
@@ -675,19 +676,11 @@ impl<'h> Driver<'h> {
         Ok(())
     }
 
+    /// Carries out one action: an end or skip recorded as its event, a GPU quarantined, a
+    /// cancel passed on, files or GPUs given back, an early start stopped.
     fn carry_out_one(&mut self, action: Action, result: Option<&AttemptResult>) -> Result<()> {
-        // A held result concluded now is this action's, not the attempt that just ended.
-        let held = match &action {
-            Action::Finished { stage, .. } => self.held_results.remove(stage),
-            _ => None,
-        };
-        let held_stage = held.as_ref().and(match &action {
-            Action::Finished { stage, .. } => Some(*stage),
-            _ => None,
-        });
-        let result = held.as_deref().or(result);
-        let setup = &mut self.setup;
-        let console = &setup.console;
+        let setup = &self.setup;
+        let events = &setup.events;
         let name = |i: usize| setup.plan.plan.stages[i].name.clone();
         match action {
             Action::Finished {
@@ -697,111 +690,120 @@ impl<'h> Driver<'h> {
                 error,
                 retry_in,
             } => {
-                // A placed step lost on its node: the node, beside srun's own words.
-                let lost = (status == StageStatus::Failed)
-                    .then(|| setup.run_dir.stage_dir(&name(stage)))
-                    .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt))
-                    .map(|node| format!(" (lost on node {node})"))
-                    .unwrap_or_default();
-                let note = match (&error, retry_in) {
-                    (Some(e), Some(wait)) => {
-                        format!("{e}{lost}; retrying in {}", human_duration(wait))
-                    }
-                    (Some(e), None) => format!("{e}{lost}"),
-                    (None, _) => String::new(),
-                };
-                let wall = result.map_or(Duration::ZERO, |r| r.wall);
-                console.stage_finished(&name(stage), status, &note, wall);
-                let tail = result.and_then(|r| r.stderr_tail.as_deref());
-                if let Some(tail) = tail.filter(|t| !t.trim().is_empty()) {
-                    if status == StageStatus::Failed && retry_in.is_none() {
-                        let name = name(stage);
-                        let text =
-                            format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n");
-                        console.detail(&text);
-                    }
-                }
-                let error_text = error.clone();
-                let record = finished_record(
-                    name(stage),
+                // A held result concluded now is this action's, not the attempt that just ended.
+                let held = self.held_results.remove(&stage);
+                let ended = Ended {
+                    stage,
                     attempt,
                     status,
                     error,
-                    setup.fingerprints.get(stage),
-                    result,
-                );
-                setup.journal.append(&record)?;
-                if status == StageStatus::Succeeded && self.marked.remove(&stage) {
-                    // Its success is recorded (after its upstreams'): nothing left to clear.
-                    super::early::finished(&setup.run_dir, &name(stage));
-                }
-                if let (Some(error), Some(wait)) = (error_text, retry_in) {
-                    console.event(RunEventKind::StageRetrying {
-                        stage: name(stage),
-                        attempt,
-                        error,
-                        retry_in_s: wait.as_secs_f64(),
-                    });
+                    retry_in,
+                };
+                self.record_end(ended, held.as_deref().or(result))?;
+                if let Some(held) = held {
+                    self.concluded_held.push((stage, held));
                 }
             }
             Action::Skipped {
                 stage,
                 class,
                 reason,
-            } => {
-                setup.journal.append(&JournalRecord::StageSkipped {
-                    stage: name(stage),
-                    reason: reason.clone(),
-                })?;
-                console.event(RunEventKind::StageSkipped {
-                    stage: name(stage),
-                    class,
-                    reason,
-                });
-            }
-            Action::Waiting { stage, why } => console.waiting(&name(stage), &why),
+            } => events.emit(RunEvent::StageSkipped {
+                stage: name(stage),
+                class,
+                reason,
+            })?,
+            Action::Waiting { stage, why } => events.emit(RunEvent::StageWaiting {
+                stage: name(stage),
+                reason: why,
+            })?,
             Action::Quarantine(uuid) => {
                 self.host.quarantine(&uuid);
-                console.event(RunEventKind::GpuQuarantined { uuid });
+                events.report(RunEventKind::GpuQuarantined { uuid });
             }
-            Action::Stop(cause) => console.event(RunEventKind::RunStopping {
+            Action::Stop(cause) => events.report(RunEventKind::RunStopping {
                 reason: match cause {
                     Stopping::Interrupted => FailureClass::Interrupted,
                     Stopping::FailFast => FailureClass::FailFast,
                     Stopping::GpuLeaked => FailureClass::GpuLeaked,
                 },
             }),
-            Action::CancelStages(level) => {
-                match level {
-                    CancelLevel::Kill => console.warn("killing running stages now"),
-                    _ => console.warn(&format!(
-                        "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
-                        human_duration(setup.plan.plan.run.grace.get())
-                    )),
-                }
-                let _ = self.cancel_tx.send(level);
-            }
+            Action::CancelStages(level) => self.cancel_stages(level),
             Action::ReleaseFiles(stage) => self.lookahead.release(stage),
             Action::GiveBackGpus(stage) => {
                 if let Some(gpus) = self.released.remove(&stage) {
                     self.host.give_back_gpus(&gpus);
                 }
             }
-            Action::StopStage(stage) => {
-                console.warn(&format!(
-                    "{}: stopping it (it started early and cannot use its upstream stage's outputs; it will run again)",
-                    name(stage)
-                ));
-                if let Some(stop) = self.stoppers.remove(&stage) {
-                    let _ = stop.send(());
-                }
-            }
-        }
-        if let Some((d, held)) = held_stage.zip(held) {
-            self.concluded_held.push((d, held));
+            Action::StopStage(stage) => self.stop_early_start(stage),
         }
         Ok(())
     }
+
+    /// Records an attempt's end as the scheduler concluded it, from its `result` (none when it
+    /// never ran): one [`RunEvent::StageFinished`] for every reader; a succeeded early start's
+    /// mark cleared once its end is recorded.
+    fn record_end(&mut self, ended: Ended, result: Option<&AttemptResult>) -> Result<()> {
+        let setup = &self.setup;
+        let Ended {
+            stage,
+            attempt,
+            status,
+            error,
+            retry_in,
+        } = ended;
+        let name = setup.plan.plan.stages[stage].name.clone();
+        // A placed step lost on its node: the node, beside srun's own words.
+        let lost_on = (status == StageStatus::Failed)
+            .then(|| setup.run_dir.stage_dir(&name))
+            .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt));
+        let end = StageEnd {
+            stage: name,
+            attempt,
+            status,
+            error,
+            lost_on,
+            retry_in,
+            wall: result.map(|r| r.wall),
+            plan_hash: setup.fingerprints.get(stage),
+            checkpoints: result.map(|r| r.checkpoints.clone()).unwrap_or_default(),
+            metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
+            stderr_tail: result.and_then(|r| r.stderr_tail.clone()),
+        };
+        let succeeded = status == StageStatus::Succeeded;
+        let name = (succeeded && self.marked.remove(&stage)).then(|| end.stage.clone());
+        setup.events.emit(RunEvent::StageFinished(Box::new(end)))?;
+        if let Some(name) = name {
+            // Its success is recorded (after its upstreams'): nothing left to clear.
+            super::early::finished(&setup.run_dir, &name);
+        }
+        Ok(())
+    }
+
+    /// Passes a cancel on to every running stage, saying what it does.
+    fn cancel_stages(&mut self, level: CancelLevel) {
+        let events = &self.setup.events;
+        match level {
+            CancelLevel::Kill => events.warn("killing running stages now"),
+            _ => events.warn(&format!(
+                "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
+                human_duration(self.setup.plan.plan.run.grace.get())
+            )),
+        }
+        let _ = self.cancel_tx.send(level);
+    }
+
+    /// Stops an early-started stage that cannot use its upstream's outputs.
+    fn stop_early_start(&mut self, stage: usize) {
+        self.setup.events.warn(&format!(
+            "{}: stopping it (it started early and cannot use its upstream stage's outputs; it will run again)",
+            self.setup.plan.plan.stages[stage].name
+        ));
+        if let Some(stop) = self.stoppers.remove(&stage) {
+            let _ = stop.send(());
+        }
+    }
+
     /// Ends the run: the stages that did not start skipped, its status (inside Slurm, after
     /// asking Slurm why the job stopped), the journal's last record, `report.json`, the
     /// results and the GPU memory picture.
@@ -816,10 +818,10 @@ impl<'h> Driver<'h> {
             ending::status_of(verdict, &mut self.setup, stop_signal.get()).await;
         let setup = &mut self.setup;
         setup
-            .journal
-            .append(&JournalRecord::RunFinished { status, exit_code })?;
+            .events
+            .emit(RunEvent::RunVerdict { status, exit_code })?;
         self.host.stop_waiting(setup.ticket);
-        self.run_files.finish(&setup.console)?;
+        self.run_files.finish(&setup.events)?;
         let states = sched.into_states();
         let setup = &self.setup;
         let report = Snapshot::new(
@@ -835,13 +837,24 @@ impl<'h> Driver<'h> {
             sampler.abort();
             ending::draw_gpu_memory(setup, &self.spans, self.started);
         }
-        setup.console.run_finished(status, exit_code);
+        setup
+            .events
+            .emit(RunEvent::RunFinished { status, exit_code })?;
         Ok(RunSummary {
             exit_code,
             status: report.status(),
             summary: report.summary(),
         })
     }
+}
+
+/// An attempt's end as the scheduler concluded it ([`Action::Finished`]).
+struct Ended {
+    stage: usize,
+    attempt: u32,
+    status: StageStatus,
+    error: Option<String>,
+    retry_in: Option<Duration>,
 }
 
 /// A fresh start as the scheduler chose it ([`Start::Fresh`]), less the stage.
@@ -935,30 +948,5 @@ impl supervise::AttemptHooks for Hooks<'_> {
             .release_gpus
             .as_ref()
             .is_some_and(|g| !g.is_empty())
-    }
-}
-
-/// The journal's record of an attempt's end: what `resume` keeps of it (outputs only when it
-/// succeeded; metrics and wall time when it ran at all).
-pub(super) fn finished_record(
-    stage: String,
-    attempt: u32,
-    status: StageStatus,
-    error: Option<String>,
-    plan_hash: String,
-    result: Option<&AttemptResult>,
-) -> JournalRecord {
-    JournalRecord::StageFinished {
-        stage,
-        attempt,
-        status,
-        error,
-        checkpoints: match (status, result) {
-            (StageStatus::Succeeded, Some(r)) => r.checkpoints.clone(),
-            _ => Vec::new(),
-        },
-        plan_hash,
-        metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
-        wall_s: result.map(|r| r.wall.as_secs_f64()),
     }
 }
