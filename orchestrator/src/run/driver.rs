@@ -68,10 +68,6 @@ struct Driver<'h> {
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
     /// Running stages that were started early (their report says so).
     started_early: std::collections::BTreeSet<usize>,
-    /// Results the scheduler holds back (early starts whose upstream has not ended), and
-    /// those it just concluded, to keep for the report.
-    held_results: BTreeMap<usize, Box<AttemptResult>>,
-    concluded_held: Vec<(usize, Box<AttemptResult>)>,
     /// Stages whose directory holds the early-start mark (see `super::early`).
     marked: std::collections::BTreeSet<usize>,
     /// Running early-started stages whose `init` is a stage still persisting: that stage.
@@ -117,7 +113,7 @@ pub(super) async fn drive(
     // A cancel that came before the run started applies at once.
     let early = *cancel.borrow_and_update();
     let actions = sched.on(Event::Cancel(early), Instant::now());
-    driver.carry_out(actions, None)?;
+    driver.carry_out(&mut sched, actions, None)?;
     let mut cancel_closed = false;
     loop {
         driver.round(&mut sched)?;
@@ -136,7 +132,7 @@ pub(super) async fn drive(
                 Ok(()) => {
                     let level = *cancel.borrow_and_update();
                     let actions = sched.on(Event::Cancel(level), Instant::now());
-                    driver.carry_out(actions, None)?;
+                    driver.carry_out(&mut sched, actions, None)?;
                 }
             },
             _ = host.gpus_freed.notified(), if gpu_waiting => {}
@@ -245,8 +241,6 @@ impl<'h> Driver<'h> {
             released: BTreeMap::new(),
             stoppers: BTreeMap::new(),
             started_early: Default::default(),
-            held_results: BTreeMap::new(),
-            concluded_held: Vec::new(),
             marked: Default::default(),
             awaiting_init: BTreeMap::new(),
             lookahead,
@@ -281,7 +275,7 @@ impl<'h> Driver<'h> {
                 let mut resources = self.resources();
                 sched.next_start(&mut resources, &mut actions)
             };
-            self.carry_out(actions, None)?;
+            self.carry_out(sched, actions, None)?;
             match next {
                 None => break,
                 Some(Start::HandedOver(j)) => {
@@ -374,7 +368,7 @@ impl<'h> Driver<'h> {
                     message: failure.describe(),
                 };
                 let actions = sched.on(event, Instant::now());
-                return self.carry_out(actions, None);
+                return self.carry_out(sched, actions, None);
             }
         };
         if cpu_threads.is_some() {
@@ -547,7 +541,7 @@ impl<'h> Driver<'h> {
                 if actions.is_empty() {
                     self.released.remove(&i);
                 }
-                return self.carry_out(actions, None);
+                return self.carry_out(sched, actions, None);
             }
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
@@ -578,16 +572,8 @@ impl<'h> Driver<'h> {
             chained,
         };
         let actions = sched.on(event, now);
-        self.carry_out(actions, Some(&result))?;
-        // Results the scheduler concluded from those it held (recorded just now, in order).
-        for (d, held) in std::mem::take(&mut self.concluded_held) {
-            sched.keep_last(d, *held);
-        }
-        if sched.is_held(i) {
-            self.held_results.insert(i, result);
-        } else {
-            sched.keep_last(i, *result);
-        }
+        self.carry_out(sched, actions, Some(&result))?;
+        sched.keep_result(i, result);
         self.check_early_inits(sched)?;
         self.rewrite_report(sched)
     }
@@ -618,7 +604,7 @@ impl<'h> Driver<'h> {
                     upstream: u,
                 };
                 let actions = sched.on(event, Instant::now());
-                self.carry_out(actions, None)?;
+                self.carry_out(sched, actions, None)?;
             }
         }
         Ok(())
@@ -668,10 +654,27 @@ impl<'h> Driver<'h> {
     }
 
     /// Carries out the scheduler's actions, in order; `result`: the attempt whose end they
-    /// follow from, if one did.
-    fn carry_out(&mut self, actions: Vec<Action>, result: Option<&AttemptResult>) -> Result<()> {
+    /// follow from, if one did. An end the scheduler held and concluded now is recorded with
+    /// its own attempt's result, then kept as that stage's last attempt.
+    fn carry_out(
+        &mut self,
+        sched: &mut Scheduler<'_>,
+        actions: Vec<Action>,
+        result: Option<&AttemptResult>,
+    ) -> Result<()> {
+        let concluded = sched.take_concluded();
         for action in actions {
-            self.carry_out_one(action, result)?;
+            let held = match &action {
+                Action::Finished { stage, .. } => concluded
+                    .iter()
+                    .find(|(d, _)| d == stage)
+                    .map(|(_, r)| &**r),
+                _ => None,
+            };
+            self.carry_out_one(action, held.or(result))?;
+        }
+        for (d, held) in concluded {
+            sched.keep_last(d, *held);
         }
         Ok(())
     }
@@ -690,8 +693,6 @@ impl<'h> Driver<'h> {
                 error,
                 retry_in,
             } => {
-                // A held result concluded now is this action's, not the attempt that just ended.
-                let held = self.held_results.remove(&stage);
                 let ended = Ended {
                     stage,
                     attempt,
@@ -699,10 +700,7 @@ impl<'h> Driver<'h> {
                     error,
                     retry_in,
                 };
-                self.record_end(ended, held.as_deref().or(result))?;
-                if let Some(held) = held {
-                    self.concluded_held.push((stage, held));
-                }
+                self.record_end(ended, result)?;
             }
             Action::Skipped {
                 stage,
@@ -813,7 +811,7 @@ impl<'h> Driver<'h> {
         stop_signal: StopSignal,
     ) -> Result<RunSummary> {
         let (skipped, verdict) = sched.finish();
-        self.carry_out(skipped, None)?;
+        self.carry_out(&mut sched, skipped, None)?;
         let (status, exit_code) =
             ending::status_of(verdict, &mut self.setup, stop_signal.get()).await;
         let setup = &mut self.setup;

@@ -235,6 +235,11 @@ pub(crate) struct Scheduler<'p> {
     ahead_of: BTreeMap<usize, Vec<usize>>,
     /// Early attempts that ended before those upstream stages: their outcome, held.
     held: BTreeMap<usize, Outcome>,
+    /// Those attempts' results, kept for their record until their end is concluded.
+    held_results: BTreeMap<usize, Box<AttemptResult>>,
+    /// Held results whose end the last events concluded, for the run loop to record
+    /// ([`Scheduler::take_concluded`]).
+    concluded: Vec<(usize, Box<AttemptResult>)>,
     /// Early attempts still running whose upstream (the value) failed: stopped, their end void.
     voided: BTreeMap<usize, usize>,
     /// Per stage: attempts not counted against its retries (voided early attempts).
@@ -297,6 +302,8 @@ impl<'p> Scheduler<'p> {
             waiting_persisting: vec![0; n],
             ahead_of: BTreeMap::new(),
             held: BTreeMap::new(),
+            held_results: BTreeMap::new(),
+            concluded: Vec::new(),
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
             handed: Vec::new(),
@@ -327,6 +334,33 @@ impl<'p> Scheduler<'p> {
         &self.states
     }
 
+    /// Keeps stage `i`'s attempt's result once its end was carried out: while its end is held
+    /// ([`Scheduler::is_held`]), until the scheduler concludes it (then
+    /// [`Scheduler::take_concluded`] gives it back to be recorded); else as its last attempt.
+    pub(crate) fn keep_result(&mut self, i: usize, result: Box<AttemptResult>) {
+        if self.is_held(i) {
+            self.held_results.insert(i, result);
+        } else {
+            self.keep_last(i, *result);
+        }
+    }
+
+    /// The held results whose end was concluded since the last call (each has its
+    /// [`Action::Finished`] among the actions just returned), in the order concluded: to record
+    /// with that action, then to keep with [`Scheduler::keep_last`].
+    pub(crate) fn take_concluded(&mut self) -> Vec<(usize, Box<AttemptResult>)> {
+        std::mem::take(&mut self.concluded)
+    }
+
+    /// Stage `d`'s held end is concluded: its result goes to the run loop.
+    fn release_held(&mut self, d: usize) -> Option<Outcome> {
+        let outcome = self.held.remove(&d)?;
+        if let Some(result) = self.held_results.remove(&d) {
+            self.concluded.push((d, result));
+        }
+        Some(outcome)
+    }
+
     /// Keeps what the report needs of stage `i`'s last attempt.
     pub(crate) fn keep_last(&mut self, i: usize, result: AttemptResult) {
         self.states[i].last = Some(crate::run::state::LastAttempt::of(result));
@@ -354,8 +388,7 @@ impl<'p> Scheduler<'p> {
     }
 
     /// Whether stage `i`'s attempt ended and its result is held (it started early and an
-    /// upstream it started ahead of has not ended yet): the run loop keeps the result until
-    /// the scheduler concludes it.
+    /// upstream it started ahead of has not ended yet).
     pub(crate) fn is_held(&self, i: usize) -> bool {
         self.held.contains_key(&i)
     }
@@ -736,12 +769,12 @@ impl<'p> Scheduler<'p> {
                     continue;
                 }
                 self.ahead_of.remove(&d);
-                if let Some(outcome) = self.held.remove(&d) {
+                if let Some(outcome) = self.release_held(d) {
                     self.conclude(d, &outcome, now, out);
                 }
             } else {
                 self.ahead_of.remove(&d);
-                if self.held.remove(&d).is_some() {
+                if self.release_held(d).is_some() {
                     self.void(d, u, now, out);
                 } else if self.live.contains_key(&d) {
                     self.voided.insert(d, u);
@@ -2142,6 +2175,40 @@ mod tests {
         assert!(!actions.iter().any(|a| matches!(a, Action::StopStage(_))));
         assert!(s.is_done());
         assert_eq!(s.finish().1, Verdict::Failed);
+    }
+
+    #[test]
+    fn a_held_result_is_kept_until_its_end_is_concluded_then_given_back_to_record() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        let mut b = succeeded();
+        b.wall = Duration::from_secs(7);
+        end_on_gpus(&mut s, &mut gpus, 1, &b, now);
+        s.keep_result(1, Box::new(b));
+        assert!(s.take_concluded().is_empty(), "b's end is held");
+        assert!(
+            s.states()[1].last.is_none(),
+            "and not kept as its last attempt yet"
+        );
+        let a = succeeded();
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &a, now);
+        assert_eq!(finished_of(&actions)[1], (1, StageStatus::Succeeded, None));
+        s.keep_result(0, Box::new(a));
+        let concluded = s.take_concluded();
+        assert_eq!(concluded.len(), 1);
+        assert_eq!(concluded[0].0, 1);
+        assert_eq!(
+            concluded[0].1.wall,
+            Duration::from_secs(7),
+            "b's own result"
+        );
+        assert!(s.take_concluded().is_empty(), "given back once");
+        assert!(s.states()[0].last.is_some());
     }
 
     #[test]
