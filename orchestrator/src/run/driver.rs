@@ -66,8 +66,6 @@ struct Driver<'h> {
     released: BTreeMap<usize, Vec<GpuInfo>>,
     /// What stops each running early-started stage alone ([`Action::StopStage`]).
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
-    /// Running stages that were started early (their report says so).
-    started_early: std::collections::BTreeSet<usize>,
     /// Stages whose directory holds the early-start mark (see `super::early`).
     marked: std::collections::BTreeSet<usize>,
     /// Running early-started stages whose `init` is a stage still persisting: that stage.
@@ -240,7 +238,6 @@ impl<'h> Driver<'h> {
             handed: BTreeMap::new(),
             released: BTreeMap::new(),
             stoppers: BTreeMap::new(),
-            started_early: Default::default(),
             marked: Default::default(),
             awaiting_init: BTreeMap::new(),
             lookahead,
@@ -393,7 +390,6 @@ impl<'h> Driver<'h> {
                 stage.name,
                 ahead.join(", ")
             ));
-            self.started_early.insert(i);
             self.marked.insert(i);
             let init = being_written
                 .iter()
@@ -453,7 +449,7 @@ impl<'h> Driver<'h> {
         let may_hand_over = given.is_empty()
             && node_check.is_none()
             && !crate::slurm::placement::spreads(setup.slurm.as_ref())
-            && !self.started_early.contains(&i);
+            && !sched.started_early(i);
         sched.on(
             Event::Launched {
                 stage: i,
@@ -465,7 +461,7 @@ impl<'h> Driver<'h> {
         let local_gpus =
             node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
         let mut task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
-        if self.started_early.contains(&i) {
+        if sched.started_early(i) {
             let (cancel, stopper) = super::early::stoppable(self.cancel_tx.subscribe());
             task.cancel = cancel;
             self.stoppers.insert(i, stopper);
@@ -546,7 +542,7 @@ impl<'h> Driver<'h> {
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
                 self.awaiting_init.remove(&i);
-                result.started_early = self.started_early.remove(&i);
+                result.started_early = sched.started_early(i);
                 (i, result, given, chained)
             }
         };

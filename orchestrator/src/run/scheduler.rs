@@ -233,6 +233,8 @@ pub(crate) struct Scheduler<'p> {
     waiting_persisting: Vec<usize>,
     /// Stages started early: the upstream stages they started ahead of that have not ended.
     ahead_of: BTreeMap<usize, Vec<usize>>,
+    /// Attempts that started early and have not ended (whatever their upstream stages did).
+    early: HashSet<usize>,
     /// Early attempts that ended before those upstream stages: their outcome, held.
     held: BTreeMap<usize, Outcome>,
     /// Those attempts' results, kept for their record until their end is concluded.
@@ -301,6 +303,7 @@ impl<'p> Scheduler<'p> {
             persisting: HashSet::new(),
             waiting_persisting: vec![0; n],
             ahead_of: BTreeMap::new(),
+            early: HashSet::new(),
             held: BTreeMap::new(),
             held_results: BTreeMap::new(),
             concluded: Vec::new(),
@@ -385,6 +388,13 @@ impl<'p> Scheduler<'p> {
     /// gives them back.
     pub(crate) fn holds_gpus(&self, i: usize) -> bool {
         !self.gpus_released.contains(&i)
+    }
+
+    /// Whether stage `i`'s attempt, running, started early (ahead of an upstream stage still
+    /// persisting its outputs): it neither frees its slot early nor hands it over, may be
+    /// stopped alone, and its report says so. False once its end came.
+    pub(crate) fn started_early(&self, i: usize) -> bool {
+        self.early.contains(&i)
     }
 
     /// Whether stage `i`'s attempt ended and its result is held (it started early and an
@@ -573,6 +583,7 @@ impl<'p> Scheduler<'p> {
             .collect();
         if !being_written.is_empty() {
             self.ahead_of.insert(i, being_written.clone());
+            self.early.insert(i);
         }
         Some(Start::Fresh {
             stage: i,
@@ -633,6 +644,7 @@ impl<'p> Scheduler<'p> {
                 self.slots_held -= 1;
                 self.live.remove(&stage);
                 self.ahead_of.remove(&stage);
+                self.early.remove(&stage);
                 self.fail_without_attempt(stage, class, message, &mut actions);
             }
             Event::SlotFreed(stage) => {
@@ -672,6 +684,7 @@ impl<'p> Scheduler<'p> {
             } => {
                 self.handed.extend(chained);
                 self.live.remove(&stage);
+                self.early.remove(&stage);
                 self.gpus_released.remove(&stage);
                 if !self.freed_early.remove(&stage) {
                     self.slots_held -= 1;
@@ -2186,9 +2199,11 @@ mod tests {
         round(&mut s, &mut gpus, now);
         give_back(&mut gpus, s.on(released_for_downstream(0), now));
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        assert!(s.started_early(1) && !s.started_early(0));
         let mut b = succeeded();
         b.wall = Duration::from_secs(7);
         end_on_gpus(&mut s, &mut gpus, 1, &b, now);
+        assert!(!s.started_early(1), "its attempt ended");
         s.keep_result(1, Box::new(b));
         assert!(s.take_concluded().is_empty(), "b's end is held");
         assert!(
