@@ -91,3 +91,65 @@ pub fn wire_of(event: &RunEvent) -> Vec<RunEventKind> {
         },
     }]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::StageEnd;
+    use protocol::status::{FailureClass, StageStatus};
+    use std::time::Duration;
+
+    fn failed(retry_in: Option<Duration>) -> RunEvent {
+        RunEvent::StageFinished(Box::new(StageEnd {
+            stage: "train".into(),
+            attempt: 1,
+            status: StageStatus::Failed,
+            error: Some("exit status 1".into()),
+            lost_on: None,
+            retry_in,
+            wall: Some(Duration::from_secs(2)),
+            plan_hash: String::new(),
+            checkpoints: Vec::new(),
+            metrics: Default::default(),
+            stderr_tail: Some("Traceback".into()),
+        }))
+    }
+
+    #[test]
+    fn a_retried_end_is_its_finish_then_its_retry_and_a_final_one_its_finish_then_its_stderr() {
+        let retried = wire_of(&failed(Some(Duration::from_millis(500))));
+        assert!(
+            matches!(
+                &retried[..],
+                [RunEventKind::StageFinished { detail, .. }, RunEventKind::StageRetrying { attempt: 1, .. }]
+                    if detail == "exit status 1; retrying in 0.5s"
+            ),
+            "{retried:?}"
+        );
+        let last = wire_of(&failed(None));
+        assert!(
+            matches!(
+                &last[..],
+                [RunEventKind::StageFinished { detail, .. }, RunEventKind::Text { text }]
+                    if detail == "exit status 1"
+                        && text == "---- last lines of train's stderr ----\nTraceback\n----\n"
+            ),
+            "{last:?}"
+        );
+    }
+
+    #[test]
+    fn a_skip_is_one_wire_event_and_the_journals_own_records_none() {
+        let skip = RunEvent::StageSkipped {
+            stage: "eval".into(),
+            class: FailureClass::UpstreamFailed,
+            reason: "upstream stage `train` did not succeed".into(),
+        };
+        assert_eq!(wire_of(&skip).len(), 1);
+        let verdict = RunEvent::RunVerdict {
+            status: protocol::status::RunStatus::Failed,
+            exit_code: 1,
+        };
+        assert!(wire_of(&verdict).is_empty());
+    }
+}
