@@ -68,8 +68,6 @@ struct Driver<'h> {
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
     /// Stages whose directory holds the early-start mark (see `super::early`).
     marked: std::collections::BTreeSet<usize>,
-    /// Running early-started stages whose `init` is a stage still persisting: that stage.
-    awaiting_init: BTreeMap<usize, usize>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -239,7 +237,6 @@ impl<'h> Driver<'h> {
             released: BTreeMap::new(),
             stoppers: BTreeMap::new(),
             marked: Default::default(),
-            awaiting_init: BTreeMap::new(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -391,13 +388,6 @@ impl<'h> Driver<'h> {
                 ahead.join(", ")
             ));
             self.marked.insert(i);
-            let init = being_written
-                .iter()
-                .copied()
-                .find(|&u| stage.init.as_deref() == Some(setup.plan.plan.stages[u].name.as_str()));
-            if let Some(u) = init {
-                self.awaiting_init.insert(i, u);
-            }
         }
         self.record_start(sched, i, gpus, started)
     }
@@ -541,7 +531,6 @@ impl<'h> Driver<'h> {
             }
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
-                self.awaiting_init.remove(&i);
                 result.started_early = sched.started_early(i);
                 (i, result, given, chained)
             }
@@ -579,15 +568,7 @@ impl<'h> Driver<'h> {
     /// that opted in and broke its promise; the built-in train stage always writes its
     /// manifest).
     fn check_early_inits(&mut self, sched: &mut Scheduler<'_>) -> Result<()> {
-        let succeeded = |u: usize| sched.states()[u].status == super::state::Status::Succeeded;
-        let waiting: Vec<(usize, usize)> = self
-            .awaiting_init
-            .iter()
-            .filter(|&(_, &u)| succeeded(u))
-            .map(|(&d, &u)| (d, u))
-            .collect();
-        for (d, u) in waiting {
-            self.awaiting_init.remove(&d);
+        for (d, u) in sched.take_inits_succeeded() {
             let name = &self.setup.plan.plan.stages[u].name;
             let manifest = self
                 .setup

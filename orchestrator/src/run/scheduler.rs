@@ -235,6 +235,8 @@ pub(crate) struct Scheduler<'p> {
     ahead_of: BTreeMap<usize, Vec<usize>>,
     /// Attempts that started early and have not ended (whatever their upstream stages did).
     early: HashSet<usize>,
+    /// Of those, the ones whose `init` stage is one they started ahead of: that stage.
+    awaiting_init: BTreeMap<usize, usize>,
     /// Early attempts that ended before those upstream stages: their outcome, held.
     held: BTreeMap<usize, Outcome>,
     /// Those attempts' results, kept for their record until their end is concluded.
@@ -304,6 +306,7 @@ impl<'p> Scheduler<'p> {
             waiting_persisting: vec![0; n],
             ahead_of: BTreeMap::new(),
             early: HashSet::new(),
+            awaiting_init: BTreeMap::new(),
             held: BTreeMap::new(),
             held_results: BTreeMap::new(),
             concluded: Vec::new(),
@@ -395,6 +398,24 @@ impl<'p> Scheduler<'p> {
     /// stopped alone, and its report says so. False once its end came.
     pub(crate) fn started_early(&self, i: usize) -> bool {
         self.early.contains(&i)
+    }
+
+    /// The running early starts whose `init` stage has now succeeded, each with that stage,
+    /// given once: the run loop looks whether it wrote the checkpoint manifest it promised
+    /// (the built-in train stage always does; a command stage that opted in may not), and
+    /// sends [`Event::InputMissing`] if it did not.
+    pub(crate) fn take_inits_succeeded(&mut self) -> Vec<(usize, usize)> {
+        let states = &self.states;
+        let succeeded: Vec<(usize, usize)> = self
+            .awaiting_init
+            .iter()
+            .filter(|&(_, &u)| states[u].status == Status::Succeeded)
+            .map(|(&d, &u)| (d, u))
+            .collect();
+        for (d, _) in &succeeded {
+            self.awaiting_init.remove(d);
+        }
+        succeeded
     }
 
     /// Whether stage `i`'s attempt ended and its result is held (it started early and an
@@ -584,6 +605,14 @@ impl<'p> Scheduler<'p> {
         if !being_written.is_empty() {
             self.ahead_of.insert(i, being_written.clone());
             self.early.insert(i);
+            let init = self.plan.plan.stages[i].init.as_deref();
+            let stages = &self.plan.plan.stages;
+            if let Some(&u) = being_written
+                .iter()
+                .find(|&&u| init == Some(stages[u].name.as_str()))
+            {
+                self.awaiting_init.insert(i, u);
+            }
         }
         Some(Start::Fresh {
             stage: i,
@@ -645,6 +674,7 @@ impl<'p> Scheduler<'p> {
                 self.live.remove(&stage);
                 self.ahead_of.remove(&stage);
                 self.early.remove(&stage);
+                self.awaiting_init.remove(&stage);
                 self.fail_without_attempt(stage, class, message, &mut actions);
             }
             Event::SlotFreed(stage) => {
@@ -685,6 +715,7 @@ impl<'p> Scheduler<'p> {
                 self.handed.extend(chained);
                 self.live.remove(&stage);
                 self.early.remove(&stage);
+                self.awaiting_init.remove(&stage);
                 self.gpus_released.remove(&stage);
                 if !self.freed_early.remove(&stage) {
                     self.slots_held -= 1;
@@ -2253,7 +2284,10 @@ mod tests {
         // A command stage that opted in releases: b starts early.
         give_back(&mut gpus, s.on(released_for_downstream(0), now));
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        assert!(s.take_inits_succeeded().is_empty(), "a still runs");
         end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(s.take_inits_succeeded(), vec![(1, 0)], "b's init succeeded");
+        assert!(s.take_inits_succeeded().is_empty(), "given once");
         // It wrote no manifest (the run loop sees that): b is stopped, once.
         let missing = || Event::InputMissing {
             stage: 1,
