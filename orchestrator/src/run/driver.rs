@@ -62,8 +62,6 @@ struct Driver<'h> {
     next_up: NextUp,
     /// Stages that ending stages started in their place, not yet recorded.
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
-    /// The GPUs of stages that released them, until the scheduler gives them back.
-    released: BTreeMap<usize, Vec<GpuInfo>>,
     /// What stops each running early-started stage alone ([`Action::StopStage`]).
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
     /// Stages whose directory holds the early-start mark (see `super::early`).
@@ -234,7 +232,6 @@ impl<'h> Driver<'h> {
             news_tx,
             next_up: NextUp::default(),
             handed: BTreeMap::new(),
-            released: BTreeMap::new(),
             stoppers: BTreeMap::new(),
             marked: Default::default(),
             lookahead,
@@ -518,14 +515,14 @@ impl<'h> Driver<'h> {
                 return Ok(());
             }
             StageNews::Released(i, gpus, downstream_may_start) => {
-                self.released.insert(i, gpus);
                 let event = Event::GpusReleased {
                     stage: i,
                     downstream_may_start,
                 };
                 let actions = sched.on(event, now);
-                if actions.is_empty() {
-                    self.released.remove(&i);
+                // The scheduler says whether they go back now (once, while the stage runs).
+                if actions.contains(&Action::GiveBackGpus(i)) {
+                    self.host.give_back_gpus(&gpus);
                 }
                 return self.carry_out(sched, actions, None);
             }
@@ -705,11 +702,8 @@ impl<'h> Driver<'h> {
             }),
             Action::CancelStages(level) => self.cancel_stages(level),
             Action::ReleaseFiles(stage) => self.lookahead.release(stage),
-            Action::GiveBackGpus(stage) => {
-                if let Some(gpus) = self.released.remove(&stage) {
-                    self.host.give_back_gpus(&gpus);
-                }
-            }
+            // Given back as the release that caused it came in (`on_news`).
+            Action::GiveBackGpus(_) => {}
             Action::StopStage(stage) => self.stop_early_start(stage),
         }
         Ok(())
