@@ -1,7 +1,8 @@
 //! The run loop: turns what happens (a stage's news, a cancel, GPUs coming free, a retry
 //! falling due) into [`Event`]s for the [`Scheduler`], and carries out what it decides —
-//! starting attempts, supervising them on tasks of their own, writing the journal, the
-//! console and the report. It decides nothing itself.
+//! starting attempts, supervising them on tasks of their own, emitting each action as the
+//! run's events (`crate::events`: the console, the journal and the daemon's feed read them)
+//! and rewriting the report. It decides nothing itself.
 //!
 //! A stage on the CPU gives its slot back (`Freed`) as soon as its main process exited with 0
 //! and nothing of its tree is left (see [`supervise::supervise`]), before its outputs are verified
@@ -389,7 +390,7 @@ impl<'h> Driver<'h> {
         self.record_start(sched, i, gpus, started)
     }
 
-    /// Records stage `i`'s start (console, journal) and supervises it on a task of its own;
+    /// Records stage `i`'s start (its event) and supervises it on a task of its own;
     /// an attempt that could not spawn ends at once.
     fn record_start(
         &mut self,
