@@ -18,6 +18,7 @@
 pub mod attempt;
 pub mod daemon;
 pub(crate) mod error;
+pub mod events;
 pub mod exit;
 pub mod gpu;
 pub mod host;

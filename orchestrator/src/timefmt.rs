@@ -57,6 +57,22 @@ pub fn rfc3339_ms(unix_ms: u64) -> String {
     )
 }
 
+/// A duration for a human: `1.2s`, `3m04s`, `1h02m`.
+pub fn human_duration(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else if s < 3600.0 {
+        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+    } else {
+        format!(
+            "{}h{:02}m",
+            (s / 3600.0) as u64,
+            ((s % 3600.0) / 60.0) as u64
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

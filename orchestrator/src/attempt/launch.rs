@@ -5,10 +5,10 @@
 
 use crate::attempt::channel::EventChannel;
 use crate::attempt::outcome::Failure;
+use crate::events::Events;
 use crate::gpu::{GpuInfo, MemoryProbe};
 use crate::process::reaper::Reaper;
 use crate::process::tree::{self as tree, Launch};
-use crate::report::console::Console;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -107,8 +107,8 @@ pub struct Services {
     pub tolerance_bytes: u64,
     /// How long to wait for reclaim.
     pub reclaim_timeout: Duration,
-    /// Progress display.
-    pub console: Console,
+    /// Where the run's events go.
+    pub events: Events,
     /// Echo every stage's output lines on the console (`--follow`).
     pub follow: bool,
     /// The run's id: stage tokens are scoped by it.
@@ -177,8 +177,9 @@ impl Launched {
         self.child.pid
     }
 
-    /// Tells the console that the attempt started, and where.
-    pub fn announce(&self, console: &Console) {
+    /// Where the attempt runs, for a human: "cpu" (saying so when the machine's GPUs are
+    /// hidden from it) or its GPUs, and how it was started.
+    pub fn placement(&self) -> String {
         let placement = if self.plan.gpus_hidden {
             // On a machine with GPUs, a stage without `gpus` sees none of them: say so where
             // the user looks, not only in its environment.
@@ -194,19 +195,13 @@ impl Launched {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let placement = match &self.child.start {
+        match &self.child.start {
             Some(start) => match &start.fallback {
                 None => format!("{placement}, forked from the zygote"),
                 Some(why) => format!("{placement}, exec'd: {why}"),
             },
             None => placement,
-        };
-        console.stage_started(
-            &self.plan.name,
-            self.plan.attempt,
-            self.child.pid,
-            &placement,
-        );
+        }
     }
 }
 

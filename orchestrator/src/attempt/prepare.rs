@@ -206,6 +206,44 @@ pub(crate) struct AttemptContext<'a> {
     pub(crate) socket_dir: &'a Path,
 }
 
+/// Stage `i`'s inputs: every upstream's output directory, by upstream name, once its recorded
+/// files are checked to still be there. Their contents were hashed when the upstream finished
+/// (and a built-in stage hashes its inputs again as it reads them), so a look at the sizes
+/// suffices here.
+fn checked_inputs(
+    plan: &LoadedPlan,
+    run_dir: &RunDir,
+    outputs: &dyn FinishedOutputs,
+    i: usize,
+) -> Result<BTreeMap<String, PathBuf>, Failure> {
+    let stage = &plan.plan.stages[i];
+    let mut inputs = BTreeMap::new();
+    for &u in &plan.upstream[i] {
+        let up = &plan.plan.stages[u];
+        let dir = run_dir.output_dir(&up.name);
+        for record in outputs.outputs_of(u) {
+            let path = Path::new(&record.path);
+            let depth = crate::store::checksum::Depth::Size;
+            if let Err(mismatch) =
+                crate::store::checksum::check_file(path, record.bytes, &record.checksum, depth)
+            {
+                return Err(Failure::BadInput(format!(
+                    "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
+                    stage.name,
+                    up.name,
+                    record.path,
+                    match mismatch {
+                        crate::store::checksum::FileMismatch::Missing(_) => "missing",
+                        _ => "changed since it was verified",
+                    }
+                )));
+            }
+        }
+        inputs.insert(up.name.clone(), dir);
+    }
+    Ok(inputs)
+}
+
 /// Prepares attempt `attempt` of stage `i` on `gpus`: checks that its inputs are still what
 /// was verified, writes its files (unless the preparer did: `prepared` says whether its output
 /// directory was new then), and makes its environment and argv. `cpu_threads`: the threads a
@@ -237,33 +275,7 @@ pub(crate) fn prepare_attempt(
         Device::Cuda
     };
 
-    // Inputs: every upstream's output directory, whose recorded files must still be there.
-    // Their contents were hashed when the upstream finished (and a built-in stage hashes its
-    // inputs again as it reads them), so a look at the sizes suffices here.
-    let mut inputs = BTreeMap::new();
-    for &u in &plan.upstream[i] {
-        let up = &plan.plan.stages[u];
-        let dir = run_dir.output_dir(&up.name);
-        for record in outputs.outputs_of(u) {
-            let path = Path::new(&record.path);
-            let depth = crate::store::checksum::Depth::Size;
-            if let Err(mismatch) =
-                crate::store::checksum::check_file(path, record.bytes, &record.checksum, depth)
-            {
-                return Err(Failure::BadInput(format!(
-                    "stage `{}` needs `{}`'s output {}, which is {}: rerun the pipeline",
-                    stage.name,
-                    up.name,
-                    record.path,
-                    match mismatch {
-                        crate::store::checksum::FileMismatch::Missing(_) => "missing",
-                        _ => "changed since it was verified",
-                    }
-                )));
-            }
-        }
-        inputs.insert(up.name.clone(), dir);
-    }
+    let inputs = checked_inputs(plan, run_dir, outputs, i)?;
     // The files of the attempt: written here, unless the preparer wrote them already (a
     // first attempt on the device it was prepared for; `prepared` says whether its output
     // directory was new).

@@ -9,10 +9,10 @@
 use crate::attempt::channel::{ChannelItem, EventChannel};
 use crate::attempt::launch::{AttemptPlan, CancelLevel, Launched, Services, TREE_SAMPLE_PERIOD};
 use crate::attempt::outcome::{AttemptResult, Failure, Outcome};
+use crate::events::{Events, Progress};
 use crate::gpu::await_reclaim;
 use crate::process::reaper::{ExitStatus, ResourceUsage};
 use crate::process::tree::{self as tree, StoppedProcess};
-use crate::report::console::Console;
 use nix::sys::signal::Signal;
 use protocol::daemon::RunEventKind;
 use protocol::report::{CheckpointRecord, GpuRecord, GpuVerdict};
@@ -185,7 +185,7 @@ pub async fn supervise(
         stderr_offset,
     } = launched;
     let plan = &plan;
-    let console = &services.console;
+    let events = &services.events;
     let mut watched = Watch {
         stop: StopState::Running,
         events: EventState::default(),
@@ -221,7 +221,7 @@ pub async fn supervise(
     while let Some(item) = channel.try_next() {
         watched
             .events
-            .absorb(item, &plan.name, console, child.started);
+            .absorb(item, &plan.name, events, child.started);
     }
     drop(channel);
     let gpu = gpu_verdicts(plan, &baselines, &watched.release, services).await;
@@ -270,7 +270,7 @@ pub async fn supervise(
     };
     let result = conclude(plan, watched, ended, &mut cancel, hooks).await;
     if let Outcome::Failed(Failure::OomKilled { kills, peak, limit }) = &result.outcome {
-        console.event(RunEventKind::StageOomKilled {
+        events.report(RunEventKind::StageOomKilled {
             stage: plan.name.clone(),
             attempt: plan.attempt,
             oom_kills: *kills,
@@ -296,7 +296,7 @@ async fn watch(
     services: &Services,
     hooks: &mut dyn AttemptHooks,
 ) -> Option<crate::process::reaper::Reaped> {
-    let console = &services.console;
+    let events = &services.events;
     let probe = services.probe.clone();
     let started = child.started;
     let timeout_at = plan
@@ -325,7 +325,7 @@ async fn watch(
                 if let ChannelItem::Event(event) = &item {
                     w.stall.event(event, std::time::Instant::now());
                 }
-                w.events.absorb(item, &plan.name, console, started)
+                w.events.absorb(item, &plan.name, events, started)
             }
             _ = stall_tick.tick(), if running && stall_period.is_some() => {
                 if let Some(window) = look_for_a_hang(plan, child, w) {
@@ -340,7 +340,7 @@ async fn watch(
                     return reaped;
                 }
                 let after = protocol::duration::HumanDuration(plan.timeout.unwrap_or_default());
-                console.warn(&format!("{}: timed out after {after}; stopping it", plan.name));
+                events.warn(&format!("{}: timed out after {after}; stopping it", plan.name));
                 w.stop = terminate(plan, child, StopWhy::TimedOut);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
@@ -416,7 +416,7 @@ async fn stop_hung(
     services: &Services,
     window: Duration,
 ) -> StopState {
-    let console = &services.console;
+    let console = &services.events;
     let members = child.members();
     let gpus: Vec<String> = plan.gpus.iter().map(|g| g.uuid.clone()).collect();
     let gpu_text = services
@@ -512,7 +512,7 @@ async fn consider_release(
     match checked {
         Ok(records) => {
             let uuids: Vec<&str> = records.iter().map(|r| r.uuid.as_str()).collect();
-            services.console.note(&format!(
+            services.events.note(&format!(
                 "{}: released {}; handed on while it finishes",
                 plan.name,
                 uuids.join(", ")
@@ -521,7 +521,7 @@ async fn consider_release(
             hooks.gpus_released(w.events.downstream_may_start);
         }
         Err(why) => {
-            services.console.warn(&format!(
+            services.events.warn(&format!(
                 "{}: its GPU release does not hold ({why}); its GPUs are handed on after it ends",
                 plan.name
             ));
@@ -563,7 +563,7 @@ async fn reap_tree(
     stop: StopState,
     services: &Services,
 ) -> tree::StopSummary {
-    let console = &services.console;
+    let events = &services.events;
     let stopping = stop != StopState::Running;
     let grace = if stopping { Duration::ZERO } else { plan.grace };
     let summary = child.stop(grace, &services.reaper).await;
@@ -581,14 +581,14 @@ async fn reap_tree(
             let more = summary.found.len() - 8;
             list.push_str(&format!(", and {more} more (see report.json)"));
         }
-        console.warn(&format!(
+        events.warn(&format!(
             "{}: {} process(es) outlived the stage's main process and were stopped: {list}",
             plan.name,
             summary.found.len()
         ));
     }
     if !summary.survivors.is_empty() {
-        console.warn(&format!(
+        events.warn(&format!(
             "{}: processes would not die even after SIGKILL: {:?}",
             plan.name, summary.survivors
         ));
@@ -626,7 +626,7 @@ async fn gpu_verdicts(
         }
     };
     for record in records.iter().filter(|r| r.verdict != GpuVerdict::Clean) {
-        services.console.event(RunEventKind::GpuNotReclaimed {
+        services.events.report(RunEventKind::GpuNotReclaimed {
             stage: plan.name.clone(),
             uuid: record.uuid.clone(),
             verdict: record.verdict,
@@ -638,7 +638,7 @@ async fn gpu_verdicts(
         });
     }
     if !records.is_empty() {
-        services.console.event(RunEventKind::StageGpu {
+        services.events.report(RunEventKind::StageGpu {
             stage: plan.name.clone(),
             attempt: plan.attempt,
             gpus: records.clone(),
@@ -800,21 +800,21 @@ impl EventState {
         listed
     }
 
-    fn absorb(&mut self, item: ChannelItem, stage: &str, console: &Console, started: Instant) {
+    fn absorb(&mut self, item: ChannelItem, stage: &str, events: &Events, started: Instant) {
         match item {
             ChannelItem::Event(WorkerEvent::Progress {
                 step,
                 total_steps,
                 loss,
                 tokens_per_s,
-            }) => console.progress(
-                stage,
+            }) => events.progress(Progress {
+                stage: stage.to_string(),
                 step,
-                total_steps,
+                total: total_steps,
                 loss,
                 tokens_per_s,
-                started.elapsed(),
-            ),
+                elapsed: started.elapsed(),
+            }),
             ChannelItem::Event(WorkerEvent::Metrics { metrics }) => self.metrics.extend(metrics),
             ChannelItem::Event(WorkerEvent::Failed { error, reason }) => {
                 self.failed = Some((error, reason))
@@ -851,11 +851,11 @@ impl EventState {
             }
             ChannelItem::Violation(why) => {
                 if self.violations.len() < LISTED_VIOLATIONS {
-                    console.warn(&format!("{stage}: ignored {why} on the event channel"));
+                    events.warn(&format!("{stage}: ignored {why} on the event channel"));
                     self.violations.push(why);
                 } else {
                     if self.unlisted_violations == 0 {
-                        console.warn(&format!(
+                        events.warn(&format!(
                             "{stage}: more violations on the event channel are counted, not listed"
                         ));
                     }

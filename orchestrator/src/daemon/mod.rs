@@ -29,7 +29,6 @@ pub mod tally;
 use crate::attempt::launch::CancelLevel;
 use crate::host::Host;
 use crate::plan::{LoadedPlan, PlanFormat};
-use crate::report::console::Console;
 use crate::store::rundir::RunDir;
 use protocol::daemon::{PlanInput, ShutdownMode};
 use registry::{Registry, RunEntry, Submission, STOPPED_FILE, SUBMISSION_FILE};
@@ -268,7 +267,7 @@ impl Daemon {
             plan_format: plan.format,
             run_dir,
             worker: self.config.worker.clone(),
-            console: Console::silent(tap),
+            events: crate::events::Events::new().with(crate::events::tap::TapSink::new(tap)),
             resume,
             follow: false,
             run_id: id.clone(),

@@ -1,14 +1,16 @@
-//! What the user sees while a run goes: one line per stage event, on stderr.
+//! What the user sees while a run goes: one line per stage event, on stderr — the console
+//! as a sink of the run's [`RunEvent`]s.
 //!
 //! In `--log-format json` mode the same facts go out as structured tracing events instead,
-//! for cluster log collectors. Every fact is also a timestamped [`RunEvent`] sent to the
-//! console's tap when it has one: the daemon's per-run event log and its watchers read the
-//! same stream the terminal shows.
+//! for cluster log collectors.
 
-use protocol::daemon::{RunEvent, RunEventKind};
-use protocol::status::{RunStatus, StageStatus};
-use std::time::{Duration, Instant};
-use tokio::sync::mpsc::UnboundedSender;
+use crate::events::{Progress, RunEvent, Sink, StageEnd};
+use protocol::daemon::RunEventKind;
+use protocol::status::StageStatus;
+use std::time::Instant;
+
+pub(crate) use crate::events::PROGRESS_EVERY;
+pub use crate::timefmt::human_duration;
 
 /// Writes to stderr, ignoring failure: a closed terminal or pipe (`orchestrate … | head`) must
 /// not stop a run whose stages are running.
@@ -17,18 +19,12 @@ fn write_stderr(text: &str) {
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
-/// Prints run progress.
+/// Prints run progress: the sink of a run started from the command line.
 #[derive(Debug, Clone)]
 pub struct Console {
     json: bool,
     quiet: bool,
     start: Instant,
-    /// What each stage's progress showed last (see [`Console::progress`]).
-    last_progress: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Shown>>>,
-    /// Nothing on stderr at all (a daemon's runs): events go to the tap only.
-    silent: bool,
-    /// Where every event also goes.
-    tap: Option<UnboundedSender<RunEvent>>,
     /// A sweep's running count, when the plan is too large for a line per stage.
     sweep: std::sync::Arc<std::sync::Mutex<Option<Sweep>>>,
 }
@@ -49,31 +45,6 @@ struct Sweep {
     started: Instant,
 }
 
-/// A stage's progress is shown at most this often (a stage may report every step).
-pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(2);
-
-/// The progress a stage attempt last showed: when, and whether it showed its last step.
-#[derive(Debug, Clone, Copy)]
-struct Shown {
-    at: Instant,
-    last_step: bool,
-}
-
-/// Whether a stage attempt's next progress event is shown (and sent as a run event), given
-/// what it showed before (its first always is): at most one per [`PROGRESS_EVERY`], except that
-/// the first to reach its total is shown at once. Only the first: a stage that repeats
-/// `step >= total` is throttled like any other, whatever its fields claim.
-fn progress_due(shown: &mut Shown, last_step: bool, now: Instant) -> bool {
-    let due = now.duration_since(shown.at) >= PROGRESS_EVERY || (last_step && !shown.last_step);
-    if due {
-        *shown = Shown {
-            at: now,
-            last_step: shown.last_step || last_step,
-        };
-    }
-    due
-}
-
 fn human_rate(rate: f64) -> String {
     if rate >= 1e6 {
         format!("{:.1}M", rate / 1e6)
@@ -84,19 +55,33 @@ fn human_rate(rate: f64) -> String {
     }
 }
 
-/// `1.2s`, `3m04s`, `1h02m`.
-pub(crate) fn human_duration(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s < 60.0 {
-        format!("{s:.1}s")
-    } else if s < 3600.0 {
-        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
-    } else {
-        format!(
-            "{}h{:02}m",
-            (s / 3600.0) as u64,
-            ((s % 3600.0) / 60.0) as u64
-        )
+impl Sink for Console {
+    fn accept(&self, event: &RunEvent) -> std::io::Result<()> {
+        match event {
+            RunEvent::RunPlanned { stages } => self.plan_size(*stages),
+            RunEvent::Note(text) => self.note(text),
+            RunEvent::Warning(text) => self.warn(text),
+            RunEvent::Detail(text) => self.detail(text),
+            RunEvent::Summary(text) => self.block(text),
+            RunEvent::StageWaiting { stage, reason } => self.note(&format!("{stage}: {reason}")),
+            RunEvent::StageStarted {
+                stage,
+                attempt,
+                pid,
+                placement,
+                ..
+            } => self.stage_started(stage, *attempt, *pid, placement),
+            RunEvent::Progress(progress) => self.progress(progress),
+            RunEvent::StageFinished(end) => self.stage_finished(end),
+            RunEvent::Reported(kind) => self.warn_of(kind),
+            // Retries and skips show no line of their own (the stage's end and the report say
+            // them); the run's start, verdict and end are the journal's and the summary's.
+            RunEvent::StageSkipped { .. }
+            | RunEvent::RunStarted { .. }
+            | RunEvent::RunVerdict { .. }
+            | RunEvent::RunFinished { .. } => {}
+        }
+        Ok(())
     }
 }
 
@@ -107,16 +92,13 @@ impl Console {
             json,
             quiet,
             start: Instant::now(),
-            last_progress: Default::default(),
-            silent: false,
-            tap: None,
             sweep: Default::default(),
         }
     }
 
-    /// Tells the console how many stages the run has: past [`SWEEP_STAGES`] it counts instead
-    /// of listing every start and success.
-    pub(crate) fn plan_size(&self, stages: usize) {
+    /// Past [`SWEEP_STAGES`] stages the console counts instead of listing every start and
+    /// success.
+    fn plan_size(&self, stages: usize) {
         if stages > SWEEP_STAGES {
             let now = Instant::now();
             *self.sweep.lock().unwrap_or_else(|e| e.into_inner()) = Some(Sweep {
@@ -129,7 +111,6 @@ impl Console {
             });
         }
     }
-
     /// Counts a start or an end in a sweep; returns whether the event is to be shown on its
     /// own line (everything outside a sweep; in one, ends that did not succeed), and shows the
     /// count when it is due.
@@ -170,44 +151,8 @@ impl Console {
         !started && status != Some(StageStatus::Succeeded)
     }
 
-    /// A console that prints nothing and sends every event to `tap`.
-    pub(crate) fn silent(tap: UnboundedSender<RunEvent>) -> Console {
-        Console {
-            silent: true,
-            tap: Some(tap),
-            ..Console::new(false, true)
-        }
-    }
-
-    /// Sends the event `kind` makes to the tap, if there is one (made only then: a sweep
-    /// run from the command line has none).
-    fn emit(&self, kind: impl FnOnce() -> RunEventKind) {
-        if let Some(tap) = &self.tap {
-            let _ = tap.send(RunEvent {
-                t_ms: crate::timefmt::unix_ms(),
-                kind: kind(),
-            });
-        }
-    }
-
-    /// A stage waits for GPUs (to the tap; on the terminal as a note).
-    pub fn waiting(&self, stage: &str, reason: &str) {
-        self.emit(|| RunEventKind::StageWaiting {
-            stage: stage.to_string(),
-            reason: reason.to_string(),
-        });
-        if !self.silent {
-            self.note(&format!("{stage}: {reason}"));
-        }
-    }
-
-    /// The run ended (to the tap only; the summary is a [`Console::block`]).
-    pub(crate) fn run_finished(&self, status: RunStatus, exit_code: i32) {
-        self.emit(|| RunEventKind::RunFinished { status, exit_code });
-    }
-
     fn line(&self, text: &str) {
-        if !self.quiet && !self.silent {
+        if !self.quiet {
             write_stderr(&format!(
                 "[{:>7}] {text}\n",
                 human_duration(self.start.elapsed())
@@ -215,14 +160,7 @@ impl Console {
         }
     }
 
-    /// A general note about the run.
-    pub(crate) fn note(&self, text: &str) {
-        self.emit(|| RunEventKind::Note {
-            text: text.to_string(),
-        });
-        if self.silent {
-            return;
-        }
+    fn note(&self, text: &str) {
         if self.json {
             tracing::info!(target: "orchestrate::run", "{text}");
         } else {
@@ -230,14 +168,7 @@ impl Console {
         }
     }
 
-    /// A warning the user should read.
-    pub fn warn(&self, text: &str) {
-        self.emit(|| RunEventKind::Warning {
-            text: text.to_string(),
-        });
-        if self.silent {
-            return;
-        }
+    fn warn(&self, text: &str) {
         if self.json {
             tracing::warn!(target: "orchestrate::run", "{text}");
         } else {
@@ -245,17 +176,7 @@ impl Console {
         }
     }
 
-    /// A stage attempt started.
-    pub(crate) fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
-        self.emit(|| RunEventKind::StageStarted {
-            stage: stage.to_string(),
-            attempt,
-            pid,
-            placement: placement.to_string(),
-        });
-        if self.silent {
-            return;
-        }
+    fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, attempt, pid, placement, "stage started");
         } else if self.count(true, None) {
@@ -270,43 +191,10 @@ impl Console {
         }
     }
 
-    /// A progress event.
-    pub(crate) fn progress(
-        &self,
-        stage: &str,
-        step: u64,
-        total: Option<u64>,
-        loss: Option<f64>,
-        rate: Option<f64>,
-        elapsed: Duration,
-    ) {
-        let last_step = total.is_some_and(|t| step >= t);
-        {
-            let mut shown = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
-            let now = Instant::now();
-            match shown.get_mut(stage) {
-                Some(before) => {
-                    if !progress_due(before, last_step, now) {
-                        return;
-                    }
-                }
-                None => {
-                    shown.insert(stage.to_string(), Shown { at: now, last_step });
-                }
-            }
-        }
-        self.emit(|| RunEventKind::Progress {
-            stage: stage.to_string(),
-            step,
-            total,
-            loss,
-            tokens_per_s: rate,
-        });
-        if self.silent {
-            return;
-        }
+    fn progress(&self, p: &Progress) {
+        let (stage, step, total, loss, rate) = (&p.stage, p.step, p.total, p.loss, p.tokens_per_s);
         if self.json {
-            tracing::info!(target: "orchestrate::progress", stage, step, total, loss, tokens_per_s = rate, elapsed_s = elapsed.as_secs_f64(), "progress");
+            tracing::info!(target: "orchestrate::progress", stage, step, total, loss, tokens_per_s = rate, elapsed_s = p.elapsed.as_secs_f64(), "progress");
             return;
         }
         let mut text = format!("{stage}: step {step}");
@@ -319,32 +207,15 @@ impl Console {
         if let Some(rate) = rate {
             text.push_str(&format!("  {} tok/s", human_rate(rate)));
         }
-        text.push_str(&format!("  {}", human_duration(elapsed)));
+        text.push_str(&format!("  {}", human_duration(p.elapsed)));
         self.line(&text);
     }
 
-    /// A stage attempt ended.
-    pub(crate) fn stage_finished(
-        &self,
-        stage: &str,
-        status: StageStatus,
-        detail: &str,
-        wall: Duration,
-    ) {
-        self.emit(|| RunEventKind::StageFinished {
-            stage: stage.to_string(),
-            status,
-            detail: detail.to_string(),
-            wall_s: wall.as_secs_f64(),
-        });
-        // The progress map keeps stages that report progress, until they end.
-        self.last_progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(stage);
-        if self.silent {
-            return;
-        }
+    /// A stage attempt's end, then its stderr's last lines after a final failure.
+    fn stage_finished(&self, end: &StageEnd) {
+        let (stage, status) = (&end.stage, end.status);
+        let detail = end.detail();
+        let wall = end.wall.unwrap_or_default();
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, status = status.as_str(), detail, wall_s = wall.as_secs_f64(), "stage finished");
         } else if self.count(false, Some(status)) {
@@ -357,31 +228,21 @@ impl Console {
                 ));
             }
         }
-    }
-
-    /// A typed event of the run's own (a retry, a skip, a GPU not reclaimed or quarantined,
-    /// the run stopping): sent to the tap, and shown as a warning where it is one
-    /// ([`warning_of`]); retries and skips show no line of their own (the stage's end and the
-    /// report say them).
-    pub fn event(&self, kind: RunEventKind) {
-        let warning = warning_of(&kind);
-        self.emit(|| kind);
-        if let Some(text) = warning.filter(|_| !self.silent) {
-            if self.json {
-                tracing::warn!(target: "orchestrate::run", "{text}");
-            } else {
-                self.line(&format!("warning: {text}"));
-            }
+        if let Some(block) = end.stderr_block() {
+            self.detail(&block);
         }
     }
 
-    /// Prints a block of text as is (a resume plan, a results table, a failed stage's stderr),
-    /// unless quiet or in JSON mode.
-    pub fn detail(&self, text: &str) {
-        self.emit(|| RunEventKind::Text {
-            text: text.to_string(),
-        });
-        if self.quiet || self.silent {
+    /// A fact of the run's own, shown as a warning where it is one ([`warning_of`]).
+    fn warn_of(&self, kind: &RunEventKind) {
+        if let Some(text) = warning_of(kind) {
+            self.warn(&text);
+        }
+    }
+
+    /// Prints a block of text as is, unless quiet or in JSON mode.
+    fn detail(&self, text: &str) {
+        if self.quiet {
             return;
         }
         if self.json {
@@ -393,13 +254,7 @@ impl Console {
 
     /// Prints a block of text as is (the final summary), even when quiet; in JSON mode as a
     /// tracing event.
-    pub fn block(&self, text: &str) {
-        self.emit(|| RunEventKind::Text {
-            text: text.to_string(),
-        });
-        if self.silent {
-            return;
-        }
+    fn block(&self, text: &str) {
         if self.json {
             tracing::info!(target: "orchestrate::run", summary = text, "run finished");
         } else {
@@ -474,26 +329,6 @@ pub fn warning_of(kind: &RunEventKind) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_the_first_final_step_skips_the_progress_throttle() {
-        let t0 = Instant::now();
-        let mut shown = Shown {
-            at: t0,
-            last_step: false,
-        };
-        let soon = t0 + Duration::from_millis(10);
-        assert!(
-            !progress_due(&mut shown, false, soon),
-            "within the interval"
-        );
-        assert!(progress_due(&mut shown, true, soon), "the first final step");
-        let repeats = (0..20_000)
-            .filter(|_| progress_due(&mut shown, true, soon))
-            .count();
-        assert_eq!(repeats, 0, "repeated final steps are throttled");
-        assert!(progress_due(&mut shown, true, soon + PROGRESS_EVERY));
-    }
 
     #[test]
     fn a_host_oom_kill_is_a_warning_naming_the_limit_and_the_peak() {

@@ -174,11 +174,7 @@ fn empty_stage(name: &str, root: &Path) -> StageReport {
 }
 
 /// Writes the report, or tells the user on the console why it could not.
-pub fn write_or_warn(
-    path: &std::path::Path,
-    report: &Report,
-    console: &crate::report::console::Console,
-) {
+pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::events::Events) {
     if let Err(e) = write(path, report) {
         console.warn(&format!("cannot write {}: {e}", path.display()));
     }
@@ -434,7 +430,7 @@ impl<'a> Snapshot<'a> {
 
     /// Writes `report.json` (streamed; see [`write`] for the promises), or tells the user on
     /// the console why it could not.
-    pub(crate) fn write_or_warn(&self, path: &Path, console: &crate::report::console::Console) {
+    pub(crate) fn write_or_warn(&self, path: &Path, console: &crate::events::Events) {
         if let Err(e) = crate::store::rundir::write_json_replace(path, self) {
             console.warn(&format!("cannot write {}: {e}", path.display()));
         }

@@ -1,7 +1,8 @@
 //! The run loop: turns what happens (a stage's news, a cancel, GPUs coming free, a retry
 //! falling due) into [`Event`]s for the [`Scheduler`], and carries out what it decides —
-//! starting attempts, supervising them on tasks of their own, writing the journal, the
-//! console and the report. It decides nothing itself.
+//! starting attempts, supervising them on tasks of their own, emitting each action as the
+//! run's events (`crate::events`: the console, the journal and the daemon's feed read them)
+//! and rewriting the report. It decides nothing itself.
 //!
 //! A stage on the CPU gives its slot back (`Freed`) as soon as its main process exited with 0
 //! and nothing of its tree is left (see [`supervise::supervise`]), before its outputs are verified
@@ -22,12 +23,12 @@ use crate::attempt::launch::{self, CancelLevel, Launched, Services};
 use crate::attempt::outcome::{AttemptResult, Failure};
 use crate::attempt::supervise;
 use crate::error::{Context, Result};
+use crate::events::{RunEvent, StageEnd};
 use crate::gpu::{self, GpuInfo};
 use crate::host::{Host, Ticket};
 use crate::plan::LoadedPlan;
-use crate::report::console::human_duration;
 use crate::report::Snapshot;
-use crate::store::journal::JournalRecord;
+use crate::timefmt::human_duration;
 use protocol::daemon::RunEventKind;
 use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::BTreeMap;
@@ -62,20 +63,10 @@ struct Driver<'h> {
     next_up: NextUp,
     /// Stages that ending stages started in their place, not yet recorded.
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
-    /// The GPUs of stages that released them, until the scheduler gives them back.
-    released: BTreeMap<usize, Vec<GpuInfo>>,
     /// What stops each running early-started stage alone ([`Action::StopStage`]).
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
-    /// Running stages that were started early (their report says so).
-    started_early: std::collections::BTreeSet<usize>,
-    /// Results the scheduler holds back (early starts whose upstream has not ended), and
-    /// those it just concluded, to keep for the report.
-    held_results: BTreeMap<usize, Box<AttemptResult>>,
-    concluded_held: Vec<(usize, Box<AttemptResult>)>,
     /// Stages whose directory holds the early-start mark (see `super::early`).
     marked: std::collections::BTreeSet<usize>,
-    /// Running early-started stages whose `init` is a stage still persisting: that stage.
-    awaiting_init: BTreeMap<usize, usize>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -117,7 +108,7 @@ pub(super) async fn drive(
     // A cancel that came before the run started applies at once.
     let early = *cancel.borrow_and_update();
     let actions = sched.on(Event::Cancel(early), Instant::now());
-    driver.carry_out(actions, None)?;
+    driver.carry_out(&mut sched, actions, None)?;
     let mut cancel_closed = false;
     loop {
         driver.round(&mut sched)?;
@@ -136,7 +127,7 @@ pub(super) async fn drive(
                 Ok(()) => {
                     let level = *cancel.borrow_and_update();
                     let actions = sched.on(Event::Cancel(level), Instant::now());
-                    driver.carry_out(actions, None)?;
+                    driver.carry_out(&mut sched, actions, None)?;
                 }
             },
             _ = host.gpus_freed.notified(), if gpu_waiting => {}
@@ -233,7 +224,7 @@ impl<'h> Driver<'h> {
                 started,
                 RunStatus::Running,
             )
-            .write_or_warn(&run_dir.report_path(), &setup.console);
+            .write_or_warn(&run_dir.report_path(), &setup.events);
         }
         let lookahead = Lookahead::start(&setup, host)?;
         Ok(Driver {
@@ -242,13 +233,8 @@ impl<'h> Driver<'h> {
             news_tx,
             next_up: NextUp::default(),
             handed: BTreeMap::new(),
-            released: BTreeMap::new(),
             stoppers: BTreeMap::new(),
-            started_early: Default::default(),
-            held_results: BTreeMap::new(),
-            concluded_held: Vec::new(),
             marked: Default::default(),
-            awaiting_init: BTreeMap::new(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -281,7 +267,7 @@ impl<'h> Driver<'h> {
                 let mut resources = self.resources();
                 sched.next_start(&mut resources, &mut actions)
             };
-            self.carry_out(actions, None)?;
+            self.carry_out(sched, actions, None)?;
             match next {
                 None => break,
                 Some(Start::HandedOver(j)) => {
@@ -374,7 +360,7 @@ impl<'h> Driver<'h> {
                     message: failure.describe(),
                 };
                 let actions = sched.on(event, Instant::now());
-                return self.carry_out(actions, None);
+                return self.carry_out(sched, actions, None);
             }
         };
         if cpu_threads.is_some() {
@@ -394,25 +380,17 @@ impl<'h> Driver<'h> {
                 .iter()
                 .map(|&u| setup.plan.plan.stages[u].name.as_str())
                 .collect();
-            setup.console.note(&format!(
+            setup.events.note(&format!(
                 "{}: started early, while {} still writes its outputs",
                 stage.name,
                 ahead.join(", ")
             ));
-            self.started_early.insert(i);
             self.marked.insert(i);
-            let init = being_written
-                .iter()
-                .copied()
-                .find(|&u| stage.init.as_deref() == Some(setup.plan.plan.stages[u].name.as_str()));
-            if let Some(u) = init {
-                self.awaiting_init.insert(i, u);
-            }
         }
         self.record_start(sched, i, gpus, started)
     }
 
-    /// Records stage `i`'s start (console, journal) and supervises it on a task of its own;
+    /// Records stage `i`'s start (its event) and supervises it on a task of its own;
     /// an attempt that could not spawn ends at once.
     fn record_start(
         &mut self,
@@ -438,14 +416,15 @@ impl<'h> Driver<'h> {
         let stage = &setup.plan.plan.stages[i];
         let attempt = sched.states()[i].attempts;
         let span = stage_span(&stage.name, attempt);
-        span.in_scope(|| launched.announce(&setup.console));
-        setup.journal.append(&JournalRecord::StageStarted {
+        let event = RunEvent::StageStarted {
             stage: stage.name.clone(),
             attempt,
-            pid: launched.pid() as u32,
+            pid: launched.pid(),
+            placement: launched.placement(),
             gpus: given.iter().map(|g| g.uuid.clone()).collect(),
             plan_hash: setup.fingerprints.get(i),
-        })?;
+        };
+        span.in_scope(|| setup.events.emit(event))?;
         let node_check = crate::slurm::node_check::NodeCheck::for_stage(
             stage,
             setup.slurm.as_ref(),
@@ -458,7 +437,7 @@ impl<'h> Driver<'h> {
         let may_hand_over = given.is_empty()
             && node_check.is_none()
             && !crate::slurm::placement::spreads(setup.slurm.as_ref())
-            && !self.started_early.contains(&i);
+            && !sched.started_early(i);
         sched.on(
             Event::Launched {
                 stage: i,
@@ -470,7 +449,7 @@ impl<'h> Driver<'h> {
         let local_gpus =
             node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
         let mut task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
-        if self.started_early.contains(&i) {
+        if sched.started_early(i) {
             let (cancel, stopper) = super::early::stoppable(self.cancel_tx.subscribe());
             task.cancel = cancel;
             self.stoppers.insert(i, stopper);
@@ -537,21 +516,20 @@ impl<'h> Driver<'h> {
                 return Ok(());
             }
             StageNews::Released(i, gpus, downstream_may_start) => {
-                self.released.insert(i, gpus);
                 let event = Event::GpusReleased {
                     stage: i,
                     downstream_may_start,
                 };
                 let actions = sched.on(event, now);
-                if actions.is_empty() {
-                    self.released.remove(&i);
+                // The scheduler says whether they go back now (once, while the stage runs).
+                if actions.contains(&Action::GiveBackGpus(i)) {
+                    self.host.give_back_gpus(&gpus);
                 }
-                return self.carry_out(actions, None);
+                return self.carry_out(sched, actions, None);
             }
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
-                self.awaiting_init.remove(&i);
-                result.started_early = self.started_early.remove(&i);
+                result.started_early = sched.started_early(i);
                 (i, result, given, chained)
             }
         };
@@ -577,16 +555,8 @@ impl<'h> Driver<'h> {
             chained,
         };
         let actions = sched.on(event, now);
-        self.carry_out(actions, Some(&result))?;
-        // Results the scheduler concluded from those it held (recorded just now, in order).
-        for (d, held) in std::mem::take(&mut self.concluded_held) {
-            sched.keep_last(d, *held);
-        }
-        if sched.is_held(i) {
-            self.held_results.insert(i, result);
-        } else {
-            sched.keep_last(i, *result);
-        }
+        self.carry_out(sched, actions, Some(&result))?;
+        sched.keep_result(i, result);
         self.check_early_inits(sched)?;
         self.rewrite_report(sched)
     }
@@ -596,15 +566,7 @@ impl<'h> Driver<'h> {
     /// that opted in and broke its promise; the built-in train stage always writes its
     /// manifest).
     fn check_early_inits(&mut self, sched: &mut Scheduler<'_>) -> Result<()> {
-        let succeeded = |u: usize| sched.states()[u].status == super::state::Status::Succeeded;
-        let waiting: Vec<(usize, usize)> = self
-            .awaiting_init
-            .iter()
-            .filter(|&(_, &u)| succeeded(u))
-            .map(|(&d, &u)| (d, u))
-            .collect();
-        for (d, u) in waiting {
-            self.awaiting_init.remove(&d);
+        for (d, u) in sched.take_inits_succeeded() {
             let name = &self.setup.plan.plan.stages[u].name;
             let manifest = self
                 .setup
@@ -617,7 +579,7 @@ impl<'h> Driver<'h> {
                     upstream: u,
                 };
                 let actions = sched.on(event, Instant::now());
-                self.carry_out(actions, None)?;
+                self.carry_out(sched, actions, None)?;
             }
         }
         Ok(())
@@ -650,7 +612,7 @@ impl<'h> Driver<'h> {
             return Ok(());
         }
         let setup = &self.setup;
-        self.run_files.finish(&setup.console)?;
+        self.run_files.finish(&setup.events)?;
         let t = Instant::now();
         Snapshot::new(
             &setup.plan,
@@ -660,34 +622,43 @@ impl<'h> Driver<'h> {
             self.started,
             RunStatus::Running,
         )
-        .write_or_warn(&setup.run_dir.report_path(), &setup.console);
+        .write_or_warn(&setup.run_dir.report_path(), &setup.events);
         self.report_every = (t.elapsed() * 500).max(Duration::from_secs(1));
         self.last_report = Instant::now();
         Ok(())
     }
 
     /// Carries out the scheduler's actions, in order; `result`: the attempt whose end they
-    /// follow from, if one did.
-    fn carry_out(&mut self, actions: Vec<Action>, result: Option<&AttemptResult>) -> Result<()> {
+    /// follow from, if one did. An end the scheduler held and concluded now is recorded with
+    /// its own attempt's result, then kept as that stage's last attempt.
+    fn carry_out(
+        &mut self,
+        sched: &mut Scheduler<'_>,
+        actions: Vec<Action>,
+        result: Option<&AttemptResult>,
+    ) -> Result<()> {
+        let concluded = sched.take_concluded();
         for action in actions {
-            self.carry_out_one(action, result)?;
+            let held = match &action {
+                Action::Finished { stage, .. } => concluded
+                    .iter()
+                    .find(|(d, _)| d == stage)
+                    .map(|(_, r)| &**r),
+                _ => None,
+            };
+            self.carry_out_one(action, held.or(result))?;
+        }
+        for (d, held) in concluded {
+            sched.keep_last(d, *held);
         }
         Ok(())
     }
 
+    /// Carries out one action: an end or skip recorded as its event, a GPU quarantined, a
+    /// cancel passed on, files or GPUs given back, an early start stopped.
     fn carry_out_one(&mut self, action: Action, result: Option<&AttemptResult>) -> Result<()> {
-        // A held result concluded now is this action's, not the attempt that just ended.
-        let held = match &action {
-            Action::Finished { stage, .. } => self.held_results.remove(stage),
-            _ => None,
-        };
-        let held_stage = held.as_ref().and(match &action {
-            Action::Finished { stage, .. } => Some(*stage),
-            _ => None,
-        });
-        let result = held.as_deref().or(result);
-        let setup = &mut self.setup;
-        let console = &setup.console;
+        let setup = &self.setup;
+        let events = &setup.events;
         let name = |i: usize| setup.plan.plan.stages[i].name.clone();
         match action {
             Action::Finished {
@@ -697,111 +668,112 @@ impl<'h> Driver<'h> {
                 error,
                 retry_in,
             } => {
-                // A placed step lost on its node: the node, beside srun's own words.
-                let lost = (status == StageStatus::Failed)
-                    .then(|| setup.run_dir.stage_dir(&name(stage)))
-                    .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt))
-                    .map(|node| format!(" (lost on node {node})"))
-                    .unwrap_or_default();
-                let note = match (&error, retry_in) {
-                    (Some(e), Some(wait)) => {
-                        format!("{e}{lost}; retrying in {}", human_duration(wait))
-                    }
-                    (Some(e), None) => format!("{e}{lost}"),
-                    (None, _) => String::new(),
-                };
-                let wall = result.map_or(Duration::ZERO, |r| r.wall);
-                console.stage_finished(&name(stage), status, &note, wall);
-                let tail = result.and_then(|r| r.stderr_tail.as_deref());
-                if let Some(tail) = tail.filter(|t| !t.trim().is_empty()) {
-                    if status == StageStatus::Failed && retry_in.is_none() {
-                        let name = name(stage);
-                        let text =
-                            format!("---- last lines of {name}'s stderr ----\n{tail}\n----\n");
-                        console.detail(&text);
-                    }
-                }
-                let error_text = error.clone();
-                let record = finished_record(
-                    name(stage),
+                let ended = Ended {
+                    stage,
                     attempt,
                     status,
                     error,
-                    setup.fingerprints.get(stage),
-                    result,
-                );
-                setup.journal.append(&record)?;
-                if status == StageStatus::Succeeded && self.marked.remove(&stage) {
-                    // Its success is recorded (after its upstreams'): nothing left to clear.
-                    super::early::finished(&setup.run_dir, &name(stage));
-                }
-                if let (Some(error), Some(wait)) = (error_text, retry_in) {
-                    console.event(RunEventKind::StageRetrying {
-                        stage: name(stage),
-                        attempt,
-                        error,
-                        retry_in_s: wait.as_secs_f64(),
-                    });
-                }
+                    retry_in,
+                };
+                self.record_end(ended, result)?;
             }
             Action::Skipped {
                 stage,
                 class,
                 reason,
-            } => {
-                setup.journal.append(&JournalRecord::StageSkipped {
-                    stage: name(stage),
-                    reason: reason.clone(),
-                })?;
-                console.event(RunEventKind::StageSkipped {
-                    stage: name(stage),
-                    class,
-                    reason,
-                });
-            }
-            Action::Waiting { stage, why } => console.waiting(&name(stage), &why),
+            } => events.emit(RunEvent::StageSkipped {
+                stage: name(stage),
+                class,
+                reason,
+            })?,
+            Action::Waiting { stage, why } => events.emit(RunEvent::StageWaiting {
+                stage: name(stage),
+                reason: why,
+            })?,
             Action::Quarantine(uuid) => {
                 self.host.quarantine(&uuid);
-                console.event(RunEventKind::GpuQuarantined { uuid });
+                events.report(RunEventKind::GpuQuarantined { uuid });
             }
-            Action::Stop(cause) => console.event(RunEventKind::RunStopping {
+            Action::Stop(cause) => events.report(RunEventKind::RunStopping {
                 reason: match cause {
                     Stopping::Interrupted => FailureClass::Interrupted,
                     Stopping::FailFast => FailureClass::FailFast,
                     Stopping::GpuLeaked => FailureClass::GpuLeaked,
                 },
             }),
-            Action::CancelStages(level) => {
-                match level {
-                    CancelLevel::Kill => console.warn("killing running stages now"),
-                    _ => console.warn(&format!(
-                        "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
-                        human_duration(setup.plan.plan.run.grace.get())
-                    )),
-                }
-                let _ = self.cancel_tx.send(level);
-            }
+            Action::CancelStages(level) => self.cancel_stages(level),
             Action::ReleaseFiles(stage) => self.lookahead.release(stage),
-            Action::GiveBackGpus(stage) => {
-                if let Some(gpus) = self.released.remove(&stage) {
-                    self.host.give_back_gpus(&gpus);
-                }
-            }
-            Action::StopStage(stage) => {
-                console.warn(&format!(
-                    "{}: stopping it (it started early and cannot use its upstream stage's outputs; it will run again)",
-                    name(stage)
-                ));
-                if let Some(stop) = self.stoppers.remove(&stage) {
-                    let _ = stop.send(());
-                }
-            }
-        }
-        if let Some((d, held)) = held_stage.zip(held) {
-            self.concluded_held.push((d, held));
+            // Given back as the release that caused it came in (`on_news`).
+            Action::GiveBackGpus(_) => {}
+            Action::StopStage(stage) => self.stop_early_start(stage),
         }
         Ok(())
     }
+
+    /// Records an attempt's end as the scheduler concluded it, from its `result` (none when it
+    /// never ran): one [`RunEvent::StageFinished`] for every reader; a succeeded early start's
+    /// mark cleared once its end is recorded.
+    fn record_end(&mut self, ended: Ended, result: Option<&AttemptResult>) -> Result<()> {
+        let setup = &self.setup;
+        let Ended {
+            stage,
+            attempt,
+            status,
+            error,
+            retry_in,
+        } = ended;
+        let name = setup.plan.plan.stages[stage].name.clone();
+        // A placed step lost on its node: the node, beside srun's own words.
+        let lost_on = (status == StageStatus::Failed)
+            .then(|| setup.run_dir.stage_dir(&name))
+            .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt));
+        let end = StageEnd {
+            stage: name,
+            attempt,
+            status,
+            error,
+            lost_on,
+            retry_in,
+            wall: result.map(|r| r.wall),
+            plan_hash: setup.fingerprints.get(stage),
+            checkpoints: result.map(|r| r.checkpoints.clone()).unwrap_or_default(),
+            metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
+            stderr_tail: result.and_then(|r| r.stderr_tail.clone()),
+        };
+        let succeeded = status == StageStatus::Succeeded;
+        let name = (succeeded && self.marked.remove(&stage)).then(|| end.stage.clone());
+        setup.events.emit(RunEvent::StageFinished(Box::new(end)))?;
+        if let Some(name) = name {
+            // Its success is recorded (after its upstreams'): nothing left to clear.
+            super::early::finished(&setup.run_dir, &name);
+        }
+        Ok(())
+    }
+
+    /// Passes a cancel on to every running stage, saying what it does.
+    fn cancel_stages(&mut self, level: CancelLevel) {
+        let events = &self.setup.events;
+        match level {
+            CancelLevel::Kill => events.warn("killing running stages now"),
+            _ => events.warn(&format!(
+                "stopping: running stages get SIGTERM and {} to exit; signal again to kill them now",
+                human_duration(self.setup.plan.plan.run.grace.get())
+            )),
+        }
+        let _ = self.cancel_tx.send(level);
+    }
+
+    /// Stops an early-started stage that cannot use its upstream's outputs.
+    fn stop_early_start(&mut self, stage: usize) {
+        self.setup.events.warn(&format!(
+            "{}: stopping it (it started early and cannot use its upstream stage's outputs; it will run again)",
+            self.setup.plan.plan.stages[stage].name
+        ));
+        if let Some(stop) = self.stoppers.remove(&stage) {
+            let _ = stop.send(());
+        }
+    }
+
     /// Ends the run: the stages that did not start skipped, its status (inside Slurm, after
     /// asking Slurm why the job stopped), the journal's last record, `report.json`, the
     /// results and the GPU memory picture.
@@ -811,15 +783,15 @@ impl<'h> Driver<'h> {
         stop_signal: StopSignal,
     ) -> Result<RunSummary> {
         let (skipped, verdict) = sched.finish();
-        self.carry_out(skipped, None)?;
+        self.carry_out(&mut sched, skipped, None)?;
         let (status, exit_code) =
             ending::status_of(verdict, &mut self.setup, stop_signal.get()).await;
         let setup = &mut self.setup;
         setup
-            .journal
-            .append(&JournalRecord::RunFinished { status, exit_code })?;
+            .events
+            .emit(RunEvent::RunVerdict { status, exit_code })?;
         self.host.stop_waiting(setup.ticket);
-        self.run_files.finish(&setup.console)?;
+        self.run_files.finish(&setup.events)?;
         let states = sched.into_states();
         let setup = &self.setup;
         let report = Snapshot::new(
@@ -836,13 +808,24 @@ impl<'h> Driver<'h> {
             sampler.abort();
             ending::draw_gpu_memory(setup, &self.spans, self.started);
         }
-        setup.console.run_finished(status, exit_code);
+        setup
+            .events
+            .emit(RunEvent::RunFinished { status, exit_code })?;
         Ok(RunSummary {
             exit_code,
             status: report.status(),
             summary: report.summary(),
         })
     }
+}
+
+/// An attempt's end as the scheduler concluded it ([`Action::Finished`]).
+struct Ended {
+    stage: usize,
+    attempt: u32,
+    status: StageStatus,
+    error: Option<String>,
+    retry_in: Option<Duration>,
 }
 
 /// A fresh start as the scheduler chose it ([`Start::Fresh`]), less the stage.
@@ -936,30 +919,5 @@ impl supervise::AttemptHooks for Hooks<'_> {
             .release_gpus
             .as_ref()
             .is_some_and(|g| !g.is_empty())
-    }
-}
-
-/// The journal's record of an attempt's end: what `resume` keeps of it (outputs only when it
-/// succeeded; metrics and wall time when it ran at all).
-pub(super) fn finished_record(
-    stage: String,
-    attempt: u32,
-    status: StageStatus,
-    error: Option<String>,
-    plan_hash: String,
-    result: Option<&AttemptResult>,
-) -> JournalRecord {
-    JournalRecord::StageFinished {
-        stage,
-        attempt,
-        status,
-        error,
-        checkpoints: match (status, result) {
-            (StageStatus::Succeeded, Some(r)) => r.checkpoints.clone(),
-            _ => Vec::new(),
-        },
-        plan_hash,
-        metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
-        wall_s: result.map(|r| r.wall.as_secs_f64()),
     }
 }

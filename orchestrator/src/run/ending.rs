@@ -55,8 +55,8 @@ pub(super) async fn status_of(
                 signal,
                 at,
                 &setup.services.reaper,
-                &mut setup.journal,
-                &setup.console,
+                &setup.journal,
+                &setup.events,
                 setup.run_dir.root(),
             )
             .await;
@@ -69,12 +69,12 @@ pub(super) async fn status_of(
 /// `report.json` and the results are independent files: written at once, on two threads (at
 /// 100,000 stages each takes a tenth of a second or more, after the last stage).
 pub(super) fn write_report_and_results(setup: &Setup, report: &Snapshot<'_>) {
-    let (plan, console, root) = (&setup.plan, &setup.console, setup.run_dir.root());
+    let (plan, events, root) = (&setup.plan, &setup.events, setup.run_dir.root());
     let results = std::thread::scope(|scope| {
         let results = crate::report::results::has_rows(plan).then(|| {
             scope.spawn(|| crate::report::results::write(plan, &|i| report.stage(i), root))
         });
-        report.write_or_warn(&setup.run_dir.report_path(), console);
+        report.write_or_warn(&setup.run_dir.report_path(), events);
         results.map(|thread| {
             thread
                 .join()
@@ -83,11 +83,11 @@ pub(super) fn write_report_and_results(setup: &Setup, report: &Snapshot<'_>) {
     });
     match results {
         Some(Ok(table)) => {
-            console.detail(&table);
+            events.detail(&table);
             let csv = root.join("results.csv");
-            console.note(&format!("results: {}", csv.display()));
+            events.note(&format!("results: {}", csv.display()));
         }
-        Some(Err(e)) => console.warn(&format!(
+        Some(Err(e)) => events.warn(&format!(
             "cannot write the results in {}: {e}",
             root.display()
         )),
@@ -104,10 +104,10 @@ pub(super) fn draw_gpu_memory(setup: &Setup, spans: &[gpu::timeline::StageSpan],
     let svg_path = root.join("gpu-memory.svg");
     match write_replace(&svg_path, picture.as_bytes()) {
         Ok(()) => setup
-            .console
+            .events
             .note(&format!("GPU memory picture: {}", svg_path.display())),
         Err(e) => setup
-            .console
+            .events
             .warn(&format!("cannot write {}: {e}", svg_path.display())),
     }
 }
@@ -116,7 +116,7 @@ pub(super) fn draw_gpu_memory(setup: &Setup, spans: &[gpu::timeline::StageSpan],
 /// directory (`report.json` was just written), on a blocking thread (a daemon's runs share
 /// this runtime). What happened is one line; nothing here changes the run's outcome.
 pub(super) async fn track(setup: &Setup) {
-    let console = &setup.console;
+    let console = &setup.events;
     let target = match crate::tracking::target(&setup.plan.plan.run) {
         Ok(Some(target)) => target,
         Ok(None) => return,

@@ -55,10 +55,7 @@ impl RunFiles {
 
     /// Waits until the files are written. Returns the plan copy's failure, and tells
     /// `console` of the report's; `Ok` once they were waited for.
-    pub(crate) fn finish(
-        &mut self,
-        console: &crate::report::console::Console,
-    ) -> crate::error::Result<()> {
+    pub(crate) fn finish(&mut self, console: &crate::events::Events) -> crate::error::Result<()> {
         let Some(thread) = self.0.take() else {
             return Ok(());
         };
@@ -101,7 +98,7 @@ mod tests {
     fn the_plan_copy_and_a_first_report_with_every_stage_pending_are_written() {
         let dir = crate::testutil::scratch("run-files");
         let run_dir = RunDir::create(&dir.join("run")).unwrap();
-        let console = crate::report::console::Console::new(false, true);
+        let console = crate::events::Events::new();
         let mut files =
             RunFiles::start(plan(3), run_dir.clone(), "off".into(), Instant::now(), true).unwrap();
         files.finish(&console).unwrap();
@@ -127,7 +124,7 @@ mod tests {
         // A directory where the file goes: the rename over it fails.
         std::fs::create_dir(run_dir.root().join("plan.resolved.json")).unwrap();
         std::fs::write(run_dir.root().join("plan.resolved.json/x"), "x").unwrap();
-        let console = crate::report::console::Console::new(false, true);
+        let console = crate::events::Events::new();
         let mut files = RunFiles::start(
             plan(2),
             run_dir.clone(),

@@ -26,11 +26,12 @@ pub mod state;
 
 use crate::attempt::launch::{CancelLevel, Services, TreeSampling};
 use crate::error::{Context, Error, Result};
+use crate::events::journal::{JournalSink, SharedJournal};
+use crate::events::{Events, RunEvent};
 use crate::host::Host;
 use crate::plan::LoadedPlan;
-use crate::report::console::Console;
 use crate::run::state::{LastAttempt, StageState};
-use crate::store::journal::{Journal, JournalRecord};
+use crate::store::journal::Journal;
 use crate::store::resume::Decision;
 use crate::store::rundir::RunDir;
 use protocol::status::RunStatus;
@@ -53,8 +54,8 @@ pub struct RunOptions {
     pub run_dir: RunDir,
     /// Explicit `stage-worker` path (else the plan's `run.worker`, else beside `orchestrate`).
     pub worker: Option<PathBuf>,
-    /// Progress display.
-    pub console: Console,
+    /// Where the run's events go (the console, the daemon's feed); the run adds its journal.
+    pub events: Events,
     /// Continue the run already in `run_dir`: keep the stages that finished and still verify.
     pub resume: bool,
     /// Echo stages' output on the console.
@@ -109,7 +110,7 @@ async fn run_in_span(
         plan_format,
         run_dir,
         worker,
-        console,
+        events,
         resume,
         follow,
         run_id,
@@ -130,13 +131,13 @@ async fn run_in_span(
         false => None,
     };
     if let Some(note) = &host.gpu_note {
-        console.note(note);
+        events.note(note);
     }
-    console.note(&gpu_check_note(&plan, &cleared));
+    events.note(&gpu_check_note(&plan, &cleared));
     for line in &cleared.limit_notes {
-        console.note(line);
+        events.note(line);
     }
-    let cgroups = run_cgroup(&cleared, &run_id, &console)?;
+    let cgroups = run_cgroup(&cleared, &run_id, &events)?;
 
     // The run directory's fixed files.
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
@@ -144,24 +145,26 @@ async fn run_in_span(
     drop(plan_source);
     let fingerprints = crate::store::fingerprint::Background::start(plan.clone());
     let decisions = match resume {
-        true => {
-            Some(resume_decisions(&plan, &run_dir, &fingerprints, &console, &mut cancel).await?)
-        }
+        true => Some(resume_decisions(&plan, &run_dir, &fingerprints, &events, &mut cancel).await?),
         false => None,
     };
-    let mut journal = Journal::open(&run_dir.journal_path())
+    let journal = Journal::open(&run_dir.journal_path())
         .with_context(|| format!("cannot open the journal in {}", run_dir.root().display()))?;
-    journal.append(&JournalRecord::RunStarted {
+    let journal = SharedJournal::new(journal);
+    let events = events.with(JournalSink::new(journal.clone()));
+    events.emit(RunEvent::RunStarted {
         plan: plan.source_name.clone(),
         pid: std::process::id(),
         gpu_check: cleared.gpu_check.clone(),
         resumed: resume,
     })?;
-    console.note(&format!("run directory: {}", run_dir.root().display()));
-    console.plan_size(plan.plan.stages.len());
+    events.note(&format!("run directory: {}", run_dir.root().display()));
+    events.emit(RunEvent::RunPlanned {
+        stages: plan.plan.stages.len(),
+    })?;
     if let Some(job) = &slurm {
-        console.note(&job.describe());
-        crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
+        events.note(&job.describe());
+        journal.with(|j| crate::slurm::history::record_start(run_dir.root(), job, j))?;
         // Placed steps write into the run directory from every node: all must see it.
         if crate::slurm::placement::spreads(Some(job)) {
             crate::slurm::shared_dir::check(run_dir.root(), job, &host.reaper)
@@ -175,7 +178,7 @@ async fn run_in_span(
         probe: cleared.probe.clone(),
         tolerance_bytes: settings.gpu_tolerance_mib.saturating_mul(1 << 20),
         reclaim_timeout: settings.reclaim_timeout.get(),
-        console: console.clone(),
+        events: events.clone(),
         follow,
         run_id: run_id.clone(),
         tree_sampling: TreeSampling::start(),
@@ -186,7 +189,7 @@ async fn run_in_span(
         plan: plan.clone(),
         run_dir,
         worker,
-        console,
+        events,
         resume,
         run_id,
         ticket,
@@ -204,11 +207,11 @@ async fn run_in_span(
 fn run_cgroup(
     cleared: &preflight::Cleared,
     run_id: &str,
-    console: &Console,
+    events: &Events,
 ) -> Result<Option<Rc<crate::process::cgroup::RunCgroup>>> {
     let host = &cleared.cgroups;
     let Some(own) = host.own.as_deref().filter(|_| host.usable()) else {
-        console.note(&format!("isolation: process groups ({})", host.describe()));
+        events.note(&format!("isolation: process groups ({})", host.describe()));
         return Ok(None);
     };
     crate::process::cgroup::sweep_stale(own);
@@ -231,7 +234,7 @@ fn run_cgroup(
                 true => String::new(),
                 false => format!("; limits with {}", cleared.controllers.join(", ")),
             };
-            console.note(&format!(
+            events.note(&format!(
                 "isolation: a cgroup per stage under {}{limits}; {}",
                 run.path().display(),
                 crate::process::cgroup::namespace::Support::here().describe()
@@ -239,7 +242,7 @@ fn run_cgroup(
             Ok(Some(Rc::new(run)))
         }
         Err(e) if cleared.controllers.is_empty() => {
-            console.note(&format!("isolation: process groups ({e})"));
+            events.note(&format!("isolation: process groups ({e})"));
             Ok(None)
         }
         Err(e) => Err(Error::Refused(format!(
@@ -269,7 +272,7 @@ async fn resume_decisions(
     plan: &Arc<LoadedPlan>,
     run_dir: &RunDir,
     fingerprints: &crate::store::fingerprint::Background,
-    console: &Console,
+    events: &Events,
     cancel: &mut watch::Receiver<CancelLevel>,
 ) -> Result<Vec<Decision>> {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -277,7 +280,7 @@ async fn resume_decisions(
     if crate::store::journal::repair_tail(&path)
         .with_context(|| format!("cannot repair {}", path.display()))?
     {
-        console.warn("the journal's last line was torn (a crash mid-write); it was cut off");
+        events.warn("the journal's last line was torn (a crash mid-write); it was cut off");
     }
     let records = crate::store::journal::read_run_journal(run_dir.root())?;
     let (for_thread, prints) = (plan.clone(), fingerprints.clone());
@@ -300,7 +303,7 @@ async fn resume_decisions(
         }
     }
     .map_err(|e| Error::Internal(format!("the resume check stopped: {e}")))?;
-    console.detail(&format!(
+    events.detail(&format!(
         "resuming {}:\n{}",
         run_dir.root().display(),
         crate::store::resume::render(plan, &decisions)

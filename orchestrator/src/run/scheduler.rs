@@ -233,8 +233,17 @@ pub(crate) struct Scheduler<'p> {
     waiting_persisting: Vec<usize>,
     /// Stages started early: the upstream stages they started ahead of that have not ended.
     ahead_of: BTreeMap<usize, Vec<usize>>,
+    /// Attempts that started early and have not ended (whatever their upstream stages did).
+    early: HashSet<usize>,
+    /// Of those, the ones whose `init` stage is one they started ahead of: that stage.
+    awaiting_init: BTreeMap<usize, usize>,
     /// Early attempts that ended before those upstream stages: their outcome, held.
     held: BTreeMap<usize, Outcome>,
+    /// Those attempts' results, kept for their record until their end is concluded.
+    held_results: BTreeMap<usize, Box<AttemptResult>>,
+    /// Held results whose end the last events concluded, for the run loop to record
+    /// ([`Scheduler::take_concluded`]).
+    concluded: Vec<(usize, Box<AttemptResult>)>,
     /// Early attempts still running whose upstream (the value) failed: stopped, their end void.
     voided: BTreeMap<usize, usize>,
     /// Per stage: attempts not counted against its retries (voided early attempts).
@@ -296,7 +305,11 @@ impl<'p> Scheduler<'p> {
             persisting: HashSet::new(),
             waiting_persisting: vec![0; n],
             ahead_of: BTreeMap::new(),
+            early: HashSet::new(),
+            awaiting_init: BTreeMap::new(),
             held: BTreeMap::new(),
+            held_results: BTreeMap::new(),
+            concluded: Vec::new(),
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
             handed: Vec::new(),
@@ -327,6 +340,33 @@ impl<'p> Scheduler<'p> {
         &self.states
     }
 
+    /// Keeps stage `i`'s attempt's result once its end was carried out: while its end is held
+    /// ([`Scheduler::is_held`]), until the scheduler concludes it (then
+    /// [`Scheduler::take_concluded`] gives it back to be recorded); else as its last attempt.
+    pub(crate) fn keep_result(&mut self, i: usize, result: Box<AttemptResult>) {
+        if self.is_held(i) {
+            self.held_results.insert(i, result);
+        } else {
+            self.keep_last(i, *result);
+        }
+    }
+
+    /// The held results whose end was concluded since the last call (each has its
+    /// [`Action::Finished`] among the actions just returned), in the order concluded: to record
+    /// with that action, then to keep with [`Scheduler::keep_last`].
+    pub(crate) fn take_concluded(&mut self) -> Vec<(usize, Box<AttemptResult>)> {
+        std::mem::take(&mut self.concluded)
+    }
+
+    /// Stage `d`'s held end is concluded: its result goes to the run loop.
+    fn release_held(&mut self, d: usize) -> Option<Outcome> {
+        let outcome = self.held.remove(&d)?;
+        if let Some(result) = self.held_results.remove(&d) {
+            self.concluded.push((d, result));
+        }
+        Some(outcome)
+    }
+
     /// Keeps what the report needs of stage `i`'s last attempt.
     pub(crate) fn keep_last(&mut self, i: usize, result: AttemptResult) {
         self.states[i].last = Some(crate::run::state::LastAttempt::of(result));
@@ -353,9 +393,33 @@ impl<'p> Scheduler<'p> {
         !self.gpus_released.contains(&i)
     }
 
+    /// Whether stage `i`'s attempt, running, started early (ahead of an upstream stage still
+    /// persisting its outputs): it neither frees its slot early nor hands it over, may be
+    /// stopped alone, and its report says so. False once its end came.
+    pub(crate) fn started_early(&self, i: usize) -> bool {
+        self.early.contains(&i)
+    }
+
+    /// The running early starts whose `init` stage has now succeeded, each with that stage,
+    /// given once: the run loop looks whether it wrote the checkpoint manifest it promised
+    /// (the built-in train stage always does; a command stage that opted in may not), and
+    /// sends [`Event::InputMissing`] if it did not.
+    pub(crate) fn take_inits_succeeded(&mut self) -> Vec<(usize, usize)> {
+        let states = &self.states;
+        let succeeded: Vec<(usize, usize)> = self
+            .awaiting_init
+            .iter()
+            .filter(|&(_, &u)| states[u].status == Status::Succeeded)
+            .map(|(&d, &u)| (d, u))
+            .collect();
+        for (d, _) in &succeeded {
+            self.awaiting_init.remove(d);
+        }
+        succeeded
+    }
+
     /// Whether stage `i`'s attempt ended and its result is held (it started early and an
-    /// upstream it started ahead of has not ended yet): the run loop keeps the result until
-    /// the scheduler concludes it.
+    /// upstream it started ahead of has not ended yet).
     pub(crate) fn is_held(&self, i: usize) -> bool {
         self.held.contains_key(&i)
     }
@@ -540,6 +604,15 @@ impl<'p> Scheduler<'p> {
             .collect();
         if !being_written.is_empty() {
             self.ahead_of.insert(i, being_written.clone());
+            self.early.insert(i);
+            let init = self.plan.plan.stages[i].init.as_deref();
+            let stages = &self.plan.plan.stages;
+            if let Some(&u) = being_written
+                .iter()
+                .find(|&&u| init == Some(stages[u].name.as_str()))
+            {
+                self.awaiting_init.insert(i, u);
+            }
         }
         Some(Start::Fresh {
             stage: i,
@@ -600,6 +673,8 @@ impl<'p> Scheduler<'p> {
                 self.slots_held -= 1;
                 self.live.remove(&stage);
                 self.ahead_of.remove(&stage);
+                self.early.remove(&stage);
+                self.awaiting_init.remove(&stage);
                 self.fail_without_attempt(stage, class, message, &mut actions);
             }
             Event::SlotFreed(stage) => {
@@ -639,6 +714,8 @@ impl<'p> Scheduler<'p> {
             } => {
                 self.handed.extend(chained);
                 self.live.remove(&stage);
+                self.early.remove(&stage);
+                self.awaiting_init.remove(&stage);
                 self.gpus_released.remove(&stage);
                 if !self.freed_early.remove(&stage) {
                     self.slots_held -= 1;
@@ -736,12 +813,12 @@ impl<'p> Scheduler<'p> {
                     continue;
                 }
                 self.ahead_of.remove(&d);
-                if let Some(outcome) = self.held.remove(&d) {
+                if let Some(outcome) = self.release_held(d) {
                     self.conclude(d, &outcome, now, out);
                 }
             } else {
                 self.ahead_of.remove(&d);
-                if self.held.remove(&d).is_some() {
+                if self.release_held(d).is_some() {
                     self.void(d, u, now, out);
                 } else if self.live.contains_key(&d) {
                     self.voided.insert(d, u);
@@ -2145,6 +2222,42 @@ mod tests {
     }
 
     #[test]
+    fn a_held_result_is_kept_until_its_end_is_concluded_then_given_back_to_record() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        round(&mut s, &mut gpus, now);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        assert!(s.started_early(1) && !s.started_early(0));
+        let mut b = succeeded();
+        b.wall = Duration::from_secs(7);
+        end_on_gpus(&mut s, &mut gpus, 1, &b, now);
+        assert!(!s.started_early(1), "its attempt ended");
+        s.keep_result(1, Box::new(b));
+        assert!(s.take_concluded().is_empty(), "b's end is held");
+        assert!(
+            s.states()[1].last.is_none(),
+            "and not kept as its last attempt yet"
+        );
+        let a = succeeded();
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &a, now);
+        assert_eq!(finished_of(&actions)[1], (1, StageStatus::Succeeded, None));
+        s.keep_result(0, Box::new(a));
+        let concluded = s.take_concluded();
+        assert_eq!(concluded.len(), 1);
+        assert_eq!(concluded[0].0, 1);
+        assert_eq!(
+            concluded[0].1.wall,
+            Duration::from_secs(7),
+            "b's own result"
+        );
+        assert!(s.take_concluded().is_empty(), "given back once");
+        assert!(s.states()[0].last.is_some());
+    }
+
+    #[test]
     fn a_command_stage_downstream_does_not_start_early() {
         let text = "[run]\n[[stage]]\nname = \"a\"\nkind = \"train\"\ngpus = 1\n\
             [[stage]]\nname = \"b\"\ncommand = [\"true\"]\ngpus = 1\nafter = [\"a\"]\n";
@@ -2171,7 +2284,10 @@ mod tests {
         // A command stage that opted in releases: b starts early.
         give_back(&mut gpus, s.on(released_for_downstream(0), now));
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        assert!(s.take_inits_succeeded().is_empty(), "a still runs");
         end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        assert_eq!(s.take_inits_succeeded(), vec![(1, 0)], "b's init succeeded");
+        assert!(s.take_inits_succeeded().is_empty(), "given once");
         // It wrote no manifest (the run loop sees that): b is stopped, once.
         let missing = || Event::InputMissing {
             stage: 1,

@@ -3,12 +3,12 @@
 
 use super::preflight::Cleared;
 use crate::attempt::launch::Services;
+use crate::events::journal::SharedJournal;
+use crate::events::Events;
 use crate::host::Ticket;
 use crate::plan::LoadedPlan;
-use crate::report::console::Console;
 use crate::slurm::Allocation;
 use crate::store::fingerprint::Background;
-use crate::store::journal::Journal;
 use crate::store::rundir::RunDir;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -19,13 +19,13 @@ pub(super) struct Setup {
     pub(super) plan: Arc<LoadedPlan>,
     pub(super) run_dir: RunDir,
     pub(super) worker: Option<PathBuf>,
-    pub(super) console: Console,
+    pub(super) events: Events,
     pub(super) resume: bool,
     pub(super) run_id: String,
     pub(super) ticket: Ticket,
     pub(super) slurm: Option<Allocation>,
     pub(super) cleared: Cleared,
-    pub(super) journal: Journal,
+    pub(super) journal: SharedJournal,
     pub(super) services: Rc<Services>,
     pub(super) fingerprints: Background,
 }

@@ -9,10 +9,10 @@
 
 use super::jobstate::{self, StopCause};
 use super::{helper, history, Allocation};
+use crate::events::journal::SharedJournal;
+use crate::events::Events;
 use crate::exit;
 use crate::process::reaper::Reaper;
-use crate::report::console::Console;
-use crate::store::journal::Journal;
 use protocol::report::SlurmStop;
 use std::path::Path;
 use std::time::Duration;
@@ -42,8 +42,8 @@ pub async fn after_stop(
     signal: &str,
     at: f64,
     reaper: &Reaper,
-    journal: &mut Journal,
-    console: &Console,
+    journal: &SharedJournal,
+    console: &Events,
     run_dir: &Path,
 ) -> StopVerdict {
     let state = jobstate::query(reaper, &job.job_id).await;
@@ -89,7 +89,7 @@ pub async fn after_stop(
         job_state,
         requeue,
     };
-    if let Err(e) = history::record_stop(run_dir, job, stop, journal) {
+    if let Err(e) = journal.with(|j| history::record_stop(run_dir, job, stop, j)) {
         console.warn(&format!(
             "cannot record the Slurm stop in the run directory: {e}"
         ));

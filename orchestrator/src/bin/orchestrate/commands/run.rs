@@ -3,6 +3,7 @@
 use super::{nothing_to_do, plan_error, run_dir_error};
 use crate::cli::{LogFormat, RunArgs};
 use orchestrator::attempt::launch::CancelLevel;
+use orchestrator::events::Events;
 use orchestrator::exit;
 use orchestrator::plan::{LoadedPlan, PlanFormat};
 use orchestrator::report::console::Console;
@@ -51,7 +52,7 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         },
         (None, None) => return nothing_to_do(),
     };
-    let console = Console::new(format == LogFormat::Json, args.quiet);
+    let events = Events::new().with(Console::new(format == LogFormat::Json, args.quiet));
     let run_dir = match (resumed_dir, &args.run_dir) {
         (Some(d), _) => Ok(d),
         (None, Some(dir)) => RunDir::create(dir),
@@ -67,14 +68,14 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         plan_format,
         run_dir,
         worker: args.worker,
-        console: console.clone(),
+        events: events.clone(),
         resume: args.resume,
         follow: args.follow,
         run_id: String::new(),
         ticket: (0, 0),
         stop_signal: Default::default(),
     };
-    run_to_end(options, &console)
+    run_to_end(options, &events)
 }
 
 /// Inside a Slurm job: a run directory that stays the same across requeues of the job,
@@ -101,7 +102,7 @@ fn choose_slurm_run_dir(args: &mut RunArgs, name: &str) -> Result<(), ExitCode> 
 
 /// Runs the run to its end on this process's own host; prints its summary and gives its exit
 /// status.
-fn run_to_end(options: RunOptions, console: &Console) -> ExitCode {
+fn run_to_end(options: RunOptions, events: &Events) -> ExitCode {
     let runtime = match super::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -117,7 +118,7 @@ fn run_to_end(options: RunOptions, console: &Console) -> ExitCode {
     };
     match local.block_on(&runtime, run) {
         Ok(summary) => {
-            console.block(&summary.summary);
+            events.summary(&summary.summary);
             ExitCode::from(summary.exit_code as u8)
         }
         Err(e) => {
