@@ -47,6 +47,7 @@ import ctypes
 import importlib.machinery
 import json
 import os
+import pkgutil  # noqa: F401 - runpy imports it to run a script: not the stage's import
 import re
 import runpy
 import socket

@@ -88,7 +88,7 @@ pub fn driver_env<'a>(
 }
 
 /// A module a zygote left out of its imports, and why (see [`ForkReply::Ready`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LeftOut {
     /// The module.
     pub module: String,

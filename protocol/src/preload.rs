@@ -110,7 +110,10 @@ mod tests {
     fn a_list_or_auto() {
         let list: Preload = serde_json::from_str(r#"["torch","transformers"]"#).unwrap();
         assert_eq!(list.modules(), ["torch", "transformers"]);
-        assert_eq!(serde_json::to_string(&list).unwrap(), r#"["torch","transformers"]"#);
+        assert_eq!(
+            serde_json::to_string(&list).unwrap(),
+            r#"["torch","transformers"]"#
+        );
         let auto: Preload = serde_json::from_str(r#""auto""#).unwrap();
         assert_eq!(auto, Preload::Auto);
         assert_eq!(serde_json::to_string(&auto).unwrap(), r#""auto""#);

@@ -192,6 +192,11 @@ pub struct StageStart {
     /// which the zygote had not (absent when it was killed, or ended with `os._exit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imported: Option<ImportedAfterFork>,
+    /// Forked: the modules its zygote's lineage learned but leaves out, and why (their import
+    /// failed, started a thread, initialised CUDA or read a per-stage variable): a stage
+    /// imports them itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<crate::fork::LeftOut>,
 }
 
 /// The modules a forked stage imported itself (see [`StageStart::imported`]).

@@ -175,6 +175,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
                     fallback: None,
                     generation: Some(child.generation),
                     imported: None,
+                    left_out: child.left_out,
                 };
                 return Ok(forked(child.pid, launch, reaper, Some(via)));
             }
@@ -186,6 +187,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             fallback: Some(fallback),
             generation: None,
             imported: None,
+            left_out: Vec::new(),
         });
     }
     let env = stage_variables(&launch);

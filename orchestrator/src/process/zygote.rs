@@ -52,7 +52,6 @@
 
 mod learning;
 
-
 use crate::process::fork_server::{self, ForkServerError, Server};
 use crate::process::reaper::Reaper;
 use protocol::plan::Preload;
@@ -169,12 +168,14 @@ pub struct PythonStage<'a> {
 }
 
 /// A stage forked from a zygote.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Forked {
     /// Its PID.
     pub pid: i32,
     /// The generation of the zygote it was forked from.
     pub generation: u32,
+    /// The modules its lineage learned and leaves out, and why.
+    pub left_out: Vec<protocol::fork::LeftOut>,
 }
 
 /// Which zygote: the interpreter and `preload` (its lineage, what it learns is kept by) and
@@ -193,6 +194,8 @@ struct Zygote {
     generation: u32,
     /// The learned modules it imported (those it left out are not among them).
     learned: Vec<String>,
+    /// The learned modules its lineage leaves out, and why.
+    left_out: Vec<protocol::fork::LeftOut>,
     /// [`learning::changes`] when it last looked at what its lineage learned.
     seen: u64,
     /// Its next generation, importing while this one serves.
@@ -266,9 +269,14 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallbac
             State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
         env_mismatch(zygote, stage.worker.env)?;
-        let generation = zygote.generation;
         let why = match fork_noting_imports(&mut zygote.server, &stage.worker) {
-            Ok(pid) => return Ok(Forked { pid, generation }),
+            Ok(pid) => {
+                return Ok(Forked {
+                    pid,
+                    generation: zygote.generation,
+                    left_out: zygote.left_out.clone(),
+                })
+            }
             Err(why) => why,
         };
         let Some(State::Serving(old)) = zygotes.remove(&key) else {
@@ -329,11 +337,18 @@ pub fn after_exit(start: Option<StageStart>, stage_dir: &Path) -> Option<StageSt
         Ok(report) => {
             start.imported = Some(ImportedAfterFork {
                 count: u32::try_from(report.imported.len()).unwrap_or(u32::MAX),
-                first: report.imported.iter().take(IMPORTED_NAMED).cloned().collect(),
+                first: report
+                    .imported
+                    .iter()
+                    .take(IMPORTED_NAMED)
+                    .cloned()
+                    .collect(),
             });
             let added = learning::learn(&report);
             if added > 0 {
-                tracing::info!("the zygote learned {added} modules: its next generation imports them");
+                tracing::info!(
+                    "the zygote learned {added} modules: its next generation imports them"
+                );
             }
         }
         Err(e) => tracing::warn!("{} is not what a forked stage writes: {e}", path.display()),
@@ -349,7 +364,10 @@ fn advance(mut zygote: Zygote, key: &Key<'_>, reaper: &Reaper) -> Zygote {
             State::Starting(next) => zygote.next = Some(next),
             State::Serving(newer) => return succeeded_by(zygote, newer),
             State::Failed(why) => {
-                tracing::warn!("the zygote's next generation failed ({why}); generation {} serves on", zygote.generation);
+                tracing::warn!(
+                    "the zygote's next generation failed ({why}); generation {} serves on",
+                    zygote.generation
+                );
                 zygote.next_failed = true;
             }
         }
@@ -446,13 +464,14 @@ fn ready(starting: Starting) -> State {
                 "zygote ready, its imports read {} variables",
                 server.env_read.len()
             );
-            learning::leave_out(&lineage, &server.left_out);
-            learned.retain(|m| !server.left_out.iter().any(|l| &l.module == m));
+            let left_out = learning::leave_out(&lineage, &server.left_out);
+            learned.retain(|m| !left_out.iter().any(|l| &l.module == m));
             State::Serving(Zygote {
                 server,
                 env,
                 generation,
                 learned,
+                left_out,
                 seen,
                 next: None,
                 next_failed: false,

@@ -179,20 +179,17 @@ pub(super) fn learn(report: &ImportsReport) -> usize {
     added
 }
 
-/// Keeps that `lineage` leaves `left` out from now on (a zygote said why).
-pub(super) fn leave_out(lineage: &str, left: &[LeftOut]) {
-    if left.is_empty() || !enabled() {
-        return;
-    }
+/// Keeps that `lineage` leaves `left` out from now on (a zygote said why). Returns every
+/// module the lineage leaves out.
+pub(super) fn leave_out(lineage: &str, left: &[LeftOut]) -> Vec<LeftOut> {
     let mut knowledge = load(lineage);
+    if left.is_empty() || !enabled() {
+        return knowledge.left_out;
+    }
     let before = knowledge.left_out.len();
     for entry in left {
         if !knowledge.left_out.iter().any(|l| l.module == entry.module) {
-            tracing::info!(
-                "the zygote leaves out `{}`: {}",
-                entry.module,
-                entry.reason
-            );
+            tracing::info!("the zygote leaves out `{}`: {}", entry.module, entry.reason);
             knowledge.left_out.push(entry.clone());
         }
     }
@@ -202,6 +199,7 @@ pub(super) fn leave_out(lineage: &str, left: &[LeftOut]) {
     if knowledge.left_out.len() != before {
         save(lineage, &knowledge);
     }
+    knowledge.left_out
 }
 
 #[cfg(test)]
@@ -214,7 +212,10 @@ mod tests {
         let auto = lineage(python, &Preload::Auto);
         assert_eq!(auto, lineage(python, &Preload::Auto));
         assert_eq!(auto.len(), 16);
-        assert_ne!(auto, lineage(python, &Preload::Modules(vec!["torch".into()])));
+        assert_ne!(
+            auto,
+            lineage(python, &Preload::Modules(vec!["torch".into()]))
+        );
         assert_ne!(auto, lineage(Path::new("/usr/bin/python3"), &Preload::Auto));
         assert!(store("../../etc/passwd").is_none());
     }
