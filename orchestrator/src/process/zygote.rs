@@ -199,7 +199,7 @@ struct Zygote {
     /// [`learning::changes`] when it last looked at what its lineage learned.
     seen: u64,
     /// Its next generation, importing while this one serves.
-    next: Option<Starting>,
+    next: Option<Box<Starting>>,
     /// A next generation failed: this one serves on, and no other is started.
     next_failed: bool,
 }
@@ -360,8 +360,8 @@ pub fn after_exit(start: Option<StageStart>, stage_dir: &Path) -> Option<StageSt
 /// that generation when its lineage learned something since `zygote` last looked.
 fn advance(mut zygote: Zygote, key: &Key<'_>, reaper: &Reaper) -> Zygote {
     if let Some(next) = zygote.next.take() {
-        match ready(next) {
-            State::Starting(next) => zygote.next = Some(next),
+        match ready(*next) {
+            State::Starting(next) => zygote.next = Some(Box::new(next)),
             State::Serving(newer) => return succeeded_by(zygote, newer),
             State::Failed(why) => {
                 tracing::warn!(
@@ -381,7 +381,7 @@ fn advance(mut zygote: Zygote, key: &Key<'_>, reaper: &Reaper) -> Zygote {
         return zygote;
     }
     match start(key, zygote.env.clone(), reaper) {
-        State::Starting(next) => zygote.next = Some(next),
+        State::Starting(next) => zygote.next = Some(Box::new(next)),
         State::Serving(newer) => return succeeded_by(zygote, newer),
         State::Failed(_) => zygote.next_failed = true,
     }
