@@ -423,11 +423,13 @@ def _reachable_from(top, module, path, cache):
             except (ImportError, ValueError):
                 found = None
             theirs = getattr(module, "__spec__", None)
+            # transformers' lazy modules list their locations as Path objects: compare text.
+            where = lambda spec: [str(p) for p in (spec.submodule_search_locations or [])]  # noqa: E731
             cache[top] = (
                 found is not None
                 and theirs is not None
                 and found.origin == theirs.origin
-                and list(found.submodule_search_locations or []) == list(theirs.submodule_search_locations or [])
+                and where(found) == where(theirs)
             )
     return cache[top]
 
