@@ -1,8 +1,12 @@
 """orchestrate's zygote: one Python process that imports a stage's heavy modules once and
 forks a fresh process per stage from there.
 
-`orchestrate` runs this file (embedded in its binary) as `PYTHON -c SOURCE FD MODULE...` with
-the environment every stage of this zygote shares. It speaks the fork server protocol of
+`orchestrate` runs this file (embedded in its binary) as `PYTHON -c SOURCE FD CONFIG` with the
+environment every stage of this zygote shares; CONFIG is a JSON object: `preload` (the modules
+as the plan lists them), `learned` (modules stages forked from an earlier generation imported
+themselves), `left_out` (learned modules already left out, with why), `per_stage` (`prefixes`
+and `names` of the variables orchestrate sets per stage), `lineage` (an id written back with
+what stages import) and `imports_var` (the request variable naming where a stage writes it). It speaks the fork server protocol of
 `protocol::fork` on descriptor FD: 4-byte little-endian length, JSON body; each request
 carries the new stage's stdout and stderr as SCM_RIGHTS.
 
@@ -26,15 +30,24 @@ Promises:
 - every environment variable read through `os.environ`/`os.getenv` while importing is
   listed in the ready message, so that orchestrate forks only stages whose values of them
   match;
+- it learns: a learned module is imported after the plan's, and left out (named, with why,
+  in the ready message) when its import fails, starts a thread, initialises CUDA or reads a
+  variable orchestrate sets per stage; as an import cannot be undone, the zygote then execs
+  itself afresh without it. A forked stage writes, at its exit through Python's own exit
+  (atexit), the modules it imported that the zygote had not, and which of them the zygote
+  could import from its own sys.path, to the file named by `imports_var` in its request;
 - a stage process is re-parented to orchestrate (through an intermediate process that exits),
   in its own session, with PR_SET_PDEATHSIG, stdin /dev/null, the stage's stdout/stderr,
   environment, working directory and argv, and runs its script as `python script.py` or
   `python -m module` would (sys.argv, sys.path[0], `__main__`).
 """
 
+import atexit
 import ctypes
+import importlib.machinery
 import json
 import os
+import pkgutil  # noqa: F401 - runpy imports it to run a script: not the stage's import
 import re
 import runpy
 import socket
@@ -45,6 +58,9 @@ import time
 PROTOCOL_VERSION = 1
 SIMULATED_FLAG = "STAGE_WORKER_SIMULATED_DEVICE_FLAG"
 PR_SET_PDEATHSIG = 1
+# The environment as orchestrate gave it, before any import could change it: a zygote that
+# restarts without a learned module (`restart_without`) execs itself with it.
+ORIGINAL_ENV = dict(os.environ)
 
 
 class _ReadRecorder:
@@ -321,14 +337,15 @@ def fork_stage(request, fds, sock):
     return "forked", struct.unpack("<i", data)[0]
 
 
-def preload(sock, modules):
-    """Imports `modules`, checking after each that this process may still fork (so that a
-    refusal names the import that made it unsafe: the user can preload less). Returns the
-    names of the environment variables the imports read, or None once it refused."""
+def preload(sock, config):
+    """Imports the plan's modules, checking after each that this process may still fork (so
+    that a refusal names the import that made it unsafe: the user can preload less), then the
+    learned ones (see `import_learned`). Returns the names of the environment variables the
+    imports read and the learned modules left out, or None once it refused."""
     recorder = _ReadRecorder()
     recorder.install()
     try:
-        for name in modules:
+        for name in config.get("preload", []):
             try:
                 __import__(name)
             except BaseException as error:  # noqa: BLE001 - any failure is a refusal
@@ -338,9 +355,124 @@ def preload(sock, modules):
             if why:
                 send(sock, {"reply": "refused", "reason": f"after importing `{name}`, {why}"})
                 return None
+        left_out = import_learned(sock, config, recorder)
     finally:
         recorder.uninstall()
-    return recorder.names
+    return recorder.names, left_out
+
+
+def _per_stage_read(names, per_stage):
+    prefixes = per_stage.get("prefixes", [])
+    exact = set(per_stage.get("names", []))
+    read = sorted(n for n in names if n in exact or any(n.startswith(p) for p in prefixes))
+    if not read:
+        return None
+    return f"it reads {', '.join(read)}, which orchestrate sets for each stage"
+
+
+def import_learned(sock, config, recorder):
+    """Imports the learned modules in the order stages imported them. One whose import fails
+    is left out; one after which this process may not fork (a thread, CUDA) or whose import
+    read a per-stage variable cannot be undone: this process execs itself afresh without it
+    (`restart_without`). Returns the modules left out, each `{"module", "reason"}`."""
+    left_out = list(config.get("left_out", []))
+    for name in config.get("learned", []):
+        if name in sys.modules:
+            continue
+        loaded, read = len(sys.modules), set(recorder.names)
+        try:
+            __import__(name)
+        except BaseException as error:  # noqa: BLE001 - a module that fails is left out
+            left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
+            continue
+        if len(sys.modules) == loaded and recorder.names == read:
+            continue  # it loaded nothing new: nothing new to check
+        why = cuda_touched() or threads_running() or _per_stage_read(recorder.names - read, config.get("per_stage", {}))
+        if why:
+            restart_without(sock, config, left_out, name, f"after importing it, {why}")
+    return left_out
+
+
+def restart_without(sock, config, left_out, name, why):
+    """Execs this zygote afresh (same PID, same socket) with `name` left out, as its import
+    made this process unfit to fork and cannot be undone."""
+    config = dict(config)
+    config["learned"] = [m for m in config.get("learned", []) if m != name]
+    config["left_out"] = left_out + [{"module": name, "reason": why}]
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        args = cmdline.read().split(b"\0")[:-1]
+    args[-1] = json.dumps(config).encode()
+    try:
+        os.set_inheritable(sock.fileno(), True)
+        os.execve(args[0], args, ORIGINAL_ENV)
+    except OSError as error:
+        send(sock, {"reply": "refused", "reason": f"learned module `{name}`: {why}; and the zygote could not restart without it: {error}"})
+        os._exit(1)
+
+
+def _reachable_from(top, module, path, cache):
+    """Whether the top-level module `top` (the stage's `module`) is what an import of it from
+    `path` (the zygote's sys.path) finds: not a module of the stage's own directory, nor one
+    that shadows another of the same name."""
+    if top not in cache:
+        if top in sys.builtin_module_names:
+            cache[top] = True
+        else:
+            try:
+                found = importlib.machinery.PathFinder.find_spec(top, path)
+            except (ImportError, ValueError):
+                found = None
+            theirs = getattr(module, "__spec__", None)
+            # transformers' lazy modules list their locations as Path objects: compare text.
+            where = lambda spec: [str(p) for p in (spec.submodule_search_locations or [])]  # noqa: E731
+            cache[top] = (
+                found is not None
+                and theirs is not None
+                and found.origin == theirs.origin
+                and where(found) == where(theirs)
+            )
+    return cache[top]
+
+
+def preloadable(names, path):
+    """Those of `names` (modules this stage imported) that the zygote could import as the
+    stage did: named as they are loaded (no alias, no `__main__`), their top-level package
+    found through the zygote's `path` where the stage found it."""
+    cache = {}
+    chosen = []
+    for name in names:
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None)
+        if name.startswith("__") or spec is None or spec.name != name:
+            continue
+        if not all(part.isidentifier() for part in name.split(".")):
+            continue
+        top = name.split(".")[0]
+        if _reachable_from(top, sys.modules.get(top), path, cache):
+            chosen.append(name)
+    return chosen
+
+
+def note_imports_at_exit(to, lineage, had, path):
+    """In a forked stage: at its exit through Python's exit, writes to `to` the modules it
+    imported that the zygote (`had`) had not, and those the zygote could import (`path`, its
+    sys.path). Never fails the stage."""
+    pid = os.getpid()
+
+    def write():
+        if os.getpid() != pid:  # a child of the stage that exits through Python
+            return
+        try:
+            imported = [name for name in list(sys.modules) if name not in had]
+            body = json.dumps({"lineage": lineage, "imported": imported, "preloadable": preloadable(imported, path)})
+            partial = to + ".partial"
+            with open(partial, "w") as out:
+                out.write(body)
+            os.replace(partial, to)
+        except Exception:  # noqa: BLE001 - learning is best effort
+            pass
+
+    atexit.register(write)
 
 
 def unsafe_to_fork(recorded):
@@ -358,20 +490,22 @@ def unsafe_to_fork(recorded):
     return None
 
 
-def serve(fd, modules):
-    """Imports `modules`, then forks stages until end of file. Returns the argv of a stage
+def serve(fd, config):
+    """Imports the modules of `config`, then forks stages until end of file. Returns the argv of a stage
     in a forked stage process, None in the zygote when it is done."""
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)
-    env_read = preload(sock, modules)
-    if env_read is None:
+    imported = preload(sock, config)
+    if imported is None:
         return None
+    env_read, left_out = imported
     recorded = loaded_files()
     send(sock, {
         "reply": "ready",
         "pid": os.getpid(),
         "threads": _os_threads(),
         "env_read": sorted(env_read),
+        "left_out": left_out,
     })
     while True:
         try:
@@ -393,6 +527,9 @@ def serve(fd, modules):
             continue
         if role == "stage":
             reseed_inherited_generators()
+            to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
+            if to:
+                note_imports_at_exit(to, config.get("lineage", ""), set(sys.modules), list(sys.path))
             return value
         send(sock, {"reply": "forked", "pid": value})
 
@@ -415,7 +552,7 @@ def main():
     # installed packages only; each stage gets its own sys.path[0].
     if sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False):
         del sys.path[0]
-    argv = serve(int(sys.argv[1]), sys.argv[2:])
+    argv = serve(int(sys.argv[1]), json.loads(sys.argv[2]))
     if argv is None:
         return
     run_as_python(argv)

@@ -7,7 +7,14 @@
 #   2. seed 001's DeepSpeed sweep (examples/deepspeed-seed001, small model, 3 samples):
 #      per-instance wall through the zygote and exec'd; while the zygote run runs, NVML's
 #      compute processes are sampled every 0.5 s to show the zygote never holds a context.
-# Usage: [FIRST_LINE_ONLY=1 | SEED_ONLY=1] bench/zygote/run.sh BIN_DIR [REPO]   (REPO: the checkout with examples/, configs/,
+#   3. learning (LEARN_ONLY=1 runs it alone; the others leave it out unless LEARN=1): N=6 chained
+#      stages running first_line.py (torch, `from transformers import LlamaConfig,
+#      LlamaForCausalLM`, deepspeed when importable), spawn to first line per stage, with
+#      `preload = ["torch", "transformers", "deepspeed"]` (deepspeed only when importable) and
+#      with `preload = "auto"`, each from an empty cache of what zygotes learn; "auto" again
+#      with what the first "auto" run kept; and the same chain exec'd (ORCHESTRATE_ZYGOTE=0).
+#      GPUS=0 gives the stages no GPU (the CPU rehearsal).
+# Usage: [FIRST_LINE_ONLY=1 | SEED_ONLY=1 | LEARN_ONLY=1] bench/zygote/run.sh BIN_DIR [REPO]   (REPO: the checkout with examples/, configs/,
 # python/ and DeepSpeed's wheels in .whl/, default this script's; results in $OUT/results.tar.gz)
 set -uo pipefail
 bin=$(cd "$1" && pwd)
@@ -17,8 +24,10 @@ out=${OUT:-/tmp/out}
 res=$(mktemp -d)/zygote
 mkdir -p "$out" "$res"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if ls "$repo"/.whl/*.whl > /dev/null 2>&1; then
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site "$repo"/.whl/*.whl
+fi
 export PYTHONPATH="$repo/python:/tmp/site"
 export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))'):${LD_LIBRARY_PATH:-}"
 { date -u; cat "$bin/COMMIT" 2>/dev/null;
@@ -26,6 +35,8 @@ export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.pa
   python3 -c "import sys, torch, transformers, deepspeed; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" 2>/dev/null
 } > "$res/machine.txt" 2>&1
 preload='preload = ["torch", "transformers", "transformers.models.llama.modeling_llama", "deepspeed"]'
+
+if [ "${LEARN_ONLY:-0}" = 1 ]; then FIRST_LINE_ONLY=skip SEED_ONLY=1 LEARN=1; fi
 
 # 1. First line (SEED_ONLY=1 leaves it out).
 chain() { # N: N chained one-GPU stages running first_line.py
@@ -46,7 +57,7 @@ echo "first-line exec: exit $?" >> "$res/summary.txt"
 fi
 
 # 2. Seed 001's DeepSpeed sweep, 3 samples (FIRST_LINE_ONLY=1 leaves it out).
-if [ "${FIRST_LINE_ONLY:-0}" != 1 ]; then
+if [ "${FIRST_LINE_ONLY:-0}" = 0 ]; then
 mkdir -p "$res/samples"
 cp "$repo"/configs/data/samples/sample-{0,1,2}.jsonl "$res/samples/"
 seed="$repo/examples/deepspeed-seed001"
@@ -63,6 +74,34 @@ ORCHESTRATE_ZYGOTE=0 timeout 200 "$bin/orchestrate" --plan "$seed/plan-zygote.to
 echo "seed001 exec: exit $?" >> "$res/summary.txt"
 fi
 
+# 3. Learning: the list a user writes, and "auto" (LEARN=1 or LEARN_ONLY=1).
+if [ "${LEARN:-0}" = 1 ]; then
+n=${N:-6}
+if python3 -c "import deepspeed" > /dev/null 2>&1; then
+  listed='["torch", "transformers", "deepspeed"]'
+else
+  listed='["torch", "transformers"]'; echo "deepspeed is not importable: left out of the list and of the stages" >> "$res/summary.txt"
+fi
+learn_chain() { # PRELOAD: N chained stages running first_line.py
+  echo "[run]"; echo "preload = $1"; local prev=
+  for i in $(seq "$n"); do
+    echo "[[stage]]"; echo "name = \"s$i\""; [ "${GPUS:-1}" != 0 ] && echo "gpus = ${GPUS:-1}"
+    [ -n "$prev" ] && echo "after = [\"$prev\"]"
+    echo "command = [\"python3\", \"$here/first_line.py\"]"; prev=s$i
+  done
+}
+learn_chain "$listed" > "$res/learn-list.toml"
+learn_chain '"auto"' > "$res/learn-auto.toml"
+for sweep in list auto auto-again exec; do
+  plan=$res/learn-${sweep%-again}.toml; cache=$res/cache-${sweep%-again}; zygote=1
+  [ "$sweep" = exec ] && { plan=$res/learn-list.toml; zygote=0; }
+  ORCHESTRATE_ZYGOTE=$zygote ORCHESTRATE_ZYGOTE_CACHE=$cache RUST_LOG=orchestrator::process::zygote=info \
+    timeout "${SWEEP_TIMEOUT:-150}" "$bin/orchestrate" --plan "$plan" --run-dir "$res/run-learn-$sweep" > "$res/learn-$sweep.console" 2>&1
+  echo "learn $sweep: exit $?" >> "$res/summary.txt"
+done
+mkdir -p "$res/keep" && cp -r "$res"/cache-* "$res/keep/" 2>/dev/null
+fi
+
 python3 "$here/summarize.py" "$res" >> "$res/summary.txt" 2>&1
 cat "$res/machine.txt" "$res/summary.txt"
 for d in "$res"/run-*; do
@@ -71,4 +110,4 @@ for d in "$res"/run-*; do
   (cd "$d" && find stages -name '*.log' | tar cf - -T -) | tar xf - -C "$res/keep/$(basename "$d")" 2>/dev/null
 done
 (cd "$res" && tar czf "$out/results.tar.gz" $(ls -d machine.txt summary.txt nvml-during-zygote-sweep.txt \
-  keep first-zygote.console first-exec.console seed-zygote.console seed-exec.console 2>/dev/null))
+  keep first-zygote.console first-exec.console seed-zygote.console seed-exec.console learn-*.console learn-*.toml 2>/dev/null))

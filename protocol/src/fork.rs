@@ -87,6 +87,15 @@ pub fn driver_env<'a>(
     read
 }
 
+/// A module a zygote left out of its imports, and why (see [`ForkReply::Ready`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct LeftOut {
+    /// The module.
+    pub module: String,
+    /// Why, for the user.
+    pub reason: String,
+}
+
 /// What the server says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
@@ -103,6 +112,11 @@ pub enum ForkReply {
         /// from `stage-worker`'s server, which reads none that a stage sets.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         env_read: Vec<String>,
+        /// A Python zygote: modules it was asked to import because a stage had imported them
+        /// (it learned them) and that it left out, and why (the import failed, started a
+        /// thread, initialised CUDA, or read a variable set per stage).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        left_out: Vec<LeftOut>,
     },
     /// The server will not fork (sent instead of `Ready`, or to a request); it exits next.
     Refused {

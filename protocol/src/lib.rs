@@ -25,6 +25,7 @@ pub mod fork;
 pub mod gpu_check;
 pub mod journal;
 pub mod plan;
+pub mod preload;
 pub mod report;
 pub mod resume;
 pub mod run;

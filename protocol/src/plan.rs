@@ -5,6 +5,7 @@
 
 use crate::bytesize::ByteSize;
 use crate::duration::{HumanDuration, StallTimeout};
+pub use crate::preload::Preload;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -58,9 +59,10 @@ pub struct RunSettings {
     #[serde(default)]
     pub cuda_visible_devices: VisibleDevices,
     /// Modules every Python command stage (`python SCRIPT` / `python -m MODULE`) gets
-    /// preloaded: it is forked from a zygote that imported them (default none: exec'd).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub preload: Vec<String>,
+    /// preloaded: it is forked from a zygote that imported them, or `"auto"`, a zygote that
+    /// learns them from its stages (default none: exec'd).
+    #[serde(default, skip_serializing_if = "Preload::is_off")]
+    pub preload: Preload,
     /// Judge a stage hung after this long without progress, or "off" (default: 30 minutes,
     /// and only for stages that have reported progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,7 +111,7 @@ impl Default for RunSettings {
             fail_fast: false,
             worker: None,
             cuda_visible_devices: VisibleDevices::default(),
-            preload: Vec::new(),
+            preload: Preload::default(),
             stall_timeout: None,
             tracking: None,
             tracking_uri: None,
@@ -217,9 +219,9 @@ pub struct Stage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus_per_task: Option<u32>,
     /// A Python command stage: modules its zygote imports before forking it (replaces
-    /// `[run] preload`; `[]` execs it). Command stages only.
+    /// `[run] preload`; `"auto"` learns them; `[]` execs it). Command stages only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preload: Option<Vec<String>>,
+    pub preload: Option<Preload>,
     /// Host memory the stage's processes may use together (cgroup v2 `memory.max`), such as
     /// `"64GiB"`; past it the kernel's OOM killer ends one of them and the stage fails
     /// `oom_killed`. Default: no limit.

@@ -183,6 +183,29 @@ pub struct StageStart {
     /// Why it was exec'd although it asked for the zygote (absent when forked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// Forked: the generation of the zygote it was forked from (1: the modules as written,
+    /// or none for `"auto"`; each later one also imports what stages forked from an earlier
+    /// one imported themselves; docs/zygote.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+    /// Forked, once it has exited through Python's own exit: the modules it imported itself,
+    /// which the zygote had not (absent when it was killed, or ended with `os._exit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported: Option<ImportedAfterFork>,
+    /// Forked: the modules its zygote's lineage learned but leaves out, and why (their import
+    /// failed, started a thread, initialised CUDA or read a per-stage variable): a stage
+    /// imports them itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<crate::fork::LeftOut>,
+}
+
+/// The modules a forked stage imported itself (see [`StageStart::imported`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ImportedAfterFork {
+    /// How many.
+    pub count: u32,
+    /// The first few, in the order it imported them.
+    pub first: Vec<String>,
 }
 
 /// The path a stage's first process took; see [`StageStart`].

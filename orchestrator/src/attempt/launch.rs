@@ -92,7 +92,7 @@ pub struct AttemptPlan {
     /// period still goes to every process of the tree.
     pub graceful_to_leader: bool,
     /// A command stage's `preload` (see [`crate::process::tree::Launch::preload`]).
-    pub preload: Vec<String>,
+    pub preload: protocol::plan::Preload,
     /// Host limits for its cgroup (`memory`, `pids`, `cpus`).
     pub limits: crate::process::cgroup::Limits,
 }
@@ -197,7 +197,10 @@ impl Launched {
         };
         match &self.child.start {
             Some(start) => match &start.fallback {
-                None => format!("{placement}, forked from the zygote"),
+                None => match start.generation {
+                    Some(g) => format!("{placement}, forked from the zygote (generation {g})"),
+                    None => format!("{placement}, forked from the zygote"),
+                },
                 Some(why) => format!("{placement}, exec'd: {why}"),
             },
             None => placement,
@@ -291,7 +294,7 @@ pub fn start_attempt(
     };
     let copiers: Vec<_> = [out.copier, err.copier].into_iter().flatten().collect();
     let gpu_holders = match &services.probe {
-        Some(probe) if plan.builtin || !plan.preload.is_empty() => plan
+        Some(probe) if plan.builtin || !plan.preload.is_off() => plan
             .gpus
             .iter()
             .flat_map(|g| probe.holders(&g.uuid))

@@ -375,7 +375,7 @@ pub(crate) fn prepare_attempt(
                 .preload
                 .clone()
                 .unwrap_or_else(|| plan.plan.run.preload.clone()),
-            None => Vec::new(),
+            None => protocol::plan::Preload::default(),
         },
         limits: crate::process::cgroup::Limits::of(&stage),
     })

@@ -266,7 +266,7 @@ pub async fn supervise(
             verified: verified_unix,
             released: watched.release.held.as_ref().map(|(at, _)| *at),
         },
-        start: child.start.take(),
+        start: crate::process::zygote::after_exit(child.start.take(), &plan.stage_dir),
     };
     let result = conclude(plan, watched, ended, &mut cancel, hooks).await;
     if let Outcome::Failed(Failure::OomKilled { kills, peak, limit }) = &result.outcome {

@@ -1,5 +1,5 @@
-//! Checks of `preload`, the modules a Python command stage's zygote imports: module names,
-//! and command stages only.
+//! Checks of `preload`, the modules a Python command stage's zygote imports (or `"auto"`,
+//! parsed by [`protocol::plan::Preload`]): module names, and command stages only.
 
 use super::validate::Validator;
 
@@ -19,7 +19,7 @@ fn module_problem(name: &str) -> Option<&'static str> {
 impl Validator<'_, '_, '_> {
     /// `run.preload`: module names.
     pub(super) fn check_run_preload(&mut self, span: Option<std::ops::Range<usize>>) {
-        for (j, name) in self.plan.run.preload.iter().enumerate() {
+        for (j, name) in self.plan.run.preload.modules().iter().enumerate() {
             if let Some(problem) = module_problem(name) {
                 self.rep.error(
                     span.clone(),
@@ -46,7 +46,7 @@ impl Validator<'_, '_, '_> {
             );
             return;
         }
-        for (j, name) in preload.iter().enumerate() {
+        for (j, name) in preload.modules().iter().enumerate() {
             if let Some(problem) = module_problem(name) {
                 self.error(
                     self.item(i, "preload", j),

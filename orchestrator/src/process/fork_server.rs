@@ -53,6 +53,8 @@ pub(super) struct Server {
     reaper: Reaper,
     /// The environment variables its start-up read (see [`ForkReply::Ready`]).
     pub(super) env_read: Vec<String>,
+    /// A Python zygote: the learned modules it left out (see [`ForkReply::Ready`]).
+    pub(super) left_out: Vec<protocol::fork::LeftOut>,
 }
 
 enum State {
@@ -441,6 +443,7 @@ fn launch(mut cmd: Command, reaper: &Reaper) -> Result<Server, ForkServerError> 
         exit,
         reaper: reaper.clone(),
         env_read: Vec::new(),
+        left_out: Vec::new(),
     })
 }
 
@@ -454,8 +457,11 @@ fn readied(
             stop(server);
             Err(ForkServerError::Threads { threads })
         }
-        Ok(ForkReply::Ready { env_read, .. }) => {
+        Ok(ForkReply::Ready {
+            env_read, left_out, ..
+        }) => {
             server.env_read = env_read;
+            server.left_out = left_out;
             Ok(server)
         }
         Ok(ForkReply::Refused { reason }) => {

@@ -51,8 +51,8 @@ pub struct Launch {
     /// CUDA context and is not used).
     pub gpu_holders: Vec<u32>,
     /// A Python command stage's `preload`: forked from the zygote that imported these when it
-    /// can be (see `crate::process::zygote`); empty: exec'd.
-    pub preload: Vec<String>,
+    /// can be (see `crate::process::zygote`), or that learns them (`"auto"`); `[]`: exec'd.
+    pub preload: protocol::plan::Preload,
     /// Where `stdout` and `stderr` go once the stage has its own descriptors of them (closed
     /// there, off this thread); closed here when `None`.
     pub close_later: Option<crate::process::discard::Discards>,
@@ -152,7 +152,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         }
     }
     let mut start = None;
-    if !launch.preload.is_empty() {
+    if !launch.preload.is_off() {
         use protocol::report::{StageStart, StartVia};
         let env = stage_environment(&launch);
         let stage = crate::process::zygote::PythonStage {
@@ -168,13 +168,16 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             preload: &launch.preload,
         };
         let fallback = match crate::process::zygote::spawn(&stage, reaper) {
-            Ok(pid) => {
+            Ok(child) => {
                 drop(env);
                 let via = StageStart {
                     via: StartVia::Zygote,
                     fallback: None,
+                    generation: Some(child.generation),
+                    imported: None,
+                    left_out: child.left_out,
                 };
-                return Ok(forked(pid, launch, reaper, Some(via)));
+                return Ok(forked(child.pid, launch, reaper, Some(via)));
             }
             Err(why) => why.to_string(),
         };
@@ -182,6 +185,9 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
         start = Some(StageStart {
             via: StartVia::Exec,
             fallback: Some(fallback),
+            generation: None,
+            imported: None,
+            left_out: Vec::new(),
         });
     }
     let env = stage_variables(&launch);

@@ -39,9 +39,23 @@
 //! it before it is ready are exec'd, so the thread that starts stages (a run's loop, or the
 //! daemon's, shared by every run) never waits for imports that take seconds. A zygote that
 //! failed once is not used again by this process. `ORCHESTRATE_ZYGOTE=0` turns zygotes off.
+//!
+//! A zygote learns ([`learning`]): a forked stage writes, at its exit, the modules it imported
+//! itself; [`after_exit`] reads them into the report and adds those the zygote could import
+//! to its lineage; the next stage of that key starts the next *generation* (a fresh zygote
+//! that imports the plan's modules and the learned ones) in the background, and is forked
+//! from the serving generation meanwhile. A learned module that fails to import, starts a
+//! thread, initialises CUDA or reads a per-stage variable is left out, named, and not asked
+//! for again. `preload = "auto"` starts from no module at all; its first zygote, with nothing
+//! to import, is awaited (a bare interpreter starts in some 50 ms, at most [`BARE_WAIT`]) so
+//! that the first stage is forked and teaches it.
+
+mod learning;
 
 use crate::process::fork_server::{self, ForkServerError, Server};
 use crate::process::reaper::Reaper;
+use protocol::plan::Preload;
+use protocol::report::{ImportedAfterFork, StageStart, StartVia};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -59,6 +73,12 @@ const SOURCE: &str = include_str!("../../../python/orchestrate_zygote.py");
 /// How long a zygote may take to import its preload modules (`torch` + `transformers` +
 /// `deepspeed` took 10.7 s on a GPU host, 15 s on a small CPU one).
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long a zygote with nothing to import (`"auto"`'s first) is awaited.
+const BARE_WAIT: Duration = Duration::from_secs(3);
+
+/// How many of the modules a forked stage imported itself its report names.
+const IMPORTED_NAMED: usize = 5;
 
 /// Set in the zygote only: torch answers `is_available()` from NVML instead of initialising
 /// CUDA. Its value in the zygote is not compared with the stage's.
@@ -143,14 +163,45 @@ fn shown(value: &Option<String>) -> String {
 pub struct PythonStage<'a> {
     /// What its process is given.
     pub worker: fork_server::Worker<'a>,
-    /// The modules to preload.
-    pub preload: &'a [String],
+    /// The modules to preload, or `"auto"`.
+    pub preload: &'a Preload,
+}
+
+/// A stage forked from a zygote.
+#[derive(Debug, Clone)]
+pub struct Forked {
+    /// Its PID.
+    pub pid: i32,
+    /// The generation of the zygote it was forked from.
+    pub generation: u32,
+    /// The modules its lineage learned and leaves out, and why.
+    pub left_out: Vec<protocol::fork::LeftOut>,
+}
+
+/// Which zygote: the interpreter and `preload` (its lineage, what it learns is kept by) and
+/// the environment it starts with.
+struct Key<'a> {
+    interpreter: PathBuf,
+    preload: &'a Preload,
+    lineage: String,
 }
 
 struct Zygote {
     server: Server,
     /// The environment it was started with.
     env: Vec<(String, String)>,
+    /// Which generation of its lineage it is.
+    generation: u32,
+    /// The learned modules it imported (those it left out are not among them).
+    learned: Vec<String>,
+    /// The learned modules its lineage leaves out, and why.
+    left_out: Vec<protocol::fork::LeftOut>,
+    /// [`learning::changes`] when it last looked at what its lineage learned.
+    seen: u64,
+    /// Its next generation, importing while this one serves.
+    next: Option<Box<Starting>>,
+    /// A next generation failed: this one serves on, and no other is started.
+    next_failed: bool,
 }
 
 enum State {
@@ -164,6 +215,10 @@ enum State {
 struct Starting {
     server: fork_server::Starting,
     env: Vec<(String, String)>,
+    lineage: String,
+    generation: u32,
+    learned: Vec<String>,
+    seen: u64,
 }
 
 thread_local! {
@@ -173,10 +228,12 @@ thread_local! {
 /// Starts `stage` by forking it from its zygote. The first stage of a zygote's key starts
 /// it and is exec'd: the zygote imports in the background and this thread (a run's loop, or
 /// the daemon's every run) never waits for it; stages of that key are forked once it is
-/// ready. Returns the stage's PID: a child of this process in its own session, not yet
-/// registered with `reaper` (register it before the next `.await`). An error says why the
-/// caller should exec instead.
-pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> {
+/// ready (a zygote with nothing to import is awaited, up to [`BARE_WAIT`]). What its lineage
+/// learned since it started makes this call start its next generation, in the background.
+/// Returns the stage's PID (a child of this process in its own session, not yet registered
+/// with `reaper`: register it before the next `.await`) and generation. An error says why
+/// the caller should exec instead.
+pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
     if !enabled() {
         return Err(Fallback::Disabled);
     }
@@ -189,12 +246,18 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
         (&interpreter, stage.preload, sorted).hash(&mut h);
         h.finish()
     };
+    let lineage = Key {
+        lineage: learning::lineage(&interpreter, stage.preload),
+        interpreter,
+        preload: stage.preload,
+    };
     ZYGOTES.with(|zygotes| {
         let mut zygotes = zygotes.borrow_mut();
         let state = match zygotes.remove(&key) {
-            None => start(&interpreter, stage.preload, env, reaper),
+            None => start(&lineage, env, reaper),
             Some(State::Starting(starting)) => ready(starting),
-            Some(other) => other,
+            Some(State::Serving(zygote)) => State::Serving(advance(zygote, &lineage, reaper)),
+            Some(failed) => failed,
         };
         let zygote = match zygotes.entry(key).or_insert(state) {
             State::Serving(z) => z,
@@ -206,19 +269,142 @@ pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> 
             State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
         env_mismatch(zygote, stage.worker.env)?;
-        let why = match fork_server::fork(&mut zygote.server, &stage.worker) {
-            Ok(pid) => return Ok(pid),
+        let why = match fork_noting_imports(&mut zygote.server, &stage.worker) {
+            Ok(pid) => {
+                return Ok(Forked {
+                    pid,
+                    generation: zygote.generation,
+                    left_out: zygote.left_out.clone(),
+                })
+            }
             Err(why) => why,
         };
         let Some(State::Serving(old)) = zygotes.remove(&key) else {
             unreachable!("the zygote just asked was serving")
         };
-        let (next, fallback) = retire(old, why, || {
-            start(&interpreter, stage.preload, zygote_env(stage), reaper)
-        });
+        let (next, fallback) = retire(old, why, || start(&lineage, zygote_env(stage), reaper));
         zygotes.insert(key, next);
         Err(fallback)
     })
+}
+
+/// Forks `worker` from `server`, telling the stage where to write, at its exit, what it
+/// imported itself (its stage directory, the parent of `ORCHESTRATE_SPEC`), unless learning
+/// is off.
+fn fork_noting_imports(
+    server: &mut Server,
+    worker: &fork_server::Worker<'_>,
+) -> Result<i32, ForkServerError> {
+    let to = learning::enabled()
+        .then(|| {
+            let spec = worker
+                .env
+                .iter()
+                .rev()
+                .find(|(k, _)| *k == protocol::worker::ENV_SPEC)?
+                .1;
+            Some(Path::new(spec).parent()?.join(learning::IMPORTS_FILE))
+        })
+        .flatten();
+    let Some(to) = to.as_deref().and_then(Path::to_str) else {
+        return fork_server::fork(server, worker);
+    };
+    // An earlier attempt's, which would be read as this one's.
+    let _ = std::fs::remove_file(to);
+    let mut env = worker.env.to_vec();
+    env.push((learning::IMPORTS_VAR, to));
+    let noting = fork_server::Worker {
+        env: &env,
+        ..*worker
+    };
+    fork_server::fork(server, &noting)
+}
+
+/// A forked stage's `start` once the stage has exited, with what it imported itself (read
+/// from the file it wrote in `stage_dir` at its exit, then removed); its lineage learns the
+/// modules its zygote could import. Any other start comes back as it was.
+pub fn after_exit(start: Option<StageStart>, stage_dir: &Path) -> Option<StageStart> {
+    let mut start = start?;
+    if start.via != StartVia::Zygote {
+        return Some(start);
+    }
+    let path = stage_dir.join(learning::IMPORTS_FILE);
+    let Ok(text) = std::fs::read(&path) else {
+        return Some(start);
+    };
+    let _ = std::fs::remove_file(&path);
+    match serde_json::from_slice::<learning::ImportsReport>(&text) {
+        Ok(report) => {
+            start.imported = Some(ImportedAfterFork {
+                count: u32::try_from(report.imported.len()).unwrap_or(u32::MAX),
+                first: report
+                    .imported
+                    .iter()
+                    .take(IMPORTED_NAMED)
+                    .cloned()
+                    .collect(),
+            });
+            let added = learning::learn(&report);
+            if added > 0 {
+                tracing::info!(
+                    "the zygote learned {added} modules: its next generation imports them"
+                );
+            }
+        }
+        Err(e) => tracing::warn!("{} is not what a forked stage writes: {e}", path.display()),
+    }
+    Some(start)
+}
+
+/// `zygote`, or its next generation once that is ready (then `zygote` is stopped); starts
+/// that generation when its lineage learned something since `zygote` last looked.
+fn advance(mut zygote: Zygote, key: &Key<'_>, reaper: &Reaper) -> Zygote {
+    if let Some(next) = zygote.next.take() {
+        match ready(*next) {
+            State::Starting(next) => zygote.next = Some(Box::new(next)),
+            State::Serving(newer) => return succeeded_by(zygote, newer),
+            State::Failed(why) => {
+                tracing::warn!(
+                    "the zygote's next generation failed ({why}); generation {} serves on",
+                    zygote.generation
+                );
+                zygote.next_failed = true;
+            }
+        }
+        return zygote;
+    }
+    if zygote.next_failed || !learning::enabled() || learning::changes() == zygote.seen {
+        return zygote;
+    }
+    zygote.seen = learning::changes();
+    if learning::load(&key.lineage).learned == zygote.learned {
+        return zygote;
+    }
+    match start(key, zygote.env.clone(), reaper) {
+        State::Starting(next) => zygote.next = Some(Box::new(next)),
+        State::Serving(newer) => return succeeded_by(zygote, newer),
+        State::Failed(_) => zygote.next_failed = true,
+    }
+    zygote
+}
+
+/// Stops `old` (the stages it forked run on), which `newer` replaces.
+fn succeeded_by(old: Zygote, newer: Zygote) -> Zygote {
+    tracing::info!(
+        "zygote generation {} ready ({} learned modules); generation {} stopped",
+        newer.generation,
+        newer.learned.len(),
+        old.generation
+    );
+    stop_zygote(old);
+    newer
+}
+
+fn stop_zygote(zygote: Zygote) {
+    fork_server::stop(zygote.server);
+    if let Some(next) = zygote.next {
+        next.server.stop();
+    }
 }
 
 /// The environment a zygote of `stage` is started with: the stage's, less what orchestrate
@@ -243,7 +429,7 @@ fn retire(
     why: ForkServerError,
     restart: impl FnOnce() -> State,
 ) -> (State, Fallback) {
-    fork_server::stop(zygote.server);
+    stop_zygote(zygote);
     if let ForkServerError::Stale { reason } = why {
         tracing::info!("zygote retired: {reason}; a fresh one is importing the new code");
         return (restart(), Fallback::Stale { reason });
@@ -257,20 +443,38 @@ fn retire(
 }
 
 /// A starting zygote's state now: serving once it said it is ready, failed if it never will.
+/// The learned modules it left out are kept as left out by its lineage.
 fn ready(starting: Starting) -> State {
     let Some(reply) = starting.server.poll() else {
         return State::Starting(starting);
     };
-    match starting.server.finish(reply) {
+    let Starting {
+        server,
+        env,
+        lineage,
+        generation,
+        mut learned,
+        seen,
+    } = starting;
+    match server.finish(reply) {
         Ok(server) => {
             tracing::debug!(
                 pid = server.pid,
+                generation,
                 "zygote ready, its imports read {} variables",
                 server.env_read.len()
             );
+            let left_out = learning::leave_out(&lineage, &server.left_out);
+            learned.retain(|m| !left_out.iter().any(|l| &l.module == m));
             State::Serving(Zygote {
                 server,
-                env: starting.env,
+                env,
+                generation,
+                learned,
+                left_out,
+                seen,
+                next: None,
+                next_failed: false,
             })
         }
         Err(why) => failed(why),
@@ -287,7 +491,7 @@ pub fn shutdown() {
     ZYGOTES.with(|z| {
         for (_, state) in z.borrow_mut().drain() {
             match state {
-                State::Serving(zygote) => fork_server::stop(zygote.server),
+                State::Serving(zygote) => stop_zygote(zygote),
                 State::Starting(starting) => starting.server.stop(),
                 State::Failed(_) => {}
             }
@@ -374,25 +578,61 @@ fn env_mismatch(zygote: &Zygote, stage_env: &[(&str, &str)]) -> Result<(), Fallb
     Ok(())
 }
 
-/// Starts the zygote of `interpreter` and `preload` with `env`, in the background.
-fn start(
-    interpreter: &Path,
-    preload: &[String],
-    env: Vec<(String, String)>,
-    reaper: &Reaper,
-) -> State {
-    let mut cmd = Command::new(interpreter);
+/// Starts the zygote of `key` with `env`, in the background, as the generation its lineage
+/// has learned; one with nothing to import is awaited up to [`BARE_WAIT`].
+fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
+    let seen = learning::changes();
+    let knowledge = learning::load(&key.lineage);
+    let config = serde_json::json!({
+        "preload": key.preload.modules(),
+        "learned": knowledge.learned,
+        "per_stage": {
+            "prefixes": ["ORCHESTRATE_"],
+            "names": crate::attempt::rendezvous::PORT_VARS,
+        },
+        "lineage": key.lineage,
+        "imports_var": if learning::enabled() { learning::IMPORTS_VAR } else { "" },
+    });
+    let mut cmd = Command::new(&key.interpreter);
     cmd.arg("-c")
         .arg(SOURCE)
         .arg("3")
-        .args(preload)
+        .arg(config.to_string())
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir("/");
+    let bare = key.preload.modules().is_empty() && knowledge.learned.is_empty();
     match fork_server::start_server_in_background(cmd, READY_TIMEOUT, reaper) {
-        Ok(server) => State::Starting(Starting { server, env }),
+        Ok(server) => {
+            let starting = Starting {
+                server,
+                env,
+                lineage: key.lineage.clone(),
+                generation: knowledge.generation,
+                learned: knowledge.learned,
+                seen,
+            };
+            match bare {
+                true => settle(starting, BARE_WAIT),
+                false => State::Starting(starting),
+            }
+        }
         Err(why) => failed(why),
     }
+}
+
+/// `starting`'s state once it is ready or failed, or after `wait`.
+fn settle(starting: Starting, wait: Duration) -> State {
+    let deadline = std::time::Instant::now() + wait;
+    let mut state = ready(starting);
+    while let State::Starting(starting) = state {
+        if std::time::Instant::now() >= deadline {
+            return State::Starting(starting);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        state = ready(starting);
+    }
+    state
 }
 
 #[cfg(test)]

@@ -130,6 +130,7 @@ pub fn serve(fd: RawFd) -> i32 {
         pid: std::process::id(),
         threads: thread_count(),
         env_read: Vec::new(),
+        left_out: Vec::new(),
     };
     if send(&mut sock, &ready).is_err() {
         return 1;

@@ -3,7 +3,9 @@
 //! its preload again, and its tree is reaped like an exec'd stage's; an import-time read of a
 //! per-stage variable, a zygote that initialised CUDA, and a zygote killed mid-stage all fall
 //! back to exec and leave nothing behind; a zygote still importing is never waited for. The
-//! report says which path each stage took.
+//! report says which path each stage took. A zygote learns what its stages import themselves
+//! (`preload = "auto"` from nothing): its next generation imports it, and leaves out a module
+//! that starts a thread at import, naming it.
 //!
 //! The first stage of a zygote is exec'd while the zygote imports (the run does not wait):
 //! tests that need a serving zygote run a `warm` stage first ([`WARM`]), which ends once the
@@ -88,9 +90,14 @@ fn write_modules(s: &Scratch) {
     s.write("warm.py", WARM);
 }
 
+/// Runs `plan`; what its zygotes learn is kept beside `run_dir`, not in the user's cache.
 fn run(plan: &Path, run_dir: &Path, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(orchestrate());
     cmd.arg("--plan").arg(plan).arg("--run-dir").arg(run_dir);
+    cmd.env(
+        "ORCHESTRATE_ZYGOTE_CACHE",
+        run_dir.parent().unwrap().join("zygote-cache"),
+    );
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -161,11 +168,11 @@ fn a_forked_stage_runs_like_python_would_sooner_and_is_reaped_like_an_exec_d_one
     let cwd = std::fs::canonicalize(s.path()).unwrap();
     for name in ["script", "module"] {
         let (forked, exec) = (stdout_json(&zygote_dir, name), stdout_json(&exec_dir, name));
-        // The report says which path each took.
-        assert_eq!(
-            stage_start(&zygote_dir, name),
-            serde_json::json!({"via": "zygote"})
-        );
+        // The report says which path each took, and which generation forked it.
+        let start = stage_start(&zygote_dir, name);
+        assert_eq!(start["via"], "zygote", "{start}");
+        assert!(start["generation"].as_u64().is_some(), "{start}");
+        assert!(start.get("fallback").is_none(), "{start}");
         let fell_back = stage_start(&exec_dir, name);
         assert_eq!(fell_back["via"], "exec", "{fell_back}");
         assert!(
@@ -713,4 +720,121 @@ fn forked_instances_of_a_matrix_draw_different_random_numbers() {
         values.dedup();
         assert_eq!(values.len(), 4, "{generator}: {draws:?}");
     }
+}
+
+/// A local module the first stage imports (not preloaded): notes `PID TIME` of each process
+/// that imports it in `learnme.marks` beside itself.
+const LEARNME: &str = "import os, time\nwith open(os.path.join(os.path.dirname(__file__), 'learnme.marks'), 'a') as f:\n    \
+    f.write(f'{os.getpid()} {time.time()}\\n')\n";
+
+/// Starts a thread at import, as a module with a background worker does.
+const THREADER: &str = "import threading, time\n\
+    threading.Thread(target=lambda: time.sleep(600), name='threader-sleeps', daemon=True).start()\n";
+
+/// The first stage: imports a local module, a standard-library one and one that starts a
+/// thread, none of them preloaded.
+const TEACHES: &str = "import learnme, decimal, threader\n";
+
+/// Ends once the zygote's next generation has imported `learnme` twice (it imports it, then
+/// `threader`, which it leaves out by starting afresh without it), and a moment more for it to
+/// say it is ready.
+const AWAITS_NEXT: &str = r#"import os, sys, time
+marks = os.path.join(os.environ["MODS"], "learnme.marks")
+end = time.time() + 60
+def twice():
+    with open(marks) as f:
+        pids = [line.split()[0] for line in f if line.strip()]
+    return [p for p in set(pids) if pids.count(p) >= 2]
+while not twice():
+    if time.time() > end:
+        sys.exit("no next generation imported learnme")
+    time.sleep(0.05)
+time.sleep(1.0)
+"#;
+
+/// The second stage: what was already loaded at its first line.
+const SEES: &str = r#"import json, sys
+print(json.dumps({m: m in sys.modules for m in ["learnme", "decimal", "threader"]}))
+"#;
+
+#[test]
+fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_module_that_starts_a_thread() {
+    python_available();
+    let s = Scratch::new("zygote-learns");
+    let mods = s.path().join("mods");
+    s.write("mods/learnme.py", LEARNME);
+    s.write("mods/threader.py", THREADER);
+    s.write("teaches.py", TEACHES);
+    s.write("awaits.py", AWAITS_NEXT);
+    s.write("sees.py", SEES);
+    let stage = |name: &str, after: &str, script: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\n{after}command = [\"python3\", \"{script}\"]\n\
+             env = {{ PYTHONPATH = \"{m}\", MODS = \"{m}\" }}\n\n",
+            m = mods.display()
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = \"auto\"\n\n{}{}{}",
+            stage("first", "", "teaches.py"),
+            stage("wait", "after = [\"first\"]\n", "awaits.py"),
+            stage("second", "after = [\"wait\"]\n", "sees.py"),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let out = run(&plan, &run_dir, &[]);
+    ok(&out);
+    // "auto": the first zygote imports nothing, is ready at once, and forks the first stage,
+    // which imports the three modules itself.
+    let first = stage_start(&run_dir, "first");
+    assert_eq!(first["via"], "zygote", "{first}");
+    assert_eq!(first["generation"], 1, "{first}");
+    let imported = &first["imported"];
+    assert!(imported["count"].as_u64().unwrap() >= 3, "{first}");
+    assert!(
+        imported["first"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("learnme")),
+        "{first}"
+    );
+    // The next generation imported them before forking the second stage: at its first line
+    // the local and the standard-library module are loaded, the thread starter is not.
+    let second = stage_start(&run_dir, "second");
+    assert_eq!(second["via"], "zygote", "{second}");
+    assert_eq!(second["generation"], 2, "{second}");
+    let seen = stdout_json(&run_dir, "second");
+    assert_eq!(
+        seen,
+        serde_json::json!({"learnme": true, "decimal": true, "threader": false})
+    );
+    // The module left out is named, with why, in the report of the stages it forks.
+    let left_out = second["left_out"].as_array().unwrap();
+    assert_eq!(left_out.len(), 1, "{second}");
+    assert_eq!(left_out[0]["module"], "threader");
+    assert!(
+        left_out[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("threader-sleeps"),
+        "{second}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("forked from the zygote (generation 2)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What was learned is kept for the next run of this interpreter and preload setting.
+    let kept: Vec<_> = std::fs::read_dir(s.path().join("zygote-cache"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let kept: Value = serde_json::from_str(&kept[0]).unwrap();
+    let learned = kept["learned"].as_array().unwrap();
+    assert!(learned.contains(&Value::from("learnme")), "{kept}");
+    assert!(learned.contains(&Value::from("decimal")), "{kept}");
+    assert_eq!(kept["left_out"][0]["module"], "threader", "{kept}");
 }
