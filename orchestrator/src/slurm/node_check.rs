@@ -3,7 +3,7 @@
 //! answer lands in its own file, and every node gets a verdict in the report. A node without
 //! NVML says "unavailable"; a check that could not run at all says "failed" and why.
 
-use super::{helper, srun, Allocation};
+use super::{helper, hidden_args, Allocation};
 use crate::attempt::outcome::{AttemptResult, Outcome};
 use crate::process::reaper::{ExitStatus, Reaper};
 use protocol::plan::{Stage, TaskLayout};
@@ -89,7 +89,7 @@ async fn run_check(layout: TaskLayout, dir: &Path, reaper: &Reaper) -> Vec<NodeG
         "sh".into(),
         "-c".into(),
         r#"exe=$0 dir=$1; shift; n=${SLURMD_NODENAME:-$(hostname -s)}; exec "$exe" gpu-check --json "$@" >"$dir/$n.json" 2>"$dir/$n.err""#.into(),
-        srun::orchestrate_exe(),
+        hidden_args::orchestrate_exe(),
         dir.display().to_string(),
     ];
     if let Ok(limit) = std::env::var("ORCHESTRATE_NODE_CHECK_MAX_USED_MIB") {

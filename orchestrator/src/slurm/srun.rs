@@ -8,16 +8,10 @@
 //! stage's grace period to act on it, and the stage succeeds when `srun` exits 0 (every task
 //! exited 0) with the declared outputs present.
 
-use super::{task, Allocation};
+use super::hidden_args::{orchestrate_exe, ENV_PLACED, LAUNCH_SUBCOMMAND, TASK_SUBCOMMAND};
+use super::Allocation;
 use crate::attempt::launch::AttemptPlan;
 use protocol::plan::{Stage, TaskLayout};
-
-/// Where `orchestrate` itself is, for srun to start the wrapper and the GPU check with.
-pub fn orchestrate_exe() -> String {
-    std::env::current_exe()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "orchestrate".into())
-}
 
 /// The `srun` options that place `layout` on the allocation.
 pub fn layout_args(layout: TaskLayout) -> Vec<String> {
@@ -61,7 +55,7 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
             layout_attempt_args(layout, &plan.stage_dir, job)
         }
         (None, Some(job)) if super::placement::spreads(Some(job)) => {
-            plan.env.push((task::ENV_PLACED.into(), "1".into()));
+            plan.env.push((ENV_PLACED.into(), "1".into()));
             plan.env
                 .push((super::lost::ENV_ATTEMPT.into(), plan.attempt.to_string()));
             super::placement::attempt_args(stage.gpus_wanted(), &plan.stage_dir, job)
@@ -73,7 +67,7 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
     let _ = std::fs::create_dir_all(&records);
     let mut argv = vec![
         orchestrate_exe(),
-        super::launch::LAUNCH_SUBCOMMAND.into(),
+        LAUNCH_SUBCOMMAND.into(),
         "--records".into(),
         records.display().to_string(),
         "--".into(),
@@ -88,7 +82,7 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
     argv.extend(placement);
     argv.extend([
         orchestrate_exe(),
-        task::TASK_SUBCOMMAND.into(),
+        TASK_SUBCOMMAND.into(),
         "--records".into(),
         records.display().to_string(),
         "--".into(),
