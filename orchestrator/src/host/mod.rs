@@ -7,6 +7,8 @@
 //! - the directory of event sockets;
 //! - NVML (or its absence), one GPU pool for all runs, and the idle baseline of each GPU;
 //! - the CPU budget that built-in CPU stages share;
+//! - the Slurm allocation this process runs in, read once (`crate::slurm::Allocation`): its
+//!   GPUs bound the inventory, and every run's placement starts from it;
 //! - the fork servers of built-in workers (see `crate::process::fork_server`), stopped with it.
 //!
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
@@ -125,6 +127,8 @@ pub struct Host {
     pub inventory: GpuInventory,
     /// Why the inventory is smaller than the machine's, when it is.
     pub gpu_note: Option<String>,
+    /// The Slurm allocation this process runs in, if any.
+    pub allocation: Option<crate::slurm::Allocation>,
     pool: RefCell<GpuPool>,
     /// Lowest used memory seen on each GPU with no process on it.
     idle: RefCell<HashMap<String, u64>>,
@@ -185,10 +189,9 @@ impl Host {
                 },
             },
         };
-        let (gpus, slurm_note) = crate::slurm::allowed_gpus(
-            std::mem::take(&mut inventory.gpus),
-            crate::slurm::Allocation::detect().as_ref(),
-        );
+        let allocation = crate::slurm::Allocation::detect();
+        let (gpus, slurm_note) =
+            crate::slurm::allowed_gpus(std::mem::take(&mut inventory.gpus), allocation.as_ref());
         let gpu_note = match (slurm_note, inventory.order_note.take()) {
             (Some(a), Some(b)) => Some(format!("{a}; {b}")),
             (a, b) => a.or(b),
@@ -214,6 +217,7 @@ impl Host {
             pool: RefCell::new(GpuPool::new(inventory.gpus.clone())),
             inventory,
             gpu_note,
+            allocation,
             idle: RefCell::new(idle),
             waiting: RefCell::new(BTreeSet::new()),
             gpus_freed: tokio::sync::Notify::new(),

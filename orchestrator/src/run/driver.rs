@@ -97,20 +97,18 @@ pub(super) async fn drive(
     let plan = setup.plan.clone();
     let settings = &plan.plan.run;
     let rules = Rules {
-        max_parallel: crate::slurm::placement::bound_parallel(
-            settings.max_parallel.map(|n| n as usize),
-            setup.slurm.as_ref(),
-        ),
+        max_parallel: setup
+            .placement
+            .max_parallel(settings.max_parallel.map(|n| n as usize)),
         fail_fast: settings.fail_fast,
         on_leak: settings.on_leak,
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
         // Inside Slurm a stage may run on another node: only a local run starts early.
-        early_start: setup.slurm.is_none() && super::early::enabled(),
+        early_start: setup.placement.allows_early_start() && super::early::enabled(),
     };
     let mut sched = Scheduler::new(&plan, rules, states);
-    if crate::slurm::placement::spreads(setup.slurm.as_ref()) {
-        // Every start is a job step: few enough a second to keep slurmctld's load low.
-        sched.pace_starts(crate::slurm::pacing::TokenBucket::for_steps());
+    if let Some(bucket) = setup.placement.start_pacing() {
+        sched.pace_starts(bucket);
     }
     let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
     let mut driver = Driver::start(setup, host, news_tx, sched.states())?;
@@ -221,7 +219,7 @@ impl<'h> Driver<'h> {
             run_dir.clone(),
             setup.cleared.gpu_check.clone(),
             started,
-            !setup.resume,
+            (!setup.resume).then(|| setup.placement.clone()),
         )
         .context("cannot start the thread writing the run's files")?;
         if setup.resume {
@@ -232,6 +230,7 @@ impl<'h> Driver<'h> {
                 &setup.cleared.gpu_check,
                 started,
                 RunStatus::Running,
+                &setup.placement,
             )
             .write_or_warn(&run_dir.report_path(), &setup.console);
         }
@@ -365,7 +364,7 @@ impl<'h> Driver<'h> {
                 .prepare_attempt(setup, sched.states(), request)
         });
         let attempt_plan = match prepared {
-            Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, setup.slurm.as_ref()),
+            Ok(p) => setup.placement.place(p, stage),
             Err(failure) => {
                 self.host.give_back_gpus(&gpus);
                 let event = Event::StartFailed {
@@ -446,19 +445,15 @@ impl<'h> Driver<'h> {
             gpus: given.iter().map(|g| g.uuid.clone()).collect(),
             plan_hash: setup.fingerprints.get(i),
         })?;
-        let node_check = crate::slurm::node_check::NodeCheck::for_stage(
-            stage,
-            setup.slurm.as_ref(),
-            &setup.run_dir.stage_dir(&stage.name),
-        );
+        let after = setup
+            .placement
+            .after_attempt(stage, &setup.run_dir.stage_dir(&stage.name));
+        let on_this_node = setup.placement.on_this_node(&after);
         // A GPU or srun stage's verdicts come after its tree is gone: it neither frees its
         // slot early nor hands over to a successor.
         // A placed step's successor is placed as a step of its own, never handed over.
         // Nor an early start: its success is not its own to act on before its upstream's.
-        let may_hand_over = given.is_empty()
-            && node_check.is_none()
-            && !crate::slurm::placement::spreads(setup.slurm.as_ref())
-            && !self.started_early.contains(&i);
+        let may_hand_over = given.is_empty() && on_this_node && !self.started_early.contains(&i);
         sched.on(
             Event::Launched {
                 stage: i,
@@ -467,9 +462,7 @@ impl<'h> Driver<'h> {
             Instant::now(),
         );
         // A stage's GPUs go on at its release only where this machine's NVML sees them.
-        let local_gpus =
-            node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
-        let mut task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
+        let mut task = self.supervisor(i, may_hand_over, on_this_node.then_some(&given[..]));
         if self.started_early.contains(&i) {
             let (cancel, stopper) = super::early::stoppable(self.cancel_tx.subscribe());
             task.cancel = cancel;
@@ -480,9 +473,7 @@ impl<'h> Driver<'h> {
             async move {
                 let (result, chained) = task.supervise(launched, &services).await;
                 // srun stages: the GPU check of every node of the stage.
-                if let Some(check) = node_check {
-                    check.run(&result, &services.reaper).await;
-                }
+                after.run(&result, &services.reaper).await;
                 let news = StageNews::Done(i, Box::new(result), given, chained);
                 let _ = task.news_tx.send(news);
             }
@@ -659,6 +650,7 @@ impl<'h> Driver<'h> {
             &setup.cleared.gpu_check,
             self.started,
             RunStatus::Running,
+            &setup.placement,
         )
         .write_or_warn(&setup.run_dir.report_path(), &setup.console);
         self.report_every = (t.elapsed() * 500).max(Duration::from_secs(1));
@@ -700,7 +692,7 @@ impl<'h> Driver<'h> {
                 // A placed step lost on its node: the node, beside srun's own words.
                 let lost = (status == StageStatus::Failed)
                     .then(|| setup.run_dir.stage_dir(&name(stage)))
-                    .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt))
+                    .and_then(|dir| setup.placement.lost_on(&dir, attempt))
                     .map(|node| format!(" (lost on node {node})"))
                     .unwrap_or_default();
                 let note = match (&error, retry_in) {
@@ -829,6 +821,7 @@ impl<'h> Driver<'h> {
             &setup.cleared.gpu_check,
             self.started,
             status,
+            &setup.placement,
         );
         ending::write_report_and_results(setup, &report);
         if let Some(sampler) = self.sampler.take() {

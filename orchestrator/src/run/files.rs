@@ -25,14 +25,14 @@ pub(crate) struct RunFiles(Option<JoinHandle<Outcome>>);
 impl RunFiles {
     /// Starts writing `plan`'s files in `run_dir`, the report with every stage pending
     /// (`gpu_check` and `started` as the run's reports give them).
-    /// Without `first_report`, only the plan (a resumed run's first report, with the stages
-    /// it keeps, is the run loop's to write).
+    /// Without `first_report` (the run's placement, for the report), only the plan (a resumed
+    /// run's first report, with the stages it keeps, is the run loop's to write).
     pub(crate) fn start(
         plan: Arc<LoadedPlan>,
         run_dir: RunDir,
         gpu_check: String,
         started: Instant,
-        first_report: bool,
+        first_report: Option<super::placement::Placement>,
     ) -> std::io::Result<RunFiles> {
         let thread = std::thread::Builder::new()
             .name("run-files".into())
@@ -40,11 +40,12 @@ impl RunFiles {
                 let resolved = run_dir.root().join("plan.resolved.json");
                 let written = crate::store::rundir::write_json_replace(&resolved, &plan.as_run())
                     .with_context(|| format!("cannot write {}", resolved.display()));
-                if !first_report {
+                let Some(placement) = first_report else {
                     return (written, None);
-                }
+                };
                 let report = run_dir.report_path();
-                let snapshot = Snapshot::all_pending(&plan, &run_dir, &gpu_check, started);
+                let snapshot =
+                    Snapshot::all_pending(&plan, &run_dir, &gpu_check, started, &placement);
                 let warning = crate::store::rundir::write_json_replace(&report, &snapshot)
                     .err()
                     .map(|e| format!("cannot write {}: {e}", report.display()));

@@ -112,7 +112,7 @@ impl Lookahead {
         j: usize,
         kind: Kind,
     ) -> Option<Successor> {
-        let srun = setup.slurm.is_some() && setup.plan.plan.stages[j].task_layout().is_some();
+        let srun = setup.placement.runs_srun_layout(&setup.plan.plan.stages[j]);
         if srun || !self.preparer.written(j) {
             return None;
         }

@@ -19,6 +19,7 @@ mod early;
 mod ending;
 pub(crate) mod files;
 mod lookahead;
+pub(crate) mod placement;
 pub mod preflight;
 pub(crate) mod scheduler;
 mod setup;
@@ -118,9 +119,9 @@ async fn run_in_span(
     } = opts;
     // Shared with the thread that writes the run's files while the first stages run.
     let plan = Arc::new(plan);
-    // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
-    let slurm = crate::slurm::Allocation::detect();
-    let cleared = preflight::check(&plan, host, slurm.as_ref()).map_err(Error::from)?;
+    // Slurm: the job this run belongs to (the host's); stages run through srun need one.
+    let placement = placement::Placement::new(host.allocation.clone(), run_dir.root());
+    let cleared = preflight::check(&plan, host, placement.allocation()).map_err(Error::from)?;
     let needs_worker = plan.plan.stages.iter().any(|s| s.kind.is_some());
     let worker = match needs_worker {
         true => Some(crate::attempt::prepare::resolve_worker(
@@ -159,16 +160,9 @@ async fn run_in_span(
     })?;
     console.note(&format!("run directory: {}", run_dir.root().display()));
     console.plan_size(plan.plan.stages.len());
-    if let Some(job) = &slurm {
-        console.note(&job.describe());
-        crate::slurm::history::record_start(run_dir.root(), job, &mut journal)?;
-        // Placed steps write into the run directory from every node: all must see it.
-        if crate::slurm::placement::spreads(Some(job)) {
-            crate::slurm::shared_dir::check(run_dir.root(), job, &host.reaper)
-                .await
-                .map_err(|e| Error::from(preflight::Refusal::from(e)))?;
-        }
-    }
+    placement
+        .begin(&mut journal, &console, &host.reaper)
+        .await?;
     let settings = &plan.plan.run;
     let services = Rc::new(Services {
         reaper: host.reaper.clone(),
@@ -190,7 +184,7 @@ async fn run_in_span(
         resume,
         run_id,
         ticket,
-        slurm,
+        placement,
         cleared,
         journal,
         services,

@@ -1,12 +1,12 @@
 //! What a run was set up with before its first stage: its plan, directory, journal, GPU
 //! check and the services every attempt shares.
 
+use super::placement::Placement;
 use super::preflight::Cleared;
 use crate::attempt::launch::Services;
 use crate::host::Ticket;
 use crate::plan::LoadedPlan;
 use crate::report::console::Console;
-use crate::slurm::Allocation;
 use crate::store::fingerprint::Background;
 use crate::store::journal::Journal;
 use crate::store::rundir::RunDir;
@@ -23,7 +23,7 @@ pub(super) struct Setup {
     pub(super) resume: bool,
     pub(super) run_id: String,
     pub(super) ticket: Ticket,
-    pub(super) slurm: Option<Allocation>,
+    pub(super) placement: Placement,
     pub(super) cleared: Cleared,
     pub(super) journal: Journal,
     pub(super) services: Rc<Services>,

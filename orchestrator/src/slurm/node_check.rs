@@ -4,7 +4,6 @@
 //! NVML says "unavailable"; a check that could not run at all says "failed" and why.
 
 use super::{helper, hidden_args, Allocation};
-use crate::attempt::outcome::{AttemptResult, Outcome};
 use crate::process::reaper::{ExitStatus, Reaper};
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::NodeGpuCheck;
@@ -36,12 +35,10 @@ impl NodeCheck {
         })
     }
 
-    /// Runs it after the attempt that ended as `result` (not after one stopped by a signal:
-    /// the job is on its way out). Must run on the reaper's thread.
-    pub async fn run(self, result: &AttemptResult, reaper: &Reaper) {
-        if result.outcome != Outcome::Cancelled {
-            after_stage(self.layout, &self.stage_dir, reaper).await;
-        }
+    /// Runs it after the attempt (the caller skips it after one stopped by a signal: the job
+    /// is on its way out). Must run on the reaper's thread.
+    pub async fn run(self, reaper: &Reaper) {
+        after_stage(self.layout, &self.stage_dir, reaper).await;
     }
 }
 
