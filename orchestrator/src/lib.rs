@@ -24,6 +24,7 @@ pub mod plan;
 pub mod process;
 pub mod report;
 pub mod run;
+pub mod settings;
 pub mod slurm;
 pub mod store;
 pub mod table;

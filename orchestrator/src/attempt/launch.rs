@@ -114,6 +114,11 @@ pub struct Services {
     pub tree_sampling: TreeSampling,
     /// The run's cgroup, parent of every stage's, where the host lets stages have one.
     pub cgroups: Option<Rc<crate::process::cgroup::RunCgroup>>,
+    /// The host's fork servers and zygotes, every stage's start goes through.
+    pub forkers: Rc<crate::process::forkers::Forkers>,
+    /// Whether a stage's GPUs may be handed on at its release
+    /// ([`crate::settings::Settings::hand_on_at_release`]).
+    pub hand_on_at_release: bool,
 }
 
 /// How often a running stage's process tree has its resident memory summed.
@@ -329,7 +334,7 @@ pub fn start_attempt(
     };
     // Taken before the spawn, so that start-up figures include the spawn itself.
     let spawned_unix = crate::timefmt::unix_secs_f64();
-    let child = tree::spawn(launch, &services.reaper).map_err(|e| {
+    let child = tree::spawn(launch, &services.reaper, &services.forkers).map_err(|e| {
         Failure::SpawnFailed(format!(
             "`{}`: {e}",
             plan.argv.first().map(String::as_str).unwrap_or("")

@@ -136,24 +136,20 @@ struct Release {
     touched: Option<(String, crate::gpu::Holder)>,
 }
 
-/// `ORCHESTRATE_HAND_ON_AT_RELEASE=0`: releases are not looked at (every GPU is handed on
-/// after its stage ends, as before releases existed); for comparisons.
-pub const NO_HAND_ON_VAR: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
-
-/// Whether releases are looked at in this process ([`NO_HAND_ON_VAR`] is not `0`).
-pub fn hand_on_enabled() -> bool {
-    std::env::var_os(NO_HAND_ON_VAR).is_none_or(|v| v != "0")
-}
-
 /// Whether this attempt's GPUs may still be handed on at a release: it has GPUs to check, runs
 /// (is not being stopped), has not released them yet, and both the run and this process hand
 /// on at release.
-fn may_hand_on(baselines: &[(String, u64, u64)], w: &Watch, hooks: &dyn AttemptHooks) -> bool {
+fn may_hand_on(
+    baselines: &[(String, u64, u64)],
+    w: &Watch,
+    hooks: &dyn AttemptHooks,
+    services: &Services,
+) -> bool {
     !baselines.is_empty()
         && w.stop == StopState::Running
         && w.release.held.is_none()
         && hooks.hands_on_at_release()
-        && hand_on_enabled()
+        && services.hand_on_at_release
 }
 
 /// Refusals of a stage's releases kept for its report.
@@ -360,7 +356,7 @@ async fn watch(
             }
         }
         if std::mem::take(&mut w.events.finishing_asked) {
-            prepare_successor(child, baselines, w, hooks);
+            prepare_successor(child, baselines, w, hooks, services);
         }
         if std::mem::take(&mut w.events.release_asked) {
             consider_release(plan, child, baselines, w, services, hooks).await;
@@ -370,15 +366,16 @@ async fn watch(
 
 /// The stage said its device work is about to end: where its GPUs may be handed on at its
 /// release, the fork server gets a standby ready for the stage that takes them next
-/// (`crate::process::fork_server::prepare_standby`).
+/// (`crate::process::forkers::Forkers::prepare_standby`).
 fn prepare_successor(
     child: &tree::StageProcess,
     baselines: &[(String, u64, u64)],
     w: &Watch,
     hooks: &mut dyn AttemptHooks,
+    services: &Services,
 ) {
-    if may_hand_on(baselines, w, hooks) {
-        crate::process::fork_server::prepare_standby(child.pid);
+    if may_hand_on(baselines, w, hooks, services) {
+        services.forkers.prepare_standby(child.pid);
     }
 }
 
@@ -397,7 +394,7 @@ async fn consider_release(
     let Some(probe) = &services.probe else {
         return;
     };
-    if !may_hand_on(baselines, w, hooks) {
+    if !may_hand_on(baselines, w, hooks, services) {
         return;
     }
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();

@@ -272,9 +272,11 @@ impl Daemon {
             console: Console::silent(tap),
             resume,
             follow: false,
+            stop_signal: Default::default(),
+        };
+        let admission = crate::run::Admission {
             run_id: id.clone(),
             ticket: self.host.ticket(priority),
-            stop_signal: Default::default(),
         };
         tokio::task::spawn_local(async move {
             let pump = {
@@ -289,7 +291,10 @@ impl Daemon {
                     }
                 }
             };
-            let (result, ()) = tokio::join!(crate::run::run(options, &daemon.host, cancel), pump);
+            let (result, ()) = tokio::join!(
+                crate::run::run(options, admission, &daemon.host, cancel),
+                pump
+            );
             let (state, code) = match result {
                 Ok(summary) => (summary.status, summary.exit_code),
                 Err(e) => {
@@ -395,7 +400,7 @@ pub async fn serve(config: DaemonConfig) -> crate::error::Result<()> {
     let runs_lock = runs_lock::RunsDirLock::acquire(&config.runs_dir)?;
     let listening = socket::listen(&config.socket)?;
     let listener = tokio::net::UnixListener::from_std(listening.listener.try_clone()?)?;
-    let host = Host::start()?;
+    let host = Host::start(crate::settings::Settings::from_env())?;
     let daemon = Rc::new(Daemon {
         host,
         registry: RefCell::new(Registry::default()),

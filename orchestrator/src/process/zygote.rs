@@ -50,8 +50,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Environment variable that turns zygotes off (`0`, `off`, `false`, `no`).
-pub const ENV_ZYGOTE: &str = "ORCHESTRATE_ZYGOTE";
+/// Environment variable that turns zygotes off (`0`, `off`, `false`, `no`; read into
+/// [`crate::settings::Settings::zygote`]).
+pub const ENV_ZYGOTE: &str = crate::settings::ZYGOTE;
 
 /// The zygote's Python side.
 const SOURCE: &str = include_str!("../../../python/orchestrate_zygote.py");
@@ -63,14 +64,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// Set in the zygote only: torch answers `is_available()` from NVML instead of initialising
 /// CUDA. Its value in the zygote is not compared with the stage's.
 const NVML_CHECK_VAR: &str = "PYTORCH_NVML_BASED_CUDA_CHECK";
-
-/// Whether Python stages with `preload` may be forked from a zygote.
-pub fn enabled() -> bool {
-    !matches!(
-        std::env::var(ENV_ZYGOTE).as_deref().map(str::trim),
-        Ok("0" | "off" | "false" | "no")
-    )
-}
 
 /// Whether orchestrate sets `name` for one stage alone (so it is not part of a zygote's key,
 /// and the zygote does not have it).
@@ -166,59 +159,13 @@ struct Starting {
     env: Vec<(String, String)>,
 }
 
-thread_local! {
-    static ZYGOTES: RefCell<HashMap<u64, State>> = RefCell::new(HashMap::new());
-}
-
-/// Starts `stage` by forking it from its zygote. The first stage of a zygote's key starts
-/// it and is exec'd: the zygote imports in the background and this thread (a run's loop, or
-/// the daemon's every run) never waits for it; stages of that key are forked once it is
-/// ready. Returns the stage's PID: a child of this process in its own session, not yet
-/// registered with `reaper` (register it before the next `.await`). An error says why the
-/// caller should exec instead.
-pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> {
-    if !enabled() {
-        return Err(Fallback::Disabled);
-    }
-    let interpreter = plain_python_run(stage)?;
-    let env = zygote_env(stage);
-    let key = {
-        let mut sorted: Vec<&(String, String)> = env.iter().collect();
-        sorted.sort();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (&interpreter, stage.preload, sorted).hash(&mut h);
-        h.finish()
-    };
-    ZYGOTES.with(|zygotes| {
-        let mut zygotes = zygotes.borrow_mut();
-        let state = match zygotes.remove(&key) {
-            None => start(&interpreter, stage.preload, env, reaper),
-            Some(State::Starting(starting)) => ready(starting),
-            Some(other) => other,
-        };
-        let zygote = match zygotes.entry(key).or_insert(state) {
-            State::Serving(z) => z,
-            State::Starting(starting) => {
-                return Err(Fallback::Starting {
-                    seconds: starting.server.elapsed().as_secs_f64(),
-                })
-            }
-            State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
-        };
-        env_mismatch(zygote, stage.worker.env)?;
-        let why = match fork_server::fork(&mut zygote.server, &stage.worker) {
-            Ok(pid) => return Ok(pid),
-            Err(why) => why,
-        };
-        let Some(State::Serving(old)) = zygotes.remove(&key) else {
-            unreachable!("the zygote just asked was serving")
-        };
-        let (next, fallback) = retire(old, why, || {
-            start(&interpreter, stage.preload, zygote_env(stage), reaper)
-        });
-        zygotes.insert(key, next);
-        Err(fallback)
-    })
+/// The zygotes of one host, by key (interpreter, preload, environment): owned by the host
+/// (`crate::host::Host`, in its `crate::process::forkers::Forkers`) and stopped with it. Lives
+/// on the host's thread.
+pub struct Zygotes {
+    /// Whether Python stages with `preload` may be forked from a zygote (`ORCHESTRATE_ZYGOTE`).
+    enabled: bool,
+    zygotes: RefCell<HashMap<u64, State>>,
 }
 
 /// The environment a zygote of `stage` is started with: the stage's, less what orchestrate
@@ -282,17 +229,79 @@ fn failed(why: ForkServerError) -> State {
     State::Failed(Arc::new(why))
 }
 
-/// Stops every zygote of this process and waits until they are gone.
-pub fn shutdown() {
-    ZYGOTES.with(|z| {
-        for (_, state) in z.borrow_mut().drain() {
-            match state {
-                State::Serving(zygote) => fork_server::stop(zygote.server),
-                State::Starting(starting) => starting.server.stop(),
-                State::Failed(_) => {}
+impl Zygotes {
+    /// None started yet (a zygote starts with the first stage of its key); `enabled`: whether
+    /// any may be.
+    pub fn new(enabled: bool) -> Zygotes {
+        Zygotes {
+            enabled,
+            zygotes: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Starts `stage` by forking it from its zygote. The first stage of a zygote's key starts
+    /// it and is exec'd: the zygote imports in the background and this thread (a run's loop, or
+    /// the daemon's every run) never waits for it; stages of that key are forked once it is
+    /// ready. Returns the stage's PID: a child of this process in its own session, not yet
+    /// registered with `reaper` (register it before the next `.await`). An error says why the
+    /// caller should exec instead.
+    pub fn spawn(&self, stage: &PythonStage<'_>, reaper: &Reaper) -> Result<i32, Fallback> {
+        if !self.enabled {
+            return Err(Fallback::Disabled);
+        }
+        let interpreter = plain_python_run(stage)?;
+        let env = zygote_env(stage);
+        let key = {
+            let mut sorted: Vec<&(String, String)> = env.iter().collect();
+            sorted.sort();
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&interpreter, stage.preload, sorted).hash(&mut h);
+            h.finish()
+        };
+        {
+            let mut zygotes = self.zygotes.borrow_mut();
+            let state = match zygotes.remove(&key) {
+                None => start(&interpreter, stage.preload, env, reaper),
+                Some(State::Starting(starting)) => ready(starting),
+                Some(other) => other,
+            };
+            let zygote = match zygotes.entry(key).or_insert(state) {
+                State::Serving(z) => z,
+                State::Starting(starting) => {
+                    return Err(Fallback::Starting {
+                        seconds: starting.server.elapsed().as_secs_f64(),
+                    })
+                }
+                State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
+            };
+            env_mismatch(zygote, stage.worker.env)?;
+            let why = match fork_server::fork(&mut zygote.server, &stage.worker) {
+                Ok(pid) => return Ok(pid),
+                Err(why) => why,
+            };
+            let Some(State::Serving(old)) = zygotes.remove(&key) else {
+                unreachable!("the zygote just asked was serving")
+            };
+            let (next, fallback) = retire(old, why, || {
+                start(&interpreter, stage.preload, zygote_env(stage), reaper)
+            });
+            zygotes.insert(key, next);
+            Err(fallback)
+        }
+    }
+
+    /// Stops every zygote of the host and waits until they are gone.
+    pub fn shutdown(&self) {
+        {
+            for (_, state) in self.zygotes.borrow_mut().drain() {
+                match state {
+                    State::Serving(zygote) => fork_server::stop(zygote.server),
+                    State::Starting(starting) => starting.server.stop(),
+                    State::Failed(_) => {}
+                }
             }
         }
-    });
+    }
 }
 
 /// The interpreter of a `python SCRIPT …` / `python -m MODULE …` command, as exec would find

@@ -104,7 +104,7 @@ pub(super) async fn drive(
         on_leak: settings.on_leak,
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
         // Inside Slurm a stage may run on another node: only a local run starts early.
-        early_start: setup.placement.allows_early_start() && super::early::enabled(),
+        early_start: setup.placement.allows_early_start() && host.settings.starts_early(),
     };
     let mut sched = Scheduler::new(&plan, rules, states);
     if let Some(bucket) = setup.placement.start_pacing() {

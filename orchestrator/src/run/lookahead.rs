@@ -49,7 +49,7 @@ impl Lookahead {
     pub(super) fn start(setup: &Setup, host: &Host) -> Result<Lookahead> {
         let sockets = host
             .sockets
-            .for_run(setup.ticket.1)
+            .for_run(setup.ticket.number)
             .context("cannot create the directory of the run's event sockets")?;
         let stages = setup.plan.plan.stages.len();
         let preparer = Preparer::start(stages, tokio::runtime::Handle::current())

@@ -60,13 +60,18 @@ pub struct RunOptions {
     pub resume: bool,
     /// Echo stages' output on the console.
     pub follow: bool,
-    /// The run's id among the host's runs (in stage tokens and GPU owner labels).
-    pub run_id: String,
-    /// Its place in the host's queue for GPUs.
-    pub ticket: crate::host::Ticket,
     /// The first signal that asked the run to stop, and when (Unix time), as whoever maps
     /// signals to cancellation noted it: inside Slurm it decides the requeue.
     pub stop_signal: StopSignal,
+}
+
+/// A run's place among the runs of its host, given by whoever runs it on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The run's id among the host's runs (in stage tokens and GPU owner labels).
+    pub run_id: String,
+    /// Its place in the host's queue for GPUs ([`Host::ticket`]).
+    pub ticket: crate::host::Ticket,
 }
 
 /// Where the CLI notes the first stop signal (see [`RunOptions::stop_signal`]).
@@ -92,15 +97,19 @@ pub struct RunSummary {
 /// one attempt of a stage inside a `stage` span (fields `stage`, `attempt`) within it.
 pub async fn run(
     opts: RunOptions,
+    admission: Admission,
     host: &Rc<Host>,
     cancel: watch::Receiver<CancelLevel>,
 ) -> Result<RunSummary> {
-    let span = tracing::info_span!(target: "orchestrate::run", "run", run = %opts.run_id);
-    run_in_span(opts, host, cancel).instrument(span).await
+    let span = tracing::info_span!(target: "orchestrate::run", "run", run = %admission.run_id);
+    run_in_span(opts, admission, host, cancel)
+        .instrument(span)
+        .await
 }
 
 async fn run_in_span(
     opts: RunOptions,
+    Admission { run_id, ticket }: Admission,
     host: &Rc<Host>,
     mut cancel: watch::Receiver<CancelLevel>,
 ) -> Result<RunSummary> {
@@ -113,14 +122,13 @@ async fn run_in_span(
         console,
         resume,
         follow,
-        run_id,
-        ticket,
         stop_signal,
     } = opts;
     // Shared with the thread that writes the run's files while the first stages run.
     let plan = Arc::new(plan);
     // Slurm: the job this run belongs to (the host's); stages run through srun need one.
-    let placement = placement::Placement::new(host.allocation.clone(), run_dir.root());
+    let placement =
+        placement::Placement::new(host.allocation.clone(), run_dir.root(), &host.settings);
     let cleared = preflight::check(&plan, host, placement.allocation()).map_err(Error::from)?;
     let needs_worker = plan.plan.stages.iter().any(|s| s.kind.is_some());
     let worker = match needs_worker {
@@ -174,6 +182,8 @@ async fn run_in_span(
         run_id: run_id.clone(),
         tree_sampling: TreeSampling::start(),
         cgroups,
+        forkers: host.forkers.clone(),
+        hand_on_at_release: host.settings.hand_on_at_release,
     });
     let states = initial_states(&plan, decisions.as_deref(), &run_dir)?;
     let setup = setup::Setup {

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::process::reaper::Reaper;
 use crate::report::console::Console;
 use crate::report::placed::{Placed, StageRecords};
+use crate::settings::Settings;
 use crate::slurm::node_check::NodeCheck;
 use crate::slurm::pacing::TokenBucket;
 use crate::slurm::stop::StopVerdict;
@@ -35,35 +36,56 @@ use std::path::{Path, PathBuf};
 pub(crate) enum Placement {
     /// Outside Slurm; `run_dir` is the run's directory.
     Local { run_dir: PathBuf },
-    /// Inside a Slurm allocation of one node; `run_dir` is the run's directory.
-    Allocation { job: Allocation, run_dir: PathBuf },
+    /// Inside a Slurm allocation of one node.
+    Allocation(InJob),
     /// Inside a Slurm allocation of several nodes.
-    Spread { job: Allocation, run_dir: PathBuf },
+    Spread(InJob),
+}
+
+/// A run inside a Slurm allocation.
+#[derive(Debug, Clone)]
+pub(crate) struct InJob {
+    job: Allocation,
+    /// The run's directory.
+    run_dir: PathBuf,
+    /// The `--max-used-mib` of the GPU check of an srun stage's nodes, if given.
+    node_check_mib: Option<String>,
 }
 
 impl Placement {
-    /// The placement of a run in `run_dir` inside `job` (`None`: outside Slurm).
-    pub(crate) fn new(job: Option<Allocation>, run_dir: &Path) -> Placement {
+    /// The placement of a run in `run_dir` inside `job` (`None`: outside Slurm), with the
+    /// switches of `settings`.
+    pub(crate) fn new(job: Option<Allocation>, run_dir: &Path, settings: &Settings) -> Placement {
         let run_dir = run_dir.to_path_buf();
-        match job {
-            None => Placement::Local { run_dir },
-            Some(job) if crate::slurm::placement::spreads(Some(&job)) => {
-                Placement::Spread { job, run_dir }
-            }
-            Some(job) => Placement::Allocation { job, run_dir },
+        let Some(job) = job else {
+            return Placement::Local { run_dir };
+        };
+        let spreads = crate::slurm::placement::spreads(Some(&job));
+        let in_job = InJob {
+            job,
+            run_dir,
+            node_check_mib: settings.node_check_max_used_mib.clone(),
+        };
+        match spreads {
+            true => Placement::Spread(in_job),
+            false => Placement::Allocation(in_job),
+        }
+    }
+
+    fn in_job(&self) -> Option<&InJob> {
+        match self {
+            Placement::Local { .. } => None,
+            Placement::Allocation(in_job) | Placement::Spread(in_job) => Some(in_job),
         }
     }
 
     /// The Slurm allocation the run is inside, if any.
     pub(crate) fn allocation(&self) -> Option<&Allocation> {
-        match self {
-            Placement::Local { .. } => None,
-            Placement::Allocation { job, .. } | Placement::Spread { job, .. } => Some(job),
-        }
+        self.in_job().map(|j| &j.job)
     }
 
     fn spreads(&self) -> bool {
-        matches!(self, Placement::Spread { .. })
+        matches!(self, Placement::Spread(_))
     }
 
     /// How many stages the run holds at once, `asked` (`max_parallel`) bounded by what the
@@ -110,7 +132,13 @@ impl Placement {
     /// What is due after an attempt of `stage` (its directory `stage_dir`) ended: the GPU
     /// check of every node of an srun stage.
     pub(crate) fn after_attempt(&self, stage: &Stage, stage_dir: &Path) -> AfterAttempt {
-        AfterAttempt(NodeCheck::for_stage(stage, self.allocation(), stage_dir))
+        let limit = self.in_job().and_then(|j| j.node_check_mib.as_deref());
+        AfterAttempt(NodeCheck::for_stage(
+            stage,
+            self.allocation(),
+            stage_dir,
+            limit,
+        ))
     }
 
     /// Whether an attempt's processes and GPUs are on this node, where NVML sees them and a
@@ -134,8 +162,7 @@ impl Placement {
         console: &Console,
         reaper: &Reaper,
     ) -> Result<()> {
-        let (Placement::Allocation { job, run_dir } | Placement::Spread { job, run_dir }) = self
-        else {
+        let Some(InJob { job, run_dir, .. }) = self.in_job() else {
             return Ok(());
         };
         console.note(&job.describe());
@@ -166,10 +193,7 @@ impl Placement {
         journal: &mut Journal,
         console: &Console,
     ) -> Option<StopVerdict> {
-        let (Placement::Allocation { job, run_dir } | Placement::Spread { job, run_dir }) = self
-        else {
-            return None;
-        };
+        let InJob { job, run_dir, .. } = self.in_job()?;
         let verdict =
             crate::slurm::stop::after_stop(job, signal, at, reaper, journal, run_dir).await;
         match verdict.status {
@@ -187,9 +211,10 @@ impl Placement {
 /// began in still shows its job and its stages' tasks.
 impl Placed for Placement {
     fn job(&self) -> Option<SlurmJobReport> {
-        let (Placement::Local { run_dir }
-        | Placement::Allocation { run_dir, .. }
-        | Placement::Spread { run_dir, .. }) = self;
+        let run_dir = match self {
+            Placement::Local { run_dir } => run_dir,
+            Placement::Allocation(j) | Placement::Spread(j) => &j.run_dir,
+        };
         crate::slurm::history::load(run_dir)
     }
 

@@ -180,7 +180,10 @@ pub fn run(args: Vec<String>) -> i32 {
             end.finish();
         }
         if let Some(stage_dir) = records.as_deref().and_then(std::path::Path::parent) {
-            super::step_tree::check_gpus(stage_dir, &node);
+            // This process's switches, read once: the wrapper is a process of its own.
+            let settings = crate::settings::Settings::from_env();
+            let limit = settings.node_check_max_used_mib.as_deref();
+            super::step_tree::check_gpus(stage_dir, &node, limit);
         }
     }
     write_record(&records, rank, local_rank, &node, status.code(), signal);

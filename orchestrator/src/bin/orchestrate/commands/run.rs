@@ -7,6 +7,7 @@ use orchestrator::exit;
 use orchestrator::plan::{LoadedPlan, PlanFormat};
 use orchestrator::report::console::Console;
 use orchestrator::run::{self, RunOptions};
+use orchestrator::settings::Settings;
 use orchestrator::store::rundir::RunDir;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,6 +18,8 @@ pub(crate) type PlanToRun = (PathBuf, PlanFormat, LoadedPlan, String);
 /// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
 /// or `resume D` (no plan: the run's own copy, with its recorded base directory).
 pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
+    // The process's `ORCHESTRATE_*` switches, read once.
+    let settings = Settings::from_env();
     // A plan given on the command line is read once, first.
     let given: Option<PlanToRun> = match &args.plan {
         Some(path) => match orchestrator::plan::read_plan(path) {
@@ -26,7 +29,8 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         None => None,
     };
     if let Some((path, _, loaded, _)) = &given {
-        if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(loaded) {
+        if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(loaded, &settings)
+        {
             eprintln!("error: {}: {refusal}", path.display());
             return ExitCode::from(exit::INVALID_INPUT as u8);
         }
@@ -70,11 +74,9 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         console: console.clone(),
         resume: args.resume,
         follow: args.follow,
-        run_id: String::new(),
-        ticket: (0, 0),
         stop_signal: Default::default(),
     };
-    run_to_end(options, &console)
+    run_to_end(options, settings, &console)
 }
 
 /// Inside a Slurm job: a run directory that stays the same across requeues of the job,
@@ -101,7 +103,7 @@ fn choose_slurm_run_dir(args: &mut RunArgs, name: &str) -> Result<(), ExitCode> 
 
 /// Runs the run to its end on this process's own host; prints its summary and gives its exit
 /// status.
-fn run_to_end(options: RunOptions, console: &Console) -> ExitCode {
+fn run_to_end(options: RunOptions, settings: Settings, console: &Console) -> ExitCode {
     let runtime = match super::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -110,7 +112,7 @@ fn run_to_end(options: RunOptions, console: &Console) -> ExitCode {
     // The run is a task of the set, like its stages' tasks: a stage's news wakes it within
     // the set's turn, not through a turn of the runtime (which first looks for I/O events).
     let run = async {
-        match tokio::task::spawn_local(run_on_own_host(options)).await {
+        match tokio::task::spawn_local(run_on_own_host(options, settings)).await {
             Ok(result) => result,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
@@ -129,7 +131,10 @@ fn run_to_end(options: RunOptions, console: &Console) -> ExitCode {
 
 /// The CLI's shape: one host, one run, and the terminal's signals mapped to cancellation:
 /// SIGINT, SIGTERM or SIGHUP stop the run gracefully, a second one kills its stages.
-async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSummary> {
+async fn run_on_own_host(
+    options: RunOptions,
+    settings: Settings,
+) -> anyhow::Result<run::RunSummary> {
     use tokio::signal::unix::{signal, SignalKind};
     let in_slurm = orchestrator::slurm::Allocation::detect().is_some();
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -138,14 +143,13 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSumm
     let mut sighup = signal(SignalKind::hangup())?;
     // Inside Slurm, the job's warning signal (`#SBATCH --signal=B:USR2@N`) too.
     let mut warning = orchestrator::slurm::WarningSignals::listen(in_slurm)?;
-    let host = orchestrator::host::Host::start()?;
-    options.run_id = options
-        .run_dir
-        .root()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    options.ticket = host.ticket(0);
+    let host = orchestrator::host::Host::start(settings)?;
+    let admission = run::Admission {
+        run_id: (options.run_dir.root().file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        ticket: host.ticket(0),
+    };
     let first_signal = options.stop_signal.clone();
     let (cancel, cancelled) = tokio::sync::watch::channel(CancelLevel::None);
     tokio::task::spawn_local(async move {
@@ -169,7 +173,7 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSumm
             cancel.send_replace(next);
         }
     });
-    Ok(run::run(options, &host, cancelled).await?)
+    Ok(run::run(options, admission, &host, cancelled).await?)
 }
 
 /// A run's name: the plan's `run.name`, else the plan file's stem.
