@@ -103,8 +103,16 @@ mod tests {
         let dir = crate::testutil::scratch("run-files");
         let run_dir = RunDir::create(&dir.join("run")).unwrap();
         let console = crate::report::console::Console::new(false, true);
-        let mut files =
-            RunFiles::start(plan(3), run_dir.clone(), "off".into(), Instant::now(), true).unwrap();
+        let settings = crate::settings::Settings::default();
+        let local = super::super::placement::Placement::new(None, run_dir.root(), &settings);
+        let mut files = RunFiles::start(
+            plan(3),
+            run_dir.clone(),
+            "off".into(),
+            Instant::now(),
+            Some(local),
+        )
+        .unwrap();
         files.finish(&console).unwrap();
         let resolved: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(run_dir.root().join("plan.resolved.json")).unwrap(),
@@ -129,14 +137,8 @@ mod tests {
         std::fs::create_dir(run_dir.root().join("plan.resolved.json")).unwrap();
         std::fs::write(run_dir.root().join("plan.resolved.json/x"), "x").unwrap();
         let console = crate::report::console::Console::new(false, true);
-        let mut files = RunFiles::start(
-            plan(2),
-            run_dir.clone(),
-            "off".into(),
-            Instant::now(),
-            false,
-        )
-        .unwrap();
+        let mut files =
+            RunFiles::start(plan(2), run_dir.clone(), "off".into(), Instant::now(), None).unwrap();
         let err = files.finish(&console).unwrap_err().to_string();
         assert!(err.contains("plan.resolved.json"), "{err}");
         assert!(!run_dir.report_path().exists());
