@@ -168,7 +168,7 @@ pub struct Launched {
     pub(crate) copiers: Vec<tokio::task::JoinHandle<()>>,
     pub(crate) spawned_unix: f64,
     pub(crate) channel: EventChannel,
-    pub(crate) baselines: Vec<(String, u64, u64)>,
+    pub(crate) baselines: Vec<crate::gpu::release::GpuBaseline>,
     pub(crate) stderr_offset: u64,
 }
 
@@ -244,11 +244,15 @@ pub fn start_attempt(
     };
 
     // Baselines come before anything of the stage exists.
-    let mut baselines: Vec<(String, u64, u64)> = Vec::new(); // uuid, baseline, peak
+    let mut baselines: Vec<crate::gpu::release::GpuBaseline> = Vec::new();
     if let Some(probe) = &services.probe {
         for g in &plan.gpus {
             let used = probe.used_bytes(&g.uuid).unwrap_or(0);
-            baselines.push((g.uuid.clone(), used, used));
+            baselines.push(crate::gpu::release::GpuBaseline {
+                uuid: g.uuid.clone(),
+                baseline: used,
+                peak: used,
+            });
         }
     }
 

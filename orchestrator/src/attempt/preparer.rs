@@ -45,13 +45,24 @@ const FAILED: u8 = 7;
 /// each) before [`Preparer::may_open`] says no.
 pub(crate) const OPEN_AHEAD_MAX: usize = 16;
 
-/// Work for the preparer thread: write stage `i`'s files, and open its logs and bind its
-/// socket at the path when one is given.
-type Job = (usize, Layout, Option<PathBuf>);
+/// Work for the preparer thread: write a stage's files, and open its logs and bind its socket
+/// at the path when one is given.
+struct Job {
+    /// The stage.
+    stage: usize,
+    /// Its files.
+    layout: Layout,
+    /// Where to bind its socket, when its files are opened too.
+    socket: Option<PathBuf>,
+}
 
-/// A written stage: whether its output directory was created by the write (and so is
-/// empty), and its opened files if it was asked to open them.
-pub(crate) type Written = (bool, Option<Opened>);
+/// A written stage.
+pub(crate) struct Written {
+    /// Whether its output directory was created by the write (and so is empty).
+    pub(crate) fresh: bool,
+    /// Its opened files, if it was asked to open them.
+    pub(crate) files: Option<Opened>,
+}
 
 /// Handle to the preparer thread of one run.
 pub(crate) struct Preparer {
@@ -90,7 +101,12 @@ impl Preparer {
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
             .spawn(move || {
-                for (i, layout, socket) in queue.into_iter().flatten() {
+                for Job {
+                    stage: i,
+                    layout,
+                    socket,
+                } in queue.into_iter().flatten()
+                {
                     remove_all(&to_remove);
                     if theirs[i]
                         .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -118,7 +134,10 @@ impl Preparer {
                         }
                         Ok((fresh, Some(mut files))) => {
                             files.discards = Some(to_remove.clone());
-                            let written = (fresh, Some(files));
+                            let written = Written {
+                                fresh,
+                                files: Some(files),
+                            };
                             table
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
@@ -177,7 +196,11 @@ impl Preparer {
             if socket.is_some() {
                 self.opening.fetch_add(1, Ordering::AcqRel);
             }
-            self.pending.borrow_mut().push((i, layout, socket));
+            self.pending.borrow_mut().push(Job {
+                stage: i,
+                layout,
+                socket,
+            });
         }
     }
 
@@ -190,9 +213,9 @@ impl Preparer {
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(batch));
         if let Some(Err(mpsc::SendError(batch))) = sent {
             // The thread is gone: nothing of these will be written by it.
-            for (i, _, socket) in batch {
-                self.state[i].store(NONE, Ordering::Release);
-                if socket.is_some() {
+            for job in batch {
+                self.state[job.stage].store(NONE, Ordering::Release);
+                if job.socket.is_some() {
                     self.opening.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -203,7 +226,10 @@ impl Preparer {
     /// upstream stage failed): its opened logs are closed and its socket removed; files it
     /// wrote stay. The preparer leaves it alone from now on.
     pub(crate) fn release(&self, i: usize) {
-        if let Some((_, Some(files))) = self.claim(i) {
+        if let Some(Written {
+            files: Some(files), ..
+        }) = self.claim(i)
+        {
             files.give_back();
         }
     }
@@ -218,11 +244,17 @@ impl Preparer {
                 Err(WRITING) => std::thread::yield_now(),
                 Err(WRITTEN_FRESH) => {
                     self.state[i].store(TAKEN, Ordering::Release);
-                    return Some((true, None));
+                    return Some(Written {
+                        fresh: true,
+                        files: None,
+                    });
                 }
                 Err(WRITTEN) => {
                     self.state[i].store(TAKEN, Ordering::Release);
-                    return Some((false, None));
+                    return Some(Written {
+                        fresh: false,
+                        files: None,
+                    });
                 }
                 Err(OPENED) => {
                     self.state[i].store(TAKEN, Ordering::Release);
@@ -256,8 +288,8 @@ impl Drop for Preparer {
         remove_all(&self.discards);
         // Sockets bound for stages that did not start.
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        for (_, (_, files)) in written.drain() {
-            if let Some(files) = files {
+        for (_, written) in written.drain() {
+            if let Some(files) = written.files {
                 files.give_back();
             }
         }

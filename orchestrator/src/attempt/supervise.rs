@@ -10,6 +10,7 @@ use crate::attempt::channel::{ChannelItem, EventChannel};
 use crate::attempt::launch::{AttemptPlan, CancelLevel, Launched, Services, TREE_SAMPLE_PERIOD};
 use crate::attempt::outcome::{AttemptResult, Failure, Outcome};
 use crate::gpu::await_reclaim;
+use crate::gpu::release::GpuBaseline;
 use crate::process::reaper::{ExitStatus, ResourceUsage};
 use crate::process::tree::{self as tree, StoppedProcess};
 use crate::report::console::Console;
@@ -140,7 +141,7 @@ struct Release {
 /// (is not being stopped), has not released them yet, and both the run and this process hand
 /// on at release.
 fn may_hand_on(
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     w: &Watch,
     hooks: &dyn AttemptHooks,
     services: &Services,
@@ -278,7 +279,7 @@ async fn watch(
     plan: &AttemptPlan,
     child: &mut tree::StageProcess,
     channel: &mut EventChannel,
-    baselines: &mut [(String, u64, u64)],
+    baselines: &mut [GpuBaseline],
     w: &mut Watch,
     cancel: &mut watch::Receiver<CancelLevel>,
     services: &Services,
@@ -347,9 +348,9 @@ async fn watch(
                     // is this stage's business.
                     note_touched_again(child, &mut w.release, services);
                 } else if let Some(probe) = &probe {
-                    for (uuid, _, peak) in baselines.iter_mut() {
-                        if let Ok(used) = probe.used_bytes(uuid) {
-                            *peak = (*peak).max(used);
+                    for gpu in baselines.iter_mut() {
+                        if let Ok(used) = probe.used_bytes(&gpu.uuid) {
+                            gpu.peak = gpu.peak.max(used);
                         }
                     }
                 }
@@ -369,7 +370,7 @@ async fn watch(
 /// (`crate::process::forkers::Forkers::prepare_standby`).
 fn prepare_successor(
     child: &tree::StageProcess,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     w: &Watch,
     hooks: &mut dyn AttemptHooks,
     services: &Services,
@@ -386,7 +387,7 @@ fn prepare_successor(
 async fn consider_release(
     plan: &AttemptPlan,
     child: &tree::StageProcess,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     w: &mut Watch,
     services: &Services,
     hooks: &mut dyn AttemptHooks,
@@ -501,7 +502,7 @@ async fn reap_tree(
 /// whose releases were refused has the reason in its verdicts' notes.
 async fn gpu_verdicts(
     plan: &AttemptPlan,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     release: &Release,
     services: &Services,
 ) -> Vec<GpuRecord> {
@@ -568,13 +569,18 @@ fn after_release(
 /// Each GPU's memory awaited back to its baseline after the stage, and the verdict.
 async fn awaited(
     probe: &dyn crate::gpu::MemoryProbe,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     services: &Services,
 ) -> Vec<GpuRecord> {
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
     let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
     let mut records = Vec::new();
-    for (uuid, baseline, peak) in baselines {
+    for GpuBaseline {
+        uuid,
+        baseline,
+        peak,
+    } in baselines
+    {
         let v = await_reclaim(
             probe,
             uuid,

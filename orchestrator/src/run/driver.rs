@@ -43,9 +43,16 @@ pub(super) enum StageNews {
     /// Stage `i` gave its slot to its planned successor, which it started (see
     /// `crate::attempt::handover`; its result follows).
     HandedOver(usize, Started),
-    /// Stage `i` released its GPUs (`gpus`) and the release held; its result follows. The flag:
-    /// its downstream stages may start early (its outputs are written manifest last).
-    Released(usize, Vec<GpuInfo>, bool),
+    /// A stage released its GPUs and the release held; its result follows.
+    Released {
+        /// The stage.
+        stage: usize,
+        /// The GPUs it released.
+        gpus: Vec<GpuInfo>,
+        /// Whether its downstream stages may start early (its outputs are written manifest
+        /// last).
+        downstream_may_start: bool,
+    },
     /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
     /// when it succeeded ([`handover::Kind::Chain`]).
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
@@ -356,7 +363,7 @@ impl<'h> Driver<'h> {
             attempt,
             gpus: &gpus,
             cpu_threads,
-            prepared: written.as_ref().map(|&(fresh, _)| fresh),
+            prepared: written.as_ref().map(|w| w.fresh),
             being_written: &being_written,
         };
         let prepared = cleared.and_then(|()| {
@@ -382,11 +389,7 @@ impl<'h> Driver<'h> {
         }
         let span = stage_span(&stage.name, attempt);
         let started = span.in_scope(|| {
-            launch::start_attempt(
-                attempt_plan,
-                written.and_then(|(_, files)| files),
-                &setup.services,
-            )
+            launch::start_attempt(attempt_plan, written.and_then(|w| w.files), &setup.services)
         });
         if early {
             let ahead: Vec<&str> = being_written
@@ -522,12 +525,22 @@ impl<'h> Driver<'h> {
                 sched.on(Event::SlotFreed(i), now);
                 return Ok(());
             }
-            StageNews::HandedOver(from, (to, started)) => {
-                self.handed.insert(to, started);
+            StageNews::HandedOver(
+                from,
+                Started {
+                    stage: to,
+                    launched,
+                },
+            ) => {
+                self.handed.insert(to, launched);
                 sched.on(Event::HandedOver { from, to }, now);
                 return Ok(());
             }
-            StageNews::Released(i, gpus, downstream_may_start) => {
+            StageNews::Released {
+                stage: i,
+                gpus,
+                downstream_may_start,
+            } => {
                 self.released.insert(i, gpus);
                 let event = Event::GpusReleased {
                     stage: i,
@@ -549,9 +562,9 @@ impl<'h> Driver<'h> {
         // A successor planned after it that it did not start is started the ordinary way,
         // if it still should.
         self.next_up.abandon(i);
-        let chained = chained.map(|(j, started)| {
-            self.handed.insert(j, started);
-            j
+        let chained = chained.map(|started| {
+            self.handed.insert(started.stage, started.launched);
+            started.stage
         });
         if self.setup.plan.plan.stages[i].kind.is_some() && given.is_empty() {
             let running = &self.host.cpu_builtin_running;
@@ -805,7 +818,7 @@ impl<'h> Driver<'h> {
         let (skipped, verdict) = sched.finish();
         self.carry_out(skipped, None)?;
         let (status, exit_code) =
-            ending::status_of(verdict, &mut self.setup, stop_signal.get()).await;
+            ending::status_of(verdict, &mut self.setup, stop_signal.first()).await;
         let setup = &mut self.setup;
         setup
             .journal
@@ -918,7 +931,11 @@ impl supervise::AttemptHooks for Hooks<'_> {
 
     fn gpus_released(&mut self, downstream_may_start: bool) {
         if let Some(gpus) = &self.task.release_gpus {
-            let news = StageNews::Released(self.task.stage, gpus.clone(), downstream_may_start);
+            let news = StageNews::Released {
+                stage: self.task.stage,
+                gpus: gpus.clone(),
+                downstream_may_start,
+            };
             let _ = self.task.news_tx.send(news);
         }
     }

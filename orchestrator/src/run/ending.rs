@@ -40,7 +40,7 @@ pub(super) async fn wait_for_late_stop(
 pub(super) async fn status_of(
     verdict: Verdict,
     setup: &mut Setup,
-    stop_signal: Option<(&'static str, f64)>,
+    stop_signal: Option<super::StopBy>,
 ) -> (RunStatus, i32) {
     let (status, exit_code) = match verdict {
         Verdict::Interrupted => (RunStatus::Interrupted, exit::INTERRUPTED),

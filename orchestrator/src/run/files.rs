@@ -16,8 +16,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// What the thread reports: the plan copy's failure (fatal), then the report's (a warning).
-type Outcome = (crate::error::Result<()>, Option<String>);
+/// What the thread reports.
+struct Outcome {
+    /// The plan copy's failure (fatal).
+    written: crate::error::Result<()>,
+    /// The report's (a warning).
+    warning: Option<String>,
+}
 
 /// The thread writing them, until [`RunFiles::finish`].
 pub(crate) struct RunFiles(Option<JoinHandle<Outcome>>);
@@ -41,7 +46,10 @@ impl RunFiles {
                 let written = crate::store::rundir::write_json_replace(&resolved, &plan.as_run())
                     .with_context(|| format!("cannot write {}", resolved.display()));
                 let Some(placement) = first_report else {
-                    return (written, None);
+                    return Outcome {
+                        written,
+                        warning: None,
+                    };
                 };
                 let report = run_dir.report_path();
                 let snapshot =
@@ -49,7 +57,7 @@ impl RunFiles {
                 let warning = crate::store::rundir::write_json_replace(&report, &snapshot)
                     .err()
                     .map(|e| format!("cannot write {}: {e}", report.display()));
-                (written, warning)
+                Outcome { written, warning }
             })?;
         Ok(RunFiles(Some(thread)))
     }
@@ -63,10 +71,13 @@ impl RunFiles {
         let Some(thread) = self.0.take() else {
             return Ok(());
         };
-        let (written, warning) = thread.join().unwrap_or_else(|_| {
+        let Outcome { written, warning } = thread.join().unwrap_or_else(|_| {
             let stopped =
                 crate::error::Error::Internal("the thread writing the run's files stopped".into());
-            (Err(stopped), None)
+            Outcome {
+                written: Err(stopped),
+                warning: None,
+            }
         });
         if let Some(warning) = warning {
             console.warn(&warning);

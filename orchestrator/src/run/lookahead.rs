@@ -117,7 +117,7 @@ impl Lookahead {
             return None;
         }
         let written = self.preparer.claim(j);
-        let fresh = written.as_ref().map(|&(fresh, _)| fresh);
+        let fresh = written.as_ref().map(|w| w.fresh);
         let request = Request {
             stage: j,
             attempt: 1,
@@ -127,7 +127,7 @@ impl Lookahead {
             being_written: &[],
         };
         let planned = self.prepare_attempt(setup, sched.states(), request);
-        let files = written.and_then(|(_, files)| files);
+        let files = written.and_then(|w| w.files);
         match planned {
             Ok(p) => Some(Successor::new(after, j, kind, p, files)),
             Err(_) => {

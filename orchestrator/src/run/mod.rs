@@ -74,8 +74,32 @@ pub struct Admission {
     pub ticket: crate::host::Ticket,
 }
 
-/// Where the CLI notes the first stop signal (see [`RunOptions::stop_signal`]).
-pub type StopSignal = Rc<std::cell::Cell<Option<(&'static str, f64)>>>;
+/// A signal that asked the run to stop, and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StopBy {
+    /// Its name ("SIGTERM").
+    pub signal: &'static str,
+    /// When it came, Unix time in seconds.
+    pub at: f64,
+}
+
+/// Where the CLI notes the first stop signal (see [`RunOptions::stop_signal`]); clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct StopSignal(Rc<std::cell::Cell<Option<StopBy>>>);
+
+impl StopSignal {
+    /// Notes `signal`, come at Unix time `at`, unless a signal was noted before.
+    pub fn note(&self, signal: &'static str, at: f64) {
+        if self.0.get().is_none() {
+            self.0.set(Some(StopBy { signal, at }));
+        }
+    }
+
+    /// The first signal noted, if any.
+    pub fn first(&self) -> Option<StopBy> {
+        self.0.get()
+    }
+}
 
 /// How a run ended.
 pub struct RunSummary {

@@ -183,19 +183,20 @@ impl Placement {
         self.allocation().is_some() && stopping != Some(Stopping::Interrupted)
     }
 
-    /// After a run interrupted by `signal` at Unix time `at`: inside Slurm, why the job
+    /// After a run interrupted by `stop` (a signal, and when): inside Slurm, why the job
     /// stopped, journaled, the requeue asked for, and the run's status and exit code (told on
     /// `console`); `None` outside Slurm. Must run on the reaper's thread.
     pub(crate) async fn after_stop(
         &self,
-        (signal, at): (&str, f64),
+        stop: super::StopBy,
         reaper: &Reaper,
         journal: &mut Journal,
         console: &Console,
     ) -> Option<StopVerdict> {
         let InJob { job, run_dir, .. } = self.in_job()?;
         let verdict =
-            crate::slurm::stop::after_stop(job, signal, at, reaper, journal, run_dir).await;
+            crate::slurm::stop::after_stop(job, stop.signal, stop.at, reaper, journal, run_dir)
+                .await;
         match verdict.status {
             protocol::status::RunStatus::Requeued => console.note(&verdict.message),
             _ => console.warn(&verdict.message),

@@ -12,8 +12,17 @@ use orchestrator::store::rundir::RunDir;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// A plan ready to run: its file, format, the plan, and the text the run directory keeps.
-pub(crate) type PlanToRun = (PathBuf, PlanFormat, LoadedPlan, String);
+/// A plan ready to run.
+pub(crate) struct PlanToRun {
+    /// Its file.
+    pub(crate) path: PathBuf,
+    /// Its format.
+    pub(crate) format: PlanFormat,
+    /// The plan.
+    pub(crate) loaded: LoadedPlan,
+    /// The text the run directory keeps.
+    pub(crate) source: String,
+}
 
 /// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
 /// or `resume D` (no plan: the run's own copy, with its recorded base directory).
@@ -23,12 +32,17 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
     // A plan given on the command line is read once, first.
     let given: Option<PlanToRun> = match &args.plan {
         Some(path) => match orchestrator::plan::read_plan(path) {
-            Ok((l, source)) => Some((path.clone(), orchestrator::plan::format_of(path), l, source)),
+            Ok((loaded, source)) => Some(PlanToRun {
+                path: path.clone(),
+                format: orchestrator::plan::format_of(path),
+                loaded,
+                source,
+            }),
             Err(e) => return plan_error(e),
         },
         None => None,
     };
-    if let Some((path, _, loaded, _)) = &given {
+    if let Some(PlanToRun { path, loaded, .. }) = &given {
         if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(loaded, &settings)
         {
             eprintln!("error: {}: {refusal}", path.display());
@@ -47,7 +61,12 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         },
         _ => None,
     };
-    let (path, plan_format, loaded, source) = match (given, &resumed_dir) {
+    let PlanToRun {
+        path,
+        format: plan_format,
+        loaded,
+        source,
+    } = match (given, &resumed_dir) {
         (Some(given), _) => given,
         (None, Some(dir)) => match load_run_plan(dir.root()) {
             Ok(found) => found,
@@ -160,9 +179,7 @@ async fn run_on_own_host(
                 _ = sighup.recv() => "SIGHUP",
                 sig = warning.recv() => sig,
             };
-            if first_signal.get().is_none() {
-                first_signal.set(Some((name, orchestrator::timefmt::unix_secs_f64())));
-            }
+            first_signal.note(name, orchestrator::timefmt::unix_secs_f64());
             let next = match *cancel.borrow() {
                 CancelLevel::None => CancelLevel::Graceful,
                 // In a Slurm job a repeated TERM or warning signal does not kill the stages
@@ -203,5 +220,10 @@ pub(crate) fn load_run_plan(root: &Path) -> Result<PlanToRun, ExitCode> {
     }
     let (loaded, source) =
         orchestrator::plan::load_plan_based(&path, format, &base).map_err(plan_error)?;
-    Ok((path, format, loaded, source))
+    Ok(PlanToRun {
+        path,
+        format,
+        loaded,
+        source,
+    })
 }
