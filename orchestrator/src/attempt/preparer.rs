@@ -57,6 +57,7 @@ struct Job {
 }
 
 /// A written stage.
+#[derive(Debug)]
 pub(crate) struct Written {
     /// Whether its output directory was created by the write (and so is empty).
     pub(crate) fresh: bool,
@@ -368,7 +369,10 @@ mod tests {
         let mut by_preparer = 0;
         for i in 0..200 {
             match preparer.claim(i) {
-                Some((fresh, opened)) => {
+                Some(Written {
+                    fresh,
+                    files: opened,
+                }) => {
                     assert!(i % 2 == 1, "stage {i} was never queued");
                     assert!(fresh, "a new run's output directories are new");
                     assert_eq!(opened.is_some(), i % 4 == 1);
@@ -425,7 +429,9 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let claimed = loop {
             match preparer.claim(0) {
-                Some((_, Some(files))) => break files,
+                Some(Written {
+                    files: Some(files), ..
+                }) => break files,
                 _ if std::time::Instant::now() < deadline => {
                     // Not written yet, and taken back: queue it again (the claim took it).
                     preparer.state[0].store(NONE, Ordering::Release);
@@ -532,7 +538,9 @@ mod tests {
         }
         // A claimed stage makes room for another.
         match preparer.claim(0) {
-            Some((_, Some(files))) => std::fs::remove_file(files.socket).unwrap(),
+            Some(Written {
+                files: Some(files), ..
+            }) => std::fs::remove_file(files.socket).unwrap(),
             other => panic!("stage 0 was opened ahead: {other:?}"),
         }
         assert!(preparer.may_open());
