@@ -244,3 +244,79 @@ impl AfterAttempt {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::parse_plan_toml;
+
+    /// Stage 0 runs anywhere; stage 1 asks for an srun layout of its own.
+    fn stages() -> Vec<Stage> {
+        let text = "[[stage]]\nname = \"plain\"\ncommand = [\"true\"]\n\n\
+                    [[stage]]\nname = \"wide\"\ncommand = [\"true\"]\nnodes = 1\ntasks_per_node = 2\n";
+        let plan = parse_plan_toml(text, "t.toml", Path::new("/")).unwrap();
+        plan.plan.stages
+    }
+
+    fn placement(nodes: Option<u32>) -> Placement {
+        let job = nodes.map(|n| {
+            let mut job = Allocation::from_vars(|k| (k == "SLURM_JOB_ID").then(|| "7".into()))
+                .expect("a job");
+            job.num_nodes = n;
+            job.total_cpus = Some(4 * n);
+            job
+        });
+        let settings = Settings::from_vars(|k| {
+            (k == crate::settings::NODE_CHECK_MAX_USED_MIB).then(|| "64".into())
+        });
+        Placement::new(job, Path::new("/run"), &settings)
+    }
+
+    #[test]
+    fn outside_slurm_every_stage_runs_here_and_may_start_early() {
+        let (local, stages) = (placement(None), stages());
+        assert!(local.allocation().is_none());
+        assert!(local.allows_early_start());
+        assert!(local.start_pacing().is_none());
+        assert!(!local.runs_srun_layout(&stages[1]));
+        assert!(!local.waits_for_late_stop(None));
+        for stage in &stages {
+            let after = local.after_attempt(stage, Path::new("/run/stages/x"));
+            assert!(local.on_this_node(&after), "{}", stage.name);
+        }
+    }
+
+    #[test]
+    fn one_node_of_an_allocation_runs_srun_stages_as_steps_and_the_rest_here() {
+        let (one, stages) = (placement(Some(1)), stages());
+        assert!(matches!(one, Placement::Allocation(_)));
+        assert!(!one.allows_early_start(), "never early inside Slurm");
+        assert!(one.start_pacing().is_none());
+        assert!(one.waits_for_late_stop(None));
+        assert!(!one.waits_for_late_stop(Some(Stopping::Interrupted)));
+        assert!(!one.runs_srun_layout(&stages[0]) && one.runs_srun_layout(&stages[1]));
+        let plain = one.after_attempt(&stages[0], Path::new("/run/stages/plain"));
+        assert!(one.on_this_node(&plain));
+        let wide = one.after_attempt(&stages[1], Path::new("/run/stages/wide"));
+        assert!(
+            !one.on_this_node(&wide),
+            "an srun stage's GPUs are checked per node"
+        );
+        assert_eq!(wide.0.expect("a node check").max_used_mib(), Some("64"));
+    }
+
+    #[test]
+    fn several_nodes_place_every_stage_as_a_paced_step_bounded_by_the_cpus() {
+        let (three, stages) = (placement(Some(3)), stages());
+        assert!(matches!(three, Placement::Spread(_)));
+        assert!(!three.allows_early_start());
+        assert!(three.start_pacing().is_some());
+        assert_eq!(three.max_parallel(Some(64)), 12);
+        assert_eq!(three.max_parallel(Some(5)), 5);
+        let plain = three.after_attempt(&stages[0], Path::new("/run/stages/plain"));
+        assert!(
+            !three.on_this_node(&plain),
+            "a placed step may run on another node"
+        );
+    }
+}

@@ -40,6 +40,11 @@ impl NodeCheck {
         })
     }
 
+    /// The `--max-used-mib` it runs with, if given.
+    pub fn max_used_mib(&self) -> Option<&str> {
+        self.max_used_mib.as_deref()
+    }
+
     /// Runs it after the attempt (the caller skips it after one stopped by a signal: the job
     /// is on its way out). Must run on the reaper's thread.
     pub async fn run(self, reaper: &Reaper) {
