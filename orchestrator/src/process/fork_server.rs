@@ -1,6 +1,7 @@
 //! Starting built-in workers through a fork server (see `stage-worker fork-server`).
 //!
-//! One server per `stage-worker` binary, started on first use as a child of this process
+//! One server per `stage-worker` binary and host ([`Servers`], which the host owns), started on
+//! first use as a child of this process
 //! (so a worker it forks through an intermediate process is re-parented to us, a child
 //! subreaper). The worker is then our child like an exec'd one: the [`Reaper`] collects its
 //! exit status and resource usage, [`crate::process::scan`] finds it as a session leader, and
@@ -9,7 +10,7 @@
 //!
 //! Every failure falls back to `exec`: the server cannot start, refuses (it has initialised
 //! a device, or NVML lists it on the stage's GPUs), dies, or answers wrongly. After the first
-//! failure this process stops using that binary's server.
+//! failure the host stops using that binary's server.
 //!
 //! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
 
@@ -200,45 +201,43 @@ impl Servers {
     /// `.await`). An error says why the caller should exec instead.
     pub fn spawn(&self, worker: &Worker<'_>, reaper: &Reaper) -> Result<i32, ForkServerError> {
         let program = PathBuf::from(worker.argv.first().ok_or(ForkServerError::EmptyCommand)?);
-        {
-            let mut servers = self.servers.borrow_mut();
-            if let Some(State::Failed(why)) = servers.get(&program) {
-                return Err(ForkServerError::Unusable(why.clone()));
-            }
-            if !servers.contains_key(&program) {
-                let state = match start(&program, reaper) {
-                    Ok(server) => State::Serving(server),
-                    Err(why) => {
-                        tracing::warn!(program = %program.display(), "fork server unavailable: {why}; workers are exec'd");
-                        State::Failed(Arc::new(why))
-                    }
-                };
-                servers.insert(program.clone(), state);
-            }
-            let Some(State::Serving(server)) = servers.get_mut(&program) else {
-                let Some(State::Failed(why)) = servers.get(&program) else {
-                    unreachable!("a server is serving or failed")
-                };
-                return Err(ForkServerError::Unusable(why.clone()));
-            };
-            if let Some(pid) = self.standbys.adopt(&program, worker) {
-                self.standbys.remember(pid, &program, worker.env);
-                return Ok(pid);
-            }
-            match fork(server, worker) {
-                Ok(pid) => {
-                    self.standbys.remember(pid, &program, worker.env);
-                    Ok(pid)
-                }
+        let mut servers = self.servers.borrow_mut();
+        if let Some(State::Failed(why)) = servers.get(&program) {
+            return Err(ForkServerError::Unusable(why.clone()));
+        }
+        if !servers.contains_key(&program) {
+            let state = match start(&program, reaper) {
+                Ok(server) => State::Serving(server),
                 Err(why) => {
-                    tracing::warn!(program = %program.display(), "fork server stopped: {why}; workers are exec'd from now on");
-                    if let Some(State::Serving(server)) = servers.remove(&program) {
-                        stop(server);
-                    }
-                    let why = Arc::new(why);
-                    servers.insert(program, State::Failed(why.clone()));
-                    Err(ForkServerError::Unusable(why))
+                    tracing::warn!(program = %program.display(), "fork server unavailable: {why}; workers are exec'd");
+                    State::Failed(Arc::new(why))
                 }
+            };
+            servers.insert(program.clone(), state);
+        }
+        let Some(State::Serving(server)) = servers.get_mut(&program) else {
+            let Some(State::Failed(why)) = servers.get(&program) else {
+                unreachable!("a server is serving or failed")
+            };
+            return Err(ForkServerError::Unusable(why.clone()));
+        };
+        if let Some(pid) = self.standbys.adopt(&program, worker) {
+            self.standbys.remember(pid, &program, worker.env);
+            return Ok(pid);
+        }
+        match fork(server, worker) {
+            Ok(pid) => {
+                self.standbys.remember(pid, &program, worker.env);
+                Ok(pid)
+            }
+            Err(why) => {
+                tracing::warn!(program = %program.display(), "fork server stopped: {why}; workers are exec'd from now on");
+                if let Some(State::Serving(server)) = servers.remove(&program) {
+                    stop(server);
+                }
+                let why = Arc::new(why);
+                servers.insert(program, State::Failed(why.clone()));
+                Err(ForkServerError::Unusable(why))
             }
         }
     }

@@ -258,47 +258,43 @@ impl Zygotes {
             (&interpreter, stage.preload, sorted).hash(&mut h);
             h.finish()
         };
-        {
-            let mut zygotes = self.zygotes.borrow_mut();
-            let state = match zygotes.remove(&key) {
-                None => start(&interpreter, stage.preload, env, reaper),
-                Some(State::Starting(starting)) => ready(starting),
-                Some(other) => other,
-            };
-            let zygote = match zygotes.entry(key).or_insert(state) {
-                State::Serving(z) => z,
-                State::Starting(starting) => {
-                    return Err(Fallback::Starting {
-                        seconds: starting.server.elapsed().as_secs_f64(),
-                    })
-                }
-                State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
-            };
-            env_mismatch(zygote, stage.worker.env)?;
-            let why = match fork_server::fork(&mut zygote.server, &stage.worker) {
-                Ok(pid) => return Ok(pid),
-                Err(why) => why,
-            };
-            let Some(State::Serving(old)) = zygotes.remove(&key) else {
-                unreachable!("the zygote just asked was serving")
-            };
-            let (next, fallback) = retire(old, why, || {
-                start(&interpreter, stage.preload, zygote_env(stage), reaper)
-            });
-            zygotes.insert(key, next);
-            Err(fallback)
-        }
+        let mut zygotes = self.zygotes.borrow_mut();
+        let state = match zygotes.remove(&key) {
+            None => start(&interpreter, stage.preload, env, reaper),
+            Some(State::Starting(starting)) => ready(starting),
+            Some(other) => other,
+        };
+        let zygote = match zygotes.entry(key).or_insert(state) {
+            State::Serving(z) => z,
+            State::Starting(starting) => {
+                return Err(Fallback::Starting {
+                    seconds: starting.server.elapsed().as_secs_f64(),
+                })
+            }
+            State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
+        };
+        env_mismatch(zygote, stage.worker.env)?;
+        let why = match fork_server::fork(&mut zygote.server, &stage.worker) {
+            Ok(pid) => return Ok(pid),
+            Err(why) => why,
+        };
+        let Some(State::Serving(old)) = zygotes.remove(&key) else {
+            unreachable!("the zygote just asked was serving")
+        };
+        let (next, fallback) = retire(old, why, || {
+            start(&interpreter, stage.preload, zygote_env(stage), reaper)
+        });
+        zygotes.insert(key, next);
+        Err(fallback)
     }
 
     /// Stops every zygote of the host and waits until they are gone.
     pub fn shutdown(&self) {
-        {
-            for (_, state) in self.zygotes.borrow_mut().drain() {
-                match state {
-                    State::Serving(zygote) => fork_server::stop(zygote.server),
-                    State::Starting(starting) => starting.server.stop(),
-                    State::Failed(_) => {}
-                }
+        for (_, state) in self.zygotes.borrow_mut().drain() {
+            match state {
+                State::Serving(zygote) => fork_server::stop(zygote.server),
+                State::Starting(starting) => starting.server.stop(),
+                State::Failed(_) => {}
             }
         }
     }

@@ -41,6 +41,7 @@ impl NodeCheck {
     }
 
     /// The `--max-used-mib` it runs with, if given.
+    #[cfg(test)]
     pub fn max_used_mib(&self) -> Option<&str> {
         self.max_used_mib.as_deref()
     }
