@@ -148,3 +148,44 @@ pub fn job_from_journal(records: &[protocol::journal::JournalRecord]) -> Option<
     }
     job
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::journal::JournalRecord;
+
+    #[test]
+    fn the_job_is_rebuilt_from_its_journaled_starts_and_stops() {
+        assert_eq!(job_from_journal(&[]), None, "never inside Slurm");
+        let started = |restart_count| JournalRecord::SlurmStarted {
+            job_id: "41".into(),
+            restart_count,
+            host: "n1".into(),
+            nodelist: "n[1-2]".into(),
+        };
+        let stopped = JournalRecord::SlurmStopped {
+            job_id: "41".into(),
+            restart_count: 0,
+            signal: "SIGTERM".into(),
+            cause: "preemption".into(),
+            job_state: "JobState=RUNNING".into(),
+            requeue: "requested".into(),
+        };
+        let job = job_from_journal(&[started(0), stopped, started(1)]).expect("a job");
+        assert_eq!(job.job_id, "41");
+        assert_eq!(job.restart_count, 1);
+        assert_eq!(job.starts.len(), 2);
+        assert_eq!(job.stops.len(), 1);
+        assert_eq!(job.stops[0].cause, "preemption");
+        assert!(job_lines(&Report {
+            v: protocol::PROTOCOL_VERSION,
+            run_dir: "/r".into(),
+            status: protocol::status::RunStatus::Requeued,
+            gpu_check: "off".into(),
+            wall_s: 0.0,
+            stages: Vec::new(),
+            slurm: Some(job),
+        })
+        .contains("Slurm job 41: 2 start(s), 1 requeue(s) so far"));
+    }
+}
