@@ -1,19 +1,34 @@
 //! `orchestrate`: runs a training pipeline stage by stage, every stage in a fresh process tree,
 //! hands checkpoints downstream, and verifies that each stage's GPU memory came back.
 //!
-//! The binary (`src/bin/orchestrate/`) is a thin shell over this library. The layers, from the top:
-//! - [`daemon`] serves plans over a Unix socket, many runs on one host (its client is in
-//!   [`daemon::client`]); [`slurm`] makes a run a good citizen of a Slurm allocation;
-//! - [`run`] schedules one plan's stages on the [`host`] (what exists once per process: reaper,
-//!   guard, GPUs, CPU budget, event sockets), shared by every run;
-//! - [`attempt`] prepares, starts and supervises one attempt of a stage to its verdict;
-//! - [`process`] owns processes: spawn (exec or fork server), signal, reap, find every member;
-//! - [`gpu`] is the NVML inventory and the reclaim verdict;
-//! - [`store`] makes a run durable (run directory, journal, resume), [`report`] makes it
-//!   readable (console, `report.json`, results);
-//! - [`plan`] loads and validates plans; [`tracking`] logs a finished run to an experiment
-//!   tracker (MLflow) from its run directory;
-//! - [`table`] and [`timefmt`] are plain-text helpers every layer may use.
+//! The binary (`src/bin/orchestrate/`) is a thin shell over this library. The modules stand on
+//! floors; a module imports only from floors below its own (or beside it, where two share one):
+//!
+//! 1. the binary: the command line, which reads the `ORCHESTRATE_*` switches once ([`settings`])
+//!    and starts a [`host`] and one run, or the [`daemon`];
+//! 2. [`web`]: the daemon's HTTP view, started beside the daemon by the binary;
+//! 3. [`daemon`] serves plans over a Unix socket, many runs on one host (its client is in
+//!    [`daemon::client`]);
+//! 4. [`run`] schedules one plan's stages; where they run (here, or as Slurm job steps) is its
+//!    `run::placement`, the one part of it that knows Slurm;
+//! 5. [`attempt`] prepares, starts and supervises one attempt of a stage to its verdict;
+//! 6. [`events`] carries a run's facts to its sinks (console, journal, the daemon's feed);
+//!    [`report`] makes a run readable (console, `report.json`, results), from what the run gives
+//!    it; [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget, event
+//!    sockets, the Slurm allocation, the fork servers and zygotes), shared by every run;
+//! 7. [`slurm`] makes a run a good citizen of a Slurm allocation (the job, srun steps, requeue);
+//!    [`plan`] loads and validates plans; [`tracking`] logs a finished run to MLflow;
+//! 8. [`gpu`] is the NVML inventory and the reclaim verdict; [`store`] makes a run durable (run
+//!    directory, journal, resume);
+//! 9. [`process`] owns processes: spawn (exec, fork server or zygote), signal, reap, find every
+//!    member;
+//! 10. the `protocol` crate: the formats shared with workers, the daemon's clients and reports.
+//!
+//! [`settings`], [`exit`], [`table`] and [`timefmt`] are plain helpers every floor may use;
+//! `error` gathers the errors of every floor into the one the binary shows.
+//! Where the code still reaches up, it is named here: [`report`] reads the run's stage
+//! states (`run::state`), [`store`]'s fingerprints and resume take the loaded plan ([`plan`]),
+//! and [`process`]'s zygote takes the per-attempt port variables of `attempt::rendezvous`.
 
 pub mod attempt;
 pub mod daemon;
@@ -26,6 +41,7 @@ pub mod plan;
 pub mod process;
 pub mod report;
 pub mod run;
+pub mod settings;
 pub mod slurm;
 pub mod store;
 pub mod table;

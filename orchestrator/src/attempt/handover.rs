@@ -46,7 +46,12 @@ pub(crate) struct Successor {
 }
 
 /// A successor's start: the stage and its spawned attempt (or why it could not spawn).
-pub(crate) type Started = (usize, Result<Launched, Failure>);
+pub(crate) struct Started {
+    /// The successor stage.
+    pub(crate) stage: usize,
+    /// Its attempt, spawned, or why it could not be.
+    pub(crate) launched: Result<Launched, Failure>,
+}
 
 impl Successor {
     /// Stage `index`'s planned attempt `plan` (with the files opened for it, if any), to start
@@ -82,7 +87,10 @@ impl Successor {
             tracing::debug!(kind = ?self.kind, "started by the stage before it as it ended (hand-over)");
             start_attempt(self.plan, self.files, services)
         });
-        Some((self.index, started))
+        Some(Started {
+            stage: self.index,
+            launched: started,
+        })
     }
 
     /// Closes the files opened for it and removes its socket file.

@@ -118,6 +118,11 @@ pub struct Services {
     pub tree_sampling: TreeSampling,
     /// The run's cgroup, parent of every stage's, where the host lets stages have one.
     pub cgroups: Option<Rc<crate::process::cgroup::RunCgroup>>,
+    /// The host's fork servers and zygotes, every stage's start goes through.
+    pub forkers: Rc<crate::process::forkers::Forkers>,
+    /// Whether a stage's GPUs may be handed on at its release
+    /// ([`crate::settings::Settings::hand_on_at_release`]).
+    pub hand_on_at_release: bool,
 }
 
 /// How often a running stage's process tree has its resident memory summed.
@@ -167,7 +172,7 @@ pub struct Launched {
     pub(crate) copiers: Vec<tokio::task::JoinHandle<()>>,
     pub(crate) spawned_unix: f64,
     pub(crate) channel: EventChannel,
-    pub(crate) baselines: Vec<(String, u64, u64)>,
+    pub(crate) baselines: Vec<crate::gpu::release::GpuBaseline>,
     pub(crate) stderr_offset: u64,
 }
 
@@ -246,11 +251,15 @@ pub fn start_attempt(
     };
 
     // Baselines come before anything of the stage exists.
-    let mut baselines: Vec<(String, u64, u64)> = Vec::new(); // uuid, baseline, peak
+    let mut baselines: Vec<crate::gpu::release::GpuBaseline> = Vec::new();
     if let Some(probe) = &services.probe {
         for g in &plan.gpus {
             let used = probe.used_bytes(&g.uuid).unwrap_or(0);
-            baselines.push((g.uuid.clone(), used, used));
+            baselines.push(crate::gpu::release::GpuBaseline {
+                uuid: g.uuid.clone(),
+                baseline: used,
+                peak: used,
+            });
         }
     }
 
@@ -336,7 +345,7 @@ pub fn start_attempt(
     };
     // Taken before the spawn, so that start-up figures include the spawn itself.
     let spawned_unix = crate::timefmt::unix_secs_f64();
-    let child = tree::spawn(launch, &services.reaper).map_err(|e| {
+    let child = tree::spawn(launch, &services.reaper, &services.forkers).map_err(|e| {
         Failure::SpawnFailed(format!(
             "`{}`: {e}",
             plan.argv.first().map(String::as_str).unwrap_or("")

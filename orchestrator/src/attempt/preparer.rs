@@ -45,13 +45,25 @@ const FAILED: u8 = 7;
 /// each) before [`Preparer::may_open`] says no.
 pub(crate) const OPEN_AHEAD_MAX: usize = 16;
 
-/// Work for the preparer thread: write stage `i`'s files, and open its logs and bind its
-/// socket at the path when one is given.
-type Job = (usize, Layout, Option<PathBuf>);
+/// Work for the preparer thread: write a stage's files, and open its logs and bind its socket
+/// at the path when one is given.
+struct Job {
+    /// The stage.
+    stage: usize,
+    /// Its files.
+    layout: Layout,
+    /// Where to bind its socket, when its files are opened too.
+    socket: Option<PathBuf>,
+}
 
-/// A written stage: whether its output directory was created by the write (and so is
-/// empty), and its opened files if it was asked to open them.
-pub(crate) type Written = (bool, Option<Opened>);
+/// A written stage.
+#[derive(Debug)]
+pub(crate) struct Written {
+    /// Whether its output directory was created by the write (and so is empty).
+    pub(crate) fresh: bool,
+    /// Its opened files, if it was asked to open them.
+    pub(crate) files: Option<Opened>,
+}
 
 /// Handle to the preparer thread of one run.
 pub(crate) struct Preparer {
@@ -90,7 +102,12 @@ impl Preparer {
         let thread = std::thread::Builder::new()
             .name("stage-files".into())
             .spawn(move || {
-                for (i, layout, socket) in queue.into_iter().flatten() {
+                for Job {
+                    stage: i,
+                    layout,
+                    socket,
+                } in queue.into_iter().flatten()
+                {
                     remove_all(&to_remove);
                     if theirs[i]
                         .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -118,7 +135,10 @@ impl Preparer {
                         }
                         Ok((fresh, Some(mut files))) => {
                             files.discards = Some(to_remove.clone());
-                            let written = (fresh, Some(files));
+                            let written = Written {
+                                fresh,
+                                files: Some(files),
+                            };
                             table
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
@@ -177,7 +197,11 @@ impl Preparer {
             if socket.is_some() {
                 self.opening.fetch_add(1, Ordering::AcqRel);
             }
-            self.pending.borrow_mut().push((i, layout, socket));
+            self.pending.borrow_mut().push(Job {
+                stage: i,
+                layout,
+                socket,
+            });
         }
     }
 
@@ -190,9 +214,9 @@ impl Preparer {
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(batch));
         if let Some(Err(mpsc::SendError(batch))) = sent {
             // The thread is gone: nothing of these will be written by it.
-            for (i, _, socket) in batch {
-                self.state[i].store(NONE, Ordering::Release);
-                if socket.is_some() {
+            for job in batch {
+                self.state[job.stage].store(NONE, Ordering::Release);
+                if job.socket.is_some() {
                     self.opening.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -203,7 +227,10 @@ impl Preparer {
     /// upstream stage failed): its opened logs are closed and its socket removed; files it
     /// wrote stay. The preparer leaves it alone from now on.
     pub(crate) fn release(&self, i: usize) {
-        if let Some((_, Some(files))) = self.claim(i) {
+        if let Some(Written {
+            files: Some(files), ..
+        }) = self.claim(i)
+        {
             files.give_back();
         }
     }
@@ -218,11 +245,17 @@ impl Preparer {
                 Err(WRITING) => std::thread::yield_now(),
                 Err(WRITTEN_FRESH) => {
                     self.state[i].store(TAKEN, Ordering::Release);
-                    return Some((true, None));
+                    return Some(Written {
+                        fresh: true,
+                        files: None,
+                    });
                 }
                 Err(WRITTEN) => {
                     self.state[i].store(TAKEN, Ordering::Release);
-                    return Some((false, None));
+                    return Some(Written {
+                        fresh: false,
+                        files: None,
+                    });
                 }
                 Err(OPENED) => {
                     self.state[i].store(TAKEN, Ordering::Release);
@@ -256,8 +289,8 @@ impl Drop for Preparer {
         remove_all(&self.discards);
         // Sockets bound for stages that did not start.
         let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        for (_, (_, files)) in written.drain() {
-            if let Some(files) = files {
+        for (_, written) in written.drain() {
+            if let Some(files) = written.files {
                 files.give_back();
             }
         }
@@ -336,7 +369,10 @@ mod tests {
         let mut by_preparer = 0;
         for i in 0..200 {
             match preparer.claim(i) {
-                Some((fresh, opened)) => {
+                Some(Written {
+                    fresh,
+                    files: opened,
+                }) => {
                     assert!(i % 2 == 1, "stage {i} was never queued");
                     assert!(fresh, "a new run's output directories are new");
                     assert_eq!(opened.is_some(), i % 4 == 1);
@@ -393,7 +429,9 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         let claimed = loop {
             match preparer.claim(0) {
-                Some((_, Some(files))) => break files,
+                Some(Written {
+                    files: Some(files), ..
+                }) => break files,
                 _ if std::time::Instant::now() < deadline => {
                     // Not written yet, and taken back: queue it again (the claim took it).
                     preparer.state[0].store(NONE, Ordering::Release);
@@ -500,7 +538,9 @@ mod tests {
         }
         // A claimed stage makes room for another.
         match preparer.claim(0) {
-            Some((_, Some(files))) => std::fs::remove_file(files.socket).unwrap(),
+            Some(Written {
+                files: Some(files), ..
+            }) => std::fs::remove_file(files.socket).unwrap(),
             other => panic!("stage 0 was opened ahead: {other:?}"),
         }
         assert!(preparer.may_open());

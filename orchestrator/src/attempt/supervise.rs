@@ -11,6 +11,7 @@ use crate::attempt::launch::{AttemptPlan, CancelLevel, Launched, Services, TREE_
 use crate::attempt::outcome::{AttemptResult, Failure, Outcome};
 use crate::events::{Events, Progress};
 use crate::gpu::await_reclaim;
+use crate::gpu::release::GpuBaseline;
 use crate::process::reaper::{ExitStatus, ResourceUsage};
 use crate::process::tree::{self as tree, StoppedProcess};
 use nix::sys::signal::Signal;
@@ -142,24 +143,20 @@ struct Release {
     touched: Option<(String, crate::gpu::Holder)>,
 }
 
-/// `ORCHESTRATE_HAND_ON_AT_RELEASE=0`: releases are not looked at (every GPU is handed on
-/// after its stage ends, as before releases existed); for comparisons.
-pub const NO_HAND_ON_VAR: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
-
-/// Whether releases are looked at in this process ([`NO_HAND_ON_VAR`] is not `0`).
-pub fn hand_on_enabled() -> bool {
-    std::env::var_os(NO_HAND_ON_VAR).is_none_or(|v| v != "0")
-}
-
 /// Whether this attempt's GPUs may still be handed on at a release: it has GPUs to check, runs
 /// (is not being stopped), has not released them yet, and both the run and this process hand
 /// on at release.
-fn may_hand_on(baselines: &[(String, u64, u64)], w: &Watch, hooks: &dyn AttemptHooks) -> bool {
+fn may_hand_on(
+    baselines: &[GpuBaseline],
+    w: &Watch,
+    hooks: &dyn AttemptHooks,
+    services: &Services,
+) -> bool {
     !baselines.is_empty()
         && w.stop == StopState::Running
         && w.release.held.is_none()
         && hooks.hands_on_at_release()
-        && hand_on_enabled()
+        && services.hand_on_at_release
 }
 
 /// Refusals of a stage's releases kept for its report.
@@ -290,7 +287,7 @@ async fn watch(
     plan: &AttemptPlan,
     child: &mut tree::StageProcess,
     channel: &mut EventChannel,
-    baselines: &mut [(String, u64, u64)],
+    baselines: &mut [GpuBaseline],
     w: &mut Watch,
     cancel: &mut watch::Receiver<CancelLevel>,
     services: &Services,
@@ -371,16 +368,16 @@ async fn watch(
                     // is this stage's business.
                     note_touched_again(child, &mut w.release, services);
                 } else if let Some(probe) = &probe {
-                    for (uuid, _, peak) in baselines.iter_mut() {
-                        if let Ok(used) = probe.used_bytes(uuid) {
-                            *peak = (*peak).max(used);
+                    for gpu in baselines.iter_mut() {
+                        if let Ok(used) = probe.used_bytes(&gpu.uuid) {
+                            gpu.peak = gpu.peak.max(used);
                         }
                     }
                 }
             }
         }
         if std::mem::take(&mut w.events.finishing_asked) {
-            prepare_successor(child, baselines, w, hooks);
+            prepare_successor(child, baselines, w, hooks, services);
         }
         if std::mem::take(&mut w.events.release_asked) {
             consider_release(plan, child, baselines, w, services, hooks).await;
@@ -468,15 +465,16 @@ async fn stop_hung(
 
 /// The stage said its device work is about to end: where its GPUs may be handed on at its
 /// release, the fork server gets a standby ready for the stage that takes them next
-/// (`crate::process::fork_server::prepare_standby`).
+/// (`crate::process::forkers::Forkers::prepare_standby`).
 fn prepare_successor(
     child: &tree::StageProcess,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     w: &Watch,
     hooks: &mut dyn AttemptHooks,
+    services: &Services,
 ) {
-    if may_hand_on(baselines, w, hooks) {
-        crate::process::fork_server::prepare_standby(child.pid);
+    if may_hand_on(baselines, w, hooks, services) {
+        services.forkers.prepare_standby(child.pid);
     }
 }
 
@@ -487,7 +485,7 @@ fn prepare_successor(
 async fn consider_release(
     plan: &AttemptPlan,
     child: &tree::StageProcess,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     w: &mut Watch,
     services: &Services,
     hooks: &mut dyn AttemptHooks,
@@ -495,7 +493,7 @@ async fn consider_release(
     let Some(probe) = &services.probe else {
         return;
     };
-    if !may_hand_on(baselines, w, hooks) {
+    if !may_hand_on(baselines, w, hooks, services) {
         return;
     }
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
@@ -602,7 +600,7 @@ async fn reap_tree(
 /// whose releases were refused has the reason in its verdicts' notes.
 async fn gpu_verdicts(
     plan: &AttemptPlan,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     release: &Release,
     services: &Services,
 ) -> Vec<GpuRecord> {
@@ -669,13 +667,18 @@ fn after_release(
 /// Each GPU's memory awaited back to its baseline after the stage, and the verdict.
 async fn awaited(
     probe: &dyn crate::gpu::MemoryProbe,
-    baselines: &[(String, u64, u64)],
+    baselines: &[GpuBaseline],
     services: &Services,
 ) -> Vec<GpuRecord> {
     let ours = crate::process::guard::token_prefix(std::process::id()).into_bytes();
     let owner = |pid| crate::gpu::attribution::owner_of(pid, &ours);
     let mut records = Vec::new();
-    for (uuid, baseline, peak) in baselines {
+    for GpuBaseline {
+        uuid,
+        baseline,
+        peak,
+    } in baselines
+    {
         let v = await_reclaim(
             probe,
             uuid,

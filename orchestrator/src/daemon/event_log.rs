@@ -13,13 +13,15 @@
 //! The daemon writes each event whole and flushes it before it tells watchers of it, on the
 //! same thread that reads here, so a reader never sees half an event.
 
-use super::registry::Numbered;
 use protocol::daemon::RunEvent;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// An event with its sequence number.
+pub type Numbered = (u64, std::sync::Arc<RunEvent>);
 
 /// Most bytes of the log read at a time.
 pub const PIECE_BYTES: usize = 64 << 10;

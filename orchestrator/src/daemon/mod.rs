@@ -270,9 +270,11 @@ impl Daemon {
             events: crate::events::Events::new().with(crate::events::tap::TapSink::new(tap)),
             resume,
             follow: false,
+            stop_signal: Default::default(),
+        };
+        let admission = crate::run::Admission {
             run_id: id.clone(),
             ticket: self.host.ticket(priority),
-            stop_signal: Default::default(),
         };
         tokio::task::spawn_local(async move {
             let pump = {
@@ -287,7 +289,10 @@ impl Daemon {
                     }
                 }
             };
-            let (result, ()) = tokio::join!(crate::run::run(options, &daemon.host, cancel), pump);
+            let (result, ()) = tokio::join!(
+                crate::run::run(options, admission, &daemon.host, cancel),
+                pump
+            );
             let (state, code) = match result {
                 Ok(summary) => (summary.status, summary.exit_code),
                 Err(e) => {
@@ -399,7 +404,7 @@ pub async fn serve<B>(
     let runs_lock = runs_lock::RunsDirLock::acquire(&config.runs_dir)?;
     let listening = socket::listen(&config.socket)?;
     let listener = tokio::net::UnixListener::from_std(listening.listener.try_clone()?)?;
-    let host = Host::start()?;
+    let host = Host::start(crate::settings::Settings::from_env())?;
     let daemon = Rc::new(Daemon {
         host,
         registry: RefCell::new(Registry::default()),

@@ -14,8 +14,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use tokio::sync::{broadcast, watch};
 
-/// An event with its sequence number.
-pub type Numbered = (u64, std::sync::Arc<RunEvent>);
+pub use super::event_log::Numbered;
 
 /// File, in a run directory, of what the daemon knows about the submission.
 pub const SUBMISSION_FILE: &str = "submission.json";

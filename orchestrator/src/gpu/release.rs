@@ -17,21 +17,34 @@ use std::time::Duration;
 /// it back at once after the context is destroyed; this covers a reading taken a moment early).
 pub const RELEASE_WAIT: Duration = Duration::from_millis(100);
 
-/// The stage's GPUs as the check needs them: `(uuid, baseline, peak)` per GPU.
-pub type Baselines = [(String, u64, u64)];
+/// One of a stage's GPUs as the checks need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuBaseline {
+    /// The GPU.
+    pub uuid: String,
+    /// Its used memory before the stage started, bytes.
+    pub baseline: u64,
+    /// The most it was seen using while the stage ran, bytes.
+    pub peak: u64,
+}
 
 /// Checks every GPU of `gpus` for a release by the stage whose processes `is_stage` tells
 /// (by PID); the clean verdicts, marked as taken at release, or why the release does not hold.
 /// `foreign` tells whose a process that is not the stage's is (for the memory's attribution).
 pub async fn check_release(
     probe: &dyn MemoryProbe,
-    gpus: &Baselines,
+    gpus: &[GpuBaseline],
     tolerance: u64,
     is_stage: &dyn Fn(u32) -> bool,
     foreign: &dyn Fn(u32) -> Owner,
 ) -> Result<Vec<GpuRecord>, String> {
     let mut records = Vec::with_capacity(gpus.len());
-    for (uuid, baseline, peak) in gpus {
+    for GpuBaseline {
+        uuid,
+        baseline,
+        peak,
+    } in gpus
+    {
         if let Some(h) = probe.holders(uuid).into_iter().find(|h| is_stage(h.pid)) {
             return Err(format!("{uuid} still lists {h}, a process of the stage"));
         }
@@ -110,8 +123,12 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    fn gpus() -> Vec<(String, u64, u64)> {
-        vec![("GPU-0".into(), 600 * MIB, 9000 * MIB)]
+    fn gpus() -> Vec<GpuBaseline> {
+        vec![GpuBaseline {
+            uuid: "GPU-0".into(),
+            baseline: 600 * MIB,
+            peak: 9000 * MIB,
+        }]
     }
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {

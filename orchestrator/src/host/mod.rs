@@ -7,7 +7,11 @@
 //! - the directory of event sockets;
 //! - NVML (or its absence), one GPU pool for all runs, and the idle baseline of each GPU;
 //! - the CPU budget that built-in CPU stages share;
-//! - the fork servers of built-in workers (see `crate::process::fork_server`), stopped with it.
+//! - the Slurm allocation this process runs in, read once (`crate::slurm::Allocation`): its
+//!   GPUs bound the inventory, and every run's placement starts from it;
+//! - the fork servers of built-in workers, their standbys and the zygotes of Python stages
+//!   ([`Forkers`]), stopped with it;
+//! - the `ORCHESTRATE_*` switches ([`Settings`]), read once by whoever starts it.
 //!
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
 //! driver lists no process on it and its memory is at its idle baseline (a GPU held by a
@@ -20,14 +24,23 @@ pub(crate) mod sockets;
 
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
 use crate::host::sockets::SocketDir;
+use crate::process::forkers::Forkers;
 use crate::process::guard::Guard;
 use crate::process::reaper::Reaper;
+use crate::settings::Settings;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 
-/// A run's place in the queue for GPUs: lower is served first.
-pub(crate) type Ticket = (i64, u64);
+/// A run's place in the queue for GPUs: lower is served first (a higher priority, then an
+/// earlier ticket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket {
+    /// The run's priority, negated: a higher priority sorts first.
+    rank: i64,
+    /// The run's number among the runs of this host, in the order they were ticketed.
+    pub number: u64,
+}
 
 /// What the machine's GPUs are and how they are read.
 pub struct GpuInventory {
@@ -125,6 +138,12 @@ pub struct Host {
     pub inventory: GpuInventory,
     /// Why the inventory is smaller than the machine's, when it is.
     pub gpu_note: Option<String>,
+    /// The Slurm allocation this process runs in, if any.
+    pub allocation: Option<crate::slurm::Allocation>,
+    /// The `ORCHESTRATE_*` switches this host was started with.
+    pub settings: Settings,
+    /// The fork servers, standbys and zygotes stages start through.
+    pub forkers: Rc<Forkers>,
     pool: RefCell<GpuPool>,
     /// Lowest used memory seen on each GPU with no process on it.
     idle: RefCell<HashMap<String, u64>>,
@@ -143,16 +162,15 @@ impl Drop for Host {
     /// The host is done (the CLI's run ended, the daemon stops): the fork servers its runs
     /// shared go with it, stopped and reaped, so that nothing of it outlives it.
     fn drop(&mut self) {
-        crate::process::fork_server::shutdown();
-        crate::process::zygote::shutdown();
+        self.forkers.shutdown();
     }
 }
 
 impl Host {
     /// Becomes a child subreaper, starts the reaper and the guard, creates the socket
-    /// directory and reads the GPU inventory. Call once per process, inside a tokio
-    /// `LocalSet` on a current-thread runtime.
-    pub fn start() -> crate::error::Result<Rc<Host>> {
+    /// directory and reads the GPU inventory; `settings` are the process's switches. Call once
+    /// per process, inside a tokio `LocalSet` on a current-thread runtime.
+    pub fn start(settings: Settings) -> crate::error::Result<Rc<Host>> {
         use crate::error::Context;
         let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
         let guard = crate::process::guard::start(Some(sockets.path()))
@@ -185,10 +203,9 @@ impl Host {
                 },
             },
         };
-        let (gpus, slurm_note) = crate::slurm::allowed_gpus(
-            std::mem::take(&mut inventory.gpus),
-            crate::slurm::Allocation::detect().as_ref(),
-        );
+        let allocation = crate::slurm::Allocation::detect();
+        let (gpus, slurm_note) =
+            crate::slurm::allowed_gpus(std::mem::take(&mut inventory.gpus), allocation.as_ref());
         let gpu_note = match (slurm_note, inventory.order_note.take()) {
             (Some(a), Some(b)) => Some(format!("{a}; {b}")),
             (a, b) => a.or(b),
@@ -214,6 +231,9 @@ impl Host {
             pool: RefCell::new(GpuPool::new(inventory.gpus.clone())),
             inventory,
             gpu_note,
+            allocation,
+            forkers: Rc::new(Forkers::new(&settings)),
+            settings,
             idle: RefCell::new(idle),
             waiting: RefCell::new(BTreeSet::new()),
             gpus_freed: tokio::sync::Notify::new(),
@@ -227,7 +247,10 @@ impl Host {
     pub fn ticket(&self, priority: i32) -> Ticket {
         let n = self.next_run.get();
         self.next_run.set(n + 1);
-        (-i64::from(priority), n)
+        Ticket {
+            rank: -i64::from(priority),
+            number: n,
+        }
     }
 
     /// Whether the machine has GPUs to give.

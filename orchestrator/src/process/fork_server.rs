@@ -1,6 +1,7 @@
 //! Starting built-in workers through a fork server (see `stage-worker fork-server`).
 //!
-//! One server per `stage-worker` binary, started on first use as a child of this process
+//! One server per `stage-worker` binary and host ([`Servers`], which the host owns), started on
+//! first use as a child of this process
 //! (so a worker it forks through an intermediate process is re-parented to us, a child
 //! subreaper). The worker is then our child like an exec'd one: the [`Reaper`] collects its
 //! exit status and resource usage, [`crate::process::scan`] finds it as a session leader, and
@@ -9,7 +10,7 @@
 //!
 //! Every failure falls back to `exec`: the server cannot start, refuses (it has initialised
 //! a device, or NVML lists it on the stage's GPUs), dies, or answers wrongly. After the first
-//! failure this process stops using that binary's server.
+//! failure the host stops using that binary's server.
 //!
 //! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
 
@@ -28,21 +29,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Environment variable that turns the fork server off (`0`, `off`, `false`, `no`).
-pub const ENV_FORK_SERVER: &str = "ORCHESTRATE_FORK_SERVER";
-
 /// How long a new server may take to load libtorch and say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fork may take.
 const FORK_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Whether built-in workers should be started through a fork server.
-pub fn enabled() -> bool {
-    !matches!(
-        std::env::var(ENV_FORK_SERVER).as_deref().map(str::trim),
-        Ok("0" | "off" | "false" | "no")
-    )
-}
 
 /// A running fork server (a `stage-worker` one, or a Python zygote of
 /// [`crate::process::zygote`]).
@@ -161,8 +151,14 @@ pub enum ReplyError {
     Unreadable(#[source] serde_json::Error),
 }
 
-thread_local! {
-    static SERVERS: RefCell<HashMap<PathBuf, State>> = RefCell::new(HashMap::new());
+/// The fork servers of one host, by program, with their standbys: owned by the host
+/// (`crate::host::Host`, in its `crate::process::forkers::Forkers`) and stopped with it, so
+/// that nothing of them outlives it. Lives on the host's thread.
+pub struct Servers {
+    /// Whether built-in workers start through a fork server (`ORCHESTRATE_FORK_SERVER`).
+    enabled: bool,
+    servers: RefCell<HashMap<PathBuf, State>>,
+    standbys: standby::Standbys,
 }
 
 /// A worker to start through a fork server: everything its process is given.
@@ -185,14 +181,29 @@ pub struct Worker<'a> {
     pub cgroup: Option<&'a std::path::Path>,
 }
 
-/// Starts `worker` (a `stage-worker` command line) through the fork server of its `argv[0]`,
-/// or as the standby waiting for it ([`standby`]). Returns its PID: a child of this process,
-/// in its own session, not yet registered with `reaper` (register it before the next
-/// `.await`). An error says why the caller should exec instead.
-pub fn spawn(worker: &Worker<'_>, reaper: &Reaper) -> Result<i32, ForkServerError> {
-    let program = PathBuf::from(worker.argv.first().ok_or(ForkServerError::EmptyCommand)?);
-    SERVERS.with(|servers| {
-        let mut servers = servers.borrow_mut();
+impl Servers {
+    /// None started yet (they start with the first worker of their program); `settings` says
+    /// whether workers and standbys use them.
+    pub fn new(settings: &crate::settings::Settings) -> Servers {
+        Servers {
+            enabled: settings.fork_server,
+            servers: RefCell::new(HashMap::new()),
+            standbys: standby::Standbys::new(settings.standby),
+        }
+    }
+
+    /// Whether built-in workers start through a fork server.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Starts `worker` (a `stage-worker` command line) through the fork server of its `argv[0]`,
+    /// or as the standby waiting for it ([`standby`]). Returns its PID: a child of this process,
+    /// in its own session, not yet registered with `reaper` (register it before the next
+    /// `.await`). An error says why the caller should exec instead.
+    pub fn spawn(&self, worker: &Worker<'_>, reaper: &Reaper) -> Result<i32, ForkServerError> {
+        let program = PathBuf::from(worker.argv.first().ok_or(ForkServerError::EmptyCommand)?);
+        let mut servers = self.servers.borrow_mut();
         if let Some(State::Failed(why)) = servers.get(&program) {
             return Err(ForkServerError::Unusable(why.clone()));
         }
@@ -212,13 +223,13 @@ pub fn spawn(worker: &Worker<'_>, reaper: &Reaper) -> Result<i32, ForkServerErro
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
-        if let Some(pid) = standby::adopt(&program, worker) {
-            standby::remember(pid, &program, worker.env);
+        if let Some(pid) = self.standbys.adopt(&program, worker) {
+            self.standbys.remember(pid, &program, worker.env);
             return Ok(pid);
         }
         match fork(server, worker) {
             Ok(pid) => {
-                standby::remember(pid, &program, worker.env);
+                self.standbys.remember(pid, &program, worker.env);
                 Ok(pid)
             }
             Err(why) => {
@@ -231,40 +242,36 @@ pub fn spawn(worker: &Worker<'_>, reaper: &Reaper) -> Result<i32, ForkServerErro
                 Err(ForkServerError::Unusable(why))
             }
         }
-    })
-}
-
-/// Asks the fork server that started worker `pid` for a standby under that worker's
-/// environment (see [`standby`]): done when `pid` announced that its device work is about to
-/// end, so that the stage that next gets its GPUs finds the CUDA driver started. Does nothing
-/// when standbys are off (`ORCHESTRATE_STANDBY=0`), `pid` was not forked by a server or asked
-/// for no GPU, or the server is not serving; a failure only costs the next stage that time.
-pub fn prepare_standby(pid: i32) {
-    if !standby::enabled() {
-        return;
     }
-    let Some((program, env)) = standby::forked_env(pid) else {
-        return;
-    };
-    SERVERS.with(|servers| {
-        if let Some(State::Serving(server)) = servers.borrow_mut().get_mut(&program) {
+
+    /// Asks the fork server that started worker `pid` for a standby under that worker's
+    /// environment (see [`standby`]): done when `pid` announced that its device work is about to
+    /// end, so that the stage that next gets its GPUs finds the CUDA driver started. Does nothing
+    /// when standbys are off (`ORCHESTRATE_STANDBY=0`), `pid` was not forked by a server or asked
+    /// for no GPU, or the server is not serving; a failure only costs the next stage that time.
+    pub fn prepare_standby(&self, pid: i32) {
+        if !self.standbys.enabled() {
+            return;
+        }
+        let Some((program, env)) = self.standbys.forked_env(pid) else {
+            return;
+        };
+        if let Some(State::Serving(server)) = self.servers.borrow_mut().get_mut(&program) {
             if server.exit.try_wait().is_none() {
-                standby::request(server, &program, &env);
+                self.standbys.request(server, &program, &env);
             }
         }
-    });
-}
+    }
 
-/// Stops every fork server of this process and waits until they are gone.
-pub fn shutdown() {
-    standby::stop_all();
-    SERVERS.with(|s| {
-        for (_, state) in s.borrow_mut().drain() {
+    /// Stops every fork server of the host and waits until they are gone.
+    pub fn shutdown(&self) {
+        self.standbys.stop_all();
+        for (_, state) in self.servers.borrow_mut().drain() {
             if let State::Serving(server) = state {
                 stop(server);
             }
         }
-    });
+    }
 }
 
 /// Kills a server and waits (up to a second) until it has been reaped.

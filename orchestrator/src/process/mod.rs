@@ -17,6 +17,7 @@ pub(crate) mod backoff;
 pub mod cgroup;
 pub mod discard;
 pub(crate) mod fork_server;
+pub mod forkers;
 pub mod guard;
 pub mod reaper;
 pub(crate) mod scan;

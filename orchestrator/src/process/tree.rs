@@ -130,12 +130,17 @@ fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
     env
 }
 
-/// Starts `launch` in a new session. The child is registered with `reaper` before returning.
-pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
+/// Starts `launch` in a new session, through one of `forkers` where it can. The child is
+/// registered with `reaper` before returning.
+pub fn spawn(
+    mut launch: Launch,
+    reaper: &Reaper,
+    forkers: &crate::process::forkers::Forkers,
+) -> io::Result<StageProcess> {
     if launch.argv.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty command"));
     }
-    if launch.fork_server && crate::process::fork_server::enabled() {
+    if launch.fork_server && forkers.fork_servers.enabled() {
         let env = stage_environment(&launch);
         let worker = crate::process::fork_server::Worker {
             argv: &launch.argv,
@@ -146,7 +151,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             gpu_holders: &launch.gpu_holders,
             cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
         };
-        match crate::process::fork_server::spawn(&worker, reaper) {
+        match forkers.fork_servers.spawn(&worker, reaper) {
             Ok(pid) => return Ok(forked(pid, launch, reaper, None)),
             Err(why) => tracing::debug!("not through the fork server: {why}"),
         }
@@ -167,7 +172,7 @@ pub fn spawn(mut launch: Launch, reaper: &Reaper) -> io::Result<StageProcess> {
             },
             preload: &launch.preload,
         };
-        let fallback = match crate::process::zygote::spawn(&stage, reaper) {
+        let fallback = match forkers.zygotes.spawn(&stage, reaper) {
             Ok(child) => {
                 drop(env);
                 let via = StageStart {

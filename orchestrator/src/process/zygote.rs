@@ -84,14 +84,6 @@ const IMPORTED_NAMED: usize = 5;
 /// CUDA. Its value in the zygote is not compared with the stage's.
 const NVML_CHECK_VAR: &str = "PYTORCH_NVML_BASED_CUDA_CHECK";
 
-/// Whether Python stages with `preload` may be forked from a zygote.
-pub fn enabled() -> bool {
-    !matches!(
-        std::env::var(ENV_ZYGOTE).as_deref().map(str::trim),
-        Ok("0" | "off" | "false" | "no")
-    )
-}
-
 /// Whether orchestrate sets `name` for one stage alone (so it is not part of a zygote's key,
 /// and the zygote does not have it).
 pub fn per_stage_variable(name: &str) -> bool {
@@ -233,10 +225,7 @@ thread_local! {
 /// Returns the stage's PID (a child of this process in its own session, not yet registered
 /// with `reaper`: register it before the next `.await`) and generation. An error says why
 /// the caller should exec instead.
-pub fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
-    if !enabled() {
-        return Err(Fallback::Disabled);
-    }
+fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
     let interpreter = plain_python_run(stage)?;
     let env = zygote_env(stage);
     let key = {
@@ -487,7 +476,7 @@ fn failed(why: ForkServerError) -> State {
 }
 
 /// Stops every zygote of this process and waits until they are gone.
-pub fn shutdown() {
+fn shutdown() {
     ZYGOTES.with(|z| {
         for (_, state) in z.borrow_mut().drain() {
             match state {
@@ -633,6 +622,34 @@ fn settle(starting: Starting, wait: Duration) -> State {
         state = ready(starting);
     }
     state
+}
+
+/// A host's zygotes (one per interpreter and `preload`, each with its generations), as the
+/// host holds them ([`crate::process::forkers::Forkers`]): they live in this thread's map,
+/// which this value fronts; `enabled` is the `ORCHESTRATE_ZYGOTE` switch read at start-up.
+pub struct Zygotes {
+    enabled: bool,
+}
+
+impl Zygotes {
+    /// None started yet (a zygote starts with the first stage of its key).
+    pub fn new(enabled: bool) -> Zygotes {
+        Zygotes { enabled }
+    }
+
+    /// Starts `stage` by forking it from its zygote; see the module's documentation. An error
+    /// says why the caller should exec instead (zygotes switched off among them).
+    pub fn spawn(&self, stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
+        if !self.enabled {
+            return Err(Fallback::Disabled);
+        }
+        spawn(stage, reaper)
+    }
+
+    /// Stops every zygote and waits until they are gone.
+    pub fn shutdown(&self) {
+        shutdown();
+    }
 }
 
 #[cfg(test)]

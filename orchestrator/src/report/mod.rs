@@ -1,11 +1,13 @@
 //! Building `report.json` and the end-of-run summary from the run's stage states.
 
 pub mod console;
+pub mod placed;
 pub(crate) mod results;
 
 use crate::plan::LoadedPlan;
 use crate::process::reaper::ExitStatus;
 use crate::report::console::human_duration;
+use crate::report::placed::Placed;
 use crate::run::state::{StageState, Status};
 use crate::store::rundir::{RunDir, RunDirError};
 use protocol::report::{Report, StageReport};
@@ -42,7 +44,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
             gpu_check: "unknown (report.json could not be read; rebuilt from the journal)".into(),
             wall_s: 0.0,
             stages: Vec::new(),
-            slurm: crate::slurm::history::load(&root),
+            slurm: placed::job_from_journal(&records),
         });
     // A moved or copied run directory: show where its files are now.
     let recorded_root = std::mem::replace(&mut report.run_dir, root.display().to_string());
@@ -197,7 +199,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     for s in stages {
         total += 1;
         if !s.tasks.is_empty() || !s.nodes.is_empty() {
-            srun.push_str(&crate::slurm::history::stage_lines(&s));
+            srun.push_str(&placed::stage_lines(&s));
         }
         if total > 40 && s.status == StageStatus::Succeeded {
             hidden += 1;
@@ -246,7 +248,7 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
         ));
     }
     out.push_str(&srun);
-    out.push_str(&crate::slurm::history::job_lines(report));
+    out.push_str(&placed::job_lines(report));
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
         report.status,
@@ -305,12 +307,15 @@ pub(crate) struct Snapshot<'a> {
     /// [`Snapshot::all_pending`]).
     states: &'a [StageState],
     run_dir: &'a RunDir,
+    /// Where the stages ran: the Slurm job and what each stage's job steps left.
+    placed: &'a dyn Placed,
     /// The report without its stages.
     header: Report,
 }
 
 impl<'a> Snapshot<'a> {
-    /// The report of a run from its stages' states (`status`: the run's, so far).
+    /// The report of a run from its stages' states (`status`: the run's, so far), its stages
+    /// placed as `placed` says.
     pub(crate) fn new(
         plan: &'a LoadedPlan,
         states: &'a [StageState],
@@ -318,6 +323,7 @@ impl<'a> Snapshot<'a> {
         gpu_check: &str,
         started: Instant,
         status: RunStatus,
+        placed: &'a dyn Placed,
     ) -> Snapshot<'a> {
         Snapshot {
             plan,
@@ -330,8 +336,9 @@ impl<'a> Snapshot<'a> {
                 gpu_check: gpu_check.into(),
                 wall_s: started.elapsed().as_secs_f64(),
                 stages: Vec::new(),
-                slurm: crate::slurm::history::load(run_dir.root()),
+                slurm: placed.job(),
             },
+            placed,
         }
     }
 
@@ -342,8 +349,10 @@ impl<'a> Snapshot<'a> {
         run_dir: &'a RunDir,
         gpu_check: &str,
         started: Instant,
+        placed: &'a dyn Placed,
     ) -> Snapshot<'a> {
-        Snapshot::new(plan, &[], run_dir, gpu_check, started, RunStatus::Running)
+        let status = RunStatus::Running;
+        Snapshot::new(plan, &[], run_dir, gpu_check, started, status, placed)
     }
 
     /// The run's status as this snapshot gives it.
@@ -364,7 +373,7 @@ impl<'a> Snapshot<'a> {
         let run_dir = self.run_dir;
         let last = state.last.as_ref();
         // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
-        let (tasks, nodes) = crate::slurm::records::stage_records(stage, run_dir);
+        let placed = self.placed.stage(stage, &run_dir.stage_dir(&stage.name));
         let failure = state.failure.as_deref();
         let (status, failure, error) = match &state.status {
             Status::Succeeded => (StageStatus::Succeeded, None, None),
@@ -416,9 +425,9 @@ impl<'a> Snapshot<'a> {
             timing: last.and_then(|r| r.timing),
             started_early: last.is_some_and(|r| r.started_early()),
             host: last.and_then(|r| r.host()),
-            tasks,
-            nodes,
-            lost: crate::slurm::lost::load(&run_dir.stage_dir(&stage.name)),
+            tasks: placed.tasks,
+            nodes: placed.nodes,
+            lost: placed.lost,
             start: last.and_then(|r| r.start().cloned()),
         }
     }

@@ -44,9 +44,16 @@ pub(super) enum StageNews {
     /// Stage `i` gave its slot to its planned successor, which it started (see
     /// `crate::attempt::handover`; its result follows).
     HandedOver(usize, Started),
-    /// Stage `i` released its GPUs (`gpus`) and the release held; its result follows. The flag:
-    /// its downstream stages may start early (its outputs are written manifest last).
-    Released(usize, Vec<GpuInfo>, bool),
+    /// A stage released its GPUs and the release held; its result follows.
+    Released {
+        /// The stage.
+        stage: usize,
+        /// The GPUs it released.
+        gpus: Vec<GpuInfo>,
+        /// Whether its downstream stages may start early (its outputs are written manifest
+        /// last).
+        downstream_may_start: bool,
+    },
     /// Stage `i`'s attempt ended: its result, the GPUs it held, and the successor it started
     /// when it succeeded ([`handover::Kind::Chain`]).
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
@@ -88,20 +95,18 @@ pub(super) async fn drive(
     let plan = setup.plan.clone();
     let settings = &plan.plan.run;
     let rules = Rules {
-        max_parallel: crate::slurm::placement::bound_parallel(
-            settings.max_parallel.map(|n| n as usize),
-            setup.slurm.as_ref(),
-        ),
+        max_parallel: setup
+            .placement
+            .max_parallel(settings.max_parallel.map(|n| n as usize)),
         fail_fast: settings.fail_fast,
         on_leak: settings.on_leak,
         machine_has_gpus: !setup.cleared.gpus.is_empty(),
         // Inside Slurm a stage may run on another node: only a local run starts early.
-        early_start: setup.slurm.is_none() && super::early::enabled(),
+        early_start: setup.placement.allows_early_start() && host.settings.starts_early(),
     };
     let mut sched = Scheduler::new(&plan, rules, states);
-    if crate::slurm::placement::spreads(setup.slurm.as_ref()) {
-        // Every start is a job step: few enough a second to keep slurmctld's load low.
-        sched.pace_starts(crate::slurm::pacing::TokenBucket::for_steps());
+    if let Some(bucket) = setup.placement.start_pacing() {
+        sched.pace_starts(bucket);
     }
     let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
     let mut driver = Driver::start(setup, host, news_tx, sched.states())?;
@@ -212,7 +217,7 @@ impl<'h> Driver<'h> {
             run_dir.clone(),
             setup.cleared.gpu_check.clone(),
             started,
-            !setup.resume,
+            (!setup.resume).then(|| setup.placement.clone()),
         )
         .context("cannot start the thread writing the run's files")?;
         if setup.resume {
@@ -223,6 +228,7 @@ impl<'h> Driver<'h> {
                 &setup.cleared.gpu_check,
                 started,
                 RunStatus::Running,
+                &setup.placement,
             )
             .write_or_warn(&run_dir.report_path(), &setup.events);
         }
@@ -343,7 +349,7 @@ impl<'h> Driver<'h> {
             attempt,
             gpus: &gpus,
             cpu_threads,
-            prepared: written.as_ref().map(|&(fresh, _)| fresh),
+            prepared: written.as_ref().map(|w| w.fresh),
             being_written: &being_written,
         };
         let prepared = cleared.and_then(|()| {
@@ -351,7 +357,7 @@ impl<'h> Driver<'h> {
                 .prepare_attempt(setup, sched.states(), request)
         });
         let attempt_plan = match prepared {
-            Ok(p) => crate::slurm::srun::wrap_attempt(p, stage, setup.slurm.as_ref()),
+            Ok(p) => setup.placement.place(p, stage),
             Err(failure) => {
                 self.host.give_back_gpus(&gpus);
                 let event = Event::StartFailed {
@@ -369,11 +375,7 @@ impl<'h> Driver<'h> {
         }
         let span = stage_span(&stage.name, attempt);
         let started = span.in_scope(|| {
-            launch::start_attempt(
-                attempt_plan,
-                written.and_then(|(_, files)| files),
-                &setup.services,
-            )
+            launch::start_attempt(attempt_plan, written.and_then(|w| w.files), &setup.services)
         });
         if early {
             let ahead: Vec<&str> = being_written
@@ -425,19 +427,15 @@ impl<'h> Driver<'h> {
             plan_hash: setup.fingerprints.get(i),
         };
         span.in_scope(|| setup.events.emit(event))?;
-        let node_check = crate::slurm::node_check::NodeCheck::for_stage(
-            stage,
-            setup.slurm.as_ref(),
-            &setup.run_dir.stage_dir(&stage.name),
-        );
+        let after = setup
+            .placement
+            .after_attempt(stage, &setup.run_dir.stage_dir(&stage.name));
+        let on_this_node = setup.placement.on_this_node(&after);
         // A GPU or srun stage's verdicts come after its tree is gone: it neither frees its
         // slot early nor hands over to a successor.
         // A placed step's successor is placed as a step of its own, never handed over.
         // Nor an early start: its success is not its own to act on before its upstream's.
-        let may_hand_over = given.is_empty()
-            && node_check.is_none()
-            && !crate::slurm::placement::spreads(setup.slurm.as_ref())
-            && !sched.started_early(i);
+        let may_hand_over = given.is_empty() && on_this_node && !sched.started_early(i);
         sched.on(
             Event::Launched {
                 stage: i,
@@ -446,9 +444,7 @@ impl<'h> Driver<'h> {
             Instant::now(),
         );
         // A stage's GPUs go on at its release only where this machine's NVML sees them.
-        let local_gpus =
-            node_check.is_none() && !crate::slurm::placement::spreads(setup.slurm.as_ref());
-        let mut task = self.supervisor(i, may_hand_over, local_gpus.then_some(&given[..]));
+        let mut task = self.supervisor(i, may_hand_over, on_this_node.then_some(&given[..]));
         if sched.started_early(i) {
             let (cancel, stopper) = super::early::stoppable(self.cancel_tx.subscribe());
             task.cancel = cancel;
@@ -459,9 +455,7 @@ impl<'h> Driver<'h> {
             async move {
                 let (result, chained) = task.supervise(launched, &services).await;
                 // srun stages: the GPU check of every node of the stage.
-                if let Some(check) = node_check {
-                    check.run(&result, &services.reaper).await;
-                }
+                after.run(&result, &services.reaper).await;
                 let news = StageNews::Done(i, Box::new(result), given, chained);
                 let _ = task.news_tx.send(news);
             }
@@ -510,12 +504,22 @@ impl<'h> Driver<'h> {
                 sched.on(Event::SlotFreed(i), now);
                 return Ok(());
             }
-            StageNews::HandedOver(from, (to, started)) => {
-                self.handed.insert(to, started);
+            StageNews::HandedOver(
+                from,
+                Started {
+                    stage: to,
+                    launched,
+                },
+            ) => {
+                self.handed.insert(to, launched);
                 sched.on(Event::HandedOver { from, to }, now);
                 return Ok(());
             }
-            StageNews::Released(i, gpus, downstream_may_start) => {
+            StageNews::Released {
+                stage: i,
+                gpus,
+                downstream_may_start,
+            } => {
                 let event = Event::GpusReleased {
                     stage: i,
                     downstream_may_start,
@@ -536,9 +540,9 @@ impl<'h> Driver<'h> {
         // A successor planned after it that it did not start is started the ordinary way,
         // if it still should.
         self.next_up.abandon(i);
-        let chained = chained.map(|(j, started)| {
-            self.handed.insert(j, started);
-            j
+        let chained = chained.map(|started| {
+            self.handed.insert(started.stage, started.launched);
+            started.stage
         });
         if self.setup.plan.plan.stages[i].kind.is_some() && given.is_empty() {
             let running = &self.host.cpu_builtin_running;
@@ -621,6 +625,7 @@ impl<'h> Driver<'h> {
             &setup.cleared.gpu_check,
             self.started,
             RunStatus::Running,
+            &setup.placement,
         )
         .write_or_warn(&setup.run_dir.report_path(), &setup.events);
         self.report_every = (t.elapsed() * 500).max(Duration::from_secs(1));
@@ -726,7 +731,7 @@ impl<'h> Driver<'h> {
         // A placed step lost on its node: the node, beside srun's own words.
         let lost_on = (status == StageStatus::Failed)
             .then(|| setup.run_dir.stage_dir(&name))
-            .and_then(|dir| crate::slurm::lost::node_of_attempt(&dir, attempt));
+            .and_then(|dir| setup.placement.lost_on(&dir, attempt));
         let end = StageEnd {
             stage: name,
             attempt,
@@ -785,7 +790,7 @@ impl<'h> Driver<'h> {
         let (skipped, verdict) = sched.finish();
         self.carry_out(&mut sched, skipped, None)?;
         let (status, exit_code) =
-            ending::status_of(verdict, &mut self.setup, stop_signal.get()).await;
+            ending::status_of(verdict, &mut self.setup, stop_signal.first()).await;
         let setup = &mut self.setup;
         setup
             .events
@@ -801,6 +806,7 @@ impl<'h> Driver<'h> {
             &setup.cleared.gpu_check,
             self.started,
             status,
+            &setup.placement,
         );
         ending::write_report_and_results(setup, &report);
         ending::track(setup).await;
@@ -909,7 +915,11 @@ impl supervise::AttemptHooks for Hooks<'_> {
 
     fn gpus_released(&mut self, downstream_may_start: bool) {
         if let Some(gpus) = &self.task.release_gpus {
-            let news = StageNews::Released(self.task.stage, gpus.clone(), downstream_may_start);
+            let news = StageNews::Released {
+                stage: self.task.stage,
+                gpus: gpus.clone(),
+                downstream_may_start,
+            };
             let _ = self.task.news_tx.send(news);
         }
     }

@@ -15,10 +15,6 @@ use crate::store::rundir::RunDir;
 use std::path::Path;
 use tokio::sync::{oneshot, watch};
 
-/// The variable that turns early starts off (`0`); the hand-on at release being off
-/// (`ORCHESTRATE_HAND_ON_AT_RELEASE=0`) turns them off too.
-pub const NO_EARLY_START_VAR: &str = "ORCHESTRATE_EARLY_START";
-
 /// How an early-started stage is stopped: SIGKILL to its whole tree at once (what it would save
 /// on a SIGTERM is built on an upstream that failed, and is emptied before its next start
 /// anyway; see above). Its cgroup, killed, is not reused (`StageCgroup::remove`).
@@ -26,12 +22,6 @@ const STOP_LEVEL: CancelLevel = CancelLevel::Kill;
 
 /// The mark's file name in the stage's directory.
 const MARK: &str = "early-start";
-
-/// Whether this process starts stages early.
-pub(super) fn enabled() -> bool {
-    let early = std::env::var_os(NO_EARLY_START_VAR).is_none_or(|v| v != "0");
-    early && crate::attempt::supervise::hand_on_enabled()
-}
 
 /// Before an attempt of stage `name` starts: empties its output directory if an early
 /// attempt left the mark, then writes the mark if this one is `early`.

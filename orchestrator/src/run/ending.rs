@@ -21,7 +21,7 @@ pub(super) async fn wait_for_late_stop(
     sched: &mut Scheduler<'_>,
     cancel: &mut watch::Receiver<CancelLevel>,
 ) {
-    if setup.slurm.is_none() || sched.stopping() == Some(super::scheduler::Stopping::Interrupted) {
+    if !setup.placement.waits_for_late_stop(sched.stopping()) {
         return;
     }
     tokio::select! {
@@ -40,7 +40,7 @@ pub(super) async fn wait_for_late_stop(
 pub(super) async fn status_of(
     verdict: Verdict,
     setup: &mut Setup,
-    stop_signal: Option<(&'static str, f64)>,
+    stop_signal: Option<super::StopBy>,
 ) -> (RunStatus, i32) {
     let (status, exit_code) = match verdict {
         Verdict::Interrupted => (RunStatus::Interrupted, exit::INTERRUPTED),
@@ -48,21 +48,17 @@ pub(super) async fn status_of(
         Verdict::Leaked => (RunStatus::Leaked, exit::GPU_LEAK),
         Verdict::Succeeded => (RunStatus::Succeeded, exit::SUCCESS),
     };
-    match (&setup.slurm, stop_signal) {
-        (Some(job), Some((signal, at))) if verdict == Verdict::Interrupted => {
-            let verdict = crate::slurm::stop::after_stop(
-                job,
-                signal,
-                at,
-                &setup.services.reaper,
-                &setup.journal,
-                &setup.events,
-                setup.run_dir.root(),
-            )
-            .await;
-            (verdict.status, verdict.exit_code)
-        }
-        _ => (status, exit_code),
+    let Some(signal) = stop_signal.filter(|_| verdict == Verdict::Interrupted) else {
+        return (status, exit_code);
+    };
+    let (reaper, journal) = (&setup.services.reaper, &setup.journal);
+    match setup
+        .placement
+        .after_stop(signal, reaper, journal, &setup.events)
+        .await
+    {
+        Some(stopped) => (stopped.status, stopped.exit_code),
+        None => (status, exit_code),
     }
 }
 

@@ -16,8 +16,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// What the thread reports: the plan copy's failure (fatal), then the report's (a warning).
-type Outcome = (crate::error::Result<()>, Option<String>);
+/// What the thread reports.
+struct Outcome {
+    /// The plan copy's failure (fatal).
+    written: crate::error::Result<()>,
+    /// The report's (a warning).
+    warning: Option<String>,
+}
 
 /// The thread writing them, until [`RunFiles::finish`].
 pub(crate) struct RunFiles(Option<JoinHandle<Outcome>>);
@@ -25,14 +30,14 @@ pub(crate) struct RunFiles(Option<JoinHandle<Outcome>>);
 impl RunFiles {
     /// Starts writing `plan`'s files in `run_dir`, the report with every stage pending
     /// (`gpu_check` and `started` as the run's reports give them).
-    /// Without `first_report`, only the plan (a resumed run's first report, with the stages
-    /// it keeps, is the run loop's to write).
+    /// Without `first_report` (the run's placement, for the report), only the plan (a resumed
+    /// run's first report, with the stages it keeps, is the run loop's to write).
     pub(crate) fn start(
         plan: Arc<LoadedPlan>,
         run_dir: RunDir,
         gpu_check: String,
         started: Instant,
-        first_report: bool,
+        first_report: Option<super::placement::Placement>,
     ) -> std::io::Result<RunFiles> {
         let thread = std::thread::Builder::new()
             .name("run-files".into())
@@ -40,15 +45,19 @@ impl RunFiles {
                 let resolved = run_dir.root().join("plan.resolved.json");
                 let written = crate::store::rundir::write_json_replace(&resolved, &plan.as_run())
                     .with_context(|| format!("cannot write {}", resolved.display()));
-                if !first_report {
-                    return (written, None);
-                }
+                let Some(placement) = first_report else {
+                    return Outcome {
+                        written,
+                        warning: None,
+                    };
+                };
                 let report = run_dir.report_path();
-                let snapshot = Snapshot::all_pending(&plan, &run_dir, &gpu_check, started);
+                let snapshot =
+                    Snapshot::all_pending(&plan, &run_dir, &gpu_check, started, &placement);
                 let warning = crate::store::rundir::write_json_replace(&report, &snapshot)
                     .err()
                     .map(|e| format!("cannot write {}: {e}", report.display()));
-                (written, warning)
+                Outcome { written, warning }
             })?;
         Ok(RunFiles(Some(thread)))
     }
@@ -59,10 +68,13 @@ impl RunFiles {
         let Some(thread) = self.0.take() else {
             return Ok(());
         };
-        let (written, warning) = thread.join().unwrap_or_else(|_| {
+        let Outcome { written, warning } = thread.join().unwrap_or_else(|_| {
             let stopped =
                 crate::error::Error::Internal("the thread writing the run's files stopped".into());
-            (Err(stopped), None)
+            Outcome {
+                written: Err(stopped),
+                warning: None,
+            }
         });
         if let Some(warning) = warning {
             console.warn(&warning);
@@ -99,8 +111,16 @@ mod tests {
         let dir = crate::testutil::scratch("run-files");
         let run_dir = RunDir::create(&dir.join("run")).unwrap();
         let console = crate::events::Events::new();
-        let mut files =
-            RunFiles::start(plan(3), run_dir.clone(), "off".into(), Instant::now(), true).unwrap();
+        let settings = crate::settings::Settings::default();
+        let local = super::super::placement::Placement::new(None, run_dir.root(), &settings);
+        let mut files = RunFiles::start(
+            plan(3),
+            run_dir.clone(),
+            "off".into(),
+            Instant::now(),
+            Some(local),
+        )
+        .unwrap();
         files.finish(&console).unwrap();
         let resolved: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(run_dir.root().join("plan.resolved.json")).unwrap(),
@@ -125,14 +145,8 @@ mod tests {
         std::fs::create_dir(run_dir.root().join("plan.resolved.json")).unwrap();
         std::fs::write(run_dir.root().join("plan.resolved.json/x"), "x").unwrap();
         let console = crate::events::Events::new();
-        let mut files = RunFiles::start(
-            plan(2),
-            run_dir.clone(),
-            "off".into(),
-            Instant::now(),
-            false,
-        )
-        .unwrap();
+        let mut files =
+            RunFiles::start(plan(2), run_dir.clone(), "off".into(), Instant::now(), None).unwrap();
         let err = files.finish(&console).unwrap_err().to_string();
         assert!(err.contains("plan.resolved.json"), "{err}");
         assert!(!run_dir.report_path().exists());

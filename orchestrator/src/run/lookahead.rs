@@ -49,7 +49,7 @@ impl Lookahead {
     pub(super) fn start(setup: &Setup, host: &Host) -> Result<Lookahead> {
         let sockets = host
             .sockets
-            .for_run(setup.ticket.1)
+            .for_run(setup.ticket.number)
             .context("cannot create the directory of the run's event sockets")?;
         let stages = setup.plan.plan.stages.len();
         let preparer = Preparer::start(stages, tokio::runtime::Handle::current())
@@ -112,12 +112,12 @@ impl Lookahead {
         j: usize,
         kind: Kind,
     ) -> Option<Successor> {
-        let srun = setup.slurm.is_some() && setup.plan.plan.stages[j].task_layout().is_some();
+        let srun = setup.placement.runs_srun_layout(&setup.plan.plan.stages[j]);
         if srun || !self.preparer.written(j) {
             return None;
         }
         let written = self.preparer.claim(j);
-        let fresh = written.as_ref().map(|&(fresh, _)| fresh);
+        let fresh = written.as_ref().map(|w| w.fresh);
         let request = Request {
             stage: j,
             attempt: 1,
@@ -127,7 +127,7 @@ impl Lookahead {
             being_written: &[],
         };
         let planned = self.prepare_attempt(setup, sched.states(), request);
-        let files = written.and_then(|(_, files)| files);
+        let files = written.and_then(|w| w.files);
         match planned {
             Ok(p) => Some(Successor::new(after, j, kind, p, files)),
             Err(_) => {

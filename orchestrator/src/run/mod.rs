@@ -19,6 +19,7 @@ mod early;
 mod ending;
 pub(crate) mod files;
 mod lookahead;
+pub(crate) mod placement;
 pub mod preflight;
 pub(crate) mod scheduler;
 mod setup;
@@ -60,17 +61,46 @@ pub struct RunOptions {
     pub resume: bool,
     /// Echo stages' output on the console.
     pub follow: bool,
-    /// The run's id among the host's runs (in stage tokens and GPU owner labels).
-    pub run_id: String,
-    /// Its place in the host's queue for GPUs.
-    pub ticket: crate::host::Ticket,
     /// The first signal that asked the run to stop, and when (Unix time), as whoever maps
     /// signals to cancellation noted it: inside Slurm it decides the requeue.
     pub stop_signal: StopSignal,
 }
 
-/// Where the CLI notes the first stop signal (see [`RunOptions::stop_signal`]).
-pub type StopSignal = Rc<std::cell::Cell<Option<(&'static str, f64)>>>;
+/// A run's place among the runs of its host, given by whoever runs it on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The run's id among the host's runs (in stage tokens and GPU owner labels).
+    pub run_id: String,
+    /// Its place in the host's queue for GPUs ([`Host::ticket`]).
+    pub ticket: crate::host::Ticket,
+}
+
+/// A signal that asked the run to stop, and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StopBy {
+    /// Its name ("SIGTERM").
+    pub signal: &'static str,
+    /// When it came, Unix time in seconds.
+    pub at: f64,
+}
+
+/// Where the CLI notes the first stop signal (see [`RunOptions::stop_signal`]); clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct StopSignal(Rc<std::cell::Cell<Option<StopBy>>>);
+
+impl StopSignal {
+    /// Notes `signal`, come at Unix time `at`, unless a signal was noted before.
+    pub fn note(&self, signal: &'static str, at: f64) {
+        if self.0.get().is_none() {
+            self.0.set(Some(StopBy { signal, at }));
+        }
+    }
+
+    /// The first signal noted, if any.
+    pub fn first(&self) -> Option<StopBy> {
+        self.0.get()
+    }
+}
 
 /// How a run ended.
 pub struct RunSummary {
@@ -92,15 +122,19 @@ pub struct RunSummary {
 /// one attempt of a stage inside a `stage` span (fields `stage`, `attempt`) within it.
 pub async fn run(
     opts: RunOptions,
+    admission: Admission,
     host: &Rc<Host>,
     cancel: watch::Receiver<CancelLevel>,
 ) -> Result<RunSummary> {
-    let span = tracing::info_span!(target: "orchestrate::run", "run", run = %opts.run_id);
-    run_in_span(opts, host, cancel).instrument(span).await
+    let span = tracing::info_span!(target: "orchestrate::run", "run", run = %admission.run_id);
+    run_in_span(opts, admission, host, cancel)
+        .instrument(span)
+        .await
 }
 
 async fn run_in_span(
     opts: RunOptions,
+    Admission { run_id, ticket }: Admission,
     host: &Rc<Host>,
     mut cancel: watch::Receiver<CancelLevel>,
 ) -> Result<RunSummary> {
@@ -113,15 +147,14 @@ async fn run_in_span(
         events,
         resume,
         follow,
-        run_id,
-        ticket,
         stop_signal,
     } = opts;
     // Shared with the thread that writes the run's files while the first stages run.
     let plan = Arc::new(plan);
-    // Slurm: the job this run belongs to; stages run through srun need one (see `slurm`).
-    let slurm = crate::slurm::Allocation::detect();
-    let cleared = preflight::check(&plan, host, slurm.as_ref()).map_err(Error::from)?;
+    // Slurm: the job this run belongs to (the host's); stages run through srun need one.
+    let placement =
+        placement::Placement::new(host.allocation.clone(), run_dir.root(), &host.settings);
+    let cleared = preflight::check(&plan, host, placement.allocation()).map_err(Error::from)?;
     let needs_worker = plan.plan.stages.iter().any(|s| s.kind.is_some());
     let worker = match needs_worker {
         true => Some(crate::attempt::prepare::resolve_worker(
@@ -162,16 +195,7 @@ async fn run_in_span(
     events.emit(RunEvent::RunPlanned {
         stages: plan.plan.stages.len(),
     })?;
-    if let Some(job) = &slurm {
-        events.note(&job.describe());
-        journal.with(|j| crate::slurm::history::record_start(run_dir.root(), job, j))?;
-        // Placed steps write into the run directory from every node: all must see it.
-        if crate::slurm::placement::spreads(Some(job)) {
-            crate::slurm::shared_dir::check(run_dir.root(), job, &host.reaper)
-                .await
-                .map_err(|e| Error::from(preflight::Refusal::from(e)))?;
-        }
-    }
+    placement.begin(&journal, &events, &host.reaper).await?;
     let settings = &plan.plan.run;
     let services = Rc::new(Services {
         reaper: host.reaper.clone(),
@@ -183,6 +207,8 @@ async fn run_in_span(
         run_id: run_id.clone(),
         tree_sampling: TreeSampling::start(),
         cgroups,
+        forkers: host.forkers.clone(),
+        hand_on_at_release: host.settings.hand_on_at_release,
     });
     let states = initial_states(&plan, decisions.as_deref(), &run_dir)?;
     let setup = setup::Setup {
@@ -193,7 +219,7 @@ async fn run_in_span(
         resume,
         run_id,
         ticket,
-        slurm,
+        placement,
         cleared,
         journal,
         services,

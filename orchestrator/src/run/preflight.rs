@@ -116,10 +116,14 @@ pub(crate) fn host_limits(
 
 /// The refusal of a plan whose host limits (`memory`, `pids`, `cpus`) this host cannot
 /// enforce, judged as the run's preflight would (inside the Slurm job this process is in, if
-/// any): for `validate` and `run`, which exit 2 with it before anything of the run exists.
-pub fn host_limits_refusal(plan: &LoadedPlan) -> Option<Refusal> {
+/// any) with `settings`: for `validate` and `run`, which exit 2 with it before anything of the
+/// run exists.
+pub fn host_limits_refusal(
+    plan: &LoadedPlan,
+    settings: &crate::settings::Settings,
+) -> Option<Refusal> {
     let job = Allocation::detect();
-    host_limits(plan, &HostCgroups::detect(), job.as_ref()).err()
+    host_limits(plan, &HostCgroups::detect(settings), job.as_ref()).err()
 }
 
 /// A stage's limits as a plan writes them.
@@ -183,7 +187,7 @@ pub(crate) fn check(
         host.inventory.status,
         Err(crate::gpu::NvmlUnavailable::NoDriver)
     ) && setting != GpuCheck::Off;
-    let cgroups = HostCgroups::detect();
+    let cgroups = HostCgroups::detect(&host.settings);
     let (controllers, limit_notes) = host_limits(plan, &cgroups, job)?;
     Ok(Cleared {
         probe,

@@ -1,13 +1,13 @@
 //! What a run was set up with before its first stage: its plan, directory, journal, GPU
 //! check and the services every attempt shares.
 
+use super::placement::Placement;
 use super::preflight::Cleared;
 use crate::attempt::launch::Services;
 use crate::events::journal::SharedJournal;
 use crate::events::Events;
 use crate::host::Ticket;
 use crate::plan::LoadedPlan;
-use crate::slurm::Allocation;
 use crate::store::fingerprint::Background;
 use crate::store::rundir::RunDir;
 use std::path::PathBuf;
@@ -23,7 +23,7 @@ pub(super) struct Setup {
     pub(super) resume: bool,
     pub(super) run_id: String,
     pub(super) ticket: Ticket,
-    pub(super) slurm: Option<Allocation>,
+    pub(super) placement: Placement,
     pub(super) cleared: Cleared,
     pub(super) journal: SharedJournal,
     pub(super) services: Rc<Services>,

@@ -17,8 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// The hidden subcommand that runs the launcher.
-pub(crate) const LAUNCH_SUBCOMMAND: &str = "__slurm-srun";
+use super::hidden_args::{ENV_PLACED, LAUNCH_SUBCOMMAND, TASK_SUBCOMMAND};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -51,7 +50,7 @@ pub fn run(args: Vec<String>) -> i32 {
         });
     }
     // A placed instance: its events come back on srun's stdout (`super::relay`).
-    let relayed = std::env::var(super::task::ENV_PLACED).is_ok_and(|v| v == "1");
+    let relayed = std::env::var(ENV_PLACED).is_ok_and(|v| v == "1");
     if relayed {
         cmd.stdout(Stdio::piped());
     }
@@ -149,7 +148,7 @@ pub fn hidden_subcommand(args: &[String]) -> Option<i32> {
     let rest = args.get(2..).unwrap_or_default().to_vec();
     match args.get(1).map(String::as_str) {
         Some(LAUNCH_SUBCOMMAND) => Some(run(rest)),
-        Some(super::task::TASK_SUBCOMMAND) => Some(super::task::run(rest)),
+        Some(TASK_SUBCOMMAND) => Some(super::task::run(rest)),
         _ => None,
     }
 }

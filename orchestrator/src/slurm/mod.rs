@@ -91,6 +91,19 @@ fn not_seen_on(nodes: &[String]) -> String {
     }
 }
 
+/// This machine's short host name (what Slurm calls the node), or "localhost".
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
+    name.split('.').next().unwrap_or("localhost").to_string()
+}
+
 /// The Slurm job this process runs in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allocation {
@@ -159,7 +172,7 @@ impl Allocation {
             gpus_on_node,
             host: get("SLURMD_NODENAME")
                 .filter(|h| !h.is_empty())
-                .unwrap_or_else(crate::slurm::task::host_name),
+                .unwrap_or_else(host_name),
         })
     }
 }

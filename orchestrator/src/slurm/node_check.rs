@@ -3,8 +3,7 @@
 //! answer lands in its own file, and every node gets a verdict in the report. A node without
 //! NVML says "unavailable"; a check that could not run at all says "failed" and why.
 
-use super::{helper, srun, Allocation};
-use crate::attempt::outcome::{AttemptResult, Outcome};
+use super::{helper, hidden_args, Allocation};
 use crate::process::reaper::{ExitStatus, Reaper};
 use protocol::plan::{Stage, TaskLayout};
 use protocol::report::NodeGpuCheck;
@@ -20,28 +19,38 @@ pub const CHECK_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct NodeCheck {
     layout: TaskLayout,
     stage_dir: PathBuf,
+    max_used_mib: Option<String>,
 }
 
 impl NodeCheck {
-    /// The check for `stage`, or `None` when it does not run through srun (or not in a job).
+    /// The check for `stage`, or `None` when it does not run through srun (or not in a job);
+    /// `max_used_mib`: the check's `--max-used-mib`, if given
+    /// (`ORCHESTRATE_NODE_CHECK_MAX_USED_MIB`, [`crate::settings::Settings`]).
     pub fn for_stage(
         stage: &Stage,
         job: Option<&Allocation>,
         stage_dir: &Path,
+        max_used_mib: Option<&str>,
     ) -> Option<NodeCheck> {
         job?;
         Some(NodeCheck {
             layout: stage.task_layout()?,
             stage_dir: stage_dir.to_path_buf(),
+            max_used_mib: max_used_mib.map(str::to_string),
         })
     }
 
-    /// Runs it after the attempt that ended as `result` (not after one stopped by a signal:
-    /// the job is on its way out). Must run on the reaper's thread.
-    pub async fn run(self, result: &AttemptResult, reaper: &Reaper) {
-        if result.outcome != Outcome::Cancelled {
-            after_stage(self.layout, &self.stage_dir, reaper).await;
-        }
+    /// The `--max-used-mib` it runs with, if given.
+    #[cfg(test)]
+    pub fn max_used_mib(&self) -> Option<&str> {
+        self.max_used_mib.as_deref()
+    }
+
+    /// Runs it after the attempt (the caller skips it after one stopped by a signal: the job
+    /// is on its way out). Must run on the reaper's thread.
+    pub async fn run(self, reaper: &Reaper) {
+        let limit = self.max_used_mib.as_deref();
+        after_stage(self.layout, &self.stage_dir, limit, reaper).await;
     }
 }
 
@@ -50,12 +59,13 @@ impl NodeCheck {
 pub async fn after_stage(
     layout: TaskLayout,
     stage_dir: &Path,
+    max_used_mib: Option<&str>,
     reaper: &Reaper,
 ) -> Vec<NodeGpuCheck> {
     let dir = stage_dir.join("node-gpu-check");
     let _ = std::fs::remove_dir_all(&dir);
     let checks = match std::fs::create_dir_all(&dir) {
-        Ok(()) => run_check(layout, &dir, reaper).await,
+        Ok(()) => run_check(layout, &dir, max_used_mib, reaper).await,
         Err(e) => vec![failed(format!("cannot create {}: {e}", dir.display()))],
     };
     if let Ok(bytes) = serde_json::to_vec_pretty(&checks) {
@@ -75,7 +85,12 @@ fn failed(detail: String) -> NodeGpuCheck {
     }
 }
 
-async fn run_check(layout: TaskLayout, dir: &Path, reaper: &Reaper) -> Vec<NodeGpuCheck> {
+async fn run_check(
+    layout: TaskLayout,
+    dir: &Path,
+    max_used_mib: Option<&str>,
+    reaper: &Reaper,
+) -> Vec<NodeGpuCheck> {
     let mut argv = vec![
         "srun".to_string(),
         "--job-name=gpu-check".into(),
@@ -89,11 +104,11 @@ async fn run_check(layout: TaskLayout, dir: &Path, reaper: &Reaper) -> Vec<NodeG
         "sh".into(),
         "-c".into(),
         r#"exe=$0 dir=$1; shift; n=${SLURMD_NODENAME:-$(hostname -s)}; exec "$exe" gpu-check --json "$@" >"$dir/$n.json" 2>"$dir/$n.err""#.into(),
-        srun::orchestrate_exe(),
+        hidden_args::orchestrate_exe(),
         dir.display().to_string(),
     ];
-    if let Ok(limit) = std::env::var("ORCHESTRATE_NODE_CHECK_MAX_USED_MIB") {
-        argv.extend(["--max-used-mib".into(), limit]);
+    if let Some(limit) = max_used_mib {
+        argv.extend(["--max-used-mib".into(), limit.to_string()]);
     }
     let out = match helper::run(reaper, &argv, CHECK_TIMEOUT).await {
         Ok(out) => out,

@@ -62,16 +62,12 @@ pub fn load_node_checks(stage_dir: &Path) -> Vec<NodeGpuCheck> {
 /// The task records and node checks of a stage's last attempt, for its report: those of a
 /// stage run through srun, or placed as a job step over an allocation's nodes
 /// (`super::placement`); empty for any other stage (no records directory).
-pub fn stage_records(
-    stage: &Stage,
-    run_dir: &crate::store::rundir::RunDir,
-) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
-    let stage_dir = run_dir.stage_dir(&stage.name);
-    if stage.task_layout().is_none() && !records_dir(&stage_dir).is_dir() {
+pub fn stage_records(stage: &Stage, stage_dir: &Path) -> (Vec<TaskRecord>, Vec<NodeGpuCheck>) {
+    if stage.task_layout().is_none() && !records_dir(stage_dir).is_dir() {
         return (Vec::new(), Vec::new());
     }
     (
-        load_records(&records_dir(&stage_dir)),
-        load_node_checks(&stage_dir),
+        load_records(&records_dir(stage_dir)),
+        load_node_checks(stage_dir),
     )
 }

@@ -8,16 +8,10 @@
 //! stage's grace period to act on it, and the stage succeeds when `srun` exits 0 (every task
 //! exited 0) with the declared outputs present.
 
-use super::{task, Allocation};
-use crate::attempt::launch::AttemptPlan;
+use super::hidden_args::{orchestrate_exe, ENV_PLACED, LAUNCH_SUBCOMMAND, TASK_SUBCOMMAND};
+use super::Allocation;
 use protocol::plan::{Stage, TaskLayout};
-
-/// Where `orchestrate` itself is, for srun to start the wrapper and the GPU check with.
-pub fn orchestrate_exe() -> String {
-    std::env::current_exe()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|_| "orchestrate".into())
-}
+use std::path::Path;
 
 /// The `srun` options that place `layout` on the allocation.
 pub fn layout_args(layout: TaskLayout) -> Vec<String> {
@@ -36,11 +30,7 @@ pub fn layout_args(layout: TaskLayout) -> Vec<String> {
 /// is `stage_dir`, in `job`: [`layout_args`] (with `--exact` beside placed steps, in an
 /// allocation of several nodes), and on a retry `--exclude=` of the nodes an attempt was lost
 /// on in this allocation while enough are left for the step ([`super::lost::exclude_arg`]).
-pub fn layout_attempt_args(
-    layout: TaskLayout,
-    stage_dir: &std::path::Path,
-    job: &Allocation,
-) -> Vec<String> {
+pub fn layout_attempt_args(layout: TaskLayout, stage_dir: &Path, job: &Allocation) -> Vec<String> {
     let exact = super::placement::spreads(Some(job)).then(|| "--exact".to_string());
     let mut args: Vec<String> = exact.into_iter().chain(layout_args(layout)).collect();
     let key = super::lost::job_key(&job.job_id, job.restart_count);
@@ -49,31 +39,44 @@ pub fn layout_attempt_args(
     args
 }
 
-/// Turns the attempt of a stage with an srun layout into an `srun` job step, and in an
-/// allocation of several nodes every other stage's into a one-task step Slurm places on a
-/// node with room ([`super::placement`]); other stages come back unchanged. Clears the task
-/// records of earlier attempts.
-pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocation>) -> AttemptPlan {
+/// The job step an attempt runs as: the command line in front of the stage's own (the
+/// launcher, `srun` and its options, the per-task wrapper), and what the attempt adds to its
+/// environment. Slurm asks the launcher alone to stop (srun kills the step's tasks when it gets
+/// SIGTERM), so the attempt's graceful stop goes to its first process only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Goes before the stage's command line.
+    pub prefix: Vec<String>,
+    /// Added to the stage's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// The job step of attempt `attempt` of `stage` (its directory `stage_dir`) inside `job`: an
+/// `srun` job step for a stage with an srun layout, and in an allocation of several nodes for
+/// every other stage a one-task step Slurm places on a node with room ([`super::placement`]);
+/// `None` for a stage that runs as a child of the orchestrator. Clears the task records of
+/// earlier attempts.
+pub fn step(
+    stage: &Stage,
+    attempt: u32,
+    stage_dir: &Path,
+    job: Option<&Allocation>,
+) -> Option<Step> {
+    let mut env = vec![(super::lost::ENV_ATTEMPT.to_string(), attempt.to_string())];
     let placement = match (stage.task_layout(), job) {
-        (Some(layout), Some(job)) => {
-            plan.env
-                .push((super::lost::ENV_ATTEMPT.into(), plan.attempt.to_string()));
-            layout_attempt_args(layout, &plan.stage_dir, job)
-        }
+        (Some(layout), Some(job)) => layout_attempt_args(layout, stage_dir, job),
         (None, Some(job)) if super::placement::spreads(Some(job)) => {
-            plan.env.push((task::ENV_PLACED.into(), "1".into()));
-            plan.env
-                .push((super::lost::ENV_ATTEMPT.into(), plan.attempt.to_string()));
-            super::placement::attempt_args(stage.gpus_wanted(), &plan.stage_dir, job)
+            env.insert(0, (ENV_PLACED.to_string(), "1".to_string()));
+            super::placement::attempt_args(stage.gpus_wanted(), stage_dir, job)
         }
-        _ => return plan,
+        _ => return None,
     };
-    let records = super::records::records_dir(&plan.stage_dir);
+    let records = super::records::records_dir(stage_dir);
     let _ = std::fs::remove_dir_all(&records);
     let _ = std::fs::create_dir_all(&records);
-    let mut argv = vec![
+    let mut prefix = vec![
         orchestrate_exe(),
-        super::launch::LAUNCH_SUBCOMMAND.into(),
+        LAUNCH_SUBCOMMAND.into(),
         "--records".into(),
         records.display().to_string(),
         "--".into(),
@@ -83,22 +86,18 @@ pub fn wrap_attempt(mut plan: AttemptPlan, stage: &Stage, job: Option<&Allocatio
     ];
     // Each line prefixed with its rank, where there are ranks (a placed step is one task).
     if stage.task_layout().is_some() {
-        argv.push("--label".into());
+        prefix.push("--label".into());
     }
-    argv.extend(placement);
-    argv.extend([
+    prefix.extend(placement);
+    prefix.extend([
         orchestrate_exe(),
-        task::TASK_SUBCOMMAND.into(),
+        TASK_SUBCOMMAND.into(),
         "--records".into(),
         records.display().to_string(),
         "--".into(),
     ]);
-    argv.append(&mut plan.argv);
-    plan.argv = argv;
-    // srun kills the step's tasks when it gets SIGTERM: only the launcher gets it.
-    plan.graceful_to_leader = true;
     // `MASTER_PORT` is the attempt's own already (crate::attempt::rendezvous), as for every stage.
-    plan
+    Some(Step { prefix, env })
 }
 
 /// Refuses, with what to do, a plan whose srun stages cannot run here: outside a Slurm

@@ -50,13 +50,14 @@ pub(crate) fn kill_and_reap(leader: i32) {
     }
 }
 
-/// Runs `orchestrate gpu-check --json` on this node and saves its verdict, named for `node`,
-/// where the stage's report reads the node checks of `stage_dir`.
-pub(crate) fn check_gpus(stage_dir: &Path, node: &str) {
-    let mut cmd = Command::new(super::srun::orchestrate_exe());
+/// Runs `orchestrate gpu-check --json` on this node (with `--max-used-mib max_used_mib`, if
+/// given) and saves its verdict, named for `node`, where the stage's report reads the node
+/// checks of `stage_dir`.
+pub(crate) fn check_gpus(stage_dir: &Path, node: &str, max_used_mib: Option<&str>) {
+    let mut cmd = Command::new(super::hidden_args::orchestrate_exe());
     cmd.args(["gpu-check", "--json"]);
-    if let Ok(limit) = std::env::var("ORCHESTRATE_NODE_CHECK_MAX_USED_MIB") {
-        cmd.args(["--max-used-mib", &limit]);
+    if let Some(limit) = max_used_mib {
+        cmd.args(["--max-used-mib", limit]);
     }
     let check = match cmd.stdin(Stdio::null()).output() {
         Ok(out) => {

@@ -1,6 +1,7 @@
 //! The stop sequence of a run inside a Slurm job, once its stages have stopped: read why the
 //! job is stopping from Slurm, journal it, ask Slurm to requeue the job, and pick the exit
-//! status. The run calls [`after_stop`] after the run was interrupted by a signal.
+//! status. The run calls [`after_stop`] after the run was interrupted by a signal, and shows
+//! the user what the verdict says.
 //!
 //! Promises: a job that was cancelled (`scancel`) is never requeued; one that Slurm already
 //! requeues is not requeued twice; every other stop asks `scontrol requeue` (30 s at most) and
@@ -10,7 +11,6 @@
 use super::jobstate::{self, StopCause};
 use super::{helper, history, Allocation};
 use crate::events::journal::SharedJournal;
-use crate::events::Events;
 use crate::exit;
 use crate::process::reaper::Reaper;
 use protocol::report::SlurmStop;
@@ -20,13 +20,19 @@ use std::time::Duration;
 /// How long `scontrol requeue` may take.
 pub const REQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The run's final status and `orchestrate`'s exit status after a stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The run's final status and `orchestrate`'s exit status after a stop, and what to tell the
+/// user about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopVerdict {
     /// Requeued or interrupted.
     pub status: protocol::status::RunStatus,
     /// [`exit::REQUEUED`] or [`exit::INTERRUPTED`].
     pub exit_code: i32,
+    /// The stop in one line: the signal, its cause, the requeue. A warning unless the job was
+    /// requeued.
+    pub message: String,
+    /// Why the stop could not be recorded in the run directory, if it could not.
+    pub unrecorded: Option<String>,
 }
 
 /// Whether `signal` (as "SIGTERM") stops a Slurm job for a requeue: the warning signals and
@@ -43,7 +49,6 @@ pub async fn after_stop(
     at: f64,
     reaper: &Reaper,
     journal: &SharedJournal,
-    console: &Events,
     run_dir: &Path,
 ) -> StopVerdict {
     let state = jobstate::query(reaper, &job.job_id).await;
@@ -76,11 +81,6 @@ pub async fn after_stop(
         job.job_id,
         cause.as_str()
     );
-    if requeued {
-        console.note(&message);
-    } else {
-        console.warn(&message);
-    }
     let stop = SlurmStop {
         at,
         restart_count: job.restart_count,
@@ -89,21 +89,19 @@ pub async fn after_stop(
         job_state,
         requeue,
     };
-    if let Err(e) = journal.with(|j| history::record_stop(run_dir, job, stop, j)) {
-        console.warn(&format!(
-            "cannot record the Slurm stop in the run directory: {e}"
-        ));
-    }
-    if requeued {
-        StopVerdict {
-            status: protocol::status::RunStatus::Requeued,
-            exit_code: exit::REQUEUED,
-        }
-    } else {
-        StopVerdict {
-            status: protocol::status::RunStatus::Interrupted,
-            exit_code: exit::INTERRUPTED,
-        }
+    let unrecorded = journal
+        .with(|j| history::record_stop(run_dir, job, stop, j))
+        .err()
+        .map(|e| format!("cannot record the Slurm stop in the run directory: {e}"));
+    let (status, exit_code) = match requeued {
+        true => (protocol::status::RunStatus::Requeued, exit::REQUEUED),
+        false => (protocol::status::RunStatus::Interrupted, exit::INTERRUPTED),
+    };
+    StopVerdict {
+        status,
+        exit_code,
+        message,
+        unrecorded,
     }
 }
 

@@ -21,26 +21,8 @@ use protocol::worker::ENV_EVENTS;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The hidden subcommand that runs the wrapper.
-pub const TASK_SUBCOMMAND: &str = "__slurm-task";
-
-/// Set (to 1) in the environment of a step that is one placed stage instance
-/// ([`super::placement`]): its wrapper runs the command in a session of its own, kills and
-/// reaps what is left of it, and checks the node's GPUs before it exits.
-pub const ENV_PLACED: &str = "ORCHESTRATE_PLACED_STEP";
-
-/// This machine's short host name (what Slurm calls the node), or "localhost".
-pub fn host_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "localhost".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let name = String::from_utf8_lossy(&buf[..end]).into_owned();
-    name.split('.').next().unwrap_or("localhost").to_string()
-}
+use super::hidden_args::{ENV_PLACED, TASK_SUBCOMMAND};
+use super::host_name;
 
 /// The first host of a Slurm host list (`gpu[01-04,07],cpu1` → `gpu01`).
 pub fn first_host(list: &str) -> Option<String> {
@@ -198,7 +180,10 @@ pub fn run(args: Vec<String>) -> i32 {
             end.finish();
         }
         if let Some(stage_dir) = records.as_deref().and_then(std::path::Path::parent) {
-            super::step_tree::check_gpus(stage_dir, &node);
+            // This process's switches, read once: the wrapper is a process of its own.
+            let settings = crate::settings::Settings::from_env();
+            let limit = settings.node_check_max_used_mib.as_deref();
+            super::step_tree::check_gpus(stage_dir, &node, limit);
         }
     }
     write_record(&records, rank, local_rank, &node, status.code(), signal);

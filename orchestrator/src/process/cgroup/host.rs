@@ -30,17 +30,13 @@ pub struct HostCgroups {
 }
 
 impl HostCgroups {
-    /// Reads the host's layout; `ORCHESTRATE_CGROUPS=0` (or `off`, `false`, `no`) makes it
-    /// report no cgroup v2 at all. `ORCHESTRATE_CGROUP_PARENT=DIR` names the delegated
-    /// cgroup to nest runs under instead of this process's own (which, holding this process,
-    /// can give its children no controller unless it is the root).
-    pub fn detect() -> HostCgroups {
-        if matches!(
-            std::env::var("ORCHESTRATE_CGROUPS")
-                .as_deref()
-                .map(str::trim),
-            Ok("0" | "off" | "false" | "no")
-        ) {
+    /// Reads the host's layout; `ORCHESTRATE_CGROUPS=0` (or `off`, `false`, `no`:
+    /// `settings.cgroups`) makes it report no cgroup v2 at all. `ORCHESTRATE_CGROUP_PARENT=DIR`
+    /// (`settings.cgroup_parent`) names the delegated cgroup to nest runs under instead of this
+    /// process's own (which, holding this process, can give its children no controller unless
+    /// it is the root).
+    pub fn detect(settings: &crate::settings::Settings) -> HostCgroups {
+        if !settings.cgroups {
             return HostCgroups {
                 v2_mount: None,
                 own: None,
@@ -53,7 +49,7 @@ impl HostCgroups {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let (v2_mount, v1) = parse_mounts(&mountinfo);
-        let parent = std::env::var_os("ORCHESTRATE_CGROUP_PARENT").map(PathBuf::from);
+        let parent = settings.cgroup_parent.clone();
         let own = match (&v2_mount, v2_path(&membership), &parent) {
             (Some(mount), _, Some(dir)) if dir.starts_with(mount) => Some(dir.clone()),
             (_, _, Some(_)) => None,

@@ -475,7 +475,7 @@ mod tests {
 
     /// A run cgroup under this process's own, where the host allows one (CI's does: it must).
     fn run_cgroup(name: &str) -> Option<RunCgroup> {
-        let host = host::HostCgroups::detect();
+        let host = host::HostCgroups::detect(&crate::settings::Settings::from_env());
         let Some(own) = host.own.clone().filter(|_| host.usable()) else {
             assert_ne!(
                 std::env::var("CI").as_deref(),

@@ -24,9 +24,6 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Environment variable that turns standbys off (`0`, `off`, `false`, `no`).
-pub const ENV_STANDBY: &str = "ORCHESTRATE_STANDBY";
-
 /// How long a standby waits to be adopted before it is killed.
 pub const STANDBY_TTL: Duration = Duration::from_secs(60);
 
@@ -44,87 +41,24 @@ struct Standby {
     since: Instant,
 }
 
-/// A forked worker's program and environment.
-type Forked = (i32, PathBuf, Vec<(String, String)>);
-
-thread_local! {
-    static STANDBYS: RefCell<Vec<Standby>> = const { RefCell::new(Vec::new()) };
-    static FORKED: RefCell<VecDeque<Forked>> = const { RefCell::new(VecDeque::new()) };
+/// A worker forked with GPUs: its program and environment, kept for its standby.
+struct Forked {
+    pid: i32,
+    program: PathBuf,
+    env: Vec<(String, String)>,
 }
 
-/// Whether standbys are on.
-pub fn enabled() -> bool {
-    !matches!(
-        std::env::var(ENV_STANDBY).as_deref().map(str::trim),
-        Ok("0" | "off" | "false" | "no")
-    )
+/// The standbys of a host's fork servers, and the workers they may be asked for on behalf of.
+/// Part of the host's fork servers ([`super::Servers`]); stopped with them.
+pub struct Standbys {
+    /// Whether standbys are on (`ORCHESTRATE_STANDBY`).
+    enabled: bool,
+    waiting: RefCell<Vec<Standby>>,
+    forked: RefCell<VecDeque<Forked>>,
 }
 
 fn driver_of(env: &[(&str, &str)]) -> Vec<(String, String)> {
     owned(&driver_env(env.iter().copied()))
-}
-
-/// Notes the environment worker `pid` was started with, when it was given GPUs (a standby is
-/// only ever asked for on behalf of such a worker).
-pub fn remember(pid: i32, program: &Path, env: &[(&str, &str)]) {
-    let gpus = env
-        .iter()
-        .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty());
-    if !gpus || !enabled() {
-        return;
-    }
-    FORKED.with(|f| {
-        let mut f = f.borrow_mut();
-        if f.len() == REMEMBERED {
-            f.pop_front();
-        }
-        f.push_back((pid, program.to_path_buf(), owned(env)));
-    });
-}
-
-/// The program and environment worker `pid` was started with, if [`remember`] kept them (they
-/// are forgotten now: one standby per worker).
-pub fn forked_env(pid: i32) -> Option<(PathBuf, Vec<(String, String)>)> {
-    FORKED.with(|f| {
-        let mut f = f.borrow_mut();
-        let at = f.iter().position(|(p, _, _)| *p == pid)?;
-        f.remove(at).map(|(_, program, env)| (program, env))
-    })
-}
-
-/// Asks `server` (of `program`) for a standby under `env`, unless one with the same driver
-/// variables is waiting already. A failure is logged and costs nothing else.
-pub fn request(server: &mut Server, program: &Path, env: &[(String, String)]) {
-    expire();
-    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let driver = driver_of(&pairs);
-    let waiting = STANDBYS.with(|s| {
-        s.borrow()
-            .iter()
-            .any(|w| w.program == program && w.driver == driver)
-    });
-    if waiting {
-        return;
-    }
-    match start(server, env) {
-        Ok((pid, pidfd, sock)) => {
-            tracing::debug!(pid, "standby started");
-            // Re-parented to this process but no stage's until one adopts it: the stage whose
-            // `finishing` readied it must not count it among its leftovers.
-            crate::process::scan::note_helper(pid);
-            STANDBYS.with(|s| {
-                s.borrow_mut().push(Standby {
-                    program: program.to_path_buf(),
-                    driver,
-                    pid,
-                    pidfd,
-                    sock,
-                    since: Instant::now(),
-                })
-            });
-        }
-        Err(why) => tracing::debug!("no standby: {why}"),
-    }
 }
 
 /// Sends the standby request and reads the server's answer: the standby's PID, a pidfd of it
@@ -164,67 +98,6 @@ fn start(
     Ok((pid, pidfd, ours))
 }
 
-/// Makes a waiting standby of `program` with the driver variables of `worker`'s environment
-/// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or `None`
-/// when there is none or it failed (then it is killed and the caller forks as usual). A
-/// standby that NVML lists on the stage's GPUs (it would hold a context) is killed too. (What
-/// the standby allocated before its move stays charged where it was: the driver's start-up,
-/// no stage data.)
-pub fn adopt(program: &Path, worker: &Worker<'_>) -> Option<i32> {
-    let Worker {
-        argv,
-        env,
-        cwd,
-        stdout,
-        stderr,
-        cgroup,
-        gpu_holders,
-    } = *worker;
-    expire();
-    let driver = driver_of(env);
-    let standby = STANDBYS.with(|s| {
-        let mut s = s.borrow_mut();
-        let at = s
-            .iter()
-            .position(|w| w.program == program && w.driver == driver)?;
-        Some(s.remove(at))
-    })?;
-    let message = Adopt {
-        v: protocol::PROTOCOL_VERSION,
-        argv: argv.to_vec(),
-        env: owned(env),
-        cwd: cwd.to_path_buf(),
-        cgroup_namespace: cgroup.is_some(),
-    };
-    if gpu_holders.contains(&(standby.pid as u32)) {
-        tracing::warn!(
-            pid = standby.pid,
-            "a standby is listed on a GPU; killed, not adopted"
-        );
-        kill(&standby);
-        return None;
-    }
-    let moved = cgroup.map_or(Ok(()), |dir| {
-        std::fs::write(dir.join("cgroup.procs"), standby.pid.to_string())
-    });
-    let handed = match moved {
-        Ok(()) => hand_over(&standby, &message, stdout, stderr),
-        Err(e) => Err(ReplyError::Io(e)),
-    };
-    match handed {
-        Ok(()) => {
-            tracing::debug!(pid = standby.pid, "stage adopted a standby");
-            crate::process::scan::forget_helper(standby.pid);
-            Some(standby.pid)
-        }
-        Err(why) => {
-            tracing::debug!(pid = standby.pid, "standby not adopted: {why}");
-            kill(&standby);
-            None
-        }
-    }
-}
-
 fn hand_over(
     standby: &Standby,
     message: &Adopt,
@@ -247,26 +120,161 @@ fn hand_over(
     }
 }
 
-/// Kills the standbys that waited longer than [`STANDBY_TTL`].
-fn expire() {
-    let old: Vec<Standby> = STANDBYS.with(|s| {
-        let mut s = s.borrow_mut();
-        let (old, young) = std::mem::take(&mut *s)
-            .into_iter()
-            .partition(|w| w.since.elapsed() > STANDBY_TTL);
-        *s = young;
-        old
-    });
-    for w in &old {
-        kill(w);
+impl Standbys {
+    /// None yet; `enabled`: whether any will be asked for.
+    pub fn new(enabled: bool) -> Standbys {
+        Standbys {
+            enabled,
+            waiting: RefCell::new(Vec::new()),
+            forked: RefCell::new(VecDeque::new()),
+        }
     }
-}
 
-/// Kills every waiting standby (the servers are being shut down).
-pub fn stop_all() {
-    let all = STANDBYS.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    for w in &all {
-        kill(w);
+    /// Whether standbys are on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Notes the environment worker `pid` was started with, when it was given GPUs (a standby is
+    /// only ever asked for on behalf of such a worker).
+    pub fn remember(&self, pid: i32, program: &Path, env: &[(&str, &str)]) {
+        let gpus = env
+            .iter()
+            .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty());
+        if !gpus || !self.enabled {
+            return;
+        }
+        let mut f = self.forked.borrow_mut();
+        if f.len() == REMEMBERED {
+            f.pop_front();
+        }
+        f.push_back(Forked {
+            pid,
+            program: program.to_path_buf(),
+            env: owned(env),
+        });
+    }
+
+    /// The program and environment worker `pid` was started with, if [`remember`] kept them (they
+    /// are forgotten now: one standby per worker).
+    pub fn forked_env(&self, pid: i32) -> Option<(PathBuf, Vec<(String, String)>)> {
+        let mut f = self.forked.borrow_mut();
+        let at = f.iter().position(|w| w.pid == pid)?;
+        f.remove(at).map(|w| (w.program, w.env))
+    }
+
+    /// Asks `server` (of `program`) for a standby under `env`, unless one with the same driver
+    /// variables is waiting already. A failure is logged and costs nothing else.
+    pub fn request(&self, server: &mut Server, program: &Path, env: &[(String, String)]) {
+        self.expire();
+        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let driver = driver_of(&pairs);
+        let waiting =
+            (self.waiting.borrow().iter()).any(|w| w.program == program && w.driver == driver);
+        if waiting {
+            return;
+        }
+        match start(server, env) {
+            Ok((pid, pidfd, sock)) => {
+                tracing::debug!(pid, "standby started");
+                // Re-parented to this process but no stage's until one adopts it: the stage whose
+                // `finishing` readied it must not count it among its leftovers.
+                crate::process::scan::note_helper(pid);
+                self.waiting.borrow_mut().push(Standby {
+                    program: program.to_path_buf(),
+                    driver,
+                    pid,
+                    pidfd,
+                    sock,
+                    since: Instant::now(),
+                });
+            }
+            Err(why) => tracing::debug!("no standby: {why}"),
+        }
+    }
+
+    /// Makes a waiting standby of `program` with the driver variables of `worker`'s environment
+    /// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or `None`
+    /// when there is none or it failed (then it is killed and the caller forks as usual). A
+    /// standby that NVML lists on the stage's GPUs (it would hold a context) is killed too. (What
+    /// the standby allocated before its move stays charged where it was: the driver's start-up,
+    /// no stage data.)
+    pub fn adopt(&self, program: &Path, worker: &Worker<'_>) -> Option<i32> {
+        let Worker {
+            argv,
+            env,
+            cwd,
+            stdout,
+            stderr,
+            cgroup,
+            gpu_holders,
+        } = *worker;
+        self.expire();
+        let driver = driver_of(env);
+        let standby = {
+            let mut s = self.waiting.borrow_mut();
+            let at = s
+                .iter()
+                .position(|w| w.program == program && w.driver == driver)?;
+            s.remove(at)
+        };
+        let message = Adopt {
+            v: protocol::PROTOCOL_VERSION,
+            argv: argv.to_vec(),
+            env: owned(env),
+            cwd: cwd.to_path_buf(),
+            cgroup_namespace: cgroup.is_some(),
+        };
+        if gpu_holders.contains(&(standby.pid as u32)) {
+            tracing::warn!(
+                pid = standby.pid,
+                "a standby is listed on a GPU; killed, not adopted"
+            );
+            kill(&standby);
+            return None;
+        }
+        let moved = cgroup.map_or(Ok(()), |dir| {
+            std::fs::write(dir.join("cgroup.procs"), standby.pid.to_string())
+        });
+        let handed = match moved {
+            Ok(()) => hand_over(&standby, &message, stdout, stderr),
+            Err(e) => Err(ReplyError::Io(e)),
+        };
+        match handed {
+            Ok(()) => {
+                tracing::debug!(pid = standby.pid, "stage adopted a standby");
+                crate::process::scan::forget_helper(standby.pid);
+                Some(standby.pid)
+            }
+            Err(why) => {
+                tracing::debug!(pid = standby.pid, "standby not adopted: {why}");
+                kill(&standby);
+                None
+            }
+        }
+    }
+
+    /// Kills the standbys that waited longer than [`STANDBY_TTL`].
+    fn expire(&self) {
+        let old: Vec<Standby> = {
+            let mut s = self.waiting.borrow_mut();
+            let (old, young) = std::mem::take(&mut *s)
+                .into_iter()
+                .partition(|w| w.since.elapsed() > STANDBY_TTL);
+            *s = young;
+            old
+        };
+        for w in &old {
+            kill(w);
+        }
+    }
+
+    /// Kills every waiting standby (the servers are being shut down).
+    pub fn stop_all(&self) {
+        let all = std::mem::take(&mut *self.waiting.borrow_mut());
+        for w in &all {
+            kill(w);
+        }
     }
 }
 

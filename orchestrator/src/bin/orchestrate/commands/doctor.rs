@@ -48,7 +48,7 @@ fn gpus() -> String {
 
 /// cgroup v2 and which limits, and where stage cgroups nest inside a Slurm job.
 fn isolation() -> String {
-    let host = HostCgroups::detect();
+    let host = HostCgroups::detect(&orchestrator::settings::Settings::from_env());
     let mut text = host.describe();
     if host.usable() {
         text.push_str(&format!(

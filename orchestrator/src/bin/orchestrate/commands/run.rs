@@ -8,26 +8,44 @@ use orchestrator::exit;
 use orchestrator::plan::{LoadedPlan, PlanFormat};
 use orchestrator::report::console::Console;
 use orchestrator::run::{self, RunOptions};
+use orchestrator::settings::Settings;
 use orchestrator::store::rundir::RunDir;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// A plan ready to run: its file, format, the plan, and the text the run directory keeps.
-pub(crate) type PlanToRun = (PathBuf, PlanFormat, LoadedPlan, String);
+/// A plan ready to run.
+pub(crate) struct PlanToRun {
+    /// Its file.
+    pub(crate) path: PathBuf,
+    /// Its format.
+    pub(crate) format: PlanFormat,
+    /// The plan.
+    pub(crate) loaded: LoadedPlan,
+    /// The text the run directory keeps.
+    pub(crate) source: String,
+}
 
 /// Runs a plan: `--plan P [--run-dir D]`, `--plan P --run-dir D --resume` (an edited plan),
 /// or `resume D` (no plan: the run's own copy, with its recorded base directory).
 pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
+    // The process's `ORCHESTRATE_*` switches, read once.
+    let settings = Settings::from_env();
     // A plan given on the command line is read once, first.
     let given: Option<PlanToRun> = match &args.plan {
         Some(path) => match orchestrator::plan::read_plan(path) {
-            Ok((l, source)) => Some((path.clone(), orchestrator::plan::format_of(path), l, source)),
+            Ok((loaded, source)) => Some(PlanToRun {
+                path: path.clone(),
+                format: orchestrator::plan::format_of(path),
+                loaded,
+                source,
+            }),
             Err(e) => return plan_error(e),
         },
         None => None,
     };
-    if let Some((path, _, loaded, _)) = &given {
-        if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(loaded) {
+    if let Some(PlanToRun { path, loaded, .. }) = &given {
+        if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(loaded, &settings)
+        {
             eprintln!("error: {}: {refusal}", path.display());
             return ExitCode::from(exit::INVALID_INPUT as u8);
         }
@@ -44,7 +62,12 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         },
         _ => None,
     };
-    let (path, plan_format, loaded, source) = match (given, &resumed_dir) {
+    let PlanToRun {
+        path,
+        format: plan_format,
+        loaded,
+        source,
+    } = match (given, &resumed_dir) {
         (Some(given), _) => given,
         (None, Some(dir)) => match load_run_plan(dir.root()) {
             Ok(found) => found,
@@ -71,11 +94,9 @@ pub(crate) fn run_plan(mut args: RunArgs, format: LogFormat) -> ExitCode {
         events: events.clone(),
         resume: args.resume,
         follow: args.follow,
-        run_id: String::new(),
-        ticket: (0, 0),
         stop_signal: Default::default(),
     };
-    run_to_end(options, &events)
+    run_to_end(options, settings, &events)
 }
 
 /// Inside a Slurm job: a run directory that stays the same across requeues of the job,
@@ -102,7 +123,7 @@ fn choose_slurm_run_dir(args: &mut RunArgs, name: &str) -> Result<(), ExitCode> 
 
 /// Runs the run to its end on this process's own host; prints its summary and gives its exit
 /// status.
-fn run_to_end(options: RunOptions, events: &Events) -> ExitCode {
+fn run_to_end(options: RunOptions, settings: Settings, events: &Events) -> ExitCode {
     let runtime = match super::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -111,7 +132,7 @@ fn run_to_end(options: RunOptions, events: &Events) -> ExitCode {
     // The run is a task of the set, like its stages' tasks: a stage's news wakes it within
     // the set's turn, not through a turn of the runtime (which first looks for I/O events).
     let run = async {
-        match tokio::task::spawn_local(run_on_own_host(options)).await {
+        match tokio::task::spawn_local(run_on_own_host(options, settings)).await {
             Ok(result) => result,
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
@@ -130,7 +151,10 @@ fn run_to_end(options: RunOptions, events: &Events) -> ExitCode {
 
 /// The CLI's shape: one host, one run, and the terminal's signals mapped to cancellation:
 /// SIGINT, SIGTERM or SIGHUP stop the run gracefully, a second one kills its stages.
-async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSummary> {
+async fn run_on_own_host(
+    options: RunOptions,
+    settings: Settings,
+) -> anyhow::Result<run::RunSummary> {
     use tokio::signal::unix::{signal, SignalKind};
     let in_slurm = orchestrator::slurm::Allocation::detect().is_some();
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -139,14 +163,13 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSumm
     let mut sighup = signal(SignalKind::hangup())?;
     // Inside Slurm, the job's warning signal (`#SBATCH --signal=B:USR2@N`) too.
     let mut warning = orchestrator::slurm::WarningSignals::listen(in_slurm)?;
-    let host = orchestrator::host::Host::start()?;
-    options.run_id = options
-        .run_dir
-        .root()
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    options.ticket = host.ticket(0);
+    let host = orchestrator::host::Host::start(settings)?;
+    let admission = run::Admission {
+        run_id: (options.run_dir.root().file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        ticket: host.ticket(0),
+    };
     let first_signal = options.stop_signal.clone();
     let (cancel, cancelled) = tokio::sync::watch::channel(CancelLevel::None);
     tokio::task::spawn_local(async move {
@@ -157,9 +180,7 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSumm
                 _ = sighup.recv() => "SIGHUP",
                 sig = warning.recv() => sig,
             };
-            if first_signal.get().is_none() {
-                first_signal.set(Some((name, orchestrator::timefmt::unix_secs_f64())));
-            }
+            first_signal.note(name, orchestrator::timefmt::unix_secs_f64());
             let next = match *cancel.borrow() {
                 CancelLevel::None => CancelLevel::Graceful,
                 // In a Slurm job a repeated TERM or warning signal does not kill the stages
@@ -170,7 +191,7 @@ async fn run_on_own_host(mut options: RunOptions) -> anyhow::Result<run::RunSumm
             cancel.send_replace(next);
         }
     });
-    Ok(run::run(options, &host, cancelled).await?)
+    Ok(run::run(options, admission, &host, cancelled).await?)
 }
 
 /// A run's name: the plan's `run.name`, else the plan file's stem.
@@ -200,5 +221,10 @@ pub(crate) fn load_run_plan(root: &Path) -> Result<PlanToRun, ExitCode> {
     }
     let (loaded, source) =
         orchestrator::plan::load_plan_based(&path, format, &base).map_err(plan_error)?;
-    Ok((path, format, loaded, source))
+    Ok(PlanToRun {
+        path,
+        format,
+        loaded,
+        source,
+    })
 }

@@ -44,7 +44,7 @@ fn read_status(run_dir: &Path, plan: Option<&Path>) -> Result<RunStatus, ExitCod
     let root = orchestrator::store::rundir::existing_run(run_dir).map_err(|e| run_dir_error(&e))?;
     let loaded = match plan {
         Some(p) => load_or_report(p)?,
-        None => super::run::load_run_plan(&root)?.2,
+        None => super::run::load_run_plan(&root)?.loaded,
     };
     let records = orchestrator::store::journal::read_run_journal(&root).map_err(|e| {
         eprintln!("error: cannot read the journal: {e}");

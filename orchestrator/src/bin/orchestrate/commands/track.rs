@@ -18,7 +18,7 @@ pub(crate) fn track(run_dir: &Path, uri: Option<String>, experiment: Option<Stri
         Err(e) => return run_dir_error(&e),
     };
     let loaded = match super::run::load_run_plan(&root) {
-        Ok((_, _, loaded, _)) => loaded,
+        Ok(plan) => plan.loaded,
         Err(code) => return code,
     };
     let mut settings = loaded.plan.run.clone();

@@ -3,6 +3,7 @@
 use super::{load_or_report, print_json};
 use orchestrator::exit;
 use orchestrator::plan::LoadedPlan;
+use orchestrator::settings::Settings;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -20,7 +21,9 @@ pub(crate) fn validate(plan: &Path) -> ExitCode {
     if problems.iter().any(|p| p.fatal) {
         return ExitCode::from(exit::INVALID_INPUT as u8);
     }
-    if let Some(refusal) = orchestrator::run::preflight::host_limits_refusal(&loaded) {
+    if let Some(refusal) =
+        orchestrator::run::preflight::host_limits_refusal(&loaded, &Settings::from_env())
+    {
         eprintln!("{}: error: {refusal}", plan.display());
         return ExitCode::from(exit::INVALID_INPUT as u8);
     }
