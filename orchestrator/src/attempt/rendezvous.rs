@@ -8,7 +8,7 @@
 //! `MASTER_PORT` in a stage's `env` keeps its own.
 
 use std::collections::VecDeque;
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
 /// How many recently given ports are never given again.
@@ -24,10 +24,7 @@ static GIVEN: Mutex<VecDeque<u16>> = Mutex::new(VecDeque::new());
 pub fn free_port() -> Option<u16> {
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..64 {
-        let port = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0))
-            .and_then(|l| l.local_addr())
-            .ok()?
-            .port();
+        let port = kernel_port()?;
         if !given.contains(&port) {
             if given.len() == REMEMBERED {
                 given.pop_front();
@@ -37,6 +34,34 @@ pub fn free_port() -> Option<u16> {
         }
     }
     None
+}
+
+/// A port the kernel picks for a TCP socket bound to every interface, the socket then closed:
+/// `socket`, `bind`, `getsockname`, `close` (a `TcpListener` also sets `SO_REUSEADDR` and
+/// listens, two more system calls at every stage's start, which a port that no one binds again
+/// for a while does not need; without `SO_REUSEADDR` the kernel also passes over ports still
+/// held by connections in `TIME_WAIT`).
+fn kernel_port() -> Option<u16> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: socket takes plain flags; the descriptor it returns is owned from here on.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor no one else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero sockaddr_in is a valid value (AF_UNSPEC, port 0, 0.0.0.0).
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    addr.sin_family = libc::AF_INET as libc::sa_family_t;
+    addr.sin_addr.s_addr = u32::from(Ipv4Addr::UNSPECIFIED).to_be();
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let ptr = (&raw mut addr).cast::<libc::sockaddr>();
+    // SAFETY: `ptr` points at a sockaddr_in of `len` bytes, live for both calls.
+    let bound = unsafe { libc::bind(socket.as_raw_fd(), ptr, len) } == 0
+        && unsafe { libc::getsockname(socket.as_raw_fd(), ptr, &mut len) } == 0;
+    bound
+        .then(|| u16::from_be(addr.sin_port))
+        .filter(|&p| p != 0)
 }
 
 /// The port of a stage attempt: the one its plan `env` sets in `MASTER_PORT`, else a
@@ -52,6 +77,7 @@ pub fn stage_port(plan_env: &std::collections::BTreeMap<String, String>) -> Opti
 mod tests {
     use super::*;
     use std::collections::{BTreeMap, HashSet};
+    use std::net::TcpListener;
 
     #[test]
     fn ports_given_one_after_another_differ_and_are_free() {

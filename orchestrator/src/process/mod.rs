@@ -11,7 +11,8 @@
 //! - [`cgroup`]: a cgroup v2 per stage, where the host delegates one;
 //! - [`guard`]: the companion that outlives a crash;
 //! - `backoff`: polling for what is expected to happen soon;
-//! - [`discard`]: what is closed off the scheduling thread.
+//! - [`discard`]: what is closed off the scheduling thread;
+//! - `kernel_file`: the kernel's small files in one read.
 
 pub(crate) mod backoff;
 pub mod cgroup;
@@ -19,6 +20,7 @@ pub mod discard;
 pub(crate) mod fork_server;
 pub mod forkers;
 pub mod guard;
+pub(crate) mod kernel_file;
 pub mod reaper;
 pub(crate) mod scan;
 pub mod spawn;

@@ -169,8 +169,8 @@ fn live() -> std::sync::MutexGuard<'static, Vec<LiveStage>> {
 /// stage attempt with `token`: from now until [`forget_stage`], orphans re-parented to this
 /// process that were born after it started may be that stage's ([`stage_members`]).
 pub fn note_stage(leader: i32, token: &str) {
-    let started = fs::read_to_string(format!("/proc/{leader}/stat"))
-        .ok()
+    // At every stage's start: one read (see `kernel_file`).
+    let started = crate::process::kernel_file::read(format!("/proc/{leader}/stat"))
         .and_then(|t| parse_stat(&t))
         .map_or(0, |p| p.start);
     live().push(LiveStage {
@@ -248,8 +248,7 @@ fn surely_gone(leader: i32) -> bool {
     }
     let stages = live();
     !children.into_iter().any(|pid| {
-        fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
+        crate::process::kernel_file::read(format!("/proc/{pid}/stat"))
             .and_then(|t| parse_stat(&t))
             .is_some_and(|p| p.state != 'Z' && is_orphan(&p, &stages))
     })

@@ -437,7 +437,12 @@ async fn stop_cgroup(
     reaper.reap_now();
     summary.cgroup = Some(cgroup.usage());
     if summary.survivors.is_empty() {
-        if let Err(e) = cgroup.remove() {
+        // Nothing found at all (the usual end): the empty cgroup just read is not read again.
+        let removed = match summary.found.is_empty() {
+            true => cgroup.remove_seen_empty(),
+            false => cgroup.remove(),
+        };
+        if let Err(e) = removed {
             tracing::warn!("{e}");
         }
     }

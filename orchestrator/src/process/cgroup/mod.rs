@@ -95,7 +95,16 @@ pub struct RunCgroup {
     /// Numbers the stages' cgroups (a stage's name may be long, or repeat over attempts).
     next: AtomicU64,
     /// Empty stage cgroups kept for reuse (only when `controllers` is empty).
-    idle: Arc<Mutex<Vec<PathBuf>>>,
+    idle: Arc<Mutex<Vec<Idle>>>,
+}
+
+/// An empty stage cgroup kept for the next stage, with its files still open: a sweep of short
+/// stages is spared two `open`s and two `close`s each.
+#[derive(Debug)]
+struct Idle {
+    dir: PathBuf,
+    procs: Option<Arc<File>>,
+    dir_fd: Option<Arc<File>>,
 }
 
 impl RunCgroup {
@@ -169,26 +178,30 @@ impl RunCgroup {
             .write(true)
             .open(made.dir.join("cgroup.procs"))
             .map_err(|e| context(e, "cannot open", &made.dir.join("cgroup.procs")))?;
-        made.procs = Some(procs);
-        made.dir_fd = File::open(&made.dir).ok();
+        made.procs = Some(Arc::new(procs));
+        made.dir_fd = File::open(&made.dir).ok().map(Arc::new);
         Ok(made)
     }
 
     /// An idle stage cgroup, or a new one, that returns to the idle ones once empty.
     fn reusable(&self) -> io::Result<StageCgroup> {
         let kept = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let dir = match kept {
-            Some(dir) => dir,
+        let Idle { dir, procs, dir_fd } = match kept {
+            Some(idle) => idle,
             None => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
                 let dir = self.dir.join(format!("stage-{n}"));
                 std::fs::create_dir(&dir).map_err(|e| context(e, "cannot create cgroup", &dir))?;
-                dir
+                Idle {
+                    dir,
+                    procs: None,
+                    dir_fd: None,
+                }
             }
         };
         let mut made = StageCgroup {
-            procs: None,
-            dir_fd: None,
+            procs,
+            dir_fd,
             memory: false,
             pids: false,
             limit: None,
@@ -197,14 +210,18 @@ impl RunCgroup {
             done: AtomicBool::new(false),
             killed: AtomicBool::new(false),
         };
-        let procs_path = made.dir.join("cgroup.procs");
-        made.procs = Some(
-            OpenOptions::new()
-                .write(true)
-                .open(&procs_path)
-                .map_err(|e| context(e, "cannot open", &procs_path))?,
-        );
-        made.dir_fd = File::open(&made.dir).ok();
+        if made.procs.is_none() {
+            let procs_path = made.dir.join("cgroup.procs");
+            made.procs = Some(Arc::new(
+                OpenOptions::new()
+                    .write(true)
+                    .open(&procs_path)
+                    .map_err(|e| context(e, "cannot open", &procs_path))?,
+            ));
+        }
+        if made.dir_fd.is_none() {
+            made.dir_fd = File::open(&made.dir).ok().map(Arc::new);
+        }
         Ok(made)
     }
 }
@@ -217,7 +234,7 @@ impl Drop for RunCgroup {
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
         {
-            let _ = remove_tree(&dir);
+            let _ = remove_tree(&dir.dir);
         }
         let _ = std::fs::remove_dir(&self.dir);
     }
@@ -228,9 +245,10 @@ impl Drop for RunCgroup {
 pub struct StageCgroup {
     dir: PathBuf,
     /// `cgroup.procs`, open for writing: a child writes `0` to it to move itself in.
-    procs: Option<File>,
+    /// (Shared: a reused cgroup keeps its files open for the next stage.)
+    procs: Option<Arc<File>>,
     /// The directory, open: `clone3` creates a child in it (`CLONE_INTO_CGROUP`).
-    dir_fd: Option<File>,
+    dir_fd: Option<Arc<File>>,
     /// Whether the memory controller is on (then `memory.*` files exist).
     memory: bool,
     /// Whether the pids controller is on (then `pids.*` files exist).
@@ -238,7 +256,7 @@ pub struct StageCgroup {
     /// `memory.max`, if set.
     limit: Option<u64>,
     /// Where it goes back to once empty, when it is a reusable one.
-    idle: Option<Arc<Mutex<Vec<PathBuf>>>>,
+    idle: Option<Arc<Mutex<Vec<Idle>>>>,
     /// Removed (or given back) already.
     done: AtomicBool,
     /// A kill was written to it: it is removed, never given back (see [`StageCgroup::remove`]).
@@ -303,9 +321,10 @@ impl StageCgroup {
         if self.given_up() {
             return false;
         }
-        match std::fs::read_to_string(self.dir.join("cgroup.events")) {
-            Ok(events) => counter(&events, "populated") != Some(0),
-            Err(_) => !self.members().is_empty(),
+        // At every stage's end, twice: one read (see `kernel_file`).
+        match crate::process::kernel_file::read(self.dir.join("cgroup.events")) {
+            Some(events) => counter(&events, "populated") != Some(0),
+            None => !self.members().is_empty(),
         }
     }
 
@@ -360,6 +379,17 @@ impl StageCgroup {
     /// reused soon after its `cgroup.kill` was SIGKILLed as it started (seen with an early
     /// start stopped at once, then its upstream's retry), so a killed cgroup is made afresh.
     pub fn remove(&self) -> io::Result<()> {
+        self.remove_checked(false)
+    }
+
+    /// [`StageCgroup::remove`] by a caller that has just seen it empty (`cgroup.events` said
+    /// unpopulated and nothing of the stage is left anywhere to move back in): that is not
+    /// read again (a stage's end reads it once instead of twice).
+    pub fn remove_seen_empty(&self) -> io::Result<()> {
+        self.remove_checked(true)
+    }
+
+    fn remove_checked(&self, seen_empty: bool) -> io::Result<()> {
         if self.done.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -368,11 +398,13 @@ impl StageCgroup {
             .as_ref()
             .filter(|_| !self.killed.load(Ordering::Relaxed))
         {
-            if !self.populated() && subgroups(&self.dir).is_empty() {
+            if (seen_empty || !self.populated()) && no_subgroups(&self.dir) {
                 self.done.store(true, Ordering::Relaxed);
-                idle.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(self.dir.clone());
+                idle.lock().unwrap_or_else(|e| e.into_inner()).push(Idle {
+                    dir: self.dir.clone(),
+                    procs: self.procs.clone(),
+                    dir_fd: self.dir_fd.clone(),
+                });
                 return Ok(());
             }
         }
@@ -395,6 +427,17 @@ fn collect_members(dir: &Path, pids: &mut Vec<i32>) {
     }
     for sub in subgroups(dir) {
         collect_members(&sub, pids);
+    }
+}
+
+/// Whether no cgroup is below `dir`: `cgroup.stat`'s `nr_descendants` (one read, where
+/// listing the directory takes five system calls), else its listing.
+fn no_subgroups(dir: &Path) -> bool {
+    match crate::process::kernel_file::read(dir.join("cgroup.stat"))
+        .and_then(|stat| counter(&stat, "nr_descendants"))
+    {
+        Some(n) => n == 0,
+        None => subgroups(dir).is_empty(),
     }
 }
 
