@@ -376,6 +376,22 @@ def import_learned(sock, config, recorder):
     read a per-stage variable cannot be undone: this process execs itself afresh without it
     (`restart_without`). Returns the modules left out, each `{"module", "reason"}`."""
     left_out = list(config.get("left_out", []))
+    if not config.get("check_each"):
+        # The usual case first: import the whole list and check once (a check forks a probe
+        # and reads this process's maps: once per module, a list of thousands took minutes).
+        # Only a list that leaves this process unfit is gone through again, module by module.
+        read = set(recorder.names)
+        for name in config.get("learned", []):
+            if name in sys.modules:
+                continue
+            try:
+                __import__(name)
+            except BaseException as error:  # noqa: BLE001 - a module that fails is left out
+                left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
+        per_stage = _per_stage_read(recorder.names - read, config.get("per_stage", {}))
+        if not (cuda_touched() or threads_running() or per_stage):
+            return left_out
+        restart_checking_each(sock, config, left_out)
     for name in config.get("learned", []):
         if name in sys.modules:
             continue
@@ -391,6 +407,21 @@ def import_learned(sock, config, recorder):
         if why:
             restart_without(sock, config, left_out, name, f"after importing it, {why}")
     return left_out
+
+
+def restart_checking_each(sock, config, left_out):
+    """Execs this zygote afresh (same PID, same socket) to import the learned modules one at a
+    time, checking after each, since importing them all made this process unfit to fork."""
+    config = dict(config, check_each=True, left_out=left_out)
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        args = cmdline.read().split(b"\0")[:-1]
+    args[-1] = json.dumps(config).encode()
+    try:
+        os.set_inheritable(sock.fileno(), True)
+        os.execve(args[0], args, ORIGINAL_ENV)
+    except OSError as error:
+        send(sock, {"reply": "refused", "reason": f"learned modules made the zygote unfit to fork, and it could not restart to find which: {error}"})
+        os._exit(1)
 
 
 def restart_without(sock, config, left_out, name, why):

@@ -27,8 +27,8 @@ const HEAVY: &str = "import os, time\ntime.sleep(1.5)\nIMPORTED_IN = os.getpid()
     f.write(f'{os.getpid()} {time.time()}\\n')\n";
 
 /// The stage that starts a zygote (and is exec'd, the zygote still importing): it ends once
-/// another process than itself imported `heavy` after it began (its zygote), and a moment more
-/// for the zygote to say it is ready. With `ZYGOTE_TEST_NO_ZYGOTE` set it ends at once.
+/// another process than itself imported `heavy` after it began (its zygote), and 2 s more
+/// for the zygote to check itself and say it is ready. With `ZYGOTE_TEST_NO_ZYGOTE` set it ends at once.
 const WARM: &str = r#"import os, sys, time
 began = time.time()
 import heavy
@@ -44,7 +44,9 @@ while not others():
     if time.time() > end:
         sys.exit("no zygote imported heavy")
     time.sleep(0.05)
-time.sleep(0.3)
+# The zygote's own checks after its imports (a probe fork, its maps read) take a moment more,
+# several times longer on a loaded machine.
+time.sleep(2.0)
 "#;
 
 /// A `warm` stage (see [`WARM`]) named `name`, with `extra` TOML lines (its `preload`, `after`)
