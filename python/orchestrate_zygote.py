@@ -410,26 +410,24 @@ def import_learned(sock, config, recorder):
 
 
 def restart_checking_each(sock, config, left_out):
-    """Execs this zygote afresh (same PID, same socket) to import the learned modules one at a
-    time, checking after each, since importing them all made this process unfit to fork."""
-    config = dict(config, check_each=True, left_out=left_out)
-    with open("/proc/self/cmdline", "rb") as cmdline:
-        args = cmdline.read().split(b"\0")[:-1]
-    args[-1] = json.dumps(config).encode()
-    try:
-        os.set_inheritable(sock.fileno(), True)
-        os.execve(args[0], args, ORIGINAL_ENV)
-    except OSError as error:
-        send(sock, {"reply": "refused", "reason": f"learned modules made the zygote unfit to fork, and it could not restart to find which: {error}"})
-        os._exit(1)
+    """Execs this zygote afresh to import the learned modules one at a time, checking after
+    each, since importing them all made this process unfit to fork."""
+    _restart(sock, dict(config, check_each=True, left_out=left_out),
+             "learned modules made the zygote unfit to fork, and it could not restart to find which")
 
 
 def restart_without(sock, config, left_out, name, why):
-    """Execs this zygote afresh (same PID, same socket) with `name` left out, as its import
-    made this process unfit to fork and cannot be undone."""
+    """Execs this zygote afresh with `name` left out, as its import made this process unfit to
+    fork and cannot be undone."""
     config = dict(config)
     config["learned"] = [m for m in config.get("learned", []) if m != name]
     config["left_out"] = left_out + [{"module": name, "reason": why}]
+    _restart(sock, config, f"learned module `{name}`: {why}; and the zygote could not restart without it")
+
+
+def _restart(sock, config, refusal):
+    """Execs this zygote afresh with `config` (same PID; `sock` stays open across the exec).
+    If the exec fails, the zygote refuses with `refusal` and the error, and exits."""
     with open("/proc/self/cmdline", "rb") as cmdline:
         args = cmdline.read().split(b"\0")[:-1]
     args[-1] = json.dumps(config).encode()
@@ -437,7 +435,7 @@ def restart_without(sock, config, left_out, name, why):
         os.set_inheritable(sock.fileno(), True)
         os.execve(args[0], args, ORIGINAL_ENV)
     except OSError as error:
-        send(sock, {"reply": "refused", "reason": f"learned module `{name}`: {why}; and the zygote could not restart without it: {error}"})
+        send(sock, {"reply": "refused", "reason": f"{refusal}: {error}"})
         os._exit(1)
 
 

@@ -73,49 +73,30 @@ pub async fn collect(
 
 /// One line for `processes.txt`.
 fn describe(p: &StoppedProcess) -> String {
-    let read = |what: &str| std::fs::read_to_string(format!("/proc/{}/{what}", p.pid));
-    let stat = read("stat").unwrap_or_default();
-    // The fields after the command name (which may hold spaces) start after its ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let state = fields.first().copied().unwrap_or("?");
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok());
-    // utime and stime are fields 14 and 15 of stat: 11 and 12 after the state (field 3).
-    // SAFETY: sysconf with a valid name has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let cpu = ticks(11).zip(ticks(12)).map(|(u, s)| (u + s) / hz);
-    let wchan = read("wchan").unwrap_or_default();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", p.pid))
+        .ok()
+        .and_then(|text| crate::process::scan::parse_stat(&text));
+    let wchan = std::fs::read_to_string(format!("/proc/{}/wchan", p.pid)).unwrap_or_default();
     format!(
-        "pid {} ({}): state {state}, waiting in {}, {} CPU s\n",
+        "pid {} ({}): state {}, waiting in {}, {} CPU s\n",
         p.pid,
         p.name,
+        stat.as_ref().map_or('?', |s| s.state),
         if wchan.is_empty() || wchan == "0" {
             "-"
         } else {
             &wchan
         },
-        cpu.map_or("?".into(), |c| format!("{c:.2}"))
+        stat.map_or("?".into(), |s| format!("{:.2}", s.cpu_seconds()))
     )
 }
 
-/// The CPU seconds of `pids` (user and system, from `/proc`), summed.
+/// The CPU seconds of `pids` (user and system, with their waited-for children's), summed.
 pub fn cpu_seconds(pids: impl IntoIterator<Item = i32>) -> f64 {
-    // SAFETY: as above.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     pids.into_iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            let rest = stat.rsplit_once(')')?.1.to_string();
-            let f: Vec<f64> = rest
-                .split_whitespace()
-                .skip(11)
-                .take(4)
-                .filter_map(|v| v.parse().ok())
-                .collect();
-            Some(f.iter().sum::<f64>() / hz)
-        })
+        .filter_map(|text| crate::process::scan::parse_stat(&text))
+        .map(|s| s.cpu_seconds())
         .sum()
 }
 

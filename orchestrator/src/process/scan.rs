@@ -39,6 +39,18 @@ pub struct ProcStat {
     pub state: char,
     /// When it started, in clock ticks since boot (0 when `/proc` did not say).
     pub start: u64,
+    /// CPU time it used, user and system, with that of its children it waited for, in clock
+    /// ticks (0 when `/proc` did not say).
+    pub cpu_ticks: u64,
+}
+
+impl ProcStat {
+    /// [`ProcStat::cpu_ticks`] in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        // SAFETY: sysconf with a valid name has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        self.cpu_ticks as f64 / hz as f64
+    }
 }
 
 /// Parses the content of `/proc/<pid>/stat`. The command name may hold spaces and parentheses,
@@ -51,14 +63,24 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let ppid = fields.next()?.parse().ok()?;
     let _pgrp = fields.next()?;
     let sid = fields.next()?.parse().ok()?;
-    // Field 22 of stat(5), the 16th after the session id.
-    let start = fields.nth(15).and_then(|f| f.parse().ok()).unwrap_or(0);
+    // Fields 14–17 of stat(5) (utime, stime, cutime, cstime) are the 8th to 11th after the
+    // session id; field 22 (starttime) the 16th.
+    // Read without allocating: a snapshot parses every process of the machine.
+    let (mut start, mut cpu_ticks) = (0, 0);
+    for (i, field) in fields.take(16).enumerate() {
+        match i {
+            7..=10 => cpu_ticks += field.parse::<u64>().unwrap_or(0),
+            15 => start = field.parse().unwrap_or(0),
+            _ => {}
+        }
+    }
     Some(ProcStat {
         pid,
         ppid,
         sid,
         state,
         start,
+        cpu_ticks,
     })
 }
 
@@ -342,6 +364,7 @@ mod tests {
                 sid: 4242,
                 state: 'S',
                 start: 987654,
+                cpu_ticks: 6,
             }
         );
     }
@@ -383,6 +406,7 @@ mod tests {
             sid: pid,
             state: 'S',
             start,
+            cpu_ticks: 0,
         };
         let both = [stage(1, 100), stage(2, 200)];
         // Born while only stage 1 ran: stage 1's, never stage 2's.

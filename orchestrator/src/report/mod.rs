@@ -437,6 +437,15 @@ impl<'a> Snapshot<'a> {
         (0..self.len()).map(|i| self.stage(i))
     }
 
+    /// The whole report, every stage held: for a reader that needs it at once (the experiment
+    /// tracker at the run's end), not for `report.json`, which is streamed.
+    pub(crate) fn to_report(&self) -> Report {
+        Report {
+            stages: self.stages().collect(),
+            ..self.header.clone()
+        }
+    }
+
     /// Writes `report.json` (streamed; see [`write`] for the promises), or tells the user on
     /// the console why it could not.
     pub(crate) fn write_or_warn(&self, path: &Path, console: &crate::events::Events) {

@@ -809,7 +809,7 @@ impl<'h> Driver<'h> {
             &setup.placement,
         );
         ending::write_report_and_results(setup, &report);
-        ending::track(setup).await;
+        ending::track(setup, &report).await;
         if let Some(sampler) = self.sampler.take() {
             sampler.abort();
             ending::draw_gpu_memory(setup, &self.spans, self.started);

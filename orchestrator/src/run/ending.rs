@@ -108,10 +108,10 @@ pub(super) fn draw_gpu_memory(setup: &Setup, spans: &[gpu::timeline::StageSpan],
     }
 }
 
-/// Logs the finished run to the experiment tracker its plan names, if any: from its run
-/// directory (`report.json` was just written), on a blocking thread (a daemon's runs share
-/// this runtime). What happened is one line; nothing here changes the run's outcome.
-pub(super) async fn track(setup: &Setup) {
+/// Logs the finished run (its final `report`) to the experiment tracker its plan names, if
+/// any, on a blocking thread (a daemon's runs share this runtime). What happened is one line;
+/// nothing here changes the run's outcome.
+pub(super) async fn track(setup: &Setup, report: &Snapshot<'_>) {
     let console = &setup.events;
     let target = match crate::tracking::target(&setup.plan.plan.run) {
         Ok(Some(target)) => target,
@@ -119,10 +119,7 @@ pub(super) async fn track(setup: &Setup) {
         Err(e) => return console.warn(&format!("tracking: {e}")),
     };
     let root = setup.run_dir.root().to_path_buf();
-    let report = match crate::report::load_for_display(&root) {
-        Ok(report) => report,
-        Err(e) => return console.warn(&format!("tracking: cannot read the run's report: {e}")),
-    };
+    let report = report.to_report();
     let params = crate::tracking::stage_params(&setup.plan);
     let to = target.clone();
     let logged =
