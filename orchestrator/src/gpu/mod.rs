@@ -83,7 +83,7 @@ pub trait MemoryProbe {
 }
 
 /// How many GPUs this machine offers stages: the fake ones where they are asked for
-/// ([`fake::FAKE_GPUS_VAR`]), else NVML's count (0 without the driver).
+/// (`ORCHESTRATE_FAKE_GPUS`), else NVML's count (0 without the driver).
 pub fn machine_gpu_count() -> usize {
     if let Some((gpus, _)) = fake::from_env() {
         return gpus.len();
