@@ -9,26 +9,25 @@
 //! 2. [`web`]: the daemon's HTTP view, started beside the daemon by the binary;
 //! 3. [`daemon`] serves plans over a Unix socket, many runs on one host (its client is in
 //!    [`daemon::client`]);
-//! 4. [`run`] schedules one plan's stages; where they run (here, or as Slurm job steps) is its
-//!    `run::placement`, the one part of it that knows Slurm;
+//! 4. [`run`] schedules one plan's stages and decides what a resumed run keeps; where they run
+//!    (here, or as Slurm job steps) is its `run::placement`, the one part of it that knows Slurm;
 //! 5. [`attempt`] prepares, starts and supervises one attempt of a stage to its verdict;
-//! 6. [`events`] carries a run's facts to its sinks (console, journal, the daemon's feed);
-//!    [`report`] makes a run readable (console, `report.json`, results), from what the run gives
-//!    it; [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget, event
+//!    [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget, event
 //!    sockets, the Slurm allocation, the fork servers and zygotes), shared by every run;
-//! 7. [`slurm`] makes a run a good citizen of a Slurm allocation (the job, srun steps, requeue);
-//!    [`plan`] loads and validates plans; [`tracking`] logs a finished run to MLflow;
-//! 8. [`gpu`] is the NVML inventory and the reclaim verdict; [`store`] makes a run durable (run
-//!    directory, journal, resume);
-//! 9. [`process`] owns processes: spawn (exec, fork server or zygote), signal, reap, find every
-//!    member;
-//! 10. the `protocol` crate: the formats shared with workers, the daemon's clients and reports.
+//! 6. [`report`] makes a run readable (console, `report.json`, results) from what the run gives
+//!    it (its stages' facts through `report::StageFacts`, where they ran through
+//!    `report::placed`); [`slurm`] makes a run a good citizen of a Slurm allocation (the job,
+//!    srun steps, requeue); [`tracking`] logs a finished run to MLflow;
+//! 7. [`plan`] loads and validates plans and fingerprints their stages; [`gpu`] is the NVML
+//!    inventory and the reclaim verdict; [`events`] carries a run's facts to its sinks
+//!    (console, journal, the daemon's feed);
+//! 8. [`process`] owns processes: spawn (exec, fork server or zygote), signal, reap, find every
+//!    member; [`store`] makes a run durable (run directory, journal, checksums);
+//! 9. the `protocol` crate: the formats shared with workers, the daemon's clients and reports.
 //!
 //! [`settings`], [`exit`], [`table`] and [`timefmt`] are plain helpers every floor may use;
-//! `error` gathers the errors of every floor into the one the binary shows.
-//! Where the code still reaches up, it is named here: [`report`] reads the run's stage
-//! states (`run::state`), [`store`]'s fingerprints and resume take the loaded plan ([`plan`]),
-//! and [`process`]'s zygote takes the per-attempt port variables of `attempt::rendezvous`.
+//! `error` gathers the errors of every floor into the one the binary shows. No module reaches
+//! up.
 
 pub mod attempt;
 pub mod daemon;

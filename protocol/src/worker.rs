@@ -41,6 +41,10 @@ pub const ENV_INPUT_PREFIX: &str = "ORCHESTRATE_INPUT_";
 /// Path of `inputs.json`: a JSON object, upstream stage name → its output directory. Always
 /// set; the only way to find the inputs of a stage with more than [`MAX_INPUT_VARS`] of them.
 pub const ENV_INPUTS_FILE: &str = "ORCHESTRATE_INPUTS_FILE";
+/// The variables that carry a stage attempt's rendezvous port: a port of its own, so that two
+/// multi-process stages side by side do not both take the launchers' default (29500). A plan
+/// that sets `MASTER_PORT` keeps its own.
+pub const ENV_PORT_VARS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
 /// A stage with more upstream stages than this gets no `ORCHESTRATE_INPUT_<X>` variables (an
 /// aggregate after a 10,000-instance matrix would exceed the kernel's limit on a new process's
 /// environment): it reads [`ENV_INPUTS_FILE`] instead.

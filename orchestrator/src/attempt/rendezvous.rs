@@ -14,8 +14,8 @@ use std::sync::Mutex;
 /// How many recently given ports are never given again.
 pub const REMEMBERED: usize = 4096;
 
-/// The variables naming a stage's rendezvous port.
-pub const PORT_VARS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
+/// The variables naming a stage's rendezvous port (the worker contract's).
+pub use protocol::worker::ENV_PORT_VARS as PORT_VARS;
 
 static GIVEN: Mutex<VecDeque<u16>> = Mutex::new(VecDeque::new());
 

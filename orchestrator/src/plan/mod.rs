@@ -15,6 +15,7 @@ mod diagnostic;
 mod expect;
 mod explain;
 mod files;
+pub mod fingerprint;
 mod graph;
 mod json_tree;
 mod layout;

@@ -87,7 +87,7 @@ const NVML_CHECK_VAR: &str = "PYTORCH_NVML_BASED_CUDA_CHECK";
 /// Whether orchestrate sets `name` for one stage alone (so it is not part of a zygote's key,
 /// and the zygote does not have it).
 pub fn per_stage_variable(name: &str) -> bool {
-    name.starts_with("ORCHESTRATE_") || crate::attempt::rendezvous::PORT_VARS.contains(&name)
+    name.starts_with("ORCHESTRATE_") || protocol::worker::ENV_PORT_VARS.contains(&name)
 }
 
 /// Why a stage was exec'd instead of forked from a zygote.
@@ -577,7 +577,7 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
         "learned": knowledge.learned,
         "per_stage": {
             "prefixes": ["ORCHESTRATE_"],
-            "names": crate::attempt::rendezvous::PORT_VARS,
+            "names": protocol::worker::ENV_PORT_VARS,
         },
         "lineage": key.lineage,
         "imports_var": if learning::enabled() { learning::IMPORTS_VAR } else { "" },

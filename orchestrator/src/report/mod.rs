@@ -5,10 +5,8 @@ pub mod placed;
 pub(crate) mod results;
 
 use crate::plan::LoadedPlan;
-use crate::process::reaper::ExitStatus;
 use crate::report::console::human_duration;
 use crate::report::placed::Placed;
-use crate::run::state::{StageState, Status};
 use crate::store::rundir::{RunDir, RunDirError};
 use protocol::report::{Report, StageReport};
 use protocol::status::{RunStatus, StageStatus};
@@ -144,35 +142,8 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
 }
 
 fn empty_stage(name: &str, root: &Path) -> StageReport {
-    StageReport {
-        name: name.to_string(),
-        status: StageStatus::Pending,
-        attempts: 0,
-        exit_code: None,
-        signal: None,
-        error: None,
-        failure: None,
-        stderr_tail: None,
-        output_dir: root
-            .join("stages")
-            .join(name)
-            .join("output")
-            .display()
-            .to_string(),
-        checkpoints: Vec::new(),
-        wall_s: None,
-        metrics: Default::default(),
-        gpu: Vec::new(),
-        leftover_processes: Vec::new(),
-        protocol_violations: Vec::new(),
-        timing: None,
-        started_early: false,
-        host: None,
-        tasks: Vec::new(),
-        nodes: Vec::new(),
-        lost: Vec::new(),
-        start: None,
-    }
+    let output_dir = root.join("stages").join(name).join("output");
+    pending_stage(name, output_dir.display().to_string())
 }
 
 /// Writes the report, or tells the user on the console why it could not.
@@ -298,14 +269,62 @@ pub(crate) fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) ->
     parts.join(" ")
 }
 
+/// What a run knows of its stages, as its report reads them one at a time: the run's stage
+/// states give it (`run::state`), so that the report needs nothing of how a run keeps them.
+/// `Sync`: the run's results are written beside its report, from the same snapshot.
+pub(crate) trait StageFacts: Sync {
+    /// Stage `i`'s record as the run knows it (status, attempts, failure, its last attempt's
+    /// facts), named `name` with its outputs under `output_dir`; where it ran (its tasks, nodes
+    /// and lost attempts) is left empty for the report to add.
+    fn stage_report(&self, i: usize, name: &str, output_dir: String) -> StageReport;
+}
+
+/// A run that has just started: every stage pending and never attempted (no state per stage is
+/// needed for that: a sweep's would be megabytes).
+struct AllPending;
+
+impl StageFacts for AllPending {
+    fn stage_report(&self, _: usize, name: &str, output_dir: String) -> StageReport {
+        pending_stage(name, output_dir)
+    }
+}
+
+/// The record of a stage not attempted yet.
+pub(crate) fn pending_stage(name: &str, output_dir: String) -> StageReport {
+    StageReport {
+        name: name.to_string(),
+        status: StageStatus::Pending,
+        attempts: 0,
+        exit_code: None,
+        signal: None,
+        error: None,
+        failure: None,
+        stderr_tail: None,
+        output_dir,
+        checkpoints: Vec::new(),
+        wall_s: None,
+        metrics: Default::default(),
+        gpu: Vec::new(),
+        leftover_processes: Vec::new(),
+        protocol_violations: Vec::new(),
+        timing: None,
+        started_early: false,
+        host: None,
+        tasks: Vec::new(),
+        nodes: Vec::new(),
+        lost: Vec::new(),
+        start: None,
+    }
+}
+
 /// A run's report as of now, built one stage at a time from the run's stage states as it is
 /// written or summarised: never held whole (a 100,000-stage sweep's report is tens of
 /// megabytes of JSON). Serializes exactly as [`Report`] does.
 pub(crate) struct Snapshot<'a> {
     plan: &'a LoadedPlan,
-    /// Every stage's state; empty for a run whose stages are all pending (see
-    /// [`Snapshot::all_pending`]).
-    states: &'a [StageState],
+    /// What the run knows of each stage (see [`Snapshot::all_pending`] for a run that has
+    /// just started).
+    states: &'a dyn StageFacts,
     run_dir: &'a RunDir,
     /// Where the stages ran: the Slurm job and what each stage's job steps left.
     placed: &'a dyn Placed,
@@ -318,7 +337,7 @@ impl<'a> Snapshot<'a> {
     /// placed as `placed` says.
     pub(crate) fn new(
         plan: &'a LoadedPlan,
-        states: &'a [StageState],
+        states: &'a dyn StageFacts,
         run_dir: &'a RunDir,
         gpu_check: &str,
         started: Instant,
@@ -352,7 +371,15 @@ impl<'a> Snapshot<'a> {
         placed: &'a dyn Placed,
     ) -> Snapshot<'a> {
         let status = RunStatus::Running;
-        Snapshot::new(plan, &[], run_dir, gpu_check, started, status, placed)
+        Snapshot::new(
+            plan,
+            &AllPending,
+            run_dir,
+            gpu_check,
+            started,
+            status,
+            placed,
+        )
     }
 
     /// The run's status as this snapshot gives it.
@@ -365,71 +392,19 @@ impl<'a> Snapshot<'a> {
         self.plan.plan.stages.len()
     }
 
-    /// Stage `i`'s record.
+    /// Stage `i`'s record: what the run knows of it, and where it ran.
     pub(crate) fn stage(&self, i: usize) -> StageReport {
         let stage = &self.plan.plan.stages[i];
-        static PENDING: StageState = StageState::pending(0);
-        let state = self.states.get(i).unwrap_or(&PENDING);
-        let run_dir = self.run_dir;
-        let last = state.last.as_ref();
+        let output_dir = self.run_dir.output_dir(&stage.name).display().to_string();
+        let mut record = self.states.stage_report(i, &stage.name, output_dir);
         // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
-        let placed = self.placed.stage(stage, &run_dir.stage_dir(&stage.name));
-        let failure = state.failure.as_deref();
-        let (status, failure, error) = match &state.status {
-            Status::Succeeded => (StageStatus::Succeeded, None, None),
-            Status::Failed => (
-                StageStatus::Failed,
-                failure.map(|f| f.0),
-                failure.map(|f| f.1.clone()),
-            ),
-            Status::Skipped(class, reason) => {
-                (StageStatus::Skipped, Some(*class), Some(reason.clone()))
-            }
-            Status::Cancelled => (
-                StageStatus::Cancelled,
-                None,
-                Some("stopped by a signal".to_string()),
-            ),
-            Status::Running => (StageStatus::Running, None, None),
-            Status::Pending | Status::RetryAt(_) => (StageStatus::Pending, None, None),
-        };
-        StageReport {
-            name: stage.name.clone(),
-            status,
-            attempts: state.attempts,
-            exit_code: last.and_then(|r| match r.exit {
-                Some(ExitStatus::Code(c)) => Some(c),
-                _ => None,
-            }),
-            signal: last.and_then(|r| match r.exit {
-                Some(ExitStatus::Signal(s)) => Some(crate::process::tree::signal_name(s)),
-                _ => None,
-            }),
-            error,
-            failure,
-            stderr_tail: last.and_then(|r| r.stderr_tail().map(String::from)),
-            output_dir: run_dir.output_dir(&stage.name).display().to_string(),
-            checkpoints: last.map(|r| r.checkpoints().to_vec()).unwrap_or_default(),
-            wall_s: last.map(|r| r.wall.as_secs_f64()),
-            metrics: last.and_then(|r| r.metrics().cloned()).unwrap_or_default(),
-            gpu: last.map(|r| r.gpu().to_vec()).unwrap_or_default(),
-            leftover_processes: last
-                .map(|r| {
-                    r.leftovers()
-                        .iter()
-                        .map(|p| format!("pid {} ({})", p.pid, p.name))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            protocol_violations: last.map(|r| r.violations().to_vec()).unwrap_or_default(),
-            timing: last.and_then(|r| r.timing),
-            started_early: last.is_some_and(|r| r.started_early()),
-            host: last.and_then(|r| r.host()),
-            tasks: placed.tasks,
-            nodes: placed.nodes,
-            lost: placed.lost,
-            start: last.and_then(|r| r.start().cloned()),
-        }
+        let placed = self
+            .placed
+            .stage(stage, &self.run_dir.stage_dir(&stage.name));
+        record.tasks = placed.tasks;
+        record.nodes = placed.nodes;
+        record.lost = placed.lost;
+        record
     }
 
     /// Every stage's record, in plan order, built as it is taken.

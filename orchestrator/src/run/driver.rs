@@ -191,7 +191,7 @@ impl<'h> Driver<'h> {
         setup: Setup,
         host: &'h Rc<Host>,
         news_tx: mpsc::UnboundedSender<StageNews>,
-        states: &[StageState],
+        states: &Vec<StageState>,
     ) -> Result<Driver<'h>> {
         let started = Instant::now();
         let run_dir = &setup.run_dir;

@@ -21,6 +21,7 @@ pub(crate) mod files;
 mod lookahead;
 pub(crate) mod placement;
 pub mod preflight;
+pub mod resume;
 pub(crate) mod scheduler;
 mod setup;
 pub mod state;
@@ -31,9 +32,9 @@ use crate::events::journal::{JournalSink, SharedJournal};
 use crate::events::{Events, RunEvent};
 use crate::host::Host;
 use crate::plan::LoadedPlan;
+use crate::run::resume::Decision;
 use crate::run::state::{LastAttempt, StageState};
 use crate::store::journal::Journal;
-use crate::store::resume::Decision;
 use crate::store::rundir::RunDir;
 use protocol::status::RunStatus;
 use std::path::PathBuf;
@@ -176,7 +177,7 @@ async fn run_in_span(
     run_dir.record_plan(&plan_source, plan_format, &plan.source_name, &plan.base_dir)?;
     // Kept, it would be held for the whole run (a long written-out plan's text is megabytes).
     drop(plan_source);
-    let fingerprints = crate::store::fingerprint::Background::start(plan.clone());
+    let fingerprints = crate::plan::fingerprint::Background::start(plan.clone());
     let decisions = match resume {
         true => Some(resume_decisions(&plan, &run_dir, &fingerprints, &events, &mut cancel).await?),
         false => None,
@@ -297,7 +298,7 @@ fn gpu_check_note(plan: &LoadedPlan, cleared: &preflight::Cleared) -> String {
 async fn resume_decisions(
     plan: &Arc<LoadedPlan>,
     run_dir: &RunDir,
-    fingerprints: &crate::store::fingerprint::Background,
+    fingerprints: &crate::plan::fingerprint::Background,
     events: &Events,
     cancel: &mut watch::Receiver<CancelLevel>,
 ) -> Result<Vec<Decision>> {
@@ -313,7 +314,7 @@ async fn resume_decisions(
     let abort = Arc::new(AtomicBool::new(false));
     let flag = abort.clone();
     let mut work = tokio::task::spawn_blocking(move || {
-        crate::store::resume::decide_until(&for_thread, &prints.all(), &records, &flag)
+        crate::run::resume::decide_until(&for_thread, &prints.all(), &records, &flag)
     });
     let mut listening = true;
     let decisions = loop {
@@ -332,7 +333,7 @@ async fn resume_decisions(
     events.detail(&format!(
         "resuming {}:\n{}",
         run_dir.root().display(),
-        crate::store::resume::render(plan, &decisions)
+        crate::run::resume::render(plan, &decisions)
     ));
     Ok(decisions)
 }

@@ -336,7 +336,7 @@ impl<'p> Scheduler<'p> {
     }
 
     /// Every stage's state, by index.
-    pub(crate) fn states(&self) -> &[StageState] {
+    pub(crate) fn states(&self) -> &Vec<StageState> {
         &self.states
     }
 

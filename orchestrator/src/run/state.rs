@@ -7,8 +7,9 @@
 use crate::attempt::outcome::{AttemptResult, Outcome};
 use crate::process::reaper::ExitStatus;
 use crate::process::tree::StoppedProcess;
-use protocol::report::{CheckpointRecord, GpuRecord, HostUsage, StageTiming};
+use protocol::report::{CheckpointRecord, GpuRecord, HostUsage, StageReport, StageTiming};
 use protocol::status::FailureClass;
+use protocol::status::StageStatus;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -234,6 +235,75 @@ impl LastAttempt {
     /// Whether it was started early (see [`AttemptResult::started_early`]).
     pub(crate) fn started_early(&self) -> bool {
         self.details.as_deref().is_some_and(|d| d.started_early)
+    }
+}
+
+impl crate::report::StageFacts for Vec<StageState> {
+    fn stage_report(&self, i: usize, name: &str, output_dir: String) -> StageReport {
+        match self.get(i) {
+            Some(state) => state.report(name, output_dir),
+            None => crate::report::pending_stage(name, output_dir),
+        }
+    }
+}
+
+impl StageState {
+    /// This stage's record for the report, named `name` with its outputs under `output_dir`
+    /// (where it ran is the placement's to add).
+    fn report(&self, name: &str, output_dir: String) -> StageReport {
+        let last = self.last.as_ref();
+        let failure = self.failure.as_deref();
+        let (status, failure, error) = match &self.status {
+            Status::Succeeded => (StageStatus::Succeeded, None, None),
+            Status::Failed => (
+                StageStatus::Failed,
+                failure.map(|f| f.0),
+                failure.map(|f| f.1.clone()),
+            ),
+            Status::Skipped(class, reason) => {
+                (StageStatus::Skipped, Some(*class), Some(reason.clone()))
+            }
+            Status::Cancelled => (
+                StageStatus::Cancelled,
+                None,
+                Some("stopped by a signal".to_string()),
+            ),
+            Status::Running => (StageStatus::Running, None, None),
+            Status::Pending | Status::RetryAt(_) => (StageStatus::Pending, None, None),
+        };
+        StageReport {
+            status,
+            attempts: self.attempts,
+            exit_code: last.and_then(|r| match r.exit {
+                Some(ExitStatus::Code(c)) => Some(c),
+                _ => None,
+            }),
+            signal: last.and_then(|r| match r.exit {
+                Some(ExitStatus::Signal(s)) => Some(crate::process::tree::signal_name(s)),
+                _ => None,
+            }),
+            error,
+            failure,
+            stderr_tail: last.and_then(|r| r.stderr_tail().map(String::from)),
+            checkpoints: last.map(|r| r.checkpoints().to_vec()).unwrap_or_default(),
+            wall_s: last.map(|r| r.wall.as_secs_f64()),
+            metrics: last.and_then(|r| r.metrics().cloned()).unwrap_or_default(),
+            gpu: last.map(|r| r.gpu().to_vec()).unwrap_or_default(),
+            leftover_processes: last
+                .map(|r| {
+                    r.leftovers()
+                        .iter()
+                        .map(|p| format!("pid {} ({})", p.pid, p.name))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            protocol_violations: last.map(|r| r.violations().to_vec()).unwrap_or_default(),
+            timing: last.and_then(|r| r.timing),
+            started_early: last.is_some_and(|r| r.started_early()),
+            host: last.and_then(|r| r.host()),
+            start: last.and_then(|r| r.start().cloned()),
+            ..crate::report::pending_stage(name, output_dir)
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 use super::{load_or_report, print_json, run_dir_error};
 use orchestrator::exit;
 use orchestrator::plan::LoadedPlan;
+use orchestrator::run::resume::Decision;
 use orchestrator::store::journal::OpenAttempt;
-use orchestrator::store::resume::Decision;
 use orchestrator::store::rundir::LockOwner;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -59,8 +59,8 @@ fn read_status(run_dir: &Path, plan: Option<&Path>) -> Result<RunStatus, ExitCod
         .unwrap_or_default(),
         None => Vec::new(),
     };
-    let prints = orchestrator::store::fingerprint::stage_fingerprints(&loaded);
-    let decisions = orchestrator::store::resume::decide(&loaded, &prints, &records);
+    let prints = orchestrator::plan::fingerprint::stage_fingerprints(&loaded);
+    let decisions = orchestrator::run::resume::decide(&loaded, &prints, &records);
     Ok(RunStatus {
         root,
         loaded,
@@ -100,7 +100,7 @@ fn print_status_text(status: &RunStatus) {
         );
     }
     let now_ms = orchestrator::timefmt::unix_ms();
-    let text = orchestrator::store::resume::render(loaded, &status.decisions);
+    let text = orchestrator::run::resume::render(loaded, &status.decisions);
     let names = loaded.plan.stages.iter().map(|s| s.name.as_str());
     let width = orchestrator::table::column_width("stage", names);
     for (line, stage) in text.lines().zip(&loaded.plan.stages) {
