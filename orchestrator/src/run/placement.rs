@@ -34,8 +34,13 @@ use std::path::{Path, PathBuf};
 /// Where a run's stages run (see the module's documentation).
 #[derive(Debug, Clone)]
 pub(crate) enum Placement {
-    /// Outside Slurm; `run_dir` is the run's directory.
-    Local { run_dir: PathBuf },
+    /// Outside Slurm; `run_dir` is the run's directory, `resumes_slurm` whether earlier
+    /// attempts of this run ran inside Slurm (its directory has the job's record), the only
+    /// case in which a local run's report has Slurm records to show.
+    Local {
+        run_dir: PathBuf,
+        resumes_slurm: bool,
+    },
     /// Inside a Slurm allocation of one node.
     Allocation(InJob),
     /// Inside a Slurm allocation of several nodes.
@@ -58,7 +63,11 @@ impl Placement {
     pub(crate) fn new(job: Option<Allocation>, run_dir: &Path, settings: &Settings) -> Placement {
         let run_dir = run_dir.to_path_buf();
         let Some(job) = job else {
-            return Placement::Local { run_dir };
+            let resumes_slurm = crate::slurm::history::exists(&run_dir);
+            return Placement::Local {
+                run_dir,
+                resumes_slurm,
+            };
         };
         let spreads = crate::slurm::placement::spreads(Some(&job));
         let in_job = InJob {
@@ -213,13 +222,26 @@ impl Placement {
 impl Placed for Placement {
     fn job(&self) -> Option<SlurmJobReport> {
         let run_dir = match self {
-            Placement::Local { run_dir } => run_dir,
+            Placement::Local {
+                resumes_slurm: false,
+                ..
+            } => return None,
+            Placement::Local { run_dir, .. } => run_dir,
             Placement::Allocation(j) | Placement::Spread(j) => &j.run_dir,
         };
         crate::slurm::history::load(run_dir)
     }
 
+    /// Outside Slurm, nothing is looked up (every pass over the report would otherwise cost
+    /// each stage's files a few system calls), unless the run resumes one that ran inside it.
     fn stage(&self, stage: &Stage, stage_dir: &Path) -> StageRecords {
+        if let Placement::Local {
+            resumes_slurm: false,
+            ..
+        } = self
+        {
+            return StageRecords::default();
+        }
         let (tasks, nodes) = crate::slurm::records::stage_records(stage, stage_dir);
         StageRecords {
             tasks,

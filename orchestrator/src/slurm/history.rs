@@ -16,6 +16,11 @@ pub fn load(run_dir: &Path) -> Option<SlurmJobReport> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// Whether a run directory has the job's record: some run in it ran inside Slurm.
+pub fn exists(run_dir: &Path) -> bool {
+    path(run_dir).exists()
+}
+
 fn save(run_dir: &Path, report: &SlurmJobReport) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
     crate::store::rundir::write_atomic(&path(run_dir), &bytes)
