@@ -6,7 +6,9 @@ environment every stage of this zygote shares; CONFIG is a JSON object: `preload
 as the plan lists them), `learned` (modules stages forked from an earlier generation imported
 themselves), `left_out` (learned modules already left out, with why), `per_stage` (`prefixes`
 and `names` of the variables orchestrate sets per stage), `lineage` (an id written back with
-what stages import) and `imports_var` (the request variable naming where a stage writes it). It speaks the fork server protocol of
+what stages import), `imports_var` (the request variable naming where a stage writes it), `log`
+(a file it appends what it does to, or absent), and, after a restart, `check_each` and
+`verified` (the learned modules checked one by one, and how many of them passed already). It speaks the fork server protocol of
 `protocol::fork` on descriptor FD: 4-byte little-endian length, JSON body; each request
 carries the new stage's stdout and stderr as SCM_RIGHTS.
 
@@ -63,6 +65,23 @@ PR_SET_PDEATHSIG = 1
 ORIGINAL_ENV = dict(os.environ)
 
 
+_STARTED = time.monotonic()
+_LOG = None
+
+
+def log(message):
+    """Appends a line to this lineage's log (`log` in CONFIG: a file beside what it learned),
+    so that a zygote slow to become ready can be asked what it did: the imports and how long
+    they took, every check that failed and every restart, and why."""
+    if not _LOG:
+        return
+    try:
+        with open(_LOG, "a") as out:
+            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()} +{time.monotonic() - _STARTED:.2f}s {message}\n")
+    except OSError:
+        pass  # the log is a help, never a reason to refuse
+
+
 class _ReadRecorder:
     """Records the names of environment variables read through os.environ while installed."""
 
@@ -89,6 +108,9 @@ class _ReadRecorder:
             os.environb.__class__ = self._plain
 
 
+_DEVICE_MAPPING = re.compile(r"\s(/dev/nvidia(?:-uvm|[0-9])\S*)")
+
+
 def cuda_touched():
     """Why this process must not fork stages, or None: every sign found, so that a refusal
     says all that is known."""
@@ -100,12 +122,12 @@ def cuda_touched():
     # /dev/nvidia0 and the caps devices while the driver still answers "not initialised", and
     # children forked after that use CUDA (bench/zygote/uvm_probe.py, H200, 2026-12-01). A
     # context maps device files, and an initialised driver answers below.
+    # One search over the whole file: a process that imported torch maps thousands of
+    # regions, and this check runs after every learned module when they are checked one by one.
     with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            if len(fields) > 5 and re.match(r"/dev/nvidia(-uvm|[0-9])", fields[5]):
-                signs.append(f"it maps {fields[5]}")
-                break
+        mapped = _DEVICE_MAPPING.search(maps.read())
+    if mapped:
+        signs.append(f"it maps {mapped.group(1)}")
     try:
         cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
     except OSError:
@@ -349,12 +371,15 @@ def preload(sock, config):
             try:
                 __import__(name)
             except BaseException as error:  # noqa: BLE001 - any failure is a refusal
+                log(f"refused: importing preload module `{name}` failed: {error!r}")
                 send(sock, {"reply": "refused", "reason": f"importing preload module `{name}` failed: {error!r}"})
                 return None
             why = cuda_touched() or threads_running()
             if why:
+                log(f"refused: after importing `{name}`, {why}")
                 send(sock, {"reply": "refused", "reason": f"after importing `{name}`, {why}"})
                 return None
+        log(f"imported the plan's {len(config.get('preload', []))} modules")
         left_out = import_learned(sock, config, recorder)
     finally:
         recorder.uninstall()
@@ -376,23 +401,30 @@ def import_learned(sock, config, recorder):
     read a per-stage variable cannot be undone: this process execs itself afresh without it
     (`restart_without`). Returns the modules left out, each `{"module", "reason"}`."""
     left_out = list(config.get("left_out", []))
+    learned = config.get("learned", [])
+    started = time.monotonic()
     if not config.get("check_each"):
-        # The usual case first: import the whole list and check once (a check forks a probe
-        # and reads this process's maps: once per module, a list of thousands took minutes).
-        # Only a list that leaves this process unfit is gone through again, module by module.
+        # The usual case first: import the whole list and check once (a check reads this
+        # process's maps and may fork a probe). Only a list that leaves this process unfit is
+        # gone through again, module by module.
         read = set(recorder.names)
-        for name in config.get("learned", []):
-            if name in sys.modules:
-                continue
-            try:
-                __import__(name)
-            except BaseException as error:  # noqa: BLE001 - a module that fails is left out
-                left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
-        per_stage = _per_stage_read(recorder.names - read, config.get("per_stage", {}))
-        if not (cuda_touched() or threads_running() or per_stage):
+        _import_each(learned, left_out)
+        why = unfit(recorder.names - read, config)
+        log(f"imported {len(learned)} learned modules whole in {time.monotonic() - started:.1f} s; "
+            + (f"unfit: {why}" if why else "fit to fork"))
+        if not why:
             return left_out
         restart_checking_each(sock, config, left_out)
-    for name in config.get("learned", []):
+    # Checking one by one, after a restart: the first `verified` modules were imported and
+    # checked in an earlier pass, so they are imported whole and checked once.
+    verified = min(config.get("verified", 0), len(learned))
+    read = set(recorder.names)
+    _import_each(learned[:verified], left_out)
+    why = unfit(recorder.names - read, config)
+    if why:
+        log(f"the {verified} modules checked before are unfit together: {why}; checking all again")
+        restart_checking_each(sock, config, left_out)
+    for i, name in enumerate(learned[verified:], start=verified):
         if name in sys.modules:
             continue
         loaded, read = len(sys.modules), set(recorder.names)
@@ -403,23 +435,44 @@ def import_learned(sock, config, recorder):
             continue
         if len(sys.modules) == loaded and recorder.names == read:
             continue  # it loaded nothing new: nothing new to check
-        why = cuda_touched() or threads_running() or _per_stage_read(recorder.names - read, config.get("per_stage", {}))
+        why = unfit(recorder.names - read, config)
         if why:
-            restart_without(sock, config, left_out, name, f"after importing it, {why}")
+            restart_without(sock, config, left_out, name, f"after importing it, {why}", verified=i)
+        if i % 250 == 0:
+            log(f"checked {i} of {len(learned)} learned modules one by one")
+    log(f"checked {len(learned)} learned modules one by one in {time.monotonic() - started:.1f} s")
     return left_out
+
+
+def _import_each(names, left_out):
+    """Imports `names` in order; one whose import fails is added to `left_out`."""
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            __import__(name)
+        except BaseException as error:  # noqa: BLE001 - a module that fails is left out
+            left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
+
+
+def unfit(names_read, config):
+    """Why this process may not fork stages after imports that read `names_read`, or None."""
+    return cuda_touched() or threads_running() or _per_stage_read(names_read, config.get("per_stage", {}))
 
 
 def restart_checking_each(sock, config, left_out):
     """Execs this zygote afresh to import the learned modules one at a time, checking after
     each, since importing them all made this process unfit to fork."""
-    _restart(sock, dict(config, check_each=True, left_out=left_out),
+    log("restarting to check the learned modules one by one")
+    _restart(sock, dict(config, check_each=True, verified=0, left_out=left_out),
              "learned modules made the zygote unfit to fork, and it could not restart to find which")
 
 
-def restart_without(sock, config, left_out, name, why):
+def restart_without(sock, config, left_out, name, why, verified=0):
     """Execs this zygote afresh with `name` left out, as its import made this process unfit to
-    fork and cannot be undone."""
-    config = dict(config)
+    fork and cannot be undone; the `verified` modules before it passed their checks."""
+    log(f"restarting without learned module `{name}` ({verified} before it checked): {why}")
+    config = dict(config, verified=verified)
     config["learned"] = [m for m in config.get("learned", []) if m != name]
     config["left_out"] = left_out + [{"module": name, "reason": why}]
     _restart(sock, config, f"learned module `{name}`: {why}; and the zygote could not restart without it")
@@ -524,11 +577,23 @@ def serve(fd, config):
     in a forked stage process, None in the zygote when it is done."""
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)
+    global _LOG
+    _LOG = config.get("log")
+    if _LOG:
+        try:
+            os.makedirs(os.path.dirname(_LOG), exist_ok=True)
+            if os.path.getsize(_LOG) > 1 << 20:
+                os.truncate(_LOG, 0)  # kept short: the latest zygotes' lines are the useful ones
+        except OSError:
+            pass
+    log(f"starting: {len(config.get('preload', []))} plan modules, {len(config.get('learned', []))} learned"
+        + (f", checking one by one from {config.get('verified', 0)}" if config.get("check_each") else ""))
     imported = preload(sock, config)
     if imported is None:
         return None
     env_read, left_out = imported
     recorded = loaded_files()
+    log(f"ready: {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out")
     send(sock, {
         "reply": "ready",
         "pid": os.getpid(),

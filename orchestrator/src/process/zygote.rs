@@ -581,6 +581,7 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
         },
         "lineage": key.lineage,
         "imports_var": if learning::enabled() { learning::IMPORTS_VAR } else { "" },
+        "log": learning::log_path(&key.lineage),
     });
     let mut cmd = Command::new(&key.interpreter);
     cmd.arg("-c")

@@ -123,6 +123,16 @@ fn store(lineage: &str) -> Option<PathBuf> {
     valid.then(|| cache_dir().map(|d| d.join(format!("{lineage}.json"))))?
 }
 
+/// The file `lineage`'s zygotes append what they do to (their imports and how long they
+/// took, every failed check and restart, and why), beside what it learned: where to look
+/// when a zygote is slow to become ready. None when nothing is learned.
+pub(super) fn log_path(lineage: &str) -> Option<PathBuf> {
+    if !enabled() {
+        return None;
+    }
+    store(lineage).map(|path| path.with_extension("log"))
+}
+
 /// What `lineage` has learned (nothing, generation 1, when nothing is kept or learning is off).
 pub(super) fn load(lineage: &str) -> Knowledge {
     if !enabled() {
