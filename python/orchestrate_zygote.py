@@ -176,7 +176,24 @@ def threads_running():
     count = _os_threads()
     if count == 1:
         return None
-    return f"it runs {count} threads, and a fork leaves them running (native threads no fork handler stops)"
+    return (f"it runs {count} threads ({', '.join(_thread_names())} besides the main one), and a fork leaves"
+            " them running (native threads no fork handler stops)")
+
+
+def _thread_names():
+    """The names the kernel has for this process's threads other than the main one (what a
+    library named its thread, e.g. `cuda-EvtHandlr`), each once, with a count where several."""
+    names = {}
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+    return [f"{n} x{c}" if c > 1 else n for n, c in sorted(names.items())] or ["?"]
 
 
 def _site_directories():
@@ -425,23 +442,33 @@ def import_learned(sock, config, recorder):
         log(f"the {verified} modules checked before are unfit together: {why}; checking all again")
         restart_checking_each(sock, config, left_out)
     for i, name in enumerate(learned[verified:], start=verified):
-        if name in sys.modules:
-            continue
-        loaded, read = len(sys.modules), set(recorder.names)
-        try:
-            __import__(name)
-        except BaseException as error:  # noqa: BLE001 - a module that fails is left out
-            left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
-            continue
-        if len(sys.modules) == loaded and recorder.names == read:
-            continue  # it loaded nothing new: nothing new to check
-        why = unfit(recorder.names - read, config)
-        if why:
-            restart_without(sock, config, left_out, name, f"after importing it, {why}", verified=i)
+        # A module's packages are imported (and checked) before it, one by one: importing
+        # `pkg.sub` runs `pkg/__init__.py` first, and when that is what makes this process
+        # unfit, `pkg` is the module to leave out, with every learned module under it.
+        for part in _packages_then(name):
+            if part in sys.modules:
+                continue
+            loaded, read = len(sys.modules), set(recorder.names)
+            try:
+                __import__(part)
+            except BaseException as error:  # noqa: BLE001 - a module that fails is left out
+                left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
+                break
+            if len(sys.modules) == loaded and recorder.names == read:
+                continue  # it loaded nothing new: nothing new to check
+            why = unfit(recorder.names - read, config)
+            if why:
+                restart_without(sock, config, left_out, part, f"after importing it, {why}", verified=i)
         if i % 250 == 0:
             log(f"checked {i} of {len(learned)} learned modules one by one")
     log(f"checked {len(learned)} learned modules one by one in {time.monotonic() - started:.1f} s")
     return left_out
+
+
+def _packages_then(name):
+    """`a.b.c` -> `a`, `a.b`, `a.b.c`."""
+    parts = name.split(".")
+    return [".".join(parts[: n + 1]) for n in range(len(parts))]
 
 
 def _import_each(names, left_out):
@@ -469,11 +496,17 @@ def restart_checking_each(sock, config, left_out):
 
 
 def restart_without(sock, config, left_out, name, why, verified=0):
-    """Execs this zygote afresh with `name` left out, as its import made this process unfit to
-    fork and cannot be undone; the `verified` modules before it passed their checks."""
-    log(f"restarting without learned module `{name}` ({verified} before it checked): {why}")
+    """Execs this zygote afresh with `name` left out, and every learned module under it (each
+    would import it again), as its import made this process unfit to fork and cannot be
+    undone; the `verified` modules before it passed their checks (none of them is under `name`:
+    importing one would have imported `name`)."""
     config = dict(config, verified=verified)
-    config["learned"] = [m for m in config.get("learned", []) if m != name]
+    learned = config.get("learned", [])
+    under = [m for m in learned if m.startswith(name + ".")]
+    config["learned"] = [m for m in learned if m != name and not m.startswith(name + ".")]
+    if under:
+        why = f"{why} (left out with its learned submodule{'s' if len(under) > 1 else ''} {', '.join(under[:3])}{' …' if len(under) > 3 else ''})"
+    log(f"restarting without learned module `{name}` ({verified} before it checked): {why}")
     config["left_out"] = left_out + [{"module": name, "reason": why}]
     _restart(sock, config, f"learned module `{name}`: {why}; and the zygote could not restart without it")
 

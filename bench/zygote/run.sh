@@ -14,6 +14,7 @@
 #      with `preload = "auto"`, each from an empty cache of what zygotes learn; "auto" again
 #      with what the first "auto" run kept; and the same chain exec'd (ORCHESTRATE_ZYGOTE=0).
 #      GPUS=0 gives the stages no GPU (the CPU rehearsal).
+#      SWEEPS names which of the four learning sweeps run (default all: "list auto auto-again exec").
 # Usage: [FIRST_LINE_ONLY=1 | SEED_ONLY=1 | LEARN_ONLY=1] bench/zygote/run.sh BIN_DIR [REPO]   (REPO: the checkout with examples/, configs/,
 # python/ and DeepSpeed's wheels in .whl/, default this script's; results in $OUT/results.tar.gz)
 set -uo pipefail
@@ -92,7 +93,7 @@ learn_chain() { # PRELOAD: N chained stages running first_line.py
 }
 learn_chain "$listed" > "$res/learn-list.toml"
 learn_chain '"auto"' > "$res/learn-auto.toml"
-for sweep in list auto auto-again exec; do
+for sweep in ${SWEEPS:-list auto auto-again exec}; do
   plan=$res/learn-${sweep%-again}.toml; cache=$res/cache-${sweep%-again}; zygote=1
   [ "$sweep" = exec ] && { plan=$res/learn-list.toml; zygote=0; }
   ORCHESTRATE_ZYGOTE=$zygote ORCHESTRATE_ZYGOTE_CACHE=$cache RUST_LOG=orchestrator::process::zygote=info \

@@ -729,13 +729,14 @@ fn forked_instances_of_a_matrix_draw_different_random_numbers() {
 const LEARNME: &str = "import os, time\nwith open(os.path.join(os.path.dirname(__file__), 'learnme.marks'), 'a') as f:\n    \
     f.write(f'{os.getpid()} {time.time()}\\n')\n";
 
-/// Starts a thread at import, as a module with a background worker does.
+/// Starts a thread at import, as a package with a background worker does (its
+/// `__init__.py`).
 const THREADER: &str = "import threading, time\n\
     threading.Thread(target=lambda: time.sleep(600), name='threader-sleeps', daemon=True).start()\n";
 
-/// The first stage: imports a local module, a standard-library one and one that starts a
-/// thread, none of them preloaded.
-const TEACHES: &str = "import learnme, decimal, threader\n";
+/// The first stage: imports a local module, a standard-library one and a submodule of a
+/// package that starts a thread, none of them preloaded.
+const TEACHES: &str = "import learnme, decimal, threader.sub\n";
 
 /// Ends once the zygote's next generation has imported `learnme` twice (it imports it, then
 /// `threader`, which it leaves out by starting afresh without it), and a moment more for it to
@@ -756,16 +757,17 @@ time.sleep(1.0)
 
 /// The second stage: what was already loaded at its first line.
 const SEES: &str = r#"import json, sys
-print(json.dumps({m: m in sys.modules for m in ["learnme", "decimal", "threader"]}))
+print(json.dumps({m: m in sys.modules for m in ["learnme", "decimal", "threader", "threader.sub"]}))
 "#;
 
 #[test]
-fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_module_that_starts_a_thread() {
+fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a_thread() {
     python_available();
     let s = Scratch::new("zygote-learns");
     let mods = s.path().join("mods");
     s.write("mods/learnme.py", LEARNME);
-    s.write("mods/threader.py", THREADER);
+    s.write("mods/threader/__init__.py", THREADER);
+    s.write("mods/threader/sub.py", "");
     s.write("teaches.py", TEACHES);
     s.write("awaits.py", AWAITS_NEXT);
     s.write("sees.py", SEES);
@@ -810,17 +812,17 @@ fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_module_that_starts_a_
     let seen = stdout_json(&run_dir, "second");
     assert_eq!(
         seen,
-        serde_json::json!({"learnme": true, "decimal": true, "threader": false})
+        serde_json::json!({"learnme": true, "decimal": true, "threader": false, "threader.sub": false})
     );
-    // The module left out is named, with why, in the report of the stages it forks.
+    // The package whose `__init__` starts the thread is left out once, with its submodule
+    // (which would import it again), named with why in the report of the stages it forks.
     let left_out = second["left_out"].as_array().unwrap();
     assert_eq!(left_out.len(), 1, "{second}");
     assert_eq!(left_out[0]["module"], "threader");
+    let reason = left_out[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("threader-sleeps"), "{second}");
     assert!(
-        left_out[0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("threader-sleeps"),
+        reason.contains("learned submodule threader.sub"),
         "{second}"
     );
     assert!(
@@ -828,15 +830,29 @@ fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_module_that_starts_a_
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // What was learned is kept for the next run of this interpreter and preload setting.
-    let kept: Vec<_> = std::fs::read_dir(s.path().join("zygote-cache"))
-        .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
-        .collect();
+    // What was learned is kept for the next run of this interpreter and preload setting (with
+    // the package's submodule dropped: it would import the package again), beside the log of
+    // what the zygotes did.
+    let cache = s.path().join("zygote-cache");
+    let files = |ext: &str| -> Vec<String> {
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .collect()
+    };
+    let kept = files("json");
     assert_eq!(kept.len(), 1, "{kept:?}");
     let kept: Value = serde_json::from_str(&kept[0]).unwrap();
     let learned = kept["learned"].as_array().unwrap();
     assert!(learned.contains(&Value::from("learnme")), "{kept}");
     assert!(learned.contains(&Value::from("decimal")), "{kept}");
+    assert!(!learned.contains(&Value::from("threader.sub")), "{kept}");
     assert_eq!(kept["left_out"][0]["module"], "threader", "{kept}");
+    let log = files("log").concat();
+    assert!(
+        log.contains("restarting without learned module `threader`"),
+        "{log}"
+    );
 }

@@ -173,7 +173,7 @@ pub(super) fn learn(report: &ImportsReport) -> usize {
     }
     let mut knowledge = load(&report.lineage);
     let known = |k: &Knowledge, name: &str| {
-        k.learned.iter().any(|m| m == name) || k.left_out.iter().any(|l| l.module == name)
+        k.learned.iter().any(|m| m == name) || k.left_out.iter().any(|l| within(name, &l.module))
     };
     let mut added = 0;
     for name in &report.preloadable {
@@ -187,6 +187,13 @@ pub(super) fn learn(report: &ImportsReport) -> usize {
         save(&report.lineage, &knowledge);
     }
     added
+}
+
+/// Whether module `name` is `package` or one of its submodules (importing it imports
+/// `package`).
+fn within(name: &str, package: &str) -> bool {
+    name.strip_prefix(package)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
 /// Keeps that `lineage` leaves `left` out from now on (a zygote said why). Returns every
@@ -203,9 +210,10 @@ pub(super) fn leave_out(lineage: &str, left: &[LeftOut]) -> Vec<LeftOut> {
             knowledge.left_out.push(entry.clone());
         }
     }
+    // A module under a package left out would import it again.
     knowledge
         .learned
-        .retain(|m| !left.iter().any(|l| &l.module == m));
+        .retain(|m| !left.iter().any(|l| within(m, &l.module)));
     if knowledge.left_out.len() != before {
         save(lineage, &knowledge);
     }
@@ -215,6 +223,14 @@ pub(super) fn leave_out(lineage: &str, left: &[LeftOut]) -> Vec<LeftOut> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_package_left_out_takes_its_submodules_with_it() {
+        assert!(within("threader", "threader"));
+        assert!(within("threader.sub", "threader"));
+        assert!(!within("threaders", "threader"));
+        assert!(!within("thread", "threader"));
+    }
 
     #[test]
     fn a_lineage_is_stable_and_names_its_interpreter_and_preload() {
