@@ -81,6 +81,11 @@ impl GpuPool {
     pub fn quarantine(&mut self, uuid: &str) {
         self.quarantined.insert(uuid.to_string());
     }
+
+    /// Stages may be placed on `uuid` again; whether it was quarantined.
+    pub fn lift_quarantine(&mut self, uuid: &str) -> bool {
+        self.quarantined.remove(uuid)
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +122,8 @@ mod tests {
         assert_eq!(pool.take(1, "c", any).unwrap()[0].uuid, "GPU-1");
         assert_eq!(pool.usable(), 1);
         assert!(pool.take(2, "d", any).is_none());
+        assert!(pool.lift_quarantine("GPU-0") && !pool.lift_quarantine("GPU-0"));
+        assert_eq!(pool.take(1, "e", any).unwrap()[0].uuid, "GPU-0");
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! order), so a run never waits behind a later one of the same priority.
 
 pub mod descriptors;
+pub mod quarantine_release;
 pub(crate) mod sockets;
 
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
@@ -346,6 +347,13 @@ impl Host {
     pub(crate) fn quarantine(&self, uuid: &str) {
         self.pool.borrow_mut().quarantine(uuid);
         self.gpus_freed.notify_waiters();
+    }
+
+    /// Stages may be placed on `uuid` again (see [`Host::release_quarantined_gpu`]).
+    fn lift_quarantine(&self, uuid: &str) {
+        if self.pool.borrow_mut().lift_quarantine(uuid) {
+            self.gpus_freed.notify_waiters();
+        }
     }
 
     /// The run holding `ticket` no longer waits for GPUs (it ended or has nothing ready).
