@@ -51,7 +51,8 @@ function runsPage() {
       const end = info.finished_unix || now;
       return el("tr", { "data-run": info.id },
         el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(info.id) }, info.id)),
-        el("td", { class: "status s-" + info.state }, stateLabel(info.state)),
+        el("td", { class: "status s-" + info.state }, stateLabel(info.state),
+          info.waiting.length ? el("div", { class: "waiting" }, "waiting: " + info.waiting.join("; ")) : ""),
         el("td", {}, bar, ` ${info.succeeded}/${info.stages}` + (info.running ? `, ${info.running} running` : "")),
         el("td", {}, when(info.submitted_unix)),
         el("td", { class: "num" }, secs(end - info.submitted_unix)),
