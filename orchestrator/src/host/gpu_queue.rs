@@ -32,8 +32,15 @@ pub(crate) type QueueKey = (Ticket, u64);
 pub(crate) enum GpuState {
     /// Free and clean.
     Free,
-    /// A stage of this host holds it (run and stage).
+    /// A stage of this host holds it whole (run and stage).
     Ours(String),
+    /// Stages of this host share it (their names), with this many bytes not yet declared.
+    Shared {
+        /// The stages sharing it ("run X, stage `a`; …").
+        sharers: String,
+        /// Its memory less the baseline and what the sharers declared.
+        room: u64,
+    },
     /// Something that is not ours holds it, or it cannot be read (why).
     Held(GpuBusy),
     /// Quarantined after a leak.
@@ -49,6 +56,8 @@ pub(crate) struct Waiter {
     pub owner: String,
     /// GPUs it asks for.
     pub n: usize,
+    /// For a share of one GPU (`gpu_memory`): the bytes it declared.
+    pub bytes: Option<u64>,
     /// When it began to wait.
     pub since: Instant,
     /// When it last asked (a waiter that stops asking leaves the queue).
@@ -85,12 +94,17 @@ pub(crate) fn place(
     order.sort_by_key(|w| w.key);
     for w in order {
         let is_asker = w.key == asker.key;
-        let unclaimed = |want: fn(&GpuState) -> bool, claimed: &[Option<String>]| -> Vec<usize> {
+        let unclaimed = |want: &dyn Fn(&GpuState) -> bool, claimed: &[Option<String>]| {
             (0..gpus.len())
                 .filter(|&i| claimed[i].is_none() && want(&gpus[i].1))
-                .collect()
+                .collect::<Vec<usize>>()
         };
-        let free = unclaimed(|s| matches!(s, GpuState::Free), &claimed);
+        let fits = |s: &GpuState| match s {
+            GpuState::Free => true,
+            GpuState::Shared { room, .. } => w.bytes.is_some_and(|b| b <= *room),
+            _ => false,
+        };
+        let free = unclaimed(&fits, &claimed);
         if free.len() >= w.n {
             let pick = free[..w.n].to_vec();
             if is_asker {
@@ -101,11 +115,15 @@ pub(crate) fn place(
             }
             continue;
         }
-        let ours = unclaimed(|s| matches!(s, GpuState::Ours(_)), &claimed);
+        // GPUs our own stages hold come back when those stages end.
+        let ours = unclaimed(
+            &|s| !fits(s) && matches!(s, GpuState::Ours(_) | GpuState::Shared { .. }),
+            &claimed,
+        );
         let long = now.saturating_duration_since(w.since) >= RESERVE_AFTER;
         let mut candidates: Vec<usize> = free.iter().chain(&ours).copied().collect();
         if long {
-            candidates.extend(unclaimed(|s| matches!(s, GpuState::Held(_)), &claimed));
+            candidates.extend(unclaimed(&|s| matches!(s, GpuState::Held(_)), &claimed));
         }
         let reserved: Vec<usize> = if candidates.len() >= w.n {
             candidates[..w.n].to_vec()
@@ -113,7 +131,7 @@ pub(crate) fn place(
             Vec::new()
         };
         if is_asker {
-            let reasons = reasons(gpus, &claimed);
+            let reasons = reasons(gpus, &claimed, w.bytes);
             let claims = claimed_with(claimed, &reserved, w);
             return (Placement::Wait { reasons, reserved }, claims);
         }
@@ -137,7 +155,11 @@ fn claimed_with(
 
 /// Why each GPU that is not free for the asker is not: held, busy, reserved for another
 /// stage, quarantined.
-fn reasons(gpus: &[(u32, GpuState)], claimed: &[Option<String>]) -> Vec<GpuBusy> {
+fn reasons(
+    gpus: &[(u32, GpuState)],
+    claimed: &[Option<String>],
+    bytes: Option<u64>,
+) -> Vec<GpuBusy> {
     let mut out = Vec::new();
     for (i, (index, state)) in gpus.iter().enumerate() {
         let index = *index;
@@ -148,6 +170,21 @@ fn reasons(gpus: &[(u32, GpuState)], claimed: &[Option<String>]) -> Vec<GpuBusy>
                 stage: stage.clone(),
             }),
             (GpuState::Quarantined, _) => out.push(GpuBusy::Quarantined { index }),
+            (GpuState::Shared { sharers, room }, claim) => {
+                if bytes.is_none_or(|b| b > *room) {
+                    out.push(GpuBusy::Shared {
+                        index,
+                        sharers: sharers.clone(),
+                        room: *room,
+                    });
+                } else if let Some(stage) = claim {
+                    out.push(GpuBusy::Reserved {
+                        index,
+                        stage: stage.clone(),
+                    });
+                }
+                continue;
+            }
             (GpuState::Free, Some(stage)) => out.push(GpuBusy::Reserved {
                 index,
                 stage: stage.clone(),
@@ -181,6 +218,7 @@ mod tests {
             key: (ticket(run), run),
             owner: owner.into(),
             n,
+            bytes: None,
             since,
             asked: since,
         }
@@ -271,6 +309,34 @@ mod tests {
             unreachable!()
         };
         why
+    }
+
+    #[test]
+    fn a_share_fits_beside_others_while_its_declaration_fits_and_a_whole_gpu_waits() {
+        let now = Instant::now();
+        let shared = GpuState::Shared {
+            sharers: "run a, stage `s1`".into(),
+            room: 30 << 30,
+        };
+        let gpus = [(0, shared)];
+        let mut small = waiter(1, "run b, stage `s2`", 1, now);
+        small.bytes = Some(20 << 30);
+        assert_eq!(place(&gpus, &[], &small, now).0, Placement::Take(vec![0]));
+        let mut big = waiter(2, "run c, stage `s3`", 1, now);
+        big.bytes = Some(40 << 30);
+        let (got, _) = place(&gpus, &[], &big, now);
+        let Placement::Wait { reasons, .. } = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            reasons[0].to_string(),
+            "GPU 0 shared by run a, stage `s1` (30720 MiB left to declare)"
+        );
+        let whole = waiter(3, "run d, stage `w`", 1, now);
+        assert!(matches!(
+            place(&gpus, &[], &whole, now).0,
+            Placement::Wait { .. }
+        ));
     }
 
     #[test]

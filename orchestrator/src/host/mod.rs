@@ -148,6 +148,17 @@ pub(crate) enum GpuBusy {
         /// The stage it is reserved for (run and stage).
         stage: String,
     },
+    /// Stages share it and the asker's declaration does not fit beside theirs (or it wants the
+    /// GPU whole).
+    #[error("GPU {index} shared by {sharers} ({} MiB left to declare)", .room >> 20)]
+    Shared {
+        /// NVML index.
+        index: u32,
+        /// The stages sharing it.
+        sharers: String,
+        /// Bytes not yet declared.
+        room: u64,
+    },
     /// Quarantined after a leak (`orchestrate gpu release` gives it back).
     #[error("GPU {index} quarantined after a leak")]
     Quarantined {
@@ -177,12 +188,17 @@ impl GpuBusy {
             GpuBusy::Held { .. } => "held_by_other",
             GpuBusy::Unreadable { .. } => "unreadable",
             GpuBusy::Unlisted { .. } => "unlisted_memory",
-            GpuBusy::Ours { .. } => "busy",
+            GpuBusy::Ours { .. } | GpuBusy::Shared { .. } => "busy",
             GpuBusy::Reserved { .. } => "reserved",
             GpuBusy::Quarantined { .. } => "quarantined",
             GpuBusy::NotEnough => "not_enough",
         }
     }
+}
+
+/// How the GPU pool names the holder of a stage's GPUs: "run X, stage `y`".
+pub(crate) fn gpu_owner(run_id: &str, stage: &str) -> String {
+    format!("run {run_id}, stage `{stage}`")
 }
 
 /// The items' texts, separated by `sep`.
@@ -334,9 +350,12 @@ impl Host {
     /// memory within `tolerance` of its idle baseline), or says why the stage must wait. The
     /// queue's rule ([`gpu_queue`]): a stage that fits the free GPUs starts whatever waits
     /// before it, unless those GPUs are reserved for a stage before it in the queue.
+    /// With `share` (bytes declared by `gpu_memory`), `n` is 1 and the stage gets a share of a
+    /// GPU that is free or shared by stages whose declarations leave room for it.
     pub(crate) fn take_gpus(
         &self,
         n: usize,
+        share: Option<u64>,
         ticket: Ticket,
         owner: &str,
         tolerance: u64,
@@ -352,12 +371,14 @@ impl Host {
             Some(w) => {
                 w.asked = now;
                 w.n = n;
+                w.bytes = share;
                 w.clone()
             }
             None => gpu_queue::Waiter {
                 key: (ticket, queue.next_seq),
                 owner: owner.to_string(),
                 n,
+                bytes: share,
                 since: now,
                 asked: now,
             },
@@ -374,11 +395,12 @@ impl Host {
             gpu_queue::Placement::Take(chosen) => {
                 queue.waiters.remove(owner);
                 let uuids: Vec<&str> = chosen.iter().map(|&i| gpus[i].uuid.as_str()).collect();
-                let got = self
-                    .pool
-                    .borrow_mut()
-                    .take(n, owner, |g| uuids.contains(&g.uuid.as_str()));
-                Ok(got.expect("the queue chose free GPUs"))
+                let mut pool = self.pool.borrow_mut();
+                let got = match share {
+                    Some(bytes) => pool.take_share(uuids[0], owner, bytes).map(|g| vec![g]),
+                    None => pool.take(n, owner, |g| uuids.contains(&g.uuid.as_str())),
+                };
+                Ok(got.expect("the queue chose GPUs that are free for it"))
             }
             gpu_queue::Placement::Wait { reasons, reserved } => {
                 if !queue.waiters.contains_key(owner) {
@@ -410,6 +432,16 @@ impl Host {
             }
             if let Some(stage) = pool.holder(&g.uuid) {
                 return GpuState::Ours(stage.to_string());
+            }
+            let sharers = pool.sharers(&g.uuid);
+            if !sharers.is_empty() {
+                let declared: u64 = sharers.iter().map(|(_, b)| b).sum();
+                let base = idle.get(&g.uuid).copied().unwrap_or(0);
+                let names: Vec<&str> = sharers.iter().map(|(o, _)| *o).collect();
+                return GpuState::Shared {
+                    sharers: names.join("; "),
+                    room: g.total_bytes.saturating_sub(base).saturating_sub(declared),
+                };
             }
             let Some(probe) = &probe else {
                 return GpuState::Free;
@@ -474,12 +506,12 @@ impl Host {
         (waiting, reserved)
     }
 
-    /// Gives GPUs back and wakes waiting runs.
-    pub(crate) fn give_back_gpus(&self, gpus: &[GpuInfo]) {
+    /// Gives back what `owner` ([`gpu_owner`]) holds of `gpus` and wakes waiting runs.
+    pub(crate) fn give_back_gpus(&self, gpus: &[GpuInfo], owner: &str) {
         if gpus.is_empty() {
             return;
         }
-        self.pool.borrow_mut().give_back(gpus);
+        self.pool.borrow_mut().give_back(gpus, owner);
         self.gpus_freed.notify_waiters();
     }
 

@@ -18,6 +18,7 @@ mod fork_server;
 mod frameworks;
 mod gpu_handout;
 mod gpu_queue;
+mod gpu_sharing;
 mod handover;
 mod hangs;
 mod hostile_inputs;
