@@ -694,6 +694,7 @@ fn share_watches(
             declared,
             peak: 0,
             pids: Vec::new(),
+            others: Vec::new(),
             left_behind: None,
         })
         .collect()

@@ -38,6 +38,9 @@ pub struct ShareWatch {
     pub peak: u64,
     /// Its processes that the driver listed at some point.
     pub pids: Vec<u32>,
+    /// Listed processes found not to be its own (each is looked up once: a lookup may scan
+    /// `/proc`).
+    pub others: Vec<u32>,
     /// A process of it still listed as its main process exited (it left memory behind).
     pub left_behind: Option<Holder>,
 }
@@ -45,18 +48,21 @@ pub struct ShareWatch {
 impl ShareWatch {
     /// Takes a sample: the bytes the stage's processes (`is_stage`) hold now.
     pub fn sample(&mut self, probe: &dyn MemoryProbe, is_stage: &dyn Fn(u32) -> bool) {
-        let mine: Vec<Holder> = probe
-            .holders(&self.uuid)
-            .into_iter()
-            .filter(|h| is_stage(h.pid))
-            .collect();
-        let bytes: u64 = mine.iter().map(|h| h.bytes.unwrap_or(0)).sum();
-        self.peak = self.peak.max(bytes);
-        for h in mine {
+        let mut bytes = 0u64;
+        for h in probe.holders(&self.uuid) {
+            if self.others.contains(&h.pid) {
+                continue;
+            }
             if !self.pids.contains(&h.pid) {
+                if !is_stage(h.pid) {
+                    self.others.push(h.pid);
+                    continue;
+                }
                 self.pids.push(h.pid);
             }
+            bytes = bytes.saturating_add(h.bytes.unwrap_or(0));
         }
+        self.peak = self.peak.max(bytes);
     }
 
     /// At the main process's exit: notes a process of the stage still holding memory.
@@ -190,6 +196,7 @@ mod tests {
             declared: 4096 * MIB,
             peak: 0,
             pids,
+            others: Vec::new(),
             left_behind: None,
         }
     }
