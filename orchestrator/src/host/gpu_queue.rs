@@ -13,6 +13,9 @@
 //!   end, are enough for it), or once it has waited [`RESERVE_AFTER`] (then GPUs held by
 //!   processes that are not ours count too), it reserves that many GPUs, free ones first, and
 //!   no stage after it in the queue takes them. It starts as soon as they are all free.
+//! - A stage that declares `gpu_memory` asks for a share of one GPU: a GPU is free for it when
+//!   no stage holds it whole and the declarations of the stages sharing it leave room for its
+//!   own; a stage that wants GPUs whole counts a shared GPU as one our stages hold.
 //!
 //! [`place`] decides one request against a snapshot of the GPUs and the queue; it is pure, so
 //! the rule is tested here without GPUs.

@@ -153,6 +153,23 @@ fn the_daemon_shows_a_leaked_run_amber_and_gpu_release_gives_the_gpu_back_only_w
     );
     let again = c.call(serde_json::json!({"v": 1, "type": "release_gpu", "gpu": "GPU-fake-0"}));
     assert_eq!(again["code"], "refused", "{again}");
+    // The Python client says the same.
+    let python = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys\nfrom orchestrate_client import Client, DaemonError\n\
+             try:\n    Client(sys.argv[1]).release_gpu(0)\nexcept DaemonError as e:\n    print(e.code, e.error)",
+        )
+        .arg(&d.socket)
+        .env("PYTHONPATH", e2e_tests::repo_root().join("python"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&python.stdout);
+    assert!(
+        said.starts_with("refused ") && said.contains("(orchestrate)"),
+        "{}",
+        output_text(&python)
+    );
 
     // Its holder gone, the release holds, and a stage runs on the GPU again.
     std::fs::write(holders.join("GPU-fake-0"), "").unwrap();

@@ -674,6 +674,22 @@ fn a_run_that_leaked_gpu_memory_is_amber_in_the_list_and_its_header_never_green(
         colour("document.querySelector('#run-state')"),
         json!("rgb(191, 135, 0)")
     );
+    // The leaked memory still holds GPU 0: a 2-GPU run waits, and the runs list says why.
+    let waiting = c.submit_toml(
+        "[run]\nname = \"big\"\n[[stage]]\nname = \"b\"\ngpus = 2\ncommand = [\"true\"]\n",
+        s.path(),
+    );
+    browser.eval("location.hash = '#/'; return true");
+    browser.wait(
+        20,
+        "the waiting run's reason in the list",
+        &format!(
+            "const t = document.querySelector('#runs tr[data-run=\"{waiting}\"] td.status .waiting'); return !!t && t.textContent.includes('GPU 0 held by pid {}')",
+            w.d.pid()
+        ),
+    );
+    let cancelled = c.call(json!({"v": 1, "type": "cancel", "id": waiting}));
+    assert_eq!(cancelled["type"], "cancelling", "{cancelled}");
 }
 
 /// The server-sent events of `path`, read to the stream's end: each message's `id:` (if any)
