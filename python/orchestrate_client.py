@@ -131,3 +131,8 @@ class Client:
     def shutdown(self, cancel=False):
         """Stops the daemon once its runs end (cancel: stop them gracefully first)."""
         return self.call("shutdown", mode="cancel" if cancel else "drain")
+
+    def release_gpu(self, gpu):
+        """Gives a quarantined GPU (its NVML index or UUID) back to stages once the driver
+        shows it empty; raises DaemonError (code "refused") naming what still holds it."""
+        return self.call("release_gpu", gpu=str(gpu))

@@ -7,7 +7,8 @@ pub const SUCCESS: i32 = 0;
 pub(crate) const STAGE_FAILED: i32 = 1;
 /// The plan or the command-line arguments are invalid; nothing ran.
 pub const INVALID_INPUT: i32 = 2;
-/// Every stage succeeded but a GPU was left holding memory (with `on_leak = "fail"`).
+/// A GPU check found leaked memory: the run ends `leaked` under `on_leak = "fail"`, else
+/// (every stage succeeded) "succeeded with leaked GPU memory" — never 0.
 pub const GPU_LEAK: i32 = 3;
 /// The run could not be set up or carried on (run directory, NVML required but absent, I/O).
 pub const RUN_ERROR: i32 = 4;

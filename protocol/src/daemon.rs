@@ -90,6 +90,14 @@ pub enum Request {
         #[serde(default)]
         mode: ShutdownMode,
     },
+    /// Gives a quarantined GPU back to stages, once the driver shows it empty (no process,
+    /// memory at its idle baseline); refused, naming the holder, otherwise.
+    ReleaseGpu {
+        /// Protocol version.
+        v: u32,
+        /// The GPU: its NVML index ("0") or its UUID (or a unique prefix of it).
+        gpu: String,
+    },
 }
 
 impl Request {
@@ -102,7 +110,8 @@ impl Request {
             | Request::Watch { v, .. }
             | Request::Wait { v, .. }
             | Request::Cancel { v, .. }
-            | Request::Shutdown { v, .. } => *v,
+            | Request::Shutdown { v, .. }
+            | Request::ReleaseGpu { v, .. } => *v,
         }
     }
 }
@@ -196,6 +205,15 @@ pub enum Response {
         /// Runs still running.
         running: usize,
     },
+    /// A quarantined GPU was given back to stages.
+    GpuReleased {
+        /// Protocol version.
+        v: u32,
+        /// Its NVML index.
+        index: u32,
+        /// Its UUID.
+        uuid: String,
+    },
     /// The request could not be served.
     Error {
         /// Protocol version.
@@ -223,9 +241,10 @@ pub enum ErrorCode {
     /// The plan does not validate.
     InvalidPlan,
     /// The plan validates but cannot run on this host (GPUs it requires, a Slurm allocation
-    /// its stages need); checked before the run is accepted.
+    /// its stages need); checked before the run is accepted. Also a `release_gpu` of a GPU
+    /// that is not quarantined or that something still holds (the error names it).
     Refused,
-    /// No run with that id.
+    /// No run with that id (or, for `release_gpu`, no GPU of that index or UUID).
     NotFound,
     /// The run has already ended (a `cancel` of it has nothing to stop).
     AlreadyFinished,
@@ -247,7 +266,7 @@ pub struct RunInfo {
     pub id: String,
     /// Its directory.
     pub run_dir: String,
-    /// "queued", "running", "succeeded", "failed", "leaked", "interrupted".
+    /// "queued", "running", "succeeded", "succeeded_leaked", "failed", "leaked", "interrupted".
     pub state: crate::status::RunStatus,
     /// `orchestrate`'s exit status for it, once finished.
     pub exit_code: Option<i32>,
@@ -347,7 +366,7 @@ pub enum RunEventKind {
     },
     /// The run ended.
     RunFinished {
-        /// "succeeded", "failed", "leaked", "interrupted".
+        /// "succeeded", "succeeded_leaked", "failed", "leaked", "interrupted".
         status: crate::status::RunStatus,
         /// `orchestrate`'s exit status.
         exit_code: i32,

@@ -96,7 +96,8 @@ pub enum JournalRecord {
     },
     /// The run ended.
     RunFinished {
-        /// "succeeded", "failed", "interrupted", "requeued" (a Slurm job) or "leaked".
+        /// "succeeded", "succeeded_leaked", "failed", "interrupted", "requeued" (a Slurm job) or
+        /// "leaked".
         status: RunStatus,
         /// Exit status of `orchestrate`.
         exit_code: i32,

@@ -237,6 +237,11 @@ pub struct Stage {
     /// out of memory again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retry_oom: bool,
+    /// GPU memory the stage needs, such as `"20GiB"`: the stage then takes a share of one GPU
+    /// instead of a whole one, beside other sharing stages whose declarations fit in the GPU's
+    /// memory (see `docs/plan-format.md`, "Sharing a GPU"). Default: whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<ByteSize>,
 }
 
 /// How a stage that runs through `srun` is laid out over the allocation.
@@ -363,7 +368,12 @@ impl BuiltinKind {
 impl Stage {
     /// GPUs the stage asks for, with the defaults applied.
     pub fn gpus_wanted(&self) -> u32 {
-        self.gpus.unwrap_or(if self.kind.is_some() { 1 } else { 0 })
+        let default = if self.kind.is_some() || self.gpu_memory.is_some() {
+            1
+        } else {
+            0
+        };
+        self.gpus.unwrap_or(default)
     }
 
     /// The `srun` layout of a stage that sets `nodes`, `tasks_per_node` or `gpus_per_task`;

@@ -13,8 +13,9 @@ pub struct Report {
     pub v: u32,
     /// The run directory.
     pub run_dir: String,
-    /// Overall outcome: "succeeded", "failed", "interrupted", "requeued" (a Slurm job that
-    /// stopped and was requeued) or "leaked"; "running" while it runs.
+    /// Overall outcome: "succeeded", "succeeded_leaked" (every stage succeeded but a GPU
+    /// check found leaked memory), "failed", "interrupted", "requeued" (a Slurm job that
+    /// stopped and was requeued) or "leaked" (`on_leak = "fail"`); "running" while it runs.
     pub status: RunStatus,
     /// Whether GPU memory was verified, and if not why.
     pub gpu_check: String,

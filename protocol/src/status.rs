@@ -93,8 +93,11 @@ words! {
         Queued = "queued",
         /// Still going.
         Running = "running",
-        /// Every stage succeeded (and no GPU leaked where that fails the run).
+        /// Every stage succeeded and every GPU check passed.
         Succeeded = "succeeded",
+        /// Every stage succeeded, but a GPU check found leaked memory (`on_leak` other than
+        /// `fail`): shown as "succeeded with leaked GPU memory", never as a success.
+        SucceededLeaked = "succeeded_leaked",
         /// A stage failed or was skipped.
         Failed = "failed",
         /// Stopped by a signal or a cancel; `resume` continues it.
@@ -104,6 +107,41 @@ words! {
         /// A GPU leaked and `on_leak = "fail"`.
         Leaked = "leaked",
     }
+}
+
+impl RunStatus {
+    /// The status as a person reads it: the wire word, except `succeeded_leaked`, which reads
+    /// "succeeded with leaked GPU memory".
+    pub fn label(self) -> &'static str {
+        match self {
+            RunStatus::SucceededLeaked => "succeeded with leaked GPU memory",
+            other => other.as_str(),
+        }
+    }
+
+    /// How the status should look: good only for a clean success; a warning for a success
+    /// that leaked GPU memory or a stop; bad for a failure or a leak that failed the run.
+    pub fn tone(self) -> Tone {
+        match self {
+            RunStatus::Succeeded => Tone::Good,
+            RunStatus::Queued | RunStatus::Running => Tone::Neutral,
+            RunStatus::SucceededLeaked | RunStatus::Interrupted | RunStatus::Requeued => Tone::Warn,
+            RunStatus::Failed | RunStatus::Leaked => Tone::Bad,
+        }
+    }
+}
+
+/// How a status is shown: the colour a terminal or the web view gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    /// Green: a clean success.
+    Good,
+    /// Amber: done, but not cleanly (leaked GPU memory, a stop).
+    Warn,
+    /// Red: failed.
+    Bad,
+    /// No colour: not finished.
+    Neutral,
 }
 
 words! {

@@ -174,6 +174,32 @@ def released(downstream_may_start=False):
         _send("released", pid=os.getpid())
 
 
+def gpu_memory():
+    """The GPU memory this stage declared (`gpu_memory` in the plan), in bytes: it shares its
+    GPU with other stages. None when it has its GPUs whole (or runs outside orchestrate)."""
+    value = os.environ.get("ORCHESTRATE_GPU_MEMORY")
+    return int(value) if value else None
+
+
+def cap_gpu_memory():
+    """For a stage that shares its GPU (`gpu_memory`): caps PyTorch's caching allocator at
+    what the stage declared (`torch.cuda.set_per_process_memory_fraction` with
+    `ORCHESTRATE_GPU_MEMORY_FRACTION`), so that going over raises a CUDA out-of-memory error in
+    this stage instead of crowding its neighbours. Imports torch; call it before the first
+    CUDA allocation. Returns the fraction set, or None when the stage does not share a GPU or
+    no CUDA device is visible (nothing is done then)."""
+    fraction = os.environ.get("ORCHESTRATE_GPU_MEMORY_FRACTION")
+    if not fraction:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    value = min(max(float(fraction), 0.0), 1.0)
+    torch.cuda.set_per_process_memory_fraction(value, 0)
+    return value
+
+
 def metrics(**values):
     """Reports named figures; the last ones go into report.json."""
     _send("metrics", metrics={k: float(v) for k, v in values.items()})

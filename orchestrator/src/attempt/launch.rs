@@ -81,6 +81,9 @@ pub struct AttemptPlan {
     pub timeout: Option<Duration>,
     /// The machine has GPUs and this attempt got none: its `CUDA_VISIBLE_DEVICES` is empty.
     pub gpus_hidden: bool,
+    /// The GPU memory the stage declared (`gpu_memory`): it shares its GPU, and is judged by
+    /// `crate::gpu::shared`'s rule.
+    pub gpu_share: Option<u64>,
     /// When it is judged hung.
     pub stall: crate::attempt::stall::StallRule,
     /// SIGTERM → SIGKILL grace.
@@ -254,7 +257,12 @@ pub fn start_attempt(
     let mut baselines: Vec<crate::gpu::release::GpuBaseline> = Vec::new();
     if let Some(probe) = &services.probe {
         for g in &plan.gpus {
-            let used = probe.used_bytes(&g.uuid).unwrap_or(0);
+            let used = match plan.gpu_share {
+                // Sharing: the memory no listed process accounts for (the others' is theirs).
+                Some(_) => crate::gpu::shared::unlisted_bytes(probe.as_ref(), &g.uuid)
+                    .map_or(0, |(unlisted, _)| unlisted),
+                None => probe.used_bytes(&g.uuid).unwrap_or(0),
+            };
             baselines.push(crate::gpu::release::GpuBaseline {
                 uuid: g.uuid.clone(),
                 baseline: used,

@@ -336,6 +336,9 @@ pub(crate) fn prepare_attempt(
             gpus,
             plan.plan.run.cuda_visible_devices,
         ));
+        if let (Some(bytes), [gpu]) = (stage.gpu_memory, gpus) {
+            env.extend(crate::gpu::visible::share_env(bytes.0, gpu));
+        }
     }
     let argv = match (&stage.command, worker) {
         (Some(command), _) => command
@@ -363,6 +366,7 @@ pub(crate) fn prepare_attempt(
         gpus: gpus.to_vec(),
         timeout: stage.timeout(),
         gpus_hidden: machine_has_gpus && gpus.is_empty(),
+        gpu_share: stage.gpu_memory.map(|b| b.0).filter(|_| !gpus.is_empty()),
         stall: crate::attempt::stall::StallRule::of(
             stage.stall_timeout,
             plan.plan.run.stall_timeout,

@@ -130,6 +130,8 @@ struct Watch {
     stall: crate::attempt::stall::StallWatch,
     /// Why it was judged hung, once it was.
     hung: Option<String>,
+    /// A stage sharing its GPU (`gpu_memory`): what its own processes held there.
+    shares: Vec<crate::gpu::shared::ShareWatch>,
 }
 
 /// What came of a stage's `released` events.
@@ -190,6 +192,7 @@ pub async fn supervise(
         release: Release::default(),
         stall: crate::attempt::stall::StallWatch::new(plan.stall, std::time::Instant::now()),
         hung: None,
+        shares: share_watches(plan, &baselines),
     };
     let reaped = watch(
         plan,
@@ -206,6 +209,12 @@ pub async fn supervise(
     // A process of the stage that used a released GPU again and still holds it as the stage's
     // first process exits (the sampling during the stage sees the earlier ones).
     note_touched_again(&child, &mut watched.release, services);
+    if let Some(probe) = &services.probe {
+        let is_stage = |pid: u32| child.owns(pid as i32);
+        for share in &mut watched.shares {
+            share.main_exited(probe.as_ref(), &is_stage);
+        }
+    }
     let exit = reaped.map(|r| r.status);
     let summary = reap_tree(plan, &child, watched.stop, services).await;
     let wall = child.started.elapsed();
@@ -221,7 +230,7 @@ pub async fn supervise(
             .absorb(item, &plan.name, events, child.started);
     }
     drop(channel);
-    let gpu = gpu_verdicts(plan, &baselines, &watched.release, services).await;
+    let gpu = gpu_verdicts(plan, &baselines, &watched, services).await;
     let verified_unix = crate::timefmt::unix_secs_f64();
     // With --follow, the log files are complete once the copiers have seen end of file, which
     // they do now that no process of the stage holds the pipes.
@@ -368,6 +377,10 @@ async fn watch(
                     // is this stage's business.
                     note_touched_again(child, &mut w.release, services);
                 } else if let Some(probe) = &probe {
+                    let is_stage = |pid: u32| child.owns(pid as i32);
+                    for share in &mut w.shares {
+                        share.sample(probe.as_ref(), &is_stage);
+                    }
                     for gpu in baselines.iter_mut() {
                         if let Ok(used) = probe.used_bytes(&gpu.uuid) {
                             gpu.peak = gpu.peak.max(used);
@@ -601,13 +614,33 @@ async fn reap_tree(
 async fn gpu_verdicts(
     plan: &AttemptPlan,
     baselines: &[GpuBaseline],
-    release: &Release,
+    watched: &Watch,
     services: &Services,
 ) -> Vec<GpuRecord> {
     let Some(probe) = &services.probe else {
         return Vec::new();
     };
+    let release = &watched.release;
     let records = match &release.held {
+        None if !watched.shares.is_empty() => {
+            let mut records = Vec::new();
+            for share in &watched.shares {
+                let (tolerance, timeout) = (services.tolerance_bytes, services.reclaim_timeout);
+                let record =
+                    crate::gpu::shared::await_shared(probe.as_ref(), share, tolerance, timeout)
+                        .await;
+                if share.peak > share.declared {
+                    services.events.warn(&format!(
+                        "{}: used {} MiB of GPU memory, more than the {} MiB it declared (gpu_memory)",
+                        plan.name,
+                        share.peak >> 20,
+                        share.declared >> 20
+                    ));
+                }
+                records.push(record);
+            }
+            records
+        }
         Some((_, held)) => after_release(held, release.touched.as_ref()),
         None => {
             let mut records = awaited(probe.as_ref(), baselines, services).await;
@@ -643,6 +676,28 @@ async fn gpu_verdicts(
         });
     }
     records
+}
+
+/// What a sharing stage's GPUs are watched for (none for a stage that has its GPUs whole).
+fn share_watches(
+    plan: &AttemptPlan,
+    baselines: &[GpuBaseline],
+) -> Vec<crate::gpu::shared::ShareWatch> {
+    let Some(declared) = plan.gpu_share else {
+        return Vec::new();
+    };
+    baselines
+        .iter()
+        .map(|b| crate::gpu::shared::ShareWatch {
+            uuid: b.uuid.clone(),
+            baseline: b.baseline,
+            declared,
+            peak: 0,
+            pids: Vec::new(),
+            others: Vec::new(),
+            left_behind: None,
+        })
+        .collect()
 }
 
 /// The verdicts taken at a release that held; the GPU a process of the stage used again

@@ -135,7 +135,7 @@ pub fn render_event(event: &RunEvent) -> String {
         }
         RunEventKind::Text { text } => return text.clone(),
         RunEventKind::RunFinished { status, exit_code } => {
-            format!("run {status} (exit status {exit_code})")
+            format!("run {} (exit status {exit_code})", status.label())
         }
         RunEventKind::StageSkipped { stage, reason, .. } => format!("{stage}: skipped: {reason}"),
         // The stage's end said it will be retried; a newer daemon's events are skipped.

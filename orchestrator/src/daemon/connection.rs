@@ -211,8 +211,15 @@ async fn refuse(stream: &mut UnixStream, answer: &Response) {
     .await;
 }
 
-const KNOWN: [&str; 7] = [
-    "submit", "status", "list", "watch", "wait", "cancel", "shutdown",
+const KNOWN: [&str; 8] = [
+    "submit",
+    "status",
+    "list",
+    "watch",
+    "wait",
+    "cancel",
+    "shutdown",
+    "release_gpu",
 ];
 
 /// Parses a line into a request, or the error answer that says why it is not one.
@@ -356,6 +363,21 @@ async fn handle(daemon: &Rc<Daemon>, stream: &mut UnixStream, line: &[u8]) -> bo
             let running = daemon.shutdown(mode);
             Response::ShuttingDown { v: V, running }
         }
+        Request::ReleaseGpu { gpu, .. } => match daemon.host.release_quarantined_gpu(&gpu) {
+            Ok(g) => Response::GpuReleased {
+                v: V,
+                index: g.index,
+                uuid: g.uuid,
+            },
+            Err(refused) => {
+                use crate::host::quarantine_release::ReleaseRefused;
+                let code = match refused {
+                    ReleaseRefused::Unknown(_) => ErrorCode::NotFound,
+                    _ => ErrorCode::Refused,
+                };
+                error(code, refused.to_string())
+            }
+        },
         Request::Wait { id, .. } => outcome(daemon, &id).await,
         Request::Watch { id, from, .. } => return watch(daemon, stream, &id, from).await,
     };

@@ -3,7 +3,9 @@
 //! the "held by someone else" rules can be exercised on a CPU machine by real processes.
 //!
 //! A foreign holder of GPU `GPU-fake-<i>` is a line `PID NAME BYTES` in the file
-//! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>`; its used memory is the sum of the lines' bytes.
+//! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>`, or in any file of the directory
+//! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>.d/` (one per process, so that stages sharing a GPU
+//! need not write one file together); its used memory is the sum of the lines' bytes.
 //! Not for production: stages placed on fake GPUs get indices 0..N in `CUDA_VISIBLE_DEVICES`,
 //! which on a machine with real GPUs name real ones that nothing verifies.
 
@@ -45,7 +47,15 @@ impl MemoryProbe for FakeProbe {
         let Some(dir) = &self.dir else {
             return Vec::new();
         };
-        let text = std::fs::read_to_string(dir.join(uuid)).unwrap_or_default();
+        let mut text = std::fs::read_to_string(dir.join(uuid)).unwrap_or_default();
+        if let Ok(entries) = std::fs::read_dir(dir.join(format!("{uuid}.d"))) {
+            let mut files: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+            files.sort();
+            for file in files {
+                text.push('\n');
+                text.push_str(&std::fs::read_to_string(file).unwrap_or_default());
+            }
+        }
         text.lines()
             .filter_map(|line| {
                 let mut parts = line.split_whitespace();

@@ -13,6 +13,7 @@ mod nvml;
 mod pool;
 mod reclaim;
 pub(crate) mod release;
+pub(crate) mod shared;
 pub(crate) mod svg;
 pub(crate) mod timeline;
 pub(crate) mod visible;

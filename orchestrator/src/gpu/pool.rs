@@ -1,15 +1,18 @@
-//! Exclusive assignment of whole GPUs to stages, and quarantine.
+//! Assignment of GPUs to stages, whole or in shares of declared memory, and quarantine.
 
 use super::GpuInfo;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The GPUs of the machine and who holds each. A GPU belongs to at most one stage at a time,
-/// so that its memory check measures that stage alone.
+/// The GPUs of the machine and who holds each. A GPU belongs either to one stage (whole),
+/// or to stages sharing it whose declared memory fits in it together (`gpu_memory`), never
+/// both at once.
 #[derive(Debug, Clone)]
 pub struct GpuPool {
     gpus: Vec<GpuInfo>,
     /// Busy GPUs, with who holds them ("run X, stage Y").
     busy: BTreeMap<String, String>,
+    /// Shared GPUs: each sharing stage with the bytes it declared.
+    shares: BTreeMap<String, BTreeMap<String, u64>>,
     quarantined: BTreeSet<String>,
 }
 
@@ -19,6 +22,7 @@ impl GpuPool {
         GpuPool {
             gpus,
             busy: BTreeMap::new(),
+            shares: BTreeMap::new(),
             quarantined: BTreeSet::new(),
         }
     }
@@ -33,9 +37,30 @@ impl GpuPool {
         self.gpus.len() - self.quarantined.len()
     }
 
-    /// Who holds `uuid` now, if one of our stages does.
+    /// Who holds `uuid` now, if one of our stages holds it whole.
     pub fn holder(&self, uuid: &str) -> Option<&str> {
         self.busy.get(uuid).map(String::as_str)
+    }
+
+    /// The stages sharing `uuid` now, with the bytes each declared (empty when none).
+    pub fn sharers(&self, uuid: &str) -> Vec<(&str, u64)> {
+        self.shares
+            .get(uuid)
+            .map(|s| s.iter().map(|(o, b)| (o.as_str(), *b)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Gives `owner` a share of `bytes` of GPU `uuid` (the caller checked that it fits).
+    pub fn take_share(&mut self, uuid: &str, owner: &str, bytes: u64) -> Option<GpuInfo> {
+        let gpu = self.gpus.iter().find(|g| g.uuid == uuid)?.clone();
+        if self.busy.contains_key(uuid) || self.quarantined.contains(uuid) {
+            return None;
+        }
+        self.shares
+            .entry(uuid.to_string())
+            .or_default()
+            .insert(owner.to_string(), bytes);
+        Some(gpu)
     }
 
     /// Whether `uuid` is quarantined.
@@ -56,8 +81,8 @@ impl GpuPool {
             if free.len() == n {
                 break;
             }
-            if !self.busy.contains_key(&g.uuid) && !self.quarantined.contains(&g.uuid) && usable(g)
-            {
+            let taken = self.busy.contains_key(&g.uuid) || self.shares.contains_key(&g.uuid);
+            if !taken && !self.quarantined.contains(&g.uuid) && usable(g) {
                 free.push(g.clone());
             }
         }
@@ -70,16 +95,29 @@ impl GpuPool {
         Some(free)
     }
 
-    /// Gives GPUs back.
-    pub fn give_back(&mut self, gpus: &[GpuInfo]) {
+    /// Gives back what `owner` holds of `gpus` (the whole GPU, or its share).
+    pub fn give_back(&mut self, gpus: &[GpuInfo], owner: &str) {
         for g in gpus {
-            self.busy.remove(&g.uuid);
+            if self.busy.get(&g.uuid).is_some_and(|o| o == owner) {
+                self.busy.remove(&g.uuid);
+            }
+            if let Some(shares) = self.shares.get_mut(&g.uuid) {
+                shares.remove(owner);
+                if shares.is_empty() {
+                    self.shares.remove(&g.uuid);
+                }
+            }
         }
     }
 
     /// No further stage will be placed on `uuid`.
     pub fn quarantine(&mut self, uuid: &str) {
         self.quarantined.insert(uuid.to_string());
+    }
+
+    /// Stages may be placed on `uuid` again; whether it was quarantined.
+    pub fn lift_quarantine(&mut self, uuid: &str) -> bool {
+        self.quarantined.remove(uuid)
     }
 }
 
@@ -107,16 +145,42 @@ mod tests {
         let b = pool.take(1, "b", any).unwrap();
         assert_eq!(b[0].uuid, "GPU-1");
         assert!(pool.take(1, "c", any).is_none(), "both busy");
-        pool.give_back(&a);
+        pool.give_back(&a, "a");
         pool.quarantine("GPU-0");
         assert!(
             pool.take(1, "c", any).is_none(),
             "GPU-0 is quarantined, GPU-1 busy"
         );
-        pool.give_back(&b);
+        pool.give_back(&b, "b");
         assert_eq!(pool.take(1, "c", any).unwrap()[0].uuid, "GPU-1");
         assert_eq!(pool.usable(), 1);
         assert!(pool.take(2, "d", any).is_none());
+        assert!(pool.lift_quarantine("GPU-0") && !pool.lift_quarantine("GPU-0"));
+        assert_eq!(pool.take(1, "e", any).unwrap()[0].uuid, "GPU-0");
+    }
+
+    #[test]
+    fn shares_keep_a_gpu_from_being_taken_whole_until_the_last_one_is_back() {
+        let mut pool = GpuPool::new(vec![gpu(0)]);
+        let any = |_: &GpuInfo| true;
+        let g = pool.take_share("GPU-0", "a", 20 << 30).unwrap();
+        pool.take_share("GPU-0", "b", 20 << 30).unwrap();
+        assert_eq!(
+            pool.sharers("GPU-0"),
+            vec![("a", 20 << 30), ("b", 20 << 30)]
+        );
+        assert!(pool.take(1, "whole", any).is_none(), "shared");
+        pool.give_back(std::slice::from_ref(&g), "a");
+        assert!(pool.take(1, "whole", any).is_none(), "b still shares it");
+        pool.give_back(std::slice::from_ref(&g), "b");
+        let whole = pool.take(1, "whole", any).unwrap();
+        assert!(pool.take_share("GPU-0", "c", 1).is_none(), "held whole");
+        pool.give_back(&whole, "someone else");
+        assert_eq!(
+            pool.holder("GPU-0"),
+            Some("whole"),
+            "only its holder gives it back"
+        );
     }
 
     #[test]

@@ -102,6 +102,20 @@ pub fn stage_env(gpus: &[GpuInfo], form: VisibleDevices) -> Vec<(String, String)
     ]
 }
 
+/// The variables of a stage that shares `gpu` (`gpu_memory = bytes`): `ORCHESTRATE_GPU_MEMORY`
+/// (the bytes it declared) and `ORCHESTRATE_GPU_MEMORY_FRACTION` (of the GPU's memory), which
+/// the Python helper's `cap_gpu_memory()` hands to PyTorch's caching allocator.
+pub fn share_env(bytes: u64, gpu: &GpuInfo) -> Vec<(String, String)> {
+    let fraction = (bytes as f64 / gpu.total_bytes.max(1) as f64).min(1.0);
+    vec![
+        ("ORCHESTRATE_GPU_MEMORY".into(), bytes.to_string()),
+        (
+            "ORCHESTRATE_GPU_MEMORY_FRACTION".into(),
+            format!("{fraction:.6}"),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,10 +16,14 @@
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
 //! driver lists no process on it and its memory is at its idle baseline (a GPU held by a
 //! process that is not ours is not assigned, and the waiting stage is told who holds it);
-//! runs waiting for GPUs are served in ticket order (higher priority first, then submission
-//! order), so a run never waits behind a later one of the same priority.
+//! stages waiting for GPUs are queued in ticket order (higher priority first, then
+//! submission order) with backfill and reservations ([`gpu_queue`]): a stage that fits the
+//! free GPUs never waits behind one that cannot start, and a waiting stage is guaranteed its
+//! turn by a reservation.
 
 pub mod descriptors;
+pub mod gpu_queue;
+pub mod quarantine_release;
 pub(crate) mod sockets;
 
 use crate::gpu::{self, GpuInfo, GpuPool, Inventory, MemoryProbe};
@@ -29,7 +33,7 @@ use crate::process::guard::Guard;
 use crate::process::reaper::Reaper;
 use crate::settings::Settings;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 /// A run's place in the queue for GPUs: lower is served first (a higher priority, then an
@@ -37,10 +41,30 @@ use std::rc::Rc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket {
     /// The run's priority, negated: a higher priority sorts first.
-    rank: i64,
+    pub(crate) rank: i64,
     /// The run's number among the runs of this host, in the order they were ticketed.
     pub number: u64,
 }
+
+/// The stages waiting for GPUs (by owner, "run X, stage `y`"), why, and the reservations.
+#[derive(Debug, Default)]
+struct GpuQueue {
+    waiters: BTreeMap<String, gpu_queue::Waiter>,
+    /// The reason each waiter was last given.
+    reasons: BTreeMap<String, GpuWait>,
+    /// GPUs reserved or claimed for a waiter at the last placement (UUID → owner).
+    reserved: BTreeMap<String, String>,
+    next_seq: u64,
+}
+
+/// The queue as `/metrics` shows it: each waiting stage ("run X, stage `y`") with the kinds of
+/// reason it was last given ([`GpuBusy::kind`]), and each reserved GPU (UUID) with the stage it
+/// is reserved for.
+pub type GpuQueueNow = (Vec<(String, Vec<&'static str>)>, Vec<(String, String)>);
+
+/// A waiter that has not asked for this long has left the queue (a waiting stage asks at
+/// least every half second).
+const QUEUE_FORGETS: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What the machine's GPUs are and how they are read.
 pub struct GpuInventory {
@@ -58,20 +82,23 @@ pub struct GpuInventory {
 /// to the user (and compared, to say it again only when it changes).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum GpuWait {
-    /// Runs ahead of this one in the queue wait for GPUs.
-    #[error("waiting for {n} GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first")]
-    Queued {
-        /// GPUs the stage asks for.
-        n: usize,
-    },
-    /// Not enough GPUs are free and clean; why not, GPU by GPU.
-    #[error("waiting for {n} GPU(s): {}", join(.reasons, "; "))]
+    /// Not enough GPUs are free, clean and unreserved; why not, GPU by GPU.
+    #[error("waiting for {n} GPU(s): {}{}", join(.reasons, "; "), reserved_text(.reserved))]
     Busy {
         /// GPUs the stage asks for.
         n: usize,
         /// Why GPUs could not be given (at least one).
         reasons: Vec<GpuBusy>,
+        /// NVML indices of the GPUs reserved for this stage (nothing after it takes them).
+        reserved: Vec<u32>,
     },
+}
+
+fn reserved_text(reserved: &[u32]) -> String {
+    if reserved.is_empty() {
+        return String::new();
+    }
+    format!("; GPU(s) {} reserved for it", join(reserved, ", "))
 }
 
 /// Why one GPU (or none) could not be given to a waiting stage.
@@ -113,9 +140,65 @@ pub(crate) enum GpuBusy {
         /// The holder, as the pool names it (run and stage).
         stage: String,
     },
+    /// Reserved for a stage before this one in the queue (see [`gpu_queue`]).
+    #[error("GPU {index} reserved for {stage}")]
+    Reserved {
+        /// NVML index.
+        index: u32,
+        /// The stage it is reserved for (run and stage).
+        stage: String,
+    },
+    /// Stages share it and the asker's declaration does not fit beside theirs (or it wants the
+    /// GPU whole).
+    #[error("GPU {index} shared by {sharers} ({} MiB left to declare)", .room >> 20)]
+    Shared {
+        /// NVML index.
+        index: u32,
+        /// The stages sharing it.
+        sharers: String,
+        /// Bytes not yet declared.
+        room: u64,
+    },
+    /// Quarantined after a leak (`orchestrate gpu release` gives it back).
+    #[error("GPU {index} quarantined after a leak")]
+    Quarantined {
+        /// NVML index.
+        index: u32,
+    },
     /// No GPU is busy, there are just too few.
     #[error("not enough free GPUs")]
     NotEnough,
+}
+
+/// Every [`GpuBusy::kind`], for `/metrics`.
+pub const GPU_WAIT_KINDS: &[&str] = &[
+    "held_by_other",
+    "unreadable",
+    "unlisted_memory",
+    "busy",
+    "reserved",
+    "quarantined",
+    "not_enough",
+];
+
+impl GpuBusy {
+    /// The kind of reason, as `/metrics` labels it.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            GpuBusy::Held { .. } => "held_by_other",
+            GpuBusy::Unreadable { .. } => "unreadable",
+            GpuBusy::Unlisted { .. } => "unlisted_memory",
+            GpuBusy::Ours { .. } | GpuBusy::Shared { .. } => "busy",
+            GpuBusy::Reserved { .. } => "reserved",
+            GpuBusy::Quarantined { .. } => "quarantined",
+            GpuBusy::NotEnough => "not_enough",
+        }
+    }
+}
+
+/// How the GPU pool names the holder of a stage's GPUs: "run X, stage `y`".
+pub(crate) fn gpu_owner(run_id: &str, stage: &str) -> String {
+    format!("run {run_id}, stage `{stage}`")
 }
 
 /// The items' texts, separated by `sep`.
@@ -147,8 +230,8 @@ pub struct Host {
     pool: RefCell<GpuPool>,
     /// Lowest used memory seen on each GPU with no process on it.
     idle: RefCell<HashMap<String, u64>>,
-    /// Runs waiting for GPUs.
-    waiting: RefCell<BTreeSet<Ticket>>,
+    /// Stages waiting for GPUs, and the reservations.
+    queue: RefCell<GpuQueue>,
     /// Woken whenever GPUs are given back.
     pub gpus_freed: tokio::sync::Notify,
     /// Cores of the machine.
@@ -235,7 +318,7 @@ impl Host {
             forkers: Rc::new(Forkers::new(&settings)),
             settings,
             idle: RefCell::new(idle),
-            waiting: RefCell::new(BTreeSet::new()),
+            queue: RefCell::new(GpuQueue::default()),
             gpus_freed: tokio::sync::Notify::new(),
             cpus,
             cpu_builtin_running: Cell::new(0),
@@ -264,81 +347,171 @@ impl Host {
     }
 
     /// Takes `n` GPUs for `owner` of the run holding `ticket`, each clean (no process on it,
-    /// memory within `tolerance` of its idle baseline), or says why the stage must wait. A run
-    /// whose ticket is not the first among the waiting runs waits for them.
+    /// memory within `tolerance` of its idle baseline), or says why the stage must wait. The
+    /// queue's rule ([`gpu_queue`]): a stage that fits the free GPUs starts whatever waits
+    /// before it, unless those GPUs are reserved for a stage before it in the queue.
+    /// With `share` (bytes declared by `gpu_memory`), `n` is 1 and the stage gets a share of a
+    /// GPU that is free or shared by stages whose declarations leave room for it.
     pub(crate) fn take_gpus(
         &self,
         n: usize,
+        share: Option<u64>,
         ticket: Ticket,
         owner: &str,
         tolerance: u64,
     ) -> Result<Vec<GpuInfo>, GpuWait> {
-        if let Some(first) = self.waiting.borrow().first() {
-            if *first < ticket {
-                return Err(GpuWait::Queued { n });
+        let now = std::time::Instant::now();
+        let states = self.gpu_states(tolerance);
+        let mut queue = self.queue.borrow_mut();
+        // A waiter that stopped asking (its stage was cancelled, its run ended) leaves.
+        queue
+            .waiters
+            .retain(|_, w| now.duration_since(w.asked) < QUEUE_FORGETS);
+        let asker = match queue.waiters.get_mut(owner) {
+            Some(w) => {
+                w.asked = now;
+                w.n = n;
+                w.bytes = share;
+                w.clone()
+            }
+            None => gpu_queue::Waiter {
+                key: (ticket, queue.next_seq),
+                owner: owner.to_string(),
+                n,
+                bytes: share,
+                since: now,
+                asked: now,
+            },
+        };
+        let others: Vec<gpu_queue::Waiter> = queue.waiters.values().cloned().collect();
+        let (placement, claims) = gpu_queue::place(&states, &others, &asker, now);
+        let gpus = self.gpus();
+        queue.reserved = claims
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.clone().map(|c| (gpus[i].uuid.clone(), c)))
+            .collect();
+        match placement {
+            gpu_queue::Placement::Take(chosen) => {
+                queue.waiters.remove(owner);
+                let uuids: Vec<&str> = chosen.iter().map(|&i| gpus[i].uuid.as_str()).collect();
+                let mut pool = self.pool.borrow_mut();
+                let got = match share {
+                    Some(bytes) => pool.take_share(uuids[0], owner, bytes).map(|g| vec![g]),
+                    None => pool.take(n, owner, |g| uuids.contains(&g.uuid.as_str())),
+                };
+                Ok(got.expect("the queue chose GPUs that are free for it"))
+            }
+            gpu_queue::Placement::Wait { reasons, reserved } => {
+                if !queue.waiters.contains_key(owner) {
+                    queue.next_seq += 1;
+                }
+                queue.waiters.insert(owner.to_string(), asker);
+                let reserved = reserved.iter().map(|&i| gpus[i].index).collect();
+                let wait = GpuWait::Busy {
+                    n,
+                    reasons,
+                    reserved,
+                };
+                queue.reasons.insert(owner.to_string(), wait.clone());
+                Err(wait)
             }
         }
-        let mut reasons: Vec<GpuBusy> = Vec::new();
+    }
+
+    /// Every GPU's state for the queue: free and clean, ours, held by something else or
+    /// unreadable, quarantined. Lowers a GPU's idle baseline when it reads lower.
+    fn gpu_states(&self, tolerance: u64) -> Vec<(u32, gpu_queue::GpuState)> {
+        use gpu_queue::GpuState;
         let probe = self.inventory.probe.clone();
         let mut idle = self.idle.borrow_mut();
-        let mut pool = self.pool.borrow_mut();
-        let got = pool.take(n, owner, |g| {
-            let Some(probe) = &probe else { return true };
+        let pool = self.pool.borrow();
+        let mut state = |g: &GpuInfo| {
+            if pool.quarantined(&g.uuid) {
+                return GpuState::Quarantined;
+            }
+            if let Some(stage) = pool.holder(&g.uuid) {
+                return GpuState::Ours(stage.to_string());
+            }
+            let sharers = pool.sharers(&g.uuid);
+            if !sharers.is_empty() {
+                let declared: u64 = sharers.iter().map(|(_, b)| b).sum();
+                let base = idle.get(&g.uuid).copied().unwrap_or(0);
+                let names: Vec<&str> = sharers.iter().map(|(o, _)| *o).collect();
+                return GpuState::Shared {
+                    sharers: names.join("; "),
+                    room: g.total_bytes.saturating_sub(base).saturating_sub(declared),
+                };
+            }
+            let Some(probe) = &probe else {
+                return GpuState::Free;
+            };
             let holders = probe.holders(&g.uuid);
-            let used = probe.used_bytes(&g.uuid).ok();
             if !holders.is_empty() {
-                reasons.push(GpuBusy::Held {
+                return GpuState::Held(GpuBusy::Held {
                     index: g.index,
                     holders: holders.into_iter().take(3).collect(),
                 });
-                return false;
             }
-            let Some(used) = used else {
-                reasons.push(GpuBusy::Unreadable { index: g.index });
-                return false;
+            let Ok(used) = probe.used_bytes(&g.uuid) else {
+                return GpuState::Held(GpuBusy::Unreadable { index: g.index });
             };
             let base = idle.entry(g.uuid.clone()).or_insert(used);
             if used < *base {
                 *base = used;
             }
             if used > base.saturating_add(tolerance) {
-                reasons.push(GpuBusy::Unlisted {
+                return GpuState::Held(GpuBusy::Unlisted {
                     index: g.index,
                     used_bytes: used,
                     idle_bytes: *base,
                 });
-                return false;
             }
-            true
-        });
-        match got {
-            Some(gpus) => {
-                self.waiting.borrow_mut().remove(&ticket);
-                Ok(gpus)
-            }
-            None => {
-                self.waiting.borrow_mut().insert(ticket);
-                // Only when the stage waits: which of our stages hold the other GPUs.
-                reasons.extend(self.inventory.gpus.iter().filter_map(|g| {
-                    pool.holder(&g.uuid).map(|h| GpuBusy::Ours {
-                        index: g.index,
-                        stage: h.to_string(),
-                    })
-                }));
-                if reasons.is_empty() {
-                    reasons.push(GpuBusy::NotEnough);
-                }
-                Err(GpuWait::Busy { n, reasons })
-            }
-        }
+            GpuState::Free
+        };
+        self.inventory
+            .gpus
+            .iter()
+            .map(|g| (g.index, state(g)))
+            .collect()
     }
 
-    /// Gives GPUs back and wakes waiting runs.
-    pub(crate) fn give_back_gpus(&self, gpus: &[GpuInfo]) {
+    /// The stages waiting for GPUs now, each with why (the last reason it was given), and the
+    /// GPUs reserved for a waiting stage (UUID → the stage): for `/metrics`.
+    pub fn gpu_queue_now(&self) -> GpuQueueNow {
+        let queue = self.queue.borrow();
+        let waiting = queue
+            .waiters
+            .keys()
+            .map(|owner| {
+                let kinds = match queue.reasons.get(owner) {
+                    Some(GpuWait::Busy { reasons, .. }) => {
+                        let mut kinds: Vec<&'static str> =
+                            reasons.iter().map(GpuBusy::kind).collect();
+                        kinds.sort_unstable();
+                        kinds.dedup();
+                        kinds
+                    }
+                    None => Vec::new(),
+                };
+                (owner.clone(), kinds)
+            })
+            .collect();
+        let reserved = queue
+            .reserved
+            .iter()
+            .filter(|(_, stage)| queue.waiters.contains_key(stage.as_str()))
+            .map(|(u, s)| (u.clone(), s.clone()))
+            .collect();
+        (waiting, reserved)
+    }
+
+    /// Gives back what `owner` ([`gpu_owner`]) holds of `gpus` and wakes waiting runs.
+    pub(crate) fn give_back_gpus(&self, gpus: &[GpuInfo], owner: &str) {
         if gpus.is_empty() {
             return;
         }
-        self.pool.borrow_mut().give_back(gpus);
+        self.pool.borrow_mut().give_back(gpus, owner);
         self.gpus_freed.notify_waiters();
     }
 
@@ -348,9 +521,23 @@ impl Host {
         self.gpus_freed.notify_waiters();
     }
 
+    /// Stages may be placed on `uuid` again (see [`Host::release_quarantined_gpu`]).
+    fn lift_quarantine(&self, uuid: &str) {
+        if self.pool.borrow_mut().lift_quarantine(uuid) {
+            self.gpus_freed.notify_waiters();
+        }
+    }
+
     /// The run holding `ticket` no longer waits for GPUs (it ended or has nothing ready).
     pub(crate) fn stop_waiting(&self, ticket: Ticket) {
-        if self.waiting.borrow_mut().remove(&ticket) {
+        let mut queue = self.queue.borrow_mut();
+        let before = queue.waiters.len();
+        queue.waiters.retain(|_, w| w.key.0 != ticket);
+        if queue.waiters.len() != before {
+            let waiters = std::mem::take(&mut queue.waiters);
+            queue.reasons.retain(|owner, _| waiters.contains_key(owner));
+            queue.waiters = waiters;
+            drop(queue);
             self.gpus_freed.notify_waiters();
         }
     }
@@ -378,10 +565,6 @@ mod tests {
 
     #[test]
     fn a_wait_says_why_gpu_by_gpu() {
-        assert_eq!(
-            GpuWait::Queued { n: 2 }.to_string(),
-            "waiting for 2 GPU(s): runs submitted earlier (or with a higher priority) are waiting for GPUs first"
-        );
         let holder = |pid| gpu::Holder {
             pid,
             name: "python".into(),
@@ -404,17 +587,25 @@ mod tests {
                     index: 3,
                     stage: "run r, stage `a`".into(),
                 },
+                GpuBusy::Reserved {
+                    index: 4,
+                    stage: "run q, stage `big`".into(),
+                },
+                GpuBusy::Quarantined { index: 5 },
             ],
+            reserved: vec![6, 7],
         };
         assert_eq!(
             wait.to_string(),
             "waiting for 1 GPU(s): GPU 0 held by pid 7 (python), pid 8 (python); GPU 1 cannot be read; \
              GPU 2 has 3 MiB in use by something the driver does not list (idle: 1 MiB); \
-             GPU 3 busy with run r, stage `a`"
+             GPU 3 busy with run r, stage `a`; GPU 4 reserved for run q, stage `big`; \
+             GPU 5 quarantined after a leak; GPU(s) 6, 7 reserved for it"
         );
         let none = GpuWait::Busy {
             n: 1,
             reasons: vec![GpuBusy::NotEnough],
+            reserved: Vec::new(),
         };
         assert_eq!(
             none.to_string(),

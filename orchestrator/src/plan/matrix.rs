@@ -609,6 +609,7 @@ fn skeleton(stage: &Stage) -> Stage {
         pids: stage.pids,
         cpus: stage.cpus,
         retry_oom: stage.retry_oom,
+        gpu_memory: stage.gpu_memory,
     }
 }
 

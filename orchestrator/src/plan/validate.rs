@@ -366,6 +366,20 @@ impl<'p> Validator<'p, '_, '_> {
                 "give a size like \"256MiB\" or \"64GiB\"",
             ));
         }
+        if stage.gpu_memory.is_some_and(|m| m.0 < 1 << 20) {
+            problems.push((
+                "gpu_memory",
+                "`gpu_memory` is under 1MiB, too little for a CUDA context",
+                "give a size like \"4GiB\" or \"20GiB\"",
+            ));
+        }
+        if stage.gpu_memory.is_some() && stage.gpus.is_some_and(|g| g != 1) {
+            problems.push((
+                "gpu_memory",
+                "`gpu_memory` shares one GPU: it cannot go with `gpus` other than 1",
+                "leave `gpus` out (or 1) to share a GPU, or drop `gpu_memory` for whole GPUs",
+            ));
+        }
         if stage.pids == Some(0) {
             problems.push((
                 "pids",

@@ -258,7 +258,9 @@ impl Console {
         if self.json {
             tracing::info!(target: "orchestrate::run", summary = text, "run finished");
         } else {
-            write_stderr(text);
+            use std::io::IsTerminal;
+            let colour = crate::table::colour_wanted(std::io::stderr().is_terminal());
+            write_stderr(&crate::table::paint_status_lines(text, colour));
         }
     }
 }

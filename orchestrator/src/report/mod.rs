@@ -167,8 +167,11 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     let mut hidden = 0usize;
     // srun stages' tasks and node checks, whether or not their row is shown.
     let mut srun = String::new();
+    // Every leaked GPU, by stage, for the summary's last line.
+    let mut leaks: Vec<String> = Vec::new();
     for s in stages {
         total += 1;
+        leaks.extend(leak_lines(&s));
         if !s.tasks.is_empty() || !s.nodes.is_empty() {
             srun.push_str(&placed::stage_lines(&s));
         }
@@ -222,12 +225,21 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     out.push_str(&placed::job_lines(report));
     out.push_str(&format!(
         "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
-        report.status,
+        report.status.label(),
         human_duration(Duration::from_secs_f64(report.wall_s)),
         report.run_dir,
         report.gpu_check,
         report.run_dir
     ));
+    if !leaks.is_empty() {
+        // The last line: a leak never ends the run looking like a success.
+        out.push_str(&format!(
+            "run {}: {} (exit status {})\n",
+            report.status.label(),
+            leaks.join("; "),
+            crate::exit::GPU_LEAK
+        ));
+    }
     if report.status == RunStatus::Interrupted {
         out.push_str(&format!(
             "continue it with: orchestrate resume {}\n",
@@ -235,6 +247,23 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
         ));
     }
     out
+}
+
+/// What a stage's latest attempt left on GPUs whose verdict is `leaked`: "`a` left 1024 MiB
+/// on GPU-…".
+fn leak_lines(stage: &StageReport) -> impl Iterator<Item = String> + '_ {
+    stage
+        .gpu
+        .iter()
+        .filter(|g| g.verdict == protocol::report::GpuVerdict::Leaked)
+        .map(|g| {
+            format!(
+                "`{}` left {} MiB on {}",
+                stage.name,
+                g.after_bytes.saturating_sub(g.baseline_bytes) >> 20,
+                g.uuid
+            )
+        })
 }
 
 /// The metrics a stage reported, as `name=value` pairs: the usual ones first (loss,

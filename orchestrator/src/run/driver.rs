@@ -169,12 +169,11 @@ impl Resources for HostResources<'_> {
         self.host.gpus().len()
     }
     fn take_gpus(&mut self, stage: usize, n: usize) -> std::result::Result<Vec<GpuInfo>, String> {
-        let owner = format!(
-            "run {}, stage `{}`",
-            self.run_id, self.plan.plan.stages[stage].name
-        );
+        let stage = &self.plan.plan.stages[stage];
+        let owner = crate::host::gpu_owner(self.run_id, &stage.name);
+        let share = stage.gpu_memory.map(|b| b.0);
         self.host
-            .take_gpus(n, self.ticket, &owner, self.tolerance_bytes)
+            .take_gpus(n, share, self.ticket, &owner, self.tolerance_bytes)
             .map_err(|wait| wait.to_string())
     }
     fn cpu_builtins_running(&self) -> usize {
@@ -359,7 +358,7 @@ impl<'h> Driver<'h> {
         let attempt_plan = match prepared {
             Ok(p) => setup.placement.place(p, stage),
             Err(failure) => {
-                self.host.give_back_gpus(&gpus);
+                self.give_back_gpus(i, &gpus);
                 let event = Event::StartFailed {
                     stage: i,
                     class: failure.class(),
@@ -527,7 +526,7 @@ impl<'h> Driver<'h> {
                 let actions = sched.on(event, now);
                 // The scheduler says whether they go back now (once, while the stage runs).
                 if actions.contains(&Action::GiveBackGpus(i)) {
-                    self.host.give_back_gpus(&gpus);
+                    self.give_back_gpus(i, &gpus);
                 }
                 return self.carry_out(sched, actions, None);
             }
@@ -550,7 +549,7 @@ impl<'h> Driver<'h> {
         }
         // A stage that released its GPUs gave them back then (another stage may hold them now).
         if sched.holds_gpus(i) {
-            self.host.give_back_gpus(&given);
+            self.give_back_gpus(i, &given);
         }
         self.note_spans(i, &result);
         let event = Event::AttemptEnded {
@@ -766,6 +765,13 @@ impl<'h> Driver<'h> {
             )),
         }
         let _ = self.cancel_tx.send(level);
+    }
+
+    /// Gives stage `i`'s GPUs (whole, or its share) back to the host.
+    fn give_back_gpus(&self, i: usize, gpus: &[GpuInfo]) {
+        let name = &self.setup.plan.plan.stages[i].name;
+        let owner = crate::host::gpu_owner(&self.setup.run_id, name);
+        self.host.give_back_gpus(gpus, &owner);
     }
 
     /// Stops an early-started stage that cannot use its upstream's outputs.

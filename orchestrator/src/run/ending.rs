@@ -46,6 +46,7 @@ pub(super) async fn status_of(
         Verdict::Interrupted => (RunStatus::Interrupted, exit::INTERRUPTED),
         Verdict::Failed => (RunStatus::Failed, exit::STAGE_FAILED),
         Verdict::Leaked => (RunStatus::Leaked, exit::GPU_LEAK),
+        Verdict::SucceededLeaked => (RunStatus::SucceededLeaked, exit::GPU_LEAK),
         Verdict::Succeeded => (RunStatus::Succeeded, exit::SUCCESS),
     };
     let Some(signal) = stop_signal.filter(|_| verdict == Verdict::Interrupted) else {

@@ -196,8 +196,10 @@ pub(crate) trait Resources {
 /// How a run ended, as the scheduler decided it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Every stage succeeded (a leak with `on_leak` other than `fail` included).
+    /// Every stage succeeded and every GPU check passed.
     Succeeded,
+    /// Every stage succeeded, but a GPU leaked (`on_leak` other than `fail`).
+    SucceededLeaked,
     /// A stage failed or was skipped.
     Failed,
     /// A GPU leaked and `on_leak = "fail"`.
@@ -1054,6 +1056,8 @@ impl<'p> Scheduler<'p> {
             Verdict::Failed
         } else if self.leaked_any && self.rules.on_leak == OnLeak::Fail {
             Verdict::Leaked
+        } else if self.leaked_any {
+            Verdict::SucceededLeaked
         } else {
             Verdict::Succeeded
         };
@@ -1512,7 +1516,7 @@ mod tests {
         ));
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
         end(&mut s, 1, &succeeded(), now);
-        assert_eq!(s.finish().1, Verdict::Succeeded);
+        assert_eq!(s.finish().1, Verdict::SucceededLeaked);
     }
 
     #[test]
@@ -1542,7 +1546,7 @@ mod tests {
     }
 
     #[test]
-    fn on_leak_warn_changes_nothing_but_the_verdict_line() {
+    fn on_leak_warn_lets_the_run_go_on_and_it_ends_succeeded_with_a_leak() {
         let p = plan("", &[("a", &[], ""), ("b", &["a"], "")]);
         let mut s = scheduler(&p, rules(1));
         let mut gpus = Gpus::new(0);
@@ -1552,7 +1556,7 @@ mod tests {
         assert_eq!(actions.len(), 1, "only the stage's end: {actions:?}");
         assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
         end(&mut s, 1, &succeeded(), now);
-        assert_eq!(s.finish().1, Verdict::Succeeded);
+        assert_eq!(s.finish().1, Verdict::SucceededLeaked);
     }
 
     #[test]

@@ -154,7 +154,50 @@ pub fn render(daemon: &Daemon, gpus: &[GpuNow]) -> String {
             u8::from(g.quarantined)
         );
     }
+    gpu_queue(&mut out, daemon, gpus);
     out
+}
+
+/// Why stages wait for GPUs (a stage counts once under each kind of reason it was given) and
+/// which GPUs are reserved for a waiting stage.
+fn gpu_queue(out: &mut String, daemon: &Daemon, gpus: &[GpuNow]) {
+    let (waiting, reserved) = daemon.host.gpu_queue_now();
+    let mut by_reason: BTreeMap<&str, u64> = crate::host::GPU_WAIT_KINDS
+        .iter()
+        .map(|k| (*k, 0))
+        .collect();
+    for (_, kinds) in &waiting {
+        for kind in kinds {
+            *by_reason.entry(kind).or_default() += 1;
+        }
+    }
+    family(
+        out,
+        "orchestrate_stages_waiting_for_gpus",
+        "gauge",
+        "Stages waiting for GPUs, by kind of reason (held by another process, busy with a stage, reserved for an earlier stage, quarantined, ...).",
+    );
+    for (reason, n) in &by_reason {
+        let _ = writeln!(
+            out,
+            "orchestrate_stages_waiting_for_gpus{{reason=\"{reason}\"}} {n}"
+        );
+    }
+    family(
+        out,
+        "orchestrate_gpu_reserved",
+        "gauge",
+        "1 when the GPU is reserved for a waiting stage: no stage after it in the queue takes it.",
+    );
+    for g in gpus {
+        let is = reserved.iter().any(|(u, _)| *u == g.uuid);
+        let _ = writeln!(
+            out,
+            "orchestrate_gpu_reserved{{gpu=\"{}\"}} {}",
+            label(&g.uuid),
+            u8::from(is)
+        );
+    }
 }
 
 /// A label value escaped as the text format wants.

@@ -635,6 +635,63 @@ fn the_page_in_headless_chromium_shows_a_run_live_its_log_and_its_memory() {
     );
 }
 
+#[test]
+fn a_run_that_leaked_gpu_memory_is_amber_in_the_list_and_its_header_never_green() {
+    if !have("chromedriver", "chromium-driver") || !have(&chromium(), "chromium") {
+        return;
+    }
+    let s = Scratch::new("web-leak");
+    let w = start(&s);
+    let fake = s.path().join("fake-gpus");
+    // The stage names orchestrate (its parent) as holding 1 GiB of its GPU: a leak.
+    let plan = format!(
+        "[run]\nname = \"leaky\"\non_leak = \"warn\"\nreclaim_timeout = \"1s\"\n[[stage]]\nname = \"a\"\ngpus = 1\ncommand = [\"sh\", \"-c\", \"echo \\\"$PPID orchestrate 1073741824\\\" > {}/$ORCHESTRATE_GPU_UUIDS\"]\n",
+        fake.display()
+    );
+    let mut c = w.d.connect();
+    let id = c.submit_toml(&plan, s.path());
+    assert_eq!(c.wait(&id)["state"], "succeeded_leaked");
+    let browser = Browser::start(s.path());
+    browser.open(&format!("http://{}/?token={}", w.addr, w.token));
+    let cell = format!("document.querySelector('#runs tr[data-run=\"{id}\"] td.status')");
+    browser.wait(
+        20,
+        "the leaked run's state in the list",
+        &format!(
+            "const t = {cell}; return !!t && t.textContent === 'succeeded with leaked GPU memory'"
+        ),
+    );
+    // Amber (#bf8700), not the green of a clean success.
+    let colour = |script: &str| browser.eval(&format!("return getComputedStyle({script}).color"));
+    assert_eq!(colour(&cell), json!("rgb(191, 135, 0)"));
+    browser.eval(&format!("location.hash = '#/run/{id}'; return true"));
+    browser.wait(
+        20,
+        "the run's header",
+        "const t = document.querySelector('#run-state'); return !!t && t.textContent === 'succeeded with leaked GPU memory'",
+    );
+    assert_eq!(
+        colour("document.querySelector('#run-state')"),
+        json!("rgb(191, 135, 0)")
+    );
+    // The leaked memory still holds GPU 0: a 2-GPU run waits, and the runs list says why.
+    let waiting = c.submit_toml(
+        "[run]\nname = \"big\"\n[[stage]]\nname = \"b\"\ngpus = 2\ncommand = [\"true\"]\n",
+        s.path(),
+    );
+    browser.eval("location.hash = '#/'; return true");
+    browser.wait(
+        20,
+        "the waiting run's reason in the list",
+        &format!(
+            "const t = document.querySelector('#runs tr[data-run=\"{waiting}\"] td.status .waiting'); return !!t && t.textContent.includes('GPU 0 held by pid {}')",
+            w.d.pid()
+        ),
+    );
+    let cancelled = c.call(json!({"v": 1, "type": "cancel", "id": waiting}));
+    assert_eq!(cancelled["type"], "cancelling", "{cancelled}");
+}
+
 /// The server-sent events of `path`, read to the stream's end: each message's `id:` (if any)
 /// and data, and the `end` event's data.
 fn read_stream(w: &WebDaemon, path: &str) -> (Vec<(Option<u64>, Value)>, Value) {

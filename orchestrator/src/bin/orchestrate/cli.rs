@@ -16,10 +16,12 @@ Examples:
   orchestrate daemon &                                serve plans over a Unix socket
   orchestrate submit p.toml --watch                   run a plan in the daemon, follow it
   orchestrate runs | watch ID | cancel ID | shutdown  the daemon's runs
+  orchestrate gpu release 0                           give a quarantined GPU back to the daemon
 
 Exit status: 0 every stage succeeded and every GPU check passed; 1 a stage failed;
 2 invalid plan or arguments (or a --run-dir that is not empty and not a run directory);
-3 a GPU leaked (on_leak = \"fail\"); 4 the run could not be set up or carried on (the run
+3 a GPU leaked (the run ends \"leaked\" under on_leak = \"fail\", else \"succeeded with leaked
+GPU memory\"); 4 the run could not be set up or carried on (the run
 directory is in use by another live orchestrate, a journal write failed, ...);
 75 inside a Slurm job: stopped by the warning signal (USR1/USR2) or SIGTERM and requeued;
 130 interrupted by SIGINT, SIGTERM or SIGHUP (a closed terminal: use nohup or setsid for runs
@@ -238,6 +240,11 @@ pub(crate) enum Command {
         #[arg(long)]
         experiment: Option<String>,
     },
+    /// The daemon's GPUs: `gpu release GPU` gives a quarantined GPU back to stages.
+    Gpu {
+        #[command(subcommand)]
+        command: GpuCommand,
+    },
     /// Inventory and memory of this machine's GPUs (NVML); with --wait, wait until each is
     /// clean (no compute process, used memory under the threshold). Exit 0 clean, 3 not
     /// clean, 4 NVML unavailable. For Slurm prolog/epilog scripts.
@@ -256,6 +263,23 @@ pub(crate) enum Command {
     /// driver and GPUs, cgroup v2 and which limits, the built-in worker and its libtorch, Python
     /// with the helper and the frameworks it finds, Slurm, free space where runs go. Exit 0.
     Doctor,
+}
+
+/// `orchestrate gpu …`.
+#[derive(Subcommand, Debug)]
+pub(crate) enum GpuCommand {
+    /// Give a GPU that a leak quarantined back to the daemon's stages, once the driver shows
+    /// it empty (no process, memory at its idle baseline); otherwise refused (exit 2) with the
+    /// process that still holds it.
+    Release {
+        /// The GPU: its NVML index or its UUID (a unique prefix is enough).
+        gpu: String,
+        #[command(flatten)]
+        daemon: SocketArg,
+        /// Print the daemon's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Where the daemon listens.

@@ -5,7 +5,7 @@
 #![allow(rustdoc::invalid_html_tags)]
 
 use clap::Parser;
-use cli::{Cli, Command, LogFormat, RunArgs};
+use cli::{Cli, Command, GpuCommand, LogFormat, RunArgs};
 use commands::client;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,6 +120,9 @@ fn run_command(cli: Cli) -> ExitCode {
         Command::Wait { id, daemon, json } => client::wait(&daemon.path(), &id, json),
         Command::Cancel { id, daemon, kill } => client::cancel(&daemon.path(), &id, kill),
         Command::Shutdown { daemon, cancel } => client::shutdown(&daemon.path(), cancel),
+        Command::Gpu {
+            command: GpuCommand::Release { gpu, daemon, json },
+        } => client::release_gpu(&daemon.path(), &gpu, json),
     }
 }
 

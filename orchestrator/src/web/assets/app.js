@@ -22,6 +22,8 @@ function svg(tag, attrs = {}, text) {
 }
 const mib = (b) => (b == null ? "" : (b / 1048576).toFixed(0) + " MiB");
 const secs = (s) => (s == null ? "" : s < 60 ? s.toFixed(1) + " s" : s < 3600 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(2) + " h");
+// A run's state as a person reads it (the CSS class keeps the wire word: amber for a leak).
+const stateLabel = (s) => (s === "succeeded_leaked" ? "succeeded with leaked GPU memory" : s);
 const when = (unix) => (unix ? new Date(unix * 1000).toLocaleString() : "");
 async function getJSON(url) {
   const r = await fetch(url, { credentials: "same-origin" });
@@ -33,7 +35,7 @@ async function getJSON(url) {
 function runsPage() {
   const filter = el("input", { id: "filter", placeholder: "filter by id or client id" });
   const state = el("select", { id: "state-filter" }, el("option", { value: "" }, "all states"),
-    ...["queued", "running", "succeeded", "failed", "leaked", "interrupted", "cancelled"].map((s) => el("option", { value: s }, s)));
+    ...["queued", "running", "succeeded", "succeeded_leaked", "failed", "leaked", "interrupted", "cancelled"].map((s) => el("option", { value: s }, stateLabel(s))));
   const body = el("tbody");
   const main = $("#main");
   main.replaceChildren(el("h2", {}, "Runs"), el("div", { class: "controls" }, filter, " ", state),
@@ -49,7 +51,8 @@ function runsPage() {
       const end = info.finished_unix || now;
       return el("tr", { "data-run": info.id },
         el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(info.id) }, info.id)),
-        el("td", { class: "status s-" + info.state }, info.state),
+        el("td", { class: "status s-" + info.state }, stateLabel(info.state),
+          info.waiting.length ? el("div", { class: "waiting" }, "waiting: " + info.waiting.join("; ")) : ""),
         el("td", {}, bar, ` ${info.succeeded}/${info.stages}` + (info.running ? `, ${info.running} running` : "")),
         el("td", {}, when(info.submitted_unix)),
         el("td", { class: "num" }, secs(end - info.submitted_unix)),
@@ -137,7 +140,7 @@ function runPage(id) {
   function draw() {
     const info = st.info;
     if (info) {
-      $("#run-state").textContent = info.state; $("#run-state").className = "status s-" + info.state;
+      $("#run-state").textContent = stateLabel(info.state); $("#run-state").className = "status s-" + info.state;
       cancel.disabled = !!info.finished_unix;
       $("#run-summary").textContent = `${info.succeeded}/${info.stages} stages succeeded · started ${when(info.submitted_unix)} · ${info.run_dir}` + (info.waiting.length ? " · waiting: " + info.waiting.join("; ") : "");
     }

@@ -1,4 +1,5 @@
-//! The daemon's clients: `submit`, `runs`, `watch`, `wait`, `cancel`, `shutdown`.
+//! The daemon's clients: `submit`, `runs`, `watch`, `wait`, `cancel`, `shutdown`, `gpu
+//! release`.
 //!
 //! Exit statuses: a run's own status for `submit --watch/--wait`, `watch` and `wait` (0 only
 //! if it succeeded); 2 for a plan the daemon refused, an unknown run id or a `cancel` of a run
@@ -51,6 +52,19 @@ fn print_json(response: &Response) {
     println!("{}", serde_json::to_string(response).unwrap_or_default());
 }
 
+/// Whether stdout gets colour.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    orchestrator::table::colour_wanted(std::io::stdout().is_terminal())
+}
+
+/// `ID: STATE (DIR)` of a finished run, its state in its colour (a success that leaked GPU
+/// memory amber, not green).
+fn ended_line(run: &RunInfo) -> String {
+    let state = orchestrator::table::paint(run.state.tone(), run.state.label(), colour());
+    format!("{}: {state} ({})", run.id, run.run_dir)
+}
+
 fn outcome(run: &RunInfo) -> ExitCode {
     code(run.exit_code.unwrap_or(exit::RUN_ERROR))
 }
@@ -81,7 +95,7 @@ fn follow(client: &mut Client, id: &str, from: u64, json: bool) -> ExitCode {
                         run: run.clone(),
                     });
                 } else {
-                    println!("{}: {} ({})", run.id, run.state, run.run_dir);
+                    println!("{}", ended_line(&run));
                 }
                 return outcome(&run);
             }
@@ -163,7 +177,7 @@ fn wait_on(client: &mut Client, id: &str, json: bool) -> ExitCode {
                 unreachable!()
             };
             if !json {
-                println!("{}: {} ({})", run.id, run.state, run.run_dir);
+                println!("{}", ended_line(&run));
             }
             outcome(&run)
         }
@@ -187,19 +201,25 @@ pub(crate) fn runs(socket: &Path, json: bool) -> ExitCode {
                 unreachable!()
             };
             let width = orchestrator::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
+            let state_w =
+                orchestrator::table::column_width("state", runs.iter().map(|r| r.state.label()));
             println!(
-                "{:<width$}  {:<11} {:>9}  waiting / directory",
+                "{:<width$}  {:<state_w$} {:>9}  waiting / directory",
                 "id", "state", "stages"
             );
+            let colour = colour();
             for r in &runs {
                 let detail = r
                     .waiting
                     .first()
                     .cloned()
                     .unwrap_or_else(|| r.run_dir.clone());
+                // Padded before it is painted: escape codes have no width on the terminal.
+                let state = format!("{:<state_w$}", r.state.label());
+                let state = orchestrator::table::paint(r.state.tone(), &state, colour);
                 println!(
-                    "{:<width$}  {:<11} {:>4}/{:<4}  {detail}",
-                    r.id, r.state, r.succeeded, r.stages
+                    "{:<width$}  {state} {:>4}/{:<4}  {detail}",
+                    r.id, r.succeeded, r.stages
                 );
             }
             ExitCode::SUCCESS
@@ -264,6 +284,40 @@ pub(crate) fn shutdown(socket: &Path, cancel: bool) -> ExitCode {
                 eprintln!("the daemon stops after its {running} unfinished run(s) end");
             }
             ExitCode::SUCCESS
+        }
+        other => not_expected(other),
+    }
+}
+
+/// `orchestrate gpu release`: 0 when the GPU was given back; 2 when the daemon refused (not
+/// quarantined, still held, unknown), with why.
+pub(crate) fn release_gpu(socket: &Path, gpu: &str, json: bool) -> ExitCode {
+    let mut client = match connect(socket) {
+        Ok(c) => c,
+        Err(c) => return c,
+    };
+    let answer = client.call(&Request::ReleaseGpu {
+        v: V,
+        gpu: gpu.to_string(),
+    });
+    if json {
+        if let Ok(response) = &answer {
+            print_json(response);
+        }
+    }
+    match answer {
+        Ok(Response::GpuReleased { index, uuid, .. }) => {
+            if !json {
+                println!("GPU {index} ({uuid}) released: stages may use it again");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(Response::Error { code: c, error, .. }) => {
+            eprintln!("error: {error}");
+            match c {
+                ErrorCode::Refused | ErrorCode::NotFound => code(exit::INVALID_INPUT),
+                _ => code(exit::RUN_ERROR),
+            }
         }
         other => not_expected(other),
     }

@@ -11,7 +11,10 @@ pub(crate) fn report(run_dir: &Path, json: bool) -> ExitCode {
             if json {
                 print_json(&report);
             } else {
-                print!("{}", orchestrator::report::summary(&report));
+                use std::io::IsTerminal;
+                let colour = orchestrator::table::colour_wanted(std::io::stdout().is_terminal());
+                let text = orchestrator::report::summary(&report);
+                print!("{}", orchestrator::table::paint_status_lines(&text, colour));
             }
             ExitCode::SUCCESS
         }

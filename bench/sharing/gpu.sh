@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# GPU sharing (`gpu_memory`, issue 47) on one GPU, with release binaries from $BIN_DIR:
+#   1. rate: 40 tiny GPU stages (bench/sharing/tiny.py: a CUDA tensor, a sum, a file) through
+#      the zygote, one per GPU (`gpus = 1`) against four per GPU (`gpu_memory = "8GiB"`,
+#      max_parallel = 4), alternating, REPS times each (default 2). Goal: sharing at >= 3x the
+#      rate of one per GPU, every verdict clean.
+#   2. leak: 4 stages share the GPU at once (a barrier); one leaves a process in a new session
+#      holding 1 GiB. Goal: that one `leaked`, the other three `clean`, the run "succeeded with
+#      leaked GPU memory" (exit 3).
+# Usage: BIN_DIR=/path/to/release OUT=/path/to/out bench/sharing/gpu.sh
+# Writes everything under $OUT (runs, consoles, summary.txt) and prints the summary.
+set -uo pipefail
+: "${BIN_DIR:?set BIN_DIR to the directory of the release orchestrate and stage-worker}"
+bin=$(cd "$BIN_DIR" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${OUT:-/tmp/out}/sharing
+reps=${REPS:-2}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
+export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))'):${LD_LIBRARY_PATH:-}"
+{ date -u; cat "$bin/COMMIT" 2>/dev/null
+  nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.used,memory.total --format=csv
+  python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
+} > "$out/machine.txt" 2>&1
+
+tiny_plan() { # MODE (whole|shared) N
+  echo "[run]"; echo "name = \"tiny-$1\""; echo 'preload = ["torch"]'; echo "max_parallel = 4"
+  for i in $(seq "$2"); do
+    echo "[[stage]]"; echo "name = \"t$i\""
+    if [ "$1" = shared ]; then echo 'gpu_memory = "8GiB"'; else echo "gpus = 1"; fi
+    echo "command = [\"python3\", \"$here/tiny.py\"]"; echo 'outputs = ["sum.txt"]'
+  done
+}
+tiny_plan whole 40 > "$out/whole.toml"
+tiny_plan shared 40 > "$out/shared.toml"
+for r in $(seq "$reps"); do
+  for mode in whole shared; do
+    timeout 300 "$bin/orchestrate" --plan "$out/$mode.toml" --run-dir "$out/run-$mode-$r" -q \
+      > "$out/$mode-$r.console" 2>&1
+    echo "$mode rep $r: exit $?" >> "$out/exits.txt"
+  done
+done
+
+# 2. Four stages sharing the GPU, one leaving a GPU-holding process behind.
+{
+  echo "[run]"; echo 'name = "shared-leak"'; echo 'preload = ["torch"]'; echo "max_parallel = 4"
+  echo 'on_leak = "warn"'; echo 'reclaim_timeout = "5s"'
+  for i in 1 2 3 4; do
+    extra=""; [ "$i" = 3 ] && extra=', "leak"'
+    echo "[[stage]]"; echo "name = \"s$i\""; echo 'gpu_memory = "8GiB"'
+    echo "command = [\"python3\", \"$here/tiny.py\", \"$out/barrier\", \"4\"$extra]"
+  done
+} > "$out/leak.toml"
+rm -rf "$out/barrier"
+timeout 300 "$bin/orchestrate" --plan "$out/leak.toml" --run-dir "$out/run-leak" > "$out/leak.console" 2>&1
+echo "leak: exit $?" >> "$out/exits.txt"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$out/nvml-after.txt" 2>&1
+
+python3 - "$out" "$reps" <<'PY' | tee "$out/summary.txt"
+import json, os, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+def report(d):
+    with open(os.path.join(out, d, "report.json")) as f:
+        return json.load(f)
+def verdicts(r):
+    return [g["verdict"] for s in r["stages"] for g in s.get("gpu", [])]
+rates = {}
+for mode in ("whole", "shared"):
+    for rep in range(1, reps + 1):
+        try:
+            r = report(f"run-{mode}-{rep}")
+        except OSError as e:
+            print(f"{mode} rep {rep}: no report ({e})"); continue
+        v = verdicts(r)
+        ok = sum(s["status"] == "succeeded" for s in r["stages"])
+        rate = len(r["stages"]) / r["wall_s"]
+        rates.setdefault(mode, []).append(rate)
+        print(f"{mode} rep {rep}: {r['status']}, {ok}/{len(r['stages'])} succeeded, "
+              f"{r['wall_s']:.1f} s, {rate:.2f} stages/s, verdicts: "
+              f"{ {x: v.count(x) for x in sorted(set(v))} }")
+if rates.get("whole") and rates.get("shared"):
+    w, s = sum(rates["whole"]) / len(rates["whole"]), sum(rates["shared"]) / len(rates["shared"])
+    print(f"rate: shared {s:.2f}/s against whole {w:.2f}/s: {s / w:.2f}x (goal >= 3x)")
+try:
+    r = report("run-leak")
+    print(f"leak run: {r['status']}")
+    for s in r["stages"]:
+        for g in s.get("gpu", []):
+            print(f"  {s['name']}: {g['verdict']} baseline {g['baseline_bytes'] >> 20} MiB, "
+                  f"after {g['after_bytes'] >> 20} MiB, peak {g['peak_bytes'] >> 20} MiB"
+                  + (f" ({g['note']})" if g.get("note") else ""))
+    want = {"s1": "clean", "s2": "clean", "s3": "leaked", "s4": "clean"}
+    got = {s["name"]: (s.get("gpu") or [{}])[0].get("verdict") for s in r["stages"]}
+    print("leak goal met" if got == want else f"leak goal NOT met: {got}")
+except OSError as e:
+    print(f"leak run: no report ({e})")
+PY
+cat "$out/exits.txt"

@@ -1,0 +1,38 @@
+"""A tiny GPU stage: a CUDA tensor, a sum, a file. With a barrier directory and a count, it
+also waits (up to 60 s) until that many stages have reached the barrier, so that they overlap
+on the GPU. With `leak`, it leaves a process in a new session holding 1 GiB of the GPU and
+exits as soon as that process has its memory."""
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+import orchestrate_stage as stage
+
+name = stage.stage_name()
+stage.cap_gpu_memory()
+x = torch.ones(1 << 20, device="cuda")
+total = float(x.sum())
+if len(sys.argv) > 2:
+    barrier, count = sys.argv[1], int(sys.argv[2])
+    os.makedirs(barrier, exist_ok=True)
+    open(os.path.join(barrier, name), "w").close()
+    deadline = time.time() + 60
+    while len(os.listdir(barrier)) < count and time.time() < deadline:
+        time.sleep(0.02)
+    if "leak" in sys.argv[3:]:
+        ready = str(stage.output_dir() / "child-ready")
+        holder = (
+            "import sys, time, torch\n"
+            "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"
+            "torch.cuda.synchronize()\n"
+            "open(sys.argv[1], 'w').close()\n"
+            "time.sleep(600)\n"
+        )
+        subprocess.Popen([sys.executable, "-c", holder, ready], start_new_session=True)
+        while not os.path.exists(ready):
+            time.sleep(0.05)
+    time.sleep(0.5)
+(stage.output_dir() / "sum.txt").write_text(f"{total}\n")

@@ -1,0 +1,95 @@
+//! Stages sharing a GPU (`gpu_memory`, issue 47 item 2), on a stand-in GPU whose holder files
+//! the stages write themselves: four stages share it at once, each judged on its own. The one
+//! that leaves a process in a new session holding memory is `leaked`; its neighbours, whose
+//! memory was still on the GPU while they were judged, are `clean`; one that used more than it
+//! declared is reported.
+
+use e2e_tests::{fake_gpu_command, output_text, read_report, report_stage, Scratch};
+
+/// A sharing stage: lists itself as holding `MIB` MiB of its GPU, waits until all four have
+/// started (so they overlap), and with `leak` = 1 starts a process in a new session that holds
+/// 1 GiB and outlives it; then takes its own line off and exits.
+const SHARE: &str = r#"
+name=$1; leak=$2; mib=$3; fake=$4; barrier=$5
+d="$fake/$ORCHESTRATE_GPU_UUIDS.d"
+mkdir -p "$d" "$barrier"
+echo "$$ python $((mib * 1048576))" > "$d/$$"
+touch "$barrier/$name"
+i=0
+while [ "$(ls "$barrier" | wc -l)" -lt 4 ]; do
+  i=$((i + 1)); [ $i -gt 1000 ] && exit 9
+  sleep 0.02
+done
+if [ "$leak" = 1 ]; then
+  setsid sh -c 'echo "$$ python 1073741824" > "$0/child-$$"; exec sleep 600' "$d" &
+  while ! ls "$d" | grep -q child; do sleep 0.02; done
+fi
+sleep 0.4
+rm -f "$d/$$"
+"#;
+
+#[test]
+fn four_stages_share_a_gpu_and_only_the_one_that_leaves_memory_behind_is_leaked() {
+    let s = Scratch::new("gpu-sharing");
+    let holders = s.path().join("holders");
+    let barrier = s.path().join("barrier");
+    let script = s.write("share.sh", SHARE);
+    let stage = |name: &str, leak: u8, mib: u64| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\ngpu_memory = \"10GiB\"\ncommand = [\"sh\", \"{}\", \"{name}\", \"{leak}\", \"{mib}\", \"{}\", \"{}\"]\n",
+            script.display(),
+            holders.display(),
+            barrier.display()
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\nmax_parallel = 4\non_leak = \"warn\"\nreclaim_timeout = \"1s\"\n\n{}{}{}{}",
+            stage("a", 0, 2048),
+            stage("b", 0, 2048),
+            stage("leaky", 1, 2048),
+            stage("greedy", 0, 12288),
+        ),
+    );
+    let out = fake_gpu_command(&s, &plan, "1", &holders).output().unwrap();
+    let text = output_text(&out);
+    // Every stage succeeded; one leaked: "succeeded with leaked GPU memory", exit 3.
+    assert_eq!(out.status.code(), Some(3), "{text}");
+    let report = read_report(&s.path().join("run"));
+    assert_eq!(report["status"], "succeeded_leaked", "{text}");
+    for name in ["a", "b", "greedy", "leaky"] {
+        let st = report_stage(&report, name);
+        assert_eq!(st["status"], "succeeded", "{name}: {st}");
+        assert_eq!(st["gpu"][0]["uuid"], "GPU-fake-0", "{name}: {st}");
+    }
+    for name in ["a", "b", "greedy"] {
+        let gpu = &report_stage(&report, name)["gpu"][0];
+        assert_eq!(gpu["verdict"], "clean", "{name}: {gpu}\n{text}");
+    }
+    let leaky = &report_stage(&report, "leaky")["gpu"][0];
+    assert_eq!(leaky["verdict"], "leaked", "{leaky}\n{text}");
+    let note = leaky["note"].as_str().unwrap_or("");
+    assert!(
+        note.contains("a process of the stage, still held memory on the shared GPU"),
+        "{leaky}"
+    );
+    // The stage that held 12 GiB against its 10 GiB is reported, its verdict still clean.
+    let greedy = &report_stage(&report, "greedy")["gpu"][0];
+    assert_eq!(greedy["peak_bytes"], 12u64 << 30, "{greedy}");
+    assert!(
+        greedy["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("used 12288 MiB, more than the 10240 MiB it declared"),
+        "{greedy}"
+    );
+    let console = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        console
+            .contains("greedy: used 12288 MiB of GPU memory, more than the 10240 MiB it declared"),
+        "{console}"
+    );
+    // They ran at once: all four were on the barrier together (the script exits 9 otherwise).
+    assert_eq!(std::fs::read_dir(&barrier).unwrap().count(), 4);
+}
