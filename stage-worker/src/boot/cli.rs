@@ -118,12 +118,30 @@ pub enum Command {
     /// speed, one JSON object per line); exit 1 if they differ beyond rounding.
     #[command(name = "check-kernels")]
     CheckKernels,
+    /// Writes the fp32 CPU logits of a Llama model in Hugging Face format for given token ids
+    /// (to compare the worker's computation with transformers').
+    #[command(name = "llama-logits")]
+    LlamaLogits(LlamaLogitsArgs),
     /// Serve forks of fresh workers to orchestrate (started by orchestrate itself).
     #[command(name = "fork-server", hide = true)]
     ForkServer(ForkServerArgs),
 }
 
 /// Arguments of `stage-worker fork-server`.
+/// Arguments of `stage-worker llama-logits`.
+#[derive(Debug, clap::Args)]
+pub struct LlamaLogitsArgs {
+    /// The model's directory (config.json, model.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Token ids: rows separated by `;`, ids by `,` (rows equally long).
+    #[arg(long)]
+    pub ids: String,
+    /// Where to write the logits (a safetensors file with one tensor, `logits`).
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ForkServerArgs {
     /// The inherited Unix socket to serve on.
