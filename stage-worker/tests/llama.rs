@@ -257,3 +257,81 @@ fn a_llama_the_worker_trained_loads_in_transformers_then_sft_and_eval_follow() {
         serde_json::from_slice(&std::fs::read(eval_dir.join("metrics.json")).unwrap()).unwrap();
     assert_eq!(results["metrics"]["loss"], em["loss"]);
 }
+
+#[test]
+fn a_stopped_llama_training_resumes_to_the_loss_of_an_uninterrupted_one() {
+    use std::io::{BufRead, BufReader};
+    let Some(py) = framework_python() else { return };
+    let s = Scratch::new("llama-resume");
+    let (text, _) = write_data(&s);
+    let base = s.join("base");
+    make_tiny(&py, &base, &text, &["--tied"]);
+    let params = json!({"data": text, "steps": 300, "batch_size": 2, "seq_len": 16, "lr": 1e-2,
+                        "warmup_steps": 3, "seed": 3, "progress_every_s": 0.01});
+    let out_dir = s.join("stopped");
+    let spec = json!({
+        "v": 1, "stage": "stopped", "kind": "train", "params": params,
+        "output_dir": out_dir, "inputs": {}, "init": base, "device": "cpu", "attempt": 1
+    });
+    let spec_path = s.join("stopped.json");
+    std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let command = || {
+        let mut c = Command::new(BIN);
+        c.arg("--spec")
+            .arg(&spec_path)
+            .env_remove("ORCHESTRATE_EVENTS")
+            .env("OMP_NUM_THREADS", "1");
+        c
+    };
+    let mut child = command()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let e: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if e["event"] == "progress" && !seen.iter().any(|x: &Value| x["event"] == "progress") {
+            // SAFETY: signalling our own child by its pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+        seen.push(e);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(75), "{seen:?}");
+    assert_eq!(seen.last().unwrap()["reason"], "interrupted");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("manifest.json")).unwrap()).unwrap();
+    let stopped_at = manifest["step"].as_u64().unwrap();
+    assert!((1..300).contains(&stopped_at), "{manifest}");
+    assert_eq!(manifest["model"]["training"]["complete"], false);
+
+    let out = command().output().unwrap();
+    let events: Vec<Value> = ok(&out, "the resumed training")
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let resumed = metrics(&events).clone();
+    assert_eq!(
+        resumed["resumed_from_step"].as_f64(),
+        Some(stopped_at as f64)
+    );
+    let straight_params = spec["params"].clone();
+    let straight = metrics(&stage(
+        &s,
+        "straight",
+        "train",
+        straight_params,
+        &base,
+        &s.join("straight"),
+    ))
+    .clone();
+    let (a, b) = (
+        resumed["final_loss"].as_f64().unwrap(),
+        straight["final_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+        "resumed at {stopped_at}: {a}; straight: {b}"
+    );
+    assert_eq!(resumed["first_loss"], straight["first_loss"]);
+}

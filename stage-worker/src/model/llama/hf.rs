@@ -124,7 +124,7 @@ pub fn safetensors_bytes(tensors: &[(String, Tensor)]) -> Vec<u8> {
 /// The files of `model` as a Hugging Face directory, weights in fp32: `model.safetensors`
 /// (transformers' names), `config.json`, and each of [`COMPANION_FILES`] found in `from` (the
 /// directory the model came from), copied as they are.
-pub fn files(model: &Llama, from: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub fn files(model: &Llama, from: &Path) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     let tensors: Vec<(String, Tensor)> = tch::no_grad(|| {
         model
             .params
@@ -133,17 +133,17 @@ pub fn files(model: &Llama, from: &Path) -> Result<Vec<(String, Vec<u8>)>, Strin
             .map(|p| (p.name.clone(), p.tensor.detach()))
             .collect()
     });
-    let mut out = vec![(WEIGHTS_FILE.to_string(), safetensors_bytes(&tensors))];
+    let mut out = vec![(WEIGHTS_FILE, safetensors_bytes(&tensors))];
     let mut config =
         serde_json::to_vec_pretty(&model.config.to_json("float32")).expect("config serializes");
     config.push(b'\n');
-    out.push((CONFIG_FILE.to_string(), config));
+    out.push((CONFIG_FILE, config));
     for name in COMPANION_FILES {
         let path = from.join(name);
         if path.is_file() {
             let bytes =
                 std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            out.push((name.to_string(), bytes));
+            out.push((*name, bytes));
         }
     }
     Ok(out)

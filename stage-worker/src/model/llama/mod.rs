@@ -152,13 +152,14 @@ impl Llama {
                 &q, &k, &v, None, 0.0, true, None, false,
             );
             let y = y.transpose(1, 2).contiguous().view([b, t, nh * hd]);
-            x = x + self.linear(&y, &format!("{l}.self_attn.o_proj"), kind);
+            // Not `+=`: autograd still needs the stream as it was (the RMSNorm's input).
+            x = x.g_add(&self.linear(&y, &format!("{l}.self_attn.o_proj"), kind));
             let h = self
                 .rms_norm(&x, &format!("{l}.post_attention_layernorm.weight"))
                 .to_kind(kind);
             let gate = self.linear(&h, &format!("{l}.mlp.gate_proj"), kind).silu();
             let up = self.linear(&h, &format!("{l}.mlp.up_proj"), kind);
-            x = x + self.linear(&(gate * up), &format!("{l}.mlp.down_proj"), kind);
+            x = x.g_add(&self.linear(&(gate * up), &format!("{l}.mlp.down_proj"), kind));
         }
         let h = self.rms_norm(&x, "model.norm.weight").to_kind(kind);
         let head = if c.tie_word_embeddings {

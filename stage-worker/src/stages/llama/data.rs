@@ -112,7 +112,7 @@ pub fn pair_row(
     completion: &[i64],
     seq_len: usize,
 ) -> Option<(Vec<i64>, Vec<i64>)> {
-    if prompt.is_empty() || prompt.len() >= seq_len + 1 || completion.is_empty() {
+    if prompt.is_empty() || prompt.len() > seq_len || completion.is_empty() {
         return None;
     }
     let all: Vec<i64> = prompt

@@ -19,6 +19,10 @@ use std::time::Instant;
 
 /// `final_loss` is the mean loss of this many last steps.
 const FINAL_LOSS_STEPS: usize = 10;
+/// A path: every step's loss is written there as JSON (`{"first_step": N, "losses": [...]}`)
+/// when the loop ends, read back from the device only then (bench/llama compares the curve
+/// with PyTorch's).
+pub const LOSS_LOG_ENV: &str = "STAGE_WORKER_LOSS_LOG";
 
 fn training_state(p: &TrainParams, complete: bool) -> TrainingState {
     TrainingState {
@@ -180,11 +184,7 @@ fn write(
 ) -> StageResult<()> {
     let mut files = hf::files(model, source).map_err(Failure::other)?;
     let moments = tch::no_grad(|| opt.named_cpu(&model.params));
-    files.push((
-        checkpoint::OPTIMIZER_FILE.to_string(),
-        hf::safetensors_bytes(&moments),
-    ));
-    let listed: Vec<(&str, Vec<u8>)> = files.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    files.push((checkpoint::OPTIMIZER_FILE, hf::safetensors_bytes(&moments)));
     let manifest_model = serde_json::json!({
         "arch": ARCH,
         "format": "huggingface",
@@ -192,7 +192,7 @@ fn write(
         "losses": history,
     });
     let (_, written) =
-        checkpoint::write_with_manifest(&spec.output_dir, listed, Some(opt.step), manifest_model)?;
+        checkpoint::write_with_manifest(&spec.output_dir, files, Some(opt.step), manifest_model)?;
     sink.checkpoint_files(written, Some(opt.step));
     Ok(())
 }
@@ -282,6 +282,8 @@ fn train_loop(
         model.config.hidden_size,
     ));
     let first = opt.step + 1;
+    let loss_log = std::env::var_os(LOSS_LOG_ENV).filter(|v| !v.is_empty());
+    let mut every_loss = Vec::new();
     for step in first..=p.steps {
         let host = data.batch(p.seed, step, p.batch_size as usize, p.seq_len as usize);
         let batch = host.to_device(compute.device);
@@ -297,6 +299,9 @@ fn train_loop(
             stats.tokens_after_first += batch.tokens;
         }
         clock.record(&loss, batch.tokens);
+        if loss_log.is_some() {
+            every_loss.push(loss.shallow_clone());
+        }
         stats.recent.push_back(loss);
         if stats.recent.len() > FINAL_LOSS_STEPS {
             stats.recent.pop_front();
@@ -325,5 +330,12 @@ fn train_loop(
         }
     }
     stats.finished = Instant::now();
+    if let Some(path) = loss_log {
+        let losses: Vec<f64> = every_loss.iter().map(|t| t.double_value(&[])).collect();
+        let text = serde_json::json!({"first_step": first, "losses": losses}).to_string();
+        std::fs::write(&path, text).map_err(|e| {
+            Failure::other(format!("cannot write {}: {e}", Path::new(&path).display()))
+        })?;
+    }
     Ok(stats)
 }
