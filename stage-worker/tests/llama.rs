@@ -334,4 +334,13 @@ fn a_stopped_llama_training_resumes_to_the_loss_of_an_uninterrupted_one() {
         "resumed at {stopped_at}: {a}; straight: {b}"
     );
     assert_eq!(resumed["first_loss"], straight["first_loss"]);
+
+    // Run again once complete: the finished training is reported, not retrained.
+    let out = command().output().unwrap();
+    let again: Vec<Value> = ok(&out, "the run after completion")
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    assert!(!again.iter().any(|e| e["event"] == "progress"), "{again:?}");
+    assert_eq!(metrics(&again)["final_loss"], resumed["final_loss"]);
 }

@@ -87,10 +87,15 @@ impl Llama {
         self.params.get(name)
     }
 
-    /// `x` (fp32) scaled by its root mean square, times the gain `name`, in fp32.
+    /// `x` (fp32) scaled by its root mean square, times the gain `name`, in fp32: libtorch's
+    /// `rms_norm` (one fused kernel each way on CUDA), the arithmetic of transformers'
+    /// `LlamaRMSNorm` for fp32 input.
     fn rms_norm(&self, x: &Tensor, name: &str) -> Tensor {
-        let var = x.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
-        x * (var + self.config.rms_norm_eps).rsqrt() * self.p(name)
+        x.rms_norm(
+            [self.config.hidden_size],
+            Some(self.p(name)),
+            self.config.rms_norm_eps,
+        )
     }
 
     fn linear(&self, x: &Tensor, name: &str, kind: Kind) -> Tensor {

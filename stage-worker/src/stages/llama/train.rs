@@ -45,6 +45,20 @@ fn resumable(dir: &Path, p: &TrainParams) -> Option<Verified> {
     same.then_some(v)
 }
 
+/// This stage's own *completed* checkpoint of the same training in `dir` (all steps done, its
+/// final metrics beside it, every file verified): an attempt killed after its final checkpoint
+/// was durable reports it again instead of retraining.
+fn completed(dir: &Path, p: &TrainParams) -> Option<Verified> {
+    if !checkpoint::exists(dir) || !dir.join("final_metrics.json").is_file() {
+        return None;
+    }
+    let v = checkpoint::open_verified(dir).ok()?;
+    let same = v.manifest.model.get("arch").and_then(|a| a.as_str()) == Some(ARCH)
+        && v.training() == Some(training_state(p, true))
+        && v.manifest.step == Some(p.steps);
+    same.then_some(v)
+}
+
 /// The model, its optimizer, the loss history so far, and the directory the tokenizer and
 /// companion files come from.
 struct Start {
@@ -110,6 +124,9 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
     if compute.device.is_cuda() {
         super::choose_attention(p.steps);
     }
+    if let Some(done) = completed(&spec.output_dir, &p) {
+        return crate::stages::train::report_completed(&done, sink);
+    }
     let config = hf::read_config(init).map_err(Failure::bad_input)?;
     if i64::from(p.seq_len) > config.max_position_embeddings {
         return Err(Failure::bad_input(format!(
@@ -147,6 +164,9 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         metrics.insert("resumed_from_step".into(), resumed_from as f64);
     }
     let complete = !stats.interrupted;
+    if complete {
+        crate::stages::train::write_final_metrics(&spec.output_dir, &metrics)?;
+    }
     let started = Instant::now();
     write(
         spec,
