@@ -21,6 +21,7 @@ mod handover;
 mod hangs;
 mod hostile_inputs;
 mod install;
+mod llama_quickstart;
 mod logs;
 mod matrix;
 mod pipeline;
