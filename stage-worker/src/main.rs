@@ -42,6 +42,12 @@ fn dispatch(cli: boot::cli::Cli) {
             }
         }
         (Some(boot::cli::Command::CheckKernels), _) => std::process::exit(kernels::check::run()),
+        (Some(boot::cli::Command::LlamaLogits(args)), _) => {
+            if let Err(e) = stages::llama::write_logits(&args.model, &args.ids, &args.out) {
+                log!("llama-logits: {}", e.message);
+                std::process::exit(e.kind.exit_code());
+            }
+        }
         (Some(boot::cli::Command::ForkServer(args)), _) => {
             std::process::exit(boot::forkserver::serve(args.fd));
         }

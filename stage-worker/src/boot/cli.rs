@@ -38,6 +38,17 @@ EVAL PARAMS (defaults)
   Held-out synthetic examples never occur in training. Metrics: loss, perplexity,
   samples, and on prompt/completion data accuracy (exact match of greedy decoding).
 
+LLAMA MODELS
+  When init is a Hugging Face directory (it has config.json; model_type \"llama\"), train
+  and eval run that model: weights from model.safetensors (or its shards), the tokenizer
+  from tokenizer.json, data from a .jsonl of {\"text\": ...} lines (pretraining) or
+  {\"prompt\", \"completion\"} lines (SFT: the prompt masked from the loss); params.model
+  is ignored. A train stage writes a Hugging Face directory (model.safetensors under
+  transformers' names, config.json, the tokenizer's files) plus optimizer.safetensors and
+  manifest.json; eval's accuracy is teacher-forced exact match of the completion.
+  `stage-worker llama-logits --model DIR --ids 1,2,3 --out FILE` writes the model's fp32
+  CPU logits for those ids.
+
 OUTPUT (train)
   model.safetensors      fp32 weights
   optimizer.safetensors  AdamW moments (exp_avg.*, exp_avg_sq.*) and step
@@ -72,6 +83,7 @@ TUNING (environment)
                         thread behind the writers), inline (each writer after each write, as
                         before), fsync (only the final fsync)
   STAGE_WORKER_WRITERS  writer threads per checkpoint file, 1 (default) to 16
+  STAGE_WORKER_LOSS_LOG a path: a Llama train stage writes every step's loss there as JSON
 
 EVENTS
   One JSON object per line ({\"v\": 1, \"event\": ...}) to the Unix socket named by
@@ -118,12 +130,30 @@ pub enum Command {
     /// speed, one JSON object per line); exit 1 if they differ beyond rounding.
     #[command(name = "check-kernels")]
     CheckKernels,
+    /// Writes the fp32 CPU logits of a Llama model in Hugging Face format for given token ids
+    /// (to compare the worker's computation with transformers').
+    #[command(name = "llama-logits")]
+    LlamaLogits(LlamaLogitsArgs),
     /// Serve forks of fresh workers to orchestrate (started by orchestrate itself).
     #[command(name = "fork-server", hide = true)]
     ForkServer(ForkServerArgs),
 }
 
 /// Arguments of `stage-worker fork-server`.
+/// Arguments of `stage-worker llama-logits`.
+#[derive(Debug, clap::Args)]
+pub struct LlamaLogitsArgs {
+    /// The model's directory (config.json, model.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Token ids: rows separated by `;`, ids by `,` (rows equally long).
+    #[arg(long)]
+    pub ids: String,
+    /// Where to write the logits (a safetensors file with one tensor, `logits`).
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ForkServerArgs {
     /// The inherited Unix socket to serve on.

@@ -9,6 +9,7 @@
 //! kind (bf16 on GPU), with weights cast on the way in so gradients reach the fp32 masters.
 
 pub mod attention;
+pub mod llama;
 pub mod optim;
 pub mod params;
 

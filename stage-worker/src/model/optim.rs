@@ -17,9 +17,7 @@
 //! zeroing, adding or copying them into one flat gradient. What each choice measured is in
 //! `bench/throughput/README.md` ("Where the optimizer step's form came from").
 
-#[cfg(test)]
-use crate::model::params::slices_cpu;
-use crate::model::params::{load_slices, ParamStore};
+use crate::model::params::{load_slices, slices_cpu, ParamStore};
 use tch::Tensor;
 
 /// Largest global gradient norm; larger gradients are scaled down to it.
@@ -247,7 +245,6 @@ impl AdamW {
 
     /// Named CPU tensors for `optimizer.safetensors`: `exp_avg.NAME`, `exp_avg_sq.NAME` for
     /// every parameter, and `step`.
-    #[cfg(test)]
     pub fn named_cpu(&self, params: &ParamStore) -> Vec<(String, Tensor)> {
         let mut out = slices_cpu(&self.exp_avg, &params.params, EXP_AVG);
         out.extend(slices_cpu(&self.exp_avg_sq, &params.params, EXP_AVG_SQ));

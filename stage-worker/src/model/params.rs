@@ -219,7 +219,6 @@ impl ParamStore {
 }
 
 /// Named CPU copies of the slices of `flat` that `params` describe, names prefixed.
-#[cfg(test)]
 pub fn slices_cpu(flat: &Tensor, params: &[Param], prefix: &str) -> Vec<(String, Tensor)> {
     tch::no_grad(|| {
         params

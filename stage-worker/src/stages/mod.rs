@@ -1,6 +1,7 @@
 //! One stage, start to finish: read the spec, run the task it names.
 
 pub mod eval;
+pub mod llama;
 pub mod profile;
 pub mod progress;
 pub mod train;
@@ -15,6 +16,9 @@ use std::path::Path;
 /// `checkpoint` and `metrics` events on `sink`. The caller sends `done` or `failed`.
 pub fn run(spec_path: &Path, sink: &mut EventSink) -> StageResult<()> {
     let spec = read_spec(spec_path)?;
+    if let (Some(BuiltinKind::Train), Some(init)) = (spec.kind, llama::hf_init(&spec)) {
+        return llama::train::run(&spec, &init, sink);
+    }
     match spec.kind {
         Some(BuiltinKind::Train) => train::run(&spec, sink),
         Some(BuiltinKind::Eval) => eval::run(&spec, sink),

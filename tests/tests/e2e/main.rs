@@ -24,6 +24,7 @@ mod hangs;
 mod hostile_inputs;
 mod install;
 mod leaks_visible;
+mod llama_quickstart;
 mod logs;
 mod matrix;
 mod pipeline;

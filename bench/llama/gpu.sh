@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The Llama benchmark, for a lent GPU (issue 50): stage-worker's built-in `train` stage on a
+# 1.1B-parameter Llama (TinyLlama's shape: width 2048, 22 layers, 32 query / 4 key-value heads,
+# vocabulary 32000; random init, saved by transformers) against torch.compile of transformers'
+# LlamaForCausalLM with the same step (bf16 autocast, fp32 masters, AdamW, clipping, schedule)
+# from the same weights on the same batches: tokens/s median and range over ROUNDS (3) runs of
+# each, interleaved, and both loss curves over STEPS (100) steps.
+#
+#   BIN_DIR=/path/to/release/bins OUT=/path/to/out bench/llama/gpu.sh
+#
+# BIN_DIR holds a release build of stage-worker (and COMMIT); this host's python3 provides
+# PyTorch 2.11 (its lib/ is the libtorch the binary links against), transformers and
+# tokenizers. OUT gets machine.txt, results.json (every run, every loss), summary.md and each
+# run's stderr. Knobs: ROUNDS, STEPS, BATCH (32), SEQ (256), SHAPE (1b), PEER_MODE (compile).
+# BENCH_TINY=1 rehearses the whole script on a CPU in under a minute.
+set -euo pipefail
+: "${BIN_DIR:?set BIN_DIR to the directory of the release binaries}"
+: "${OUT:?set OUT to the output directory}"
+BIN=$(cd "$BIN_DIR" && pwd); mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/../machine.sh"
+bench_setup
+W=${BENCH_WORK:-/tmp/llama-bench}; rm -rf "$W"; mkdir -p "$W"
+machine_info "$BIN" | tee "$OUT/machine.txt"
+python3 "$HERE/bench.py" "$BIN" "$OUT" "$W"
+rm -rf "$W"

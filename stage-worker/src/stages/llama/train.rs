@@ -1,0 +1,361 @@
+//! The `train` stage of a Llama model: from the Hugging Face directory `init` names, on a local
+//! file tokenized with that directory's `tokenizer.json`, to a Hugging Face directory in the
+//! output (see [`super`]), resuming this stage's own interrupted attempt where it left one.
+
+use super::data::{self, TokenData, Tokens};
+use crate::boot::signals;
+use crate::boot::spec::parse_params;
+use crate::checkpoint::{self, LossHistory, TrainingState, Verified};
+use crate::device::{self, Compute};
+use crate::events::EventSink;
+use crate::failure::{Failure, StageResult};
+use crate::model::llama::{hf, Llama, ARCH};
+use crate::model::optim::{AdamW, Schedule};
+use crate::stages::progress::ProgressClock;
+use protocol::worker::{StageSpec, TrainParams};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// `final_loss` is the mean loss of this many last steps.
+const FINAL_LOSS_STEPS: usize = 10;
+/// A path: every step's loss is written there as JSON (`{"first_step": N, "losses": [...]}`)
+/// when the loop ends, read back from the device only then (bench/llama compares the curve
+/// with PyTorch's).
+pub const LOSS_LOG_ENV: &str = "STAGE_WORKER_LOSS_LOG";
+
+fn training_state(p: &TrainParams, complete: bool) -> TrainingState {
+    TrainingState {
+        complete,
+        total_steps: p.steps,
+        data: p.data.clone(),
+        seed: p.seed,
+    }
+}
+
+/// This stage's own interrupted checkpoint of the same training in `dir`, verified.
+fn resumable(dir: &Path, p: &TrainParams) -> Option<Verified> {
+    if !checkpoint::exists(dir) {
+        return None;
+    }
+    let v = checkpoint::open_verified(dir).ok()?;
+    let same = v.manifest.model.get("arch").and_then(|a| a.as_str()) == Some(ARCH)
+        && v.training() == Some(training_state(p, false))
+        && v.manifest.step.is_some_and(|s| s < p.steps);
+    same.then_some(v)
+}
+
+/// This stage's own *completed* checkpoint of the same training in `dir` (all steps done, its
+/// final metrics beside it, every file verified): an attempt killed after its final checkpoint
+/// was durable reports it again instead of retraining.
+fn completed(dir: &Path, p: &TrainParams) -> Option<Verified> {
+    if !checkpoint::exists(dir) || !dir.join("final_metrics.json").is_file() {
+        return None;
+    }
+    let v = checkpoint::open_verified(dir).ok()?;
+    let same = v.manifest.model.get("arch").and_then(|a| a.as_str()) == Some(ARCH)
+        && v.training() == Some(training_state(p, true))
+        && v.manifest.step == Some(p.steps);
+    same.then_some(v)
+}
+
+/// The model, its optimizer, the loss history so far, and the directory the tokenizer and
+/// companion files come from.
+struct Start {
+    model: Llama,
+    opt: AdamW,
+    earlier: LossHistory,
+    source: std::path::PathBuf,
+}
+
+/// The model from `init` (or from this stage's interrupted checkpoint, with its optimizer).
+fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> StageResult<Start> {
+    if let Some(own) = resumable(&spec.output_dir, p) {
+        let model = hf::load(&own.dir, compute.device).map_err(Failure::bad_input)?;
+        let mut opt = AdamW::new(&model.params, p.weight_decay);
+        let tensors = own.tensors(checkpoint::OPTIMIZER_FILE)?;
+        opt.load(&model.params, &tensors, "the optimizer state")
+            .map_err(Failure::bad_input)?;
+        crate::log!(
+            "resuming the interrupted run in {} at step {}",
+            own.dir.display(),
+            opt.step
+        );
+        let earlier = own.losses().unwrap_or_default();
+        return Ok(Start {
+            model,
+            opt,
+            earlier,
+            source: own.dir.clone(),
+        });
+    }
+    crate::stages::train::forget_stale_checkpoint(&spec.output_dir)?;
+    let model = hf::load(init, compute.device).map_err(Failure::bad_input)?;
+    crate::log!(
+        "initialised from the Hugging Face model in {}",
+        init.display()
+    );
+    let opt = AdamW::new(&model.params, p.weight_decay);
+    Ok(Start {
+        model,
+        opt,
+        earlier: LossHistory::default(),
+        source: init.to_path_buf(),
+    })
+}
+
+/// Runs the `train` stage of `spec` on the Llama model in `init`, reporting on `sink`.
+pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<()> {
+    let p: TrainParams = parse_params(spec)?;
+    crate::stages::train::validate(&p)?;
+    if spec.params.contains_key("model") {
+        crate::log!(
+            "note: params.model is ignored; the model is the one in {}",
+            init.display()
+        );
+    }
+    let compute = device::prepare(spec.device, &p.precision)?;
+    crate::log!(
+        "stage `{}`: train a Llama model on {}",
+        spec.stage,
+        compute.description
+    );
+    sink.started(&compute.description);
+    if compute.device.is_cuda() {
+        super::choose_attention(p.steps);
+    }
+    if let Some(done) = completed(&spec.output_dir, &p) {
+        return crate::stages::train::report_completed(&done, sink);
+    }
+    let config = hf::read_config(init).map_err(Failure::bad_input)?;
+    if i64::from(p.seq_len) > config.max_position_embeddings {
+        return Err(Failure::bad_input(format!(
+            "params.seq_len ({}) exceeds the model's max_position_embeddings ({})",
+            p.seq_len, config.max_position_embeddings
+        )));
+    }
+    let tokens = Tokens::open(init, &config.raw)?;
+    let data = data::load(&p.data, &tokens)?;
+    data.check(p.seq_len as usize)
+        .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
+    crate::log!("data `{}`: {}", p.data, data.describe());
+    let Start {
+        mut model,
+        mut opt,
+        earlier,
+        source,
+    } = start(spec, init, &p, &compute)?;
+    crate::log!(
+        "Llama model: {} parameters, {} layers, width {}; {} steps of {}×{}",
+        model.params.numel(),
+        model.config.num_hidden_layers,
+        model.config.hidden_size,
+        p.steps,
+        p.batch_size,
+        p.seq_len
+    );
+    let resumed_from = opt.step;
+    let stats = train_loop(
+        &mut model, &mut opt, &data, &p, &compute, sink, &source, spec, earlier,
+    )?;
+    let history = stats.history();
+    let mut metrics = stats.metrics(&history, opt.step, model.params.numel());
+    if resumed_from > 0 {
+        metrics.insert("resumed_from_step".into(), resumed_from as f64);
+    }
+    let complete = !stats.interrupted;
+    if complete {
+        crate::stages::train::write_final_metrics(&spec.output_dir, &metrics)?;
+    }
+    let started = Instant::now();
+    write(
+        spec,
+        &model,
+        &opt,
+        &source,
+        &training_state(&p, complete),
+        &history,
+        sink,
+    )?;
+    if !complete {
+        return Err(Failure::interrupted(format!(
+            "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
+            opt.step,
+            p.steps,
+            spec.output_dir.display()
+        )));
+    }
+    metrics.insert("checkpoint_write_s".into(), started.elapsed().as_secs_f64());
+    crate::log!("metrics {metrics:?}");
+    sink.metrics(&metrics);
+    Ok(())
+}
+
+/// Writes the model as a Hugging Face directory in the output, with `optimizer.safetensors`
+/// and a manifest (written last) recording the training's state, and reports its files.
+fn write(
+    spec: &StageSpec,
+    model: &Llama,
+    opt: &AdamW,
+    source: &Path,
+    training: &TrainingState,
+    history: &LossHistory,
+    sink: &mut EventSink,
+) -> StageResult<()> {
+    let mut files = hf::files(model, source).map_err(Failure::other)?;
+    let moments = tch::no_grad(|| opt.named_cpu(&model.params));
+    files.push((checkpoint::OPTIMIZER_FILE, hf::safetensors_bytes(&moments)));
+    let manifest_model = serde_json::json!({
+        "arch": ARCH,
+        "format": "huggingface",
+        "training": training,
+        "losses": history,
+    });
+    let (_, written) =
+        checkpoint::write_with_manifest(&spec.output_dir, files, Some(opt.step), manifest_model)?;
+    sink.checkpoint_files(written, Some(opt.step));
+    Ok(())
+}
+
+/// Figures gathered during the loop.
+struct LoopStats {
+    earlier: LossHistory,
+    first_loss: Option<f64>,
+    /// The last [`FINAL_LOSS_STEPS`] losses, on the device (read back at the end only).
+    recent: std::collections::VecDeque<tch::Tensor>,
+    tokens_after_first: usize,
+    after_first: Option<Instant>,
+    started: Instant,
+    finished: Instant,
+    interrupted: bool,
+}
+
+impl LoopStats {
+    fn history(&self) -> LossHistory {
+        let mut recent = self.earlier.recent.clone();
+        recent.extend(self.recent.iter().map(|t| t.double_value(&[])));
+        let older = recent.len().saturating_sub(FINAL_LOSS_STEPS);
+        recent.drain(..older);
+        LossHistory {
+            first_loss: self.earlier.first_loss.or(self.first_loss),
+            recent,
+        }
+    }
+
+    fn metrics(&self, history: &LossHistory, steps: u64, n_params: i64) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        if let Some(first) = history.first_loss {
+            m.insert("first_loss".into(), first);
+        }
+        if !history.recent.is_empty() {
+            let mean = history.recent.iter().sum::<f64>() / history.recent.len() as f64;
+            m.insert("final_loss".into(), mean);
+        }
+        if let Some(t) = self.after_first {
+            let secs = self.finished.duration_since(t).as_secs_f64();
+            if self.tokens_after_first > 0 && secs > 0.0 {
+                m.insert("tokens_per_s".into(), self.tokens_after_first as f64 / secs);
+            }
+        }
+        m.insert("steps".into(), steps as f64);
+        let wall = self.finished.duration_since(self.started).as_secs_f64();
+        m.insert("train_wall_s".into(), wall);
+        m.insert("parameters".into(), n_params as f64);
+        m
+    }
+}
+
+/// The steps, from the optimizer's step + 1 to `p.steps`; a stop signal ends the loop after
+/// the current step. Every `checkpoint_every` steps a resumable checkpoint is written.
+#[allow(clippy::too_many_arguments)]
+fn train_loop(
+    model: &mut Llama,
+    opt: &mut AdamW,
+    data: &TokenData,
+    p: &TrainParams,
+    compute: &Compute,
+    sink: &mut EventSink,
+    source: &Path,
+    spec: &StageSpec,
+    earlier: LossHistory,
+) -> StageResult<LoopStats> {
+    let schedule = Schedule {
+        peak: p.lr,
+        warmup: p.warmup_steps,
+        total: p.steps,
+    };
+    let mut clock = ProgressClock::new(p.progress_every_s);
+    let now = Instant::now();
+    let mut stats = LoopStats {
+        earlier,
+        first_loss: None,
+        recent: Default::default(),
+        tokens_after_first: 0,
+        after_first: None,
+        started: now,
+        finished: now,
+        interrupted: false,
+    };
+    opt.use_kernels(crate::kernels::fused::usable(
+        compute.device,
+        compute.kind,
+        model.config.hidden_size,
+    ));
+    let first = opt.step + 1;
+    let loss_log = std::env::var_os(LOSS_LOG_ENV).filter(|v| !v.is_empty());
+    let mut every_loss = Vec::new();
+    for step in first..=p.steps {
+        let host = data.batch(p.seed, step, p.batch_size as usize, p.seq_len as usize);
+        let batch = host.to_device(compute.device);
+        model.params.zero_grad();
+        let loss = model.loss(&batch.inputs, &batch.targets, compute.kind);
+        loss.backward();
+        let _grad_norm = opt.step(&mut model.params, schedule.lr(step));
+        let loss = loss.detach();
+        if step == first {
+            stats.first_loss = Some(loss.double_value(&[]));
+            stats.after_first = Some(Instant::now());
+        } else {
+            stats.tokens_after_first += batch.tokens;
+        }
+        clock.record(&loss, batch.tokens);
+        if loss_log.is_some() {
+            every_loss.push(loss.shallow_clone());
+        }
+        stats.recent.push_back(loss);
+        if stats.recent.len() > FINAL_LOSS_STEPS {
+            stats.recent.pop_front();
+        }
+        let stop = signals::stop_requested();
+        if clock.due() || step == p.steps || stop {
+            let i = clock.take();
+            sink.progress(step, p.steps, Some(i.loss), Some(i.tokens_per_s));
+            crate::log!(
+                "step {step}/{} loss {:.4} lr {:.2e} {:.0} tokens/s",
+                p.steps,
+                i.loss,
+                schedule.lr(step),
+                i.tokens_per_s
+            );
+        }
+        if stop && step < p.steps {
+            crate::log!("stop requested; saving a checkpoint at step {step}");
+            stats.interrupted = true;
+            break;
+        }
+        if p.checkpoint_every > 0 && step % p.checkpoint_every == 0 && step < p.steps {
+            let state = training_state(p, false);
+            write(spec, model, opt, source, &state, &stats.history(), sink)?;
+            crate::log!("periodic checkpoint at step {step}");
+        }
+    }
+    stats.finished = Instant::now();
+    if let Some(path) = loss_log {
+        let losses: Vec<f64> = every_loss.iter().map(|t| t.double_value(&[])).collect();
+        let text = serde_json::json!({"first_step": first, "losses": losses}).to_string();
+        std::fs::write(&path, text).map_err(|e| {
+            Failure::other(format!("cannot write {}: {e}", Path::new(&path).display()))
+        })?;
+    }
+    Ok(stats)
+}
