@@ -187,8 +187,10 @@ pub(crate) fn runs(socket: &Path, json: bool) -> ExitCode {
                 unreachable!()
             };
             let width = orchestrator::table::column_width("id", runs.iter().map(|r| r.id.as_str()));
+            let states = runs.iter().map(|r| r.state.as_str());
+            let state_w = orchestrator::table::column_width("state", states);
             println!(
-                "{:<width$}  {:<11} {:>9}  waiting / directory",
+                "{:<width$}  {:<state_w$} {:>9}  waiting / directory",
                 "id", "state", "stages"
             );
             for r in &runs {
@@ -198,8 +200,11 @@ pub(crate) fn runs(socket: &Path, json: bool) -> ExitCode {
                     .cloned()
                     .unwrap_or_else(|| r.run_dir.clone());
                 println!(
-                    "{:<width$}  {:<11} {:>4}/{:<4}  {detail}",
-                    r.id, r.state, r.succeeded, r.stages
+                    "{:<width$}  {:<state_w$} {:>4}/{:<4}  {detail}",
+                    r.id,
+                    r.state.as_str(),
+                    r.succeeded,
+                    r.stages
                 );
             }
             ExitCode::SUCCESS
