@@ -51,7 +51,8 @@ function bar(fraction) {
   b.firstChild.style.width = Math.round(Math.max(0, Math.min(1, fraction)) * 100) + "%";
   return b;
 }
-// A sortable table: clicking a header sorts by its column (again: the other way).
+// A sortable table: clicking a header sorts by its column (again: the other way). `rowsOf`
+// gives each row's sort keys and a maker of its element: only the first 500 are made.
 function sortable(table, rowsOf) {
   let by = null, up = true;
   table.addEventListener("click", (e) => {
@@ -67,7 +68,7 @@ function sortable(table, rowsOf) {
       const c = typeof x === "number" && typeof y === "number" ? x - y : x == null ? 1 : y == null ? -1 : String(x).localeCompare(String(y), undefined, { numeric: true });
       return up ? c : -c;
     });
-    table.tBodies[0].replaceChildren(...rows.slice(0, 500).map((r) => r.tr));
+    table.tBodies[0].replaceChildren(...rows.slice(0, 500).map((r) => r.tr()));
   }
   return draw;
 }
@@ -193,7 +194,7 @@ function runPage(id) {
       if (r.gpu && r.gpu.length && !s.gpu.length) s.gpu = r.gpu.map((g) => ({ ...g, attempt: r.attempts }));
     }
   }
-  let drawQueued = false;
+  let drawQueued = false, sweepTimer = null;
   function schedule() { if (!drawQueued) { drawQueued = true; requestAnimationFrame(() => { drawQueued = false; draw(); }); } }
   function draw() {
     const info = st.info;
@@ -234,10 +235,14 @@ function runPage(id) {
   }
   // A sweep's samples: one row per combination of matrix values, with every matrix stage's
   // status and headline metrics on it, sortable by any column.
-  let sampleTable = null, drawSamples = null;
+  let sampleTable = null, drawSamples = null, sweepDrawn = 0;
   function drawSweep() {
+    // A sweep's table is rebuilt at most once a second (a sweep's events come by hundreds),
+    // and always once its run has ended.
+    if (Date.now() - sweepDrawn < 1000 && !(st.info && st.info.finished_unix)) { if (!sweepTimer) sweepTimer = setTimeout(() => { sweepTimer = null; schedule(); }, 1000); return; }
     const instances = [...st.meta.values()].filter((m) => m.values);
     if (!instances.length) return;
+    sweepDrawn = Date.now();
     const bases = [...new Set(instances.map((m) => m.base))];
     const keys = [...new Set(instances.flatMap((m) => m.values.map(([k]) => k)))];
     const kindOf = new Map(instances.map((m) => [m.base, m.kind]));
@@ -264,18 +269,18 @@ function runPage(id) {
       }
       return [...bySample.values()].map((row) => {
         const keysOf = [], cells = [];
-        for (const k of keys) { const v = row.values.get(k); keysOf.push(v == null ? null : valueLabel(v)); cells.push(el("td", { title: v ?? "" }, v == null ? "" : valueLabel(v))); }
+        for (const k of keys) { const v = row.values.get(k); keysOf.push(v == null ? null : valueLabel(v)); cells.push(() => el("td", { title: v ?? "" }, v == null ? "" : valueLabel(v))); }
         for (const b of bases) {
           const name = row.stages.get(b), s = name && st.stages.get(name);
           const status = s ? s.status : null;
-          keysOf.push(status); cells.push(el("td", { class: "sstatus s-" + status, "data-stage": name || "" }, status || ""));
+          keysOf.push(status); cells.push(() => el("td", { class: "sstatus s-" + status, "data-stage": name || "" }, status || ""));
           for (const k of metricCols.get(b)) {
             const v = s && s.metrics ? s.metrics[k] : undefined;
             keysOf.push(typeof v === "number" ? v : null);
-            cells.push(el("td", { class: "num", title: v == null ? "" : String(v) }, v == null ? "" : num(v)));
+            cells.push(() => el("td", { class: "num", title: v == null ? "" : String(v) }, v == null ? "" : num(v)));
           }
         }
-        return { keys: keysOf, tr: el("tr", { "data-sample": [...row.values.values()].map(valueLabel).join(" ") }, ...cells) };
+        return { keys: keysOf, tr: () => el("tr", { "data-sample": [...row.values.values()].map(valueLabel).join(" ") }, ...cells.map((c) => c())) };
       });
     }
     drawSamples();
@@ -409,7 +414,7 @@ function runPage(id) {
   source.onopen = () => { $("#conn").textContent = "live"; };
   source.onerror = () => { $("#conn").textContent = "reconnecting…"; };
   const timer = setInterval(() => { if (!st.info || !st.info.finished_unix) { memory(); if (st.selected && st.stages.get(st.selected).status === "running") fetchLog(); } }, 2000);
-  return () => { source.close(); clearInterval(timer); clearTimeout(reportTimer); };
+  return () => { source.close(); clearInterval(timer); clearTimeout(reportTimer); clearTimeout(sweepTimer); };
 }
 
 function route() {
