@@ -38,6 +38,19 @@ impl Kind {
     }
 }
 
+/// The kind of each stage of the run in `root`, by name, from its plan copy; empty when that
+/// cannot be read or no longer loads (every stage then shows what it reported).
+pub fn kinds_of_run(root: &std::path::Path) -> std::collections::HashMap<String, Kind> {
+    let Ok((path, format, base)) = crate::store::rundir::run_plan_location(root) else {
+        return Default::default();
+    };
+    let Ok((loaded, _)) = crate::plan::load_plan_based(&path, format, &base) else {
+        return Default::default();
+    };
+    let stages = loaded.plan.stages.into_iter();
+    stages.map(|s| (s.name, Kind::of(s.kind))).collect()
+}
+
 /// At most this many metrics of a command stage are shown on its row.
 const COMMAND_SHOWN: usize = 6;
 

@@ -184,11 +184,13 @@ pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::e
     }
 }
 
-/// A human table of the run: one row per stage, then where to look.
+/// A human table of the run: one row per stage (each stage's kind, for its headline metrics,
+/// from the plan copy in its run directory), then where to look.
 pub fn summary(report: &Report) -> String {
+    let kinds = console_table::kinds_of_run(Path::new(&report.run_dir));
     let rows = report.stages.iter().map(|s| console_table::Row {
         stage: s.clone(),
-        kind: console_table::Kind::Command,
+        kind: (kinds.get(&s.name).copied()).unwrap_or(console_table::Kind::Command),
         in_results: false,
     });
     render_summary(report, rows)
