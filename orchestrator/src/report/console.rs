@@ -104,10 +104,12 @@ impl Sink for Console {
 
 impl Console {
     /// A console; `json` routes everything through tracing, `quiet` prints only the summary.
-    /// It draws live bars when stderr is a terminal (and neither `json` nor `quiet`).
+    /// It draws live bars when stderr is a terminal that moves its cursor (not `TERM=dumb`),
+    /// and neither `json` nor `quiet`.
     pub fn new(json: bool, quiet: bool) -> Console {
         use std::io::IsTerminal;
-        let bars = (!json && !quiet && std::io::stderr().is_terminal())
+        let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+        let bars = (!json && !quiet && !dumb && std::io::stderr().is_terminal())
             .then(|| std::sync::Arc::new(super::console_bars::Bars::new()));
         Console {
             json,
