@@ -1,5 +1,5 @@
-//! The console on a terminal (issue 49): under a pseudo-terminal (`script`, from util-linux,
-//! which scripts/test's Debian base has) a running stage has a live bar with its step of its
+//! The console on a terminal (issue 49): under a pseudo-terminal (`script`, Debian's bsdutils,
+//! which scripts/setup-web-test-tools makes sure of) a running stage has a live bar with its step of its
 //! total, loss, tokens/s and ETA, under a run line counting the stages finished of all; the final
 //! table lines up whatever each stage's status, its headline metrics first. Piped, the same run
 //! prints plain progress lines and no bar.
