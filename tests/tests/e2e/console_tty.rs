@@ -1,8 +1,8 @@
 //! The console on a terminal (issue 49): under a pseudo-terminal (`script`, Debian's bsdutils,
-//! which scripts/setup-web-test-tools makes sure of) a running stage has a live bar with its step of its
-//! total, loss, tokens/s and ETA, under a run line counting the stages finished of all; the final
-//! table lines up whatever each stage's status, its headline metrics first. Piped, the same run
-//! prints plain progress lines and no bar.
+//! which scripts/setup-web-test-tools makes sure of) a running stage has a live bar with its
+//! step of its total, loss, tokens/s and ETA, under a run line counting the stages finished of
+//! all; the final table lines up whatever each stage's status, its headline metrics first.
+//! Piped, the same run prints plain progress lines and no bar.
 //!
 //! Without `script` the test fails under CI (`CI` set) and is skipped elsewhere, saying so; it
 //! installs nothing.
