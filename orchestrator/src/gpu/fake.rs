@@ -6,6 +6,7 @@
 //! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>`, or in any file of the directory
 //! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>.d/` (one per process, so that stages sharing a GPU
 //! need not write one file together); its used memory is the sum of the lines' bytes.
+//! Its utilisation (percent) is the number in `GPU-fake-<i>.util` there, if that file exists.
 //! Not for production: stages placed on fake GPUs get indices 0..N in `CUDA_VISIBLE_DEVICES`,
 //! which on a machine with real GPUs name real ones that nothing verifies.
 
@@ -41,6 +42,12 @@ pub struct FakeProbe {
 impl MemoryProbe for FakeProbe {
     fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError> {
         Ok(self.holders(uuid).iter().filter_map(|h| h.bytes).sum())
+    }
+
+    /// The percentage in the file `<uuid>.util` beside the holder files, if there is one.
+    fn utilization(&self, uuid: &str) -> Option<u32> {
+        let path = self.dir.as_ref()?.join(format!("{uuid}.util"));
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
     fn holders(&self, uuid: &str) -> Vec<Holder> {

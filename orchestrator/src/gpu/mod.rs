@@ -81,6 +81,11 @@ pub trait MemoryProbe {
     fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError>;
     /// Processes holding memory on the GPU now.
     fn holders(&self, uuid: &str) -> Vec<Holder>;
+    /// The GPU's utilisation over the driver's last sample period, in percent, when the probe
+    /// can read it (for the web view's machine panel; no verdict depends on it).
+    fn utilization(&self, _uuid: &str) -> Option<u32> {
+        None
+    }
 }
 
 /// How many GPUs this machine offers stages: the fake ones where they are asked for

@@ -109,6 +109,12 @@ impl MemoryProbe for NvmlProbe {
         Ok(device.memory_info()?.used)
     }
 
+    fn utilization(&self, uuid: &str) -> Option<u32> {
+        let index = self.index_by_uuid.get(uuid)?;
+        let device = self.nvml.device_by_index(*index).ok()?;
+        device.utilization_rates().ok().map(|u| u.gpu)
+    }
+
     fn holders(&self, uuid: &str) -> Vec<Holder> {
         let Some(index) = self.index_by_uuid.get(uuid) else {
             return Vec::new();

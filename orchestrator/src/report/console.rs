@@ -1,5 +1,7 @@
 //! What the user sees while a run goes: one line per stage event, on stderr — the console
-//! as a sink of the run's [`RunEvent`]s.
+//! as a sink of the run's [`RunEvent`]s. When stderr is a terminal, a live bar per running
+//! stage and a run line are drawn below those lines ([`super::console_bars`]); when it is not
+//! (a pipe, a file, a log collector), each progress report is a plain line instead.
 //!
 //! In `--log-format json` mode the same facts go out as structured tracing events instead,
 //! for cluster log collectors.
@@ -27,6 +29,8 @@ pub struct Console {
     start: Instant,
     /// A sweep's running count, when the plan is too large for a line per stage.
     sweep: std::sync::Arc<std::sync::Mutex<Option<Sweep>>>,
+    /// The live bars, on a terminal (not in JSON or quiet mode).
+    bars: Option<std::sync::Arc<super::console_bars::Bars>>,
 }
 
 /// Past this many stages, the terminal shows a count every [`PROGRESS_EVERY`] and the stages
@@ -45,7 +49,8 @@ struct Sweep {
     started: Instant,
 }
 
-fn human_rate(rate: f64) -> String {
+/// A rate with a k or M suffix (`12.3k`).
+pub(crate) fn human_rate(rate: f64) -> String {
     if rate >= 1e6 {
         format!("{:.1}M", rate / 1e6)
     } else if rate >= 1e3 {
@@ -58,7 +63,12 @@ fn human_rate(rate: f64) -> String {
 impl Sink for Console {
     fn accept(&self, event: &RunEvent) -> std::io::Result<()> {
         match event {
-            RunEvent::RunPlanned { stages } => self.plan_size(*stages),
+            RunEvent::RunPlanned { stages } => {
+                if let Some(bars) = &self.bars {
+                    bars.planned(*stages);
+                }
+                self.plan_size(*stages)
+            }
             RunEvent::Note(text) => self.note(text),
             RunEvent::Warning(text) => self.warn(text),
             RunEvent::Detail(text) => self.detail(text),
@@ -76,10 +86,17 @@ impl Sink for Console {
             RunEvent::Reported(kind) => self.warn_of(kind),
             // Retries and skips show no line of their own (the stage's end and the report say
             // them); the run's start, verdict and end are the journal's and the summary's.
-            RunEvent::StageSkipped { .. }
-            | RunEvent::RunStarted { .. }
-            | RunEvent::RunVerdict { .. }
-            | RunEvent::RunFinished { .. } => {}
+            RunEvent::StageSkipped { .. } => {
+                if let Some(bars) = &self.bars {
+                    bars.skipped();
+                }
+            }
+            RunEvent::RunFinished { .. } => {
+                if let Some(bars) = &self.bars {
+                    bars.end();
+                }
+            }
+            RunEvent::RunStarted { .. } | RunEvent::RunVerdict { .. } => {}
         }
         Ok(())
     }
@@ -87,12 +104,19 @@ impl Sink for Console {
 
 impl Console {
     /// A console; `json` routes everything through tracing, `quiet` prints only the summary.
+    /// It draws live bars when stderr is a terminal that moves its cursor (not `TERM=dumb`),
+    /// and neither `json` nor `quiet`.
     pub fn new(json: bool, quiet: bool) -> Console {
+        use std::io::IsTerminal;
+        let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+        let bars = (!json && !quiet && !dumb && std::io::stderr().is_terminal())
+            .then(|| std::sync::Arc::new(super::console_bars::Bars::new()));
         Console {
             json,
             quiet,
             start: Instant::now(),
             sweep: Default::default(),
+            bars,
         }
     }
 
@@ -152,11 +176,21 @@ impl Console {
     }
 
     fn line(&self, text: &str) {
-        if !self.quiet {
-            write_stderr(&format!(
-                "[{:>7}] {text}\n",
-                human_duration(self.start.elapsed())
-            ));
+        if self.quiet {
+            return;
+        }
+        let line = format!("[{:>7}] {text}", human_duration(self.start.elapsed()));
+        match &self.bars {
+            Some(bars) => bars.println(&line),
+            None => write_stderr(&format!("{line}\n")),
+        }
+    }
+
+    /// Writes a block as is, the bars cleared while it is written.
+    fn write_block(&self, text: &str) {
+        match &self.bars {
+            Some(bars) => bars.suspend(|| write_stderr(text)),
+            None => write_stderr(text),
         }
     }
 
@@ -177,6 +211,9 @@ impl Console {
     }
 
     fn stage_started(&self, stage: &str, attempt: u32, pid: i32, placement: &str) {
+        if let Some(bars) = &self.bars {
+            bars.started(stage);
+        }
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, attempt, pid, placement, "stage started");
         } else if self.count(true, None) {
@@ -197,6 +234,9 @@ impl Console {
             tracing::info!(target: "orchestrate::progress", stage, step, total, loss, tokens_per_s = rate, elapsed_s = p.elapsed.as_secs_f64(), "progress");
             return;
         }
+        if let Some(bars) = &self.bars {
+            return bars.progress(p);
+        }
         let mut text = format!("{stage}: step {step}");
         if let Some(total) = total {
             text.push_str(&format!("/{total}"));
@@ -216,6 +256,9 @@ impl Console {
         let (stage, status) = (&end.stage, end.status);
         let detail = end.detail();
         let wall = end.wall.unwrap_or_default();
+        if let Some(bars) = &self.bars {
+            bars.finished(stage, end.retry_in.is_none());
+        }
         if self.json {
             tracing::info!(target: "orchestrate::stage", stage, status = status.as_str(), detail, wall_s = wall.as_secs_f64(), "stage finished");
         } else if self.count(false, Some(status)) {
@@ -248,7 +291,7 @@ impl Console {
         if self.json {
             tracing::info!(target: "orchestrate::run", detail = text, "detail");
         } else {
-            write_stderr(text);
+            self.write_block(text);
         }
     }
 
@@ -260,7 +303,7 @@ impl Console {
         } else {
             use std::io::IsTerminal;
             let colour = crate::table::colour_wanted(std::io::stderr().is_terminal());
-            write_stderr(&crate::table::paint_status_lines(text, colour));
+            self.write_block(&crate::table::paint_status_lines(text, colour));
         }
     }
 }

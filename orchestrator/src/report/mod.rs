@@ -1,6 +1,8 @@
 //! Building `report.json` and the end-of-run summary from the run's stage states.
 
 pub mod console;
+pub mod console_bars;
+pub mod console_table;
 pub mod placed;
 pub(crate) mod results;
 
@@ -141,7 +143,7 @@ pub fn load_for_display(run_dir: &Path) -> Result<Report, RunDirError> {
     Ok(report)
 }
 
-fn empty_stage(name: &str, root: &Path) -> StageReport {
+pub(crate) fn empty_stage(name: &str, root: &Path) -> StageReport {
     let output_dir = root.join("stages").join(name).join("output");
     pending_stage(name, output_dir.display().to_string())
 }
@@ -153,69 +155,54 @@ pub fn write_or_warn(path: &std::path::Path, report: &Report, console: &crate::e
     }
 }
 
-/// A human table of the run: one row per stage, then where to look.
+/// A human table of the run: one row per stage (each stage's kind, for its headline metrics,
+/// from the plan copy in its run directory), then where to look.
 pub fn summary(report: &Report) -> String {
-    render_summary(report, report.stages.iter().cloned())
+    let kinds = console_table::kinds_of_run(Path::new(&report.run_dir));
+    let rows = report.stages.iter().map(|s| console_table::Row {
+        stage: s.clone(),
+        kind: (kinds.get(&s.name).copied()).unwrap_or(console_table::Kind::Command),
+        in_results: false,
+    });
+    render_summary(report, rows)
 }
 
 /// [`summary`] of `header` (a report whose stages are not used) and `stages`, taken one at a
 /// time: past 40 stages only those that did not succeed are kept for the table.
-fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) -> String {
+fn render_summary(header: &Report, stages: impl Iterator<Item = console_table::Row>) -> String {
     let report = header;
     let mut total = 0usize;
-    let mut shown: Vec<StageReport> = Vec::new();
+    let mut shown: Vec<console_table::Row> = Vec::new();
     let mut hidden = 0usize;
+    let mut finished = 0usize;
     // srun stages' tasks and node checks, whether or not their row is shown.
     let mut srun = String::new();
     // Every leaked GPU, by stage, for the summary's last line.
     let mut leaks: Vec<String> = Vec::new();
-    for s in stages {
+    for row in stages {
+        let s = &row.stage;
         total += 1;
-        leaks.extend(leak_lines(&s));
+        leaks.extend(leak_lines(s));
+        if !matches!(s.status, StageStatus::Pending | StageStatus::Running) {
+            finished += 1;
+        }
         if !s.tasks.is_empty() || !s.nodes.is_empty() {
-            srun.push_str(&placed::stage_lines(&s));
+            srun.push_str(&placed::stage_lines(s));
         }
         if total > 40 && s.status == StageStatus::Succeeded {
             hidden += 1;
             continue;
         }
-        shown.push(s);
+        shown.push(row);
     }
     // A sweep's table would bury what matters: past 40 stages, show only those that did not
     // succeed, and a count of the rest.
     if total > 40 {
         let before = shown.len();
-        shown.retain(|s| s.status != StageStatus::Succeeded);
+        shown.retain(|r| r.stage.status != StageStatus::Succeeded);
         hidden += before - shown.len();
     }
-    let name_w = crate::table::column_width("stage", shown.iter().map(|s| s.name.as_str()));
-    let mut out = String::new();
-    out.push_str(&format!(
-        "\n{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
-        "stage", "status", "try", "wall", "result"
-    ));
-    for s in &shown {
-        let wall = s
-            .wall_s
-            .map(|w| human_duration(Duration::from_secs_f64(w)))
-            .unwrap_or_else(|| "-".into());
-        let mut result = match &s.error {
-            Some(e) => e.clone(),
-            None => metrics_text(&s.metrics),
-        };
-        for g in &s.gpu {
-            result.push_str(&format!(
-                " [{} {}: {:.1} ms]",
-                &g.uuid[..g.uuid.len().min(12)],
-                g.verdict,
-                g.reclaim_ms
-            ));
-        }
-        out.push_str(&format!(
-            "{:<name_w$}  {:<10} {:>3}  {:>8}  {}\n",
-            s.name, s.status, s.attempts, wall, result
-        ));
-    }
+    let mut out = console_table::render(&shown);
     if hidden > 0 {
         out.push_str(&format!(
             "… and {hidden} more stages that succeeded (see report.json)\n"
@@ -223,10 +210,19 @@ fn render_summary(header: &Report, stages: impl Iterator<Item = StageReport>) ->
     }
     out.push_str(&srun);
     out.push_str(&placed::job_lines(report));
+    // A live run's report.json holds the time of its last rewrite, not the run's: say how far
+    // it has come instead.
+    let took = if report.status == RunStatus::Running {
+        format!("so far, {finished} of {total} stages finished")
+    } else {
+        format!(
+            "in {}",
+            human_duration(Duration::from_secs_f64(report.wall_s))
+        )
+    };
     out.push_str(&format!(
-        "\nrun {} in {} ({}); GPU check: {}\nrun directory: {}\n",
+        "\nrun {} {took} ({}); GPU check: {}\nrun directory: {}\n",
         report.status.label(),
-        human_duration(Duration::from_secs_f64(report.wall_s)),
         report.run_dir,
         report.gpu_check,
         report.run_dir
@@ -459,8 +455,18 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The human summary (see [`summary`]).
+    /// Matrix instances show no metrics in it when the results table shows them.
     pub(crate) fn summary(&self) -> String {
-        render_summary(&self.header, self.stages())
+        let results = results::has_rows(self.plan);
+        let rows = self
+            .stages()
+            .enumerate()
+            .map(|(i, stage)| console_table::Row {
+                kind: console_table::Kind::of(self.plan.plan.stages[i].kind),
+                in_results: results && self.plan.instances[i].is_some(),
+                stage,
+            });
+        render_summary(&self.header, rows)
     }
 }
 

@@ -113,11 +113,21 @@ async fn run(web: &Web, id: &str) -> Response {
         return not_found(id);
     };
     let dir = std::path::PathBuf::from(&info.run_dir);
-    let report = tokio::task::spawn_blocking(move || crate::report::load_for_display(&dir).ok())
-        .await
-        .ok()
-        .flatten();
-    Response::json(&serde_json::json!({ "info": info, "report": report }))
+    let known = web.stage_meta.borrow().get(id).cloned();
+    let (report, stages) = tokio::task::spawn_blocking(move || {
+        let stages = known.or_else(|| super::stage_meta::read(&dir).map(std::sync::Arc::new));
+        (crate::report::load_for_display(&dir).ok(), stages)
+    })
+    .await
+    .unwrap_or((None, None));
+    if let Some(stages) = &stages {
+        web.stage_meta
+            .borrow_mut()
+            .insert(id.to_string(), stages.clone());
+    }
+    Response::json(
+        &serde_json::json!({ "info": info, "report": report, "stages": stages.as_deref() }),
+    )
 }
 
 fn memory(web: &Web, id: &str) -> Response {

@@ -141,6 +141,7 @@ pub fn start(daemon: Rc<Daemon>, config: &WebConfig) -> Result<Running, WebError
         auth: auth::Auth::new(token, &hosts, cookie),
         memory,
         feeds: Rc::default(),
+        stage_meta: Default::default(),
     });
     let metrics_web = web.clone();
     let admission = admission::Admission::new("web view", admission::WEB);

@@ -25,6 +25,8 @@ pub struct Series {
     pub total_bytes: u64,
     /// Oldest first.
     pub samples: VecDeque<(u64, u64)>,
+    /// Its utilisation (percent) at the last sample, when the probe reads it.
+    pub utilization: Option<u32>,
 }
 
 /// Every GPU's samples.
@@ -41,6 +43,7 @@ pub fn start(host: Rc<Host>) -> (Memory, Option<tokio::task::JoinHandle<()>>) {
                 name: g.name.clone(),
                 total_bytes: g.total_bytes,
                 samples: VecDeque::new(),
+                utilization: None,
             })
             .collect(),
     ));
@@ -64,6 +67,7 @@ pub fn start(host: Rc<Host>) -> (Memory, Option<tokio::task::JoinHandle<()>>) {
                     }
                     series.samples.push_back((now, used));
                 }
+                series.utilization = probe.utilization(&series.uuid);
             }
         }
     });
@@ -82,6 +86,27 @@ pub fn now(memory: &Memory, host: &Host) -> Vec<GpuNow> {
             quarantined: host.quarantined(&s.uuid),
         })
         .collect()
+}
+
+/// The machine's GPUs now, for the web view's machine panel: each one's name, memory in use
+/// of its total, utilisation, idle baseline and whether it is quarantined.
+pub fn machine(memory: &Memory, host: &Host) -> serde_json::Value {
+    let gpus: Vec<serde_json::Value> = memory
+        .borrow()
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "uuid": s.uuid,
+                "name": s.name,
+                "total_bytes": s.total_bytes,
+                "used_bytes": s.samples.back().map(|&(_, b)| b),
+                "utilization": s.utilization,
+                "baseline_bytes": host.idle_baseline(&s.uuid),
+                "quarantined": host.quarantined(&s.uuid),
+            })
+        })
+        .collect();
+    serde_json::json!({ "gpus": gpus })
 }
 
 /// The samples of each GPU between `from_ms` and `to_ms`, thinned to at most `points` per GPU

@@ -15,8 +15,9 @@
 //! - [`frames`]: event frames encoded once for every page;
 //! - [`feed`]: a live run's events in batches encoded once for all its pages, a large run's
 //!   coalesced;
-//! - [`runs_stream`]: the runs list, pushed as it changes;
-//! - [`memory`]: the GPUs' memory, sampled into a bounded ring;
+//! - [`runs_stream`]: the runs list, pushed as it changes, and the machine's GPUs;
+//! - [`memory`]: the GPUs' memory and utilisation, sampled into a bounded ring;
+//! - [`stage_meta`]: each run's stage kinds and matrix values, read from its plan once;
 //! - [`metrics`]: the Prometheus exposition, labels bounded by GPUs and states;
 //! - [`metrics_bind`]: `--metrics-addr`, `/metrics` alone on its own address, no token.
 //!
@@ -38,6 +39,7 @@ pub mod memory;
 pub mod metrics;
 pub mod metrics_bind;
 pub mod runs_stream;
+pub mod stage_meta;
 pub mod state;
 
 pub use listen::{start, token_file, Running, WebConfig, WebError, DEFAULT_ADDR};

@@ -52,24 +52,48 @@ pub fn serve(web: &Rc<Web>) -> Response {
     answer
 }
 
+/// How often a runs list looks at the machine's GPUs.
+pub const MACHINE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The machine's GPUs as an `event: machine` frame, when they differ from `last` (updated).
+fn machine_change(web: &Web, last: &mut String) -> Option<Vec<u8>> {
+    let data = super::memory::machine(&web.memory, &web.daemon.host).to_string();
+    if *last == data {
+        return None;
+    }
+    let frame = format!("event: machine\ndata: {data}\n\n").into_bytes();
+    *last = data;
+    Some(frame)
+}
+
 async fn stream(web: Rc<Web>, sink: EventSink) {
     let mut seen = Seen::new();
-    if let Some(first) = changes(&web, &mut seen, true) {
-        if !sink.send(first).await {
-            return;
-        }
+    let mut machine = String::new();
+    let mut first = changes(&web, &mut seen, true).unwrap_or_default();
+    first.extend(machine_change(&web, &mut machine).unwrap_or_default());
+    if !sink.send(first).await {
+        return;
     }
     let mut quiet = std::time::Duration::ZERO;
+    let mut since_machine = std::time::Duration::ZERO;
     loop {
         tokio::time::sleep(BATCH).await;
-        let frame = match changes(&web, &mut seen, false) {
-            Some(frame) => frame,
-            None if quiet + BATCH >= KEEPALIVE => b": keepalive\n\n".to_vec(),
-            None => {
+        since_machine += BATCH;
+        let gpus = if since_machine >= MACHINE_EVERY {
+            since_machine = std::time::Duration::ZERO;
+            machine_change(&web, &mut machine)
+        } else {
+            None
+        };
+        let mut frame = changes(&web, &mut seen, false).unwrap_or_default();
+        frame.extend(gpus.unwrap_or_default());
+        if frame.is_empty() {
+            if quiet + BATCH < KEEPALIVE {
                 quiet += BATCH;
                 continue;
             }
-        };
+            frame = b": keepalive\n\n".to_vec();
+        }
         quiet = std::time::Duration::ZERO;
         if !sink.send(frame).await {
             return;

@@ -16,4 +16,8 @@ pub struct Web {
     pub memory: Memory,
     /// The live runs' feeds, one per run with a page open, and their encoded frames.
     pub feeds: Rc<Feeds>,
+    /// Each run's stage kinds and matrix values, read from its plan once (see
+    /// [`super::stage_meta`]), by run id.
+    pub stage_meta:
+        std::cell::RefCell<std::collections::HashMap<String, std::sync::Arc<serde_json::Value>>>,
 }

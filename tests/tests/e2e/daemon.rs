@@ -526,3 +526,39 @@ fn a_higher_priority_run_gets_the_gpu_first_and_equal_ones_keep_submission_order
         "equal priorities in submission order"
     );
 }
+
+/// `orchestrate runs` pads its state column whatever the states (issue 49): the stage counts
+/// of a succeeded, a failed and an interrupted run start at one column.
+#[test]
+fn runs_lines_up_every_state() {
+    let s = Scratch::new("daemon-runs-table");
+    let d = TestDaemon::start_in(s.path(), "daemon.log");
+    let mut c = d.connect();
+    let plan = |name: &str, cmd: &str| {
+        format!("[run]\nname = \"{name}\"\n[[stage]]\nname = \"s\"\ncommand = [\"sh\", \"-c\", \"{cmd}\"]\n")
+    };
+    let ok = c.submit_toml(&plan("ok", "true"), s.path());
+    assert_eq!(c.wait(&ok)["state"], "succeeded");
+    let bad = c.submit_toml(&plan("bad", "exit 1"), s.path());
+    assert_eq!(c.wait(&bad)["state"], "failed");
+    let slow = c.submit_toml(&plan("slow", "sleep 30"), s.path());
+    let answer = c.call(json!({"v": 1, "type": "cancel", "id": slow}));
+    assert_eq!(answer["type"], "cancelling", "{answer}");
+    assert_eq!(c.wait(&slow)["state"], "interrupted");
+    let out = Command::new(orchestrate())
+        .args(["runs", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    let header = table.lines().next().expect("a header");
+    let stages_end = header.find("stages").expect("a stages column") + "stages".len();
+    for id in [&ok, &bad, &slow] {
+        let row = table
+            .lines()
+            .find(|l| l.starts_with(id.as_str()))
+            .unwrap_or_else(|| panic!("{id} in\n{table}"));
+        let slash = row.find('/').unwrap_or_else(|| panic!("{row}"));
+        assert_eq!(slash, stages_end - 5, "the counts line up:\n{table}");
+    }
+}

@@ -9,6 +9,7 @@
 mod cgroups;
 mod chain;
 mod command_stages;
+mod console_tty;
 mod daemon;
 mod daemon_events;
 mod daemon_requests;

@@ -197,6 +197,16 @@ seq_len = 16
     );
     let run = run_plan(&s, &plan, &[]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // The console shows each instance's metrics once: in the results table, not again in the
+    // stage table after it.
+    for metric in ["final_loss=", "accuracy="] {
+        assert_eq!(
+            run.stderr.matches(metric).count(),
+            2,
+            "{metric} once per instance:\n{}",
+            run.stderr
+        );
+    }
     let csv = std::fs::read_to_string(run.run_dir.join("results.csv")).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();

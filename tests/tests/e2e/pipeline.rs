@@ -192,4 +192,37 @@ samples = 8
         log.contains("evaluating 5 of the 8 examples asked: 5 skipped, their prompt does not fit in seq_len 16"),
         "{log}"
     );
+    // The final table, and `report`'s, give each kind's headline metrics first and count the
+    // rest: train its final loss and throughput, eval its accuracy and loss.
+    let report = std::process::Command::new(e2e_tests::orchestrate())
+        .arg("report")
+        .arg(&run.run_dir)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&report.stdout).into_owned();
+    for table in [&run.stderr, &report] {
+        let row = |name: &str| {
+            let prefix = format!("{name} ");
+            let line = table.lines().rev().find(|l| l.starts_with(&prefix));
+            line.unwrap_or_else(|| panic!("{name} in {table}"))
+                .to_string()
+        };
+        let (train, eval) = (row("train"), row("eval"));
+        let after_wall = |r: &str| r.split_once("s  ").map(|(_, rest)| rest.to_string());
+        let train = after_wall(&train).unwrap();
+        assert!(
+            train.starts_with("final_loss=") && train.contains(" tokens_per_s="),
+            "{train}"
+        );
+        assert!(
+            train.ends_with("more in report.json)") && !train.contains("first_loss"),
+            "{train}"
+        );
+        let eval = after_wall(&eval).unwrap();
+        assert!(
+            eval.starts_with("accuracy=") && eval.contains(" loss="),
+            "{eval}"
+        );
+        assert!(!eval.contains("perplexity"), "{eval}");
+    }
 }

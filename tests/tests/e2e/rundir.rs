@@ -213,6 +213,11 @@ fn one_live_owner_per_run_directory() {
     let shown = orch(&["report", run_dir.to_str().unwrap(), "--json"], s.path());
     let live: Value = serde_json::from_slice(&shown.stdout).expect("report --json");
     assert_eq!(live["status"], "running", "{}", text(&shown));
+    // Its table says how far the run has come, not a wall time it does not know.
+    let table = orch(&["report", run_dir.to_str().unwrap()], s.path());
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.contains("run running so far, 0 of "), "{table}");
+    assert!(!table.contains("running in "), "{table}");
 
     assert_eq!(first.wait().unwrap().code(), Some(0));
     let records = journal(&run_dir);

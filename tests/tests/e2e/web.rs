@@ -953,3 +953,226 @@ fn metrics_addr_serves_metrics_alone_without_the_token() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("--http-remote"), "{err}");
 }
+
+/// A metrics reporter for the sweep: `report.py KIND N` sends what a fine-tune (`train`) or an
+/// evaluation (`eval`) of sample N reports, with a milestone time and a large whole number.
+fn reporter(s: &Scratch) -> PathBuf {
+    s.write(
+        "report.py",
+        "import json, os, socket, sys\n\
+         kind, n = sys.argv[1], int(sys.argv[2])\n\
+         c = socket.socket(socket.AF_UNIX); c.connect(os.environ['ORCHESTRATE_EVENTS'])\n\
+         m = {'final_loss': 1.0 + n / 100, 'tokens_per_s': 40000.0 + n, 'parameters': 462336, 't_first_step': 1796000000.5} if kind == 'train' else {'accuracy': 0.5 + n / 100, 'loss': 2.0 - n / 100}\n\
+         c.sendall((json.dumps({'v': 1, 'event': 'metrics', 'metrics': m}) + '\\n').encode())\n",
+    )
+}
+
+/// Where the page's screenshots go: `target/web-img`, and `docs/img` too when
+/// `ORCHESTRATE_UPDATE_SCREENSHOTS=1` (how the committed ones were made).
+fn keep_screenshot(browser: &Browser, name: &str) {
+    let dir = e2e_tests::repo_root().join("target/web-img");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(name);
+    browser.screenshot(&out);
+    let png = std::fs::read(&out).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "a screenshot at {}",
+        out.display()
+    );
+    if std::env::var("ORCHESTRATE_UPDATE_SCREENSHOTS").as_deref() == Ok("1") {
+        std::fs::copy(&out, e2e_tests::repo_root().join("docs/img").join(name)).unwrap();
+    }
+}
+
+/// The page's text in `selector` (empty when it is not there).
+fn text_of(browser: &Browser, selector: &str) -> String {
+    let script = format!(
+        "return (document.querySelector({}) || {{}}).textContent || ''",
+        json!(selector)
+    );
+    browser.eval(&script).as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn the_page_shows_progress_a_sweeps_samples_the_machine_and_a_leak() {
+    if !have("chromedriver", "chromium-driver") || !have(&chromium(), "chromium") {
+        return;
+    }
+    let s = Scratch::new("web-page");
+    let w = start(&s);
+    std::fs::write(s.path().join("fake-gpus/GPU-fake-0.util"), "37\n").unwrap();
+    let browser = Browser::start(s.path());
+    browser.open(&format!("http://{}/?token={}", w.addr, w.token));
+    // The machine panel: each GPU's memory of its total and its utilisation.
+    browser.wait(
+        20,
+        "the machine panel",
+        "return !!document.querySelector('#machine tr[data-gpu=\"GPU-fake-1\"]')",
+    );
+    let util = text_of(&browser, "#machine tr[data-gpu=\"GPU-fake-0\"] td.util");
+    assert_eq!(util, "37 %");
+    let mem = text_of(&browser, "#machine tr[data-gpu=\"GPU-fake-1\"] td.mem");
+    assert_eq!(mem, "0 MiB of 81920 MiB");
+
+    // A running stage: its progress, ETA, its GPU alone in the memory panel, its log's tail.
+    let live =
+        w.d.connect()
+            .submit_toml(&gpu_plan(&s, "live", 40, 0.3), s.path());
+    let id = &live;
+    browser.eval(&format!("location.hash = '#/run/{id}'; return true"));
+    let row = "#stages tr[data-stage=\"train\"]";
+    browser.wait(30, "the stage's progress", &format!("return /\\d+\\/40/.test(document.querySelector('{row} td.progress')?.textContent || '')"));
+    browser.wait(
+        10,
+        "the stage's ETA",
+        &format!(
+            "return (document.querySelector('{row} td.eta')?.textContent || '').endsWith(' s')"
+        ),
+    );
+    browser.eval(&format!(
+        "document.querySelector('{row} a.stage').click(); return true"
+    ));
+    browser.wait(30, "the log scrolled to its tail", "const l = document.querySelector('#log'); return !!l && l.textContent.includes('step 30 of 40') && l.scrollHeight > l.clientHeight && l.scrollTop + l.clientHeight >= l.scrollHeight - 8");
+    browser.wait(
+        20,
+        "the run's GPU's memory",
+        "return !!document.querySelector('svg[data-gpu=\"GPU-fake-0\"] polyline.used')",
+    );
+    assert!(
+        text_of(&browser, "#stages tr[data-stage=\"train\"] td.status") == "running",
+        "the screenshot shows the stage running"
+    );
+    let other =
+        browser.eval("return !!document.querySelector('#memory [data-gpu=\"GPU-fake-1\"]')");
+    assert_eq!(other, json!(false), "the other GPU is not this run's");
+    keep_screenshot(&browser, "web-running.png");
+    browser.wait(
+        30,
+        "the stage succeeded",
+        &format!("return document.querySelector('{row} td.status')?.textContent === 'succeeded'"),
+    );
+
+    // A 20-instance sweep (and its 20 evaluations) on the CPU.
+    let report = reporter(&s);
+    let values: Vec<String> = (1..=10).map(|i| format!("\"s{i:02}\"")).collect();
+    let sweep = format!(
+        "[run]\nname = \"sweep\"\n\
+         [[stage]]\nname = \"finetune\"\nmatrix = {{ sample = [{v}], lr = [\"0.1\", \"0.01\"] }}\n\
+         command = [\"sh\", \"-c\", \"python3 {r} train $(echo {{matrix.sample}} | tr -dc 0-9)\"]\n\
+         [[stage]]\nname = \"eval\"\nafter = [\"finetune\"]\nmatrix = {{ sample = [{v}], lr = [\"0.1\", \"0.01\"] }}\n\
+         command = [\"sh\", \"-c\", \"python3 {r} eval $(echo {{matrix.sample}} | tr -dc 0-9)\"]\n",
+        v = values.join(", "),
+        r = report.display()
+    );
+    let id = w.d.connect().submit_toml(&sweep, s.path());
+    browser.eval(&format!("location.hash = '#/run/{id}'; return true"));
+    browser.wait(60, "every sample's evaluation", "const r = [...document.querySelectorAll('#samples tbody tr')]; return r.length === 20 && r.every(tr => [...tr.querySelectorAll('td.sstatus')].map(t => t.textContent).join() === 'succeeded,succeeded') && r.every(tr => tr.textContent.includes('0.'))");
+    browser.wait(
+        30,
+        "the run's end",
+        "return document.querySelector('#run-state')?.textContent === 'succeeded'",
+    );
+    let heads = browser
+        .eval("return [...document.querySelectorAll('#samples th')].map(t => t.textContent)");
+    assert_eq!(
+        heads,
+        json!([
+            "lr",
+            "sample",
+            "finetune status",
+            "finetune final_loss",
+            "finetune tokens_per_s",
+            "finetune parameters",
+            "eval status",
+            "eval loss",
+            "eval accuracy"
+        ]),
+        "one column per matrix key, then each stage's status and headline metrics"
+    );
+    // Sorting by eval accuracy, both ways.
+    let column = |name: &str| {
+        browser.eval(&format!("const i = [...document.querySelectorAll('#samples th')].findIndex(t => t.textContent.startsWith({})); return [...document.querySelectorAll('#samples tbody tr')].map(tr => tr.children[i].textContent)", json!(name)))
+    };
+    browser.eval("[...document.querySelectorAll('#samples th')].find(t => t.textContent === 'eval accuracy').click(); return true");
+    let up: Vec<f64> = serde_json::from_value::<Vec<String>>(column("eval accuracy"))
+        .unwrap()
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert!(
+        up.windows(2).all(|w| w[0] <= w[1]) && up[0] == 0.51,
+        "{up:?}"
+    );
+    browser.eval("[...document.querySelectorAll('#samples th')].find(t => t.textContent.startsWith('eval accuracy')).click(); return true");
+    let down: Vec<String> = serde_json::from_value(column("eval accuracy")).unwrap();
+    assert_eq!(down[0], "0.6", "{down:?}");
+    // Whole numbers in full, milestone times nowhere, every result on hover.
+    let cell = "#stages tr[data-stage=\"finetune[lr=0.1,sample=s07]\"] td.metrics";
+    let shown = text_of(&browser, cell);
+    assert!(
+        shown.contains("parameters=462336") && shown.contains("tokens_per_s=40007"),
+        "{shown}"
+    );
+    let hover = browser.eval(&format!(
+        "return document.querySelector({}).title",
+        json!(cell)
+    ));
+    let hover = hover.as_str().unwrap_or("");
+    assert!(
+        hover.contains("final_loss = 1.07") && !hover.contains("t_first_step"),
+        "{hover}"
+    );
+    assert!(!browser
+        .eval("return document.body.innerText")
+        .as_str()
+        .unwrap()
+        .contains("t_first_step"));
+    // Instances labelled by their values in the timeline, in full.
+    let labels = browser.eval("return [...document.querySelectorAll('svg[data-chart=\"timeline\"] text.label')].map(t => t.firstChild.textContent)");
+    assert!(
+        labels
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "finetune lr=0.1 sample=s07"),
+        "{labels}"
+    );
+    assert_eq!(text_of(&browser, "#no-gpu"), "this run used no GPU");
+    browser.eval("window.scrollTo(0, 0); return true");
+    keep_screenshot(&browser, "web-sweep.png");
+
+    // A stage that leaves 1 GiB on its GPU, held by a process of orchestrate: leaked.
+    let holders = s.path().join("fake-gpus");
+    let leaky = format!(
+        "[run]\nname = \"leaky\"\non_leak = \"warn\"\nreclaim_timeout = \"1s\"\n\
+         [[stage]]\nname = \"leaky\"\ngpus = 1\n\
+         command = [\"sh\", \"-c\", \"sleep 1; echo \\\"$PPID orchestrate 1073741824\\\" > {}/$ORCHESTRATE_GPU_UUIDS\"]\n",
+        holders.display()
+    );
+    let id = w.d.connect().submit_toml(&leaky, s.path());
+    browser.eval(&format!("location.hash = '#/run/{id}'; return true"));
+    browser.wait(40, "the leaked verdict", "return [...document.querySelectorAll('#verdicts td.status')].some(t => t.textContent === 'leaked')");
+    browser.wait(
+        20,
+        "the leaked GPU's memory",
+        "return !!document.querySelector('#memory svg[data-gpu] rect.span')",
+    );
+    keep_screenshot(&browser, "web-leaked.png");
+    // The runs list: the machine panel shows the memory the leak left.
+    browser.eval("location.hash = '#/'; return true");
+    browser.wait(20, "the leak in the machine panel", "return document.querySelector('#machine tr[data-gpu=\"GPU-fake-0\"] td.mem')?.textContent === '1024 MiB of 81920 MiB'");
+
+    // After a restart the daemon has no memory samples of the earlier runs: the GPU run says
+    // so instead of drawing a flat 0 MiB.
+    let mut w = w;
+    w.d.stop_with(nix::sys::signal::Signal::SIGTERM);
+    let w = start(&s);
+    browser.open(&format!("http://{}/?token={}#/run/{live}", w.addr, w.token));
+    browser.wait(30, "the run's GPU without samples", "return /no memory samples of this run/.test(document.querySelector('#memory [data-gpu=\"GPU-fake-0\"]')?.textContent || '')");
+    assert_eq!(
+        browser.eval("return document.querySelectorAll('#memory svg').length"),
+        json!(0),
+        "no chart without samples"
+    );
+}

@@ -25,6 +25,55 @@ const secs = (s) => (s == null ? "" : s < 60 ? s.toFixed(1) + " s" : s < 3600 ? 
 // A run's state as a person reads it (the CSS class keeps the wire word: amber for a leak).
 const stateLabel = (s) => (s === "succeeded_leaked" ? "succeeded with leaked GPU memory" : s);
 const when = (unix) => (unix ? new Date(unix * 1000).toLocaleString() : "");
+// A metric as a person reads it: whole numbers in full, others to 4 decimals (the hover has
+// the exact value).
+const num = (v) => (v == null || typeof v !== "number" ? String(v ?? "") : Number.isInteger(v) ? String(v) : Math.abs(v) >= 1e4 ? v.toFixed(0) : String(+v.toFixed(4)));
+// A stage kind's headline metrics; a command stage shows what it reported, the usual first.
+const HEADLINE = { train: ["final_loss", "tokens_per_s"], eval: ["accuracy", "loss"] };
+const USUAL = ["final_loss", "loss", "accuracy", "perplexity", "tokens_per_s"];
+// Results only: `t_*` are an attempt's milestone Unix times, kept in report.json.
+const results = (metrics) => Object.entries(metrics || {}).filter(([k]) => !k.startsWith("t_"));
+function headline(kind, metrics, most = 4) {
+  const all = results(metrics);
+  const first = HEADLINE[kind];
+  if (first) return first.filter((k) => all.some(([n]) => n === k)).map((k) => [k, metrics[k]]);
+  const rank = (k) => (USUAL.indexOf(k) < 0 ? USUAL.length : USUAL.indexOf(k));
+  return all.sort((a, b) => rank(a[0]) - rank(b[0])).slice(0, most);
+}
+// A metrics cell: the headline, every result at full precision on hover.
+function metricsCell(kind, metrics) {
+  const shown = headline(kind, metrics), all = results(metrics);
+  const text = shown.map(([k, v]) => `${k}=${num(v)}`).join(" ") + (all.length > shown.length ? ` (+${all.length - shown.length})` : "");
+  return el("td", { class: "metrics", title: all.map(([k, v]) => `${k} = ${v}`).join("\n") }, text);
+}
+// A matrix value as a label: a path by its file name.
+const valueLabel = (v) => (String(v).includes("/") ? String(v).split("/").pop() : String(v));
+function bar(fraction) {
+  const b = el("span", { class: "bar" }, el("span"));
+  b.firstChild.style.width = Math.round(Math.max(0, Math.min(1, fraction)) * 100) + "%";
+  return b;
+}
+// A sortable table: clicking a header sorts by its column (again: the other way). `rowsOf`
+// gives each row's sort keys and a maker of its element: only the first 500 are made.
+function sortable(table, rowsOf) {
+  let by = null, up = true;
+  table.addEventListener("click", (e) => {
+    const th = e.target.closest("th[data-col]"); if (!th) return;
+    const col = +th.dataset.col; up = by === col ? !up : true; by = col;
+    for (const h of table.querySelectorAll("th")) h.classList.remove("asc", "desc");
+    th.classList.add(up ? "asc" : "desc"); draw();
+  });
+  function draw() {
+    const rows = rowsOf();
+    if (by != null) rows.sort((a, b) => {
+      const [x, y] = [a.keys[by], b.keys[by]];
+      const c = typeof x === "number" && typeof y === "number" ? x - y : x == null ? 1 : y == null ? -1 : String(x).localeCompare(String(y), undefined, { numeric: true });
+      return up ? c : -c;
+    });
+    table.tBodies[0].replaceChildren(...rows.slice(0, 500).map((r) => r.tr()));
+  }
+  return draw;
+}
 async function getJSON(url) {
   const r = await fetch(url, { credentials: "same-origin" });
   if (!r.ok) throw new Error(url + ": " + r.status + " " + (await r.text()));
@@ -38,22 +87,24 @@ function runsPage() {
     ...["queued", "running", "succeeded", "succeeded_leaked", "failed", "leaked", "interrupted", "cancelled"].map((s) => el("option", { value: s }, stateLabel(s))));
   const body = el("tbody");
   const main = $("#main");
-  main.replaceChildren(el("h2", {}, "Runs"), el("div", { class: "controls" }, filter, " ", state),
-    el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ...["run", "state", "progress", "started", "duration", "GPUs", "client id"].map((h) => el("th", {}, h)))), body));
+  main.replaceChildren(el("h2", {}, "Machine"), el("table", { id: "machine" }, el("thead", {}, el("tr", {}, ...["GPU", "name", "memory", "used", "utilisation", "idle baseline", ""].map((h) => el("th", {}, h)))), el("tbody")),
+    el("h2", {}, "Runs"), el("div", { class: "controls" }, filter, " ", state),
+    el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ...["run", "state", "progress", "ETA", "started", "duration", "GPUs", "client id"].map((h) => el("th", {}, h)))), body));
   let runs = [], now = Date.now() / 1000;
   function draw() {
     const q = filter.value.trim().toLowerCase(), s = state.value;
     body.replaceChildren(...runs.filter(({ info }) => (!s || info.state === s) &&
       (!q || info.id.toLowerCase().includes(q) || (info.client_id || "").toLowerCase().includes(q))).map(({ info, gpus }) => {
       const done = info.stages ? info.succeeded / info.stages : 0;
-      const bar = el("span", { class: "bar" }, el("span"));
-      bar.firstChild.style.width = Math.round(done * 100) + "%";
       const end = info.finished_unix || now;
+      // The run's ETA from its pace so far (stages succeeded per second since it was submitted).
+      const eta = !info.finished_unix && info.succeeded > 0 && info.succeeded < info.stages ? (end - info.submitted_unix) / info.succeeded * (info.stages - info.succeeded) : null;
       return el("tr", { "data-run": info.id },
         el("td", {}, el("a", { href: "#/run/" + encodeURIComponent(info.id) }, info.id)),
         el("td", { class: "status s-" + info.state }, stateLabel(info.state),
           info.waiting.length ? el("div", { class: "waiting" }, "waiting: " + info.waiting.join("; ")) : ""),
-        el("td", {}, bar, ` ${info.succeeded}/${info.stages}` + (info.running ? `, ${info.running} running` : "")),
+        el("td", {}, bar(done), ` ${info.succeeded}/${info.stages}` + (info.running ? `, ${info.running} running` : "")),
+        el("td", { class: "num eta" }, eta == null ? "" : secs(eta)),
         el("td", {}, when(info.submitted_unix)),
         el("td", { class: "num" }, secs(end - info.submitted_unix)),
         el("td", {}, gpus.length ? gpus.map((g) => g.slice(0, 12)).join(", ") : "—"),
@@ -72,13 +123,23 @@ function runsPage() {
     runs = [...byId.values()].sort((a, b) => b.info.submitted_unix - a.info.submitted_unix);
     now = r.now_unix; draw(); $("#conn").textContent = "live, updated " + new Date().toLocaleTimeString();
   });
+  // The machine's GPUs, pushed when they change: memory in use of the total, utilisation.
+  source.addEventListener("machine", (m) => {
+    const { gpus } = JSON.parse(m.data);
+    $("#machine tbody").replaceChildren(...(gpus.length ? gpus.map((g) => el("tr", { "data-gpu": g.uuid },
+      el("td", {}, g.uuid), el("td", {}, g.name), el("td", {}, bar(g.used_bytes != null ? g.used_bytes / g.total_bytes : 0)),
+      el("td", { class: "num mem" }, g.used_bytes == null ? "not sampled yet" : `${mib(g.used_bytes)} of ${mib(g.total_bytes)}`),
+      el("td", { class: "num util" }, g.utilization == null ? "—" : g.utilization + " %"),
+      el("td", { class: "num" }, mib(g.baseline_bytes)), el("td", { class: "s-failed" }, g.quarantined ? "quarantined" : "")))
+      : [el("tr", {}, el("td", { colspan: 7, class: "muted" }, "no GPU on this host"))]));
+  });
   source.onerror = () => { $("#conn").textContent = "reconnecting…"; };
   return () => source.close();
 }
 
 // ---- one run ----
 function runPage(id) {
-  const st = { info: null, report: null, stages: new Map(), order: [], events: 0, memory: null, selected: null, t0: null };
+  const st = { info: null, report: null, stages: new Map(), order: [], events: 0, memory: null, selected: null, t0: null, meta: new Map() };
   const stage = (name) => {
     if (!st.stages.has(name)) { st.stages.set(name, { name, status: "pending", attempts: 0, wall: null, spans: [], progress: [], gpu: [], detail: "" }); st.order.push(name); }
     return st.stages.get(name);
@@ -88,7 +149,8 @@ function runPage(id) {
   main.replaceChildren(
     el("h2", {}, "Run ", el("span", { id: "run-id" }, id), " ", el("span", { id: "run-state", class: "status" }), " ", cancel),
     el("div", { id: "run-summary", class: "muted" }),
-    el("h3", {}, "Stages"), el("table", { id: "stages" }, el("thead", {}, el("tr", {}, ...["stage", "status", "attempts", "wall", "metrics", "GPU verdicts", "failure"].map((h) => el("th", {}, h)))), el("tbody")),
+    el("div", { id: "sweep" }),
+    el("h3", {}, "Stages"), el("table", { id: "stages" }, el("thead", {}, el("tr", {}, ...["stage", "status", "attempts", "progress", "ETA", "wall", "metrics", "GPU verdicts", "failure"].map((h) => el("th", {}, h)))), el("tbody")),
     el("h3", {}, "Timeline"), el("div", { id: "timeline" }),
     el("h3", {}, "GPU memory"), el("div", { id: "memory" }),
     el("h3", {}, "GPU verdicts"), el("table", { id: "verdicts" }, el("thead", {}, el("tr", {}, ...["stage", "attempt", "GPU", "baseline", "peak", "after", "reclaim", "verdict", "holders"].map((h) => el("th", {}, h)))), el("tbody")),
@@ -119,7 +181,7 @@ function runPage(id) {
       case "stage_retrying": stage(ev.stage).status = "retrying"; break;
       case "stage_skipped": { const s = stage(ev.stage); s.status = "skipped"; s.detail = ev.reason; break; }
       case "stage_waiting": { const s = stage(ev.stage); if (s.status === "pending") s.detail = ev.reason; break; }
-      case "progress": stage(ev.stage).progress.push([t, ev.step, ev.total, ev.loss]); break;
+      case "progress": stage(ev.stage).progress.push([t, ev.step, ev.total, ev.loss, ev.tokens_per_s]); break;
       case "stage_gpu": { const s = stage(ev.stage); s.gpu = s.gpu.filter((g) => g.attempt !== ev.attempt).concat(ev.gpus.map((g) => ({ ...g, attempt: ev.attempt }))); break; }
       case "run_finished": st.finished = ev.status; break;
     }
@@ -135,7 +197,7 @@ function runPage(id) {
       if (r.gpu && r.gpu.length && !s.gpu.length) s.gpu = r.gpu.map((g) => ({ ...g, attempt: r.attempts }));
     }
   }
-  let drawQueued = false;
+  let drawQueued = false, sweepTimer = null;
   function schedule() { if (!drawQueued) { drawQueued = true; requestAnimationFrame(() => { drawQueued = false; draw(); }); } }
   function draw() {
     const info = st.info;
@@ -145,18 +207,86 @@ function runPage(id) {
       $("#run-summary").textContent = `${info.succeeded}/${info.stages} stages succeeded · started ${when(info.submitted_unix)} · ${info.run_dir}` + (info.waiting.length ? " · waiting: " + info.waiting.join("; ") : "");
     }
     const rows = st.order.slice(0, 500).map((name) => {
-      const s = st.stages.get(name);
-      const metrics = Object.entries(s.metrics || {}).slice(0, 6).map(([k, v]) => `${k}=${+v.toPrecision(4)}`).join(" ");
+      const s = st.stages.get(name), meta = st.meta.get(name) || {};
       const verdicts = s.gpu.filter((g) => g.attempt === s.attempts).map((g) => g.verdict).join(", ");
+      const p = progressOf(s);
       return el("tr", { "data-stage": name, class: st.selected === name ? "sel" : "" },
-        el("td", {}, el("a", { class: "stage", onclick: () => select(name) }, name)),
+        el("td", {}, el("a", { class: "stage", onclick: () => select(name), title: name }, label(name))),
         el("td", { class: "status s-" + s.status }, s.status), el("td", { class: "num" }, String(s.attempts)),
-        el("td", { class: "num" }, secs(s.wall)), el("td", {}, metrics), el("td", { class: "v-" + verdicts }, verdicts),
+        el("td", { class: "progress" }, ...(p ? [p.total ? bar(p.step / p.total) : "", ` ${p.step}${p.total ? "/" + p.total : ""}` + (p.loss != null ? ` loss ${num(p.loss)}` : "") + (p.rate != null ? ` ${num(Math.round(p.rate))} tok/s` : "")] : [])),
+        el("td", { class: "num eta" }, p && p.eta != null ? secs(p.eta) : ""),
+        el("td", { class: "num" }, secs(s.wall)), metricsCell(meta.kind, s.metrics), el("td", { class: "v-" + verdicts }, verdicts),
         el("td", {}, (s.failure || "") + (s.status !== "succeeded" && s.detail ? " " + s.detail : "")));
     });
     $("#stages tbody").replaceChildren(...rows);
-    if (st.order.length > 500) $("#stages tbody").append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, `… and ${st.order.length - 500} more stages`)));
-    drawTimeline(); drawMemory(); drawVerdicts(); drawDetail();
+    if (st.order.length > 500) $("#stages tbody").append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, `… and ${st.order.length - 500} more stages`)));
+    drawSweep(); drawTimeline(); drawMemory(); drawVerdicts(); drawDetail();
+  }
+  // A stage's label: a matrix instance by its stage and values (`finetune sample=a lr=0.1`).
+  function label(name) {
+    const m = st.meta.get(name);
+    return m && m.values ? m.base + " " + m.values.map(([k, v]) => `${k}=${valueLabel(v)}`).join(" ") : name;
+  }
+  // A running stage's last progress, and its ETA from its pace since its attempt started.
+  function progressOf(s) {
+    const last = s.progress[s.progress.length - 1];
+    if (!last || s.status !== "running") return null;
+    const [t, step, total, loss, rate] = last, span = s.spans[s.spans.length - 1];
+    let eta = null;
+    if (total && step > 0 && span && t > span.start) eta = Math.max(0, (t - span.start) / 1000 / step * (total - step) - (Date.now() - t) / 1000);
+    return { step, total, loss, rate, eta };
+  }
+  // A sweep's samples: one row per combination of matrix values, with every matrix stage's
+  // status and headline metrics on it, sortable by any column.
+  let sampleTable = null, drawSamples = null, sweepDrawn = 0;
+  function drawSweep() {
+    // A sweep's table is rebuilt at most once a second (a sweep's events come by hundreds),
+    // and always once its run has ended.
+    if (Date.now() - sweepDrawn < 1000 && !(st.info && st.info.finished_unix)) { if (!sweepTimer) sweepTimer = setTimeout(() => { sweepTimer = null; schedule(); }, 1000); return; }
+    const instances = [...st.meta.values()].filter((m) => m.values);
+    if (!instances.length) return;
+    sweepDrawn = Date.now();
+    const bases = [...new Set(instances.map((m) => m.base))];
+    const keys = [...new Set(instances.flatMap((m) => m.values.map(([k]) => k)))];
+    const kindOf = new Map(instances.map((m) => [m.base, m.kind]));
+    // Each base stage's metric columns: its headline metrics, as its instances reported them.
+    const metricCols = new Map(bases.map((b) => [b, []]));
+    for (const m of instances) {
+      const s = st.stages.get(m.name); if (!s || !s.metrics) continue;
+      for (const [k] of headline(m.kind, s.metrics)) if (!metricCols.get(m.base).includes(k)) metricCols.get(m.base).push(k);
+    }
+    const heads = [...keys, ...bases.flatMap((b) => [b + " status", ...metricCols.get(b).map((k) => b + " " + k)])];
+    if (!sampleTable || sampleTable.dataset.heads !== heads.join("\u0001")) {
+      sampleTable = el("table", { id: "samples", "data-heads": heads.join("\u0001") }, el("thead", {}, el("tr", {}, ...heads.map((h, i) => el("th", { "data-col": i, class: "sort" }, h)))), el("tbody"));
+      drawSamples = sortable(sampleTable, sampleRows);
+      $("#sweep").replaceChildren(el("h3", {}, "Samples"), el("p", { class: "muted" }, `one row per combination of matrix values (${bases.map((b) => `${b}: ${kindOf.get(b)}`).join(", ")}); click a column to sort`), sampleTable);
+    }
+    function sampleRows() {
+      const bySample = new Map();
+      for (const m of instances) {
+        const id = JSON.stringify(m.values);
+        if (!bySample.has(id)) bySample.set(id, { values: new Map(), stages: new Map() });
+        const row = bySample.get(id);
+        for (const [k, v] of m.values) row.values.set(k, v);
+        row.stages.set(m.base, m.name);
+      }
+      return [...bySample.values()].map((row) => {
+        const keysOf = [], cells = [];
+        for (const k of keys) { const v = row.values.get(k); keysOf.push(v == null ? null : valueLabel(v)); cells.push(() => el("td", { title: v ?? "" }, v == null ? "" : valueLabel(v))); }
+        for (const b of bases) {
+          const name = row.stages.get(b), s = name && st.stages.get(name);
+          const status = s ? s.status : null;
+          keysOf.push(status); cells.push(() => el("td", { class: "sstatus s-" + status, "data-stage": name || "" }, status || ""));
+          for (const k of metricCols.get(b)) {
+            const v = s && s.metrics ? s.metrics[k] : undefined;
+            keysOf.push(typeof v === "number" ? v : null);
+            cells.push(() => el("td", { class: "num", title: v == null ? "" : String(v) }, v == null ? "" : num(v)));
+          }
+        }
+        return { keys: keysOf, tr: () => el("tr", { "data-sample": [...row.values.values()].map(valueLabel).join(" ") }, ...cells.map((c) => c())) };
+      });
+    }
+    drawSamples();
   }
   function spansAll() { return st.order.flatMap((n) => st.stages.get(n).spans.map((sp) => ({ ...sp, stage: n }))); }
   function range() {
@@ -166,9 +296,11 @@ function runPage(id) {
   }
   function drawTimeline() {
     const spans = spansAll(), [t0, t1] = range(), names = st.order.filter((n) => st.stages.get(n).spans.length).slice(0, 60);
-    const W = 900, L = 150, H = 16 * names.length + 24, x = (t) => L + (W - L - 10) * (t - t0) / (t1 - t0);
+    // Labels in full (a matrix instance by its values), the label column as wide as the widest.
+    const labels = names.map(label), widest = Math.max(0, ...labels.map((l) => l.length));
+    const L = Math.min(420, Math.max(110, 7 * widest + 12)), W = Math.max(900, L + 600), H = 16 * names.length + 24, x = (t) => L + (W - L - 10) * (t - t0) / (t1 - t0);
     const g = svg("svg", { width: W, height: H, class: "chart", "data-chart": "timeline" });
-    names.forEach((n, i) => g.append(svg("text", { x: 4, y: 16 * i + 14 }, n.length > 22 ? n.slice(0, 21) + "…" : n)));
+    labels.forEach((l, i) => { const t = svg("text", { x: 4, y: 16 * i + 14, class: "label" }, l.length > 60 ? l.slice(0, 59) + "…" : l); t.append(svg("title", {}, names[i])); g.append(t); });
     for (const sp of spans) {
       const i = names.indexOf(sp.stage); if (i < 0) continue;
       const end = sp.end || t1;
@@ -184,7 +316,14 @@ function runPage(id) {
     const m = st.memory, box = $("#memory");
     if (!m || !m.gpus.length) { box.replaceChildren(el("p", { class: "muted" }, "no GPU on this host")); return; }
     const [t0, t1] = range(), spans = spansAll();
-    box.replaceChildren(...m.gpus.map((gpu) => {
+    // Only the GPUs this run's stages were given (by their start events and their verdicts).
+    const used = new Set(spans.flatMap((sp) => sp.gpus));
+    for (const n of st.order) for (const r of st.stages.get(n).gpu) used.add(r.uuid);
+    const mine = m.gpus.filter((g) => used.has(g.uuid));
+    if (!mine.length) { box.replaceChildren(el("p", { class: "muted", id: "no-gpu" }, st.order.some((n) => st.stages.get(n).spans.length) ? "this run used no GPU" : "no stage has started yet")); return; }
+    box.replaceChildren(...mine.map((gpu) => {
+      // A daemon restarted since the run ran has no samples of it: say so, not a flat 0 MiB.
+      if (!gpu.samples.length) return el("p", { class: "muted", "data-gpu": gpu.uuid }, `${gpu.name} ${gpu.uuid}: no memory samples of this run (the daemon was not sampling while it ran; its verdicts are below)`);
       const W = 900, H = 170, L = 70, T = 18, B = 22, x = (t) => L + (W - L - 10) * (t - t0) / (t1 - t0);
       const top = Math.max(gpu.baseline_bytes || 0, ...gpu.samples.map((s) => s[1]), 1) * 1.1;
       const y = (b) => T + (H - T - B) * (1 - b / top);
@@ -240,16 +379,24 @@ function runPage(id) {
     const loss = s.progress.filter((p) => p[3] != null).map(([, step, , l]) => [step, l]);
     const streams = el("select", { id: "log-stream" }, ...["stderr", "stdout"].map((v) => el("option", v === logStream ? { value: v, selected: "" } : { value: v }, v)));
     streams.addEventListener("change", () => { logStream = streams.value; fetchLog(); });
+    // The log follows its tail unless the reader has scrolled up in it.
+    const old = $("#log"), follow = !old || old.dataset.stage !== s.name || old.scrollTop + old.clientHeight >= old.scrollHeight - 8;
+    const log = el("pre", { id: "log", "data-stage": s.name }, logText);
     box.replaceChildren(el("h3", {}, "Stage ", el("span", { id: "detail-name" }, s.name), " ", el("span", { class: "status s-" + s.status }, s.status)),
       el("div", {}, curve(prog, "progress: step over seconds", "progress"), " ", curve(loss, "loss over step", "loss")),
       el("div", { class: "controls" }, "log: ", streams, " ", el("button", { onclick: fetchLog }, "refresh")),
-      el("pre", { id: "log" }, logText));
+      log);
+    log.scrollTop = follow ? log.scrollHeight : old.scrollTop;
   }
 
   const base = "/api/runs/" + encodeURIComponent(id);
   let reportTimer = null;
   async function refresh() {
-    try { const r = await getJSON(base); st.info = r.info; st.report = r.report; mergeReport(); schedule(); } catch (e) { $("#run-summary").textContent = String(e); }
+    try {
+      const r = await getJSON(base); st.info = r.info; st.report = r.report;
+      if (r.stages && !st.meta.size) for (const m of r.stages) { st.meta.set(m.name, m); stage(m.name); }
+      mergeReport(); schedule();
+    } catch (e) { $("#run-summary").textContent = String(e); }
   }
   // The report of a big sweep is big: it is fetched less often the more stages the run has.
   function refreshSoon() { if (!reportTimer) reportTimer = setTimeout(() => { reportTimer = null; refresh(); }, 1500 + 2 * ((st.info && st.info.stages) || 0)); }
@@ -270,7 +417,7 @@ function runPage(id) {
   source.onopen = () => { $("#conn").textContent = "live"; };
   source.onerror = () => { $("#conn").textContent = "reconnecting…"; };
   const timer = setInterval(() => { if (!st.info || !st.info.finished_unix) { memory(); if (st.selected && st.stages.get(st.selected).status === "running") fetchLog(); } }, 2000);
-  return () => { source.close(); clearInterval(timer); clearTimeout(reportTimer); };
+  return () => { source.close(); clearInterval(timer); clearTimeout(reportTimer); clearTimeout(sweepTimer); };
 }
 
 function route() {
