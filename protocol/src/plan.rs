@@ -67,6 +67,10 @@ pub struct RunSettings {
     /// and only for stages that have reported progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall_timeout: Option<StallTimeout>,
+    /// After a rank of a multi-process stage exits non-zero, how long its peers may go on
+    /// before they are stopped (default "30s").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_grace: Option<HumanDuration>,
     /// Experiment tracking: "mlflow" logs the run, and each stage as a nested run, to an MLflow
     /// server when the run ends (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +117,7 @@ impl Default for RunSettings {
             cuda_visible_devices: VisibleDevices::default(),
             preload: Preload::default(),
             stall_timeout: None,
+            rank_grace: None,
             tracking: None,
             tracking_uri: None,
             experiment: None,
@@ -188,6 +193,10 @@ pub struct Stage {
     /// stall_timeout`; see `docs/plan-format.md`, "Hangs").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall_timeout: Option<StallTimeout>,
+    /// After one of its ranks exits non-zero, how long the others may go on before they are
+    /// stopped (default: `[run] rank_grace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_grace: Option<HumanDuration>,
     /// How many more attempts after a failed one (default 0).
     #[serde(default)]
     pub retries: u32,

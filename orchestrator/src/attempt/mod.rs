@@ -14,6 +14,7 @@ pub mod outcome;
 pub(crate) mod outputs;
 pub(crate) mod prepare;
 pub(crate) mod preparer;
+pub mod ranks;
 pub(crate) mod rendezvous;
 pub mod stall;
 pub(crate) mod supervise;

@@ -22,6 +22,14 @@ pub enum Failure {
     Timeout(Duration),
     /// It made no progress for its stall window and was stopped: what it was doing.
     Hung(String),
+    /// One of its ranks ended badly (which, and how); the rest of the stage was stopped after
+    /// its `rank_grace`, or ended on its own (`then`: how the first process ended).
+    RankFailed {
+        /// The rank and its exit.
+        rank: crate::attempt::ranks::RankExit,
+        /// What came of the rest of the stage.
+        then: String,
+    },
     /// The device ran out of memory.
     CudaOutOfMemory(String),
     /// The kernel's OOM killer ended processes of the stage's cgroup: it reached its `memory`.
@@ -55,6 +63,7 @@ impl Failure {
             Failure::KilledExternally => "killed by SIGKILL that orchestrate did not send (most likely the kernel's out-of-memory killer: check `dmesg`)".into(),
             Failure::Timeout(d) => format!("timed out after {}", protocol::duration::HumanDuration(*d)),
             Failure::Hung(what) => format!("hung: {what}"),
+            Failure::RankFailed { rank, then } => format!("{}; {then}", rank.describe()),
             Failure::CudaOutOfMemory(msg) => format!("CUDA out of memory: {msg}"),
             Failure::OomKilled { kills, peak, limit } => {
                 let size = |b: &Option<u64>| b.map_or("unknown".to_string(), |b| protocol::bytesize::ByteSize(b).to_string());
@@ -78,6 +87,7 @@ impl Failure {
             Failure::KilledExternally => C::KilledExternally,
             Failure::Timeout(_) => C::Timeout,
             Failure::Hung(_) => C::Hung,
+            Failure::RankFailed { .. } => C::RankFailed,
             Failure::CudaOutOfMemory(_) => C::CudaOom,
             Failure::OomKilled { .. } => C::OomKilled,
             Failure::Reported(..) => C::Reported,

@@ -368,6 +368,10 @@ pub(crate) fn prepare_attempt(
             plan.plan.run.stall_timeout,
         ),
         grace: plan.plan.run.grace.get(),
+        rank_grace: stage
+            .rank_grace
+            .or(plan.plan.run.rank_grace)
+            .map_or(crate::attempt::ranks::DEFAULT_GRACE, |g| g.get()),
         socket,
         graceful_to_leader: false,
         preload: match &stage.command {

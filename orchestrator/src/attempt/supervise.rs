@@ -68,6 +68,9 @@ enum StopWhy {
     TimedOutThenCancelled,
     /// It made no progress for its stall window ([`Watch::hung`] says what it was doing).
     Hung,
+    /// One of its ranks exited non-zero and the others were still running after the
+    /// `rank_grace`.
+    RankFailed,
 }
 
 /// How far the stopping of an attempt went.
@@ -130,6 +133,10 @@ struct Watch {
     stall: crate::attempt::stall::StallWatch,
     /// Why it was judged hung, once it was.
     hung: Option<String>,
+    /// Its ranks, and whether one of them failed.
+    ranks: crate::attempt::ranks::RankWatch,
+    /// When the rest of the stage is stopped, after a rank failed.
+    rank_stop_at: Option<tokio::time::Instant>,
 }
 
 /// What came of a stage's `released` events.
@@ -190,6 +197,8 @@ pub async fn supervise(
         release: Release::default(),
         stall: crate::attempt::stall::StallWatch::new(plan.stall, std::time::Instant::now()),
         hung: None,
+        ranks: Default::default(),
+        rank_stop_at: None,
     };
     let reaped = watch(
         plan,
@@ -304,6 +313,9 @@ async fn watch(
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let stall_period = plan.stall.period();
     let mut stall_tick = tokio::time::interval(stall_period.unwrap_or(Duration::from_secs(3600)));
+    let mut rank_tick = tokio::time::interval(crate::attempt::ranks::LOOK_PERIOD);
+    rank_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut samples = 0u32;
     loop {
         let kill_at = match w.stop {
             StopState::Terminating { kill_at, .. } => Some(kill_at),
@@ -317,7 +329,27 @@ async fn watch(
             // timer of its own: a sweep's short stages never scan `/proc` for it.
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
                 w.tree_rss_peak = w.tree_rss_peak.max(child.resident_bytes());
+                samples += 1;
+                // Ranks are looked for once a second (a launcher starts them once).
+                if running && samples % 4 == 1 {
+                    w.ranks.discover(child.pid, child.members().into_iter().map(|p| p.pid));
+                }
             },
+            _ = rank_tick.tick(), if running && w.ranks.watching() => {
+                if let Some(failed) = w.ranks.look() {
+                    let grace = protocol::duration::HumanDuration(plan.rank_grace);
+                    events.warn(&format!(
+                        "{}: {}; the other ranks are stopped if they still run in {grace}",
+                        plan.name,
+                        failed.describe()
+                    ));
+                    w.rank_stop_at = Some(tokio::time::Instant::now() + plan.rank_grace);
+                }
+            }
+            _ = tokio::time::sleep_until(w.rank_stop_at.unwrap_or(far)), if running && w.rank_stop_at.is_some() => {
+                events.warn(&format!("{}: stopping the other ranks", plan.name));
+                w.stop = terminate(plan, child, StopWhy::RankFailed);
+            }
             item = channel.next() => {
                 if let ChannelItem::Event(event) = &item {
                     w.stall.event(event, std::time::Instant::now());
@@ -722,9 +754,11 @@ async fn conclude(
         false => read_tail(&stderr_path, ended.stderr_offset),
     };
     let stop = watched.stop;
-    let mut outcome = match watched.hung.take() {
-        Some(what) => Outcome::Failed(Failure::Hung(what)),
-        None => classify(
+    let rank_failed = rank_failure(plan, &watched, ended.exit, &stderr_tail);
+    let mut outcome = match (watched.hung.take(), rank_failed) {
+        (Some(what), _) => Outcome::Failed(Failure::Hung(what)),
+        (None, Some(failure)) => Outcome::Failed(failure),
+        (None, None) => classify(
             plan,
             ended.exit,
             &watched.events,
@@ -766,6 +800,38 @@ async fn conclude(
         start: ended.start,
         started_early: false,
     }
+}
+
+/// A failed rank, when the attempt failed (did not exit 0) for no reason of orchestrate's
+/// (a timeout, a cancel): the rank seen ending badly, else the one `torchrun` names on
+/// stderr; with what came of the rest of the stage.
+fn rank_failure(
+    plan: &AttemptPlan,
+    watched: &Watch,
+    exit: Option<ExitStatus>,
+    stderr_tail: &str,
+) -> Option<Failure> {
+    let stop = watched.stop;
+    if exit == Some(ExitStatus::Code(0)) || stop.timed_out() || stop.cancelled() {
+        return None;
+    }
+    let rank = watched
+        .ranks
+        .failed()
+        .cloned()
+        .or_else(|| crate::attempt::ranks::from_torchrun(stderr_tail))?;
+    let then = match (stop.why(), exit) {
+        (Some(StopWhy::RankFailed), _) => format!(
+            "the other ranks still ran after the rank_grace of {} and were stopped",
+            protocol::duration::HumanDuration(plan.rank_grace)
+        ),
+        (_, Some(ExitStatus::Code(code))) => format!("the stage exited with code {code}"),
+        (_, Some(ExitStatus::Signal(sig))) => {
+            format!("the stage was killed by {}", tree::signal_name(sig))
+        }
+        (_, None) => "the stage's exit status was lost".into(),
+    };
+    Some(Failure::RankFailed { rank, then })
 }
 
 /// Protocol violations of one attempt listed one by one; the rest are counted.

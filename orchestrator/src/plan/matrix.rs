@@ -596,6 +596,7 @@ fn skeleton(stage: &Stage) -> Stage {
         init: stage.init.clone(),
         timeout: stage.timeout,
         stall_timeout: stage.stall_timeout,
+        rank_grace: stage.rank_grace,
         retries: stage.retries,
         gpus: stage.gpus,
         env: stage.env.clone(),

@@ -25,6 +25,7 @@ mod logs;
 mod matrix;
 mod pipeline;
 mod python_stage;
+mod rank_failure;
 mod release;
 mod resume;
 mod rundir;
