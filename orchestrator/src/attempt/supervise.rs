@@ -230,7 +230,12 @@ pub async fn supervise(
             .absorb(item, &plan.name, events, child.started);
     }
     drop(channel);
-    let gpu = gpu_verdicts(plan, &baselines, &watched.release, services).await;
+    let window = crate::attempt::gpu_faults::Window {
+        spawned: spawned_unix,
+        exited: exited_unix,
+        failed: !clean,
+    };
+    let gpu = gpu_verdicts(plan, &baselines, &watched.release, window, services).await;
     let verified_unix = crate::timefmt::unix_secs_f64();
     // With --follow, the log files are complete once the copiers have seen end of file, which
     // they do now that no process of the stage holds the pipes.
@@ -634,12 +639,13 @@ async fn gpu_verdicts(
     plan: &AttemptPlan,
     baselines: &[GpuBaseline],
     release: &Release,
+    window: crate::attempt::gpu_faults::Window,
     services: &Services,
 ) -> Vec<GpuRecord> {
     let Some(probe) = &services.probe else {
         return Vec::new();
     };
-    let records = match &release.held {
+    let mut records = match &release.held {
         Some((_, held)) => after_release(held, release.touched.as_ref()),
         None => {
             let mut records = awaited(probe.as_ref(), baselines, services).await;
@@ -655,6 +661,7 @@ async fn gpu_verdicts(
             records
         }
     };
+    crate::attempt::gpu_faults::attach(plan, probe.as_ref(), &mut records, window, services).await;
     for record in records.iter().filter(|r| r.verdict != GpuVerdict::Clean) {
         services.events.report(RunEventKind::GpuNotReclaimed {
             stage: plan.name.clone(),

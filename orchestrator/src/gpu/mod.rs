@@ -9,7 +9,9 @@
 pub(crate) mod attribution;
 pub mod check;
 pub(crate) mod fake;
+pub mod health;
 mod nvml;
+mod nvml_health;
 mod pool;
 mod reclaim;
 pub(crate) mod release;
@@ -80,6 +82,18 @@ pub trait MemoryProbe {
     fn used_bytes(&self, uuid: &str) -> Result<u64, ProbeError>;
     /// Processes holding memory on the GPU now.
     fn holders(&self, uuid: &str) -> Vec<Holder>;
+    /// The XIDs the driver reported for the GPU at or after `since` (Unix seconds), each with
+    /// when it was seen. Empty where XIDs cannot be read.
+    fn xids_since(&self, uuid: &str, since: f64) -> Vec<(f64, u64)> {
+        let _ = (uuid, since);
+        Vec::new()
+    }
+    /// The GPU's error counters, for the health gate ([`health::refusal`]); `None` where they
+    /// cannot be read.
+    fn counters(&self, uuid: &str) -> Option<health::Counters> {
+        let _ = uuid;
+        None
+    }
 }
 
 /// How many GPUs this machine offers stages: the fake ones where they are asked for

@@ -113,6 +113,14 @@ pub(crate) enum GpuBusy {
         /// The holder, as the pool names it (run and stage).
         stage: String,
     },
+    /// Its error counters say it needs a reset ([`gpu::health::refusal`]).
+    #[error("GPU {index} refused by the health gate: {why}")]
+    Unhealthy {
+        /// NVML index.
+        index: u32,
+        /// Which counters.
+        why: String,
+    },
     /// No GPU is busy, there are just too few.
     #[error("not enough free GPUs")]
     NotEnough,
@@ -290,6 +298,16 @@ impl Host {
                 reasons.push(GpuBusy::Held {
                     index: g.index,
                     holders: holders.into_iter().take(3).collect(),
+                });
+                return false;
+            }
+            if let Some(why) = probe
+                .counters(&g.uuid)
+                .and_then(|c| gpu::health::refusal(&c))
+            {
+                reasons.push(GpuBusy::Unhealthy {
+                    index: g.index,
+                    why,
                 });
                 return false;
             }

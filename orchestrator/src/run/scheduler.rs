@@ -565,7 +565,7 @@ impl<'p> Scheduler<'p> {
         if want > usable {
             self.ready.remove(&(self.position[i], i));
             let message = format!(
-                "needs {want} GPU(s) but only {usable} are usable ({} quarantined after leaks)",
+                "needs {want} GPU(s) but only {usable} are usable ({} quarantined after leaks or GPU faults)",
                 resources.total_gpus() - usable
             );
             self.fail_without_attempt(i, FailureClass::NoGpu, message, actions);
@@ -741,12 +741,18 @@ impl<'p> Scheduler<'p> {
         actions
     }
 
-    /// Leaked GPUs under `on_leak`.
+    /// Leaked GPUs under `on_leak`; a GPU hit by an XID whose recovery needs a reset is
+    /// quarantined whatever `on_leak` says (`crate::gpu::health`).
     fn judge_gpus(&mut self, result: &AttemptResult, actions: &mut Vec<Action>) {
+        for g in &result.gpu {
+            if g.xids.iter().any(|x| x.needs_reset) {
+                actions.push(Action::Quarantine(g.uuid.clone()));
+            }
+        }
         for g in result
             .gpu
             .iter()
-            .filter(|g| g.verdict == GpuVerdict::Leaked)
+            .filter(|g| g.verdict == GpuVerdict::Leaked && !g.xids.iter().any(|x| x.needs_reset))
         {
             self.leaked_any = true;
             match self.rules.on_leak {
@@ -1221,6 +1227,7 @@ mod tests {
             holders: Vec::new(),
             note: None,
             at_release: false,
+            xids: Vec::new(),
         });
         r
     }

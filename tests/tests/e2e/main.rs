@@ -17,6 +17,7 @@ mod early_start;
 mod fork_server;
 mod frameworks;
 mod gpu_handout;
+mod gpu_health;
 mod handover;
 mod hangs;
 mod hostile_inputs;
