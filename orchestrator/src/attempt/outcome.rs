@@ -112,6 +112,35 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// Whether `cause` (a `retry_on` entry) names this failure; `xid`: an XID hit one of the
+    /// attempt's GPUs.
+    pub fn matches(&self, cause: &protocol::plan::RetryCause, xid: bool) -> bool {
+        use protocol::plan::RetryCause as R;
+        match cause {
+            R::Class(class) => self.class() == *class,
+            R::Xid => xid,
+            R::Exit(code) => match self {
+                Failure::Exit(c) | Failure::Reported(c, _) => c == code,
+                Failure::Signal(_) | Failure::KilledExternally => {
+                    self.signal_number().is_some_and(|sig| sig + 128 == *code)
+                }
+                _ => false,
+            },
+        }
+    }
+
+    fn signal_number(&self) -> Option<i32> {
+        match self {
+            Failure::KilledExternally => Some(libc::SIGKILL),
+            Failure::Signal(name) => {
+                (1..32).find(|&s| crate::process::tree::signal_name(s) == *name)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

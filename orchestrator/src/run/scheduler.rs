@@ -248,6 +248,8 @@ pub(crate) struct Scheduler<'p> {
     voided: BTreeMap<usize, usize>,
     /// Per stage: attempts not counted against its retries (voided early attempts).
     uncharged: Vec<u32>,
+    /// Per stage: an XID hit its last attempt's GPUs (for `retry_on = ["xid"]`).
+    xid_hit: Vec<bool>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -312,6 +314,7 @@ impl<'p> Scheduler<'p> {
             concluded: Vec::new(),
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
+            xid_hit: vec![false; n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -721,6 +724,7 @@ impl<'p> Scheduler<'p> {
                     self.slots_held -= 1;
                 }
                 self.judge_gpus(result, &mut actions);
+                self.xid_hit[stage] = result.gpu.iter().any(|g| !g.xids.is_empty());
                 self.stop_persisting(stage);
                 if let Some(upstream) = self.voided.remove(&stage) {
                     self.void(stage, upstream, now, &mut actions);
@@ -899,8 +903,17 @@ impl<'p> Scheduler<'p> {
             }
             Outcome::Failed(failure) => {
                 let message = failure.describe();
-                let retry = failure.retryable(self.plan.plan.stages[i].retry_oom)
-                    && charged <= self.plan.plan.stages[i].retries
+                let stage = &self.plan.plan.stages[i];
+                let retry_on = stage
+                    .retry_on
+                    .as_ref()
+                    .or(self.plan.plan.run.retry_on.as_ref());
+                let wanted = match retry_on {
+                    Some(causes) => causes.iter().any(|c| failure.matches(c, self.xid_hit[i])),
+                    None => failure.retryable(stage.retry_oom),
+                };
+                let retry = wanted
+                    && charged <= stage.retries
                     && !self.stops.contains(&Stopping::Interrupted);
                 let retry_in = retry.then(|| retry_backoff(charged));
                 out.push(finished(

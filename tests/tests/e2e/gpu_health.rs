@@ -159,3 +159,62 @@ fn the_health_gate_refuses_a_gpu_with_pending_remaps_and_says_why() {
         run.stderr
     );
 }
+
+#[test]
+fn retry_on_retries_only_the_causes_it_names() {
+    let s = Scratch::new("retry-on");
+    let dir = s.path().join("gpus");
+    let once = |name: &str, fail: &str| {
+        let mark = s.path().join(format!("{name}.tried"));
+        format!(
+            "if [ ! -e {m} ]; then touch {m}; {fail}; fi;",
+            m = mark.display()
+        )
+    };
+    let xid = once(
+        "xid",
+        &format!(
+            "echo 31 >> {}/$ORCHESTRATE_GPU_UUIDS.xid; exit 1",
+            dir.display()
+        ),
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\nretry_on = [\"xid\", \"exit:3\"]\n{}{}{}",
+            stage("gpu_fault", "retries = 2", &xid),
+            stage("exit3", "retries = 2", &once("exit3", "exit 3")),
+            stage("exit4", "retries = 2", &once("exit4", "exit 4")),
+        ),
+    );
+    let run = run_on_fake_gpus(&s, &plan, 1, &dir);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(
+        run.stage("gpu_fault")["status"],
+        "succeeded",
+        "{}",
+        run.stderr
+    );
+    assert_eq!(run.stage("gpu_fault")["attempts"], 2);
+    assert_eq!(run.stage("exit3")["status"], "succeeded");
+    assert_eq!(run.stage("exit3")["attempts"], 2);
+    // Exit 4 is not named: not retried, whatever `retries` says.
+    assert_eq!(run.stage("exit4")["status"], "failed");
+    assert_eq!(run.stage("exit4")["attempts"], 1);
+
+    let bad = s.write(
+        "bad.toml",
+        "[run]\nretry_on = [\"sometimes\"]\n[[stage]]\nname = \"a\"\ncommand = [\"true\"]\n",
+    );
+    let out = Command::new(orchestrate())
+        .args(["validate"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`sometimes` is not a cause to retry on"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
