@@ -182,6 +182,8 @@ pub struct AttemptResult {
     /// It was started early, ahead of an upstream stage still persisting its outputs (the
     /// run loop, which started it, says so).
     pub started_early: bool,
+    /// The highest step it reported (progress events), if it reported any.
+    pub last_step: Option<u64>,
 }
 
 impl AttemptResult {
@@ -201,6 +203,7 @@ impl AttemptResult {
             host: None,
             start: None,
             started_early: false,
+            last_step: None,
         }
     }
 }

@@ -792,6 +792,7 @@ async fn conclude(
         stderr_tail = read_tail(&stderr_path, ended.stderr_offset);
     }
     let violations = watched.events.violations_listed();
+    let last_step = watched.stall.last_step();
     AttemptResult {
         outcome,
         exit: ended.exit,
@@ -806,6 +807,7 @@ async fn conclude(
         timing: Some(ended.timing),
         start: ended.start,
         started_early: false,
+        last_step,
     }
 }
 

@@ -250,6 +250,9 @@ pub(crate) struct Scheduler<'p> {
     uncharged: Vec<u32>,
     /// Per stage: an XID hit its last attempt's GPUs (for `retry_on = ["xid"]`).
     xid_hit: Vec<bool>,
+    /// Per stage: the highest step any attempt reported, and how many attempts in a row
+    /// since did not pass it (see [`NO_PROGRESS_RESTARTS`]).
+    progress: Vec<(Option<u64>, u32)>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -315,6 +318,7 @@ impl<'p> Scheduler<'p> {
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
             xid_hit: vec![false; n],
+            progress: vec![(None, 0); n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -725,6 +729,7 @@ impl<'p> Scheduler<'p> {
                 }
                 self.judge_gpus(result, &mut actions);
                 self.xid_hit[stage] = result.gpu.iter().any(|g| !g.xids.is_empty());
+                note_progress(&mut self.progress[stage], result.last_step);
                 self.stop_persisting(stage);
                 if let Some(upstream) = self.voided.remove(&stage) {
                     self.void(stage, upstream, now, &mut actions);
@@ -912,10 +917,19 @@ impl<'p> Scheduler<'p> {
                     Some(causes) => causes.iter().any(|c| failure.matches(c, self.xid_hit[i])),
                     None => failure.retryable(stage.retry_oom),
                 };
+                let (best, stuck) = self.progress[i];
+                let stuck = stuck >= NO_PROGRESS_RESTARTS;
                 let retry = wanted
+                    && !stuck
                     && charged <= stage.retries
                     && !self.stops.contains(&Stopping::Interrupted);
                 let retry_in = retry.then(|| retry_backoff(charged));
+                let message = match (wanted && stuck && charged <= stage.retries, best) {
+                    (true, Some(step)) => format!(
+                        "{message}; not retried: {NO_PROGRESS_RESTARTS} restarts in a row got no further than step {step}"
+                    ),
+                    _ => message,
+                };
                 out.push(finished(
                     StageStatus::Failed,
                     Some(message.clone()),
@@ -1082,6 +1096,22 @@ impl<'p> Scheduler<'p> {
     /// The stages left as the run ends.
     pub(crate) fn into_states(self) -> Vec<StageState> {
         self.states
+    }
+}
+
+/// Restarts in a row that got no further than the best step of the stage's earlier attempts,
+/// after which a stage that reports progress is not retried any more (its retries would
+/// repeat the same failure).
+pub const NO_PROGRESS_RESTARTS: u32 = 3;
+
+/// Takes in an attempt's highest step into `(best, restarts without progress)`: a step past
+/// the best resets the count; no step, or none past it, adds one once a best is known (a stage
+/// that never reports steps is not judged).
+fn note_progress(progress: &mut (Option<u64>, u32), last_step: Option<u64>) {
+    match (last_step, progress.0) {
+        (Some(step), best) if best.is_none_or(|b| step > b) => *progress = (Some(step), 0),
+        (_, Some(_)) => progress.1 += 1,
+        _ => {}
     }
 }
 
@@ -2332,5 +2362,19 @@ mod tests {
             }) => assert!(being_written.is_empty()),
             other => panic!("b did not start again: {other:?}"),
         }
+    }
+
+    #[test]
+    fn restarts_that_get_no_further_are_counted_and_progress_resets_the_count() {
+        let mut p = (None, 0);
+        note_progress(&mut p, None);
+        assert_eq!(p, (None, 0), "a stage that reports no step is not judged");
+        note_progress(&mut p, Some(100));
+        assert_eq!(p, (Some(100), 0));
+        note_progress(&mut p, Some(100));
+        note_progress(&mut p, None);
+        assert_eq!(p, (Some(100), 2));
+        note_progress(&mut p, Some(150));
+        assert_eq!(p, (Some(150), 0));
     }
 }

@@ -29,6 +29,7 @@ mod python_stage;
 mod rank_failure;
 mod release;
 mod resume;
+mod retries;
 mod rundir;
 mod signals;
 mod slots;
