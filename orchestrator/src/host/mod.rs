@@ -272,14 +272,16 @@ impl Host {
     }
 
     /// Takes `n` GPUs for `owner` of the run holding `ticket`, each clean (no process on it,
-    /// memory within `tolerance` of its idle baseline), or says why the stage must wait. A run
-    /// whose ticket is not the first among the waiting runs waits for them.
+    /// memory within `tolerance` of its idle baseline), passing the health gate (its error
+    /// counters, `gpu::health::refusal`) and not in `avoid`, or says why the stage must wait.
+    /// A run whose ticket is not the first among the waiting runs waits for them.
     pub(crate) fn take_gpus(
         &self,
         n: usize,
         ticket: Ticket,
         owner: &str,
         tolerance: u64,
+        avoid: &[String],
     ) -> Result<Vec<GpuInfo>, GpuWait> {
         if let Some(first) = self.waiting.borrow().first() {
             if *first < ticket {
@@ -291,6 +293,9 @@ impl Host {
         let mut idle = self.idle.borrow_mut();
         let mut pool = self.pool.borrow_mut();
         let got = pool.take(n, owner, |g| {
+            if avoid.contains(&g.uuid) {
+                return false;
+            }
             let Some(probe) = &probe else { return true };
             let holders = probe.holders(&g.uuid);
             let used = probe.used_bytes(&g.uuid).ok();

@@ -168,13 +168,18 @@ impl Resources for HostResources<'_> {
     fn total_gpus(&self) -> usize {
         self.host.gpus().len()
     }
-    fn take_gpus(&mut self, stage: usize, n: usize) -> std::result::Result<Vec<GpuInfo>, String> {
+    fn take_gpus(
+        &mut self,
+        stage: usize,
+        n: usize,
+        avoid: &[String],
+    ) -> std::result::Result<Vec<GpuInfo>, String> {
         let owner = format!(
             "run {}, stage `{}`",
             self.run_id, self.plan.plan.stages[stage].name
         );
         self.host
-            .take_gpus(n, self.ticket, &owner, self.tolerance_bytes)
+            .take_gpus(n, self.ticket, &owner, self.tolerance_bytes, avoid)
             .map_err(|wait| wait.to_string())
     }
     fn cpu_builtins_running(&self) -> usize {

@@ -185,8 +185,13 @@ pub(crate) trait Resources {
     fn usable_gpus(&self) -> usize;
     /// All GPUs of the machine.
     fn total_gpus(&self) -> usize;
-    /// Takes `n` GPUs for `stage`, or says why it must wait.
-    fn take_gpus(&mut self, stage: usize, n: usize) -> Result<Vec<GpuInfo>, String>;
+    /// Takes `n` GPUs for `stage`, none of `avoid`, or says why it must wait.
+    fn take_gpus(
+        &mut self,
+        stage: usize,
+        n: usize,
+        avoid: &[String],
+    ) -> Result<Vec<GpuInfo>, String>;
     /// Built-in stages running on the CPU, this run's and other runs' of the host.
     fn cpu_builtins_running(&self) -> usize;
     /// The host's CPU cores.
@@ -248,8 +253,9 @@ pub(crate) struct Scheduler<'p> {
     voided: BTreeMap<usize, usize>,
     /// Per stage: attempts not counted against its retries (voided early attempts).
     uncharged: Vec<u32>,
-    /// Per stage: an XID hit its last attempt's GPUs (for `retry_on = ["xid"]`).
-    xid_hit: Vec<bool>,
+    /// Per stage: the GPUs of its last attempt that an XID hit (`retry_on = ["xid"]`; its
+    /// retry avoids them where enough other GPUs are usable).
+    xid_hit: Vec<Vec<String>>,
     /// Per stage: the highest step any attempt reported, and how many attempts in a row
     /// since did not pass it (see [`NO_PROGRESS_RESTARTS`]).
     progress: Vec<(Option<u64>, u32)>,
@@ -317,7 +323,7 @@ impl<'p> Scheduler<'p> {
             concluded: Vec::new(),
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
-            xid_hit: vec![false; n],
+            xid_hit: vec![Vec::new(); n],
             progress: vec![(None, 0); n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
@@ -581,7 +587,12 @@ impl<'p> Scheduler<'p> {
         let gpus = if want == 0 {
             Vec::new()
         } else {
-            match resources.take_gpus(i, want) {
+            // A retry after an XID runs elsewhere when enough other GPUs are usable.
+            let avoid: &[String] = match usable >= want + self.xid_hit[i].len() {
+                true => &self.xid_hit[i],
+                false => &[],
+            };
+            match resources.take_gpus(i, want, avoid) {
                 Ok(gpus) => {
                     self.waiting_why.remove(&i);
                     gpus
@@ -728,7 +739,12 @@ impl<'p> Scheduler<'p> {
                     self.slots_held -= 1;
                 }
                 self.judge_gpus(result, &mut actions);
-                self.xid_hit[stage] = result.gpu.iter().any(|g| !g.xids.is_empty());
+                self.xid_hit[stage] = result
+                    .gpu
+                    .iter()
+                    .filter(|g| !g.xids.is_empty())
+                    .map(|g| g.uuid.clone())
+                    .collect();
                 note_progress(&mut self.progress[stage], result.last_step);
                 self.stop_persisting(stage);
                 if let Some(upstream) = self.voided.remove(&stage) {
@@ -914,7 +930,9 @@ impl<'p> Scheduler<'p> {
                     .as_ref()
                     .or(self.plan.plan.run.retry_on.as_ref());
                 let wanted = match retry_on {
-                    Some(causes) => causes.iter().any(|c| failure.matches(c, self.xid_hit[i])),
+                    Some(causes) => causes
+                        .iter()
+                        .any(|c| failure.matches(c, !self.xid_hit[i].is_empty())),
                     None => failure.retryable(stage.retry_oom),
                 };
                 let (best, stuck) = self.progress[i];
@@ -1203,7 +1221,12 @@ mod tests {
         fn total_gpus(&self) -> usize {
             self.total
         }
-        fn take_gpus(&mut self, stage: usize, n: usize) -> Result<Vec<GpuInfo>, String> {
+        fn take_gpus(
+            &mut self,
+            stage: usize,
+            n: usize,
+            _avoid: &[String],
+        ) -> Result<Vec<GpuInfo>, String> {
             if let Some(why) = &self.busy {
                 return Err(why.clone());
             }

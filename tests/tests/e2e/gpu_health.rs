@@ -218,3 +218,27 @@ fn retry_on_retries_only_the_causes_it_names() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_retry_after_an_xid_that_needs_no_reset_avoids_the_gpu_it_ran_on() {
+    let s = Scratch::new("xid-retry-elsewhere");
+    let dir = s.path().join("gpus");
+    let mark = s.path().join("tried");
+    // The first attempt gets XID 13 on its GPU and fails; the retry succeeds wherever it runs.
+    let inject = format!(
+        "if [ ! -e {m} ]; then touch {m}; echo 13 >> {d}/$ORCHESTRATE_GPU_UUIDS.xid; exit 1; fi;",
+        m = mark.display(),
+        d = dir.display()
+    );
+    let plan = s.write("plan.toml", &stage("fault", "retries = 1", &inject));
+    let run = run_on_fake_gpus(&s, &plan, 2, &dir);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        std::fs::read_to_string(dir.join("GPU-fake-0.xid")).is_ok(),
+        "the first attempt ran on GPU-fake-0"
+    );
+    assert_eq!(run.stage("fault")["attempts"], 2);
+    // 13 quarantines nothing, yet the retry went to the other GPU.
+    assert_eq!(gpu_of(&run, "fault"), "GPU-fake-1");
+    assert!(!run.stderr.contains("quarantined"), "{}", run.stderr);
+}
