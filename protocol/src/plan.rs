@@ -440,14 +440,16 @@ mod tests {
 }
 
 /// A cause of failure worth another attempt (`retry_on`): a failure class (`"hung"`,
-/// `"timeout"`, `"exit_code"`, …), `"xid"` (a GPU fault hit the attempt's GPUs) or
-/// `"exit:N"` (exit code N, or death by signal N-128).
+/// `"timeout"`, `"exit_code"`, …), `"xid"` (a GPU fault hit the attempt's GPUs), `"lost"`
+/// (its Slurm node was lost under it) or `"exit:N"` (exit code N, or death by signal N-128).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryCause {
     /// A failure of this class.
     Class(crate::status::FailureClass),
     /// An XID reported for one of the attempt's GPUs.
     Xid,
+    /// The attempt was lost with its Slurm node (a placed stage).
+    Lost,
     /// This exit code (a signal's number plus 128 matches death by that signal).
     Exit(i32),
 }
@@ -455,8 +457,10 @@ pub enum RetryCause {
 impl std::str::FromStr for RetryCause {
     type Err = String;
     fn from_str(s: &str) -> Result<RetryCause, String> {
-        if s == "xid" {
-            return Ok(RetryCause::Xid);
+        match s {
+            "xid" => return Ok(RetryCause::Xid),
+            "lost" => return Ok(RetryCause::Lost),
+            _ => {}
         }
         if let Some(code) = s.strip_prefix("exit:") {
             return code
@@ -465,7 +469,7 @@ impl std::str::FromStr for RetryCause {
                 .map_err(|_| format!("`{s}`: exit:N takes an exit code, such as exit:137"));
         }
         s.parse().map(RetryCause::Class).map_err(|_| {
-            format!("`{s}` is not a cause to retry on: a failure class (hung, timeout, exit_code, signal, rank_failed, cuda_oom, …), xid or exit:N")
+            format!("`{s}` is not a cause to retry on: a failure class (hung, timeout, exit_code, signal, rank_failed, cuda_oom, …), xid, lost or exit:N")
         })
     }
 }
@@ -475,6 +479,7 @@ impl Serialize for RetryCause {
         match self {
             RetryCause::Class(c) => s.serialize_str(c.as_str()),
             RetryCause::Xid => s.serialize_str("xid"),
+            RetryCause::Lost => s.serialize_str("lost"),
             RetryCause::Exit(code) => s.serialize_str(&format!("exit:{code}")),
         }
     }

@@ -7,6 +7,7 @@
 pub mod channel;
 pub(crate) mod contract;
 pub(crate) mod echo;
+pub(crate) mod flight_recorder;
 pub(crate) mod gpu_faults;
 pub(crate) mod handover;
 pub(crate) mod hang_evidence;

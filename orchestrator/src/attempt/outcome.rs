@@ -114,12 +114,13 @@ impl Failure {
 
 impl Failure {
     /// Whether `cause` (a `retry_on` entry) names this failure; `xid`: an XID hit one of the
-    /// attempt's GPUs.
-    pub fn matches(&self, cause: &protocol::plan::RetryCause, xid: bool) -> bool {
+    /// attempt's GPUs; `lost`: the attempt was lost with its Slurm node.
+    pub fn matches(&self, cause: &protocol::plan::RetryCause, xid: bool, lost: bool) -> bool {
         use protocol::plan::RetryCause as R;
         match cause {
             R::Class(class) => self.class() == *class,
             R::Xid => xid,
+            R::Lost => lost,
             R::Exit(code) => match self {
                 Failure::Exit(c) | Failure::Reported(c, _) => c == code,
                 Failure::Signal(_) | Failure::KilledExternally => {
@@ -184,6 +185,8 @@ pub struct AttemptResult {
     pub started_early: bool,
     /// The highest step it reported (progress events), if it reported any.
     pub last_step: Option<u64>,
+    /// The Slurm node it was lost with (a placed step; the run loop says so).
+    pub lost_on: Option<String>,
 }
 
 impl AttemptResult {
@@ -204,6 +207,7 @@ impl AttemptResult {
             start: None,
             started_early: false,
             last_step: None,
+            lost_on: None,
         }
     }
 }

@@ -337,6 +337,11 @@ pub(crate) fn prepare_attempt(
             plan.plan.run.cuda_visible_devices,
         ));
     }
+    if stage.command.is_some() && !gpus.is_empty() {
+        env.extend(crate::attempt::flight_recorder::stage_env(
+            &stage_dir, attempt, &stage.env,
+        ));
+    }
     let argv = match (&stage.command, worker) {
         (Some(command), _) => command
             .iter()

@@ -458,6 +458,13 @@ async fn stop_hung(
         .as_ref()
         .filter(|_| !gpus.is_empty())
         .map(|probe| crate::attempt::hang_evidence::gpu_state(&gpus, probe.as_ref()));
+    // The NCCL ranks dump their flight recorders first, while nothing pauses them.
+    let (asked, dumped) = crate::attempt::flight_recorder::request_dumps(
+        &plan.stage_dir,
+        plan.attempt,
+        &plan.stage_dir.join(format!("hung-{}", plan.attempt)),
+    )
+    .await;
     let evidence = crate::attempt::hang_evidence::collect(
         &services.reaper,
         &plan.stage_dir,
@@ -479,6 +486,11 @@ async fn stop_hung(
     );
     if let Some(why) = &evidence.no_stacks {
         what.push_str(&format!(" (no stacks: {why})"));
+    }
+    if asked > 0 {
+        what.push_str(&format!(
+            "; NCCL flight recorder: {dumped} of {asked} rank(s) dumped"
+        ));
     }
     if let Some(top) = evidence.frames.first() {
         what.push_str(&format!("; {top}"));
@@ -808,6 +820,7 @@ async fn conclude(
         start: ended.start,
         started_early: false,
         last_step,
+        lost_on: None,
     }
 }
 

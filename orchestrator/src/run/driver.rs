@@ -539,6 +539,14 @@ impl<'h> Driver<'h> {
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
                 result.started_early = sched.started_early(i);
+                if matches!(result.outcome, crate::attempt::outcome::Outcome::Failed(_)) {
+                    // A placed step lost with its node (`retry_on = ["lost"]`).
+                    let dir = self
+                        .setup
+                        .run_dir
+                        .stage_dir(&self.setup.plan.plan.stages[i].name);
+                    result.lost_on = self.setup.placement.lost_on(&dir, sched.attempts(i));
+                }
                 (i, result, given, chained)
             }
         };

@@ -256,6 +256,8 @@ pub(crate) struct Scheduler<'p> {
     /// Per stage: the GPUs of its last attempt that an XID hit (`retry_on = ["xid"]`; its
     /// retry avoids them where enough other GPUs are usable).
     xid_hit: Vec<Vec<String>>,
+    /// Per stage: its last attempt was lost with its Slurm node (`retry_on = ["lost"]`).
+    lost: Vec<bool>,
     /// Per stage: the highest step any attempt reported, and how many attempts in a row
     /// since did not pass it (see [`NO_PROGRESS_RESTARTS`]).
     progress: Vec<(Option<u64>, u32)>,
@@ -324,6 +326,7 @@ impl<'p> Scheduler<'p> {
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
             xid_hit: vec![Vec::new(); n],
+            lost: vec![false; n],
             progress: vec![(None, 0); n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
@@ -411,6 +414,11 @@ impl<'p> Scheduler<'p> {
     /// stopped alone, and its report says so. False once its end came.
     pub(crate) fn started_early(&self, i: usize) -> bool {
         self.early.contains(&i)
+    }
+
+    /// The number of stage `i`'s latest attempt (0 before its first).
+    pub(crate) fn attempts(&self, i: usize) -> u32 {
+        self.states[i].attempts
     }
 
     /// The running early starts whose `init` stage has now succeeded, each with that stage,
@@ -746,6 +754,7 @@ impl<'p> Scheduler<'p> {
                     .map(|g| g.uuid.clone())
                     .collect();
                 note_progress(&mut self.progress[stage], result.last_step);
+                self.lost[stage] = result.lost_on.is_some();
                 self.stop_persisting(stage);
                 if let Some(upstream) = self.voided.remove(&stage) {
                     self.void(stage, upstream, now, &mut actions);
@@ -932,7 +941,7 @@ impl<'p> Scheduler<'p> {
                 let wanted = match retry_on {
                     Some(causes) => causes
                         .iter()
-                        .any(|c| failure.matches(c, !self.xid_hit[i].is_empty())),
+                        .any(|c| failure.matches(c, !self.xid_hit[i].is_empty(), self.lost[i])),
                     None => failure.retryable(stage.retry_oom),
                 };
                 let (best, stuck) = self.progress[i];
@@ -2399,5 +2408,24 @@ mod tests {
         assert_eq!(p, (Some(100), 2));
         note_progress(&mut p, Some(150));
         assert_eq!(p, (Some(150), 0));
+    }
+
+    #[test]
+    fn retry_on_retries_a_lost_attempt_and_not_another_failure() {
+        let retry = |r: &AttemptResult| {
+            let p = plan("", &[("a", &[], "retries = 2\nretry_on = [\"lost\"]")]);
+            let mut s = scheduler(&p, rules(1));
+            let mut gpus = Gpus::new(0);
+            let t0 = Instant::now();
+            round(&mut s, &mut gpus, t0);
+            match end(&mut s, 0, r, t0)[0] {
+                Action::Finished { retry_in, .. } => retry_in.is_some(),
+                _ => panic!("finished"),
+            }
+        };
+        let mut lost = failed(Failure::Signal("SIGKILL".into()));
+        assert!(!retry(&lost), "a failure retry_on does not name");
+        lost.lost_on = Some("n2".into());
+        assert!(retry(&lost), "an attempt lost with its node");
     }
 }
