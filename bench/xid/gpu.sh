@@ -9,6 +9,9 @@
 #    XID 31 in its GPU verdict (meaning, recovery action, needs_reset false), `next` succeeded on
 #    the same GPU (31 needs no reset), no GPU quarantined.
 # 2. The health gate's NVML reads per GPU, median and range over 5 runs (bench/xid/gate_cost.py).
+# 3. A one-rank NCCL stage that reports three steps and then hangs (bench/xid/nccl_hang.py,
+#    stall_timeout 10s): expected `hung`, with `nccl-trace-rank-0` (PyTorch's flight recorder
+#    dump, asked for through TORCH_NCCL_DEBUG_INFO_PIPE_FILE) in its hung-1 folder.
 # Everything goes under $OUT; a summary is printed at the end.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -51,4 +54,20 @@ print("CHECK next ran on the faulting GPU and succeeded:", nxt["status"] == "suc
 PYEOF
 grep -h "XID\|quarantined" "$OUT/orchestrate.err" >> "$OUT/summary.txt"
 "$PY" "$HERE/gate_cost.py" 5 >> "$OUT/summary.txt" 2>&1
+cat > "$OUT/nccl.toml" <<PLAN
+[[stage]]
+name = "nccl_hang"
+gpus = 1
+stall_timeout = "10s"
+command = ["$PY", "$HERE/nccl_hang.py"]
+PLAN
+"$BIN_DIR/orchestrate" --plan "$OUT/nccl.toml" --run-dir "$OUT/nccl-run" > "$OUT/nccl.out" 2> "$OUT/nccl.err"
+echo "nccl run exit: $? (1 expected: hung)" >> "$OUT/summary.txt"
+grep -h "hung:" "$OUT/nccl.err" | head -3 >> "$OUT/summary.txt"
+ls -la "$OUT/nccl-run/stages/nccl_hang/hung-1/" >> "$OUT/summary.txt" 2>&1
+if [ -s "$OUT/nccl-run/stages/nccl_hang/hung-1/nccl-trace-rank-0" ]; then
+  echo "CHECK NCCL flight recorder dumped: True" >> "$OUT/summary.txt"
+else
+  echo "CHECK NCCL flight recorder dumped: False" >> "$OUT/summary.txt"
+fi
 cat "$OUT/summary.txt"
