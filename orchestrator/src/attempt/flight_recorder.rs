@@ -69,23 +69,22 @@ pub async fn request_dumps(stage_dir: &Path, attempt: u32, evidence: &Path) -> (
     if asked == 0 {
         return (0, 0);
     }
-    let dumps = |done: bool| -> usize {
+    // A dump is done once it has bytes and has not changed for 300 ms.
+    let dumps = || -> usize {
         fifos
             .iter()
             .filter(|(rank, _)| {
-                let file = dir.join(format!("trace-rank-{rank}"));
-                let settled = std::fs::metadata(&file).is_ok_and(|m| {
+                std::fs::metadata(dir.join(format!("trace-rank-{rank}"))).is_ok_and(|m| {
                     m.len() > 0
                         && m.modified().is_ok_and(|t| {
-                            done || t.elapsed().unwrap_or_default() > Duration::from_millis(300)
+                            t.elapsed().unwrap_or_default() > Duration::from_millis(300)
                         })
-                });
-                settled
+                })
             })
             .count()
     };
     let deadline = tokio::time::Instant::now() + DUMP_DEADLINE;
-    while dumps(false) < asked && tokio::time::Instant::now() < deadline {
+    while dumps() < asked && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = std::fs::create_dir_all(evidence);
