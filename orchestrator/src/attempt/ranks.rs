@@ -5,14 +5,17 @@
 //!
 //! A process of the stage's tree is a rank when its environment names one (`RANK`, else
 //! `OMPI_COMM_WORLD_RANK` or `PMI_RANK`); the stage's first process is never one (its exit is
-//! seen directly). Ranks are found as the tree is sampled; a rank's exit is read from its
-//! `/proc` entry while it is a zombie (the launcher, its parent, has not collected it yet), so
-//! an exit its launcher collects between two looks is not seen here. `torchrun` names the
+//! seen directly). Ranks are found as the tree is sampled; a rank's exit comes from the
+//! kernel's process events where orchestrate may listen to them (root, or `CAP_NET_ADMIN`:
+//! [`crate::process::exits`]), else from its `/proc` entry while it is a zombie (its launcher
+//! has not collected it yet), so that an exit its launcher collects between two looks is then
+//! not seen. `torchrun` names the
 //! failed rank itself (its "Root Cause" block on stderr), which [`from_torchrun`] reads.
 //!
 //! Stages run through `srun` are outside this watch: `srun --kill-on-bad-exit` stops the
 //! other tasks at once, and each task's record names its rank and exit.
 
+use crate::process::exits::ExitLog;
 use crate::process::reaper::ExitStatus;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -64,11 +67,22 @@ impl RankWatch {
     /// those not looked at before.
     pub fn discover(&mut self, leader: i32, members: impl IntoIterator<Item = i32>) {
         for pid in members {
-            if pid == leader || !self.looked.insert(pid) {
+            if pid == leader || self.looked.contains(&pid) {
                 continue;
             }
-            if let Some(rank) = rank_of(pid) {
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            // Empty while it is being exec'd: looked at again next time.
+            if env.is_empty() {
+                continue;
+            }
+            self.looked.insert(pid);
+            if let Some(rank) = rank_of(&env) {
                 self.ranks.insert(pid, rank);
+                if let Some(log) = ExitLog::start() {
+                    log.watch(pid);
+                }
             }
         }
     }
@@ -83,7 +97,14 @@ impl RankWatch {
     pub fn look(&mut self) -> Option<RankExit> {
         let mut gone = Vec::new();
         for (&pid, &rank) in &self.ranks {
-            match zombie_status(pid) {
+            let seen = match zombie_status(pid) {
+                Seen::Gone => match ExitLog::start().and_then(|log| log.take(pid)) {
+                    Some(status) => Seen::Ended(status),
+                    None => Seen::Gone,
+                },
+                seen => seen,
+            };
+            match seen {
                 Seen::Running => {}
                 Seen::Gone => gone.push(pid),
                 Seen::Ended(status) => {
@@ -100,6 +121,7 @@ impl RankWatch {
         }
         for pid in gone {
             self.ranks.remove(&pid);
+            forget(pid);
         }
         self.failed.clone()
     }
@@ -110,9 +132,23 @@ impl RankWatch {
     }
 }
 
-/// A process's rank, from its environment.
-fn rank_of(pid: i32) -> Option<u32> {
-    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+impl Drop for RankWatch {
+    fn drop(&mut self) {
+        for &pid in self.ranks.keys() {
+            forget(pid);
+        }
+    }
+}
+
+/// Stops keeping `pid`'s exit.
+fn forget(pid: i32) {
+    if let Some(log) = ExitLog::start() {
+        log.forget(pid);
+    }
+}
+
+/// A process's rank, from its environment (`/proc/PID/environ`).
+fn rank_of(env: &[u8]) -> Option<u32> {
     let mut found = None;
     for entry in env.split(|b| *b == 0) {
         for (name, weight) in [
@@ -212,7 +248,10 @@ mod tests {
             .unwrap();
         let pid = child.id() as i32;
         let mut watch = RankWatch::default();
-        watch.discover(0, [pid]);
+        // Looked for until its environment can be read.
+        while watch.ranks.is_empty() {
+            watch.discover(0, [pid]);
+        }
         // Not collected yet: it is a zombie once it has exited.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {

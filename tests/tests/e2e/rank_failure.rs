@@ -72,6 +72,7 @@ env = {{ MARKER = "{marker}" }}
     );
     let run = run_plan_with(orchestrate_with(&python), &s, &plan, &[]);
     assert_eq!(run.code, Some(1), "{}", run.stderr);
+    collecting_launcher(&s, &script, &marker, &python);
 
     // Its own launcher leaves rank 0 in the all-reduce: orchestrate stops it after the grace.
     let own = run.stage("own");
@@ -99,6 +100,48 @@ env = {{ MARKER = "{marker}" }}
 
     assert!(
         processes_with_env(&format!("MARKER={marker}")).is_empty(),
-        "no process of either stage is left"
+        "no process of any stage is left"
+    );
+}
+
+/// A launcher that collects each rank as it exits (bash's `wait`), so that a rank's exit
+/// shows in `/proc` for an instant only: seen through the kernel's process events, which
+/// orchestrate may listen to as root (not run otherwise).
+fn collecting_launcher(
+    s: &Scratch,
+    script: &std::path::Path,
+    marker: &str,
+    python: &std::path::Path,
+) {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("not root: the rank-failure case under bash's `wait` is not run");
+        return;
+    }
+    let plan = s.write(
+        "bash.toml",
+        &format!(
+            r#"
+[run]
+rank_grace = "3s"
+
+[[stage]]
+name = "bash"
+command = ["bash", "-c", "export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1; RANK=0 python3 {script} & RANK=1 python3 {script} & wait"]
+timeout = "10m"
+env = {{ MARKER = "{marker}" }}
+"#,
+            script = script.display()
+        ),
+    );
+    let sub = Scratch::new("rank-failure-bash");
+    let run = run_plan_with(orchestrate_with(python), &sub, &plan, &[]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let bash = run.stage("bash");
+    assert_eq!(bash["failure"], "rank_failed", "{bash}");
+    let error = bash["error"].as_str().unwrap();
+    assert!(
+        error.contains("rank 1 exited with code 1")
+            && error.contains("still ran after the rank_grace of 3s and were stopped"),
+        "{error}"
     );
 }
