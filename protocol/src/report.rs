@@ -316,6 +316,10 @@ pub struct GpuRecord {
     /// XIDs the driver reported for the GPU while the stage ran on it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub xids: Vec<XidRecord>,
+    /// Why the GPU's error counters, read after the stage, keep it from the next stage
+    /// (pending row remaps, uncorrectable ECC errors), when they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
 }
 
 /// An XID (a GPU error the driver reports through NVML) that hit a stage's GPU.

@@ -1,6 +1,7 @@
 //! GPU faults in a stage's verdict: the XIDs the driver reported for its GPUs while it ran
 //! ([`crate::gpu::health`]), each with NVIDIA's meaning and recovery action, said on the
-//! console. A GPU hit by an XID whose recovery needs a reset or a reboot is quarantined by the
+//! console, and its error counters read again after it (a GPU they refuse is named in the
+//! verdict; the health gate keeps it from the next stage). A GPU hit by an XID whose recovery needs a reset or a reboot is quarantined by the
 //! run (no later stage is placed on it), and inside a Slurm allocation this node is drained
 //! with the reason.
 
@@ -25,7 +26,8 @@ pub struct Window {
 const LATE_XID: Duration = Duration::from_millis(1500);
 
 /// Adds to `records` (the attempt's GPU verdicts) the XIDs reported for its GPUs since it
-/// was spawned, waiting up to [`LATE_XID`] after a failed attempt's exit for late ones.
+/// was spawned, waiting up to [`LATE_XID`] after a failed attempt's exit for late ones, and
+/// what their error counters say now, when they refuse the GPU (the health gate's reasons).
 pub async fn attach(
     plan: &AttemptPlan,
     probe: &dyn MemoryProbe,
@@ -58,6 +60,15 @@ pub async fn attach(
             }
             services.events.warn(&line);
             record.xids.push(x);
+        }
+        record.unhealthy = probe
+            .counters(&record.uuid)
+            .and_then(|c| crate::gpu::health::refusal(&c));
+        if let Some(why) = &record.unhealthy {
+            services.events.warn(&format!(
+                "{}: GPU {} after the stage: {why}; no stage gets it until a reset clears them",
+                plan.name, record.uuid
+            ));
         }
     }
     if let (Some(reason), Some(allocation)) = (drain.first(), crate::slurm::Allocation::detect()) {

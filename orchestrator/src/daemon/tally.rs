@@ -103,6 +103,7 @@ mod tests {
                     note: None,
                     at_release: false,
                     xids: Vec::new(),
+                    unhealthy: None,
                 }],
             },
         }

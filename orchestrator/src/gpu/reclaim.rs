@@ -56,6 +56,7 @@ impl ReclaimVerdict {
             note: self.note.clone(),
             at_release: false,
             xids: Vec::new(),
+            unhealthy: None,
         }
     }
 }

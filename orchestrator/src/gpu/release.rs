@@ -71,6 +71,7 @@ pub async fn check_release(
         records.push(GpuRecord {
             at_release: true,
             xids: Vec::new(),
+            unhealthy: None,
             ..v.record(*peak)
         });
     }

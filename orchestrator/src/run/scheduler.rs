@@ -1303,6 +1303,7 @@ mod tests {
             note: None,
             at_release: false,
             xids: Vec::new(),
+            unhealthy: None,
         });
         r
     }

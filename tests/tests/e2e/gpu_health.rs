@@ -242,3 +242,37 @@ fn a_retry_after_an_xid_that_needs_no_reset_avoids_the_gpu_it_ran_on() {
     assert_eq!(gpu_of(&run, "fault"), "GPU-fake-1");
     assert!(!run.stderr.contains("quarantined"), "{}", run.stderr);
 }
+
+#[test]
+fn counters_that_turn_bad_during_a_stage_are_in_its_verdict_and_the_next_stage_goes_elsewhere() {
+    let s = Scratch::new("health-after");
+    let dir = s.path().join("gpus");
+    // The stage's run leaves two row remaps pending on its GPU.
+    let remap = format!(
+        "echo 'pending_remaps 2' > {}/$ORCHESTRATE_GPU_UUIDS.health;",
+        dir.display()
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "{}{}",
+            stage("remapped", "", &remap),
+            stage("next", "after = [\"remapped\"]", "")
+        ),
+    );
+    let run = run_on_fake_gpus(&s, &plan, 2, &dir);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(gpu_of(&run, "remapped"), "GPU-fake-0");
+    let gpu = &run.stage("remapped")["gpu"][0];
+    assert_eq!(
+        gpu["unhealthy"], "2 row remap(s) pending a GPU reset",
+        "{gpu}"
+    );
+    assert!(
+        run.stderr
+            .contains("remapped: GPU GPU-fake-0 after the stage: 2 row remap(s) pending"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(gpu_of(&run, "next"), "GPU-fake-1");
+}
