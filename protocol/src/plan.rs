@@ -67,6 +67,14 @@ pub struct RunSettings {
     /// and only for stages that have reported progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall_timeout: Option<StallTimeout>,
+    /// After a rank of a multi-process stage exits non-zero, how long its peers may go on
+    /// before they are stopped (default "30s").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_grace: Option<HumanDuration>,
+    /// The failures that are retried (up to a stage's `retries`); default: every failure but
+    /// bad input, a program that cannot start, missing outputs and `oom_killed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<Vec<RetryCause>>,
     /// Experiment tracking: "mlflow" logs the run, and each stage as a nested run, to an MLflow
     /// server when the run ends (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +121,8 @@ impl Default for RunSettings {
             cuda_visible_devices: VisibleDevices::default(),
             preload: Preload::default(),
             stall_timeout: None,
+            rank_grace: None,
+            retry_on: None,
             tracking: None,
             tracking_uri: None,
             experiment: None,
@@ -188,6 +198,13 @@ pub struct Stage {
     /// stall_timeout`; see `docs/plan-format.md`, "Hangs").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall_timeout: Option<StallTimeout>,
+    /// After one of its ranks exits non-zero, how long the others may go on before they are
+    /// stopped (default: `[run] rank_grace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_grace: Option<HumanDuration>,
+    /// The failures that are retried (default: `[run] retry_on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<Vec<RetryCause>>,
     /// How many more attempts after a failed one (default 0).
     #[serde(default)]
     pub retries: u32,
@@ -429,5 +446,67 @@ mod tests {
         assert_eq!(plan.stages[1].gpus_wanted(), 0);
         assert_eq!(plan.run.grace.get(), Duration::from_secs(10));
         assert_eq!(plan.run.on_leak, OnLeak::Fail);
+    }
+}
+
+/// A cause of failure worth another attempt (`retry_on`): a failure class (`"hung"`,
+/// `"timeout"`, `"exit_code"`, …), `"xid"` (a GPU fault hit the attempt's GPUs), `"lost"`
+/// (its Slurm node was lost under it) or `"exit:N"` (exit code N, or death by signal N-128).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryCause {
+    /// A failure of this class.
+    Class(crate::status::FailureClass),
+    /// An XID reported for one of the attempt's GPUs.
+    Xid,
+    /// The attempt was lost with its Slurm node (a placed stage).
+    Lost,
+    /// This exit code (a signal's number plus 128 matches death by that signal).
+    Exit(i32),
+}
+
+impl std::str::FromStr for RetryCause {
+    type Err = String;
+    fn from_str(s: &str) -> Result<RetryCause, String> {
+        match s {
+            "xid" => return Ok(RetryCause::Xid),
+            "lost" => return Ok(RetryCause::Lost),
+            _ => {}
+        }
+        if let Some(code) = s.strip_prefix("exit:") {
+            return code
+                .parse()
+                .map(RetryCause::Exit)
+                .map_err(|_| format!("`{s}`: exit:N takes an exit code, such as exit:137"));
+        }
+        s.parse().map(RetryCause::Class).map_err(|_| {
+            format!("`{s}` is not a cause to retry on: a failure class (hung, timeout, exit_code, signal, rank_failed, cuda_oom, …), xid, lost or exit:N")
+        })
+    }
+}
+
+impl Serialize for RetryCause {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RetryCause::Class(c) => s.serialize_str(c.as_str()),
+            RetryCause::Xid => s.serialize_str("xid"),
+            RetryCause::Lost => s.serialize_str("lost"),
+            RetryCause::Exit(code) => s.serialize_str(&format!("exit:{code}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RetryCause {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RetryCause, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl JsonSchema for RetryCause {
+    fn schema_name() -> String {
+        "RetryCause".into()
+    }
+    fn json_schema(generator: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        String::json_schema(generator)
     }
 }

@@ -314,6 +314,28 @@ pub struct GpuRecord {
     /// its processes exited; `reclaim_ms` then counts from that event.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub at_release: bool,
+    /// XIDs the driver reported for the GPU while the stage ran on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xids: Vec<XidRecord>,
+    /// Why the GPU's error counters, read after the stage, keep it from the next stage
+    /// (pending row remaps, uncorrectable ECC errors), when they do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
+}
+
+/// An XID (a GPU error the driver reports through NVML) that hit a stage's GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct XidRecord {
+    /// The XID number.
+    pub xid: u64,
+    /// What NVIDIA says it means.
+    pub meaning: String,
+    /// NVIDIA's recovery action.
+    pub action: String,
+    /// Its recovery needs a GPU reset or a reboot: the GPU was quarantined.
+    pub needs_reset: bool,
+    /// When it was seen, Unix seconds.
+    pub at: f64,
 }
 
 /// Whether a GPU's memory came back after a stage (serialised as `"clean"`, `"leaked"` or

@@ -159,6 +159,9 @@ words! {
         Timeout = "timeout",
         /// It made no progress for its `stall_timeout` and was stopped.
         Hung = "hung",
+        /// One of its ranks (a process of a multi-process stage) exited non-zero; the others
+        /// were stopped after the stage's `rank_grace`.
+        RankFailed = "rank_failed",
         /// CUDA ran out of memory.
         CudaOom = "cuda_oom",
         /// The kernel's OOM killer ended a process of its cgroup (host memory past `memory`).

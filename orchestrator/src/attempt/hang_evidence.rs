@@ -6,6 +6,8 @@
 //!   cooperation from the stage), where py-spy is installed (`$ORCHESTRATE_PY_SPY`, on `PATH`,
 //!   or beside the stage's Python);
 //! - `gpus.txt`: the stage's GPUs' memory and the processes holding it.
+//! - `nccl-trace-rank-<RANK>`: each NCCL rank's flight recorder, where the stage uses NCCL
+//!   (`crate::attempt::flight_recorder`, asked for before this is collected).
 //!
 //! The top frame of each process's main thread is also returned, for the console and the report.
 

@@ -88,6 +88,9 @@ pub struct AttemptPlan {
     pub stall: crate::attempt::stall::StallRule,
     /// SIGTERM → SIGKILL grace.
     pub grace: Duration,
+    /// How long the other ranks may go on after one exits non-zero
+    /// ([`crate::attempt::ranks`]).
+    pub rank_grace: Duration,
     /// Event socket path.
     pub socket: PathBuf,
     /// Graceful stops (timeout, cancel) send SIGTERM to the first process only, which passes

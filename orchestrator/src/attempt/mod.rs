@@ -7,6 +7,8 @@
 pub mod channel;
 pub(crate) mod contract;
 pub(crate) mod echo;
+pub(crate) mod flight_recorder;
+pub(crate) mod gpu_faults;
 pub(crate) mod handover;
 pub(crate) mod hang_evidence;
 pub mod launch;
@@ -14,6 +16,7 @@ pub mod outcome;
 pub(crate) mod outputs;
 pub(crate) mod prepare;
 pub(crate) mod preparer;
+pub mod ranks;
 pub(crate) mod rendezvous;
 pub mod stall;
 pub(crate) mod supervise;

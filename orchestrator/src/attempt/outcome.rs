@@ -22,6 +22,14 @@ pub enum Failure {
     Timeout(Duration),
     /// It made no progress for its stall window and was stopped: what it was doing.
     Hung(String),
+    /// One of its ranks ended badly (which, and how); the rest of the stage was stopped after
+    /// its `rank_grace`, or ended on its own (`then`: how the first process ended).
+    RankFailed {
+        /// The rank and its exit.
+        rank: crate::attempt::ranks::RankExit,
+        /// What came of the rest of the stage.
+        then: String,
+    },
     /// The device ran out of memory.
     CudaOutOfMemory(String),
     /// The kernel's OOM killer ended processes of the stage's cgroup: it reached its `memory`.
@@ -55,6 +63,7 @@ impl Failure {
             Failure::KilledExternally => "killed by SIGKILL that orchestrate did not send (most likely the kernel's out-of-memory killer: check `dmesg`)".into(),
             Failure::Timeout(d) => format!("timed out after {}", protocol::duration::HumanDuration(*d)),
             Failure::Hung(what) => format!("hung: {what}"),
+            Failure::RankFailed { rank, then } => format!("{}; {then}", rank.describe()),
             Failure::CudaOutOfMemory(msg) => format!("CUDA out of memory: {msg}"),
             Failure::OomKilled { kills, peak, limit } => {
                 let size = |b: &Option<u64>| b.map_or("unknown".to_string(), |b| protocol::bytesize::ByteSize(b).to_string());
@@ -78,6 +87,7 @@ impl Failure {
             Failure::KilledExternally => C::KilledExternally,
             Failure::Timeout(_) => C::Timeout,
             Failure::Hung(_) => C::Hung,
+            Failure::RankFailed { .. } => C::RankFailed,
             Failure::CudaOutOfMemory(_) => C::CudaOom,
             Failure::OomKilled { .. } => C::OomKilled,
             Failure::Reported(..) => C::Reported,
@@ -98,6 +108,36 @@ impl Failure {
                 other,
                 Failure::SpawnFailed(_) | Failure::BadInput(_) | Failure::MissingOutputs(_)
             ),
+        }
+    }
+}
+
+impl Failure {
+    /// Whether `cause` (a `retry_on` entry) names this failure; `xid`: an XID hit one of the
+    /// attempt's GPUs; `lost`: the attempt was lost with its Slurm node.
+    pub fn matches(&self, cause: &protocol::plan::RetryCause, xid: bool, lost: bool) -> bool {
+        use protocol::plan::RetryCause as R;
+        match cause {
+            R::Class(class) => self.class() == *class,
+            R::Xid => xid,
+            R::Lost => lost,
+            R::Exit(code) => match self {
+                Failure::Exit(c) | Failure::Reported(c, _) => c == code,
+                Failure::Signal(_) | Failure::KilledExternally => {
+                    self.signal_number().is_some_and(|sig| sig + 128 == *code)
+                }
+                _ => false,
+            },
+        }
+    }
+
+    fn signal_number(&self) -> Option<i32> {
+        match self {
+            Failure::KilledExternally => Some(libc::SIGKILL),
+            Failure::Signal(name) => {
+                (1..32).find(|&s| crate::process::tree::signal_name(s) == *name)
+            }
+            _ => None,
         }
     }
 }
@@ -143,6 +183,10 @@ pub struct AttemptResult {
     /// It was started early, ahead of an upstream stage still persisting its outputs (the
     /// run loop, which started it, says so).
     pub started_early: bool,
+    /// The highest step it reported (progress events), if it reported any.
+    pub last_step: Option<u64>,
+    /// The Slurm node it was lost with (a placed step; the run loop says so).
+    pub lost_on: Option<String>,
 }
 
 impl AttemptResult {
@@ -162,6 +206,8 @@ impl AttemptResult {
             host: None,
             start: None,
             started_early: false,
+            last_step: None,
+            lost_on: None,
         }
     }
 }

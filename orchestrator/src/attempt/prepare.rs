@@ -340,6 +340,11 @@ pub(crate) fn prepare_attempt(
             env.extend(crate::gpu::visible::share_env(bytes.0, gpu));
         }
     }
+    if stage.command.is_some() && !gpus.is_empty() {
+        env.extend(crate::attempt::flight_recorder::stage_env(
+            &stage_dir, attempt, &stage.env,
+        ));
+    }
     let argv = match (&stage.command, worker) {
         (Some(command), _) => command
             .iter()
@@ -372,6 +377,10 @@ pub(crate) fn prepare_attempt(
             plan.plan.run.stall_timeout,
         ),
         grace: plan.plan.run.grace.get(),
+        rank_grace: stage
+            .rank_grace
+            .or(plan.plan.run.rank_grace)
+            .map_or(crate::attempt::ranks::DEFAULT_GRACE, |g| g.get()),
         socket,
         graceful_to_leader: false,
         preload: match &stage.command {

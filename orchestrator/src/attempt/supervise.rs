@@ -68,6 +68,9 @@ enum StopWhy {
     TimedOutThenCancelled,
     /// It made no progress for its stall window ([`Watch::hung`] says what it was doing).
     Hung,
+    /// One of its ranks exited non-zero and the others were still running after the
+    /// `rank_grace`.
+    RankFailed,
 }
 
 /// How far the stopping of an attempt went.
@@ -132,6 +135,10 @@ struct Watch {
     hung: Option<String>,
     /// A stage sharing its GPU (`gpu_memory`): what its own processes held there.
     shares: Vec<crate::gpu::shared::ShareWatch>,
+    /// Its ranks, and whether one of them failed.
+    ranks: crate::attempt::ranks::RankWatch,
+    /// When the rest of the stage is stopped, after a rank failed.
+    rank_stop_at: Option<tokio::time::Instant>,
 }
 
 /// What came of a stage's `released` events.
@@ -193,6 +200,8 @@ pub async fn supervise(
         stall: crate::attempt::stall::StallWatch::new(plan.stall, std::time::Instant::now()),
         hung: None,
         shares: share_watches(plan, &baselines),
+        ranks: Default::default(),
+        rank_stop_at: None,
     };
     let reaped = watch(
         plan,
@@ -230,7 +239,12 @@ pub async fn supervise(
             .absorb(item, &plan.name, events, child.started);
     }
     drop(channel);
-    let gpu = gpu_verdicts(plan, &baselines, &watched, services).await;
+    let window = crate::attempt::gpu_faults::Window {
+        spawned: spawned_unix,
+        exited: exited_unix,
+        failed: !clean,
+    };
+    let gpu = gpu_verdicts(plan, &baselines, &watched, window, services).await;
     let verified_unix = crate::timefmt::unix_secs_f64();
     // With --follow, the log files are complete once the copiers have seen end of file, which
     // they do now that no process of the stage holds the pipes.
@@ -313,6 +327,9 @@ async fn watch(
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let stall_period = plan.stall.period();
     let mut stall_tick = tokio::time::interval(stall_period.unwrap_or(Duration::from_secs(3600)));
+    let mut rank_tick = tokio::time::interval(crate::attempt::ranks::LOOK_PERIOD);
+    rank_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut samples = 0u32;
     loop {
         let kill_at = match w.stop {
             StopState::Terminating { kill_at, .. } => Some(kill_at),
@@ -326,7 +343,27 @@ async fn watch(
             // timer of its own: a sweep's short stages never scan `/proc` for it.
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
                 w.tree_rss_peak = w.tree_rss_peak.max(child.resident_bytes());
+                samples += 1;
+                // Ranks are looked for once a second (a launcher starts them once).
+                if running && samples % 4 == 1 {
+                    w.ranks.discover(child.pid, child.members().into_iter().map(|p| p.pid));
+                }
             },
+            _ = rank_tick.tick(), if running && w.ranks.watching() => {
+                if let Some(failed) = w.ranks.look() {
+                    let grace = protocol::duration::HumanDuration(plan.rank_grace);
+                    events.warn(&format!(
+                        "{}: {}; the other ranks are stopped if they still run in {grace}",
+                        plan.name,
+                        failed.describe()
+                    ));
+                    w.rank_stop_at = Some(tokio::time::Instant::now() + plan.rank_grace);
+                }
+            }
+            _ = tokio::time::sleep_until(w.rank_stop_at.unwrap_or(far)), if running && w.rank_stop_at.is_some() => {
+                events.warn(&format!("{}: stopping the other ranks", plan.name));
+                w.stop = terminate(plan, child, StopWhy::RankFailed);
+            }
             item = channel.next() => {
                 if let ChannelItem::Event(event) = &item {
                     w.stall.event(event, std::time::Instant::now());
@@ -434,6 +471,13 @@ async fn stop_hung(
         .as_ref()
         .filter(|_| !gpus.is_empty())
         .map(|probe| crate::attempt::hang_evidence::gpu_state(&gpus, probe.as_ref()));
+    // The NCCL ranks dump their flight recorders first, while nothing pauses them.
+    let (asked, dumped) = crate::attempt::flight_recorder::request_dumps(
+        &plan.stage_dir,
+        plan.attempt,
+        &plan.stage_dir.join(format!("hung-{}", plan.attempt)),
+    )
+    .await;
     let evidence = crate::attempt::hang_evidence::collect(
         &services.reaper,
         &plan.stage_dir,
@@ -455,6 +499,11 @@ async fn stop_hung(
     );
     if let Some(why) = &evidence.no_stacks {
         what.push_str(&format!(" (no stacks: {why})"));
+    }
+    if asked > 0 {
+        what.push_str(&format!(
+            "; NCCL flight recorder: {dumped} of {asked} rank(s) dumped"
+        ));
     }
     if let Some(top) = evidence.frames.first() {
         what.push_str(&format!("; {top}"));
@@ -615,13 +664,14 @@ async fn gpu_verdicts(
     plan: &AttemptPlan,
     baselines: &[GpuBaseline],
     watched: &Watch,
+    window: crate::attempt::gpu_faults::Window,
     services: &Services,
 ) -> Vec<GpuRecord> {
     let Some(probe) = &services.probe else {
         return Vec::new();
     };
     let release = &watched.release;
-    let records = match &release.held {
+    let mut records = match &release.held {
         None if !watched.shares.is_empty() => {
             let mut records = Vec::new();
             for share in &watched.shares {
@@ -656,6 +706,7 @@ async fn gpu_verdicts(
             records
         }
     };
+    crate::attempt::gpu_faults::attach(plan, probe.as_ref(), &mut records, window, services).await;
     for record in records.iter().filter(|r| r.verdict != GpuVerdict::Clean) {
         services.events.report(RunEventKind::GpuNotReclaimed {
             stage: plan.name.clone(),
@@ -777,9 +828,11 @@ async fn conclude(
         false => read_tail(&stderr_path, ended.stderr_offset),
     };
     let stop = watched.stop;
-    let mut outcome = match watched.hung.take() {
-        Some(what) => Outcome::Failed(Failure::Hung(what)),
-        None => classify(
+    let rank_failed = rank_failure(plan, &watched, ended.exit, &stderr_tail);
+    let mut outcome = match (watched.hung.take(), rank_failed) {
+        (Some(what), _) => Outcome::Failed(Failure::Hung(what)),
+        (None, Some(failure)) => Outcome::Failed(failure),
+        (None, None) => classify(
             plan,
             ended.exit,
             &watched.events,
@@ -806,6 +859,7 @@ async fn conclude(
         stderr_tail = read_tail(&stderr_path, ended.stderr_offset);
     }
     let violations = watched.events.violations_listed();
+    let last_step = watched.stall.last_step();
     AttemptResult {
         outcome,
         exit: ended.exit,
@@ -820,7 +874,41 @@ async fn conclude(
         timing: Some(ended.timing),
         start: ended.start,
         started_early: false,
+        last_step,
+        lost_on: None,
     }
+}
+
+/// A failed rank, when the attempt failed (did not exit 0) for no reason of orchestrate's
+/// (a timeout, a cancel): the rank seen ending badly, else the one `torchrun` names on
+/// stderr; with what came of the rest of the stage.
+fn rank_failure(
+    plan: &AttemptPlan,
+    watched: &Watch,
+    exit: Option<ExitStatus>,
+    stderr_tail: &str,
+) -> Option<Failure> {
+    let stop = watched.stop;
+    if exit == Some(ExitStatus::Code(0)) || stop.timed_out() || stop.cancelled() {
+        return None;
+    }
+    let rank = watched
+        .ranks
+        .failed()
+        .cloned()
+        .or_else(|| crate::attempt::ranks::from_torchrun(stderr_tail))?;
+    let then = match (stop.why(), exit) {
+        (Some(StopWhy::RankFailed), _) => format!(
+            "the other ranks still ran after the rank_grace of {} and were stopped",
+            protocol::duration::HumanDuration(plan.rank_grace)
+        ),
+        (_, Some(ExitStatus::Code(code))) => format!("the stage exited with code {code}"),
+        (_, Some(ExitStatus::Signal(sig))) => {
+            format!("the stage was killed by {}", tree::signal_name(sig))
+        }
+        (_, None) => "the stage's exit status was lost".into(),
+    };
+    Some(Failure::RankFailed { rank, then })
 }
 
 /// Protocol violations of one attempt listed one by one; the rest are counted.

@@ -102,6 +102,8 @@ mod tests {
                     holders: Vec::new(),
                     note: None,
                     at_release: false,
+                    xids: Vec::new(),
+                    unhealthy: None,
                 }],
             },
         }

@@ -7,6 +7,11 @@
 //! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>.d/` (one per process, so that stages sharing a GPU
 //! need not write one file together); its used memory is the sum of the lines' bytes.
 //! Its utilisation (percent) is the number in `GPU-fake-<i>.util` there, if that file exists.
+//!
+//! Health, for tests of XIDs and the health gate: each line `XID` appended to
+//! `$ORCHESTRATE_FAKE_GPU_DIR/GPU-fake-<i>.xid` is an XID the driver reports for that GPU, seen
+//! when the probe first reads it; `GPU-fake-<i>.health` holds the error counters as lines
+//! `uncorrectable_ecc N`, `pending_remaps N`, `retired_pages N`.
 //! Not for production: stages placed on fake GPUs get indices 0..N in `CUDA_VISIBLE_DEVICES`,
 //! which on a machine with real GPUs name real ones that nothing verifies.
 
@@ -31,12 +36,20 @@ pub fn from_env() -> Option<(Vec<GpuInfo>, FakeProbe)> {
         })
         .collect();
     let dir = std::env::var_os(FAKE_GPU_DIR_VAR).map(PathBuf::from);
-    Some((gpus, FakeProbe { dir }))
+    Some((
+        gpus,
+        FakeProbe {
+            dir,
+            xids: Default::default(),
+        },
+    ))
 }
 
 /// Reads holder files.
 pub struct FakeProbe {
     dir: Option<PathBuf>,
+    /// Per GPU, the XIDs read so far and when each was first read.
+    xids: std::sync::Mutex<std::collections::HashMap<String, Vec<(f64, u64)>>>,
 }
 
 impl MemoryProbe for FakeProbe {
@@ -72,5 +85,43 @@ impl MemoryProbe for FakeProbe {
                 Some(Holder { pid, name, bytes })
             })
             .collect()
+    }
+
+    fn xids_since(&self, uuid: &str, since: f64) -> Vec<(f64, u64)> {
+        let Some(dir) = &self.dir else {
+            return Vec::new();
+        };
+        let text = std::fs::read_to_string(dir.join(format!("{uuid}.xid"))).unwrap_or_default();
+        let listed: Vec<u64> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        let mut seen = self.xids.lock().unwrap_or_else(|e| e.into_inner());
+        let known = seen.entry(uuid.to_string()).or_default();
+        let now = crate::timefmt::unix_secs_f64();
+        for &xid in &listed[known.len().min(listed.len())..] {
+            known.push((now, xid));
+        }
+        known
+            .iter()
+            .filter(|(at, _)| *at >= since)
+            .copied()
+            .collect()
+    }
+
+    fn counters(&self, uuid: &str) -> Option<super::health::Counters> {
+        let dir = self.dir.as_ref()?;
+        let text = std::fs::read_to_string(dir.join(format!("{uuid}.health"))).ok()?;
+        let mut c = super::health::Counters::default();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(name), Some(Ok(n))) = (parts.next(), parts.next().map(str::parse)) else {
+                continue;
+            };
+            match name {
+                "uncorrectable_ecc" => c.uncorrectable_ecc = Some(n),
+                "pending_remaps" => c.pending_remaps = Some(n),
+                "retired_pages" => c.retired_pages = Some(n),
+                _ => {}
+            }
+        }
+        Some(c)
     }
 }

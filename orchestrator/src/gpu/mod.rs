@@ -9,7 +9,9 @@
 pub(crate) mod attribution;
 pub mod check;
 pub(crate) mod fake;
+pub mod health;
 mod nvml;
+mod nvml_health;
 mod pool;
 mod reclaim;
 pub(crate) mod release;
@@ -84,6 +86,18 @@ pub trait MemoryProbe {
     /// The GPU's utilisation over the driver's last sample period, in percent, when the probe
     /// can read it (for the web view's machine panel; no verdict depends on it).
     fn utilization(&self, _uuid: &str) -> Option<u32> {
+        None
+    }
+    /// The XIDs the driver reported for the GPU at or after `since` (Unix seconds), each with
+    /// when it was seen. Empty where XIDs cannot be read.
+    fn xids_since(&self, uuid: &str, since: f64) -> Vec<(f64, u64)> {
+        let _ = (uuid, since);
+        Vec::new()
+    }
+    /// The GPU's error counters, for the health gate ([`health::refusal`]); `None` where they
+    /// cannot be read.
+    fn counters(&self, uuid: &str) -> Option<health::Counters> {
+        let _ = uuid;
         None
     }
 }

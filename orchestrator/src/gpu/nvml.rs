@@ -48,6 +48,8 @@ pub const NO_DRIVER_NOTE: &str =
 pub struct NvmlProbe {
     nvml: Nvml,
     index_by_uuid: HashMap<String, u32>,
+    /// The XIDs the process's listener has seen.
+    xids: super::nvml_health::XidLog,
 }
 
 /// Loads NVML and lists the GPUs. Never fails: absence is an [`Inventory::Unavailable`].
@@ -91,6 +93,7 @@ pub fn discover() -> Inventory {
         probe: Box::new(NvmlProbe {
             nvml,
             index_by_uuid,
+            xids: super::nvml_health::xid_log(),
         }),
         driver,
         order,
@@ -135,5 +138,15 @@ impl MemoryProbe for NvmlProbe {
                 },
             })
             .collect()
+    }
+
+    fn xids_since(&self, uuid: &str, since: f64) -> Vec<(f64, u64)> {
+        super::nvml_health::since(&self.xids, uuid, since)
+    }
+
+    fn counters(&self, uuid: &str) -> Option<super::health::Counters> {
+        let index = self.index_by_uuid.get(uuid)?;
+        let device = self.nvml.device_by_index(*index).ok()?;
+        Some(super::nvml_health::counters(&device))
     }
 }

@@ -55,6 +55,8 @@ impl ReclaimVerdict {
             holders: self.holders.iter().map(|h| h.to_string()).collect(),
             note: self.note.clone(),
             at_release: false,
+            xids: Vec::new(),
+            unhealthy: None,
         }
     }
 }

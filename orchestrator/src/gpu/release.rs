@@ -70,6 +70,8 @@ pub async fn check_release(
         // Clean (checked above), and taken at the release.
         records.push(GpuRecord {
             at_release: true,
+            xids: Vec::new(),
+            unhealthy: None,
             ..v.record(*peak)
         });
     }

@@ -156,6 +156,8 @@ pub async fn await_shared(
         },
         note: (!notes.is_empty()).then(|| notes.join("; ")),
         at_release: false,
+        xids: Vec::new(),
+        unhealthy: None,
     }
 }
 

@@ -165,6 +165,20 @@ pub(crate) enum GpuBusy {
         /// NVML index.
         index: u32,
     },
+    /// Its error counters say it needs a reset ([`gpu::health::refusal`]).
+    #[error("GPU {index} refused by the health gate: {why}")]
+    Unhealthy {
+        /// NVML index.
+        index: u32,
+        /// Which counters.
+        why: String,
+    },
+    /// An XID hit it in the stage's last attempt: its retry goes elsewhere.
+    #[error("GPU {index} hit by an XID in this stage's last attempt")]
+    Avoided {
+        /// NVML index.
+        index: u32,
+    },
     /// No GPU is busy, there are just too few.
     #[error("not enough free GPUs")]
     NotEnough,
@@ -178,6 +192,8 @@ pub const GPU_WAIT_KINDS: &[&str] = &[
     "busy",
     "reserved",
     "quarantined",
+    "unhealthy",
+    "avoided",
     "not_enough",
 ];
 
@@ -191,6 +207,8 @@ impl GpuBusy {
             GpuBusy::Ours { .. } | GpuBusy::Shared { .. } => "busy",
             GpuBusy::Reserved { .. } => "reserved",
             GpuBusy::Quarantined { .. } => "quarantined",
+            GpuBusy::Unhealthy { .. } => "unhealthy",
+            GpuBusy::Avoided { .. } => "avoided",
             GpuBusy::NotEnough => "not_enough",
         }
     }
@@ -347,11 +365,13 @@ impl Host {
     }
 
     /// Takes `n` GPUs for `owner` of the run holding `ticket`, each clean (no process on it,
-    /// memory within `tolerance` of its idle baseline), or says why the stage must wait. The
-    /// queue's rule ([`gpu_queue`]): a stage that fits the free GPUs starts whatever waits
-    /// before it, unless those GPUs are reserved for a stage before it in the queue.
-    /// With `share` (bytes declared by `gpu_memory`), `n` is 1 and the stage gets a share of a
-    /// GPU that is free or shared by stages whose declarations leave room for it.
+    /// memory within `tolerance` of its idle baseline), passing the health gate (its error
+    /// counters, `gpu::health::refusal`) and not in `avoid` (the GPUs an XID hit in the stage's
+    /// last attempt), or says why the stage must wait. The queue's rule ([`gpu_queue`]): a
+    /// stage that fits the free GPUs starts whatever waits before it, unless those GPUs are
+    /// reserved for a stage before it in the queue. With `share` (bytes declared by
+    /// `gpu_memory`), `n` is 1 and the stage gets a share of a GPU that is free or shared by
+    /// stages whose declarations leave room for it.
     pub(crate) fn take_gpus(
         &self,
         n: usize,
@@ -359,9 +379,16 @@ impl Host {
         ticket: Ticket,
         owner: &str,
         tolerance: u64,
+        avoid: &[String],
     ) -> Result<Vec<GpuInfo>, GpuWait> {
         let now = std::time::Instant::now();
-        let states = self.gpu_states(tolerance);
+        let mut states = self.gpu_states(tolerance);
+        // The GPUs an XID hit in this stage's last attempt are not for it, whatever they show.
+        for (g, (index, state)) in self.inventory.gpus.iter().zip(states.iter_mut()) {
+            if avoid.contains(&g.uuid) {
+                *state = gpu_queue::GpuState::Held(GpuBusy::Avoided { index: *index });
+            }
+        }
         let mut queue = self.queue.borrow_mut();
         // A waiter that stopped asking (its stage was cancelled, its run ended) leaves.
         queue
@@ -451,6 +478,15 @@ impl Host {
                 return GpuState::Held(GpuBusy::Held {
                     index: g.index,
                     holders: holders.into_iter().take(3).collect(),
+                });
+            }
+            if let Some(why) = probe
+                .counters(&g.uuid)
+                .and_then(|c| gpu::health::refusal(&c))
+            {
+                return GpuState::Held(GpuBusy::Unhealthy {
+                    index: g.index,
+                    why,
                 });
             }
             let Ok(used) = probe.used_bytes(&g.uuid) else {

@@ -4,7 +4,7 @@
 //! table from the plan, defaults applied) followed by its upstream stages' fingerprints. So
 //! editing a stage changes its fingerprint and that of everything downstream of it, and
 //! nothing else: like a build system. Settings that govern how a stage is run but not what it
-//! computes (`timeout`, `stall_timeout`, `retries`; `grace` is run-wide) are left out: raising a timeout does
+//! computes (`timeout`, `stall_timeout`, `rank_grace`, `retries`, `retry_on`; `grace` is run-wide) are left out: raising a timeout does
 //! not throw away finished work.
 
 use crate::plan::LoadedPlan;
@@ -33,7 +33,13 @@ fn fingerprint(plan: &LoadedPlan, i: usize, upstream: impl Fn(usize) -> Digest32
     let mut hasher = Sha256::new();
     let mut definition = serde_json::to_value(&*stage).unwrap_or_default();
     if let Some(fields) = definition.as_object_mut() {
-        for how_not_what in ["timeout", "stall_timeout", "retries"] {
+        for how_not_what in [
+            "timeout",
+            "stall_timeout",
+            "rank_grace",
+            "retries",
+            "retry_on",
+        ] {
             fields.remove(how_not_what);
         }
     }

@@ -596,6 +596,8 @@ fn skeleton(stage: &Stage) -> Stage {
         init: stage.init.clone(),
         timeout: stage.timeout,
         stall_timeout: stage.stall_timeout,
+        rank_grace: stage.rank_grace,
+        retry_on: stage.retry_on.clone(),
         retries: stage.retries,
         gpus: stage.gpus,
         env: stage.env.clone(),

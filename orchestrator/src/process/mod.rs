@@ -12,11 +12,13 @@
 //! - [`guard`]: the companion that outlives a crash;
 //! - `backoff`: polling for what is expected to happen soon;
 //! - [`discard`]: what is closed off the scheduling thread;
+//! - [`exits`]: the exit statuses of processes others reap (where the kernel tells us);
 //! - `kernel_file`: the kernel's small files in one read.
 
 pub(crate) mod backoff;
 pub mod cgroup;
 pub mod discard;
+pub mod exits;
 pub(crate) mod fork_server;
 pub mod forkers;
 pub mod guard;

@@ -168,12 +168,17 @@ impl Resources for HostResources<'_> {
     fn total_gpus(&self) -> usize {
         self.host.gpus().len()
     }
-    fn take_gpus(&mut self, stage: usize, n: usize) -> std::result::Result<Vec<GpuInfo>, String> {
+    fn take_gpus(
+        &mut self,
+        stage: usize,
+        n: usize,
+        avoid: &[String],
+    ) -> std::result::Result<Vec<GpuInfo>, String> {
         let stage = &self.plan.plan.stages[stage];
         let owner = crate::host::gpu_owner(self.run_id, &stage.name);
         let share = stage.gpu_memory.map(|b| b.0);
         self.host
-            .take_gpus(n, share, self.ticket, &owner, self.tolerance_bytes)
+            .take_gpus(n, share, self.ticket, &owner, self.tolerance_bytes, avoid)
             .map_err(|wait| wait.to_string())
     }
     fn cpu_builtins_running(&self) -> usize {
@@ -533,6 +538,14 @@ impl<'h> Driver<'h> {
             StageNews::Done(i, mut result, given, chained) => {
                 self.stoppers.remove(&i);
                 result.started_early = sched.started_early(i);
+                if matches!(result.outcome, crate::attempt::outcome::Outcome::Failed(_)) {
+                    // A placed step lost with its node (`retry_on = ["lost"]`).
+                    let dir = self
+                        .setup
+                        .run_dir
+                        .stage_dir(&self.setup.plan.plan.stages[i].name);
+                    result.lost_on = self.setup.placement.lost_on(&dir, sched.attempts(i));
+                }
                 (i, result, given, chained)
             }
         };

@@ -185,8 +185,13 @@ pub(crate) trait Resources {
     fn usable_gpus(&self) -> usize;
     /// All GPUs of the machine.
     fn total_gpus(&self) -> usize;
-    /// Takes `n` GPUs for `stage`, or says why it must wait.
-    fn take_gpus(&mut self, stage: usize, n: usize) -> Result<Vec<GpuInfo>, String>;
+    /// Takes `n` GPUs for `stage`, none of `avoid`, or says why it must wait.
+    fn take_gpus(
+        &mut self,
+        stage: usize,
+        n: usize,
+        avoid: &[String],
+    ) -> Result<Vec<GpuInfo>, String>;
     /// Built-in stages running on the CPU, this run's and other runs' of the host.
     fn cpu_builtins_running(&self) -> usize;
     /// The host's CPU cores.
@@ -250,6 +255,14 @@ pub(crate) struct Scheduler<'p> {
     voided: BTreeMap<usize, usize>,
     /// Per stage: attempts not counted against its retries (voided early attempts).
     uncharged: Vec<u32>,
+    /// Per stage: the GPUs of its last attempt that an XID hit (`retry_on = ["xid"]`; its
+    /// retry avoids them where enough other GPUs are usable).
+    xid_hit: Vec<Vec<String>>,
+    /// Per stage: its last attempt was lost with its Slurm node (`retry_on = ["lost"]`).
+    lost: Vec<bool>,
+    /// Per stage: the highest step any attempt reported, and how many attempts in a row
+    /// since did not pass it (see [`NO_PROGRESS_RESTARTS`]).
+    progress: Vec<(Option<u64>, u32)>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
     /// Why the run starts nothing more (empty while it goes on).
@@ -314,6 +327,9 @@ impl<'p> Scheduler<'p> {
             concluded: Vec::new(),
             voided: BTreeMap::new(),
             uncharged: vec![0; n],
+            xid_hit: vec![Vec::new(); n],
+            lost: vec![false; n],
+            progress: vec![(None, 0); n],
             handed: Vec::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
@@ -400,6 +416,11 @@ impl<'p> Scheduler<'p> {
     /// stopped alone, and its report says so. False once its end came.
     pub(crate) fn started_early(&self, i: usize) -> bool {
         self.early.contains(&i)
+    }
+
+    /// The number of stage `i`'s latest attempt (0 before its first).
+    pub(crate) fn attempts(&self, i: usize) -> u32 {
+        self.states[i].attempts
     }
 
     /// The running early starts whose `init` stage has now succeeded, each with that stage,
@@ -567,7 +588,7 @@ impl<'p> Scheduler<'p> {
         if want > usable {
             self.ready.remove(&(self.position[i], i));
             let message = format!(
-                "needs {want} GPU(s) but only {usable} are usable ({} quarantined after leaks)",
+                "needs {want} GPU(s) but only {usable} are usable ({} quarantined after leaks or GPU faults)",
                 resources.total_gpus() - usable
             );
             self.fail_without_attempt(i, FailureClass::NoGpu, message, actions);
@@ -576,7 +597,12 @@ impl<'p> Scheduler<'p> {
         let gpus = if want == 0 {
             Vec::new()
         } else {
-            match resources.take_gpus(i, want) {
+            // A retry after an XID runs elsewhere when enough other GPUs are usable.
+            let avoid: &[String] = match usable >= want + self.xid_hit[i].len() {
+                true => &self.xid_hit[i],
+                false => &[],
+            };
+            match resources.take_gpus(i, want, avoid) {
                 Ok(gpus) => {
                     self.waiting_why.remove(&i);
                     gpus
@@ -723,6 +749,14 @@ impl<'p> Scheduler<'p> {
                     self.slots_held -= 1;
                 }
                 self.judge_gpus(result, &mut actions);
+                self.xid_hit[stage] = result
+                    .gpu
+                    .iter()
+                    .filter(|g| !g.xids.is_empty())
+                    .map(|g| g.uuid.clone())
+                    .collect();
+                note_progress(&mut self.progress[stage], result.last_step);
+                self.lost[stage] = result.lost_on.is_some();
                 self.stop_persisting(stage);
                 if let Some(upstream) = self.voided.remove(&stage) {
                     self.void(stage, upstream, now, &mut actions);
@@ -743,12 +777,18 @@ impl<'p> Scheduler<'p> {
         actions
     }
 
-    /// Leaked GPUs under `on_leak`.
+    /// Leaked GPUs under `on_leak`; a GPU hit by an XID whose recovery needs a reset is
+    /// quarantined whatever `on_leak` says (`crate::gpu::health`).
     fn judge_gpus(&mut self, result: &AttemptResult, actions: &mut Vec<Action>) {
+        for g in &result.gpu {
+            if g.xids.iter().any(|x| x.needs_reset) {
+                actions.push(Action::Quarantine(g.uuid.clone()));
+            }
+        }
         for g in result
             .gpu
             .iter()
-            .filter(|g| g.verdict == GpuVerdict::Leaked)
+            .filter(|g| g.verdict == GpuVerdict::Leaked && !g.xids.iter().any(|x| x.needs_reset))
         {
             self.leaked_any = true;
             match self.rules.on_leak {
@@ -895,10 +935,30 @@ impl<'p> Scheduler<'p> {
             }
             Outcome::Failed(failure) => {
                 let message = failure.describe();
-                let retry = failure.retryable(self.plan.plan.stages[i].retry_oom)
-                    && charged <= self.plan.plan.stages[i].retries
+                let stage = &self.plan.plan.stages[i];
+                let retry_on = stage
+                    .retry_on
+                    .as_ref()
+                    .or(self.plan.plan.run.retry_on.as_ref());
+                let wanted = match retry_on {
+                    Some(causes) => causes
+                        .iter()
+                        .any(|c| failure.matches(c, !self.xid_hit[i].is_empty(), self.lost[i])),
+                    None => failure.retryable(stage.retry_oom),
+                };
+                let (best, stuck) = self.progress[i];
+                let stuck = stuck >= NO_PROGRESS_RESTARTS;
+                let retry = wanted
+                    && !stuck
+                    && charged <= stage.retries
                     && !self.stops.contains(&Stopping::Interrupted);
                 let retry_in = retry.then(|| retry_backoff(charged));
+                let message = match (wanted && stuck && charged <= stage.retries, best) {
+                    (true, Some(step)) => format!(
+                        "{message}; not retried: {NO_PROGRESS_RESTARTS} restarts in a row got no further than step {step}"
+                    ),
+                    _ => message,
+                };
                 out.push(finished(
                     StageStatus::Failed,
                     Some(message.clone()),
@@ -1070,6 +1130,22 @@ impl<'p> Scheduler<'p> {
     }
 }
 
+/// Restarts in a row that got no further than the best step of the stage's earlier attempts,
+/// after which a stage that reports progress is not retried any more (its retries would
+/// repeat the same failure).
+pub const NO_PROGRESS_RESTARTS: u32 = 3;
+
+/// Takes in an attempt's highest step into `(best, restarts without progress)`: a step past
+/// the best resets the count; no step, or none past it, adds one once a best is known (a stage
+/// that never reports steps is not judged).
+fn note_progress(progress: &mut (Option<u64>, u32), last_step: Option<u64>) {
+    match (last_step, progress.0) {
+        (Some(step), best) if best.is_none_or(|b| step > b) => *progress = (Some(step), 0),
+        (_, Some(_)) => progress.1 += 1,
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Every scheduling rule, without a process: plans parsed from TOML, attempts ended by
@@ -1158,7 +1234,12 @@ mod tests {
         fn total_gpus(&self) -> usize {
             self.total
         }
-        fn take_gpus(&mut self, stage: usize, n: usize) -> Result<Vec<GpuInfo>, String> {
+        fn take_gpus(
+            &mut self,
+            stage: usize,
+            n: usize,
+            _avoid: &[String],
+        ) -> Result<Vec<GpuInfo>, String> {
             if let Some(why) = &self.busy {
                 return Err(why.clone());
             }
@@ -1225,6 +1306,8 @@ mod tests {
             holders: Vec::new(),
             note: None,
             at_release: false,
+            xids: Vec::new(),
+            unhealthy: None,
         });
         r
     }
@@ -2316,5 +2399,38 @@ mod tests {
             }) => assert!(being_written.is_empty()),
             other => panic!("b did not start again: {other:?}"),
         }
+    }
+
+    #[test]
+    fn restarts_that_get_no_further_are_counted_and_progress_resets_the_count() {
+        let mut p = (None, 0);
+        note_progress(&mut p, None);
+        assert_eq!(p, (None, 0), "a stage that reports no step is not judged");
+        note_progress(&mut p, Some(100));
+        assert_eq!(p, (Some(100), 0));
+        note_progress(&mut p, Some(100));
+        note_progress(&mut p, None);
+        assert_eq!(p, (Some(100), 2));
+        note_progress(&mut p, Some(150));
+        assert_eq!(p, (Some(150), 0));
+    }
+
+    #[test]
+    fn retry_on_retries_a_lost_attempt_and_not_another_failure() {
+        let retry = |r: &AttemptResult| {
+            let p = plan("", &[("a", &[], "retries = 2\nretry_on = [\"lost\"]")]);
+            let mut s = scheduler(&p, rules(1));
+            let mut gpus = Gpus::new(0);
+            let t0 = Instant::now();
+            round(&mut s, &mut gpus, t0);
+            match end(&mut s, 0, r, t0)[0] {
+                Action::Finished { retry_in, .. } => retry_in.is_some(),
+                _ => panic!("finished"),
+            }
+        };
+        let mut lost = failed(Failure::Signal("SIGKILL".into()));
+        assert!(!retry(&lost), "a failure retry_on does not name");
+        lost.lost_on = Some("n2".into());
+        assert!(retry(&lost), "an attempt lost with its node");
     }
 }

@@ -17,6 +17,7 @@
 //! - every helper program (`scontrol`, `squeue`, `srun`) is started through `helper`, which
 //!   registers it with the orchestrator's reaper so its exit status is not lost.
 
+pub(crate) mod drain;
 pub(crate) mod helper;
 pub(crate) mod hidden_args;
 pub(crate) mod history;

@@ -8,6 +8,7 @@
 //! and elsewhere say loudly that they did not run. The tests that need no cluster (a stage
 //! for srun outside Slurm, `scontrol` missing) always run.
 
+mod drain;
 mod multinode;
 
 use e2e_tests::{

@@ -680,7 +680,8 @@ fn a_two_node_srun_stage_lost_with_a_node_is_retried_off_that_node() {
     let s = Scratch::new("slurm-two-nodes-lost");
     let ran = s.path().join("ran");
     let plan = s.path().join("plan.toml");
-    // The first attempt's tasks wait to be lost; the retry's finish at once.
+    // The first attempt's tasks wait to be lost; the retry's finish at once. Only a loss is
+    // retried (`retry_on`).
     let command = format!(
         "echo \"$ORCHESTRATE_ATTEMPT $RANK $SLURMD_NODENAME\" >> {}; if [ \"$ORCHESTRATE_ATTEMPT\" = 1 ]; then exec sleep 300; fi",
         ran.display()
@@ -688,7 +689,7 @@ fn a_two_node_srun_stage_lost_with_a_node_is_retried_off_that_node() {
     std::fs::write(
         &plan,
         format!(
-            "[run]\nname = \"mnlost\"\ngrace = \"5s\"\n[[stage]]\nname = \"dist\"\nnodes = 2\nretries = 2\ncommand = [\"sh\", \"-c\", {}]\n",
+            "[run]\nname = \"mnlost\"\ngrace = \"5s\"\n[[stage]]\nname = \"dist\"\nnodes = 2\nretries = 2\nretry_on = [\"lost\"]\ncommand = [\"sh\", \"-c\", {}]\n",
             serde_json::to_string(&command).unwrap()
         ),
     )

@@ -1,0 +1,268 @@
+//! Rank failure: when one process of a multi-process stage (the ranks a launcher such as
+//! `torchrun`, `accelerate launch`, `deepspeed` or `mpirun` starts, or a script's own workers)
+//! exits non-zero, its peers are typically left waiting in a collective until the stage's
+//! timeout. The stage's `rank_grace` after such an exit, whatever of it still runs is stopped.
+//!
+//! A process of the stage's tree is a rank when its environment names one (`RANK`, else
+//! `OMPI_COMM_WORLD_RANK` or `PMI_RANK`); the stage's first process is never one (its exit is
+//! seen directly). Ranks are found as the tree is sampled; a rank's exit comes from the
+//! kernel's process events where orchestrate may listen to them (root, or `CAP_NET_ADMIN`:
+//! [`crate::process::exits`]), else from its `/proc` entry while it is a zombie (its launcher
+//! has not collected it yet), so that an exit its launcher collects between two looks is then
+//! not seen. `torchrun` names the
+//! failed rank itself (its "Root Cause" block on stderr), which [`from_torchrun`] reads.
+//!
+//! Stages run through `srun` are outside this watch: `srun --kill-on-bad-exit` stops the
+//! other tasks at once, and each task's record names its rank and exit.
+
+use crate::process::exits::ExitLog;
+use crate::process::reaper::ExitStatus;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// The grace when neither the stage nor the run sets `rank_grace`.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// How often known ranks are looked at, once a stage has two.
+pub const LOOK_PERIOD: Duration = Duration::from_millis(20);
+
+/// A rank that ended badly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankExit {
+    /// Its rank.
+    pub rank: u32,
+    /// Its PID, when it was seen here.
+    pub pid: Option<i32>,
+    /// How it ended.
+    pub status: ExitStatus,
+}
+
+impl RankExit {
+    /// "rank 1 exited with code 1", "rank 0 was killed by SIGSEGV".
+    pub fn describe(&self) -> String {
+        match self.status {
+            ExitStatus::Code(code) => format!("rank {} exited with code {code}", self.rank),
+            ExitStatus::Signal(sig) => format!(
+                "rank {} was killed by {}",
+                self.rank,
+                crate::process::tree::signal_name(sig)
+            ),
+        }
+    }
+}
+
+/// The ranks of one attempt, as far as they were seen.
+#[derive(Debug, Default)]
+pub struct RankWatch {
+    /// Live ranks by PID.
+    ranks: BTreeMap<i32, u32>,
+    /// PIDs whose environment was read.
+    looked: BTreeSet<i32>,
+    /// The first rank that ended badly.
+    failed: Option<RankExit>,
+}
+
+impl RankWatch {
+    /// Takes in the stage's processes now (`leader` is its first process): the ranks among
+    /// those not looked at before.
+    pub fn discover(&mut self, leader: i32, members: impl IntoIterator<Item = i32>) {
+        for pid in members {
+            if pid == leader || self.looked.contains(&pid) {
+                continue;
+            }
+            let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            // Empty while it is being exec'd: looked at again next time.
+            if env.is_empty() {
+                continue;
+            }
+            self.looked.insert(pid);
+            if let Some(rank) = rank_of(&env) {
+                self.ranks.insert(pid, rank);
+                if let Some(log) = ExitLog::start() {
+                    log.watch(pid);
+                }
+            }
+        }
+    }
+
+    /// Whether ranks are worth looking at: two or more were seen and none failed yet.
+    pub fn watching(&self) -> bool {
+        self.failed.is_none() && self.ranks.len() >= 2
+    }
+
+    /// Looks at each known rank: the first found ended badly (a zombie with a non-zero
+    /// status) is returned, once; ranks that are gone are forgotten.
+    pub fn look(&mut self) -> Option<RankExit> {
+        let mut gone = Vec::new();
+        for (&pid, &rank) in &self.ranks {
+            let seen = match zombie_status(pid) {
+                Seen::Gone => match ExitLog::start().and_then(|log| log.take(pid)) {
+                    Some(status) => Seen::Ended(status),
+                    None => Seen::Gone,
+                },
+                seen => seen,
+            };
+            match seen {
+                Seen::Running => {}
+                Seen::Gone => gone.push(pid),
+                Seen::Ended(status) => {
+                    gone.push(pid);
+                    if status != ExitStatus::Code(0) && self.failed.is_none() {
+                        self.failed = Some(RankExit {
+                            rank,
+                            pid: Some(pid),
+                            status,
+                        });
+                    }
+                }
+            }
+        }
+        for pid in gone {
+            self.ranks.remove(&pid);
+            forget(pid);
+        }
+        self.failed.clone()
+    }
+
+    /// The first rank that ended badly, if one was seen.
+    pub fn failed(&self) -> Option<&RankExit> {
+        self.failed.as_ref()
+    }
+}
+
+impl Drop for RankWatch {
+    fn drop(&mut self) {
+        for &pid in self.ranks.keys() {
+            forget(pid);
+        }
+    }
+}
+
+/// Stops keeping `pid`'s exit.
+fn forget(pid: i32) {
+    if let Some(log) = ExitLog::start() {
+        log.forget(pid);
+    }
+}
+
+/// A process's rank, from its environment (`/proc/PID/environ`).
+fn rank_of(env: &[u8]) -> Option<u32> {
+    let mut found = None;
+    for entry in env.split(|b| *b == 0) {
+        for (name, weight) in [
+            (&b"RANK="[..], 0),
+            (b"OMPI_COMM_WORLD_RANK=", 1),
+            (b"PMI_RANK=", 2),
+        ] {
+            if let Some(value) = entry.strip_prefix(name) {
+                let rank = std::str::from_utf8(value).ok()?.parse().ok()?;
+                if found.is_none_or(|(w, _)| weight < w) {
+                    found = Some((weight, rank));
+                }
+            }
+        }
+    }
+    found.map(|(_, rank)| rank)
+}
+
+/// What `/proc` shows of a process.
+enum Seen {
+    Running,
+    Gone,
+    Ended(ExitStatus),
+}
+
+/// A zombie's wait status is field 52 of `/proc/PID/stat` (Linux 3.5 and later).
+fn zombie_status(pid: i32) -> Seen {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Seen::Gone;
+    };
+    let Some(after) = text.rfind(')').map(|i| &text[i + 1..]) else {
+        return Seen::Gone;
+    };
+    let mut fields = after.split_whitespace();
+    if fields.next() != Some("Z") {
+        return Seen::Running;
+    }
+    // Field 3 was the state; field 52 is the 49th after it.
+    match fields.nth(48).and_then(|f| f.parse::<i32>().ok()) {
+        Some(status) => Seen::Ended(wait_status(status)),
+        None => Seen::Gone,
+    }
+}
+
+/// A `waitpid` status as an exit.
+fn wait_status(status: i32) -> ExitStatus {
+    match status & 0x7f {
+        0 => ExitStatus::Code((status >> 8) & 0xff),
+        sig => ExitStatus::Signal(sig),
+    }
+}
+
+/// The failed rank `torchrun` names in its "Root Cause" block on stderr, in `stderr_tail`.
+pub fn from_torchrun(stderr_tail: &str) -> Option<RankExit> {
+    let cause = &stderr_tail[stderr_tail.find("Root Cause")?..];
+    let field = |name: &str| {
+        cause
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.trim().strip_prefix(':'))
+            .map(str::trim)
+    };
+    let rank = field("rank")?.split_whitespace().next()?.parse().ok()?;
+    let code: i32 = field("exitcode")?.split_whitespace().next()?.parse().ok()?;
+    let status = match code {
+        c if c < 0 => ExitStatus::Signal(-c),
+        c => ExitStatus::Code(c),
+    };
+    Some(RankExit {
+        rank,
+        pid: None,
+        status,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torchruns_root_cause_names_the_rank_and_its_exit() {
+        let tail = "[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 26416)\n\
+                    ----\nRoot Cause (first observed failure):\n[0]:\n  time      : 2026-12-04_15:38:36\n\
+                    \x20 host      : localhost\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 26417)\n";
+        let exit = from_torchrun(tail).unwrap();
+        assert_eq!(exit.describe(), "rank 1 exited with code 1");
+        assert_eq!(from_torchrun("no such block"), None);
+    }
+
+    #[test]
+    fn a_rank_is_read_from_the_environment_and_a_zombies_status_from_proc() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 0.5; exit 3"])
+            .env("RANK", "5")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let mut watch = RankWatch::default();
+        // Looked for until its environment can be read.
+        while watch.ranks.is_empty() {
+            watch.discover(0, [pid]);
+        }
+        // Not collected yet: it is a zombie once it has exited.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(exit) = watch.look() {
+                assert_eq!(exit.rank, 5);
+                assert_eq!(exit.status, ExitStatus::Code(3));
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no exit seen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+    }
+}
