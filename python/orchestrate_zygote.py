@@ -34,8 +34,9 @@ Promises:
   match;
 - it learns: a learned module is imported after the plan's, and left out (named, with why,
   in the ready message) when its import fails, starts a thread, initialises CUDA or reads a
-  variable orchestrate sets per stage; as an import cannot be undone, the zygote then execs
-  itself afresh without it. A forked stage writes, at its exit through Python's own exit
+  variable orchestrate sets per stage (with every learned module under it); as an import
+  cannot be undone, throwaway forks of the zygote find which module that is before the zygote
+  imports anything (an exec afresh without it only where a fork cannot tell). A forked stage writes, at its exit through Python's own exit
   (atexit), the modules it imported that the zygote had not, and which of them the zygote
   could import from its own sys.path, to the file named by `imports_var` in its request;
 - a stage process is re-parented to orchestrate (through an intermediate process that exits),
@@ -413,56 +414,130 @@ def _per_stage_read(names, per_stage):
 
 
 def import_learned(sock, config, recorder):
-    """Imports the learned modules in the order stages imported them. One whose import fails
-    is left out; one after which this process may not fork (a thread, CUDA) or whose import
-    read a per-stage variable cannot be undone: this process execs itself afresh without it
-    (`restart_without`). Returns the modules left out, each `{"module", "reason"}`."""
+    """Imports the learned modules in the order stages imported them, whole, and checks once
+    (the usual case: they all fit). One whose import fails is left out; so is one after which
+    this process may not fork (a thread, CUDA) or whose import read a per-stage variable, with
+    every learned module under it. As an import cannot be undone, a list that leaves this
+    process unfit makes it exec itself afresh (`restart_checking_each`) to find which modules
+    did (`_import_finding_unfit`). Returns the modules left out, each `{"module", "reason"}`."""
+    if config.get("check_each"):
+        return _import_finding_unfit(sock, config, recorder)
     left_out = list(config.get("left_out", []))
     learned = config.get("learned", [])
-    started = time.monotonic()
-    if not config.get("check_each"):
-        # The usual case first: import the whole list and check once (a check reads this
-        # process's maps and may fork a probe). Only a list that leaves this process unfit is
-        # gone through again, module by module.
-        read = set(recorder.names)
-        _import_each(learned, left_out)
-        why = unfit(recorder.names - read, config)
-        log(f"imported {len(learned)} learned modules whole in {time.monotonic() - started:.1f} s; "
-            + (f"unfit: {why}" if why else "fit to fork"))
-        if not why:
-            return left_out
-        restart_checking_each(sock, config, left_out)
-    # Checking one by one, after a restart: the first `verified` modules were imported and
-    # checked in an earlier pass, so they are imported whole and checked once.
-    verified = min(config.get("verified", 0), len(learned))
-    read = set(recorder.names)
-    _import_each(learned[:verified], left_out)
-    why = unfit(recorder.names - read, config)
+    started, before = time.monotonic(), set(recorder.names)
+    _import_each(learned, left_out)
+    why = unfit(recorder.names - before, config)
+    log(f"imported {len(learned)} learned modules whole in {time.monotonic() - started:.1f} s; "
+        + (f"unfit: {why}" if why else "fit to fork"))
     if why:
-        log(f"the {verified} modules checked before are unfit together: {why}; checking all again")
         restart_checking_each(sock, config, left_out)
-    for i, name in enumerate(learned[verified:], start=verified):
-        # A module's packages are imported (and checked) before it, one by one: importing
-        # `pkg.sub` runs `pkg/__init__.py` first, and when that is what makes this process
-        # unfit, `pkg` is the module to leave out, with every learned module under it.
-        for part in _packages_then(name):
+    return left_out
+
+
+def _import_finding_unfit(sock, config, recorder):
+    """After a restart (`check_each`): throwaway forks of this process find the modules that
+    make it unfit, each fork importing the list one by one from where the last stopped and
+    naming the first such module (`_first_unfit`), while this process imports only the
+    stretches they found fit and leaves each culprit out with the modules under it: one
+    restart in all, however many culprits. Where a fork cannot tell (it crashed), or
+    `in_process` is set, the modules are checked in this process, and each culprit costs a
+    restart without it (`restart_without`); the first `verified` were checked before."""
+    left_out = list(config.get("left_out", []))
+    learned = list(config.get("learned", []))
+    started, before = time.monotonic(), set(recorder.names)
+    i = min(config.get("verified", 0), len(learned))
+    _import_each(learned[:i], left_out)
+    while i < len(learned):
+        if config.get("in_process"):
+            found = _first_unfit(learned, i, recorder, config)
+            if found:
+                why = f"after importing it, {found[2]}"
+                restart_without(sock, dict(config, learned=learned), left_out, found[1], why, verified=found[0])
+            _import_each(learned[i:], left_out)  # records those whose import failed
+            break
+        try:
+            found = _in_fork(lambda: _first_unfit(learned, i, recorder, config))
+        except (OSError, ValueError) as error:
+            log(f"a fork could not check the learned modules ({error}); checking them in this process")
+            config = dict(config, in_process=True)
+            continue
+        upto = len(learned) if found is None else found[0]
+        _import_each(learned[i:upto], left_out)
+        if found is None:
+            break
+        _, name, why = found
+        learned, under = _without(learned, name)
+        left_out.append({"module": name, "reason": _reason(f"after importing it, {why}", under)})
+        log(f"leaving out learned module `{name}` (a fork found it at {upto}): {left_out[-1]['reason']}")
+        i = upto
+    why = unfit(recorder.names - before, config)
+    log(f"imported {len(learned)} learned modules in {time.monotonic() - started:.1f} s; "
+        + (f"unfit: {why}; checking them in this process" if why else "fit to fork"))
+    if why:
+        # The forks found each stretch fit, yet together they are not: the sure, slow way.
+        _restart(sock, dict(config, learned=learned, left_out=left_out, verified=0, in_process=True),
+                 "learned modules made the zygote unfit to fork, and it could not restart to find which")
+    return left_out
+
+
+def _in_fork(work):
+    """Runs `work()` in a throwaway child of this process and returns what it returned (JSON
+    data). Raises ValueError when the child said nothing (it crashed)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            answer = json.dumps({"answer": work()}).encode()
+            with os.fdopen(write_end, "wb") as out:
+                out.write(answer)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        data = answer.read()
+    os.waitpid(pid, 0)
+    if not data:
+        raise ValueError("the fork ended without an answer")
+    return json.loads(data)["answer"]
+
+
+def _first_unfit(learned, start, recorder, config):
+    """Imports `learned[start:]` one by one, each module's packages first, and checks after
+    each import that loaded something. Returns `[index, module, why]` for the first that
+    leaves this process unfit (`module`: the package whose import did it), or None. A module
+    whose import fails is passed over (whoever imports them for good records it).
+
+    Packages first: importing `pkg.sub` runs `pkg/__init__.py` first, and when that is what
+    makes the process unfit, `pkg` is the module to leave out, with every module under it."""
+    for i in range(start, len(learned)):
+        for part in _packages_then(learned[i]):
             if part in sys.modules:
                 continue
             loaded, read = len(sys.modules), set(recorder.names)
             try:
                 __import__(part)
-            except BaseException as error:  # noqa: BLE001 - a module that fails is left out
-                left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
+            except BaseException:  # noqa: BLE001 - a module that fails is passed over
                 break
             if len(sys.modules) == loaded and recorder.names == read:
                 continue  # it loaded nothing new: nothing new to check
             why = unfit(recorder.names - read, config)
             if why:
-                restart_without(sock, config, left_out, part, f"after importing it, {why}", verified=i)
-        if i % 250 == 0:
-            log(f"checked {i} of {len(learned)} learned modules one by one")
-    log(f"checked {len(learned)} learned modules one by one in {time.monotonic() - started:.1f} s")
-    return left_out
+                return [i, part, why]
+    return None
+
+
+def _without(learned, name):
+    """`learned` less `name` and every module under it; and those under it."""
+    under = [m for m in learned if m.startswith(name + ".")]
+    return [m for m in learned if m != name and not m.startswith(name + ".")], under
+
+
+def _reason(why, under):
+    if not under:
+        return why
+    named = ", ".join(under[:3]) + (" …" if len(under) > 3 else "")
+    return f"{why} (left out with its learned submodule{'s' if len(under) > 1 else ''} {named})"
 
 
 def _packages_then(name):
@@ -501,11 +576,8 @@ def restart_without(sock, config, left_out, name, why, verified=0):
     undone; the `verified` modules before it passed their checks (none of them is under `name`:
     importing one would have imported `name`)."""
     config = dict(config, verified=verified)
-    learned = config.get("learned", [])
-    under = [m for m in learned if m.startswith(name + ".")]
-    config["learned"] = [m for m in learned if m != name and not m.startswith(name + ".")]
-    if under:
-        why = f"{why} (left out with its learned submodule{'s' if len(under) > 1 else ''} {', '.join(under[:3])}{' …' if len(under) > 3 else ''})"
+    config["learned"], under = _without(config.get("learned", []), name)
+    why = _reason(why, under)
     log(f"restarting without learned module `{name}` ({verified} before it checked): {why}")
     config["left_out"] = left_out + [{"module": name, "reason": why}]
     _restart(sock, config, f"learned module `{name}`: {why}; and the zygote could not restart without it")
