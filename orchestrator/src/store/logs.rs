@@ -4,8 +4,9 @@
 //! per attempt). A [`LogTail`] reads the complete lines added since its last look, stage by
 //! stage, and — when it reads every stage — picks up the directories of stages that start
 //! later. A line still being written (no newline yet) is left for the next look, so a followed
-//! line is never cut in two. Stages are read in the order they started (their directories'
-//! creation, else their names), so a look that finds an upstream's last lines and its
+//! line is never cut in two. Stages are read in the order they started, as the run's journal
+//! records it (their directories and logs are made ahead of their start, so neither tells),
+//! stages not started yet last: a look that finds an upstream's last lines and its
 //! downstream's first prints them in that order.
 
 use std::fs::File;
@@ -37,6 +38,10 @@ pub struct LogTail {
     only: Option<String>,
     /// Each stage found so far with its two files, in the order the stages started.
     files: Vec<(String, Vec<Tailed>)>,
+    /// The run's journal, read as it grows for the order stages started in.
+    journal: Tailed,
+    /// Each stage's place in the order of first starts.
+    started: std::collections::HashMap<String, usize>,
 }
 
 impl LogTail {
@@ -47,6 +52,11 @@ impl LogTail {
             stages_dir: root.join("stages"),
             only: only.map(str::to_string),
             files: Vec::new(),
+            journal: Tailed {
+                path: root.join("journal.jsonl"),
+                offset: 0,
+            },
+            started: std::collections::HashMap::new(),
         }
     }
 
@@ -59,6 +69,7 @@ impl LogTail {
     /// lines, then stderr's), the stages in the order they started.
     pub fn read_new(&mut self) -> io::Result<Vec<LogLine>> {
         self.find_stages()?;
+        self.order_by_start()?;
         let mut lines = Vec::new();
         for (stage, files) in &mut self.files {
             for file in files.iter_mut() {
@@ -71,6 +82,33 @@ impl LogTail {
             }
         }
         Ok(lines)
+    }
+
+    /// Puts the stages in the order the journal says they first started, those not started
+    /// (prepared ahead) last, by name.
+    fn order_by_start(&mut self) -> io::Result<()> {
+        let before = self.started.len();
+        for line in self.journal.read_lines()? {
+            let Ok(record) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if record["rec"] == "stage_started" {
+                if let Some(stage) = record["stage"].as_str() {
+                    let next = self.started.len();
+                    self.started.entry(stage.to_string()).or_insert(next);
+                }
+            }
+        }
+        if self.started.len() != before || self.files.len() > 1 {
+            let started = &self.started;
+            self.files.sort_by_key(|(name, _)| {
+                (
+                    started.get(name).copied().unwrap_or(usize::MAX),
+                    name.clone(),
+                )
+            });
+        }
+        Ok(())
     }
 
     /// Adds the stages whose directories appeared since the last look.
@@ -173,6 +211,37 @@ mod tests {
         append(&b.join("stderr.log"), "warn\n");
         assert_eq!(texts(tail.read_new().unwrap()), ["a:two", "b:warn"]);
         assert!(tail.read_new().unwrap().is_empty(), "nothing read twice");
+    }
+
+    #[test]
+    fn stages_are_read_in_the_order_the_journal_says_they_started() {
+        let root = crate::testutil::scratch("logs");
+        // `b` is prepared (its directory made) before `a`, but `a` starts first.
+        for name in ["b", "a"] {
+            std::fs::create_dir_all(root.path().join("stages").join(name)).unwrap();
+        }
+        let journal = root.path().join("journal.jsonl");
+        append(
+            &journal,
+            "{\"v\":1,\"rec\":\"stage_started\",\"stage\":\"a\",\"attempt\":1}\n",
+        );
+        append(&root.path().join("stages/a/stdout.log"), "a1\n");
+        let mut tail = LogTail::new(root.path(), None);
+        assert_eq!(tail.read_new().unwrap().len(), 1);
+        // In one look: `a`'s last line and `b`'s first, after `b` started.
+        append(&root.path().join("stages/a/stdout.log"), "a2\n");
+        append(
+            &journal,
+            "{\"v\":1,\"rec\":\"stage_started\",\"stage\":\"b\",\"attempt\":1}\n",
+        );
+        append(&root.path().join("stages/b/stdout.log"), "b1\n");
+        let texts: Vec<String> = tail
+            .read_new()
+            .unwrap()
+            .into_iter()
+            .map(|l| l.text)
+            .collect();
+        assert_eq!(texts, ["a2", "b1"]);
     }
 
     #[test]
