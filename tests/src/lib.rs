@@ -41,6 +41,25 @@ pub fn stage_worker() -> PathBuf {
     bin_dir().join("stage-worker")
 }
 
+/// Whether `program` is on PATH (Debian's `package` has it); panics under CI when it is not, as a
+/// test without it would prove nothing (the set-up scripts install it).
+pub fn have(program: &str, package: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    assert!(
+        found || !ci,
+        "{program} is missing: install Debian's {package} (scripts/test does)"
+    );
+    if !found {
+        eprintln!("skipped: {program} is not installed (Debian's {package})");
+    }
+    found
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

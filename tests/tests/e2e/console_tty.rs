@@ -7,27 +7,9 @@
 //! Without `script` the test fails under CI (`CI` set) and is skipped elsewhere, saying so; it
 //! installs nothing.
 
-use e2e_tests::Scratch;
+use e2e_tests::{have, Scratch};
 use std::path::Path;
 use std::process::{Command, Stdio};
-
-/// Whether `program` is on PATH; panics under CI when it is not (the test would prove nothing).
-fn have(program: &str, package: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    assert!(
-        found || !ci,
-        "{program} is missing: install Debian's {package}"
-    );
-    if !found {
-        eprintln!("skipped: {program} is not installed (Debian's {package})");
-    }
-    found
-}
 
 /// A plan: `train` reports 8 steps of progress with loss and tokens/s over about 6 s, then
 /// its metrics; `broken` fails; `after` (after `broken`) is skipped.

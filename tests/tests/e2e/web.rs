@@ -9,7 +9,7 @@
 
 use e2e_tests::daemon::TestDaemon;
 use e2e_tests::http::{self, free_port};
-use e2e_tests::{wait_for, Scratch};
+use e2e_tests::{have, wait_for, Scratch};
 use protocol::web::{Effect, ROUTES};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -72,24 +72,6 @@ impl WebDaemon {
         let bearer = self.bearer();
         http::get(&self.addr, path, &[("Authorization", &bearer)])
     }
-}
-
-/// Whether `program` is on PATH; panics under CI when it is not (the test would prove nothing).
-fn have(program: &str, package: &str) -> bool {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    assert!(
-        found || !ci,
-        "{program} is missing: install Debian's {package} (scripts/test does)"
-    );
-    if !found {
-        eprintln!("skipped: {program} is not installed (Debian's {package})");
-    }
-    found
 }
 
 /// A stage that takes `GiB` GiB on its stand-in GPU, step by step, reports progress and loss,
