@@ -17,6 +17,10 @@ Promises:
   serve (now or before any later fork) once CUDA was initialised in it: torch says so, the
   CUDA driver says so, it holds `/dev/nvidia-uvm` or maps a device, or the flag file of
   `STAGE_WORKER_SIMULATED_DEVICE_FLAG` exists (tests on machines without a GPU);
+- it forks without NVML's thread: where an import initialised NVML (DeepSpeed's CUDA
+  accelerator does), the zygote shuts it down before it counts threads, as many times as it
+  was initialised, and each forked stage initialises it as many times again before its first
+  line;
 - it forks from one thread only: after each preload import and before every fork it counts
   Python's threads and the kernel's (/proc/self/task). A Python thread besides the main one
   is a refusal (it may hold a lock the child would inherit held, forever); so is a native
@@ -151,6 +155,42 @@ def _os_threads():
     return len(os.listdir("/proc/self/task"))
 
 
+NVML = "libnvidia-ml.so.1"
+NVML_SUCCESS = 0
+# How many NVML initialisations this zygote's imports made and it shut down (`release_nvml`);
+# each forked stage makes as many again before its first line (`restore_nvml`).
+_nvml_released = 0
+
+
+def release_nvml():
+    """Shuts down NVML where an import initialised it, counting the initialisations, so that
+    the zygote forks without NVML's own thread: `import deepspeed` initialises NVML (its CUDA
+    accelerator calls `pynvml.nvmlInit()`, and `torch.cuda.device_count()` does through NVML),
+    and the library starts a native thread that no fork handler stops. Without NVML loaded, or
+    not initialised, nothing happens. NVML counts its initialisations: one shutdown per init."""
+    global _nvml_released
+    try:
+        nvml = ctypes.CDLL(NVML, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return
+    for _ in range(1000):
+        if nvml.nvmlShutdown() != NVML_SUCCESS:
+            break
+        _nvml_released += 1
+    if _nvml_released:
+        log(f"shut NVML down ({_nvml_released} initialisations by imports); each stage re-initialises it")
+
+
+def restore_nvml():
+    """In a forked stage: initialises NVML as many times as the zygote shut it down, so that the
+    modules that initialised it at import (pynvml's users) find it as they left it."""
+    if not _nvml_released:
+        return
+    nvml = ctypes.CDLL(NVML, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    for _ in range(_nvml_released):
+        nvml.nvmlInit_v2()
+
+
 def threads_running():
     """Why this process must not fork because of its threads, or None.
 
@@ -159,7 +199,8 @@ def threads_running():
     thread to release it. A native thread is a refusal only if a fork leaves it running:
     OpenBLAS (loaded by `import numpy`) starts a pool at load and stops it in a
     `pthread_atfork` handler, so a throwaway fork followed by a recount tells a pool that
-    makes itself safe from one that does not."""
+    makes itself safe from one that does not. NVML's thread is stopped first (`release_nvml`)."""
+    release_nvml()
     threading = sys.modules.get("threading")
     if threading is not None and threading.active_count() > 1:
         names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
@@ -725,6 +766,7 @@ def serve(fd, config):
             send(sock, {"reply": "failed", "error": str(error)})
             continue
         if role == "stage":
+            restore_nvml()
             reseed_inherited_generators()
             to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
             if to:

@@ -98,3 +98,5 @@ except OSError as e:
     print(f"leak run: no report ({e})")
 PY
 cat "$out/exits.txt"
+python3 "$here/phases.py" "$out"/run-whole-* "$out"/run-shared-* > "$out/phases.txt" 2>&1
+cat "$out/phases.txt"

@@ -1,11 +1,16 @@
 """A tiny GPU stage: a CUDA tensor, a sum, a file. With a barrier directory and a count, it
 also waits (up to 60 s) until that many stages have reached the barrier, so that they overlap
 on the GPU. With `leak`, it leaves a process in a new session holding 1 GiB of the GPU and
-exits as soon as that process has its memory."""
+exits as soon as that process has its memory. It writes `phases.json` beside its output: the
+wall-clock moments (Unix seconds) of its first line, CUDA initialised, its first allocation, the
+sum read back, and its last line, for `phases.py`."""
+import time
+
+first_line = time.time()
+import json
 import os
 import subprocess
 import sys
-import time
 
 import torch
 
@@ -13,8 +18,12 @@ import orchestrate_stage as stage
 
 name = stage.stage_name()
 stage.cap_gpu_memory()
+torch.cuda.init()
+cuda_ready = time.time()
 x = torch.ones(1 << 20, device="cuda")
+allocated = time.time()
 total = float(x.sum())
+summed = time.time()
 if len(sys.argv) > 2:
     barrier, count = sys.argv[1], int(sys.argv[2])
     os.makedirs(barrier, exist_ok=True)
@@ -36,3 +45,5 @@ if len(sys.argv) > 2:
             time.sleep(0.05)
     time.sleep(0.5)
 (stage.output_dir() / "sum.txt").write_text(f"{total}\n")
+moments = dict(first_line=first_line, cuda_ready=cuda_ready, allocated=allocated, summed=summed, last_line=time.time())
+(stage.output_dir() / "phases.json").write_text(json.dumps(moments))

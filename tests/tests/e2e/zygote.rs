@@ -856,3 +856,103 @@ fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a
     );
     assert_eq!(log.matches("restarting").count(), 1, "{log}");
 }
+
+/// A stand-in for the NVIDIA management library, as far as the zygote needs it: initialising
+/// it starts a native thread (as the real one does on a GPU host, where `import deepspeed`
+/// initialises it), and it counts its initialisations; a device count answers 1
+/// ("uninitialised") unless it is initialised.
+const FAKE_NVML: &str = r#"#include <pthread.h>
+#include <unistd.h>
+static int inits;
+static volatile int stop;
+static pthread_t worker;
+static void *watch(void *arg) { (void)arg; while (!stop) usleep(1000); return 0; }
+int nvmlInit_v2(void) {
+    if (inits++ == 0) {
+        stop = 0;
+        pthread_create(&worker, 0, watch, 0);
+        pthread_setname_np(worker, "fake-nvml");
+    }
+    return 0;
+}
+int nvmlShutdown(void) {
+    if (inits == 0) return 1;
+    if (--inits == 0) { stop = 1; pthread_join(worker, 0); }
+    return 0;
+}
+int nvmlDeviceGetCount_v2(unsigned *count) {
+    if (inits == 0) return 1;
+    *count = 1;
+    return 0;
+}
+"#;
+
+/// Imports like DeepSpeed's CUDA accelerator: initialises NVML at import and keeps using it.
+const NVML_USER: &str = "import ctypes\nLIB = ctypes.CDLL('libnvidia-ml.so.1')\nassert LIB.nvmlInit_v2() == 0\n";
+
+/// A stage that uses NVML as the importing module left it, and says what it found.
+const USES_NVML: &str = r#"import ctypes, json, os, nvmluser
+count = ctypes.c_uint(0)
+answer = nvmluser.LIB.nvmlDeviceGetCount_v2(ctypes.byref(count))
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(json.dumps({"answer": answer, "count": count.value, "threads": threads}))
+"#;
+
+/// A module that initialises NVML at import (DeepSpeed does, on a GPU host) leaves NVML's
+/// thread in the zygote; the zygote shuts NVML down before it forks, so it serves instead of
+/// refusing, and each forked stage finds NVML initialised again, its thread running in it.
+#[test]
+fn a_preload_that_initialises_nvml_is_served_and_its_stages_find_nvml_initialised() {
+    python_available();
+    let s = Scratch::new("zygote-nvml");
+    write_modules(&s);
+    let lib_dir = s.path().join("nvml");
+    std::fs::create_dir_all(&lib_dir).unwrap();
+    let source = s.write("nvml/fake.c", FAKE_NVML);
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+        .arg(lib_dir.join("libnvidia-ml.so.1"))
+        .arg(&source)
+        .output()
+        .expect("cc runs");
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    s.write("mods/nvmluser.py", NVML_USER);
+    s.write("uses.py", USES_NVML);
+    let env = format!(
+        "{{ PYTHONPATH = \"{}\", LD_LIBRARY_PATH = \"{}\" }}",
+        s.path().join("mods").display(),
+        lib_dir.display()
+    );
+    let stage = |name: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"uses.py\"]\n\
+             timeout = \"30s\"\nenv = {env}\n\n"
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\", \"nvmluser\"]\n\n{}{}{}",
+            warm_stage("warm", "", &env),
+            stage("a"),
+            stage("b"),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let out = run(&plan, &run_dir, &[]);
+    ok(&out);
+    for name in ["a", "b"] {
+        let start = stage_start(&run_dir, name);
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        let seen = stdout_json(&run_dir, name);
+        assert_eq!(seen["answer"], 0, "{name}: NVML is initialised in the stage: {seen}");
+        assert_eq!(seen["count"], 1, "{name}: {seen}");
+        assert!(
+            seen["threads"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from("fake-nvml")),
+            "{name}: NVML's thread runs in the stage: {seen}"
+        );
+    }
+}
