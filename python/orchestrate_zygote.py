@@ -17,10 +17,6 @@ Promises:
   serve (now or before any later fork) once CUDA was initialised in it: torch says so, the
   CUDA driver says so, it holds `/dev/nvidia-uvm` or maps a device, or the flag file of
   `STAGE_WORKER_SIMULATED_DEVICE_FLAG` exists (tests on machines without a GPU);
-- it forks without NVML's thread: where an import initialised NVML (DeepSpeed's CUDA
-  accelerator does), the zygote shuts it down before it counts threads, as many times as it
-  was initialised, and each forked stage initialises it as many times again before its first
-  line;
 - it forks from one thread only: after each preload import and before every fork it counts
   Python's threads and the kernel's (/proc/self/task). A Python thread besides the main one
   is a refusal (it may hold a lock the child would inherit held, forever); so is a native
@@ -36,6 +32,11 @@ Promises:
 - every environment variable read through `os.environ`/`os.getenv` while importing is
   listed in the ready message, so that orchestrate forks only stages whose values of them
   match;
+- a module of the plan's list after whose import it runs a thread a fork leaves running
+  (DeepSpeed on a GPU host: NVML's thread, which outlives `nvmlShutdown`) is left out: the
+  zygote execs itself afresh without it, names it with why among the modules left out, and
+  the stages import it themselves (`left_out` in CONFIG lists what an earlier generation
+  left out: not imported again);
 - it learns: a learned module is imported after the plan's, and left out (named, with why,
   in the ready message) when its import fails, starts a thread, initialises CUDA or reads a
   variable orchestrate sets per stage (with every learned module under it); as an import
@@ -155,42 +156,6 @@ def _os_threads():
     return len(os.listdir("/proc/self/task"))
 
 
-NVML = "libnvidia-ml.so.1"
-NVML_SUCCESS = 0
-# How many NVML initialisations this zygote's imports made and it shut down (`release_nvml`);
-# each forked stage makes as many again before its first line (`restore_nvml`).
-_nvml_released = 0
-
-
-def release_nvml():
-    """Shuts down NVML where an import initialised it, counting the initialisations, so that
-    the zygote forks without NVML's own thread: `import deepspeed` initialises NVML (its CUDA
-    accelerator calls `pynvml.nvmlInit()`, and `torch.cuda.device_count()` does through NVML),
-    and the library starts a native thread that no fork handler stops. Without NVML loaded, or
-    not initialised, nothing happens. NVML counts its initialisations: one shutdown per init."""
-    global _nvml_released
-    try:
-        nvml = ctypes.CDLL(NVML, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-    except OSError:
-        return
-    for _ in range(1000):
-        if nvml.nvmlShutdown() != NVML_SUCCESS:
-            break
-        _nvml_released += 1
-    if _nvml_released:
-        log(f"shut NVML down ({_nvml_released} initialisations by imports); each stage re-initialises it")
-
-
-def restore_nvml():
-    """In a forked stage: initialises NVML as many times as the zygote shut it down, so that the
-    modules that initialised it at import (pynvml's users) find it as they left it."""
-    if not _nvml_released:
-        return
-    nvml = ctypes.CDLL(NVML, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-    for _ in range(_nvml_released):
-        nvml.nvmlInit_v2()
-
-
 def threads_running():
     """Why this process must not fork because of its threads, or None.
 
@@ -199,8 +164,7 @@ def threads_running():
     thread to release it. A native thread is a refusal only if a fork leaves it running:
     OpenBLAS (loaded by `import numpy`) starts a pool at load and stops it in a
     `pthread_atfork` handler, so a throwaway fork followed by a recount tells a pool that
-    makes itself safe from one that does not. NVML's thread is stopped first (`release_nvml`)."""
-    release_nvml()
+    makes itself safe from one that does not."""
     threading = sys.modules.get("threading")
     if threading is not None and threading.active_count() > 1:
         names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
@@ -426,18 +390,24 @@ def preload(sock, config):
     recorder = _ReadRecorder()
     recorder.install()
     try:
+        skip = {entry["module"] for entry in config.get("left_out", [])}
         for name in config.get("preload", []):
+            if name in skip:
+                continue  # an earlier generation found it unfit: stages import it themselves
             try:
                 __import__(name)
             except BaseException as error:  # noqa: BLE001 - any failure is a refusal
                 log(f"refused: importing preload module `{name}` failed: {error!r}")
                 send(sock, {"reply": "refused", "reason": f"importing preload module `{name}` failed: {error!r}"})
                 return None
-            why = cuda_touched() or threads_running()
+            why = cuda_touched()
             if why:
                 log(f"refused: after importing `{name}`, {why}")
                 send(sock, {"reply": "refused", "reason": f"after importing `{name}`, {why}"})
                 return None
+            why = threads_running()
+            if why:
+                restart_without_listed(sock, config, name, f"after importing it, {why}")
         log(f"imported the plan's {len(config.get('preload', []))} modules")
         left_out = import_learned(sock, config, recorder)
     finally:
@@ -624,6 +594,16 @@ def restart_without(sock, config, left_out, name, why, verified=0):
     _restart(sock, config, f"learned module `{name}`: {why}; and the zygote could not restart without it")
 
 
+def restart_without_listed(sock, config, name, why):
+    """Execs this zygote afresh without the plan's module `name`, whose import made this
+    process unfit to fork (it starts a thread, as DeepSpeed does through NVML on a GPU host, or
+    initialises CUDA): the rest of the plan's list is still preloaded, and the stages import
+    `name` themselves. It is named, with why, among the modules left out."""
+    log(f"restarting without the plan's module `{name}`: {why}")
+    config = dict(config, left_out=list(config.get("left_out", [])) + [{"module": name, "reason": why}])
+    _restart(sock, config, f"after importing `{name}`, {why}; and the zygote could not restart without it")
+
+
 def _restart(sock, config, refusal):
     """Execs this zygote afresh with `config` (same PID; `sock` stays open across the exec).
     If the exec fails, the zygote refuses with `refusal` and the error, and exits."""
@@ -766,7 +746,6 @@ def serve(fd, config):
             send(sock, {"reply": "failed", "error": str(error)})
             continue
         if role == "stage":
-            restore_nvml()
             reseed_inherited_generators()
             to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
             if to:

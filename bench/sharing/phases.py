@@ -2,7 +2,8 @@
 its stages of each phase, from the report's timings and the `phases.json` that `tiny.py` writes:
 
   spawn -> first line       fork from the zygote (or exec) up to the script's first line
-  first line -> CUDA ready  torch.cuda.init() (with the allocator cap, where declared)
+  first line -> imported    its imports (torch: none where the zygote preloaded it)
+  imported -> CUDA ready    torch.cuda.init() (with the allocator cap, where declared)
   CUDA ready -> allocated   the first CUDA allocation (the context is made here)
   allocated -> summed       a kernel and the copy back
   summed -> last line       the script's own work after that (the file; the barrier, if any)
@@ -20,7 +21,8 @@ import sys
 
 PHASES = [
     ("spawn -> first line", "spawned", "first_line"),
-    ("first line -> CUDA ready", "first_line", "cuda_ready"),
+    ("first line -> imported", "first_line", "imported"),
+    ("imported -> CUDA ready", "imported", "cuda_ready"),
     ("CUDA ready -> allocated", "cuda_ready", "allocated"),
     ("allocated -> summed", "allocated", "summed"),
     ("summed -> last line", "summed", "last_line"),

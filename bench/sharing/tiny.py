@@ -2,7 +2,7 @@
 also waits (up to 60 s) until that many stages have reached the barrier, so that they overlap
 on the GPU. With `leak`, it leaves a process in a new session holding 1 GiB of the GPU and
 exits as soon as that process has its memory. It writes `phases.json` beside its output: the
-wall-clock moments (Unix seconds) of its first line, CUDA initialised, its first allocation, the
+wall-clock moments (Unix seconds) of its first line, its imports done, CUDA initialised, its first allocation, the
 sum read back, and its last line, for `phases.py`."""
 import time
 
@@ -15,6 +15,8 @@ import sys
 import torch
 
 import orchestrate_stage as stage
+
+imported = time.time()
 
 name = stage.stage_name()
 stage.cap_gpu_memory()
@@ -45,5 +47,5 @@ if len(sys.argv) > 2:
             time.sleep(0.05)
     time.sleep(0.5)
 (stage.output_dir() / "sum.txt").write_text(f"{total}\n")
-moments = dict(first_line=first_line, cuda_ready=cuda_ready, allocated=allocated, summed=summed, last_line=time.time())
+moments = dict(first_line=first_line, imported=imported, cuda_ready=cuda_ready, allocated=allocated, summed=summed, last_line=time.time())
 (stage.output_dir() / "phases.json").write_text(json.dumps(moments))

@@ -45,6 +45,13 @@ pub const ENV_INPUTS_FILE: &str = "ORCHESTRATE_INPUTS_FILE";
 /// multi-process stages side by side do not both take the launchers' default (29500). A plan
 /// that sets `MASTER_PORT` keeps its own.
 pub const ENV_PORT_VARS: [&str; 2] = ["MASTER_PORT", "PET_MASTER_PORT"];
+/// The variables that name a stage attempt's own files for PyTorch's NCCL flight recorder
+/// (where a rank dumps its trace, and the FIFO that asks for the dump): set per attempt for a
+/// command stage with GPUs, so, like the port, never part of what stages share (a zygote's key).
+pub const ENV_FLIGHT_RECORDER_FILES: [&str; 2] = [
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+];
 /// A stage with more upstream stages than this gets no `ORCHESTRATE_INPUT_<X>` variables (an
 /// aggregate after a 10,000-instance matrix would exceed the kernel's limit on a new process's
 /// environment): it reads [`ENV_INPUTS_FILE`] instead.

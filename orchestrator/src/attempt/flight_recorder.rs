@@ -9,6 +9,7 @@
 //! such FIFO, waits for the dumps, and moves them into the hang's evidence folder.
 //! Stages that do not use NCCL make no FIFO and are not affected.
 
+use protocol::worker::ENV_FLIGHT_RECORDER_FILES;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,8 +39,8 @@ pub fn stage_env(
     let prefix = |p: &str| dir.join(p).to_string_lossy().into_owned();
     [
         ("TORCH_NCCL_TRACE_BUFFER_SIZE", TRACE_BUFFER.to_string()),
-        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", prefix("trace-rank-")),
-        ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", prefix("rank-")),
+        (ENV_FLIGHT_RECORDER_FILES[0], prefix("trace-rank-")),
+        (ENV_FLIGHT_RECORDER_FILES[1], prefix("rank-")),
     ]
     .into_iter()
     .filter(|(k, _)| !plan_env.contains_key(*k) && std::env::var_os(k).is_none())

@@ -87,7 +87,9 @@ const NVML_CHECK_VAR: &str = "PYTORCH_NVML_BASED_CUDA_CHECK";
 /// Whether orchestrate sets `name` for one stage alone (so it is not part of a zygote's key,
 /// and the zygote does not have it).
 pub fn per_stage_variable(name: &str) -> bool {
-    name.starts_with("ORCHESTRATE_") || protocol::worker::ENV_PORT_VARS.contains(&name)
+    name.starts_with("ORCHESTRATE_")
+        || protocol::worker::ENV_PORT_VARS.contains(&name)
+        || protocol::worker::ENV_FLIGHT_RECORDER_FILES.contains(&name)
 }
 
 /// Why a stage was exec'd instead of forked from a zygote.
@@ -575,9 +577,12 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
     let config = serde_json::json!({
         "preload": key.preload.modules(),
         "learned": knowledge.learned,
+        "left_out": knowledge.left_out,
         "per_stage": {
             "prefixes": ["ORCHESTRATE_"],
-            "names": protocol::worker::ENV_PORT_VARS,
+            "names": protocol::worker::ENV_PORT_VARS.iter()
+                .chain(&protocol::worker::ENV_FLIGHT_RECORDER_FILES)
+                .collect::<Vec<_>>(),
         },
         "lineage": key.lineage,
         "imports_var": if learning::enabled() { learning::IMPORTS_VAR } else { "" },
@@ -667,6 +672,7 @@ mod tests {
         }
         assert!(per_stage_variable("ORCHESTRATE_OUTPUT_DIR"));
         assert!(per_stage_variable("MASTER_PORT"));
+        assert!(per_stage_variable("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"));
         assert!(!per_stage_variable("CUDA_VISIBLE_DEVICES"));
         assert!(!per_stage_variable("HF_HOME"));
     }

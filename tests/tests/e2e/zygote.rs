@@ -542,10 +542,11 @@ fn a_zygote_still_importing_is_not_waited_for_and_the_run_goes_on() {
 
 /// A preloaded module that starts a thread which holds a lock most of the time (as a
 /// library's background worker does): a stage forked from there would inherit the lock held,
-/// with no thread left to release it, and hang. The zygote refuses at once, naming the import
-/// and the thread; every stage of it is exec'd and takes the lock in a moment.
+/// with no thread left to release it, and hang. The zygote leaves it out (execs itself afresh
+/// without it), naming the import and the thread; its stages are still forked, import it
+/// themselves and take the lock in a moment.
 #[test]
-fn a_preload_that_starts_a_thread_is_refused_and_its_stages_are_exec_d() {
+fn a_preload_that_starts_a_thread_is_left_out_and_its_stages_import_it_themselves() {
     python_available();
     let s = Scratch::new("zygote-thread");
     write_modules(&s);
@@ -582,18 +583,24 @@ fn a_preload_that_starts_a_thread_is_refused_and_its_stages_are_exec_d() {
     for name in ["a", "b"] {
         let st = report_stage(&report, name);
         assert_eq!(st["status"], "succeeded", "{st}");
+        // Forked from the zygote that preloads the rest of the list...
         let start = &st["start"];
-        assert_eq!(start["via"], "exec", "{name}: {start}");
-        let why = start["fallback"].as_str().unwrap();
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        // ...with the culprit named, and why, among the modules it left out...
+        let left_out = start["left_out"].as_array().unwrap();
+        assert_eq!(left_out.len(), 1, "{name}: {start}");
+        assert_eq!(left_out[0]["module"], "locker", "{name}: {start}");
+        let why = left_out[0]["reason"].as_str().unwrap();
         assert!(
-            why.contains("after importing `locker`")
-                && why.contains("Python threads")
-                && why.contains("locker-holds"),
-            "{name}: the culprit is named: {why}"
+            why.contains("Python threads") && why.contains("locker-holds"),
+            "{name}: why is said: {why}"
         );
+        // ...which the stage imported itself, its thread running in the stage alone.
+        let stdout =
+            std::fs::read_to_string(run_dir.join("stages").join(name).join("stdout.log")).unwrap();
+        assert!(stdout.contains("took the lock"), "{name}: {stdout}");
     }
-    let console = String::from_utf8_lossy(&out.stderr);
-    assert!(console.contains("locker-holds"), "{console}");
+    let _ = out;
 }
 
 /// A preloaded module edited on disk while its zygote serves (a fix, an upgrade under a
@@ -857,102 +864,48 @@ fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a
     assert_eq!(log.matches("restarting").count(), 1, "{log}");
 }
 
-/// A stand-in for the NVIDIA management library, as far as the zygote needs it: initialising
-/// it starts a native thread (as the real one does on a GPU host, where `import deepspeed`
-/// initialises it), and it counts its initialisations; a device count answers 1
-/// ("uninitialised") unless it is initialised.
-const FAKE_NVML: &str = r#"#include <pthread.h>
-#include <unistd.h>
-static int inits;
-static volatile int stop;
-static pthread_t worker;
-static void *watch(void *arg) { (void)arg; while (!stop) usleep(1000); return 0; }
-int nvmlInit_v2(void) {
-    if (inits++ == 0) {
-        stop = 0;
-        pthread_create(&worker, 0, watch, 0);
-        pthread_setname_np(worker, "fake-nvml");
-    }
-    return 0;
-}
-int nvmlShutdown(void) {
-    if (inits == 0) return 1;
-    if (--inits == 0) { stop = 1; pthread_join(worker, 0); }
-    return 0;
-}
-int nvmlDeviceGetCount_v2(unsigned *count) {
-    if (inits == 0) return 1;
-    *count = 1;
-    return 0;
-}
-"#;
-
-/// Imports like DeepSpeed's CUDA accelerator: initialises NVML at import and keeps using it.
-const NVML_USER: &str = "import ctypes\nLIB = ctypes.CDLL('libnvidia-ml.so.1')\nassert LIB.nvmlInit_v2() == 0\n";
-
-/// A stage that uses NVML as the importing module left it, and says what it found.
-const USES_NVML: &str = r#"import ctypes, json, os, nvmluser
-count = ctypes.c_uint(0)
-answer = nvmluser.LIB.nvmlDeviceGetCount_v2(ctypes.byref(count))
-threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print(json.dumps({"answer": answer, "count": count.value, "threads": threads}))
-"#;
-
-/// A module that initialises NVML at import (DeepSpeed does, on a GPU host) leaves NVML's
-/// thread in the zygote; the zygote shuts NVML down before it forks, so it serves instead of
-/// refusing, and each forked stage finds NVML initialised again, its thread running in it.
+/// Stages with GPUs share their zygote as stages without do: what orchestrate sets for one
+/// attempt alone (the NCCL flight recorder's files, the rendezvous port) is not part of a
+/// zygote's key, so the stages after the first are forked, not each given a zygote of its
+/// own that is still importing when it starts.
 #[test]
-fn a_preload_that_initialises_nvml_is_served_and_its_stages_find_nvml_initialised() {
+fn stages_with_gpus_are_forked_from_one_zygote() {
     python_available();
-    let s = Scratch::new("zygote-nvml");
+    let s = Scratch::new("zygote-gpus");
     write_modules(&s);
-    let lib_dir = s.path().join("nvml");
-    std::fs::create_dir_all(&lib_dir).unwrap();
-    let source = s.write("nvml/fake.c", FAKE_NVML);
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-pthread", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
-        .arg(lib_dir.join("libnvidia-ml.so.1"))
-        .arg(&source)
-        .output()
-        .expect("cc runs");
-    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
-    s.write("mods/nvmluser.py", NVML_USER);
-    s.write("uses.py", USES_NVML);
-    let env = format!(
-        "{{ PYTHONPATH = \"{}\", LD_LIBRARY_PATH = \"{}\" }}",
-        s.path().join("mods").display(),
-        lib_dir.display()
-    );
-    let stage = |name: &str| {
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    let stage = |name: &str, after: &str| {
         format!(
-            "[[stage]]\nname = \"{name}\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"uses.py\"]\n\
-             timeout = \"30s\"\nenv = {env}\n\n"
+            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ngpus = 1\n\
+             command = [\"python3\", \"stage.py\"]\nenv = {env}\n\n"
         )
     };
     let plan = s.write(
         "plan.toml",
         &format!(
-            "[run]\npreload = [\"heavy\", \"nvmluser\"]\n\n{}{}{}",
-            warm_stage("warm", "", &env),
-            stage("a"),
-            stage("b"),
+            "[run]\npreload = [\"heavy\"]\n\n{}{}{}",
+            warm_stage("warm", "gpus = 1\n", &env),
+            stage("a", "warm"),
+            stage("b", "a"),
         ),
     );
     let run_dir = s.path().join("run");
-    let out = run(&plan, &run_dir, &[]);
+    let holders = s.path().join("holders");
+    std::fs::create_dir_all(&holders).unwrap();
+    let out = run(
+        &plan,
+        &run_dir,
+        &[
+            ("ORCHESTRATE_FAKE_GPUS", "1"),
+            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
+        ],
+    );
     ok(&out);
+    let warm = stage_start(&run_dir, "warm");
+    let zygote_pid = |name: &str| stdout_json(&run_dir, name)["imported_in"].clone();
     for name in ["a", "b"] {
         let start = stage_start(&run_dir, name);
-        assert_eq!(start["via"], "zygote", "{name}: {start}");
-        let seen = stdout_json(&run_dir, name);
-        assert_eq!(seen["answer"], 0, "{name}: NVML is initialised in the stage: {seen}");
-        assert_eq!(seen["count"], 1, "{name}: {seen}");
-        assert!(
-            seen["threads"]
-                .as_array()
-                .unwrap()
-                .contains(&Value::from("fake-nvml")),
-            "{name}: NVML's thread runs in the stage: {seen}"
-        );
+        assert_eq!(start["via"], "zygote", "{name}: {start} (warm: {warm})");
     }
+    assert_eq!(zygote_pid("a"), zygote_pid("b"), "one zygote forked both");
 }
