@@ -37,6 +37,11 @@ Promises:
   zygote execs itself afresh without it, names it with why among the modules left out, and
   the stages import it themselves (`left_out` in CONFIG lists what an earlier generation
   left out: not imported again);
+- its stages start with what it holds frozen (`gc.freeze()` before each fork): their
+  collections and their exit skip it, as Python advises for a process that forks without
+  exec; pyarrow's jemalloc runs without its background thread in the zygote and its stages
+  (`JE_ARROW_MALLOC_CONF`, unless the environment sets it), so modules importing pyarrow can
+  be preloaded;
 - it learns: a learned module is imported after the plan's, and left out (named, with why,
   in the ready message) when its import fails, starts a thread, initialises CUDA or reads a
   variable orchestrate sets per stage (with every learned module under it); as an import
@@ -52,6 +57,7 @@ Promises:
 
 import atexit
 import ctypes
+import gc
 import importlib.machinery
 import json
 import os
@@ -69,6 +75,20 @@ PR_SET_PDEATHSIG = 1
 # The environment as orchestrate gave it, before any import could change it: a zygote that
 # restarts without a learned module (`restart_without`) execs itself with it.
 ORIGINAL_ENV = dict(os.environ)
+
+# Settings for this process's native libraries, set where the environment has none of its own
+# (through putenv only: not in os.environ, so no import sees them as the stage's environment,
+# and a forked stage's environment is its own). `JE_ARROW_MALLOC_CONF`: pyarrow's jemalloc
+# starts a background thread at import that a fork leaves running, which made every module
+# importing pyarrow (pandas, scikit-learn, transformers' generation and model classes) unfit to
+# preload; without it jemalloc purges on its allocation paths instead.
+NATIVE_SETTINGS = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}
+
+
+def set_native_settings():
+    for name, value in NATIVE_SETTINGS.items():
+        if name not in os.environ:
+            os.putenv(name, value)
 
 
 _STARTED = time.monotonic()
@@ -324,6 +344,9 @@ def become_stage(request, fds, sock, pid_pipe):
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     os.environ.clear()
     os.environ.update(dict(request["env"]))
+    for name in NATIVE_SETTINGS:  # the zygote's own, set with putenv: not the stage's
+        if name not in os.environ:
+            os.unsetenv(name)
     os.chdir(request["cwd"])
     return request["argv"]
 
@@ -352,6 +375,12 @@ def fork_stage(request, fds, sock):
         raise ValueError(f"request of protocol version {request.get('v')}, this zygote speaks {PROTOCOL_VERSION}")
     sys.stdout.flush()
     sys.stderr.flush()
+    # What the zygote holds now is never garbage in a stage: the stage's collector skips it
+    # (the fork shares its pages instead of copying them as collections touch them), and its
+    # exit does not walk it (an interpreter with torch and transformers loaded spent about
+    # 1 s in its exit's collections, bench/sharing/phases.py). Python's own advice for a process
+    # that forks without exec.
+    gc.freeze()
     read_end, write_end = os.pipe()
     intermediate = os.fork()
     if intermediate == 0:
@@ -772,6 +801,7 @@ def main():
     # installed packages only; each stage gets its own sys.path[0].
     if sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False):
         del sys.path[0]
+    set_native_settings()
     argv = serve(int(sys.argv[1]), json.loads(sys.argv[2]))
     if argv is None:
         return

@@ -909,3 +909,44 @@ fn stages_with_gpus_are_forked_from_one_zygote() {
     }
     assert_eq!(zygote_pid("a"), zygote_pid("b"), "one zygote forked both");
 }
+
+/// What a forked stage inherits from its zygote's set-up: the zygote's objects frozen for the
+/// collector (`gc.freeze()`, so the stage's collections and exit skip them), and imports that
+/// ran with pyarrow's jemalloc told not to start its background thread, while the stage's own
+/// environment (and its children's) has no such variable.
+#[test]
+fn a_forked_stage_starts_with_the_zygote_frozen_and_its_imports_saw_the_native_settings() {
+    python_available();
+    let s = Scratch::new("zygote-native");
+    write_modules(&s);
+    s.write(
+        "mods/jeconf.py",
+        "import ctypes\nlibc = ctypes.CDLL(None)\nlibc.getenv.restype = ctypes.c_char_p\n\
+         SEEN = (libc.getenv(b'JE_ARROW_MALLOC_CONF') or b'').decode()\n",
+    );
+    s.write(
+        "native.py",
+        "import gc, json, os, subprocess, sys, jeconf\n\
+         child = subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"JE_ARROW_MALLOC_CONF\"))'],\n\
+             capture_output=True, text=True).stdout.strip()\n\
+         print(json.dumps({'seen': jeconf.SEEN, 'frozen': gc.get_freeze_count(),\n\
+             'env': os.environ.get('JE_ARROW_MALLOC_CONF'), 'child': child}))\n",
+    );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\", \"jeconf\"]\n\n{}[[stage]]\nname = \"a\"\nafter = [\"warm\"]\n\
+             command = [\"python3\", \"native.py\"]\nenv = {env}\n",
+            warm_stage("warm", "", &env),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[]));
+    assert_eq!(stage_start(&run_dir, "a")["via"], "zygote");
+    let seen = stdout_json(&run_dir, "a");
+    assert_eq!(seen["seen"], "background_thread:false", "{seen}");
+    assert!(seen["frozen"].as_u64().unwrap() > 1000, "{seen}");
+    assert_eq!(seen["env"], Value::Null, "{seen}");
+    assert_eq!(seen["child"], "None", "{seen}");
+}
