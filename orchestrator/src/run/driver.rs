@@ -59,21 +59,23 @@ pub(super) enum StageNews {
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
 }
 
-/// The run loop's I/O: everything it writes to and starts with.
+/// The run loop's I/O: everything it writes to and starts with, and the handles of running
+/// and handed-over attempts by stage (which stage is in which state of a hand-over or an early
+/// start is the [`Scheduler`]'s to know).
 struct Driver<'h> {
     setup: Setup,
     host: &'h Rc<Host>,
     /// The cancel level passed on to every running stage.
     cancel_tx: watch::Sender<CancelLevel>,
     news_tx: mpsc::UnboundedSender<StageNews>,
-    /// The stage planned to start when the one stage running ends (see `handover`).
+    /// The successor's prepared attempt, shared with the task of the stage it follows, which
+    /// starts it (see `handover`; which stage it is, the scheduler knows).
     next_up: NextUp,
-    /// Stages that ending stages started in their place, not yet recorded.
+    /// The attempts that ending stages started in their place, until recorded
+    /// ([`Start::HandedOver`]).
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
     /// What stops each running early-started stage alone ([`Action::StopStage`]).
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
-    /// Stages whose directory holds the early-start mark (see `super::early`).
-    marked: std::collections::BTreeSet<usize>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -244,7 +246,6 @@ impl<'h> Driver<'h> {
             next_up: NextUp::default(),
             handed: BTreeMap::new(),
             stoppers: BTreeMap::new(),
-            marked: Default::default(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -304,11 +305,10 @@ impl<'h> Driver<'h> {
             }
         }
         if let Some((after, j, kind)) = sched.handover_candidate() {
-            if self.next_up.is_empty() {
-                let successor = self.lookahead.successor(&self.setup, sched, after, j, kind);
-                if let Some(successor) = successor {
-                    self.next_up.plan(successor);
-                }
+            let successor = self.lookahead.successor(&self.setup, sched, after, j, kind);
+            if let Some(successor) = successor {
+                self.next_up.plan(successor);
+                sched.successor_planned(after, j, kind);
             }
         }
         self.lookahead.prepare_ready(&self.setup, sched);
@@ -391,7 +391,6 @@ impl<'h> Driver<'h> {
                 stage.name,
                 ahead.join(", ")
             ));
-            self.marked.insert(i);
         }
         self.record_start(sched, i, gpus, started)
     }
@@ -549,9 +548,6 @@ impl<'h> Driver<'h> {
                 (i, result, given, chained)
             }
         };
-        // A successor planned after it that it did not start is started the ordinary way,
-        // if it still should.
-        self.next_up.abandon(i);
         let chained = chained.map(|started| {
             self.handed.insert(started.stage, started.launched);
             started.stage
@@ -723,13 +719,17 @@ impl<'h> Driver<'h> {
             // Given back as the release that caused it came in (`on_news`).
             Action::GiveBackGpus(_) => {}
             Action::StopStage(stage) => self.stop_early_start(stage),
+            // Its success is recorded (after its upstreams'): nothing left to clear.
+            Action::ClearEarlyMark(stage) => {
+                super::early::finished(&setup.run_dir, &setup.plan.plan.stages[stage].name)
+            }
+            Action::AbandonSuccessor(stage) => self.next_up.abandon(stage),
         }
         Ok(())
     }
 
     /// Records an attempt's end as the scheduler concluded it, from its `result` (none when it
-    /// never ran): one [`RunEvent::StageFinished`] for every reader; a succeeded early start's
-    /// mark cleared once its end is recorded.
+    /// never ran): one [`RunEvent::StageFinished`] for every reader.
     fn record_end(&mut self, ended: Ended, result: Option<&AttemptResult>) -> Result<()> {
         let setup = &self.setup;
         let Ended {
@@ -757,13 +757,7 @@ impl<'h> Driver<'h> {
             metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
             stderr_tail: result.and_then(|r| r.stderr_tail.clone()),
         };
-        let succeeded = status == StageStatus::Succeeded;
-        let name = (succeeded && self.marked.remove(&stage)).then(|| end.stage.clone());
         setup.events.emit(RunEvent::StageFinished(Box::new(end)))?;
-        if let Some(name) = name {
-            // Its success is recorded (after its upstreams'): nothing left to clear.
-            super::early::finished(&setup.run_dir, &name);
-        }
         Ok(())
     }
 

@@ -159,6 +159,14 @@ pub(crate) enum Action {
     /// Stop this stage's attempt now, its whole tree, as a cancel would (it started early and
     /// an upstream it started ahead of failed); its end follows and is not counted.
     StopStage(usize),
+    /// This stage's success is recorded (the [`Action::Finished`] before this one) and an
+    /// early attempt of it left the early-start mark in its directory: remove the mark.
+    ClearEarlyMark(usize),
+    /// This stage has ended with a successor planned after it
+    /// ([`Scheduler::successor_planned`]), which has started by now or never will: give back
+    /// what was prepared for it if it did not start (the run loop starts it the ordinary way,
+    /// if it still should).
+    AbandonSuccessor(usize),
 }
 
 /// An attempt to start, as [`Scheduler::next_start`] chose it.
@@ -265,6 +273,12 @@ pub(crate) struct Scheduler<'p> {
     progress: Vec<(Option<u64>, u32)>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
+    /// The successor planned to start the moment the one running stage ends
+    /// ([`Scheduler::successor_planned`]): the stage it follows, itself, and when it starts.
+    next_up: Option<(usize, usize, handover::Kind)>,
+    /// Stages an early attempt of which launched in this run: their directory holds the
+    /// early-start mark until their success is recorded ([`Action::ClearEarlyMark`]).
+    marked: BTreeSet<usize>,
     /// Why the run starts nothing more (empty while it goes on).
     stops: BTreeSet<Stopping>,
     leaked_any: bool,
@@ -331,6 +345,8 @@ impl<'p> Scheduler<'p> {
             lost: vec![false; n],
             progress: vec![(None, 0); n],
             handed: Vec::new(),
+            next_up: None,
+            marked: BTreeSet::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
             waiting_why: BTreeMap::new(),
@@ -479,9 +495,9 @@ impl<'p> Scheduler<'p> {
     }
 
     /// The stage to plan now to start the moment the one running stage ends, and how
-    /// ([`handover`]): only while exactly one stage runs, alone (no hand-over, retry or GPU
-    /// wait pending, not stopping, no early start unsettled), and only a command stage's first
-    /// attempt on the CPU. The
+    /// ([`handover`]): only while none is planned and exactly one stage runs, alone (no
+    /// hand-over, retry or GPU wait pending, not stopping, no early start unsettled), and only
+    /// a command stage's first attempt on the CPU. The
     /// first ready stage takes its slot (with `max_parallel = 1`, not with `fail_fast`); with
     /// none ready, the first stage that waits on it alone follows it as a chain.
     pub(crate) fn handover_candidate(&self) -> Option<(usize, usize, handover::Kind)> {
@@ -489,6 +505,7 @@ impl<'p> Scheduler<'p> {
             || self.slots_held != 1
             || self.live.len() != 1
             || !self.handed.is_empty()
+            || self.next_up.is_some()
             || !self.retry_queue.is_empty()
             || self.gpu_waiting
             || !self.ahead_of.is_empty()
@@ -512,6 +529,29 @@ impl<'p> Scheduler<'p> {
         };
         let eligible = self.states[j].attempts == 0 && !self.is_builtin(j) && self.on_cpu(j);
         eligible.then_some((i, j, kind))
+    }
+
+    /// The run loop planned stage `stage` to start after stage `after` at `kind` (a
+    /// [`Scheduler::handover_candidate`] it could prepare): no other is offered until `after`
+    /// hands over or ends.
+    pub(crate) fn successor_planned(&mut self, after: usize, stage: usize, kind: handover::Kind) {
+        debug_assert!(self.next_up.is_none(), "a second successor planned");
+        self.next_up = Some((after, stage, kind));
+    }
+
+    /// The successor planned, if one is: the stage it follows, itself, and when it starts.
+    #[cfg(test)]
+    pub(crate) fn next_up(&self) -> Option<(usize, usize, handover::Kind)> {
+        self.next_up
+    }
+
+    /// The successor planned after stage `after`, if any, is no longer planned; whether one was.
+    fn forget_successor_of(&mut self, after: usize) -> bool {
+        let planned = self.next_up.is_some_and(|(a, _, _)| a == after);
+        if planned {
+            self.next_up = None;
+        }
+        planned
     }
 
     /// Begins a round of starts at `now`: retries that are due become ready.
@@ -692,6 +732,10 @@ impl<'p> Scheduler<'p> {
                 may_hand_over,
             } => {
                 self.live.insert(stage, may_hand_over);
+                // The early-start mark is written before an early attempt spawns.
+                if self.early.contains(&stage) {
+                    self.marked.insert(stage);
+                }
             }
             Event::StartFailed {
                 stage,
@@ -710,6 +754,8 @@ impl<'p> Scheduler<'p> {
                 self.freed_early.insert(stage);
             }
             Event::HandedOver { from, to } => {
+                // It took the successor planned after it.
+                self.forget_successor_of(from);
                 self.slots_held -= 1;
                 self.freed_early.insert(from);
                 self.handed.push(to);
@@ -740,6 +786,9 @@ impl<'p> Scheduler<'p> {
                 result,
                 chained,
             } => {
+                if self.forget_successor_of(stage) {
+                    actions.push(Action::AbandonSuccessor(stage));
+                }
                 self.handed.extend(chained);
                 self.live.remove(&stage);
                 self.early.remove(&stage);
@@ -929,6 +978,9 @@ impl<'p> Scheduler<'p> {
         match outcome {
             Outcome::Succeeded => {
                 out.push(finished(StageStatus::Succeeded, None, None));
+                if self.marked.remove(&i) {
+                    out.push(Action::ClearEarlyMark(i));
+                }
                 self.states[i].status = Status::Succeeded;
                 self.states[i].failure = None;
                 self.release_downstream(i);
@@ -1889,6 +1941,53 @@ mod tests {
     }
 
     #[test]
+    fn a_planned_successor_is_offered_once_and_given_back_when_the_stage_before_it_ends() {
+        let p = plan("", &[("a", &[], ""), ("b", &["a"], ""), ("c", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        // c is ready: it takes a's slot.
+        assert_eq!(s.handover_candidate(), Some((0, 2, handover::Kind::Slot)));
+        s.successor_planned(0, 2, handover::Kind::Slot);
+        assert_eq!(s.handover_candidate(), None, "one successor at a time");
+        assert_eq!(s.next_up(), Some((0, 2, handover::Kind::Slot)));
+        // a ends without handing over (it failed): what was prepared for c goes back first,
+        // and c starts the ordinary way.
+        let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
+        assert_eq!(actions[0], Action::AbandonSuccessor(0), "{actions:?}");
+        assert_eq!(s.next_up(), None);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+        // No successor planned after c: its end gives nothing back.
+        let actions = end(&mut s, 2, &succeeded(), now);
+        assert!(
+            !actions.contains(&Action::AbandonSuccessor(2)),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_successor_that_took_the_slot_is_no_longer_planned_and_its_end_gives_nothing_back() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], ""), ("c", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        s.successor_planned(0, 1, handover::Kind::Slot);
+        s.on(Event::HandedOver { from: 0, to: 1 }, now);
+        assert_eq!(s.next_up(), None);
+        assert_eq!(s.handover_candidate(), None, "b is still to be recorded");
+        let actions = end(&mut s, 0, &succeeded(), now);
+        assert!(
+            !actions.contains(&Action::AbandonSuccessor(0)),
+            "{actions:?}"
+        );
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // b runs alone now, with c ready: c may be planned after b.
+        assert_eq!(s.handover_candidate(), Some((1, 2, handover::Kind::Slot)));
+    }
+
+    #[test]
     fn built_in_cpu_stages_side_by_side_share_the_cores() {
         let text = "[[stage]]\nname = \"a\"\nkind = \"train\"\n[stage.params]\ndata = \"synthetic:sft\"\n\
                     [[stage]]\nname = \"b\"\nkind = \"train\"\n[stage.params]\ndata = \"synthetic:sft\"\n";
@@ -2399,6 +2498,59 @@ mod tests {
             }) => assert!(being_written.is_empty()),
             other => panic!("b did not start again: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_launched_early_start_has_its_mark_cleared_right_after_its_success_is_recorded() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert!(matches!(
+            start_one(&mut s, &mut gpus, now),
+            Some(Start::Fresh { stage: 1, .. })
+        ));
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        let at = |a: &Action| actions.iter().position(|x| x == a);
+        let b_recorded = actions
+            .iter()
+            .position(|a| matches!(a, Action::Finished { stage: 1, .. }));
+        assert_eq!(at(&Action::ClearEarlyMark(1)), b_recorded.map(|k| k + 1));
+        assert_eq!(
+            at(&Action::ClearEarlyMark(0)),
+            None,
+            "a did not start early"
+        );
+    }
+
+    #[test]
+    fn a_void_early_start_keeps_its_mark_until_a_later_attempt_succeeds() {
+        let p = train_plan(&[("a", None, 1), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        start_one(&mut s, &mut gpus, now).unwrap();
+        // b ends first, a fails: b is void, its mark stays (the next start empties its output).
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        assert!(
+            !actions
+                .iter()
+                .any(|a| matches!(a, Action::ClearEarlyMark(_))),
+            "{actions:?}"
+        );
+        // a's retry succeeds, then b's ordinary attempt: its success clears the mark.
+        let later = now + Duration::from_secs(60);
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), later);
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![1]);
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), later);
+        assert!(actions.contains(&Action::ClearEarlyMark(1)), "{actions:?}");
     }
 
     #[test]
