@@ -129,13 +129,17 @@ pub(crate) enum Event<'a> {
 /// What the scheduler asks the run loop to do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Action {
-    /// Record an attempt's end (console and journal); `retry_in`: it will be retried then.
+    /// Record an attempt's end (console, journal, report); `failure`: the class of its
+    /// failure; `retry_in`: it will be retried then; `runs_again`: the stage waits to run again
+    /// (a retry, or a void early start).
     Finished {
         stage: usize,
         attempt: u32,
         status: StageStatus,
         error: Option<String>,
+        failure: Option<FailureClass>,
         retry_in: Option<Duration>,
+        runs_again: bool,
     },
     /// Record that a stage will not run.
     Skipped {
@@ -374,20 +378,19 @@ impl<'p> Scheduler<'p> {
         &self.states
     }
 
-    /// Keeps stage `i`'s attempt's result once its end was carried out: while its end is held
+    /// Keeps stage `i`'s attempt's result once its end was carried out, while its end is held
     /// ([`Scheduler::is_held`]), until the scheduler concludes it (then
-    /// [`Scheduler::take_concluded`] gives it back to be recorded); else as its last attempt.
+    /// [`Scheduler::take_concluded`] gives it back to be recorded); a result whose end was
+    /// recorded is not kept (the report kept what it needs from its record).
     pub(crate) fn keep_result(&mut self, i: usize, result: Box<AttemptResult>) {
         if self.is_held(i) {
             self.held_results.insert(i, result);
-        } else {
-            self.keep_last(i, *result);
         }
     }
 
     /// The held results whose end was concluded since the last call (each has its
     /// [`Action::Finished`] among the actions just returned), in the order concluded: to record
-    /// with that action, then to keep with [`Scheduler::keep_last`].
+    /// with that action.
     pub(crate) fn take_concluded(&mut self) -> Vec<(usize, Box<AttemptResult>)> {
         std::mem::take(&mut self.concluded)
     }
@@ -399,11 +402,6 @@ impl<'p> Scheduler<'p> {
             self.concluded.push((d, result));
         }
         Some(outcome)
-    }
-
-    /// Keeps what the report needs of stage `i`'s last attempt.
-    pub(crate) fn keep_last(&mut self, i: usize, result: AttemptResult) {
-        self.states[i].last = Some(crate::run::state::LastAttempt::of(result));
     }
 
     /// Why no further stage starts, if it does not.
@@ -938,7 +936,9 @@ impl<'p> Scheduler<'p> {
             error: Some(format!(
                 "stopped: it started early, before its upstream stage `{up}` finished, {why}; not counted against its retries"
             )),
+            failure: None,
             retry_in: None,
+            runs_again: true,
         });
         self.states[d].status = Status::Pending;
         let plan = self.plan;
@@ -968,21 +968,22 @@ impl<'p> Scheduler<'p> {
         let attempt = self.states[i].attempts;
         // Voided early attempts are not counted.
         let charged = attempt - self.uncharged[i];
-        let finished = |status, error, retry_in| Action::Finished {
+        let finished = |status, error, failure, retry_in: Option<Duration>| Action::Finished {
             stage: i,
             attempt,
             status,
             error,
+            failure,
             retry_in,
+            runs_again: retry_in.is_some(),
         };
         match outcome {
             Outcome::Succeeded => {
-                out.push(finished(StageStatus::Succeeded, None, None));
+                out.push(finished(StageStatus::Succeeded, None, None, None));
                 if self.marked.remove(&i) {
                     out.push(Action::ClearEarlyMark(i));
                 }
                 self.states[i].status = Status::Succeeded;
-                self.states[i].failure = None;
                 self.release_downstream(i);
             }
             Outcome::Failed(failure) => {
@@ -1013,10 +1014,10 @@ impl<'p> Scheduler<'p> {
                 };
                 out.push(finished(
                     StageStatus::Failed,
-                    Some(message.clone()),
+                    Some(message),
+                    Some(failure.class()),
                     retry_in,
                 ));
-                self.states[i].failure = Some(Box::new((failure.class(), message)));
                 match retry_in {
                     Some(wait) => {
                         let at = now + wait;
@@ -1030,7 +1031,7 @@ impl<'p> Scheduler<'p> {
                 // Its downstream stages are skipped as interrupted when the run ends (a cancel
                 // is what stops a stage here).
                 let why = Some("stopped by a signal".to_string());
-                out.push(finished(StageStatus::Cancelled, why, None));
+                out.push(finished(StageStatus::Cancelled, why, None, None));
                 self.states[i].status = Status::Cancelled;
             }
         }
@@ -1058,10 +1059,11 @@ impl<'p> Scheduler<'p> {
             stage: i,
             attempt: self.states[i].attempts,
             status: StageStatus::Failed,
-            error: Some(message.clone()),
+            error: Some(message),
+            failure: Some(class),
             retry_in: None,
+            runs_again: false,
         });
-        self.states[i].failure = Some(Box::new((class, message)));
         self.fail(i, out);
     }
 
@@ -1174,11 +1176,6 @@ impl<'p> Scheduler<'p> {
             Verdict::Succeeded
         };
         (out, verdict)
-    }
-
-    /// The stages left as the run ends.
-    pub(crate) fn into_states(self) -> Vec<StageState> {
-        self.states
     }
 }
 
@@ -1487,7 +1484,9 @@ mod tests {
                 attempt: 1,
                 status: StageStatus::Failed,
                 error: Some("exited with code 3".into()),
+                failure: Some(FailureClass::ExitCode),
                 retry_in: Some(Duration::from_millis(500)),
+                runs_again: true,
             }]
         );
         assert_eq!(s.next_retry(), Some(t0 + Duration::from_millis(500)));
@@ -1829,6 +1828,8 @@ mod tests {
             attempt: 0,
             status: StageStatus::Failed,
             error: Some(error),
+            failure: Some(FailureClass::NoGpu),
+            runs_again: false,
             ..
         } = &actions[0]
         else {
@@ -1837,10 +1838,6 @@ mod tests {
         assert!(
             error.starts_with("needs 2 GPU(s) but only 1 are usable"),
             "{error}"
-        );
-        assert_eq!(
-            s.states()[0].failure.as_deref().map(|f| f.0),
-            Some(FailureClass::NoGpu)
         );
         assert_eq!(skipped(&actions).len(), 1);
         assert!(s.is_done());
@@ -2423,10 +2420,6 @@ mod tests {
         assert!(!s.started_early(1), "its attempt ended");
         s.keep_result(1, Box::new(b));
         assert!(s.take_concluded().is_empty(), "b's end is held");
-        assert!(
-            s.states()[1].last.is_none(),
-            "and not kept as its last attempt yet"
-        );
         let a = succeeded();
         let actions = end_on_gpus(&mut s, &mut gpus, 0, &a, now);
         assert_eq!(finished_of(&actions)[1], (1, StageStatus::Succeeded, None));
@@ -2440,7 +2433,6 @@ mod tests {
             "b's own result"
         );
         assert!(s.take_concluded().is_empty(), "given back once");
-        assert!(s.states()[0].last.is_some());
     }
 
     #[test]
@@ -2543,6 +2535,18 @@ mod tests {
                 .iter()
                 .any(|a| matches!(a, Action::ClearEarlyMark(_))),
             "{actions:?}"
+        );
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::Finished {
+                    stage: 1,
+                    status: StageStatus::Cancelled,
+                    runs_again: true,
+                    ..
+                }
+            )),
+            "b is recorded as stopped and waits to run again: {actions:?}"
         );
         // a's retry succeeds, then b's ordinary attempt: its success clears the mark.
         let later = now + Duration::from_secs(60);
