@@ -1,6 +1,7 @@
 //! The run's event stream: every fact a run tells anyone leaves as one typed [`RunEvent`],
 //! and the [`Events`] handle fans it out to the registered [`Sink`]s — the console (text or
-//! JSON), the journal ([`journal::JournalSink`]), the daemon's per-run feed ([`tap::TapSink`]).
+//! JSON), the journal ([`journal::JournalSink`]), the daemon's per-run feed ([`tap::TapSink`]),
+//! and the report, which keeps every stage's record from them.
 //! A fact is emitted once; each sink takes what it shows or records from it.
 //!
 //! This module sits low: it knows the wire and journal types and plain data, nothing of how a
