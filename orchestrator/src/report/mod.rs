@@ -351,7 +351,7 @@ pub(crate) struct Snapshot<'a> {
     plan: &'a LoadedPlan,
     /// What the run knows of each stage (see [`Snapshot::all_pending`] for a run that has
     /// just started).
-    states: &'a dyn StageFacts,
+    records: &'a dyn StageFacts,
     run_dir: &'a RunDir,
     /// Where the stages ran: the Slurm job and what each stage's job steps left.
     placed: &'a dyn Placed,
@@ -364,7 +364,7 @@ impl<'a> Snapshot<'a> {
     /// placed as `placed` says.
     pub(crate) fn new(
         plan: &'a LoadedPlan,
-        states: &'a dyn StageFacts,
+        records: &'a dyn StageFacts,
         run_dir: &'a RunDir,
         gpu_check: &str,
         started: Instant,
@@ -373,7 +373,7 @@ impl<'a> Snapshot<'a> {
     ) -> Snapshot<'a> {
         Snapshot {
             plan,
-            states,
+            records,
             run_dir,
             header: Report {
                 v: protocol::PROTOCOL_VERSION,
@@ -418,7 +418,7 @@ impl<'a> Snapshot<'a> {
     pub(crate) fn stage(&self, i: usize) -> StageReport {
         let stage = &self.plan.plan.stages[i];
         let output_dir = self.run_dir.output_dir(&stage.name).display().to_string();
-        let mut record = self.states.stage_report(i, &stage.name, output_dir);
+        let mut record = self.records.stage_report(i, &stage.name, output_dir);
         // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
         let placed = self
             .placed
