@@ -783,36 +783,7 @@ impl<'p> Scheduler<'p> {
                 stage,
                 result,
                 chained,
-            } => {
-                if self.forget_successor_of(stage) {
-                    actions.push(Action::AbandonSuccessor(stage));
-                }
-                self.handed.extend(chained);
-                self.live.remove(&stage);
-                self.early.remove(&stage);
-                self.awaiting_init.remove(&stage);
-                self.gpus_released.remove(&stage);
-                if !self.freed_early.remove(&stage) {
-                    self.slots_held -= 1;
-                }
-                self.judge_gpus(result, &mut actions);
-                self.xid_hit[stage] = result
-                    .gpu
-                    .iter()
-                    .filter(|g| !g.xids.is_empty())
-                    .map(|g| g.uuid.clone())
-                    .collect();
-                note_progress(&mut self.progress[stage], result.last_step);
-                self.lost[stage] = result.lost_on.is_some();
-                self.stop_persisting(stage);
-                if let Some(upstream) = self.voided.remove(&stage) {
-                    self.void(stage, upstream, now, &mut actions);
-                } else if self.ahead_of.contains_key(&stage) {
-                    self.held.insert(stage, result.outcome.clone());
-                } else {
-                    self.conclude(stage, &result.outcome, now, &mut actions);
-                }
-            }
+            } => self.attempt_ended(stage, result, chained, now, &mut actions),
             Event::InputMissing { stage, upstream } => {
                 if self.live.contains_key(&stage) && !self.voided.contains_key(&stage) {
                     self.voided.insert(stage, upstream);
@@ -822,6 +793,47 @@ impl<'p> Scheduler<'p> {
             Event::Cancel(level) => self.cancel(level, &mut actions),
         }
         actions
+    }
+
+    /// Stage `stage`'s attempt ended with `result` (`chained`: the successor it started): its
+    /// slot and GPUs' verdicts, then its end concluded, held (it started early, ahead of an
+    /// upstream still running) or void.
+    fn attempt_ended(
+        &mut self,
+        stage: usize,
+        result: &AttemptResult,
+        chained: Option<usize>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if self.forget_successor_of(stage) {
+            out.push(Action::AbandonSuccessor(stage));
+        }
+        self.handed.extend(chained);
+        self.live.remove(&stage);
+        self.early.remove(&stage);
+        self.awaiting_init.remove(&stage);
+        self.gpus_released.remove(&stage);
+        if !self.freed_early.remove(&stage) {
+            self.slots_held -= 1;
+        }
+        self.judge_gpus(result, out);
+        self.xid_hit[stage] = result
+            .gpu
+            .iter()
+            .filter(|g| !g.xids.is_empty())
+            .map(|g| g.uuid.clone())
+            .collect();
+        note_progress(&mut self.progress[stage], result.last_step);
+        self.lost[stage] = result.lost_on.is_some();
+        self.stop_persisting(stage);
+        if let Some(upstream) = self.voided.remove(&stage) {
+            self.void(stage, upstream, now, out);
+        } else if self.ahead_of.contains_key(&stage) {
+            self.held.insert(stage, result.outcome.clone());
+        } else {
+            self.conclude(stage, &result.outcome, now, out);
+        }
     }
 
     /// Leaked GPUs under `on_leak`; a GPU hit by an XID whose recovery needs a reset is
