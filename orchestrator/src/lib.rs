@@ -15,8 +15,8 @@
 //!    [`host`] is what exists once per process (reaper, guard, GPUs, CPU budget, event
 //!    sockets, the Slurm allocation, the fork servers and zygotes), shared by every run;
 //! 6. [`report`] makes a run readable (console, `report.json`, results) from what the run gives
-//!    it (its stages' facts through `report::StageFacts`, where they ran through
-//!    `report::placed`); [`slurm`] makes a run a good citizen of a Slurm allocation (the job,
+//!    it (its stages' records, kept from the run's events by `report::stages`, where they ran
+//!    through `report::placed`); [`slurm`] makes a run a good citizen of a Slurm allocation (the job,
 //!    srun steps, requeue); [`tracking`] logs a finished run to MLflow;
 //! 7. [`plan`] loads and validates plans and fingerprints their stages; [`gpu`] is the NVML
 //!    inventory and the reclaim verdict; [`events`] carries a run's facts to its sinks

@@ -151,11 +151,6 @@ pub(crate) enum Slot {
 pub(crate) struct NextUp(Rc<RefCell<Option<Successor>>>);
 
 impl NextUp {
-    /// Whether no successor is planned.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.borrow().is_none()
-    }
-
     /// Plans `successor` (replacing none: the run loop plans one only while none is planned).
     pub(crate) fn plan(&self, successor: Successor) {
         let old = self.0.borrow_mut().replace(successor);

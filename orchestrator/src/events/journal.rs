@@ -125,6 +125,8 @@ mod tests {
             attempt: 2,
             status: StageStatus::Failed,
             error: Some("exit 1".into()),
+            failure: Some(protocol::status::FailureClass::ExitCode),
+            runs_again: false,
             lost_on: None,
             retry_in: None,
             wall: Some(Duration::from_secs(3)),
@@ -135,6 +137,7 @@ mod tests {
             .unwrap()],
             metrics: Default::default(),
             stderr_tail: None,
+            facts: None,
         };
         let record = record_of(&RunEvent::StageFinished(Box::new(end))).unwrap();
         let JournalRecord::StageFinished {

@@ -1,6 +1,7 @@
 //! The run's event stream: every fact a run tells anyone leaves as one typed [`RunEvent`],
 //! and the [`Events`] handle fans it out to the registered [`Sink`]s — the console (text or
-//! JSON), the journal ([`journal::JournalSink`]), the daemon's per-run feed ([`tap::TapSink`]).
+//! JSON), the journal ([`journal::JournalSink`]), the daemon's per-run feed ([`tap::TapSink`]),
+//! and the report, which keeps every stage's record from them.
 //! A fact is emitted once; each sink takes what it shows or records from it.
 //!
 //! This module sits low: it knows the wire and journal types and plain data, nothing of how a
@@ -10,7 +11,7 @@ pub mod journal;
 pub mod tap;
 
 use protocol::daemon::RunEventKind;
-use protocol::report::CheckpointRecord;
+use protocol::report::{CheckpointRecord, GpuRecord, HostUsage, StageStart, StageTiming};
 use protocol::status::{FailureClass, RunStatus, StageStatus};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -127,6 +128,11 @@ pub struct StageEnd {
     pub status: StageStatus,
     /// Why it did not succeed.
     pub error: Option<String>,
+    /// The class of its failure, when it failed.
+    pub failure: Option<FailureClass>,
+    /// Whether the stage runs again: a retry (see `retry_in`), or an early start made void,
+    /// which waits for its upstream stages again. Until then it stands as pending.
+    pub runs_again: bool,
     /// The node a placed step was lost on, if it was.
     pub lost_on: Option<String>,
     /// When it is tried again, if it is.
@@ -141,6 +147,32 @@ pub struct StageEnd {
     pub metrics: BTreeMap<String, f64>,
     /// The last lines of its stderr.
     pub stderr_tail: Option<String>,
+    /// What else the attempt left, for the report; `None` when it never ran (with `wall`).
+    pub facts: Option<Box<AttemptFacts>>,
+}
+
+/// What an attempt that ran left beyond its outputs, metrics and stderr: how its first process
+/// ended, its GPUs' verdicts, its milestones and what its processes used.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AttemptFacts {
+    /// The first process's exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the first process, by name, if one did.
+    pub signal: Option<String>,
+    /// Per-GPU verification.
+    pub gpu: Vec<GpuRecord>,
+    /// Processes that outlived the first process and had to be stopped ("pid N (name)").
+    pub leftover_processes: Vec<String>,
+    /// Malformed messages received.
+    pub protocol_violations: Vec<String>,
+    /// Milestones (absent for an attempt that never started).
+    pub timing: Option<StageTiming>,
+    /// CPU time and memory of the stage's processes.
+    pub host: Option<HostUsage>,
+    /// Stages with `preload`: how its first process was started.
+    pub start: Option<StageStart>,
+    /// It was started early, ahead of an upstream stage still persisting its outputs.
+    pub started_early: bool,
 }
 
 impl StageEnd {

@@ -105,6 +105,8 @@ mod tests {
             attempt: 1,
             status: StageStatus::Failed,
             error: Some("exit status 1".into()),
+            failure: Some(FailureClass::ExitCode),
+            runs_again: retry_in.is_some(),
             lost_on: None,
             retry_in,
             wall: Some(Duration::from_secs(2)),
@@ -112,6 +114,7 @@ mod tests {
             checkpoints: Vec::new(),
             metrics: Default::default(),
             stderr_tail: Some("Traceback".into()),
+            facts: None,
         }))
     }
 

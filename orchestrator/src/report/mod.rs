@@ -1,10 +1,12 @@
-//! Building `report.json` and the end-of-run summary from the run's stage states.
+//! Building `report.json` and the end-of-run summary from the run's stage records, which
+//! [`stages::ReportSink`] keeps from the run's events.
 
 pub mod console;
 pub mod console_bars;
 pub mod console_table;
 pub mod placed;
 pub(crate) mod results;
+pub mod stages;
 
 use crate::plan::LoadedPlan;
 use crate::report::console::human_duration;
@@ -294,8 +296,8 @@ pub(crate) fn metrics_text(metrics: &std::collections::BTreeMap<String, f64>) ->
     parts.join(" ")
 }
 
-/// What a run knows of its stages, as its report reads them one at a time: the run's stage
-/// states give it (`run::state`), so that the report needs nothing of how a run keeps them.
+/// What a run knows of its stages, as its report reads them one at a time: the records kept
+/// from the run's events ([`stages::StageRecords`]), or every stage pending as a run starts.
 /// `Sync`: the run's results are written beside its report, from the same snapshot.
 pub(crate) trait StageFacts: Sync {
     /// Stage `i`'s record as the run knows it (status, attempts, failure, its last attempt's
@@ -342,14 +344,14 @@ pub(crate) fn pending_stage(name: &str, output_dir: String) -> StageReport {
     }
 }
 
-/// A run's report as of now, built one stage at a time from the run's stage states as it is
+/// A run's report as of now, built one stage at a time from the run's stage records as it is
 /// written or summarised: never held whole (a 100,000-stage sweep's report is tens of
 /// megabytes of JSON). Serializes exactly as [`Report`] does.
 pub(crate) struct Snapshot<'a> {
     plan: &'a LoadedPlan,
     /// What the run knows of each stage (see [`Snapshot::all_pending`] for a run that has
     /// just started).
-    states: &'a dyn StageFacts,
+    records: &'a dyn StageFacts,
     run_dir: &'a RunDir,
     /// Where the stages ran: the Slurm job and what each stage's job steps left.
     placed: &'a dyn Placed,
@@ -358,11 +360,11 @@ pub(crate) struct Snapshot<'a> {
 }
 
 impl<'a> Snapshot<'a> {
-    /// The report of a run from its stages' states (`status`: the run's, so far), its stages
+    /// The report of a run from its stages' records (`status`: the run's, so far), its stages
     /// placed as `placed` says.
     pub(crate) fn new(
         plan: &'a LoadedPlan,
-        states: &'a dyn StageFacts,
+        records: &'a dyn StageFacts,
         run_dir: &'a RunDir,
         gpu_check: &str,
         started: Instant,
@@ -371,7 +373,7 @@ impl<'a> Snapshot<'a> {
     ) -> Snapshot<'a> {
         Snapshot {
             plan,
-            states,
+            records,
             run_dir,
             header: Report {
                 v: protocol::PROTOCOL_VERSION,
@@ -407,11 +409,6 @@ impl<'a> Snapshot<'a> {
         )
     }
 
-    /// The run's status as this snapshot gives it.
-    pub(crate) fn status(&self) -> RunStatus {
-        self.header.status
-    }
-
     /// How many stages the plan has.
     pub(crate) fn len(&self) -> usize {
         self.plan.plan.stages.len()
@@ -421,7 +418,7 @@ impl<'a> Snapshot<'a> {
     pub(crate) fn stage(&self, i: usize) -> StageReport {
         let stage = &self.plan.plan.stages[i];
         let output_dir = self.run_dir.output_dir(&stage.name).display().to_string();
-        let mut record = self.states.stage_report(i, &stage.name, output_dir);
+        let mut record = self.records.stage_report(i, &stage.name, output_dir);
         // srun stages: their tasks and the GPU check of their nodes (empty otherwise).
         let placed = self
             .placed

@@ -23,7 +23,7 @@ use crate::attempt::launch::{self, CancelLevel, Launched, Services};
 use crate::attempt::outcome::{AttemptResult, Failure};
 use crate::attempt::supervise;
 use crate::error::{Context, Result};
-use crate::events::{RunEvent, StageEnd};
+use crate::events::{AttemptFacts, RunEvent, StageEnd};
 use crate::gpu::{self, GpuInfo};
 use crate::host::{Host, Ticket};
 use crate::plan::LoadedPlan;
@@ -59,21 +59,23 @@ pub(super) enum StageNews {
     Done(usize, Box<AttemptResult>, Vec<GpuInfo>, Option<Started>),
 }
 
-/// The run loop's I/O: everything it writes to and starts with.
+/// The run loop's I/O: everything it writes to and starts with, and the handles of running
+/// and handed-over attempts by stage (which stage is in which state of a hand-over or an early
+/// start is the [`Scheduler`]'s to know).
 struct Driver<'h> {
     setup: Setup,
     host: &'h Rc<Host>,
     /// The cancel level passed on to every running stage.
     cancel_tx: watch::Sender<CancelLevel>,
     news_tx: mpsc::UnboundedSender<StageNews>,
-    /// The stage planned to start when the one stage running ends (see `handover`).
+    /// The successor's prepared attempt, shared with the task of the stage it follows, which
+    /// starts it (see `handover`; which stage it is, the scheduler knows).
     next_up: NextUp,
-    /// Stages that ending stages started in their place, not yet recorded.
+    /// The attempts that ending stages started in their place, until recorded
+    /// ([`Start::HandedOver`]).
     handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
     /// What stops each running early-started stage alone ([`Action::StopStage`]).
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
-    /// Stages whose directory holds the early-start mark (see `super::early`).
-    marked: std::collections::BTreeSet<usize>,
     lookahead: Lookahead,
     started: Instant,
     started_unix: f64,
@@ -109,7 +111,7 @@ pub(super) async fn drive(
         sched.pace_starts(bucket);
     }
     let (news_tx, mut news_rx) = mpsc::unbounded_channel::<StageNews>();
-    let mut driver = Driver::start(setup, host, news_tx, sched.states())?;
+    let mut driver = Driver::start(setup, host, news_tx)?;
     // A cancel that came before the run started applies at once.
     let early = *cancel.borrow_and_update();
     let actions = sched.on(Event::Cancel(early), Instant::now());
@@ -195,7 +197,6 @@ impl<'h> Driver<'h> {
         setup: Setup,
         host: &'h Rc<Host>,
         news_tx: mpsc::UnboundedSender<StageNews>,
-        states: &Vec<StageState>,
     ) -> Result<Driver<'h>> {
         let started = Instant::now();
         let run_dir = &setup.run_dir;
@@ -227,7 +228,7 @@ impl<'h> Driver<'h> {
         if setup.resume {
             Snapshot::new(
                 &setup.plan,
-                states,
+                &*setup.report.read(),
                 run_dir,
                 &setup.cleared.gpu_check,
                 started,
@@ -244,7 +245,6 @@ impl<'h> Driver<'h> {
             next_up: NextUp::default(),
             handed: BTreeMap::new(),
             stoppers: BTreeMap::new(),
-            marked: Default::default(),
             lookahead,
             started,
             started_unix: crate::timefmt::unix_secs_f64(),
@@ -304,11 +304,10 @@ impl<'h> Driver<'h> {
             }
         }
         if let Some((after, j, kind)) = sched.handover_candidate() {
-            if self.next_up.is_empty() {
-                let successor = self.lookahead.successor(&self.setup, sched, after, j, kind);
-                if let Some(successor) = successor {
-                    self.next_up.plan(successor);
-                }
+            let successor = self.lookahead.successor(&self.setup, after, j, kind);
+            if let Some(successor) = successor {
+                self.next_up.plan(successor);
+                sched.successor_planned(after, j, kind);
             }
         }
         self.lookahead.prepare_ready(&self.setup, sched);
@@ -356,10 +355,7 @@ impl<'h> Driver<'h> {
             prepared: written.as_ref().map(|w| w.fresh),
             being_written: &being_written,
         };
-        let prepared = cleared.and_then(|()| {
-            self.lookahead
-                .prepare_attempt(setup, sched.states(), request)
-        });
+        let prepared = cleared.and_then(|()| self.lookahead.prepare_attempt(setup, request));
         let attempt_plan = match prepared {
             Ok(p) => setup.placement.place(p, stage),
             Err(failure) => {
@@ -391,7 +387,6 @@ impl<'h> Driver<'h> {
                 stage.name,
                 ahead.join(", ")
             ));
-            self.marked.insert(i);
         }
         self.record_start(sched, i, gpus, started)
     }
@@ -549,9 +544,6 @@ impl<'h> Driver<'h> {
                 (i, result, given, chained)
             }
         };
-        // A successor planned after it that it did not start is started the ordinary way,
-        // if it still should.
-        self.next_up.abandon(i);
         let chained = chained.map(|started| {
             self.handed.insert(started.stage, started.launched);
             started.stage
@@ -574,7 +566,7 @@ impl<'h> Driver<'h> {
         self.carry_out(sched, actions, Some(&result))?;
         sched.keep_result(i, result);
         self.check_early_inits(sched)?;
-        self.rewrite_report(sched)
+        self.rewrite_report()
     }
 
     /// After an attempt's end: an early-started stage still waiting for its `init` stage's
@@ -623,7 +615,7 @@ impl<'h> Driver<'h> {
     /// every rewrite is time the next stage waits, so its share is a cost per stage that grows
     /// with the plan; the measurements behind 0.2%: `bench/overhead/README.md`, the tenth
     /// round).
-    fn rewrite_report(&mut self, sched: &Scheduler<'_>) -> Result<()> {
+    fn rewrite_report(&mut self) -> Result<()> {
         if self.last_report.elapsed() < self.report_every {
             return Ok(());
         }
@@ -632,7 +624,7 @@ impl<'h> Driver<'h> {
         let t = Instant::now();
         Snapshot::new(
             &setup.plan,
-            sched.states(),
+            &*setup.report.read(),
             &setup.run_dir,
             &setup.cleared.gpu_check,
             self.started,
@@ -647,7 +639,7 @@ impl<'h> Driver<'h> {
 
     /// Carries out the scheduler's actions, in order; `result`: the attempt whose end they
     /// follow from, if one did. An end the scheduler held and concluded now is recorded with
-    /// its own attempt's result, then kept as that stage's last attempt.
+    /// its own attempt's result.
     fn carry_out(
         &mut self,
         sched: &mut Scheduler<'_>,
@@ -665,9 +657,6 @@ impl<'h> Driver<'h> {
             };
             self.carry_out_one(action, held.or(result))?;
         }
-        for (d, held) in concluded {
-            sched.keep_last(d, *held);
-        }
         Ok(())
     }
 
@@ -683,14 +672,18 @@ impl<'h> Driver<'h> {
                 attempt,
                 status,
                 error,
+                failure,
                 retry_in,
+                runs_again,
             } => {
                 let ended = Ended {
                     stage,
                     attempt,
                     status,
                     error,
+                    failure,
                     retry_in,
+                    runs_again,
                 };
                 self.record_end(ended, result)?;
             }
@@ -723,13 +716,18 @@ impl<'h> Driver<'h> {
             // Given back as the release that caused it came in (`on_news`).
             Action::GiveBackGpus(_) => {}
             Action::StopStage(stage) => self.stop_early_start(stage),
+            // Its success is recorded (after its upstreams'): nothing left to clear.
+            Action::ClearEarlyMark(stage) => {
+                super::early::finished(&setup.run_dir, &setup.plan.plan.stages[stage].name)
+            }
+            Action::AbandonSuccessor(stage) => self.next_up.abandon(stage),
         }
         Ok(())
     }
 
     /// Records an attempt's end as the scheduler concluded it, from its `result` (none when it
-    /// never ran): one [`RunEvent::StageFinished`] for every reader; a succeeded early start's
-    /// mark cleared once its end is recorded.
+    /// never ran): one [`RunEvent::StageFinished`] for every reader, with all that the
+    /// report keeps of it.
     fn record_end(&mut self, ended: Ended, result: Option<&AttemptResult>) -> Result<()> {
         let setup = &self.setup;
         let Ended {
@@ -737,7 +735,9 @@ impl<'h> Driver<'h> {
             attempt,
             status,
             error,
+            failure,
             retry_in,
+            runs_again,
         } = ended;
         let name = setup.plan.plan.stages[stage].name.clone();
         // A placed step lost on its node: the node, beside srun's own words.
@@ -749,6 +749,8 @@ impl<'h> Driver<'h> {
             attempt,
             status,
             error,
+            failure,
+            runs_again,
             lost_on,
             retry_in,
             wall: result.map(|r| r.wall),
@@ -756,14 +758,9 @@ impl<'h> Driver<'h> {
             checkpoints: result.map(|r| r.checkpoints.clone()).unwrap_or_default(),
             metrics: result.map(|r| r.metrics.clone()).unwrap_or_default(),
             stderr_tail: result.and_then(|r| r.stderr_tail.clone()),
+            facts: result.map(|r| Box::new(facts_of(r))),
         };
-        let succeeded = status == StageStatus::Succeeded;
-        let name = (succeeded && self.marked.remove(&stage)).then(|| end.stage.clone());
         setup.events.emit(RunEvent::StageFinished(Box::new(end)))?;
-        if let Some(name) = name {
-            // Its success is recorded (after its upstreams'): nothing left to clear.
-            super::early::finished(&setup.run_dir, &name);
-        }
         Ok(())
     }
 
@@ -816,19 +813,26 @@ impl<'h> Driver<'h> {
             .emit(RunEvent::RunVerdict { status, exit_code })?;
         self.host.stop_waiting(setup.ticket);
         self.run_files.finish(&setup.events)?;
-        let states = sched.into_states();
         let setup = &self.setup;
-        let report = Snapshot::new(
-            &setup.plan,
-            &states,
-            &setup.run_dir,
-            &setup.cleared.gpu_check,
-            self.started,
-            status,
-            &setup.placement,
-        );
-        ending::write_report_and_results(setup, &report);
-        ending::track(setup, &report).await;
+        // Every stage's end and skip is in the records now: written from them once, the
+        // guard let go before the run waits for the tracker.
+        let (summary, tracked) = {
+            let records = setup.report.read();
+            let report = Snapshot::new(
+                &setup.plan,
+                &*records,
+                &setup.run_dir,
+                &setup.cleared.gpu_check,
+                self.started,
+                status,
+                &setup.placement,
+            );
+            ending::write_report_and_results(setup, &report);
+            (report.summary(), ending::to_track(setup, &report))
+        };
+        if let Some(tracked) = tracked {
+            ending::track(setup, tracked).await;
+        }
         if let Some(sampler) = self.sampler.take() {
             sampler.abort();
             ending::draw_gpu_memory(setup, &self.spans, self.started);
@@ -838,8 +842,8 @@ impl<'h> Driver<'h> {
             .emit(RunEvent::RunFinished { status, exit_code })?;
         Ok(RunSummary {
             exit_code,
-            status: report.status(),
-            summary: report.summary(),
+            status,
+            summary,
         })
     }
 }
@@ -850,7 +854,34 @@ struct Ended {
     attempt: u32,
     status: StageStatus,
     error: Option<String>,
+    failure: Option<FailureClass>,
     retry_in: Option<Duration>,
+    runs_again: bool,
+}
+
+/// What an attempt that ran left beyond its outputs, metrics and stderr, as its end's event
+/// carries it.
+fn facts_of(result: &AttemptResult) -> AttemptFacts {
+    use crate::process::reaper::ExitStatus;
+    AttemptFacts {
+        exit_code: match result.exit {
+            Some(ExitStatus::Code(c)) => Some(c),
+            _ => None,
+        },
+        signal: match result.exit {
+            Some(ExitStatus::Signal(s)) => Some(crate::process::tree::signal_name(s)),
+            _ => None,
+        },
+        gpu: result.gpu.clone(),
+        leftover_processes: (result.leftovers.iter())
+            .map(|p| format!("pid {} ({})", p.pid, p.name))
+            .collect(),
+        protocol_violations: result.violations.clone(),
+        timing: result.timing,
+        host: result.host,
+        start: result.start.clone(),
+        started_early: result.started_early,
+    }
 }
 
 /// A fresh start as the scheduler chose it ([`Start::Fresh`]), less the stage.

@@ -109,18 +109,34 @@ pub(super) fn draw_gpu_memory(setup: &Setup, spans: &[gpu::timeline::StageSpan],
     }
 }
 
-/// Logs the finished run (its final `report`) to the experiment tracker its plan names, if
-/// any, on a blocking thread (a daemon's runs share this runtime). What happened is one line;
-/// nothing here changes the run's outcome.
-pub(super) async fn track(setup: &Setup, report: &Snapshot<'_>) {
+/// A finished run to log to the experiment tracker its plan names: where, and its report.
+pub(super) struct Tracked {
+    target: crate::tracking::Target,
+    report: protocol::report::Report,
+}
+
+/// What [`track`] logs of the finished run (its final `report`), if its plan names a tracker
+/// (a tracker it names wrongly is one warning).
+pub(super) fn to_track(setup: &Setup, report: &Snapshot<'_>) -> Option<Tracked> {
+    match crate::tracking::target(&setup.plan.plan.run) {
+        Ok(Some(target)) => Some(Tracked {
+            target,
+            report: report.to_report(),
+        }),
+        Ok(None) => None,
+        Err(e) => {
+            setup.events.warn(&format!("tracking: {e}"));
+            None
+        }
+    }
+}
+
+/// Logs the finished run to the experiment tracker, on a blocking thread (a daemon's runs
+/// share this runtime). What happened is one line; nothing here changes the run's outcome.
+pub(super) async fn track(setup: &Setup, tracked: Tracked) {
     let console = &setup.events;
-    let target = match crate::tracking::target(&setup.plan.plan.run) {
-        Ok(Some(target)) => target,
-        Ok(None) => return,
-        Err(e) => return console.warn(&format!("tracking: {e}")),
-    };
+    let Tracked { target, report } = tracked;
     let root = setup.run_dir.root().to_path_buf();
-    let report = report.to_report();
     let params = crate::tracking::stage_params(&setup.plan);
     let to = target.clone();
     let logged =

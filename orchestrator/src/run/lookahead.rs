@@ -4,7 +4,6 @@
 
 use super::scheduler::Scheduler;
 use super::setup::Setup;
-use super::state::StageState;
 use crate::attempt::handover::{Kind, Successor};
 use crate::attempt::launch::AttemptPlan;
 use crate::attempt::outcome::Failure;
@@ -67,17 +66,18 @@ impl Lookahead {
         self.preparer.release(i);
     }
 
-    /// The plan of one attempt (see [`Request`]).
+    /// The plan of one attempt (see [`Request`]); its inputs are its upstream stages'
+    /// outputs as the report's records keep them.
     pub(super) fn prepare_attempt(
         &self,
         setup: &Setup,
-        states: &[StageState],
         request: Request<'_>,
     ) -> std::result::Result<AttemptPlan, Failure> {
+        let records = setup.report.read();
         let context = AttemptContext {
             plan: &setup.plan,
             run_dir: &setup.run_dir,
-            outputs: &states,
+            outputs: &*records,
             worker: setup.worker.as_deref(),
             machine_has_gpus: !setup.cleared.gpus.is_empty(),
             socket_dir: self.sockets.path(),
@@ -107,7 +107,6 @@ impl Lookahead {
     pub(super) fn successor(
         &self,
         setup: &Setup,
-        sched: &Scheduler<'_>,
         after: usize,
         j: usize,
         kind: Kind,
@@ -126,7 +125,7 @@ impl Lookahead {
             prepared: fresh,
             being_written: &[],
         };
-        let planned = self.prepare_attempt(setup, sched.states(), request);
+        let planned = self.prepare_attempt(setup, request);
         let files = written.and_then(|w| w.files);
         match planned {
             Ok(p) => Some(Successor::new(after, j, kind, p, files)),

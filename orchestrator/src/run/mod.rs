@@ -32,8 +32,9 @@ use crate::events::journal::{JournalSink, SharedJournal};
 use crate::events::{Events, RunEvent};
 use crate::host::Host;
 use crate::plan::LoadedPlan;
+use crate::report::stages::StageRecord;
 use crate::run::resume::Decision;
-use crate::run::state::{LastAttempt, StageState};
+use crate::run::state::StageState;
 use crate::store::journal::Journal;
 use crate::store::rundir::RunDir;
 use protocol::status::RunStatus;
@@ -197,6 +198,9 @@ async fn run_in_span(
         stages: plan.plan.stages.len(),
     })?;
     placement.begin(&journal, &events, &host.reaper).await?;
+    let (states, records) = initial_states(&plan, decisions.as_deref(), &run_dir)?;
+    let report = crate::report::stages::StageBook::new(plan.clone(), records);
+    let events = events.with(report.sink());
     let settings = &plan.plan.run;
     let services = Rc::new(Services {
         reaper: host.reaper.clone(),
@@ -211,7 +215,6 @@ async fn run_in_span(
         forkers: host.forkers.clone(),
         hand_on_at_release: host.settings.hand_on_at_release,
     });
-    let states = initial_states(&plan, decisions.as_deref(), &run_dir)?;
     let setup = setup::Setup {
         plan: plan.clone(),
         run_dir,
@@ -225,6 +228,7 @@ async fn run_in_span(
         journal,
         services,
         fingerprints,
+        report,
     };
     driver::drive(setup, states, host, cancel, stop_signal).await
 }
@@ -338,31 +342,34 @@ async fn resume_decisions(
     Ok(decisions)
 }
 
-/// Every stage's state as the run begins: pending, or kept as a resume decided (a stage run
-/// again whose old outputs must go has them removed now).
+/// Every stage's state as the run begins, the scheduler's and the report's: pending, or kept
+/// as a resume decided (a stage run again whose old outputs must go has them removed now).
 fn initial_states(
     plan: &LoadedPlan,
     decisions: Option<&[Decision]>,
     run_dir: &RunDir,
-) -> Result<Vec<StageState>> {
-    let mut states = Vec::with_capacity(plan.plan.stages.len());
+) -> Result<(Vec<StageState>, Vec<StageRecord>)> {
+    let n = plan.plan.stages.len();
+    let (mut states, mut records) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for (i, stage) in plan.plan.stages.iter().enumerate() {
-        let state = match decisions.map(|d| &d[i]) {
+        let (state, record) = match decisions.map(|d| &d[i]) {
             Some(Decision::Keep {
                 attempts,
                 checkpoints,
                 metrics,
                 wall_s,
-            }) => StageState {
-                status: state::Status::Succeeded,
-                attempts: *attempts,
-                last: Some(LastAttempt::kept(
+            }) => (
+                StageState {
+                    status: state::Status::Succeeded,
+                    attempts: *attempts,
+                },
+                StageRecord::kept(
+                    *attempts,
                     checkpoints.clone(),
                     metrics.clone(),
                     Duration::from_secs_f64(wall_s.unwrap_or(0.0).max(0.0)),
-                )),
-                failure: None,
-            },
+                ),
+            ),
             Some(Decision::Run {
                 attempts,
                 clear_output,
@@ -375,11 +382,15 @@ fn initial_states(
                             .with_context(|| format!("cannot clear {}", dir.display()))?;
                     }
                 }
-                StageState::pending(*attempts)
+                (
+                    StageState::pending(*attempts),
+                    StageRecord::pending(*attempts),
+                )
             }
-            None => StageState::pending(0),
+            None => (StageState::pending(0), StageRecord::pending(0)),
         };
         states.push(state);
+        records.push(record);
     }
-    Ok(states)
+    Ok((states, records))
 }

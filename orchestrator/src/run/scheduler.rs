@@ -129,13 +129,17 @@ pub(crate) enum Event<'a> {
 /// What the scheduler asks the run loop to do, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Action {
-    /// Record an attempt's end (console and journal); `retry_in`: it will be retried then.
+    /// Record an attempt's end (console, journal, report); `failure`: the class of its
+    /// failure; `retry_in`: it will be retried then; `runs_again`: the stage waits to run again
+    /// (a retry, or a void early start).
     Finished {
         stage: usize,
         attempt: u32,
         status: StageStatus,
         error: Option<String>,
+        failure: Option<FailureClass>,
         retry_in: Option<Duration>,
+        runs_again: bool,
     },
     /// Record that a stage will not run.
     Skipped {
@@ -159,6 +163,14 @@ pub(crate) enum Action {
     /// Stop this stage's attempt now, its whole tree, as a cancel would (it started early and
     /// an upstream it started ahead of failed); its end follows and is not counted.
     StopStage(usize),
+    /// This stage's success is recorded (the [`Action::Finished`] before this one) and an
+    /// early attempt of it left the early-start mark in its directory: remove the mark.
+    ClearEarlyMark(usize),
+    /// This stage has ended with a successor planned after it
+    /// ([`Scheduler::successor_planned`]), which has started by now or never will: give back
+    /// what was prepared for it if it did not start (the run loop starts it the ordinary way,
+    /// if it still should).
+    AbandonSuccessor(usize),
 }
 
 /// An attempt to start, as [`Scheduler::next_start`] chose it.
@@ -265,6 +277,12 @@ pub(crate) struct Scheduler<'p> {
     progress: Vec<(Option<u64>, u32)>,
     /// Stages an ending stage started in its place, not yet recorded.
     handed: Vec<usize>,
+    /// The successor planned to start the moment the one running stage ends
+    /// ([`Scheduler::successor_planned`]): the stage it follows, itself, and when it starts.
+    next_up: Option<(usize, usize, handover::Kind)>,
+    /// Stages an early attempt of which launched in this run: their directory holds the
+    /// early-start mark until their success is recorded ([`Action::ClearEarlyMark`]).
+    marked: BTreeSet<usize>,
     /// Why the run starts nothing more (empty while it goes on).
     stops: BTreeSet<Stopping>,
     leaked_any: bool,
@@ -331,6 +349,8 @@ impl<'p> Scheduler<'p> {
             lost: vec![false; n],
             progress: vec![(None, 0); n],
             handed: Vec::new(),
+            next_up: None,
+            marked: BTreeSet::new(),
             stops: BTreeSet::new(),
             leaked_any: false,
             waiting_why: BTreeMap::new(),
@@ -358,20 +378,19 @@ impl<'p> Scheduler<'p> {
         &self.states
     }
 
-    /// Keeps stage `i`'s attempt's result once its end was carried out: while its end is held
+    /// Keeps stage `i`'s attempt's result once its end was carried out, while its end is held
     /// ([`Scheduler::is_held`]), until the scheduler concludes it (then
-    /// [`Scheduler::take_concluded`] gives it back to be recorded); else as its last attempt.
+    /// [`Scheduler::take_concluded`] gives it back to be recorded); a result whose end was
+    /// recorded is not kept (the report kept what it needs from its record).
     pub(crate) fn keep_result(&mut self, i: usize, result: Box<AttemptResult>) {
         if self.is_held(i) {
             self.held_results.insert(i, result);
-        } else {
-            self.keep_last(i, *result);
         }
     }
 
     /// The held results whose end was concluded since the last call (each has its
     /// [`Action::Finished`] among the actions just returned), in the order concluded: to record
-    /// with that action, then to keep with [`Scheduler::keep_last`].
+    /// with that action.
     pub(crate) fn take_concluded(&mut self) -> Vec<(usize, Box<AttemptResult>)> {
         std::mem::take(&mut self.concluded)
     }
@@ -383,11 +402,6 @@ impl<'p> Scheduler<'p> {
             self.concluded.push((d, result));
         }
         Some(outcome)
-    }
-
-    /// Keeps what the report needs of stage `i`'s last attempt.
-    pub(crate) fn keep_last(&mut self, i: usize, result: AttemptResult) {
-        self.states[i].last = Some(crate::run::state::LastAttempt::of(result));
     }
 
     /// Why no further stage starts, if it does not.
@@ -479,9 +493,9 @@ impl<'p> Scheduler<'p> {
     }
 
     /// The stage to plan now to start the moment the one running stage ends, and how
-    /// ([`handover`]): only while exactly one stage runs, alone (no hand-over, retry or GPU
-    /// wait pending, not stopping, no early start unsettled), and only a command stage's first
-    /// attempt on the CPU. The
+    /// ([`handover`]): only while none is planned and exactly one stage runs, alone (no
+    /// hand-over, retry or GPU wait pending, not stopping, no early start unsettled), and only
+    /// a command stage's first attempt on the CPU. The
     /// first ready stage takes its slot (with `max_parallel = 1`, not with `fail_fast`); with
     /// none ready, the first stage that waits on it alone follows it as a chain.
     pub(crate) fn handover_candidate(&self) -> Option<(usize, usize, handover::Kind)> {
@@ -489,6 +503,7 @@ impl<'p> Scheduler<'p> {
             || self.slots_held != 1
             || self.live.len() != 1
             || !self.handed.is_empty()
+            || self.next_up.is_some()
             || !self.retry_queue.is_empty()
             || self.gpu_waiting
             || !self.ahead_of.is_empty()
@@ -512,6 +527,29 @@ impl<'p> Scheduler<'p> {
         };
         let eligible = self.states[j].attempts == 0 && !self.is_builtin(j) && self.on_cpu(j);
         eligible.then_some((i, j, kind))
+    }
+
+    /// The run loop planned stage `stage` to start after stage `after` at `kind` (a
+    /// [`Scheduler::handover_candidate`] it could prepare): no other is offered until `after`
+    /// hands over or ends.
+    pub(crate) fn successor_planned(&mut self, after: usize, stage: usize, kind: handover::Kind) {
+        debug_assert!(self.next_up.is_none(), "a second successor planned");
+        self.next_up = Some((after, stage, kind));
+    }
+
+    /// The successor planned, if one is: the stage it follows, itself, and when it starts.
+    #[cfg(test)]
+    pub(crate) fn next_up(&self) -> Option<(usize, usize, handover::Kind)> {
+        self.next_up
+    }
+
+    /// The successor planned after stage `after`, if any, is no longer planned; whether one was.
+    fn forget_successor_of(&mut self, after: usize) -> bool {
+        let planned = self.next_up.is_some_and(|(a, _, _)| a == after);
+        if planned {
+            self.next_up = None;
+        }
+        planned
     }
 
     /// Begins a round of starts at `now`: retries that are due become ready.
@@ -692,6 +730,10 @@ impl<'p> Scheduler<'p> {
                 may_hand_over,
             } => {
                 self.live.insert(stage, may_hand_over);
+                // The early-start mark is written before an early attempt spawns.
+                if self.early.contains(&stage) {
+                    self.marked.insert(stage);
+                }
             }
             Event::StartFailed {
                 stage,
@@ -710,6 +752,8 @@ impl<'p> Scheduler<'p> {
                 self.freed_early.insert(stage);
             }
             Event::HandedOver { from, to } => {
+                // It took the successor planned after it.
+                self.forget_successor_of(from);
                 self.slots_held -= 1;
                 self.freed_early.insert(from);
                 self.handed.push(to);
@@ -739,33 +783,7 @@ impl<'p> Scheduler<'p> {
                 stage,
                 result,
                 chained,
-            } => {
-                self.handed.extend(chained);
-                self.live.remove(&stage);
-                self.early.remove(&stage);
-                self.awaiting_init.remove(&stage);
-                self.gpus_released.remove(&stage);
-                if !self.freed_early.remove(&stage) {
-                    self.slots_held -= 1;
-                }
-                self.judge_gpus(result, &mut actions);
-                self.xid_hit[stage] = result
-                    .gpu
-                    .iter()
-                    .filter(|g| !g.xids.is_empty())
-                    .map(|g| g.uuid.clone())
-                    .collect();
-                note_progress(&mut self.progress[stage], result.last_step);
-                self.lost[stage] = result.lost_on.is_some();
-                self.stop_persisting(stage);
-                if let Some(upstream) = self.voided.remove(&stage) {
-                    self.void(stage, upstream, now, &mut actions);
-                } else if self.ahead_of.contains_key(&stage) {
-                    self.held.insert(stage, result.outcome.clone());
-                } else {
-                    self.conclude(stage, &result.outcome, now, &mut actions);
-                }
-            }
+            } => self.attempt_ended(stage, result, chained, now, &mut actions),
             Event::InputMissing { stage, upstream } => {
                 if self.live.contains_key(&stage) && !self.voided.contains_key(&stage) {
                     self.voided.insert(stage, upstream);
@@ -775,6 +793,47 @@ impl<'p> Scheduler<'p> {
             Event::Cancel(level) => self.cancel(level, &mut actions),
         }
         actions
+    }
+
+    /// Stage `stage`'s attempt ended with `result` (`chained`: the successor it started): its
+    /// slot and GPUs' verdicts, then its end concluded, held (it started early, ahead of an
+    /// upstream still running) or void.
+    fn attempt_ended(
+        &mut self,
+        stage: usize,
+        result: &AttemptResult,
+        chained: Option<usize>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if self.forget_successor_of(stage) {
+            out.push(Action::AbandonSuccessor(stage));
+        }
+        self.handed.extend(chained);
+        self.live.remove(&stage);
+        self.early.remove(&stage);
+        self.awaiting_init.remove(&stage);
+        self.gpus_released.remove(&stage);
+        if !self.freed_early.remove(&stage) {
+            self.slots_held -= 1;
+        }
+        self.judge_gpus(result, out);
+        self.xid_hit[stage] = result
+            .gpu
+            .iter()
+            .filter(|g| !g.xids.is_empty())
+            .map(|g| g.uuid.clone())
+            .collect();
+        note_progress(&mut self.progress[stage], result.last_step);
+        self.lost[stage] = result.lost_on.is_some();
+        self.stop_persisting(stage);
+        if let Some(upstream) = self.voided.remove(&stage) {
+            self.void(stage, upstream, now, out);
+        } else if self.ahead_of.contains_key(&stage) {
+            self.held.insert(stage, result.outcome.clone());
+        } else {
+            self.conclude(stage, &result.outcome, now, out);
+        }
     }
 
     /// Leaked GPUs under `on_leak`; a GPU hit by an XID whose recovery needs a reset is
@@ -889,7 +948,9 @@ impl<'p> Scheduler<'p> {
             error: Some(format!(
                 "stopped: it started early, before its upstream stage `{up}` finished, {why}; not counted against its retries"
             )),
+            failure: None,
             retry_in: None,
+            runs_again: true,
         });
         self.states[d].status = Status::Pending;
         let plan = self.plan;
@@ -919,18 +980,22 @@ impl<'p> Scheduler<'p> {
         let attempt = self.states[i].attempts;
         // Voided early attempts are not counted.
         let charged = attempt - self.uncharged[i];
-        let finished = |status, error, retry_in| Action::Finished {
+        let finished = |status, error, failure, retry_in: Option<Duration>| Action::Finished {
             stage: i,
             attempt,
             status,
             error,
+            failure,
             retry_in,
+            runs_again: retry_in.is_some(),
         };
         match outcome {
             Outcome::Succeeded => {
-                out.push(finished(StageStatus::Succeeded, None, None));
+                out.push(finished(StageStatus::Succeeded, None, None, None));
+                if self.marked.remove(&i) {
+                    out.push(Action::ClearEarlyMark(i));
+                }
                 self.states[i].status = Status::Succeeded;
-                self.states[i].failure = None;
                 self.release_downstream(i);
             }
             Outcome::Failed(failure) => {
@@ -961,10 +1026,10 @@ impl<'p> Scheduler<'p> {
                 };
                 out.push(finished(
                     StageStatus::Failed,
-                    Some(message.clone()),
+                    Some(message),
+                    Some(failure.class()),
                     retry_in,
                 ));
-                self.states[i].failure = Some(Box::new((failure.class(), message)));
                 match retry_in {
                     Some(wait) => {
                         let at = now + wait;
@@ -978,7 +1043,7 @@ impl<'p> Scheduler<'p> {
                 // Its downstream stages are skipped as interrupted when the run ends (a cancel
                 // is what stops a stage here).
                 let why = Some("stopped by a signal".to_string());
-                out.push(finished(StageStatus::Cancelled, why, None));
+                out.push(finished(StageStatus::Cancelled, why, None, None));
                 self.states[i].status = Status::Cancelled;
             }
         }
@@ -1006,10 +1071,11 @@ impl<'p> Scheduler<'p> {
             stage: i,
             attempt: self.states[i].attempts,
             status: StageStatus::Failed,
-            error: Some(message.clone()),
+            error: Some(message),
+            failure: Some(class),
             retry_in: None,
+            runs_again: false,
         });
-        self.states[i].failure = Some(Box::new((class, message)));
         self.fail(i, out);
     }
 
@@ -1122,11 +1188,6 @@ impl<'p> Scheduler<'p> {
             Verdict::Succeeded
         };
         (out, verdict)
-    }
-
-    /// The stages left as the run ends.
-    pub(crate) fn into_states(self) -> Vec<StageState> {
-        self.states
     }
 }
 
@@ -1435,7 +1496,9 @@ mod tests {
                 attempt: 1,
                 status: StageStatus::Failed,
                 error: Some("exited with code 3".into()),
+                failure: Some(FailureClass::ExitCode),
                 retry_in: Some(Duration::from_millis(500)),
+                runs_again: true,
             }]
         );
         assert_eq!(s.next_retry(), Some(t0 + Duration::from_millis(500)));
@@ -1777,6 +1840,8 @@ mod tests {
             attempt: 0,
             status: StageStatus::Failed,
             error: Some(error),
+            failure: Some(FailureClass::NoGpu),
+            runs_again: false,
             ..
         } = &actions[0]
         else {
@@ -1785,10 +1850,6 @@ mod tests {
         assert!(
             error.starts_with("needs 2 GPU(s) but only 1 are usable"),
             "{error}"
-        );
-        assert_eq!(
-            s.states()[0].failure.as_deref().map(|f| f.0),
-            Some(FailureClass::NoGpu)
         );
         assert_eq!(skipped(&actions).len(), 1);
         assert!(s.is_done());
@@ -1886,6 +1947,53 @@ mod tests {
         let mut s = scheduler(&p, rules(2));
         round(&mut s, &mut Gpus::new(0), Instant::now());
         assert_eq!(s.handover_candidate(), None, "two stages run");
+    }
+
+    #[test]
+    fn a_planned_successor_is_offered_once_and_given_back_when_the_stage_before_it_ends() {
+        let p = plan("", &[("a", &[], ""), ("b", &["a"], ""), ("c", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        // c is ready: it takes a's slot.
+        assert_eq!(s.handover_candidate(), Some((0, 2, handover::Kind::Slot)));
+        s.successor_planned(0, 2, handover::Kind::Slot);
+        assert_eq!(s.handover_candidate(), None, "one successor at a time");
+        assert_eq!(s.next_up(), Some((0, 2, handover::Kind::Slot)));
+        // a ends without handing over (it failed): what was prepared for c goes back first,
+        // and c starts the ordinary way.
+        let actions = end(&mut s, 0, &failed(Failure::Exit(1)), now);
+        assert_eq!(actions[0], Action::AbandonSuccessor(0), "{actions:?}");
+        assert_eq!(s.next_up(), None);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![2]);
+        // No successor planned after c: its end gives nothing back.
+        let actions = end(&mut s, 2, &succeeded(), now);
+        assert!(
+            !actions.contains(&Action::AbandonSuccessor(2)),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_successor_that_took_the_slot_is_no_longer_planned_and_its_end_gives_nothing_back() {
+        let p = plan("", &[("a", &[], ""), ("b", &[], ""), ("c", &[], "")]);
+        let mut s = scheduler(&p, rules(1));
+        let mut gpus = Gpus::new(0);
+        let now = Instant::now();
+        round(&mut s, &mut gpus, now);
+        s.successor_planned(0, 1, handover::Kind::Slot);
+        s.on(Event::HandedOver { from: 0, to: 1 }, now);
+        assert_eq!(s.next_up(), None);
+        assert_eq!(s.handover_candidate(), None, "b is still to be recorded");
+        let actions = end(&mut s, 0, &succeeded(), now);
+        assert!(
+            !actions.contains(&Action::AbandonSuccessor(0)),
+            "{actions:?}"
+        );
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![1]);
+        // b runs alone now, with c ready: c may be planned after b.
+        assert_eq!(s.handover_candidate(), Some((1, 2, handover::Kind::Slot)));
     }
 
     #[test]
@@ -2324,10 +2432,6 @@ mod tests {
         assert!(!s.started_early(1), "its attempt ended");
         s.keep_result(1, Box::new(b));
         assert!(s.take_concluded().is_empty(), "b's end is held");
-        assert!(
-            s.states()[1].last.is_none(),
-            "and not kept as its last attempt yet"
-        );
         let a = succeeded();
         let actions = end_on_gpus(&mut s, &mut gpus, 0, &a, now);
         assert_eq!(finished_of(&actions)[1], (1, StageStatus::Succeeded, None));
@@ -2341,7 +2445,6 @@ mod tests {
             "b's own result"
         );
         assert!(s.take_concluded().is_empty(), "given back once");
-        assert!(s.states()[0].last.is_some());
     }
 
     #[test]
@@ -2399,6 +2502,71 @@ mod tests {
             }) => assert!(being_written.is_empty()),
             other => panic!("b did not start again: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_launched_early_start_has_its_mark_cleared_right_after_its_success_is_recorded() {
+        let p = train_plan(&[("a", None, 0), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        assert!(matches!(
+            start_one(&mut s, &mut gpus, now),
+            Some(Start::Fresh { stage: 1, .. })
+        ));
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), now);
+        let at = |a: &Action| actions.iter().position(|x| x == a);
+        let b_recorded = actions
+            .iter()
+            .position(|a| matches!(a, Action::Finished { stage: 1, .. }));
+        assert_eq!(at(&Action::ClearEarlyMark(1)), b_recorded.map(|k| k + 1));
+        assert_eq!(
+            at(&Action::ClearEarlyMark(0)),
+            None,
+            "a did not start early"
+        );
+    }
+
+    #[test]
+    fn a_void_early_start_keeps_its_mark_until_a_later_attempt_succeeds() {
+        let p = train_plan(&[("a", None, 1), ("b", Some("a"), 0)]);
+        let now = Instant::now();
+        let mut s = scheduler(&p, early_rules(2));
+        let mut gpus = Gpus::new(1);
+        assert_eq!(round(&mut s, &mut gpus, now).0, vec![0]);
+        give_back(&mut gpus, s.on(released_for_downstream(0), now));
+        start_one(&mut s, &mut gpus, now).unwrap();
+        // b ends first, a fails: b is void, its mark stays (the next start empties its output).
+        end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), now);
+        let actions = end_on_gpus(&mut s, &mut gpus, 0, &failed(Failure::Exit(1)), now);
+        assert!(
+            !actions
+                .iter()
+                .any(|a| matches!(a, Action::ClearEarlyMark(_))),
+            "{actions:?}"
+        );
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::Finished {
+                    stage: 1,
+                    status: StageStatus::Cancelled,
+                    runs_again: true,
+                    ..
+                }
+            )),
+            "b is recorded as stopped and waits to run again: {actions:?}"
+        );
+        // a's retry succeeds, then b's ordinary attempt: its success clears the mark.
+        let later = now + Duration::from_secs(60);
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![0]);
+        end_on_gpus(&mut s, &mut gpus, 0, &succeeded(), later);
+        assert_eq!(round(&mut s, &mut gpus, later).0, vec![1]);
+        let actions = end_on_gpus(&mut s, &mut gpus, 1, &succeeded(), later);
+        assert!(actions.contains(&Action::ClearEarlyMark(1)), "{actions:?}");
     }
 
     #[test]

@@ -28,4 +28,7 @@ pub(super) struct Setup {
     pub(super) journal: SharedJournal,
     pub(super) services: Rc<Services>,
     pub(super) fingerprints: Background,
+    /// The report's stage records, kept from `events` (the run loop writes the report from
+    /// them).
+    pub(super) report: crate::report::stages::StageBook,
 }
