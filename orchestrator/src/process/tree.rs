@@ -204,6 +204,7 @@ pub fn spawn(
             DEV_NULL.get_or_init(|| file)
         }
     };
+    let spawned_after = scan::ticks_now();
     let spawned = crate::process::spawn::spawn(&crate::process::spawn::Request {
         argv: &launch.argv,
         env: &env,
@@ -221,7 +222,7 @@ pub fn spawn(
         None => reaper.watch(spawned.pid),
     };
     drop(env);
-    scan::note_stage(spawned.pid, &launch.token);
+    scan::note_stage(spawned.pid, &launch.token, Some(spawned_after));
     let process = StageProcess {
         pid: spawned.pid,
         token: std::mem::take(&mut launch.token),
@@ -241,7 +242,7 @@ fn forked(
     reaper: &Reaper,
     start: Option<protocol::report::StageStart>,
 ) -> StageProcess {
-    scan::note_stage(pid, &launch.token);
+    scan::note_stage(pid, &launch.token, None);
     let process = StageProcess {
         pid,
         token: std::mem::take(&mut launch.token),
