@@ -434,8 +434,10 @@ async fn stop_cgroup(
                 break;
             }
         }
+        // What was stopped is reaped before its counters are read. (With nothing found there is
+        // nothing of the stage to reap: the reaper's task reaps any other child at its SIGCHLD.)
+        reaper.reap_now();
     }
-    reaper.reap_now();
     summary.cgroup = Some(cgroup.usage());
     if summary.survivors.is_empty() {
         // Nothing found at all (the usual end): the empty cgroup just read is not read again.
