@@ -326,7 +326,15 @@ async fn watch(
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let stall_period = plan.stall.period();
-    let mut stall_tick = tokio::time::interval(stall_period.unwrap_or(Duration::from_secs(3600)));
+    let stall_every = stall_period.unwrap_or(Duration::from_secs(3600));
+    // A stage judged by what it shows is looked at once at its start (that look is what later
+    // ones compare with). Any other stage is first looked at a period after its start: at its
+    // start it cannot be hung, and a timer due at once has the runtime woken through its
+    // eventfd, two system calls at every stage's start.
+    let mut stall_tick = match w.stall.wants_activity() {
+        true => tokio::time::interval(stall_every),
+        false => tokio::time::interval_at(tokio::time::Instant::now() + stall_every, stall_every),
+    };
     let mut rank_tick = tokio::time::interval(crate::attempt::ranks::LOOK_PERIOD);
     rank_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut samples = 0u32;
