@@ -1091,6 +1091,11 @@ fn classify(
     }
 }
 
+/// Whether a look at a path said it is not there (any other error is not taken for absence).
+fn is_not_found<T>(looked: std::io::Result<T>) -> bool {
+    matches!(looked, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// Verifies and records a finished attempt's outputs ([`crate::attempt::outputs::record`]) on a
 /// blocking thread, while still answering `cancel`: a stop request raises the hashing's abort
 /// flag, which ends it within a mebibyte, and the attempt is then cancelled.
@@ -1104,38 +1109,36 @@ async fn verify_outputs(
     use std::sync::Arc;
     let abort = Arc::new(AtomicBool::new(false));
     let manifest = plan.output_dir.join(protocol::checkpoint::MANIFEST_FILE);
-    let verdict = if plan.declared_outputs.is_empty()
-        && std::fs::symlink_metadata(&manifest)
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-    {
-        // Nothing to read: one failed look is cheaper than a trip to a blocking thread,
-        // and the manifest seen missing is not looked for again.
-        crate::attempt::outputs::record_without_manifest(&plan.output_dir, plan.builtin)
-    } else {
-        let dir = plan.output_dir.clone();
-        let declared = plan.declared_outputs.clone();
-        let builtin = plan.builtin;
-        let left = plan.left_over.clone();
-        let flag = abort.clone();
-        let mut work = tokio::task::spawn_blocking(move || {
-            crate::attempt::outputs::record(&dir, &declared, builtin, &reported, &left, &flag)
-        });
-        let mut cancel_open = true;
-        loop {
-            tokio::select! {
-                done = &mut work => break done.unwrap_or_else(|e| {
-                    Err(OutputError::Refused(format!("verification panicked: {e}")))
-                }),
-                changed = cancel.changed(), if cancel_open => match changed {
-                    Err(_) => cancel_open = false,
-                    Ok(()) if *cancel.borrow() != CancelLevel::None => {
-                        abort.store(true, Ordering::Relaxed)
-                    }
-                    Ok(()) => {}
-                },
+    let verdict =
+        if plan.declared_outputs.is_empty() && is_not_found(std::fs::symlink_metadata(&manifest)) {
+            // Nothing to read: one failed look is cheaper than a trip to a blocking thread, and
+            // the manifest seen missing is not looked for again.
+            crate::attempt::outputs::record_without_manifest(&plan.output_dir, plan.builtin)
+        } else {
+            let dir = plan.output_dir.clone();
+            let declared = plan.declared_outputs.clone();
+            let builtin = plan.builtin;
+            let left = plan.left_over.clone();
+            let flag = abort.clone();
+            let mut work = tokio::task::spawn_blocking(move || {
+                crate::attempt::outputs::record(&dir, &declared, builtin, &reported, &left, &flag)
+            });
+            let mut cancel_open = true;
+            loop {
+                tokio::select! {
+                    done = &mut work => break done.unwrap_or_else(|e| {
+                        Err(OutputError::Refused(format!("verification panicked: {e}")))
+                    }),
+                    changed = cancel.changed(), if cancel_open => match changed {
+                        Err(_) => cancel_open = false,
+                        Ok(()) if *cancel.borrow() != CancelLevel::None => {
+                            abort.store(true, Ordering::Relaxed)
+                        }
+                        Ok(()) => {}
+                    },
+                }
             }
-        }
-    };
+        };
     verdict.map_err(|e| match e {
         OutputError::Missing(files) => Outcome::Failed(Failure::MissingOutputs(files)),
         OutputError::Refused(why) => Outcome::Failed(Failure::CorruptOutput(why)),
