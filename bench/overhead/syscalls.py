@@ -8,6 +8,10 @@
    /dev/shm, counted between the 10th and the (N-10)th `clone3`/`clone`, by name; the same for
    the Python `subprocess.run(["true"])` loop (its `vfork`s). Counts, not times: strace slows
    every call, not which calls there are.
+   With --threads, a second run under `strace -f` counts every other thread of `orchestrate`
+   (the preparer `stage-files`, the journal's group commit, ...) over the whole run, per stage
+   (the stages' own processes, which `execve`, are left out). Each thread slows under strace,
+   so the split between threads can differ from an untraced run; the kinds of calls do not.
 2. What single calls cost (syscall_costs.c, compiled with cc, warm caches, 20,000 iterations;
    the file ones on ext4 in the system's temporary directory and on /dev/shm).
 """
@@ -32,11 +36,36 @@ def per_stage(trace, spawn_names, n):
             "per_stage": {k: round(v / stages, 2) for k, v in counts.most_common()}}
 
 
+def other_threads(trace, n):
+    """System calls per stage of every thread but the first of the traced process (`strace -f`
+    output), by thread name order of appearance and call; pids that `execve` are stages."""
+    pat = re.compile(r"^(\d+) +(\w+)\(")
+    lines = open(trace).read().splitlines()
+    first = lines[0].split()[0]
+    stages = {line.split()[0] for line in lines if " execve(" in line}
+    counts = collections.Counter()
+    for line in lines:
+        m = pat.match(line)
+        if m and m.group(1) != first and m.group(1) not in stages:
+            counts[(m.group(1), m.group(2))] += 1
+    per_thread = collections.Counter()
+    for (tid, _), v in counts.items():
+        per_thread[tid] += v
+    out = {}
+    for k, (tid, total) in enumerate(per_thread.most_common()):
+        if total < n / 20:
+            continue
+        calls = {c: round(v / n, 2) for (t, c), v in counts.most_common() if t == tid and v >= n / 20}
+        out[f"thread{k + 1}"] = {"per_stage_total": round(total / n, 2), "per_stage": calls}
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", action="append", required=True)
     ap.add_argument("--stages", type=int, default=1000)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", action="store_true", help="also count the other threads (strace -f)")
     args = ap.parse_args()
     n = args.stages
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -55,6 +84,11 @@ def main():
                             os.path.join(d, f"run-{label}"), "-q"], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             result["per_stage"][label] = per_stage(trace, {"clone3", "clone"}, n)
+            if args.threads:
+                subprocess.run(["strace", "-f", "-o", trace, binary, "--plan", plan, "--run-dir",
+                                os.path.join(d, f"run-{label}-f"), "-q"], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                result.setdefault("other_threads_per_stage", {})[label] = other_threads(trace, n)
         trace = os.path.join(d, "loop.strace")
         subprocess.run(["strace", "-o", trace, sys.executable, "-c",
                         f"import subprocess\nfor _ in range({n}): subprocess.run(['true'])"], check=True)

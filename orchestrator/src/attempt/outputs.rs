@@ -168,23 +168,50 @@ pub fn record(
     // The built-in worker is this project's own binary, which hashed its checkpoint as it
     // wrote it: its manifest's files are taken by identity. Anything else is read.
     let written_by_us = if builtin { reported } else { &[] };
-    let mut records =
-        match crate::store::checksum::verify_manifest_dir_until(dir, written_by_us, abort) {
-            Ok(Some(records)) => records,
-            Ok(None) if builtin => {
-                return Err(OutputError::Missing(vec![dir
-                    .join(protocol::checkpoint::MANIFEST_FILE)
-                    .display()
-                    .to_string()]))
-            }
-            Ok(None) => Vec::new(),
-            Err(crate::store::checksum::VerifyError::Unreadable { source, .. })
-                if source.kind() == std::io::ErrorKind::Interrupted =>
-            {
-                return Err(OutputError::Interrupted)
-            }
-            Err(why) => return Err(OutputError::Refused(why.to_string())),
-        };
+    let records = match crate::store::checksum::verify_manifest_dir_until(dir, written_by_us, abort)
+    {
+        Ok(Some(records)) => records,
+        Ok(None) if builtin => return Err(missing_manifest(dir)),
+        Ok(None) => Vec::new(),
+        Err(crate::store::checksum::VerifyError::Unreadable { source, .. })
+            if source.kind() == std::io::ErrorKind::Interrupted =>
+        {
+            return Err(OutputError::Interrupted)
+        }
+        Err(why) => return Err(OutputError::Refused(why.to_string())),
+    };
+    record_declared(dir, declared, reported, abort, records)
+}
+
+/// [`record`] for an attempt that declared no outputs and left no earlier attempt's files,
+/// whose output directory the caller just saw without a manifest (so it is not looked for
+/// again): refused for the built-in worker, which always writes one; else nothing, once the
+/// directory is seen to be there. The same verdicts as [`record`]'s.
+pub fn record_without_manifest(
+    dir: &Path,
+    builtin: bool,
+) -> Result<Vec<CheckpointRecord>, OutputError> {
+    if builtin {
+        return Err(missing_manifest(dir));
+    }
+    record_declared(dir, &[], &[], &AtomicBool::new(false), Vec::new())
+}
+
+fn missing_manifest(dir: &Path) -> OutputError {
+    OutputError::Missing(vec![dir
+        .join(protocol::checkpoint::MANIFEST_FILE)
+        .display()
+        .to_string()])
+}
+
+/// The declared outputs' part of [`record`], after the manifest's files (`records`).
+fn record_declared(
+    dir: &Path,
+    declared: &[String],
+    reported: &[ReportedFile],
+    abort: &AtomicBool,
+    mut records: Vec<CheckpointRecord>,
+) -> Result<Vec<CheckpointRecord>, OutputError> {
     let unopenable = |e: std::io::Error| {
         OutputError::Refused(format!(
             "cannot open the output directory {}: {e}",
@@ -414,6 +441,31 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, OutputError::Missing(_)), "{err}");
+    }
+
+    #[test]
+    fn without_a_manifest_the_short_way_gives_the_same_verdicts_as_record() {
+        let s = crate::testutil::scratch("outputs-no-manifest");
+        let there = s.join("output");
+        std::fs::create_dir_all(&there).unwrap();
+        let gone = s.join("removed");
+        let none = LeftOver::default();
+        let verdict = |r: Result<Vec<CheckpointRecord>, OutputError>| match r {
+            Ok(records) => format!("ok {}", records.len()),
+            Err(e) => format!("{e}"),
+        };
+        for (dir, builtin) in [
+            (&there, false),
+            (&there, true),
+            (&gone, false),
+            (&gone, true),
+        ] {
+            let long = verdict(record(dir, &[], builtin, &[], &none, &NEVER));
+            assert_eq!(verdict(record_without_manifest(dir, builtin)), long);
+        }
+        assert_eq!(verdict(record_without_manifest(&there, false)), "ok 0");
+        assert!(verdict(record_without_manifest(&there, true)).contains("manifest.json"));
+        assert!(verdict(record_without_manifest(&gone, false)).contains("cannot open"));
     }
 
     #[test]

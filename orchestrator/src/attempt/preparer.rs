@@ -22,8 +22,8 @@ use crate::attempt::launch::Opened;
 use crate::attempt::prepare::Layout;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 const NONE: u8 = 0;
 const QUEUED: u8 = 1;
@@ -56,6 +56,39 @@ struct Job {
     socket: Option<PathBuf>,
 }
 
+/// Where a claim waits while the preparer writes the stage it claims: it sleeps until the
+/// preparer says it is done, instead of yielding its CPU in a loop (on a loaded machine the
+/// preparer may need that CPU to finish, and each yield is a system call).
+#[derive(Default)]
+struct Done {
+    /// A claim waits (or is about to): the preparer then wakes it after each write.
+    waiting: AtomicBool,
+    lock: Mutex<()>,
+    written: Condvar,
+}
+
+impl Done {
+    /// Waits until `state` is no longer [`WRITING`].
+    fn wait(&self, state: &AtomicU8) {
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.waiting.store(true, Ordering::SeqCst);
+        while state.load(Ordering::SeqCst) == WRITING {
+            guard = self.written.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        self.waiting.store(false, Ordering::SeqCst);
+    }
+
+    /// Wakes a waiting claim, if there is one; called after a write's state was stored. (A
+    /// claim sets `waiting` before it looks at the state, under the lock: either it sees the
+    /// new state, or this sees `waiting` and takes the lock only once the claim sleeps.)
+    fn notify(&self) {
+        if self.waiting.load(Ordering::SeqCst) {
+            drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()));
+            self.written.notify_all();
+        }
+    }
+}
+
 /// A written stage.
 #[derive(Debug)]
 pub(crate) struct Written {
@@ -72,6 +105,8 @@ pub(crate) struct Preparer {
     written: Arc<Mutex<HashMap<usize, Written>>>,
     /// Stages queued to be opened whose files are neither claimed nor given up yet.
     opening: Arc<AtomicUsize>,
+    /// Wakes a claim waiting for a write in progress.
+    done: Arc<Done>,
     jobs: Option<mpsc::Sender<Vec<Job>>>,
     /// Jobs queued since the last [`Preparer::flush`]: handed over together, one wake-up of
     /// the thread per batch (a message each cost the scheduling thread two futex calls).
@@ -97,6 +132,8 @@ impl Preparer {
         let table = written.clone();
         let opening = Arc::new(AtomicUsize::new(0));
         let open_count = opening.clone();
+        let done = Arc::new(Done::default());
+        let wake = done.clone();
         let discards = crate::process::discard::Discards::default();
         let to_remove = discards.clone();
         let thread = std::thread::Builder::new()
@@ -110,7 +147,7 @@ impl Preparer {
                 {
                     remove_all(&to_remove);
                     if theirs[i]
-                        .compare_exchange(QUEUED, WRITING, Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(QUEUED, WRITING, Ordering::SeqCst, Ordering::Acquire)
                         .is_err()
                     {
                         // Taken back by the scheduler: nothing of it is opened.
@@ -125,7 +162,7 @@ impl Preparer {
                             .map(|(fresh, files)| (fresh, Some(files))),
                         None => layout.write().map(|fresh| (fresh, None)),
                     };
-                    let done = match result {
+                    let state = match result {
                         Ok((fresh, None)) => {
                             if fresh {
                                 WRITTEN_FRESH
@@ -152,13 +189,15 @@ impl Preparer {
                             FAILED
                         }
                     };
-                    theirs[i].store(done, Ordering::Release);
+                    theirs[i].store(state, Ordering::SeqCst);
+                    wake.notify();
                 }
             })?;
         Ok(Preparer {
             state,
             written,
             opening,
+            done,
             jobs: Some(jobs),
             pending: Default::default(),
             thread: Some(thread),
@@ -242,7 +281,7 @@ impl Preparer {
             match self.state[i].compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return None,
-                Err(WRITING) => std::thread::yield_now(),
+                Err(WRITING) => self.done.wait(&self.state[i]),
                 Err(WRITTEN_FRESH) => {
                     self.state[i].store(TAKEN, Ordering::Release);
                     return Some(Written {

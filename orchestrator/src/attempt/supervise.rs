@@ -326,7 +326,15 @@ async fn watch(
     let mut sampler = tokio::time::interval(Duration::from_millis(50));
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let stall_period = plan.stall.period();
-    let mut stall_tick = tokio::time::interval(stall_period.unwrap_or(Duration::from_secs(3600)));
+    let stall_every = stall_period.unwrap_or(Duration::from_secs(3600));
+    // A stage judged by what it shows is looked at once at its start (that look is what later
+    // ones compare with). Any other stage is first looked at a period after its start: at its
+    // start it cannot be hung, and a timer due at once has the runtime woken through its
+    // eventfd, two system calls at every stage's start.
+    let mut stall_tick = match w.stall.wants_activity() {
+        true => tokio::time::interval(stall_every),
+        false => tokio::time::interval_at(tokio::time::Instant::now() + stall_every, stall_every),
+    };
     let mut rank_tick = tokio::time::interval(crate::attempt::ranks::LOOK_PERIOD);
     rank_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut samples = 0u32;
@@ -1083,6 +1091,11 @@ fn classify(
     }
 }
 
+/// Whether a look at a path said it is not there (any other error is not taken for absence).
+fn is_not_found<T>(looked: std::io::Result<T>) -> bool {
+    matches!(looked, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// Verifies and records a finished attempt's outputs ([`crate::attempt::outputs::record`]) on a
 /// blocking thread, while still answering `cancel`: a stop request raises the hashing's abort
 /// flag, which ends it within a mebibyte, and the attempt is then cancelled.
@@ -1097,17 +1110,10 @@ async fn verify_outputs(
     let abort = Arc::new(AtomicBool::new(false));
     let manifest = plan.output_dir.join(protocol::checkpoint::MANIFEST_FILE);
     let verdict =
-        if plan.declared_outputs.is_empty() && std::fs::symlink_metadata(&manifest).is_err() {
-            // Nothing to read: one failed look is cheaper than a trip to a blocking thread.
-            let none = crate::attempt::outputs::LeftOver::default();
-            crate::attempt::outputs::record(
-                &plan.output_dir,
-                &[],
-                plan.builtin,
-                &reported,
-                &none,
-                &abort,
-            )
+        if plan.declared_outputs.is_empty() && is_not_found(std::fs::symlink_metadata(&manifest)) {
+            // Nothing to read: one failed look is cheaper than a trip to a blocking thread, and
+            // the manifest seen missing is not looked for again.
+            crate::attempt::outputs::record_without_manifest(&plan.output_dir, plan.builtin)
         } else {
             let dir = plan.output_dir.clone();
             let declared = plan.declared_outputs.clone();

@@ -187,14 +187,38 @@ fn live() -> std::sync::MutexGuard<'static, Vec<LiveStage>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Now, in the clock ticks since boot that `/proc/<pid>/stat` gives a process's start in
+/// (`CLOCK_BOOTTIME`, read through the vDSO: no system call). A process created after this
+/// call has a start time at least this (the kernel stamps it from the same clock, in the
+/// same time namespace, when it creates the process, and both round down to a tick).
+pub fn ticks_now() -> u64 {
+    static NS_PER_TICK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let per_tick = *NS_PER_TICK.get_or_init(|| {
+        // SAFETY: sysconf with a valid name has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        (1_000_000_000 / hz).max(1)
+    });
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    (now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64) / per_tick
+}
+
 /// Notes that `leader` (a child of this process, not yet reaped) is the first process of a
 /// stage attempt with `token`: from now until [`forget_stage`], orphans re-parented to this
 /// process that were born after it started may be that stage's ([`stage_members`]).
-pub fn note_stage(leader: i32, token: &str) {
-    // At every stage's start: one read (see `kernel_file`).
-    let started = crate::process::kernel_file::read(format!("/proc/{leader}/stat"))
-        .and_then(|t| parse_stat(&t))
-        .map_or(0, |p| p.start);
+/// `spawned_after` is a [`ticks_now`] taken before `leader` was created, which then stands for
+/// its start time (a stage's start reads no file); without it, its start is read from
+/// `/proc` (for a process another one forked, whose start this process did not see coming).
+pub fn note_stage(leader: i32, token: &str, spawned_after: Option<u64>) {
+    let started = spawned_after.unwrap_or_else(|| {
+        crate::process::kernel_file::read(format!("/proc/{leader}/stat"))
+            .and_then(|t| parse_stat(&t))
+            .map_or(0, |p| p.start)
+    });
     live().push(LiveStage {
         leader,
         token: token.to_string(),
@@ -349,6 +373,24 @@ pub fn comm(pid: i32) -> String {
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn ticks_taken_before_a_spawn_are_at_most_the_childs_start_time() {
+        let before = ticks_now();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        let after = ticks_now();
+        let _ = child.kill();
+        let _ = child.wait();
+        let start = parse_stat(&stat).unwrap().start;
+        assert!(
+            before <= start && start <= after,
+            "{before} <= {start} <= {after}"
+        );
+    }
 
     #[test]
     fn parses_names_with_spaces_and_parens() {

@@ -204,6 +204,7 @@ pub fn spawn(
             DEV_NULL.get_or_init(|| file)
         }
     };
+    let spawned_after = scan::ticks_now();
     let spawned = crate::process::spawn::spawn(&crate::process::spawn::Request {
         argv: &launch.argv,
         env: &env,
@@ -221,7 +222,7 @@ pub fn spawn(
         None => reaper.watch(spawned.pid),
     };
     drop(env);
-    scan::note_stage(spawned.pid, &launch.token);
+    scan::note_stage(spawned.pid, &launch.token, Some(spawned_after));
     let process = StageProcess {
         pid: spawned.pid,
         token: std::mem::take(&mut launch.token),
@@ -241,7 +242,7 @@ fn forked(
     reaper: &Reaper,
     start: Option<protocol::report::StageStart>,
 ) -> StageProcess {
-    scan::note_stage(pid, &launch.token);
+    scan::note_stage(pid, &launch.token, None);
     let process = StageProcess {
         pid,
         token: std::mem::take(&mut launch.token),
@@ -433,8 +434,10 @@ async fn stop_cgroup(
                 break;
             }
         }
+        // What was stopped is reaped before its counters are read. (With nothing found there is
+        // nothing of the stage to reap: the reaper's task reaps any other child at its SIGCHLD.)
+        reaper.reap_now();
     }
-    reaper.reap_now();
     summary.cgroup = Some(cgroup.usage());
     if summary.survivors.is_empty() {
         // Nothing found at all (the usual end): the empty cgroup just read is not read again.

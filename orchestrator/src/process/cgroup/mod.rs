@@ -105,6 +105,31 @@ struct Idle {
     dir: PathBuf,
     procs: Option<Arc<File>>,
     dir_fd: Option<Arc<File>>,
+    watched: Arc<Watched>,
+}
+
+/// A stage cgroup's `cgroup.events` and `cgroup.stat`, opened at their first read and kept
+/// open with the cgroup (a reused one keeps them for its next stage): each read after the
+/// first is one `pread` from offset 0, which has the kernel write the file anew, where opening
+/// it takes three system calls (a sweep reads both at every stage's end).
+#[derive(Debug, Default)]
+struct Watched {
+    events: std::sync::OnceLock<File>,
+    stat: std::sync::OnceLock<File>,
+}
+
+impl Watched {
+    /// The text of `dir/name` through the file kept in `slot`; `None` when it cannot be read.
+    fn read(slot: &std::sync::OnceLock<File>, dir: &Path, name: &str) -> Option<String> {
+        let file = match slot.get() {
+            Some(file) => file,
+            None => {
+                let file = File::open(dir.join(name)).ok()?;
+                slot.get_or_init(|| file)
+            }
+        };
+        crate::process::kernel_file::read_again(file)
+    }
 }
 
 impl RunCgroup {
@@ -163,6 +188,7 @@ impl RunCgroup {
             limit: limits.memory,
             dir,
             idle: None,
+            watched: Arc::default(),
             done: AtomicBool::new(false),
             killed: AtomicBool::new(false),
         };
@@ -186,7 +212,12 @@ impl RunCgroup {
     /// An idle stage cgroup, or a new one, that returns to the idle ones once empty.
     fn reusable(&self) -> io::Result<StageCgroup> {
         let kept = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let Idle { dir, procs, dir_fd } = match kept {
+        let Idle {
+            dir,
+            procs,
+            dir_fd,
+            watched,
+        } = match kept {
             Some(idle) => idle,
             None => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
@@ -196,6 +227,7 @@ impl RunCgroup {
                     dir,
                     procs: None,
                     dir_fd: None,
+                    watched: Arc::default(),
                 }
             }
         };
@@ -207,6 +239,7 @@ impl RunCgroup {
             limit: None,
             dir,
             idle: Some(self.idle.clone()),
+            watched,
             done: AtomicBool::new(false),
             killed: AtomicBool::new(false),
         };
@@ -257,6 +290,8 @@ pub struct StageCgroup {
     limit: Option<u64>,
     /// Where it goes back to once empty, when it is a reusable one.
     idle: Option<Arc<Mutex<Vec<Idle>>>>,
+    /// Its `cgroup.events` and `cgroup.stat`, kept open.
+    watched: Arc<Watched>,
     /// Removed (or given back) already.
     done: AtomicBool,
     /// A kill was written to it: it is removed, never given back (see [`StageCgroup::remove`]).
@@ -321,8 +356,8 @@ impl StageCgroup {
         if self.given_up() {
             return false;
         }
-        // At every stage's end, twice: one read (see `kernel_file`).
-        match crate::process::kernel_file::read(self.dir.join("cgroup.events")) {
+        // At every stage's end: one `pread` (see `Watched`).
+        match Watched::read(&self.watched.events, &self.dir, "cgroup.events") {
             Some(events) => counter(&events, "populated") != Some(0),
             None => !self.members().is_empty(),
         }
@@ -398,12 +433,13 @@ impl StageCgroup {
             .as_ref()
             .filter(|_| !self.killed.load(Ordering::Relaxed))
         {
-            if (seen_empty || !self.populated()) && no_subgroups(&self.dir) {
+            if (seen_empty || !self.populated()) && self.no_subgroups() {
                 self.done.store(true, Ordering::Relaxed);
                 idle.lock().unwrap_or_else(|e| e.into_inner()).push(Idle {
                     dir: self.dir.clone(),
                     procs: self.procs.clone(),
                     dir_fd: self.dir_fd.clone(),
+                    watched: self.watched.clone(),
                 });
                 return Ok(());
             }
@@ -411,6 +447,19 @@ impl StageCgroup {
         remove_tree(&self.dir)?;
         self.done.store(true, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+impl StageCgroup {
+    /// Whether no cgroup is below it: `cgroup.stat`'s `nr_descendants` (one `pread`, where
+    /// listing the directory takes five system calls), else its listing.
+    fn no_subgroups(&self) -> bool {
+        match Watched::read(&self.watched.stat, &self.dir, "cgroup.stat")
+            .and_then(|stat| counter(&stat, "nr_descendants"))
+        {
+            Some(n) => n == 0,
+            None => subgroups(&self.dir).is_empty(),
+        }
     }
 }
 
@@ -427,17 +476,6 @@ fn collect_members(dir: &Path, pids: &mut Vec<i32>) {
     }
     for sub in subgroups(dir) {
         collect_members(&sub, pids);
-    }
-}
-
-/// Whether no cgroup is below `dir`: `cgroup.stat`'s `nr_descendants` (one read, where
-/// listing the directory takes five system calls), else its listing.
-fn no_subgroups(dir: &Path) -> bool {
-    match crate::process::kernel_file::read(dir.join("cgroup.stat"))
-        .and_then(|stat| counter(&stat, "nr_descendants"))
-    {
-        Some(n) => n == 0,
-        None => subgroups(dir).is_empty(),
     }
 }
 
@@ -585,6 +623,28 @@ mod tests {
             !run_dir.exists(),
             "the run's cgroup and its idle ones are removed"
         );
+    }
+
+    #[test]
+    fn a_reused_cgroup_that_a_stage_made_a_cgroup_in_is_removed_not_reused_again() {
+        let Some(run) = run_cgroup("subgroup") else {
+            return;
+        };
+        // Read through the files kept open: once with no cgroup below, once with one.
+        let first = run.stage("a", &Limits::default()).unwrap();
+        let dir = first.path().to_path_buf();
+        first.remove().unwrap();
+        assert!(dir.is_dir(), "an empty cgroup is kept for the next stage");
+        let second = run.stage("b", &Limits::default()).unwrap();
+        assert_eq!(second.path(), dir);
+        std::fs::create_dir(dir.join("made-by-the-stage")).unwrap();
+        second.remove().unwrap();
+        assert!(
+            !dir.exists(),
+            "a cgroup with one below it is removed, not reused"
+        );
+        let third = run.stage("c", &Limits::default()).unwrap();
+        assert_ne!(third.path(), dir);
     }
 
     #[test]
