@@ -394,7 +394,7 @@ fn succeeded_by(old: Zygote, newer: Zygote) -> Zygote {
 fn stop_zygote(zygote: Zygote) {
     fork_server::stop(zygote.server);
     if let Some(next) = zygote.next {
-        next.server.stop();
+        stop_starting(*next);
     }
 }
 
@@ -483,11 +483,22 @@ fn shutdown() {
         for (_, state) in z.borrow_mut().drain() {
             match state {
                 State::Serving(zygote) => stop_zygote(zygote),
-                State::Starting(starting) => starting.server.stop(),
+                State::Starting(starting) => stop_starting(starting),
                 State::Failed(_) => {}
             }
         }
     });
+}
+
+/// Stops a zygote still starting, keeping what it found if it is ready by now: the learned
+/// modules it left out are its lineage's from then on, even when no stage was forked from it
+/// (a run that ends while its next generation finishes importing).
+fn stop_starting(starting: Starting) {
+    match ready(starting) {
+        State::Starting(starting) => starting.server.stop(),
+        State::Serving(zygote) => stop_zygote(zygote),
+        State::Failed(_) => {}
+    }
 }
 
 /// The interpreter of a `python SCRIPT …` / `python -m MODULE …` command, as exec would find

@@ -950,3 +950,44 @@ fn a_forked_stage_starts_with_the_zygote_frozen_and_its_imports_saw_the_native_s
     assert_eq!(seen["env"], Value::Null, "{seen}");
     assert_eq!(seen["child"], "None", "{seen}");
 }
+
+/// A run that ends while its zygote's next generation finishes importing still keeps what that
+/// generation found: the module it left out is its lineage's, so the next run's zygote does not
+/// import it, find it unfit and restart all over again.
+#[test]
+fn what_a_generation_left_out_is_kept_when_the_run_ends_before_it_forks() {
+    python_available();
+    let s = Scratch::new("zygote-kept");
+    let mods = s.path().join("mods");
+    s.write("mods/learnme.py", LEARNME);
+    s.write("mods/threader/__init__.py", THREADER);
+    s.write("mods/threader/sub.py", "");
+    s.write("teaches.py", TEACHES);
+    s.write("awaits.py", AWAITS_NEXT);
+    let stage = |name: &str, after: &str, script: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\n{after}command = [\"python3\", \"{script}\"]\n\
+             env = {{ PYTHONPATH = \"{m}\", MODS = \"{m}\" }}\n\n",
+            m = mods.display()
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = \"auto\"\n\n{}{}",
+            stage("first", "", "teaches.py"),
+            stage("wait", "after = [\"first\"]\n", "awaits.py"),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[]));
+    let cache = s.path().join("zygote-cache");
+    let kept: Vec<Value> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0]["left_out"][0]["module"], "threader", "{}", kept[0]);
+}
