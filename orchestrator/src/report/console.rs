@@ -49,17 +49,6 @@ struct Sweep {
     started: Instant,
 }
 
-/// A rate with a k or M suffix (`12.3k`).
-pub(crate) fn human_rate(rate: f64) -> String {
-    if rate >= 1e6 {
-        format!("{:.1}M", rate / 1e6)
-    } else if rate >= 1e3 {
-        format!("{:.1}k", rate / 1e3)
-    } else {
-        format!("{rate:.0}")
-    }
-}
-
 impl Sink for Console {
     fn accept(&self, event: &RunEvent) -> std::io::Result<()> {
         match event {
@@ -169,7 +158,7 @@ impl Console {
                     String::new()
                 },
                 sweep.running,
-                human_rate(rate)
+                super::console_bars::human_rate(rate)
             ));
         }
         !started && status != Some(StageStatus::Succeeded)
@@ -245,7 +234,10 @@ impl Console {
             text.push_str(&format!("  loss {loss:.4}"));
         }
         if let Some(rate) = rate {
-            text.push_str(&format!("  {} tok/s", human_rate(rate)));
+            text.push_str(&format!(
+                "  {} tok/s",
+                super::console_bars::human_rate(rate)
+            ));
         }
         text.push_str(&format!("  {}", human_duration(p.elapsed)));
         self.line(&text);

@@ -80,7 +80,7 @@ pub fn stage_message(p: &Progress) -> String {
         parts.push(format!("loss {loss:.4}"));
     }
     if let Some(rate) = p.tokens_per_s {
-        parts.push(format!("{} tok/s", super::console::human_rate(rate)));
+        parts.push(format!("{} tok/s", human_rate(rate)));
     }
     match p.total {
         Some(total) if p.step > 0 && total > p.step => {
@@ -274,6 +274,17 @@ impl State {
         }
         self.run.set_message(msg);
         self.run.set_position(self.finished as u64);
+    }
+}
+
+/// A rate with a k or M suffix (`12.3k`).
+pub(crate) fn human_rate(rate: f64) -> String {
+    if rate >= 1e6 {
+        format!("{:.1}M", rate / 1e6)
+    } else if rate >= 1e3 {
+        format!("{:.1}k", rate / 1e3)
+    } else {
+        format!("{rate:.0}")
     }
 }
 

@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
-/// The file an eval stage leaves in its output directory (listed in its `manifest.json`).
-pub const RESULTS_FILE: &str = "metrics.json";
+use super::RESULTS_FILE;
 /// Wrong completions shown on stderr, for a human reading the log.
 const MISSES_LOGGED: usize = 5;
 /// Seconds between progress events of an evaluation.

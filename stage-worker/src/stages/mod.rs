@@ -6,6 +6,9 @@ pub mod profile;
 pub mod progress;
 pub mod train;
 
+/// The file an eval stage leaves in its output directory (listed in its `manifest.json`).
+pub const RESULTS_FILE: &str = "metrics.json";
+
 use crate::boot::spec::read_spec;
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};

@@ -12,7 +12,7 @@ use crate::device::Compute;
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
 use crate::model::llama::{cross_entropy, hf, Llama};
-use crate::stages::eval::RESULTS_FILE;
+use crate::stages::RESULTS_FILE;
 use protocol::worker::{EvalParams, StageSpec};
 use std::collections::BTreeMap;
 use std::path::Path;
