@@ -13,8 +13,11 @@ from collections import defaultdict
 KINDS = [
     ("attention", r"fmha|flash|attention|efficient|cudnn|sdpa"),
     ("matmul", r"gemm|nvjet|cutlass|sm90_xmma|cublas|splitK"),
-    ("layer_norm", r"layer_norm|LayerNorm|stage_worker_ln_"),
+    ("triton (fused)", r"^triton_"),
+    ("layer_norm", r"layer_norm|LayerNorm|stage_worker_ln_|rms_norm|RmsNorm"),
     ("gelu", r"gelu|GeluCUDA"),
+    ("silu/swiglu", r"silu|swiglu"),
+    ("rotary", r"rotary|rope"),
     ("adamw", r"adam|Adam"),
     ("norm/reduce", r"reduce_kernel|norm|Norm|multi_tensor|stage_worker_colsum"),
     ("softmax/loss", r"softmax|nll|cross_entropy|log_softmax"),
