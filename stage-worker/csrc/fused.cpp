@@ -26,10 +26,13 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/sum.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <c10/core/GradMode.h>
 
 #include "kernel_module.h"
+#include "kernels_host.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -203,20 +206,23 @@ std::vector<at::Tensor> column_sums(const at::Tensor &g, const at::Tensor &z) {
 // y = x W^T + b in bf16 (then GELU when asked) from fp32 masters, as autocast computes it;
 // the backward pass hands the weight its gradient in fp32 straight from the matrix product
 // (no bf16 gradient and cast), and the bias its gradient from one column-sum kernel (fused
-// with GELU's backward when there is one), also in fp32.
+// with GELU's backward when there is one), also in fp32. An undefined b means no bias (the
+// Llama's projections): no column sums unless GELU's backward needs them.
 struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
                                bool gelu) {
     const int64_t in = w.size(1), out = w.size(0);
     require(x.scalar_type() == at::kBFloat16 && x.size(-1) == in, "x must be bf16 [.., in]");
-    require(w.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && b.numel() == out,
+    require(w.scalar_type() == at::kFloat &&
+                (!b.defined() || (b.scalar_type() == at::kFloat && b.numel() == out)),
             "the weight and bias must be fp32 [out, in] and [out]");
     const at::Tensor x2 = x.reshape({-1, in}).contiguous();
     const at::Tensor wb = w.to(at::kBFloat16);
-    const at::Tensor z = at::addmm(b.to(at::kBFloat16), x2, wb.t());
+    const at::Tensor z = b.defined() ? at::addmm(b.to(at::kBFloat16), x2, wb.t()) : at::mm(x2, wb.t());
     const at::Tensor y = gelu ? at::gelu(z) : z;
     ctx->save_for_backward({x2, wb, gelu ? z : at::Tensor()});
     ctx->saved_data["gelu"] = gelu;
+    ctx->saved_data["bias"] = b.defined();
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = out;
     ctx->saved_data["x_shape"] = x.sizes().vec();
@@ -228,11 +234,13 @@ struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
     const bool gelu = ctx->saved_data["gelu"].toBool();
     const int64_t out = wb.size(0);
     const at::Tensor g = grads[0].to(at::kBFloat16).reshape({-1, out}).contiguous();
-    auto sums = column_sums(g, gelu ? z : at::Tensor());
+    const bool bias = ctx->saved_data["bias"].toBool();
+    std::vector<at::Tensor> sums = {at::Tensor(), at::Tensor()};
+    if (bias || gelu) sums = column_sums(g, gelu ? z : at::Tensor());
     const at::Tensor gz = gelu ? sums[1] : g;
     const at::Tensor gx = at::mm(gz, wb).view(ctx->saved_data["x_shape"].toIntVector());
     const at::Tensor gw = at::mm(gz.t(), x2, at::kFloat);
-    return {gx, gw, sums[0], at::Tensor()};
+    return {gx, gw, bias ? sums[0] : at::Tensor(), at::Tensor()};
   }
 };
 
@@ -369,6 +377,170 @@ struct CrossEntropy : public torch::autograd::Function<CrossEntropy> {
              {&p_logits, &p_targets, &p_lse, &p_g, &p_count, &p_d, &n, &ign});
     }
     return {dlogits.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
+// ---- Llama: the rotary embedding and SwiGLU, on the GPU's kernels or (CPU tensors) the same
+// kernels compiled for the host (kernels_host.cpp) ----
+
+// Blocks of 256 threads for a grid-stride launch over `n` items.
+unsigned stride_blocks(const Kernels &k, long long n) {
+  return static_cast<unsigned>(std::max<long long>(1, std::min<long long>((n + 255) / 256, 16LL * k.multiprocessors)));
+}
+
+void check_bf16(const at::Tensor &t, const at::Tensor &like, const char *what) {
+  require(t.is_contiguous() && t.scalar_type() == at::kBFloat16 && t.device() == like.device() &&
+              (!t.is_cuda() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0),
+          what);
+}
+
+// out = x rotated by the position's angles (see stage_worker_rope), `sign` -1 for the inverse.
+at::Tensor rope_apply(const at::Tensor &x, const at::Tensor &cos_t, const at::Tensor &sin_t,
+                      int64_t heads, double sign) {
+  const int64_t T = cos_t.size(0), half = cos_t.size(1), D = 2 * half;
+  require(x.dim() >= 2 && x.size(-2) == T && x.size(-1) == heads * D,
+          "the rotary embedding takes x [.., T, heads * head_dim] and tables [T, head_dim / 2]");
+  check_bf16(x, x, "x must be a contiguous bf16 tensor");
+  for (const at::Tensor *t : {&cos_t, &sin_t}) {
+    require(t->is_contiguous() && t->scalar_type() == at::kFloat && t->device() == x.device() &&
+                t->sizes() == cos_t.sizes(),
+            "the rotary tables must be contiguous fp32 [T, head_dim / 2] on x's device");
+  }
+  at::Tensor out = at::empty_like(x);
+  const uint16_t *px = ptr<uint16_t>(x);
+  const float *pc = ptr<float>(cos_t), *ps = ptr<float>(sin_t);
+  uint16_t *po = ptr<uint16_t>(out);
+  long long rows = x.numel() / (heads * D);
+  int t = static_cast<int>(T), h = static_cast<int>(heads), d = static_cast<int>(D);
+  float sg = static_cast<float>(sign);
+  if (rows == 0) return out;
+  if (!x.is_cuda()) {
+    sw_host::rope(px, pc, ps, po, rows, t, h, d, sg);
+    return out;
+  }
+  const Kernels &k = kernels(x.get_device());
+  enter(k);
+  launch(k.rope, stride_blocks(k, rows * heads * half), 256, 1, {&px, &pc, &ps, &po, &rows, &t, &h, &d, &sg});
+  return out;
+}
+
+// The rotary embedding of x ([.., T, heads * head_dim], bf16) by tables cos and sin ([T,
+// head_dim / 2], fp32), computed in fp32 and rounded once; the gradient rotates back.
+struct Rope : public torch::autograd::Function<Rope> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor cos_t,
+                               at::Tensor sin_t, int64_t heads) {
+    ctx->save_for_backward({cos_t, sin_t});
+    ctx->saved_data["heads"] = heads;
+    return {rope_apply(x.contiguous(), cos_t, sin_t, heads, 1.0)};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor g = grads[0].to(at::kBFloat16).contiguous();
+    return {rope_apply(g, s[0], s[1], ctx->saved_data["heads"].toInt(), -1.0), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// silu(gate) * up in bf16 (fp32 arithmetic, one rounding), both gradients from one kernel.
+struct SwiGlu : public torch::autograd::Function<SwiGlu> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor gate_in, at::Tensor up_in) {
+    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+    check_bf16(gate, gate, "the gate must be a bf16 tensor");
+    check_bf16(up, gate, "up must be a bf16 tensor like the gate");
+    require(gate.sizes() == up.sizes(), "the gate and up must have one shape");
+    at::Tensor out = at::empty_like(gate);
+    const uint16_t *pg = ptr<uint16_t>(gate), *pu = ptr<uint16_t>(up);
+    uint16_t *po = ptr<uint16_t>(out);
+    long long n = gate.numel();
+    if (n > 0 && !gate.is_cuda()) {
+      sw_host::swiglu_fwd(pg, pu, po, n);
+    } else if (n > 0) {
+      const Kernels &k = kernels(gate.get_device());
+      enter(k);
+      launch(k.swiglu_fwd, stride_blocks(k, n), 256, 1, {&pg, &pu, &po, &n});
+    }
+    ctx->save_for_backward({gate, up});
+    return {out};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &gate = s[0], &up = s[1];
+    const at::Tensor go = grads[0].to(at::kBFloat16).contiguous();
+    require(go.sizes() == gate.sizes(), "the gradient must have the output's shape");
+    at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
+    const uint16_t *pgo = ptr<uint16_t>(go), *pg = ptr<uint16_t>(gate), *pu = ptr<uint16_t>(up);
+    uint16_t *pdg = ptr<uint16_t>(d_gate), *pdu = ptr<uint16_t>(d_up);
+    long long n = gate.numel();
+    if (n > 0 && !gate.is_cuda()) {
+      sw_host::swiglu_bwd(pgo, pg, pu, pdg, pdu, n);
+    } else if (n > 0) {
+      const Kernels &k = kernels(gate.get_device());
+      enter(k);
+      launch(k.swiglu_bwd, stride_blocks(k, n), 256, 1, {&pgo, &pg, &pu, &pdg, &pdu, &n});
+    }
+    return {d_gate, d_up};
+  }
+};
+
+// The mean cross-entropy (fp32 scalar) of bf16 logits [.., V] (V a multiple of 4) against
+// int64 targets of the leading shape, over the targets that are neither `ignore` nor outside
+// [0, V): one kernel reads each row once (its log-sum-exp and loss), libtorch sums the rows;
+// the backward pass writes the logits' gradient in bf16 in one kernel. No fp32 copy of the
+// logits is made either way.
+struct RowsCrossEntropy : public torch::autograd::Function<RowsCrossEntropy> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor logits_in, at::Tensor targets_in,
+                               int64_t ignore) {
+    const int64_t V = logits_in.size(-1);
+    require(V % 4 == 0 && V <= (1LL << 30), "the cross-entropy kernel takes a vocabulary that is a multiple of 4");
+    const at::Tensor logits = logits_in.reshape({-1, V}).contiguous();
+    const at::Tensor targets = targets_in.reshape({-1}).contiguous();
+    const int64_t N = logits.size(0);
+    check_bf16(logits, logits, "the logits must be a bf16 tensor");
+    require(targets.scalar_type() == at::kLong && targets.device() == logits.device() &&
+                targets.numel() == N,
+            "one int64 target per row of logits, on their device");
+    at::Tensor lse = at::empty({N}, logits.options().dtype(at::kFloat));
+    at::Tensor rows = at::empty_like(lse), counted = at::empty_like(lse);
+    const uint16_t *pl = ptr<uint16_t>(logits);
+    const long long *pt = ptr<long long>(targets);
+    float *p_lse = ptr<float>(lse), *p_rows = ptr<float>(rows), *p_cnt = ptr<float>(counted);
+    int v = static_cast<int>(V);
+    long long ign = ignore;
+    if (N > 0 && !logits.is_cuda()) {
+      sw_host::xent_rows_fwd(pl, pt, p_lse, p_rows, p_cnt, N, v, ign);
+    } else if (N > 0) {
+      const Kernels &k = kernels(logits.get_device());
+      enter(k);
+      launch(k.xent_rows_fwd, static_cast<unsigned>(N), 256, 1, {&pl, &pt, &p_lse, &p_rows, &p_cnt, &v, &ign});
+    }
+    const at::Tensor count = at::sum(counted);
+    const at::Tensor loss = at::div(at::sum(rows), count);
+    ctx->save_for_backward({logits, targets, lse, count});
+    ctx->saved_data["ignore"] = ignore;
+    ctx->saved_data["shape"] = logits_in.sizes().vec();
+    return {loss};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &logits = s[0], &targets = s[1], &lse = s[2], &count = s[3];
+    const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+    require(g.numel() == 1 && g.device() == logits.device(), "the loss's gradient must be one value on the logits' device");
+    at::Tensor d = at::empty_like(logits);
+    const int64_t N = logits.size(0);
+    const uint16_t *pl = ptr<uint16_t>(logits);
+    const long long *pt = ptr<long long>(targets);
+    const float *p_lse = ptr<float>(lse), *pg = ptr<float>(g), *pc = ptr<float>(count);
+    uint16_t *pd = ptr<uint16_t>(d);
+    int v = static_cast<int>(logits.size(1));
+    long long ign = ctx->saved_data["ignore"].toInt();
+    if (N > 0 && !logits.is_cuda()) {
+      sw_host::xent_rows_bwd(pl, pt, p_lse, pg, pc, pd, N, v, ign);
+    } else if (N > 0) {
+      const Kernels &k = kernels(logits.get_device());
+      enter(k);
+      launch(k.xent_rows_bwd, static_cast<unsigned>(N), 256, 1, {&pl, &pt, &p_lse, &pg, &pc, &pd, &v, &ign});
+    }
+    return {d.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -548,13 +720,13 @@ extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::T
   }
 }
 
-// *y_out = x W^T + b (bf16, GELU applied when `gelu`), recorded for autograd with the
-// gradients described at LinearBf16. A new handle the caller owns.
+// *y_out = x W^T + b (bf16, GELU applied when `gelu`; b null: no bias), recorded for autograd
+// with the gradients described at LinearBf16. A new handle the caller owns.
 extern "C" int stage_worker_linear_bf16(const at::Tensor *x, const at::Tensor *w,
                                         const at::Tensor *b, bool gelu, at::Tensor **y_out,
                                         char *err, size_t err_len) {
   try {
-    auto out = LinearBf16::apply(*x, *w, *b, gelu);
+    auto out = LinearBf16::apply(*x, *w, b == nullptr ? at::Tensor() : *b, gelu);
     *y_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {
@@ -622,6 +794,49 @@ extern "C" int stage_worker_cross_entropy(const at::Tensor *logits, const at::Te
                                           size_t err_len) {
   try {
     auto out = CrossEntropy::apply(*logits, *targets, ignore);
+    *loss_out = new at::Tensor(out[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *out = the rotary embedding of x by cos and sin, recorded for autograd as Rope describes
+// (CUDA or CPU tensors). A new handle the caller owns.
+extern "C" int stage_worker_llama_rope(const at::Tensor *x, const at::Tensor *cos_t,
+                                       const at::Tensor *sin_t, int64_t heads, at::Tensor **out,
+                                       char *err, size_t err_len) {
+  try {
+    auto r = Rope::apply(*x, *cos_t, *sin_t, heads);
+    *out = new at::Tensor(r[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *out = silu(gate) * up, recorded for autograd as SwiGlu describes (CUDA or CPU tensors). A
+// new handle the caller owns.
+extern "C" int stage_worker_llama_swiglu(const at::Tensor *gate, const at::Tensor *up,
+                                         at::Tensor **out, char *err, size_t err_len) {
+  try {
+    auto r = SwiGlu::apply(*gate, *up);
+    *out = new at::Tensor(r[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *loss_out = the mean cross-entropy of bf16 logits [.., V] against targets, ignoring
+// `ignore`, recorded for autograd as RowsCrossEntropy describes (CUDA or CPU tensors). A new
+// handle the caller owns.
+extern "C" int stage_worker_llama_cross_entropy(const at::Tensor *logits,
+                                                const at::Tensor *targets, int64_t ignore,
+                                                at::Tensor **loss_out, char *err,
+                                                size_t err_len) {
+  try {
+    auto out = RowsCrossEntropy::apply(*logits, *targets, ignore);
     *loss_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {

@@ -513,3 +513,142 @@ extern "C" __global__ void stage_worker_xent_bwd(const bf16_t *__restrict__ logi
     store_bf16x4(dlogits + r * 256 + lane * 8 + 4, d + 4);
   }
 }
+
+// ---- Llama: rotary embedding and SwiGLU (bf16 activations, fp32 arithmetic) ----
+
+// Rotary position embedding of x ([rows, H * D] bf16, row r at position r % T, every head's D
+// values in two halves), with cos and sin ([T, D / 2] fp32): for j < D / 2,
+//   out[j] = x[j] cos - x[j + D/2] sin,   out[j + D/2] = x[j + D/2] cos + x[j] sin,
+// rounded once to bf16. The backward pass is the same rotation by the opposite angle, which
+// `sign` = -1 gives (sin taken negated). One thread per pair, grid-stride.
+extern "C" __global__ void stage_worker_rope(const bf16_t *__restrict__ x,
+                                             const float *__restrict__ cos_t,
+                                             const float *__restrict__ sin_t,
+                                             bf16_t *__restrict__ out, long long rows, int T,
+                                             int H, int D, float sign) {
+  const int half = D / 2;
+  const long long pairs = rows * H * half;
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < pairs;
+       k += (long long)gridDim.x * blockDim.x) {
+    const int j = (int)(k % half);
+    const long long head = k / half;  // row * H + h
+    const long long row = head / H;
+    const long long at = head * D + j;
+    const long long table = (row % T) * half + j;
+    const float c = cos_t[table], s = sign * sin_t[table];
+    const float a = bf2f(x[at]), b = bf2f(x[at + half]);
+    out[at] = (bf16_t)f2bf(a * c - b * s);
+    out[at + half] = (bf16_t)f2bf(b * c + a * s);
+  }
+}
+
+__device__ __forceinline__ float sigmoid_f(float v) { return 1.f / (1.f + expf(-v)); }
+
+// out = bf16(silu(gate) * up) over n elements (bf16), silu(v) = v * sigmoid(v), grid-stride.
+extern "C" __global__ void stage_worker_swiglu_fwd(const bf16_t *__restrict__ gate,
+                                                   const bf16_t *__restrict__ up,
+                                                   bf16_t *__restrict__ out, long long n) {
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x) {
+    const float g = bf2f(gate[k]), u = bf2f(up[k]);
+    out[k] = (bf16_t)f2bf(g * sigmoid_f(g) * u);
+  }
+}
+
+// The gradients of out = silu(gate) * up for the output's gradient go (all bf16):
+//   d_gate = go * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate))),   d_up = go * silu(gate).
+extern "C" __global__ void stage_worker_swiglu_bwd(const bf16_t *__restrict__ go,
+                                                   const bf16_t *__restrict__ gate,
+                                                   const bf16_t *__restrict__ up,
+                                                   bf16_t *__restrict__ d_gate,
+                                                   bf16_t *__restrict__ d_up, long long n) {
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+       k += (long long)gridDim.x * blockDim.x) {
+    const float o = bf2f(go[k]), g = bf2f(gate[k]), u = bf2f(up[k]);
+    const float s = sigmoid_f(g);
+    d_gate[k] = (bf16_t)f2bf(o * u * s * (1.f + g * (1.f - s)));
+    d_up[k] = (bf16_t)f2bf(o * g * s);
+  }
+}
+
+// ---- Cross-entropy over a large vocabulary (bf16 logits, one block per row) ----
+
+// (max, sum of exp(v - max)) of two parts of a row, merged.
+__device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+}
+
+// lse_merge over the block, in every thread (blockDim.x a multiple of 32, or 1: the host's
+// single thread, which holds the whole row already).
+__device__ __forceinline__ float2 block_lse(float2 v, float2 *shared) {
+  if (blockDim.x == 1) return v;
+  for (int o = 16; o > 0; o >>= 1) {
+    v = lse_merge(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, o),
+                                 __shfl_xor_sync(0xffffffffu, v.y, o)));
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? shared[lane] : make_float2(-1e30f, 0.f);
+  for (int o = 16; o > 0; o >>= 1) {
+    v = lse_merge(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, o),
+                                 __shfl_xor_sync(0xffffffffu, v.y, o)));
+  }
+  return v;
+}
+
+// Row blockIdx.x of logits ([N, V] bf16, V a multiple of 4): lse[r] = log(sum(exp(row))), and
+// for a counted target (not `ignore`, in [0, V)) loss[r] = lse[r] - row[target], count[r] = 1;
+// otherwise both 0.
+extern "C" __global__ void stage_worker_xent_rows_fwd(const bf16_t *__restrict__ logits,
+                                                      const long long *__restrict__ targets,
+                                                      float *__restrict__ lse,
+                                                      float *__restrict__ loss,
+                                                      float *__restrict__ count, int V,
+                                                      long long ignore) {
+  __shared__ float2 red[32];
+  const long long r = blockIdx.x;
+  const bf16_t *row = logits + r * V;
+  float2 acc = make_float2(-1e30f, 0.f);
+  for (int c = threadIdx.x * 4; c < V; c += blockDim.x * 4) {
+    float v[4];
+    load_bf16x4(row + c, v);
+    const float m = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+    const float s = expf(v[0] - m) + expf(v[1] - m) + expf(v[2] - m) + expf(v[3] - m);
+    acc = lse_merge(acc, make_float2(m, s));
+  }
+  acc = block_lse(acc, red);
+  if (threadIdx.x == 0) {
+    const float l = acc.x + logf(acc.y);
+    const long long tg = targets[r];
+    const bool counted = tg != ignore && tg >= 0 && tg < V;
+    lse[r] = l;
+    loss[r] = counted ? l - bf2f(row[tg]) : 0.f;
+    count[r] = counted ? 1.f : 0.f;
+  }
+}
+
+// The logits' gradient (bf16) of the mean loss over `count[0]` counted rows, times the loss's
+// gradient grad[0]: (softmax(row) - onehot(target)) * grad / count for a counted row, else 0.
+extern "C" __global__ void stage_worker_xent_rows_bwd(const bf16_t *__restrict__ logits,
+                                                      const long long *__restrict__ targets,
+                                                      const float *__restrict__ lse,
+                                                      const float *__restrict__ grad,
+                                                      const float *__restrict__ count,
+                                                      bf16_t *__restrict__ d, int V,
+                                                      long long ignore) {
+  const long long r = blockIdx.x;
+  const long long tg = targets[r];
+  const bool counted = tg != ignore && tg >= 0 && tg < V;
+  const float scale = counted ? grad[0] / count[0] : 0.f;
+  const float l = lse[r];
+  const bf16_t *row = logits + r * V;
+  for (int c = threadIdx.x * 4; c < V; c += blockDim.x * 4) {
+    float v[4], o[4];
+    load_bf16x4(row + c, v);
+    for (int k = 0; k < 4; ++k) o[k] = (expf(v[k] - l) - (c + k == tg ? 1.f : 0.f)) * scale;
+    store_bf16x4(d + r * V + c, o);
+  }
+}

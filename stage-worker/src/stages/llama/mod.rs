@@ -29,12 +29,18 @@ pub fn hf_init(spec: &StageSpec) -> Option<PathBuf> {
     hf::is_hf_dir(dir).then(|| dir.to_path_buf())
 }
 
-/// Applies the attention kernels for a stage of `steps` planned steps on CUDA.
-pub fn choose_attention(steps: u64) {
+/// Applies the attention kernels for a stage of `steps` planned steps on CUDA, of a model
+/// with grouped-query attention (`gqa`: fewer key/value heads than query heads) or not.
+/// PyTorch's memory-efficient kernels do not take grouped-query attention (libtorch would fall
+/// back to the plain math ones), so where `auto` would choose them for such a model it
+/// chooses flash attention (which takes it, and starts as fast) instead.
+pub fn choose_attention(steps: u64, gqa: bool) {
     use crate::model::attention::{self, Kernels};
-    let kernels = Kernels::from_env()
-        .unwrap_or(Kernels::Auto)
-        .for_steps(steps);
+    let asked = Kernels::from_env().unwrap_or(Kernels::Auto);
+    let kernels = match asked.for_steps(steps) {
+        Kernels::Efficient if gqa && asked == Kernels::Auto => Kernels::Flash,
+        chosen => chosen,
+    };
     attention::apply(kernels);
 }
 

@@ -121,9 +121,6 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         compute.description
     );
     sink.started(&compute.description);
-    if compute.device.is_cuda() {
-        super::choose_attention(p.steps);
-    }
     if let Some(done) = completed(&spec.output_dir, &p) {
         return crate::stages::train::report_completed(&done, sink);
     }
@@ -133,6 +130,10 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
             "params.seq_len ({}) exceeds the model's max_position_embeddings ({})",
             p.seq_len, config.max_position_embeddings
         )));
+    }
+    if compute.device.is_cuda() {
+        let gqa = config.num_key_value_heads != config.num_attention_heads;
+        super::choose_attention(p.steps, gqa);
     }
     let tokens = Tokens::open(init, &config.raw)?;
     let data = data::load(&p.data, &tokens)?;
