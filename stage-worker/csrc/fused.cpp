@@ -60,7 +60,7 @@ template <typename T> T *ptr(const at::Tensor &t) {
   return t.defined() ? static_cast<T *>(t.data_ptr()) : nullptr;
 }
 
-// The forward pass: {xn, a, mean, rstd} (xn undefined when y is).
+// The forward pass: {xn, a, mean, rstd} (xn undefined when y is). b undefined: RMSNorm.
 std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, const at::Tensor &w,
                                 const at::Tensor &b, double eps) {
   const int64_t C = x.size(-1), N = x.numel() / C;
@@ -68,7 +68,7 @@ std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, con
   check_operand(x, at::kFloat, N * C, "x must be a contiguous fp32 CUDA tensor");
   if (y.defined()) check_operand(y, at::kBFloat16, N * C, "y must be a contiguous bf16 tensor like x");
   check_operand(w, at::kFloat, C, "the LayerNorm weight must be fp32 of the last dimension's size");
-  check_operand(b, at::kFloat, C, "the LayerNorm bias must be fp32 of the last dimension's size");
+  if (b.defined()) check_operand(b, at::kFloat, C, "the LayerNorm bias must be fp32 of the last dimension's size");
   const Kernels &k = kernels(x.get_device());
   enter(k);
   at::Tensor xn = y.defined() ? at::empty_like(x) : at::Tensor();
@@ -90,10 +90,12 @@ std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, con
   return {xn, a, mean, rstd};
 }
 
-// The backward pass: {gx, gy, gw, gb} (gy undefined unless wanted).
+// The backward pass: {gx, gy, gw, gb} (gy undefined unless wanted; gb undefined for RMSNorm,
+// `bias` false).
 std::vector<at::Tensor> ln_backward(const at::Tensor &ga_in, const at::Tensor &gres_in,
                                  const at::Tensor &xn, const at::Tensor &mean,
-                                 const at::Tensor &rstd, const at::Tensor &w, bool want_gy) {
+                                 const at::Tensor &rstd, const at::Tensor &w, bool want_gy,
+                                 bool bias = true) {
   const int64_t C = xn.size(-1), N = xn.numel() / C;
   const at::Tensor ga = ga_in.to(at::kBFloat16).contiguous();
   const at::Tensor gres = gres_in.defined() ? gres_in.to(at::kFloat).contiguous() : at::Tensor();
@@ -108,9 +110,11 @@ std::vector<at::Tensor> ln_backward(const at::Tensor &ga_in, const at::Tensor &g
   at::Tensor gy = want_gy ? at::empty(xn.sizes(), xn.options().dtype(at::kBFloat16)) : at::Tensor();
   // Every block writes its whole row of partial sums; with no rows there is one row of zeros.
   at::Tensor pw = N > 0 ? at::empty({blocks, C}, xn.options()) : at::zeros({1, C}, xn.options());
-  at::Tensor pb = N > 0 ? at::empty({blocks, C}, xn.options()) : at::zeros({1, C}, xn.options());
+  at::Tensor pb = !bias ? at::Tensor()
+                 : N > 0 ? at::empty({blocks, C}, xn.options())
+                         : at::zeros({1, C}, xn.options());
   at::Tensor gw = at::empty({C}, xn.options());
-  at::Tensor gb = at::empty({C}, xn.options());
+  at::Tensor gb = bias ? at::empty({C}, xn.options()) : at::Tensor();
   const uint16_t *p_ga = ptr<uint16_t>(ga);
   const float *p_xn = ptr<float>(xn), *p_mean = ptr<float>(mean), *p_rstd = ptr<float>(rstd);
   const float *p_w = ptr<float>(w), *p_gres = ptr<float>(gres);
@@ -131,32 +135,38 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // xn = x + y, a = bf16(LayerNorm(xn)): gradients for x, y, w and b.
+// b undefined: RMSNorm (no centring, no bias; no gradient for b).
 struct ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor y, at::Tensor w,
                                at::Tensor b, double eps) {
-    auto out = ln_forward(x.contiguous(), y.contiguous(), w.contiguous(), b.contiguous(), eps);
+    auto out = ln_forward(x.contiguous(), y.contiguous(), w.contiguous(),
+                          b.defined() ? b.contiguous() : b, eps);
     ctx->save_for_backward({out[0], out[2], out[3], w});
+    ctx->saved_data["bias"] = b.defined();
     return {out[0], out[1]};
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = ln_backward(grads[1], grads[0], s[0], s[1], s[2], s[3].contiguous(), true);
+    auto g = ln_backward(grads[1], grads[0], s[0], s[1], s[2], s[3].contiguous(), true,
+                         ctx->saved_data["bias"].toBool());
     return {g[0], g[1], g[2], g[3], at::Tensor()};
   }
 };
 
-// a = bf16(LayerNorm(x)): gradients for x, w and b.
+// a = bf16(LayerNorm(x)): gradients for x, w and b (b undefined: RMSNorm, as above).
 struct LayerNormCast : public torch::autograd::Function<LayerNormCast> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
                                double eps) {
     const at::Tensor xc = x.contiguous();
-    auto out = ln_forward(xc, at::Tensor(), w.contiguous(), b.contiguous(), eps);
+    auto out = ln_forward(xc, at::Tensor(), w.contiguous(), b.defined() ? b.contiguous() : b, eps);
     ctx->save_for_backward({xc, out[2], out[3], w});
+    ctx->saved_data["bias"] = b.defined();
     return {out[1]};
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = ln_backward(grads[0], at::Tensor(), s[0], s[1], s[2], s[3].contiguous(), false);
+    auto g = ln_backward(grads[0], at::Tensor(), s[0], s[1], s[2], s[3].contiguous(), false,
+                         ctx->saved_data["bias"].toBool());
     return {g[0], g[2], g[3], at::Tensor()};
   }
 };
@@ -699,19 +709,20 @@ extern "C" int stage_worker_fused_load(int ordinal, bool *cached, char *err, siz
 }
 
 // (*xn_out, *a_out) = (x + y, bf16(LayerNorm(x + y) * w + b)), recorded for autograd. With y
-// null: *a_out = bf16(LayerNorm(x) * w + b) and *xn_out is left alone. New handles the caller
-// owns.
+// null: *a_out = bf16(LayerNorm(x) * w + b) and *xn_out is left alone. With b null, RMSNorm
+// (no centring, no bias) in place of LayerNorm. New handles the caller owns.
 extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::Tensor *y,
                                                 const at::Tensor *w, const at::Tensor *b,
                                                 double eps, at::Tensor **xn_out,
                                                 at::Tensor **a_out, char *err, size_t err_len) {
   try {
+    const at::Tensor bias = b == nullptr ? at::Tensor() : *b;
     if (y != nullptr) {
-      auto out = ResidualLayerNorm::apply(*x, *y, *w, *b, eps);
+      auto out = ResidualLayerNorm::apply(*x, *y, *w, bias, eps);
       *xn_out = new at::Tensor(out[0]);
       *a_out = new at::Tensor(out[1]);
     } else {
-      auto out = LayerNormCast::apply(*x, *w, *b, eps);
+      auto out = LayerNormCast::apply(*x, *w, bias, eps);
       *a_out = new at::Tensor(out[0]);
     }
     return 0;

@@ -59,7 +59,8 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2 *shared) {
 }
 
 // One block per row of C = 4 * blockDim.x values. xn = x + y (when y is given, else x is
-// normalised as it is); a = bf16(LayerNorm(xn) * w + b); the row's mean and 1/std.
+// normalised as it is); a = bf16(LayerNorm(xn) * w + b); the row's mean and 1/std. With b
+// null, RMSNorm instead: a = bf16(xn / sqrt(mean(xn^2) + eps) * w), the mean written as 0.
 extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
                                                const bf16_t *__restrict__ y,
                                                const float *__restrict__ w,
@@ -77,16 +78,17 @@ extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
     for (int k = 0; k < 4; ++k) v[k] += u[k];
     store_f32x4(xn + at, v);
   }
-  const float mean = block_sum2(make_float2(v[0] + v[1] + v[2] + v[3], 0.f), red).x / C;
+  const bool rms = b == nullptr;
+  const float mean = rms ? 0.f : block_sum2(make_float2(v[0] + v[1] + v[2] + v[3], 0.f), red).x / C;
   float d[4], q = 0.f;
   for (int k = 0; k < 4; ++k) {
     d[k] = v[k] - mean;
     q += d[k] * d[k];
   }
   const float rstd = rsqrtf(block_sum2(make_float2(q, 0.f), red).x / C + eps);
-  float wv[4], bv[4], o[4];
+  float wv[4], bv[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
   load_f32x4(w + threadIdx.x * 4, wv);
-  load_f32x4(b + threadIdx.x * 4, bv);
+  if (!rms) load_f32x4(b + threadIdx.x * 4, bv);
   for (int k = 0; k < 4; ++k) o[k] = d[k] * rstd * wv[k] + bv[k];
   store_bf16x4(a + at, o);
   if (threadIdx.x == 0) {
@@ -98,7 +100,8 @@ extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
 // Rows [blockIdx.x * rows, ...) of the backward pass. ga: the gradient of a (bf16); xn: the
 // normalised input (fp32); gres: the gradient of xn from the residual stream, or null.
 // gx = LayerNorm's input gradient + gres (fp32); gy = bf16(gx), unless null. The block's
-// partial sums of ga * xhat and ga per column go to pw and pb (row blockIdx.x).
+// partial sums of ga * xhat and ga per column go to pw and pb (row blockIdx.x). With pb null,
+// RMSNorm's (the forward pass without b): no centring term, no bias sums.
 extern "C" __global__ void stage_worker_ln_bwd(
     const bf16_t *__restrict__ ga, const float *__restrict__ xn, const float *__restrict__ mean,
     const float *__restrict__ rstd, const float *__restrict__ w, const float *__restrict__ gres,
@@ -126,7 +129,7 @@ extern "C" __global__ void stage_worker_ln_bwd(
       s2 += gw[k] * xh[k];
     }
     const float2 s = block_sum2(make_float2(s1, s2), red);
-    const float mg = s.x / C, mgx = s.y / C;
+    const float mg = pb == nullptr ? 0.f : s.x / C, mgx = s.y / C;
     float dx[4];
     for (int k = 0; k < 4; ++k) dx[k] = rs * (gw[k] - mg - xh[k] * mgx);
     if (gres != nullptr) {
@@ -138,10 +141,11 @@ extern "C" __global__ void stage_worker_ln_bwd(
     if (gy != nullptr) store_bf16x4(gy + at, dx);
   }
   store_f32x4(pw + (long long)blockIdx.x * C + c, accw);
-  store_f32x4(pb + (long long)blockIdx.x * C + c, accb);
+  if (pb != nullptr) store_f32x4(pb + (long long)blockIdx.x * C + c, accb);
 }
 
-// dw, db = the column sums of pw, pb ([parts, C]). Blocks of 32 x 8 threads, C / 32 blocks.
+// dw, db = the column sums of pw, pb ([parts, C]; pb and db null: dw only). Blocks of 32 x 8
+// threads, C / 32 blocks.
 extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ pw,
                                                       const float *__restrict__ pb, int parts,
                                                       int C, float *__restrict__ dw,
@@ -151,7 +155,7 @@ extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ 
   float aw = 0.f, ab = 0.f;
   for (int p = threadIdx.y; p < parts; p += 8) {
     aw += pw[(long long)p * C + col];
-    ab += pb[(long long)p * C + col];
+    if (pb != nullptr) ab += pb[(long long)p * C + col];
   }
   sw[threadIdx.y][threadIdx.x] = aw;
   sb[threadIdx.y][threadIdx.x] = ab;
@@ -162,7 +166,7 @@ extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ 
       ab += sb[k][threadIdx.x];
     }
     dw[col] = aw;
-    db[col] = ab;
+    if (db != nullptr) db[col] = ab;
   }
 }
 

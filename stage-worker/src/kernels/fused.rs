@@ -224,21 +224,36 @@ pub fn residual_layer_norm(
     b: &Tensor,
     eps: f64,
 ) -> (Tensor, Tensor) {
-    let (xn, a) = call(x, Some(y), w, b, eps);
+    let (xn, a) = call(x, Some(y), w, Some(b), eps);
     (xn.expect("the residual variant returns the sum"), a)
+}
+
+/// `(x + y, bf16(rms_norm(x + y) * w))` with one kernel each way, for autograd: as
+/// [`residual_layer_norm`] with RMSNorm (`x / sqrt(mean(x²) + eps)`, no centring, no bias) in
+/// place of LayerNorm; the Llama block's residual add, norm and cast.
+pub fn residual_rms_norm(x: &Tensor, y: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
+    let (xn, a) = call(x, Some(y), w, None, eps);
+    (xn.expect("the residual variant returns the sum"), a)
+}
+
+/// `bf16(rms_norm(x) * w)` with one kernel each way, for autograd; as [`residual_rms_norm`]
+/// without the add.
+pub fn rms_norm_cast(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+    call(x, None, w, None, eps).1
 }
 
 /// `bf16(layer_norm(x) * w + b)` with one kernel each way, for autograd; as
 /// [`residual_layer_norm`] without the add.
 pub fn layer_norm_cast(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Tensor {
-    call(x, None, w, b, eps).1
+    call(x, None, w, Some(b), eps).1
 }
 
+/// The LayerNorm kernels (`b` given) or the RMSNorm ones (`b` `None`).
 fn call(
     x: &Tensor,
     y: Option<&Tensor>,
     w: &Tensor,
-    b: &Tensor,
+    b: Option<&Tensor>,
     eps: f64,
 ) -> (Option<Tensor>, Tensor) {
     let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
@@ -253,7 +268,7 @@ fn call(
             handle(x),
             y.map_or(std::ptr::null(), handle),
             handle(w),
-            handle(b),
+            b.map_or(std::ptr::null(), handle),
             eps,
             &mut xn,
             &mut a,

@@ -197,11 +197,15 @@ impl Llama {
             &x * &cos + turned * &sin
         };
         let mut x = Tensor::embedding(self.p("model.embed_tokens.weight"), ids, -1, false, false);
+        let mut norms = Norms {
+            model: self,
+            kind,
+            fused: fused && crate::kernels::fused::usable(x.device(), kind, c.hidden_size),
+            pending: None,
+        };
         for i in 0..c.num_hidden_layers {
             let l = format!("model.layers.{i}");
-            let h = self
-                .rms_norm(&x, &format!("{l}.input_layernorm.weight"))
-                .to_kind(kind);
+            let h = norms.next(&mut x, &format!("{l}.input_layernorm.weight"));
             let proj = |name: &str| self.project(&h, &format!("{l}.self_attn.{name}"), kind, fused);
             let q = rotated(proj("q_proj"), nh);
             let k = rotated(proj("k_proj"), nkv);
@@ -218,11 +222,8 @@ impl Llama {
             );
             let y = y.transpose(1, 2).contiguous().view([b, t, nh * hd]);
             let o_proj = format!("{l}.self_attn.o_proj");
-            // Not `+=`: autograd still needs the stream as it was (the RMSNorm's input).
-            x = x.g_add(&self.project(&y, &o_proj, kind, fused));
-            let h = self
-                .rms_norm(&x, &format!("{l}.post_attention_layernorm.weight"))
-                .to_kind(kind);
+            norms.pending = Some(self.project(&y, &o_proj, kind, fused));
+            let h = norms.next(&mut x, &format!("{l}.post_attention_layernorm.weight"));
             let gate = self.project(&h, &format!("{l}.mlp.gate_proj"), kind, fused);
             let up = self.project(&h, &format!("{l}.mlp.up_proj"), kind, fused);
             let act = if fused {
@@ -230,9 +231,9 @@ impl Llama {
             } else {
                 gate.silu() * up
             };
-            x = x.g_add(&self.project(&act, &format!("{l}.mlp.down_proj"), kind, fused));
+            norms.pending = Some(self.project(&act, &format!("{l}.mlp.down_proj"), kind, fused));
         }
-        let h = self.rms_norm(&x, "model.norm.weight").to_kind(kind);
+        let h = norms.next(&mut x, "model.norm.weight");
         let head = if c.tie_word_embeddings {
             "model.embed_tokens"
         } else {
@@ -258,6 +259,38 @@ impl Llama {
             return crate::kernels::fused::cross_entropy_rows(&logits, targets, ignore);
         }
         cross_entropy(&logits, targets)
+    }
+}
+
+/// The residual stream's adds and RMSNorms in order: each norm first adds the branch output
+/// waiting in `pending` (if any) into the stream, then normalises it and casts it to `kind`;
+/// with `fused`, add, norm and cast are one kernel each way.
+struct Norms<'a> {
+    model: &'a Llama,
+    kind: Kind,
+    fused: bool,
+    pending: Option<Tensor>,
+}
+
+impl Norms<'_> {
+    fn next(&mut self, x: &mut Tensor, name: &str) -> Tensor {
+        let (w, eps) = (self.model.p(name), self.model.config.rms_norm_eps);
+        let y = self.pending.take();
+        if self.fused {
+            return match y {
+                Some(y) => {
+                    let (sum, a) = crate::kernels::fused::residual_rms_norm(x, &y, w, eps);
+                    *x = sum;
+                    a
+                }
+                None => crate::kernels::fused::rms_norm_cast(x, w, eps),
+            };
+        }
+        if let Some(y) = y {
+            // Not `+=`: autograd still needs the stream as it was (the last RMSNorm's input).
+            *x = x.g_add(&y);
+        }
+        self.model.rms_norm(x, name).to_kind(self.kind)
     }
 }
 
