@@ -430,7 +430,9 @@ at::Tensor rope_apply(const at::Tensor &x, const at::Tensor &cos_t, const at::Te
   }
   const Kernels &k = kernels(x.get_device());
   enter(k);
-  launch(k.rope, stride_blocks(k, rows * heads * half), 256, 1, {&px, &pc, &ps, &po, &rows, &t, &h, &d, &sg});
+  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, (heads * half + 31) / 32 * 32));
+  const unsigned blocks = static_cast<unsigned>(std::min<long long>(rows, 1LL << 20));
+  launch(k.rope, blocks, threads, 1, {&px, &pc, &ps, &po, &rows, &t, &h, &d, &sg});
   return out;
 }
 
@@ -467,7 +469,7 @@ struct SwiGlu : public torch::autograd::Function<SwiGlu> {
     } else if (n > 0) {
       const Kernels &k = kernels(gate.get_device());
       enter(k);
-      launch(k.swiglu_fwd, stride_blocks(k, n), 256, 1, {&pg, &pu, &po, &n});
+      launch(k.swiglu_fwd, stride_blocks(k, (n + 3) / 4), 256, 1, {&pg, &pu, &po, &n});
     }
     ctx->save_for_backward({gate, up});
     return {out};
@@ -486,7 +488,7 @@ struct SwiGlu : public torch::autograd::Function<SwiGlu> {
     } else if (n > 0) {
       const Kernels &k = kernels(gate.get_device());
       enter(k);
-      launch(k.swiglu_bwd, stride_blocks(k, n), 256, 1, {&pgo, &pg, &pu, &pdg, &pdu, &n});
+      launch(k.swiglu_bwd, stride_blocks(k, (n + 3) / 4), 256, 1, {&pgo, &pg, &pu, &pdg, &pdu, &n});
     }
     return {d_gate, d_up};
   }

@@ -629,10 +629,10 @@ mod tests {
     #[test]
     fn the_swiglu_kernels_match_the_plain_operations_and_their_gradients() {
         crate::testutil::one_torch_thread();
-        let gate = (bf16_normal(&[3, 7, 12], 3) * 3).set_requires_grad(true);
-        let up = bf16_normal(&[3, 7, 12], 4).set_requires_grad(true);
+        let gate = (bf16_normal(&[3, 7, 13], 3) * 3).set_requires_grad(true);
+        let up = bf16_normal(&[3, 7, 13], 4).set_requires_grad(true);
         let fused = swiglu(&gate, &up);
-        let g = bf16_normal(&[3, 7, 12], 5);
+        let g = bf16_normal(&[3, 7, 13], 5);
         pull(&fused, &g);
 
         let gf = gate.detach().to_kind(Kind::Float).set_requires_grad(true);
