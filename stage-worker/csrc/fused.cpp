@@ -60,6 +60,14 @@ template <typename T> T *ptr(const at::Tensor &t) {
   return t.defined() ? static_cast<T *>(t.data_ptr()) : nullptr;
 }
 
+// `t` contiguous, and on CUDA 16-byte aligned (a copy when it is a view that starts elsewhere,
+// such as a slice of a larger buffer): what the vector loads of the kernels below need.
+at::Tensor aligned(const at::Tensor &t) {
+  const at::Tensor c = t.contiguous();
+  if (!c.is_cuda() || reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0) return c;
+  return c.clone();
+}
+
 // The forward pass: {xn, a, mean, rstd} (xn undefined when y is). b undefined: RMSNorm.
 std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, const at::Tensor &w,
                                 const at::Tensor &b, double eps) {
@@ -97,8 +105,8 @@ std::vector<at::Tensor> ln_backward(const at::Tensor &ga_in, const at::Tensor &g
                                  const at::Tensor &rstd, const at::Tensor &w, bool want_gy,
                                  bool bias = true) {
   const int64_t C = xn.size(-1), N = xn.numel() / C;
-  const at::Tensor ga = ga_in.to(at::kBFloat16).contiguous();
-  const at::Tensor gres = gres_in.defined() ? gres_in.to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor ga = aligned(ga_in.to(at::kBFloat16));
+  const at::Tensor gres = gres_in.defined() ? aligned(gres_in.to(at::kFloat)) : at::Tensor();
   check_operand(ga, at::kBFloat16, N * C, "the activation's gradient has the wrong shape");
   if (gres.defined()) check_operand(gres, at::kFloat, N * C, "the residual's gradient has the wrong shape");
   const Kernels &k = kernels(xn.get_device());
@@ -443,11 +451,11 @@ struct Rope : public torch::autograd::Function<Rope> {
                                at::Tensor sin_t, int64_t heads) {
     ctx->save_for_backward({cos_t, sin_t});
     ctx->saved_data["heads"] = heads;
-    return {rope_apply(x.contiguous(), cos_t, sin_t, heads, 1.0)};
+    return {rope_apply(aligned(x), cos_t, sin_t, heads, 1.0)};
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    const at::Tensor g = grads[0].to(at::kBFloat16).contiguous();
+    const at::Tensor g = aligned(grads[0].to(at::kBFloat16));
     return {rope_apply(g, s[0], s[1], ctx->saved_data["heads"].toInt(), -1.0), at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
@@ -456,7 +464,7 @@ struct Rope : public torch::autograd::Function<Rope> {
 // silu(gate) * up in bf16 (fp32 arithmetic, one rounding), both gradients from one kernel.
 struct SwiGlu : public torch::autograd::Function<SwiGlu> {
   static variable_list forward(AutogradContext *ctx, at::Tensor gate_in, at::Tensor up_in) {
-    const at::Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+    const at::Tensor gate = aligned(gate_in), up = aligned(up_in);
     check_bf16(gate, gate, "the gate must be a bf16 tensor");
     check_bf16(up, gate, "up must be a bf16 tensor like the gate");
     require(gate.sizes() == up.sizes(), "the gate and up must have one shape");
@@ -477,7 +485,7 @@ struct SwiGlu : public torch::autograd::Function<SwiGlu> {
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
     const at::Tensor &gate = s[0], &up = s[1];
-    const at::Tensor go = grads[0].to(at::kBFloat16).contiguous();
+    const at::Tensor go = aligned(grads[0].to(at::kBFloat16));
     require(go.sizes() == gate.sizes(), "the gradient must have the output's shape");
     at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
     const uint16_t *pgo = ptr<uint16_t>(go), *pg = ptr<uint16_t>(gate), *pu = ptr<uint16_t>(up);
@@ -504,7 +512,7 @@ struct RowsCrossEntropy : public torch::autograd::Function<RowsCrossEntropy> {
                                int64_t ignore) {
     const int64_t V = logits_in.size(-1);
     require(V % 4 == 0 && V <= (1LL << 30), "the cross-entropy kernel takes a vocabulary that is a multiple of 4");
-    const at::Tensor logits = logits_in.reshape({-1, V}).contiguous();
+    const at::Tensor logits = aligned(logits_in.reshape({-1, V}));
     const at::Tensor targets = targets_in.reshape({-1}).contiguous();
     const int64_t N = logits.size(0);
     check_bf16(logits, logits, "the logits must be a bf16 tensor");
