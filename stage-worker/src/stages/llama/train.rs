@@ -132,8 +132,7 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         )));
     }
     if compute.device.is_cuda() {
-        let gqa = config.num_key_value_heads != config.num_attention_heads;
-        super::choose_attention(p.steps, gqa);
+        super::choose_attention(&config, p.steps, p.batch_size, p.seq_len);
     }
     let tokens = Tokens::open(init, &config.raw)?;
     let data = data::load(&p.data, &tokens)?;
