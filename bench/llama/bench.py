@@ -54,6 +54,10 @@ def run_worker(model, data, tag, profile=None):
     if profile:
         env.update(STAGE_WORKER_PROFILE=profile, STAGE_WORKER_PROFILE_SKIP=str(PROFILE_SKIP),
                    STAGE_WORKER_PROFILE_STEPS=str(PROFILE_STEPS))
+        if CUDA and not os.environ.get("STAGE_WORKER_SDPA"):
+            # The profiled stage plans a few steps, for which `auto` would pick other attention
+            # kernels than for the measured runs (libtorch's own, cuDNN, at the 1B shape).
+            env["STAGE_WORKER_SDPA"] = "libtorch" if SHAPE == "1b" and STEPS >= 40 else "auto"
     env.pop("ORCHESTRATE_EVENTS", None)
     t0 = time.time()
     p = subprocess.run([os.path.join(BIN, "stage-worker"), "--spec", spec_path], env=env,
