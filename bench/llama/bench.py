@@ -16,7 +16,7 @@ throughput is not reported.
 import json, os, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_model_dir  # noqa: E402
+from common import SHAPES, make_model_dir  # noqa: E402
 
 BIN, OUT, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,7 +57,12 @@ def run_worker(model, data, tag, profile=None):
         if CUDA and not os.environ.get("STAGE_WORKER_SDPA"):
             # The profiled stage plans a few steps, for which `auto` would pick other attention
             # kernels than for the measured runs (libtorch's own, cuDNN, at the 1B shape).
-            env["STAGE_WORKER_SDPA"] = "libtorch" if SHAPE == "1b" and STEPS >= 40 else "auto"
+            # As stage-worker's attention_steps: layers x heads x head size x batch x seq^2
+            # against the 100M model's, for which cuDNN pays from 200 steps.
+            c = SHAPES[SHAPE]
+            work = (c["num_hidden_layers"] * c["hidden_size"] * BATCH * SEQ * SEQ
+                    / (8 * 16 * 64 * 32 * 256 * 256))
+            env["STAGE_WORKER_SDPA"] = "libtorch" if STEPS * work >= 200 else "auto"
     env.pop("ORCHESTRATE_EVENTS", None)
     t0 = time.time()
     p = subprocess.run([os.path.join(BIN, "stage-worker"), "--spec", spec_path], env=env,
