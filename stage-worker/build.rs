@@ -13,8 +13,10 @@
 //! (`profiler.cpp`, `src/stages/profile.rs`), and the worker's own CUDA kernels: their source
 //! `kernels.cu`, which is written into `$OUT_DIR/kernels_cu.inc` as one raw string literal and
 //! compiled at run time by NVRTC (`kernel_module.cpp`, no CUDA toolkit needed here), and their
-//! autograd functions and entry points (`fused.cpp`, `src/kernels/fused.rs`). The host check
-//! `csrc/emulate/run.sh` compiles `kernels.cu` directly for the CPU.
+//! autograd functions and entry points (`fused.cpp`, `src/kernels/fused.rs`). `kernels.cu` is
+//! also compiled for the host (`kernels_host.cpp`: the Llama block's element-wise kernels run
+//! on CPU tensors, so the CPU tests exercise them), and the host check `csrc/emulate/run.sh`
+//! compiles it directly for the CPU.
 
 use std::path::PathBuf;
 
@@ -41,6 +43,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/fused.cpp");
     println!("cargo:rerun-if-changed=csrc/kernel_module.cpp");
     println!("cargo:rerun-if-changed=csrc/kernel_module.h");
+    println!("cargo:rerun-if-changed=csrc/kernels_host.cpp");
+    println!("cargo:rerun-if-changed=csrc/kernels_host.h");
     println!("cargo:rerun-if-changed=csrc/kernels.cu");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     embed_cuda_source(&out);
@@ -52,6 +56,7 @@ fn main() {
         .file("csrc/profiler.cpp")
         .file("csrc/fused.cpp")
         .file("csrc/kernel_module.cpp")
+        .file("csrc/kernels_host.cpp")
         .include("csrc")
         .include(&out)
         .include(&include)

@@ -8,11 +8,15 @@ weights and the same batches, ROUNDS times each, interleaved, in one process tre
 Environment: SHAPE ("1b"), ROUNDS (3), STEPS (100), BATCH (32), SEQ (256: the throughput
 benchmark's batch and sequence), PEER_MODE ("compile"), BENCH_TINY=1 (a CPU rehearsal: the
 tiny shape, fp32, eager, few steps; it checks that both sides start from the same loss).
+PROFILE=1 first adds one short profiled run of each side (PROFILE_SKIP (5) steps of warm-up,
+then PROFILE_STEPS (3) recorded: the worker's STAGE_WORKER_PROFILE, the peer's torch.profiler),
+Chrome traces in OUT_DIR/profiles/ that gpu.sh summarises into OUT_DIR/profiles.md; those runs'
+throughput is not reported.
 """
 import json, os, statistics, subprocess, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import make_model_dir  # noqa: E402
+from common import SHAPES, make_model_dir  # noqa: E402
 
 BIN, OUT, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,17 +29,21 @@ SEQ = int(os.environ.get("SEQ", "32" if TINY else "256"))
 MODE = os.environ.get("PEER_MODE", "eager" if TINY else "compile")
 LR, WARMUP, WD, SEED, SKIP = 3e-4, 10, 0.01, 1, 5
 CUDA = not TINY
+PROFILE = os.environ.get("PROFILE") == "1"
+PROFILE_SKIP = int(os.environ.get("PROFILE_SKIP", "5"))
+PROFILE_STEPS = int(os.environ.get("PROFILE_STEPS", "3"))
 
 
 def log(msg):
     print(f"== {time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
-def run_worker(model, data, tag):
+def run_worker(model, data, tag, profile=None):
     out_dir = os.path.join(WORK, tag)
+    steps = PROFILE_SKIP + PROFILE_STEPS if profile else STEPS
     spec = {"v": 1, "stage": tag, "kind": "train", "output_dir": out_dir, "inputs": {},
             "init": model, "device": "cuda" if CUDA else "cpu", "attempt": 1,
-            "params": {"data": data, "steps": STEPS, "batch_size": BATCH, "seq_len": SEQ,
+            "params": {"data": data, "steps": steps, "batch_size": BATCH, "seq_len": SEQ,
                        "lr": LR, "warmup_steps": WARMUP, "weight_decay": WD, "seed": SEED,
                        "progress_every_s": 30.0}}
     spec_path = os.path.join(WORK, f"{tag}.json")
@@ -43,6 +51,18 @@ def run_worker(model, data, tag):
         json.dump(spec, f)
     loss_log = os.path.join(WORK, f"{tag}-losses.json")
     env = dict(os.environ, STAGE_WORKER_LOSS_LOG=loss_log)
+    if profile:
+        env.update(STAGE_WORKER_PROFILE=profile, STAGE_WORKER_PROFILE_SKIP=str(PROFILE_SKIP),
+                   STAGE_WORKER_PROFILE_STEPS=str(PROFILE_STEPS))
+        if CUDA and not os.environ.get("STAGE_WORKER_SDPA"):
+            # The profiled stage plans a few steps, for which `auto` would pick other attention
+            # kernels than for the measured runs (libtorch's own, cuDNN, at the 1B shape).
+            # As stage-worker's attention_steps: layers x heads x head size x batch x seq^2
+            # against the 100M model's, for which cuDNN pays from 200 steps.
+            c = SHAPES[SHAPE]
+            work = (c["num_hidden_layers"] * c["hidden_size"] * BATCH * SEQ * SEQ
+                    / (8 * 16 * 64 * 32 * 256 * 256))
+            env["STAGE_WORKER_SDPA"] = "libtorch" if STEPS * work >= 200 else "auto"
     env.pop("ORCHESTRATE_EVENTS", None)
     t0 = time.time()
     p = subprocess.run([os.path.join(BIN, "stage-worker"), "--spec", spec_path], env=env,
@@ -62,12 +82,15 @@ def run_worker(model, data, tag):
             "parameters": metrics.get("parameters")}
 
 
-def run_peer(model, data, tag):
+def run_peer(model, data, tag, profile=None):
     result = os.path.join(WORK, f"{tag}.json")
+    steps, skip = (PROFILE_SKIP + PROFILE_STEPS, PROFILE_SKIP) if profile else (STEPS, SKIP)
     args = [sys.executable, os.path.join(HERE, "peer.py"), "--model", model, "--data", data,
-            "--mode", MODE, "--steps", str(STEPS), "--batch", str(BATCH), "--seq", str(SEQ),
+            "--mode", MODE, "--steps", str(steps), "--batch", str(BATCH), "--seq", str(SEQ),
             "--lr", str(LR), "--warmup", str(WARMUP), "--weight-decay", str(WD),
-            "--seed", str(SEED), "--skip", str(SKIP), "--out", result]
+            "--seed", str(SEED), "--skip", str(skip), "--out", result]
+    if profile:
+        args += ["--profile", profile, "--profile-steps", str(PROFILE_STEPS)]
     t0 = time.time()
     p = subprocess.run(args, capture_output=True, text=True, timeout=900)
     wall = time.time() - t0
@@ -77,6 +100,18 @@ def run_peer(model, data, tag):
     if p.returncode == 0:
         row.update(json.load(open(result)))
     return row
+
+
+def profile_both(model, data):
+    """One short profiled run of each side, traces in OUT/profiles/ (not in results.json)."""
+    pdir = os.path.join(OUT, "profiles")
+    os.makedirs(pdir, exist_ok=True)
+    for who, run in (("worker", run_worker), (f"torch-{MODE}", run_peer)):
+        trace = os.path.join(pdir, f"{who}.json")
+        row = run(model, data, f"profile-{who}", profile=trace)
+        log(f"profiled {who}: rc {row['rc']}, trace {'saved' if os.path.exists(trace) else 'MISSING'}")
+        if row["rc"] != 0 or not os.path.exists(trace):
+            raise SystemExit(f"the profiled {who} run failed (see OUT/profile-{who}.stderr.txt)")
 
 
 def spread(values):
@@ -94,6 +129,8 @@ def main():
     n = make_model_dir(SHAPE, model, data, "cuda" if CUDA else "cpu",
                        tokens=50_000 if TINY else 1_000_000)
     log(f"{n} parameters; {ROUNDS} rounds of {STEPS} steps of {BATCH}x{SEQ}, peer: {MODE}")
+    if PROFILE:
+        profile_both(model, data)
     runs = []
     for r in range(1, ROUNDS + 1):
         for who in ("worker", "peer"):

@@ -12,6 +12,11 @@
 # PyTorch 2.11 (its lib/ is the libtorch the binary links against), transformers and
 # tokenizers. OUT gets machine.txt, results.json (every run, every loss), summary.md and each
 # run's stderr. Knobs: ROUNDS, STEPS, BATCH (32), SEQ (256), SHAPE (1b), PEER_MODE (compile).
+# First `stage-worker check-kernels` (CHECK_KERNELS=0 skips it): the worker's kernels against
+# libtorch's on this GPU, the Llama step's loss and gradients included, into
+# OUT/check-kernels.jsonl (a failure is reported, and the benchmark still runs).
+# PROFILE=1 adds one short profiled run of each side first (PROFILE_SKIP (5) steps, then
+# PROFILE_STEPS (3) traced): OUT/profiles/*.json.gz and their summary OUT/profiles.md.
 # BENCH_TINY=1 rehearses the whole script on a CPU in under a minute.
 set -euo pipefail
 : "${BIN_DIR:?set BIN_DIR to the directory of the release binaries}"
@@ -22,5 +27,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 bench_setup
 W=${BENCH_WORK:-/tmp/llama-bench}; rm -rf "$W"; mkdir -p "$W"
 machine_info "$BIN" | tee "$OUT/machine.txt"
+if [ -z "${BENCH_TINY:-}" ] && [ "${CHECK_KERNELS:-1}" = 1 ]; then
+  if "$BIN/stage-worker" check-kernels > "$OUT/check-kernels.jsonl" 2> "$OUT/check-kernels.log"; then
+    echo "check-kernels: all within tolerance"
+  else
+    echo "check-kernels: FAILED (see check-kernels.jsonl)"
+  fi
+  grep -i llama "$OUT/check-kernels.jsonl" || true
+fi
 python3 "$HERE/bench.py" "$BIN" "$OUT" "$W"
+if [ -d "$OUT/profiles" ]; then
+  python3 "$HERE/../throughput/profile_summary.py" "${PROFILE_STEPS:-3}" "$OUT"/profiles/*.json \
+    > "$OUT/profiles.md"
+  cat "$OUT/profiles.md"
+  gzip -f "$OUT"/profiles/*.json
+fi
 rm -rf "$W"

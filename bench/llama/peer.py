@@ -9,7 +9,8 @@ only, fused on CUDA), linear warm-up then cosine decay to 10% of the peak.
           --lr LR --warmup W --weight-decay WD --seed S --skip K --out RESULT.json
 
 Writes every step's loss and the tokens/s over the steps after --skip (the compiled step's
-compilation falls in the first ones).
+compilation falls in the first ones). With --profile TRACE.json, the --profile-steps (3) steps
+after --skip are recorded by torch.profiler (CPU and CUDA) and exported as a Chrome trace.
 """
 import argparse, json, math, os, sys, time
 
@@ -34,6 +35,8 @@ def main():
                        ("batch", int), ("seq", int), ("lr", float), ("warmup", int),
                        ("weight-decay", float), ("seed", int), ("skip", int)):
         p.add_argument(f"--{name}", type=kind, required=True)
+    p.add_argument("--profile")
+    p.add_argument("--profile-steps", type=int, default=3)
     a = p.parse_args()
     from transformers import LlamaForCausalLM
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -56,9 +59,15 @@ def main():
     step_loss = torch.compile(loss_of) if a.mode == "compile" else loss_of
     stream = token_stream(a.model, a.data)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    losses, t0, t_first = [], None, None
+    losses, t0, t_first, prof = [], None, None, None
     start = time.time()
     for step in range(1, a.steps + 1):
+        if a.profile and step == a.skip + 1:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if dev.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            prof = torch.profiler.profile(activities=activities)
+            prof.__enter__()
         xs, ys = batch(stream, a.seed, step, a.batch, a.seq)
         x = torch.tensor(xs, device=dev)
         y = torch.tensor(ys, device=dev)
@@ -70,6 +79,11 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
+        if prof is not None and (step == a.skip + a.profile_steps or step == a.steps):
+            sync()
+            prof.__exit__(None, None, None)
+            prof.export_chrome_trace(a.profile)
+            prof = None
         if step == 1:
             sync()
             t_first = time.time() - start

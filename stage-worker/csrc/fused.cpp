@@ -26,10 +26,13 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/sum.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <c10/core/GradMode.h>
 
 #include "kernel_module.h"
+#include "kernels_host.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -57,7 +60,15 @@ template <typename T> T *ptr(const at::Tensor &t) {
   return t.defined() ? static_cast<T *>(t.data_ptr()) : nullptr;
 }
 
-// The forward pass: {xn, a, mean, rstd} (xn undefined when y is).
+// `t` contiguous, and on CUDA 16-byte aligned (a copy when it is a view that starts elsewhere,
+// such as a slice of a larger buffer): what the vector loads of the kernels below need.
+at::Tensor aligned(const at::Tensor &t) {
+  const at::Tensor c = t.contiguous();
+  if (!c.is_cuda() || reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0) return c;
+  return c.clone();
+}
+
+// The forward pass: {xn, a, mean, rstd} (xn undefined when y is). b undefined: RMSNorm.
 std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, const at::Tensor &w,
                                 const at::Tensor &b, double eps) {
   const int64_t C = x.size(-1), N = x.numel() / C;
@@ -65,7 +76,7 @@ std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, con
   check_operand(x, at::kFloat, N * C, "x must be a contiguous fp32 CUDA tensor");
   if (y.defined()) check_operand(y, at::kBFloat16, N * C, "y must be a contiguous bf16 tensor like x");
   check_operand(w, at::kFloat, C, "the LayerNorm weight must be fp32 of the last dimension's size");
-  check_operand(b, at::kFloat, C, "the LayerNorm bias must be fp32 of the last dimension's size");
+  if (b.defined()) check_operand(b, at::kFloat, C, "the LayerNorm bias must be fp32 of the last dimension's size");
   const Kernels &k = kernels(x.get_device());
   enter(k);
   at::Tensor xn = y.defined() ? at::empty_like(x) : at::Tensor();
@@ -87,13 +98,15 @@ std::vector<at::Tensor> ln_forward(const at::Tensor &x, const at::Tensor &y, con
   return {xn, a, mean, rstd};
 }
 
-// The backward pass: {gx, gy, gw, gb} (gy undefined unless wanted).
+// The backward pass: {gx, gy, gw, gb} (gy undefined unless wanted; gb undefined for RMSNorm,
+// `bias` false).
 std::vector<at::Tensor> ln_backward(const at::Tensor &ga_in, const at::Tensor &gres_in,
                                  const at::Tensor &xn, const at::Tensor &mean,
-                                 const at::Tensor &rstd, const at::Tensor &w, bool want_gy) {
+                                 const at::Tensor &rstd, const at::Tensor &w, bool want_gy,
+                                 bool bias = true) {
   const int64_t C = xn.size(-1), N = xn.numel() / C;
-  const at::Tensor ga = ga_in.to(at::kBFloat16).contiguous();
-  const at::Tensor gres = gres_in.defined() ? gres_in.to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor ga = aligned(ga_in.to(at::kBFloat16));
+  const at::Tensor gres = gres_in.defined() ? aligned(gres_in.to(at::kFloat)) : at::Tensor();
   check_operand(ga, at::kBFloat16, N * C, "the activation's gradient has the wrong shape");
   if (gres.defined()) check_operand(gres, at::kFloat, N * C, "the residual's gradient has the wrong shape");
   const Kernels &k = kernels(xn.get_device());
@@ -105,9 +118,11 @@ std::vector<at::Tensor> ln_backward(const at::Tensor &ga_in, const at::Tensor &g
   at::Tensor gy = want_gy ? at::empty(xn.sizes(), xn.options().dtype(at::kBFloat16)) : at::Tensor();
   // Every block writes its whole row of partial sums; with no rows there is one row of zeros.
   at::Tensor pw = N > 0 ? at::empty({blocks, C}, xn.options()) : at::zeros({1, C}, xn.options());
-  at::Tensor pb = N > 0 ? at::empty({blocks, C}, xn.options()) : at::zeros({1, C}, xn.options());
+  at::Tensor pb = !bias ? at::Tensor()
+                 : N > 0 ? at::empty({blocks, C}, xn.options())
+                         : at::zeros({1, C}, xn.options());
   at::Tensor gw = at::empty({C}, xn.options());
-  at::Tensor gb = at::empty({C}, xn.options());
+  at::Tensor gb = bias ? at::empty({C}, xn.options()) : at::Tensor();
   const uint16_t *p_ga = ptr<uint16_t>(ga);
   const float *p_xn = ptr<float>(xn), *p_mean = ptr<float>(mean), *p_rstd = ptr<float>(rstd);
   const float *p_w = ptr<float>(w), *p_gres = ptr<float>(gres);
@@ -128,32 +143,38 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // xn = x + y, a = bf16(LayerNorm(xn)): gradients for x, y, w and b.
+// b undefined: RMSNorm (no centring, no bias; no gradient for b).
 struct ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor y, at::Tensor w,
                                at::Tensor b, double eps) {
-    auto out = ln_forward(x.contiguous(), y.contiguous(), w.contiguous(), b.contiguous(), eps);
+    auto out = ln_forward(x.contiguous(), y.contiguous(), w.contiguous(),
+                          b.defined() ? b.contiguous() : b, eps);
     ctx->save_for_backward({out[0], out[2], out[3], w});
+    ctx->saved_data["bias"] = b.defined();
     return {out[0], out[1]};
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = ln_backward(grads[1], grads[0], s[0], s[1], s[2], s[3].contiguous(), true);
+    auto g = ln_backward(grads[1], grads[0], s[0], s[1], s[2], s[3].contiguous(), true,
+                         ctx->saved_data["bias"].toBool());
     return {g[0], g[1], g[2], g[3], at::Tensor()};
   }
 };
 
-// a = bf16(LayerNorm(x)): gradients for x, w and b.
+// a = bf16(LayerNorm(x)): gradients for x, w and b (b undefined: RMSNorm, as above).
 struct LayerNormCast : public torch::autograd::Function<LayerNormCast> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
                                double eps) {
     const at::Tensor xc = x.contiguous();
-    auto out = ln_forward(xc, at::Tensor(), w.contiguous(), b.contiguous(), eps);
+    auto out = ln_forward(xc, at::Tensor(), w.contiguous(), b.defined() ? b.contiguous() : b, eps);
     ctx->save_for_backward({xc, out[2], out[3], w});
+    ctx->saved_data["bias"] = b.defined();
     return {out[1]};
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();
-    auto g = ln_backward(grads[0], at::Tensor(), s[0], s[1], s[2], s[3].contiguous(), false);
+    auto g = ln_backward(grads[0], at::Tensor(), s[0], s[1], s[2], s[3].contiguous(), false,
+                         ctx->saved_data["bias"].toBool());
     return {g[0], g[2], g[3], at::Tensor()};
   }
 };
@@ -203,20 +224,23 @@ std::vector<at::Tensor> column_sums(const at::Tensor &g, const at::Tensor &z) {
 // y = x W^T + b in bf16 (then GELU when asked) from fp32 masters, as autocast computes it;
 // the backward pass hands the weight its gradient in fp32 straight from the matrix product
 // (no bf16 gradient and cast), and the bias its gradient from one column-sum kernel (fused
-// with GELU's backward when there is one), also in fp32.
+// with GELU's backward when there is one), also in fp32. An undefined b means no bias (the
+// Llama's projections): no column sums unless GELU's backward needs them.
 struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
                                bool gelu) {
     const int64_t in = w.size(1), out = w.size(0);
     require(x.scalar_type() == at::kBFloat16 && x.size(-1) == in, "x must be bf16 [.., in]");
-    require(w.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && b.numel() == out,
+    require(w.scalar_type() == at::kFloat &&
+                (!b.defined() || (b.scalar_type() == at::kFloat && b.numel() == out)),
             "the weight and bias must be fp32 [out, in] and [out]");
     const at::Tensor x2 = x.reshape({-1, in}).contiguous();
     const at::Tensor wb = w.to(at::kBFloat16);
-    const at::Tensor z = at::addmm(b.to(at::kBFloat16), x2, wb.t());
+    const at::Tensor z = b.defined() ? at::addmm(b.to(at::kBFloat16), x2, wb.t()) : at::mm(x2, wb.t());
     const at::Tensor y = gelu ? at::gelu(z) : z;
     ctx->save_for_backward({x2, wb, gelu ? z : at::Tensor()});
     ctx->saved_data["gelu"] = gelu;
+    ctx->saved_data["bias"] = b.defined();
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = out;
     ctx->saved_data["x_shape"] = x.sizes().vec();
@@ -228,11 +252,13 @@ struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
     const bool gelu = ctx->saved_data["gelu"].toBool();
     const int64_t out = wb.size(0);
     const at::Tensor g = grads[0].to(at::kBFloat16).reshape({-1, out}).contiguous();
-    auto sums = column_sums(g, gelu ? z : at::Tensor());
+    const bool bias = ctx->saved_data["bias"].toBool();
+    std::vector<at::Tensor> sums = {at::Tensor(), at::Tensor()};
+    if (bias || gelu) sums = column_sums(g, gelu ? z : at::Tensor());
     const at::Tensor gz = gelu ? sums[1] : g;
     const at::Tensor gx = at::mm(gz, wb).view(ctx->saved_data["x_shape"].toIntVector());
     const at::Tensor gw = at::mm(gz.t(), x2, at::kFloat);
-    return {gx, gw, sums[0], at::Tensor()};
+    return {gx, gw, bias ? sums[0] : at::Tensor(), at::Tensor()};
   }
 };
 
@@ -369,6 +395,172 @@ struct CrossEntropy : public torch::autograd::Function<CrossEntropy> {
              {&p_logits, &p_targets, &p_lse, &p_g, &p_count, &p_d, &n, &ign});
     }
     return {dlogits.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
+  }
+};
+
+// ---- Llama: the rotary embedding and SwiGLU, on the GPU's kernels or (CPU tensors) the same
+// kernels compiled for the host (kernels_host.cpp) ----
+
+// Blocks of 256 threads for a grid-stride launch over `n` items.
+unsigned stride_blocks(const Kernels &k, long long n) {
+  return static_cast<unsigned>(std::max<long long>(1, std::min<long long>((n + 255) / 256, 16LL * k.multiprocessors)));
+}
+
+void check_bf16(const at::Tensor &t, const at::Tensor &like, const char *what) {
+  require(t.is_contiguous() && t.scalar_type() == at::kBFloat16 && t.device() == like.device() &&
+              (!t.is_cuda() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0),
+          what);
+}
+
+// out = x rotated by the position's angles (see stage_worker_rope), `sign` -1 for the inverse.
+at::Tensor rope_apply(const at::Tensor &x, const at::Tensor &cos_t, const at::Tensor &sin_t,
+                      int64_t heads, double sign) {
+  const int64_t T = cos_t.size(0), half = cos_t.size(1), D = 2 * half;
+  require(x.dim() >= 2 && x.size(-2) == T && x.size(-1) == heads * D,
+          "the rotary embedding takes x [.., T, heads * head_dim] and tables [T, head_dim / 2]");
+  check_bf16(x, x, "x must be a contiguous bf16 tensor");
+  for (const at::Tensor *t : {&cos_t, &sin_t}) {
+    require(t->is_contiguous() && t->scalar_type() == at::kFloat && t->device() == x.device() &&
+                t->sizes() == cos_t.sizes(),
+            "the rotary tables must be contiguous fp32 [T, head_dim / 2] on x's device");
+  }
+  at::Tensor out = at::empty_like(x);
+  const uint16_t *px = ptr<uint16_t>(x);
+  const float *pc = ptr<float>(cos_t), *ps = ptr<float>(sin_t);
+  uint16_t *po = ptr<uint16_t>(out);
+  long long rows = x.numel() / (heads * D);
+  int t = static_cast<int>(T), h = static_cast<int>(heads), d = static_cast<int>(D);
+  float sg = static_cast<float>(sign);
+  if (rows == 0) return out;
+  if (!x.is_cuda()) {
+    sw_host::rope(px, pc, ps, po, rows, t, h, d, sg);
+    return out;
+  }
+  const Kernels &k = kernels(x.get_device());
+  enter(k);
+  const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, (heads * half + 31) / 32 * 32));
+  const unsigned blocks = static_cast<unsigned>(std::min<long long>(rows, 1LL << 20));
+  launch(k.rope, blocks, threads, 1, {&px, &pc, &ps, &po, &rows, &t, &h, &d, &sg});
+  return out;
+}
+
+// The rotary embedding of x ([.., T, heads * head_dim], bf16) by tables cos and sin ([T,
+// head_dim / 2], fp32), computed in fp32 and rounded once; the gradient rotates back.
+struct Rope : public torch::autograd::Function<Rope> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor cos_t,
+                               at::Tensor sin_t, int64_t heads) {
+    ctx->save_for_backward({cos_t, sin_t});
+    ctx->saved_data["heads"] = heads;
+    return {rope_apply(aligned(x), cos_t, sin_t, heads, 1.0)};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor g = aligned(grads[0].to(at::kBFloat16));
+    return {rope_apply(g, s[0], s[1], ctx->saved_data["heads"].toInt(), -1.0), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// silu(gate) * up in bf16 (fp32 arithmetic, one rounding), both gradients from one kernel.
+struct SwiGlu : public torch::autograd::Function<SwiGlu> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor gate_in, at::Tensor up_in) {
+    const at::Tensor gate = aligned(gate_in), up = aligned(up_in);
+    check_bf16(gate, gate, "the gate must be a bf16 tensor");
+    check_bf16(up, gate, "up must be a bf16 tensor like the gate");
+    require(gate.sizes() == up.sizes(), "the gate and up must have one shape");
+    at::Tensor out = at::empty_like(gate);
+    const uint16_t *pg = ptr<uint16_t>(gate), *pu = ptr<uint16_t>(up);
+    uint16_t *po = ptr<uint16_t>(out);
+    long long n = gate.numel();
+    if (n > 0 && !gate.is_cuda()) {
+      sw_host::swiglu_fwd(pg, pu, po, n);
+    } else if (n > 0) {
+      const Kernels &k = kernels(gate.get_device());
+      enter(k);
+      launch(k.swiglu_fwd, stride_blocks(k, (n + 3) / 4), 256, 1, {&pg, &pu, &po, &n});
+    }
+    ctx->save_for_backward({gate, up});
+    return {out};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &gate = s[0], &up = s[1];
+    const at::Tensor go = aligned(grads[0].to(at::kBFloat16));
+    require(go.sizes() == gate.sizes(), "the gradient must have the output's shape");
+    at::Tensor d_gate = at::empty_like(gate), d_up = at::empty_like(up);
+    const uint16_t *pgo = ptr<uint16_t>(go), *pg = ptr<uint16_t>(gate), *pu = ptr<uint16_t>(up);
+    uint16_t *pdg = ptr<uint16_t>(d_gate), *pdu = ptr<uint16_t>(d_up);
+    long long n = gate.numel();
+    if (n > 0 && !gate.is_cuda()) {
+      sw_host::swiglu_bwd(pgo, pg, pu, pdg, pdu, n);
+    } else if (n > 0) {
+      const Kernels &k = kernels(gate.get_device());
+      enter(k);
+      launch(k.swiglu_bwd, stride_blocks(k, (n + 3) / 4), 256, 1, {&pgo, &pg, &pu, &pdg, &pdu, &n});
+    }
+    return {d_gate, d_up};
+  }
+};
+
+// The mean cross-entropy (fp32 scalar) of bf16 logits [.., V] (V a multiple of 4) against
+// int64 targets of the leading shape, over the targets that are neither `ignore` nor outside
+// [0, V): one kernel reads each row once (its log-sum-exp and loss), libtorch sums the rows;
+// the backward pass writes the logits' gradient in bf16 in one kernel. No fp32 copy of the
+// logits is made either way.
+struct RowsCrossEntropy : public torch::autograd::Function<RowsCrossEntropy> {
+  static variable_list forward(AutogradContext *ctx, at::Tensor logits_in, at::Tensor targets_in,
+                               int64_t ignore) {
+    const int64_t V = logits_in.size(-1);
+    require(V % 4 == 0 && V <= (1LL << 30), "the cross-entropy kernel takes a vocabulary that is a multiple of 4");
+    const at::Tensor logits = aligned(logits_in.reshape({-1, V}));
+    const at::Tensor targets = targets_in.reshape({-1}).contiguous();
+    const int64_t N = logits.size(0);
+    check_bf16(logits, logits, "the logits must be a bf16 tensor");
+    require(targets.scalar_type() == at::kLong && targets.device() == logits.device() &&
+                targets.numel() == N,
+            "one int64 target per row of logits, on their device");
+    at::Tensor lse = at::empty({N}, logits.options().dtype(at::kFloat));
+    at::Tensor rows = at::empty_like(lse), counted = at::empty_like(lse);
+    const uint16_t *pl = ptr<uint16_t>(logits);
+    const long long *pt = ptr<long long>(targets);
+    float *p_lse = ptr<float>(lse), *p_rows = ptr<float>(rows), *p_cnt = ptr<float>(counted);
+    int v = static_cast<int>(V);
+    long long ign = ignore;
+    if (N > 0 && !logits.is_cuda()) {
+      sw_host::xent_rows_fwd(pl, pt, p_lse, p_rows, p_cnt, N, v, ign);
+    } else if (N > 0) {
+      const Kernels &k = kernels(logits.get_device());
+      enter(k);
+      launch(k.xent_rows_fwd, static_cast<unsigned>(N), 256, 1, {&pl, &pt, &p_lse, &p_rows, &p_cnt, &v, &ign});
+    }
+    const at::Tensor count = at::sum(counted);
+    const at::Tensor loss = at::div(at::sum(rows), count);
+    ctx->save_for_backward({logits, targets, lse, count});
+    ctx->saved_data["ignore"] = ignore;
+    ctx->saved_data["shape"] = logits_in.sizes().vec();
+    return {loss};
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const at::Tensor &logits = s[0], &targets = s[1], &lse = s[2], &count = s[3];
+    const at::Tensor g = grads[0].to(at::kFloat).contiguous();
+    require(g.numel() == 1 && g.device() == logits.device(), "the loss's gradient must be one value on the logits' device");
+    at::Tensor d = at::empty_like(logits);
+    const int64_t N = logits.size(0);
+    const uint16_t *pl = ptr<uint16_t>(logits);
+    const long long *pt = ptr<long long>(targets);
+    const float *p_lse = ptr<float>(lse), *pg = ptr<float>(g), *pc = ptr<float>(count);
+    uint16_t *pd = ptr<uint16_t>(d);
+    int v = static_cast<int>(logits.size(1));
+    long long ign = ctx->saved_data["ignore"].toInt();
+    if (N > 0 && !logits.is_cuda()) {
+      sw_host::xent_rows_bwd(pl, pt, p_lse, pg, pc, pd, N, v, ign);
+    } else if (N > 0) {
+      const Kernels &k = kernels(logits.get_device());
+      enter(k);
+      launch(k.xent_rows_bwd, static_cast<unsigned>(N), 256, 1, {&pl, &pt, &p_lse, &pg, &pc, &pd, &v, &ign});
+    }
+    return {d.view(ctx->saved_data["shape"].toIntVector()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -527,19 +719,20 @@ extern "C" int stage_worker_fused_load(int ordinal, bool *cached, char *err, siz
 }
 
 // (*xn_out, *a_out) = (x + y, bf16(LayerNorm(x + y) * w + b)), recorded for autograd. With y
-// null: *a_out = bf16(LayerNorm(x) * w + b) and *xn_out is left alone. New handles the caller
-// owns.
+// null: *a_out = bf16(LayerNorm(x) * w + b) and *xn_out is left alone. With b null, RMSNorm
+// (no centring, no bias) in place of LayerNorm. New handles the caller owns.
 extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::Tensor *y,
                                                 const at::Tensor *w, const at::Tensor *b,
                                                 double eps, at::Tensor **xn_out,
                                                 at::Tensor **a_out, char *err, size_t err_len) {
   try {
+    const at::Tensor bias = b == nullptr ? at::Tensor() : *b;
     if (y != nullptr) {
-      auto out = ResidualLayerNorm::apply(*x, *y, *w, *b, eps);
+      auto out = ResidualLayerNorm::apply(*x, *y, *w, bias, eps);
       *xn_out = new at::Tensor(out[0]);
       *a_out = new at::Tensor(out[1]);
     } else {
-      auto out = LayerNormCast::apply(*x, *w, *b, eps);
+      auto out = LayerNormCast::apply(*x, *w, bias, eps);
       *a_out = new at::Tensor(out[0]);
     }
     return 0;
@@ -548,13 +741,13 @@ extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::T
   }
 }
 
-// *y_out = x W^T + b (bf16, GELU applied when `gelu`), recorded for autograd with the
-// gradients described at LinearBf16. A new handle the caller owns.
+// *y_out = x W^T + b (bf16, GELU applied when `gelu`; b null: no bias), recorded for autograd
+// with the gradients described at LinearBf16. A new handle the caller owns.
 extern "C" int stage_worker_linear_bf16(const at::Tensor *x, const at::Tensor *w,
                                         const at::Tensor *b, bool gelu, at::Tensor **y_out,
                                         char *err, size_t err_len) {
   try {
-    auto out = LinearBf16::apply(*x, *w, *b, gelu);
+    auto out = LinearBf16::apply(*x, *w, b == nullptr ? at::Tensor() : *b, gelu);
     *y_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {
@@ -622,6 +815,49 @@ extern "C" int stage_worker_cross_entropy(const at::Tensor *logits, const at::Te
                                           size_t err_len) {
   try {
     auto out = CrossEntropy::apply(*logits, *targets, ignore);
+    *loss_out = new at::Tensor(out[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *out = the rotary embedding of x by cos and sin, recorded for autograd as Rope describes
+// (CUDA or CPU tensors). A new handle the caller owns.
+extern "C" int stage_worker_llama_rope(const at::Tensor *x, const at::Tensor *cos_t,
+                                       const at::Tensor *sin_t, int64_t heads, at::Tensor **out,
+                                       char *err, size_t err_len) {
+  try {
+    auto r = Rope::apply(*x, *cos_t, *sin_t, heads);
+    *out = new at::Tensor(r[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *out = silu(gate) * up, recorded for autograd as SwiGlu describes (CUDA or CPU tensors). A
+// new handle the caller owns.
+extern "C" int stage_worker_llama_swiglu(const at::Tensor *gate, const at::Tensor *up,
+                                         at::Tensor **out, char *err, size_t err_len) {
+  try {
+    auto r = SwiGlu::apply(*gate, *up);
+    *out = new at::Tensor(r[0]);
+    return 0;
+  } catch (const std::exception &e) {
+    return fail(e, err, err_len);
+  }
+}
+
+// *loss_out = the mean cross-entropy of bf16 logits [.., V] against targets, ignoring
+// `ignore`, recorded for autograd as RowsCrossEntropy describes (CUDA or CPU tensors). A new
+// handle the caller owns.
+extern "C" int stage_worker_llama_cross_entropy(const at::Tensor *logits,
+                                                const at::Tensor *targets, int64_t ignore,
+                                                at::Tensor **loss_out, char *err,
+                                                size_t err_len) {
+  try {
+    auto out = RowsCrossEntropy::apply(*logits, *targets, ignore);
     *loss_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {

@@ -335,6 +335,11 @@ const Kernels &kernels(int ordinal) {
     check(cu.module_function(&k.xent_fwd, module, "stage_worker_xent_fwd"), "cuModuleGetFunction");
     check(cu.module_function(&k.xent_finish, module, "stage_worker_xent_finish"), "cuModuleGetFunction");
     check(cu.module_function(&k.xent_bwd, module, "stage_worker_xent_bwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.rope, module, "stage_worker_rope"), "cuModuleGetFunction");
+    check(cu.module_function(&k.swiglu_fwd, module, "stage_worker_swiglu_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.swiglu_bwd, module, "stage_worker_swiglu_bwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_rows_fwd, module, "stage_worker_xent_rows_fwd"), "cuModuleGetFunction");
+    check(cu.module_function(&k.xent_rows_bwd, module, "stage_worker_xent_rows_bwd"), "cuModuleGetFunction");
     loaded = k;
     return loaded;
   } catch (const std::exception &e) {

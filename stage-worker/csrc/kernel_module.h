@@ -51,6 +51,11 @@ struct Kernels {
   CUfunction xent_fwd = nullptr;
   CUfunction xent_finish = nullptr;
   CUfunction xent_bwd = nullptr;
+  CUfunction rope = nullptr;
+  CUfunction swiglu_fwd = nullptr;
+  CUfunction swiglu_bwd = nullptr;
+  CUfunction xent_rows_fwd = nullptr;
+  CUfunction xent_rows_bwd = nullptr;
 };
 
 // The driver API (libcuda.so.1, by dlopen); throws when it is not there.

@@ -59,7 +59,8 @@ __device__ __forceinline__ float2 block_sum2(float2 v, float2 *shared) {
 }
 
 // One block per row of C = 4 * blockDim.x values. xn = x + y (when y is given, else x is
-// normalised as it is); a = bf16(LayerNorm(xn) * w + b); the row's mean and 1/std.
+// normalised as it is); a = bf16(LayerNorm(xn) * w + b); the row's mean and 1/std. With b
+// null, RMSNorm instead: a = bf16(xn / sqrt(mean(xn^2) + eps) * w), the mean written as 0.
 extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
                                                const bf16_t *__restrict__ y,
                                                const float *__restrict__ w,
@@ -77,16 +78,17 @@ extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
     for (int k = 0; k < 4; ++k) v[k] += u[k];
     store_f32x4(xn + at, v);
   }
-  const float mean = block_sum2(make_float2(v[0] + v[1] + v[2] + v[3], 0.f), red).x / C;
+  const bool rms = b == nullptr;
+  const float mean = rms ? 0.f : block_sum2(make_float2(v[0] + v[1] + v[2] + v[3], 0.f), red).x / C;
   float d[4], q = 0.f;
   for (int k = 0; k < 4; ++k) {
     d[k] = v[k] - mean;
     q += d[k] * d[k];
   }
   const float rstd = rsqrtf(block_sum2(make_float2(q, 0.f), red).x / C + eps);
-  float wv[4], bv[4], o[4];
+  float wv[4], bv[4] = {0.f, 0.f, 0.f, 0.f}, o[4];
   load_f32x4(w + threadIdx.x * 4, wv);
-  load_f32x4(b + threadIdx.x * 4, bv);
+  if (!rms) load_f32x4(b + threadIdx.x * 4, bv);
   for (int k = 0; k < 4; ++k) o[k] = d[k] * rstd * wv[k] + bv[k];
   store_bf16x4(a + at, o);
   if (threadIdx.x == 0) {
@@ -98,7 +100,8 @@ extern "C" __global__ void stage_worker_ln_fwd(const float *__restrict__ x,
 // Rows [blockIdx.x * rows, ...) of the backward pass. ga: the gradient of a (bf16); xn: the
 // normalised input (fp32); gres: the gradient of xn from the residual stream, or null.
 // gx = LayerNorm's input gradient + gres (fp32); gy = bf16(gx), unless null. The block's
-// partial sums of ga * xhat and ga per column go to pw and pb (row blockIdx.x).
+// partial sums of ga * xhat and ga per column go to pw and pb (row blockIdx.x). With pb null,
+// RMSNorm's (the forward pass without b): no centring term, no bias sums.
 extern "C" __global__ void stage_worker_ln_bwd(
     const bf16_t *__restrict__ ga, const float *__restrict__ xn, const float *__restrict__ mean,
     const float *__restrict__ rstd, const float *__restrict__ w, const float *__restrict__ gres,
@@ -126,7 +129,7 @@ extern "C" __global__ void stage_worker_ln_bwd(
       s2 += gw[k] * xh[k];
     }
     const float2 s = block_sum2(make_float2(s1, s2), red);
-    const float mg = s.x / C, mgx = s.y / C;
+    const float mg = pb == nullptr ? 0.f : s.x / C, mgx = s.y / C;
     float dx[4];
     for (int k = 0; k < 4; ++k) dx[k] = rs * (gw[k] - mg - xh[k] * mgx);
     if (gres != nullptr) {
@@ -138,10 +141,11 @@ extern "C" __global__ void stage_worker_ln_bwd(
     if (gy != nullptr) store_bf16x4(gy + at, dx);
   }
   store_f32x4(pw + (long long)blockIdx.x * C + c, accw);
-  store_f32x4(pb + (long long)blockIdx.x * C + c, accb);
+  if (pb != nullptr) store_f32x4(pb + (long long)blockIdx.x * C + c, accb);
 }
 
-// dw, db = the column sums of pw, pb ([parts, C]). Blocks of 32 x 8 threads, C / 32 blocks.
+// dw, db = the column sums of pw, pb ([parts, C]; pb and db null: dw only). Blocks of 32 x 8
+// threads, C / 32 blocks.
 extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ pw,
                                                       const float *__restrict__ pb, int parts,
                                                       int C, float *__restrict__ dw,
@@ -151,7 +155,7 @@ extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ 
   float aw = 0.f, ab = 0.f;
   for (int p = threadIdx.y; p < parts; p += 8) {
     aw += pw[(long long)p * C + col];
-    ab += pb[(long long)p * C + col];
+    if (pb != nullptr) ab += pb[(long long)p * C + col];
   }
   sw[threadIdx.y][threadIdx.x] = aw;
   sb[threadIdx.y][threadIdx.x] = ab;
@@ -162,7 +166,7 @@ extern "C" __global__ void stage_worker_ln_bwd_params(const float *__restrict__ 
       ab += sb[k][threadIdx.x];
     }
     dw[col] = aw;
-    db[col] = ab;
+    if (db != nullptr) db[col] = ab;
   }
 }
 
@@ -511,5 +515,169 @@ extern "C" __global__ void stage_worker_xent_bwd(const bf16_t *__restrict__ logi
     }
     store_bf16x4(dlogits + r * 256 + lane * 8, d);
     store_bf16x4(dlogits + r * 256 + lane * 8 + 4, d + 4);
+  }
+}
+
+// ---- Llama: rotary embedding and SwiGLU (bf16 activations, fp32 arithmetic) ----
+
+// Rotary position embedding of x ([rows, H * D] bf16, row r at position r % T, every head's D
+// values in two halves), with cos and sin ([T, D / 2] fp32): for j < D / 2,
+//   out[j] = x[j] cos - x[j + D/2] sin,   out[j + D/2] = x[j + D/2] cos + x[j] sin,
+// rounded once to bf16. The backward pass is the same rotation by the opposite angle, which
+// `sign` = -1 gives (sin taken negated). Rows strided over the blocks, a row's pairs over the
+// block's threads.
+extern "C" __global__ void stage_worker_rope(const bf16_t *__restrict__ x,
+                                             const float *__restrict__ cos_t,
+                                             const float *__restrict__ sin_t,
+                                             bf16_t *__restrict__ out, long long rows, int T,
+                                             int H, int D, float sign) {
+  const int half = D / 2;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const long long table = (row % T) * half;
+    const long long base = row * H * D;
+    for (int i = threadIdx.x; i < H * half; i += blockDim.x) {
+      const int h = i / half, j = i - h * half;
+      const long long at = base + (long long)h * D + j;
+      const float c = cos_t[table + j], s = sign * sin_t[table + j];
+      const float a = bf2f(x[at]), b = bf2f(x[at + half]);
+      out[at] = (bf16_t)f2bf(a * c - b * s);
+      out[at + half] = (bf16_t)f2bf(b * c + a * s);
+    }
+  }
+}
+
+__device__ __forceinline__ float sigmoid_f(float v) { return 1.f / (1.f + expf(-v)); }
+
+// out = bf16(silu(gate) * up) over n elements (bf16), silu(v) = v * sigmoid(v), grid-stride,
+// four elements a step (the tensors are 16-byte aligned; a tail of n % 4 one at a time).
+extern "C" __global__ void stage_worker_swiglu_fwd(const bf16_t *__restrict__ gate,
+                                                   const bf16_t *__restrict__ up,
+                                                   bf16_t *__restrict__ out, long long n) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (long long q = first; q < n / 4; q += stride) {
+    float g[4], u[4], o[4];
+    load_bf16x4(gate + 4 * q, g);
+    load_bf16x4(up + 4 * q, u);
+    for (int k = 0; k < 4; ++k) o[k] = g[k] * sigmoid_f(g[k]) * u[k];
+    store_bf16x4(out + 4 * q, o);
+  }
+  for (long long k = n / 4 * 4 + first; k < n; k += stride) {
+    const float g = bf2f(gate[k]), u = bf2f(up[k]);
+    out[k] = (bf16_t)f2bf(g * sigmoid_f(g) * u);
+  }
+}
+
+// The gradients of out = silu(gate) * up for the output's gradient go (all bf16):
+//   d_gate = go * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate))),   d_up = go * silu(gate).
+__device__ __forceinline__ void swiglu_grad(float o, float g, float u, float *dg, float *du) {
+  const float s = sigmoid_f(g);
+  *dg = o * u * s * (1.f + g * (1.f - s));
+  *du = o * g * s;
+}
+
+extern "C" __global__ void stage_worker_swiglu_bwd(const bf16_t *__restrict__ go,
+                                                   const bf16_t *__restrict__ gate,
+                                                   const bf16_t *__restrict__ up,
+                                                   bf16_t *__restrict__ d_gate,
+                                                   bf16_t *__restrict__ d_up, long long n) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  for (long long q = first; q < n / 4; q += stride) {
+    float o[4], g[4], u[4], dg[4], du[4];
+    load_bf16x4(go + 4 * q, o);
+    load_bf16x4(gate + 4 * q, g);
+    load_bf16x4(up + 4 * q, u);
+    for (int k = 0; k < 4; ++k) swiglu_grad(o[k], g[k], u[k], dg + k, du + k);
+    store_bf16x4(d_gate + 4 * q, dg);
+    store_bf16x4(d_up + 4 * q, du);
+  }
+  for (long long k = n / 4 * 4 + first; k < n; k += stride) {
+    float dg, du;
+    swiglu_grad(bf2f(go[k]), bf2f(gate[k]), bf2f(up[k]), &dg, &du);
+    d_gate[k] = (bf16_t)f2bf(dg);
+    d_up[k] = (bf16_t)f2bf(du);
+  }
+}
+
+// ---- Cross-entropy over a large vocabulary (bf16 logits, one block per row) ----
+
+// (max, sum of exp(v - max)) of two parts of a row, merged.
+__device__ __forceinline__ float2 lse_merge(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  return make_float2(m, a.y * expf(a.x - m) + b.y * expf(b.x - m));
+}
+
+// lse_merge over the block, in every thread (blockDim.x a multiple of 32, or 1: the host's
+// single thread, which holds the whole row already).
+__device__ __forceinline__ float2 block_lse(float2 v, float2 *shared) {
+  if (blockDim.x == 1) return v;
+  for (int o = 16; o > 0; o >>= 1) {
+    v = lse_merge(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, o),
+                                 __shfl_xor_sync(0xffffffffu, v.y, o)));
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < (int)(blockDim.x >> 5) ? shared[lane] : make_float2(-1e30f, 0.f);
+  for (int o = 16; o > 0; o >>= 1) {
+    v = lse_merge(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, o),
+                                 __shfl_xor_sync(0xffffffffu, v.y, o)));
+  }
+  return v;
+}
+
+// Row blockIdx.x of logits ([N, V] bf16, V a multiple of 4): lse[r] = log(sum(exp(row))), and
+// for a counted target (not `ignore`, in [0, V)) loss[r] = lse[r] - row[target], count[r] = 1;
+// otherwise both 0.
+extern "C" __global__ void stage_worker_xent_rows_fwd(const bf16_t *__restrict__ logits,
+                                                      const long long *__restrict__ targets,
+                                                      float *__restrict__ lse,
+                                                      float *__restrict__ loss,
+                                                      float *__restrict__ count, int V,
+                                                      long long ignore) {
+  __shared__ float2 red[32];
+  const long long r = blockIdx.x;
+  const bf16_t *row = logits + r * V;
+  float2 acc = make_float2(-1e30f, 0.f);
+  for (int c = threadIdx.x * 4; c < V; c += blockDim.x * 4) {
+    float v[4];
+    load_bf16x4(row + c, v);
+    const float m = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+    const float s = expf(v[0] - m) + expf(v[1] - m) + expf(v[2] - m) + expf(v[3] - m);
+    acc = lse_merge(acc, make_float2(m, s));
+  }
+  acc = block_lse(acc, red);
+  if (threadIdx.x == 0) {
+    const float l = acc.x + logf(acc.y);
+    const long long tg = targets[r];
+    const bool counted = tg != ignore && tg >= 0 && tg < V;
+    lse[r] = l;
+    loss[r] = counted ? l - bf2f(row[tg]) : 0.f;
+    count[r] = counted ? 1.f : 0.f;
+  }
+}
+
+// The logits' gradient (bf16) of the mean loss over `count[0]` counted rows, times the loss's
+// gradient grad[0]: (softmax(row) - onehot(target)) * grad / count for a counted row, else 0.
+extern "C" __global__ void stage_worker_xent_rows_bwd(const bf16_t *__restrict__ logits,
+                                                      const long long *__restrict__ targets,
+                                                      const float *__restrict__ lse,
+                                                      const float *__restrict__ grad,
+                                                      const float *__restrict__ count,
+                                                      bf16_t *__restrict__ d, int V,
+                                                      long long ignore) {
+  const long long r = blockIdx.x;
+  const long long tg = targets[r];
+  const bool counted = tg != ignore && tg >= 0 && tg < V;
+  const float scale = counted ? grad[0] / count[0] : 0.f;
+  const float l = lse[r];
+  const bf16_t *row = logits + r * V;
+  for (int c = threadIdx.x * 4; c < V; c += blockDim.x * 4) {
+    float v[4], o[4];
+    load_bf16x4(row + c, v);
+    for (int k = 0; k < 4; ++k) o[k] = (expf(v[k] - l) - (c + k == tg ? 1.f : 0.f)) * scale;
+    store_bf16x4(d + r * V + c, o);
   }
 }

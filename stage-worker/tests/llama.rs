@@ -344,3 +344,44 @@ fn a_stopped_llama_training_resumes_to_the_loss_of_an_uninterrupted_one() {
     assert!(!again.iter().any(|e| e["event"] == "progress"), "{again:?}");
     assert_eq!(metrics(&again)["final_loss"], resumed["final_loss"]);
 }
+
+/// `STAGE_WORKER_PROFILE` traces the steps it names of a Llama training too: the trace holds
+/// the Llama block's operators (RMSNorm, attention) and the stage still succeeds.
+#[test]
+fn a_profiled_llama_training_saves_a_trace_of_its_steps() {
+    let Some(py) = framework_python() else { return };
+    let s = Scratch::new("llama-profile");
+    let (text, _) = write_data(&s);
+    let base = s.join("base");
+    make_tiny(&py, &base, &text, &[]);
+    let params = json!({"data": text, "steps": 4, "batch_size": 2, "seq_len": 16, "lr": 1e-3,
+                        "warmup_steps": 1, "seed": 1});
+    let spec = json!({
+        "v": 1, "stage": "profiled", "kind": "train", "params": params,
+        "output_dir": s.join("out"), "inputs": {}, "init": base, "device": "cpu", "attempt": 1
+    });
+    let spec_path = s.join("profiled.json");
+    std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let trace = s.join("trace.json");
+    let out = Command::new(BIN)
+        .arg("--spec")
+        .arg(&spec_path)
+        .env_remove("ORCHESTRATE_EVENTS")
+        .env("OMP_NUM_THREADS", "1")
+        .env("STAGE_WORKER_PROFILE", &trace)
+        .env("STAGE_WORKER_PROFILE_SKIP", "1")
+        .env("STAGE_WORKER_PROFILE_STEPS", "2")
+        .output()
+        .unwrap();
+    ok(&out, "the profiled training");
+    let trace: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let names: Vec<&str> = trace["traceEvents"]
+        .as_array()
+        .expect("a Chrome trace")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for op in ["aten::rms_norm", "aten::scaled_dot_product_attention"] {
+        assert!(names.contains(&op), "{op} missing from the trace");
+    }
+}

@@ -67,12 +67,14 @@ OUTPUT (eval)
 
 TUNING (environment)
   STAGE_WORKER_SDPA     attention kernels: auto (default: cuDNN's from 200 planned steps,
-                        memory-efficient below), efficient, flash, libtorch
+                        a Llama's counted by their attention work, memory-efficient below,
+                        flash for grouped-query attention), efficient, flash, libtorch
   STAGE_WORKER_FUSED    auto (default: on CUDA in bf16, the block's residual add, LayerNorm and
                         cast as one kernel each way, linear layers that hand the fp32
                         weights their gradients directly, the embedding, the cross-entropy
-                        and the AdamW step as the worker's own kernels; `check-kernels`
-                        tests them), off
+                        and the AdamW step as the worker's own kernels, for a Llama also
+                        RMSNorm, the rotary embedding and SwiGLU; `check-kernels` tests
+                        them), off
   STAGE_WORKER_KERNEL_CACHE
                         where those kernels are kept once compiled (default
                         $XDG_CACHE_HOME/stage-worker/kernels or ~/.cache/stage-worker/kernels)

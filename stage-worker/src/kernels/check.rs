@@ -10,7 +10,9 @@
 //! ignored), and four AdamW steps with the worker's kernels against libtorch's fused AdamW on
 //! identical parameters and gradients (the returned norms, the parameters' updates, both
 //! moments, the gradients dropped); then one training step's loss and parameter gradients of a
-//! two-layer model with every fused kernel against none; also the time of a forward +
+//! two-layer model with every fused kernel against none, and the same for a two-layer Llama
+//! (grouped-query attention; its RMSNorm, rotary, SwiGLU, projection and cross-entropy
+//! kernels); also the time of a forward +
 //! backward of the LayerNorm op each way and of an AdamW step of a 300M-parameter model each
 //! way. One JSON object per line on stdout; the exit status
 //! is 1 when a difference is beyond its tolerance (or the kernels cannot run here), else 0.
@@ -68,6 +70,7 @@ pub fn run() -> i32 {
     ok &= optimizer_check(device);
     optimizer_speed(device);
     ok &= model_check(device);
+    ok &= llama_check(device);
     i32::from(!ok)
 }
 
@@ -491,6 +494,59 @@ fn model_check(device: Device) -> bool {
     println!(
         "{}",
         json!({"check": "model step (2 layers, d_model 1024, batch 8 x 256)",
+               "loss_fused": loss_f, "loss_eager": loss_e,
+               "largest_gradient_difference": worst.0, "in": worst.1, "ok": ok})
+    );
+    ok
+}
+
+/// One training step's loss and parameter gradients of a two-layer Llama (width 1024, 16 query
+/// and 4 key-value heads, vocabulary 4000) with the worker's kernels against without them.
+fn llama_check(device: Device) -> bool {
+    let config = crate::model::llama::config::LlamaConfig::parse(
+        r#"{"model_type":"llama","vocab_size":4000,"hidden_size":1024,"intermediate_size":2816,
+            "num_hidden_layers":2,"num_attention_heads":16,"num_key_value_heads":4,
+            "max_position_embeddings":512,"rope_theta":10000.0,"tie_word_embeddings":false}"#,
+    )
+    .expect("a valid config");
+    let model = crate::model::llama::Llama::zeroed(&config, device);
+    tch::no_grad(|| {
+        let _ = model.params.flat.shallow_clone().normal_(0.0, 0.02);
+        for p in &model.params.params {
+            if p.name.ends_with("norm.weight") {
+                let _ = p.tensor.shallow_clone().fill_(1.0);
+            }
+        }
+    });
+    let ids = Tensor::randint(4000, [8, 256], (Kind::Int64, device));
+    let targets = Tensor::randint(4000, [8, 256], (Kind::Int64, device));
+    let step = |fused: bool| {
+        for p in &model.params.params {
+            p.tensor.shallow_clone().zero_grad();
+        }
+        let loss = model.loss_with(&ids, &targets, Kind::BFloat16, fused);
+        loss.backward();
+        let grads: Vec<(String, Tensor)> = model
+            .params
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.tensor.grad().copy()))
+            .collect();
+        (loss.double_value(&[]), grads)
+    };
+    let (loss_f, grads_f) = step(true);
+    let (loss_e, grads_e) = step(false);
+    let mut worst = (0.0f64, String::new());
+    for ((name, f), (_, e)) in grads_f.iter().zip(&grads_e) {
+        let d = (f - e).norm().double_value(&[]) / e.norm().double_value(&[]).max(1e-30);
+        if d > worst.0 {
+            worst = (d, name.clone());
+        }
+    }
+    let ok = (loss_f - loss_e).abs() <= 1e-3 * loss_e.abs() && worst.0 <= MODEL_TOLERANCE;
+    println!(
+        "{}",
+        json!({"check": "Llama step (2 layers, width 1024, GQA 16/4, batch 8 x 256)",
                "loss_fused": loss_f, "loss_eager": loss_e,
                "largest_gradient_difference": worst.0, "in": worst.1, "ok": ok})
     );

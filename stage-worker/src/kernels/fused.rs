@@ -100,6 +100,30 @@ extern "C" {
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
+    fn stage_worker_llama_rope(
+        x: *const c_void,
+        cos: *const c_void,
+        sin: *const c_void,
+        heads: i64,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_llama_swiglu(
+        gate: *const c_void,
+        up: *const c_void,
+        out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+    fn stage_worker_llama_cross_entropy(
+        logits: *const c_void,
+        targets: *const c_void,
+        ignore: i64,
+        loss_out: *mut *mut c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
     fn stage_worker_linear_bf16(
         x: *const c_void,
         w: *const c_void,
@@ -138,10 +162,16 @@ pub fn wanted_by_env() -> Option<bool> {
 /// calling thread, whose CUDA context must be current: any thread that has made a tensor on
 /// the device). A failure to load is logged once and answers `false` from then on.
 pub fn usable(device: Device, kind: Kind, width: i64) -> bool {
+    width % 128 == 0 && width <= 4096 && available(device, kind)
+}
+
+/// Whether the kernels that take any width (the Llama block's rotary embedding and SwiGLU)
+/// run on `device` in `kind`: as [`usable`] without its condition on the width.
+pub fn available(device: Device, kind: Kind) -> bool {
     let Device::Cuda(ordinal) = device else {
         return false;
     };
-    if kind != Kind::BFloat16 || width % 128 != 0 || width > 4096 || wanted_by_env() != Some(true) {
+    if kind != Kind::BFloat16 || wanted_by_env() != Some(true) {
         return false;
     }
     match STATE.load(Ordering::Acquire) {
@@ -194,21 +224,36 @@ pub fn residual_layer_norm(
     b: &Tensor,
     eps: f64,
 ) -> (Tensor, Tensor) {
-    let (xn, a) = call(x, Some(y), w, b, eps);
+    let (xn, a) = call(x, Some(y), w, Some(b), eps);
     (xn.expect("the residual variant returns the sum"), a)
+}
+
+/// `(x + y, bf16(rms_norm(x + y) * w))` with one kernel each way, for autograd: as
+/// [`residual_layer_norm`] with RMSNorm (`x / sqrt(mean(x²) + eps)`, no centring, no bias) in
+/// place of LayerNorm; the Llama block's residual add, norm and cast.
+pub fn residual_rms_norm(x: &Tensor, y: &Tensor, w: &Tensor, eps: f64) -> (Tensor, Tensor) {
+    let (xn, a) = call(x, Some(y), w, None, eps);
+    (xn.expect("the residual variant returns the sum"), a)
+}
+
+/// `bf16(rms_norm(x) * w)` with one kernel each way, for autograd; as [`residual_rms_norm`]
+/// without the add.
+pub fn rms_norm_cast(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+    call(x, None, w, None, eps).1
 }
 
 /// `bf16(layer_norm(x) * w + b)` with one kernel each way, for autograd; as
 /// [`residual_layer_norm`] without the add.
 pub fn layer_norm_cast(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Tensor {
-    call(x, None, w, b, eps).1
+    call(x, None, w, Some(b), eps).1
 }
 
+/// The LayerNorm kernels (`b` given) or the RMSNorm ones (`b` `None`).
 fn call(
     x: &Tensor,
     y: Option<&Tensor>,
     w: &Tensor,
-    b: &Tensor,
+    b: Option<&Tensor>,
     eps: f64,
 ) -> (Option<Tensor>, Tensor) {
     let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
@@ -223,7 +268,7 @@ fn call(
             handle(x),
             y.map_or(std::ptr::null(), handle),
             handle(w),
-            handle(b),
+            b.map_or(std::ptr::null(), handle),
             eps,
             &mut xn,
             &mut a,
@@ -247,6 +292,16 @@ fn call(
 /// GELU's backward), in fp32 where libtorch rounds both to bf16 and casts them. Call only where
 /// [`usable`] said yes (the width of `x` is then a multiple of 128).
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, gelu: bool) -> Tensor {
+    linear_with(x, w, Some(b), gelu)
+}
+
+/// `x · bf16(w)ᵀ` in bf16 without a bias, as [`linear`] (the weight's gradient in fp32 straight
+/// from the matrix product). Call only where [`available`] said yes for `x`'s device and kind.
+pub fn linear_no_bias(x: &Tensor, w: &Tensor) -> Tensor {
+    linear_with(x, w, None, false)
+}
+
+fn linear_with(x: &Tensor, w: &Tensor, b: Option<&Tensor>, gelu: bool) -> Tensor {
     let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
     let mut y: *mut c_void = std::ptr::null_mut();
     let mut err = [0 as c_char; 1024];
@@ -255,7 +310,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor, gelu: bool) -> Tensor {
         stage_worker_linear_bf16(
             handle(x),
             handle(w),
-            handle(b),
+            b.map_or(std::ptr::null(), handle),
             gelu,
             &mut y,
             err.as_mut_ptr(),
@@ -307,6 +362,83 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
     // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
     let rc = unsafe {
         stage_worker_cross_entropy(
+            handle(logits),
+            handle(targets),
+            ignore,
+            &mut loss,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused cross-entropy: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(loss.cast()) }
+}
+
+/// The rotary position embedding of `x` (bf16 `[.., T, heads * head_dim]`, contiguous, row `t`
+/// at position `t`) by the tables `cos` and `sin` (fp32 `[T, head_dim / 2]`, the angle of
+/// each pair of a head: element `j` with `j + head_dim / 2`), computed in fp32 and rounded once
+/// to bf16, with one kernel each way for autograd; transformers' `apply_rotary_pos_emb` with
+/// fp32 tables, as under autocast. CUDA tensors where [`available`] said yes, or CPU tensors
+/// (the same kernel compiled for the host).
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut out: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_llama_rope(
+            handle(x),
+            handle(cos),
+            handle(sin),
+            heads,
+            &mut out,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused rotary embedding: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(out.cast()) }
+}
+
+/// `silu(gate) * up` for bf16 tensors of one shape, computed in fp32 and rounded once, with
+/// one kernel each way for autograd (the backward pass writes both gradients). CUDA tensors
+/// where [`available`] said yes, or CPU tensors (the same kernels compiled for the host).
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut out: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_llama_swiglu(
+            handle(gate),
+            handle(up),
+            &mut out,
+            err.as_mut_ptr(),
+            err.len(),
+        )
+    };
+    assert!(rc == 0, "fused SwiGLU: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
+    unsafe { Tensor::from_ptr(out.cast()) }
+}
+
+/// The mean cross-entropy (an fp32 scalar) of bf16 `logits` `[.., V]`, `V` a multiple of 4,
+/// against int64 `targets` of the leading shape, over the targets other than `ignore` (and
+/// outside `0..V`, which count as ignored where libtorch's kernel would stop): one kernel
+/// reads each row of logits once forward, one writes their gradient in bf16 backward, with
+/// no fp32 copy of the logits (libtorch's path casts them, then takes `log_softmax` and the
+/// loss as separate kernels each way). No rows counted gives NaN, as libtorch's mean does.
+/// CUDA tensors where [`available`] said yes, or CPU tensors (the same kernels compiled for
+/// the host).
+pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
+    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
+    let mut loss: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
+    let rc = unsafe {
+        stage_worker_llama_cross_entropy(
             handle(logits),
             handle(targets),
             ignore,
@@ -433,6 +565,112 @@ mod tests {
         assert_eq!(wanted_from(Some("off")), Some(false));
         assert_eq!(wanted_from(Some("no")), None);
         assert_eq!(wanted_from(Some("OFF")), None);
+    }
+
+    fn bf16_normal(shape: &[i64], seed: i64) -> Tensor {
+        tch::manual_seed(seed);
+        Tensor::randn(shape, (Kind::Float, Device::Cpu)).to_kind(Kind::BFloat16)
+    }
+
+    /// Back-propagates `g` (the output's gradient) from `out`.
+    fn pull(out: &Tensor, g: &Tensor) {
+        (out.to_kind(Kind::Float) * g.to_kind(Kind::Float))
+            .sum(Kind::Float)
+            .backward();
+    }
+
+    /// The largest difference of `a` and `b` (any kind) relative to `b`'s largest value.
+    fn relative(a: &Tensor, b: &Tensor) -> f64 {
+        let (a, b) = (a.to_kind(Kind::Double), b.to_kind(Kind::Double));
+        (a - &b).abs().max().double_value(&[]) / b.abs().max().double_value(&[])
+    }
+
+    /// The rotary kernel (run on the host) against the plain operations in fp32 (transformers'
+    /// `rotate_half` form), values and the input's gradient, on a `[B, T, H * D]` input.
+    #[test]
+    fn the_rotary_kernel_matches_the_plain_operations_and_their_gradient() {
+        crate::testutil::one_torch_thread();
+        let (b, t, h, d) = (2, 5, 3, 8);
+        let x = bf16_normal(&[b, t, h * d], 1).set_requires_grad(true);
+        let angles = Tensor::arange(t, (Kind::Double, Device::Cpu)).unsqueeze(1)
+            * Tensor::from_slice(&[1.0, 0.3, 0.05, 0.01]).unsqueeze(0);
+        let (cos, sin) = (
+            angles.cos().to_kind(Kind::Float),
+            angles.sin().to_kind(Kind::Float),
+        );
+        let fused = rope(&x, &cos, &sin, h);
+        let g = bf16_normal(&[b, t, h * d], 2);
+        pull(&fused, &g);
+        let fused_grad = x.grad().copy();
+
+        let xf = x.detach().to_kind(Kind::Float).set_requires_grad(true);
+        let heads = xf.view([b, t, h, d]);
+        let full = |tab: &Tensor| Tensor::cat(&[tab, tab], -1).view([1, t, 1, d]);
+        let halves = heads.split(d / 2, -1);
+        let turned = Tensor::cat(&[-&halves[1], halves[0].shallow_clone()], -1);
+        let plain = (&heads * full(&cos) + turned * full(&sin)).view([b, t, h * d]);
+        pull(&plain, &g);
+        assert_eq!(fused.kind(), Kind::BFloat16);
+        assert_eq!(fused.size(), plain.size());
+        // One rounding to bf16 of the fp32 values: half a unit in the last place.
+        assert!(
+            relative(&fused, &plain) < 1.0 / 128.0,
+            "{}",
+            relative(&fused, &plain)
+        );
+        let ref_grad = xf.grad();
+        assert!(relative(&fused_grad, &ref_grad) < 1.0 / 128.0);
+        // Not a mere copy: the rotation moved the values.
+        assert!(relative(&x.detach(), &plain) > 0.1);
+    }
+
+    /// The SwiGLU kernels (run on the host) against `silu(gate) * up` in fp32, values and both
+    /// gradients.
+    #[test]
+    fn the_swiglu_kernels_match_the_plain_operations_and_their_gradients() {
+        crate::testutil::one_torch_thread();
+        let gate = (bf16_normal(&[3, 7, 13], 3) * 3).set_requires_grad(true);
+        let up = bf16_normal(&[3, 7, 13], 4).set_requires_grad(true);
+        let fused = swiglu(&gate, &up);
+        let g = bf16_normal(&[3, 7, 13], 5);
+        pull(&fused, &g);
+
+        let gf = gate.detach().to_kind(Kind::Float).set_requires_grad(true);
+        let uf = up.detach().to_kind(Kind::Float).set_requires_grad(true);
+        let plain = gf.silu() * &uf;
+        pull(&plain, &g);
+        assert_eq!(fused.kind(), Kind::BFloat16);
+        assert!(relative(&fused, &plain) < 1.0 / 128.0);
+        assert!(relative(&gate.grad(), &gf.grad()) < 1.0 / 128.0);
+        assert!(relative(&up.grad(), &uf.grad()) < 1.0 / 128.0);
+    }
+
+    /// The large-vocabulary cross-entropy kernels (run on the host) against libtorch's
+    /// cross-entropy of the fp32 logits: the loss, with ignored targets, and the logits'
+    /// gradient.
+    #[test]
+    fn the_cross_entropy_kernels_match_the_plain_loss_and_its_gradient() {
+        crate::testutil::one_torch_thread();
+        let logits = (bf16_normal(&[2, 5, 36], 6) * 4).set_requires_grad(true);
+        let targets = Tensor::from_slice(&[3i64, 35, -100, 0, 17, 8, -100, 21, 2, 30]).view([2, 5]);
+        let loss = cross_entropy_rows(&logits, &targets, -100);
+        loss.backward();
+        let lf = logits.detach().to_kind(Kind::Float).set_requires_grad(true);
+        let plain = lf.view([-1, 36]).cross_entropy_loss::<Tensor>(
+            &targets.view([-1]),
+            None,
+            tch::Reduction::Mean,
+            -100,
+            0.0,
+        );
+        plain.backward();
+        assert_eq!(loss.kind(), Kind::Float);
+        let (a, b) = (loss.double_value(&[]), plain.double_value(&[]));
+        assert!((a - b).abs() < 1e-5 * b.abs(), "{a} vs {b}");
+        assert!(relative(&logits.grad(), &lf.grad()) < 1.0 / 128.0);
+        // The ignored rows get no gradient.
+        let ignored = logits.grad().get(0).get(2).abs().max().double_value(&[]);
+        assert_eq!(ignored, 0.0);
     }
 
     /// Off the GPU (and for shapes or kinds the kernels do not take) the model keeps libtorch's

@@ -15,6 +15,7 @@ pub mod eval;
 pub mod train;
 
 use crate::failure::StageResult;
+use crate::model::llama::config::LlamaConfig;
 use crate::model::llama::hf;
 use protocol::worker::StageSpec;
 use std::path::PathBuf;
@@ -29,12 +30,37 @@ pub fn hf_init(spec: &StageSpec) -> Option<PathBuf> {
     hf::is_hf_dir(dir).then(|| dir.to_path_buf())
 }
 
-/// Applies the attention kernels for a stage of `steps` planned steps on CUDA.
-pub fn choose_attention(steps: u64) {
+/// The attention work of one step of the model that [`CUDNN_FROM_STEPS`] was measured on (the
+/// throughput benchmark's 100M model: 8 layers, 16 heads of 64, batch 32 × 256), as
+/// layers × heads × head size × batch × sequence².
+///
+/// [`CUDNN_FROM_STEPS`]: crate::model::attention::CUDNN_FROM_STEPS
+const REFERENCE_ATTENTION_WORK: f64 = 8.0 * 16.0 * 64.0 * 32.0 * 256.0 * 256.0;
+
+/// How many steps of the reference model's attention (see [`REFERENCE_ATTENTION_WORK`]) a
+/// stage of `steps` steps of `batch` × `seq` tokens on model `c` amounts to: what cuDNN's
+/// attention saves per step grows with that work, while its first use costs the same.
+pub fn attention_steps(c: &LlamaConfig, steps: u64, batch: u32, seq: u32) -> u64 {
+    let work = (c.num_hidden_layers * c.num_attention_heads * c.head_dim) as f64
+        * f64::from(batch)
+        * f64::from(seq).powi(2);
+    (steps as f64 * work / REFERENCE_ATTENTION_WORK).ceil() as u64
+}
+
+/// Applies the attention kernels for a stage of `steps` planned steps of `batch` × `seq`
+/// tokens on CUDA, on model `c`: `auto` counts the steps as [`attention_steps`] (a 1B Llama's
+/// step is several of the reference model's), and where it would then choose PyTorch's
+/// memory-efficient kernels for a model with grouped-query attention, which they do not take
+/// (libtorch would fall back to the plain math ones), it chooses flash attention (which takes
+/// it, and starts as fast) instead.
+pub fn choose_attention(c: &LlamaConfig, steps: u64, batch: u32, seq: u32) {
     use crate::model::attention::{self, Kernels};
-    let kernels = Kernels::from_env()
-        .unwrap_or(Kernels::Auto)
-        .for_steps(steps);
+    let asked = Kernels::from_env().unwrap_or(Kernels::Auto);
+    let gqa = c.num_key_value_heads != c.num_attention_heads;
+    let kernels = match asked.for_steps(attention_steps(c, steps, batch, seq)) {
+        Kernels::Efficient if gqa && asked == Kernels::Auto => Kernels::Flash,
+        chosen => chosen,
+    };
     attention::apply(kernels);
 }
 
@@ -51,4 +77,31 @@ pub fn write_logits(model: &std::path::Path, ids: &str, out: &std::path::Path) -
     let bytes = hf::safetensors_bytes(&[("logits".to_string(), logits)]);
     std::fs::write(out, bytes)
         .map_err(|e| crate::failure::Failure::other(format!("cannot write {}: {e}", out.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::CUDNN_FROM_STEPS;
+
+    fn config(layers: i64, heads: i64, head_dim: i64) -> LlamaConfig {
+        LlamaConfig::parse(&format!(
+            r#"{{"model_type":"llama","vocab_size":100,"hidden_size":{},"intermediate_size":64,
+            "num_hidden_layers":{layers},"num_attention_heads":{heads},"num_key_value_heads":1,
+            "max_position_embeddings":512}}"#,
+            heads * head_dim
+        ))
+        .unwrap()
+    }
+
+    /// The reference shape counts step for step; TinyLlama's 1.1B shape (22 layers, 32 heads
+    /// of 64) at the same batch counts 5.5 steps a step, so 100 steps reach cuDNN's threshold;
+    /// a tiny model's do not.
+    #[test]
+    fn a_larger_model_reaches_the_cudnn_threshold_in_fewer_steps() {
+        assert_eq!(attention_steps(&config(8, 16, 64), 200, 32, 256), 200);
+        assert_eq!(attention_steps(&config(22, 32, 64), 100, 32, 256), 550);
+        assert!(attention_steps(&config(22, 32, 64), 100, 32, 256) >= CUDNN_FROM_STEPS);
+        assert!(attention_steps(&config(2, 4, 16), 1000, 8, 64) < CUDNN_FROM_STEPS);
+    }
 }

@@ -121,9 +121,6 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         compute.description
     );
     sink.started(&compute.description);
-    if compute.device.is_cuda() {
-        super::choose_attention(p.steps);
-    }
     if let Some(done) = completed(&spec.output_dir, &p) {
         return crate::stages::train::report_completed(&done, sink);
     }
@@ -133,6 +130,9 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
             "params.seq_len ({}) exceeds the model's max_position_embeddings ({})",
             p.seq_len, config.max_position_embeddings
         )));
+    }
+    if compute.device.is_cuda() {
+        super::choose_attention(&config, p.steps, p.batch_size, p.seq_len);
     }
     let tokens = Tokens::open(init, &config.raw)?;
     let data = data::load(&p.data, &tokens)?;
@@ -304,13 +304,20 @@ fn train_loop(
     let first = opt.step + 1;
     let loss_log = std::env::var_os(LOSS_LOG_ENV).filter(|v| !v.is_empty());
     let mut every_loss = Vec::new();
+    let mut profile = crate::stages::profile::StepProfile::from_env(first, compute.device)?;
     for step in first..=p.steps {
+        if let Some(profile) = profile.as_mut() {
+            profile.before_step(step)?;
+        }
         let host = data.batch(p.seed, step, p.batch_size as usize, p.seq_len as usize);
         let batch = host.to_device(compute.device);
         model.params.zero_grad();
         let loss = model.loss(&batch.inputs, &batch.targets, compute.kind);
         loss.backward();
         let _grad_norm = opt.step(&mut model.params, schedule.lr(step));
+        if let Some(profile) = profile.as_mut() {
+            profile.after_step(step, step == p.steps || signals::stop_requested())?;
+        }
         let loss = loss.detach();
         if step == first {
             stats.first_loss = Some(loss.double_value(&[]));
