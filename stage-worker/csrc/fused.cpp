@@ -20,6 +20,7 @@
 // Every entry point returns 0, or 1 with a message in `err` (no exception unwinds into Rust).
 
 #include <ATen/core/Tensor.h>
+#include <optional>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
@@ -143,10 +144,11 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // xn = x + y, a = bf16(LayerNorm(xn)): gradients for x, y, w and b.
-// b undefined: RMSNorm (no centring, no bias; no gradient for b).
+// No b: RMSNorm (no centring, no bias; no gradient for b).
 struct ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
   static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor y, at::Tensor w,
-                               at::Tensor b, double eps) {
+                               std::optional<at::Tensor> bias, double eps) {
+    const at::Tensor b = bias.value_or(at::Tensor());
     auto out = ln_forward(x.contiguous(), y.contiguous(), w.contiguous(),
                           b.defined() ? b.contiguous() : b, eps);
     ctx->save_for_backward({out[0], out[2], out[3], w});
@@ -163,8 +165,9 @@ struct ResidualLayerNorm : public torch::autograd::Function<ResidualLayerNorm> {
 
 // a = bf16(LayerNorm(x)): gradients for x, w and b (b undefined: RMSNorm, as above).
 struct LayerNormCast : public torch::autograd::Function<LayerNormCast> {
-  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
-                               double eps) {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w,
+                               std::optional<at::Tensor> bias, double eps) {
+    const at::Tensor b = bias.value_or(at::Tensor());
     const at::Tensor xc = x.contiguous();
     auto out = ln_forward(xc, at::Tensor(), w.contiguous(), b.defined() ? b.contiguous() : b, eps);
     ctx->save_for_backward({xc, out[2], out[3], w});
@@ -227,8 +230,9 @@ std::vector<at::Tensor> column_sums(const at::Tensor &g, const at::Tensor &z) {
 // with GELU's backward when there is one), also in fp32. An undefined b means no bias (the
 // Llama's projections): no column sums unless GELU's backward needs them.
 struct LinearBf16 : public torch::autograd::Function<LinearBf16> {
-  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w, at::Tensor b,
-                               bool gelu) {
+  static variable_list forward(AutogradContext *ctx, at::Tensor x, at::Tensor w,
+                               std::optional<at::Tensor> bias, bool gelu) {
+    const at::Tensor b = bias.value_or(at::Tensor());
     const int64_t in = w.size(1), out = w.size(0);
     require(x.scalar_type() == at::kBFloat16 && x.size(-1) == in, "x must be bf16 [.., in]");
     require(w.scalar_type() == at::kFloat &&
@@ -726,7 +730,9 @@ extern "C" int stage_worker_residual_layer_norm(const at::Tensor *x, const at::T
                                                 double eps, at::Tensor **xn_out,
                                                 at::Tensor **a_out, char *err, size_t err_len) {
   try {
-    const at::Tensor bias = b == nullptr ? at::Tensor() : *b;
+    // No bias (RMSNorm) is an empty optional, not an undefined tensor: autograd reads the
+    // device of every tensor argument of a custom function, and an undefined one has none.
+    const std::optional<at::Tensor> bias = b == nullptr ? std::nullopt : std::optional<at::Tensor>(*b);
     if (y != nullptr) {
       auto out = ResidualLayerNorm::apply(*x, *y, *w, bias, eps);
       *xn_out = new at::Tensor(out[0]);
@@ -747,7 +753,8 @@ extern "C" int stage_worker_linear_bf16(const at::Tensor *x, const at::Tensor *w
                                         const at::Tensor *b, bool gelu, at::Tensor **y_out,
                                         char *err, size_t err_len) {
   try {
-    auto out = LinearBf16::apply(*x, *w, b == nullptr ? at::Tensor() : *b, gelu);
+    const std::optional<at::Tensor> bias = b == nullptr ? std::nullopt : std::optional<at::Tensor>(*b);
+    auto out = LinearBf16::apply(*x, *w, bias, gelu);
     *y_out = new at::Tensor(out[0]);
     return 0;
   } catch (const std::exception &e) {
