@@ -214,6 +214,33 @@ fn message(err: &[c_char]) -> String {
         .into_owned()
 }
 
+/// A tch handle (an `at::Tensor *`) borrowed for one call into the kernel module.
+fn handle(t: &Tensor) -> *const c_void {
+    t.as_ptr().cast::<c_void>()
+}
+
+/// Runs `call`, one entry of the kernel module that makes one new tensor: it gets the
+/// out-pointer for that tensor's handle and a message buffer with its length. Shapes, kinds
+/// and devices were checked by the callers' `usable`/`available` and the model, so a non-zero
+/// answer is a CUDA error, which panics with `what` and the C++ side's message (the stage
+/// reports it like any libtorch error); otherwise the new handle is taken over.
+///
+/// # Safety
+/// `call` passes live handles ([`handle`]) borrowed for the call; the C++ side catches every
+/// exception, writes at most the given length of message, NUL-terminated, and on success
+/// stores a new handle owned by nobody else.
+unsafe fn new_tensor(
+    what: &str,
+    call: impl FnOnce(*mut *mut c_void, *mut c_char, usize) -> i32,
+) -> Tensor {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    let mut err = [0 as c_char; 1024];
+    let rc = call(&mut out, err.as_mut_ptr(), err.len());
+    assert!(rc == 0, "{what}: {}", message(&err));
+    // SAFETY: a handle the C++ side allocated for us (see above).
+    unsafe { Tensor::from_ptr(out.cast()) }
+}
+
 /// `(x + y, bf16(layer_norm(x + y) * w + b))` with one kernel each way, for autograd: `x` fp32
 /// `[.., C]`, `y` bf16 of its shape, `w` and `b` fp32 `[C]`. Call only where [`usable`] said
 /// yes for this device, kind and width.
@@ -256,7 +283,6 @@ fn call(
     b: Option<&Tensor>,
     eps: f64,
 ) -> (Option<Tensor>, Tensor) {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
     let mut xn: *mut c_void = std::ptr::null_mut();
     let mut a: *mut c_void = std::ptr::null_mut();
     let mut err = [0 as c_char; 1024];
@@ -302,24 +328,20 @@ pub fn linear_no_bias(x: &Tensor, w: &Tensor) -> Tensor {
 }
 
 fn linear_with(x: &Tensor, w: &Tensor, b: Option<&Tensor>, gelu: bool) -> Tensor {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
-    let mut y: *mut c_void = std::ptr::null_mut();
-    let mut err = [0 as c_char; 1024];
-    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
-    let rc = unsafe {
-        stage_worker_linear_bf16(
-            handle(x),
-            handle(w),
-            b.map_or(std::ptr::null(), handle),
-            gelu,
-            &mut y,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-    };
-    assert!(rc == 0, "fused linear: {}", message(&err));
-    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
-    unsafe { Tensor::from_ptr(y.cast()) }
+    // SAFETY: live borrowed handles (see `new_tensor`).
+    unsafe {
+        new_tensor("fused linear", |y, err, len| {
+            stage_worker_linear_bf16(
+                handle(x),
+                handle(w),
+                b.map_or(std::ptr::null(), handle),
+                gelu,
+                y,
+                err,
+                len,
+            )
+        })
+    }
 }
 
 /// `wte[ids] + wpe[..T]` (fp32 `[B, T, C]`) with one kernel each way, for autograd: `wte`
@@ -330,23 +352,12 @@ fn linear_with(x: &Tensor, w: &Tensor, b: Option<&Tensor>, gelu: bool) -> Tensor
 /// id outside `0..V` takes a zero token embedding and passes on no gradient (libtorch's
 /// kernel stops with a device-side assertion instead). Call only where [`usable`] said yes.
 pub fn embedding(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Tensor {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
-    let mut x: *mut c_void = std::ptr::null_mut();
-    let mut err = [0 as c_char; 1024];
-    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
-    let rc = unsafe {
-        stage_worker_embedding(
-            handle(wte),
-            handle(wpe),
-            handle(ids),
-            &mut x,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-    };
-    assert!(rc == 0, "fused embedding: {}", message(&err));
-    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
-    unsafe { Tensor::from_ptr(x.cast()) }
+    // SAFETY: live borrowed handles (see `new_tensor`).
+    unsafe {
+        new_tensor("fused embedding", |x, err, len| {
+            stage_worker_embedding(handle(wte), handle(wpe), handle(ids), x, err, len)
+        })
+    }
 }
 
 /// The mean cross-entropy (an fp32 scalar on the device) of bf16 `logits` `[.., 256]` against
@@ -356,23 +367,12 @@ pub fn embedding(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Tensor {
 /// `0..256` counts as ignored (libtorch's kernel stops with a device-side assertion instead).
 /// Call only where [`usable`] said yes for the logits' device, kind and width.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
-    let mut loss: *mut c_void = std::ptr::null_mut();
-    let mut err = [0 as c_char; 1024];
-    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
-    let rc = unsafe {
-        stage_worker_cross_entropy(
-            handle(logits),
-            handle(targets),
-            ignore,
-            &mut loss,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-    };
-    assert!(rc == 0, "fused cross-entropy: {}", message(&err));
-    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
-    unsafe { Tensor::from_ptr(loss.cast()) }
+    // SAFETY: live borrowed handles (see `new_tensor`).
+    unsafe {
+        new_tensor("fused cross-entropy", |loss, err, len| {
+            stage_worker_cross_entropy(handle(logits), handle(targets), ignore, loss, err, len)
+        })
+    }
 }
 
 /// The rotary position embedding of `x` (bf16 `[.., T, heads * head_dim]`, contiguous, row `t`
@@ -382,46 +382,24 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
 /// fp32 tables, as under autocast. CUDA tensors where [`available`] said yes, or CPU tensors
 /// (the same kernel compiled for the host).
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Tensor {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
-    let mut out: *mut c_void = std::ptr::null_mut();
-    let mut err = [0 as c_char; 1024];
-    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
-    let rc = unsafe {
-        stage_worker_llama_rope(
-            handle(x),
-            handle(cos),
-            handle(sin),
-            heads,
-            &mut out,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-    };
-    assert!(rc == 0, "fused rotary embedding: {}", message(&err));
-    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
-    unsafe { Tensor::from_ptr(out.cast()) }
+    // SAFETY: live borrowed handles (see `new_tensor`).
+    unsafe {
+        new_tensor("fused rotary embedding", |out, err, len| {
+            stage_worker_llama_rope(handle(x), handle(cos), handle(sin), heads, out, err, len)
+        })
+    }
 }
 
 /// `silu(gate) * up` for bf16 tensors of one shape, computed in fp32 and rounded once, with
 /// one kernel each way for autograd (the backward pass writes both gradients). CUDA tensors
 /// where [`available`] said yes, or CPU tensors (the same kernels compiled for the host).
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Tensor {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
-    let mut out: *mut c_void = std::ptr::null_mut();
-    let mut err = [0 as c_char; 1024];
-    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
-    let rc = unsafe {
-        stage_worker_llama_swiglu(
-            handle(gate),
-            handle(up),
-            &mut out,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-    };
-    assert!(rc == 0, "fused SwiGLU: {}", message(&err));
-    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
-    unsafe { Tensor::from_ptr(out.cast()) }
+    // SAFETY: live borrowed handles (see `new_tensor`).
+    unsafe {
+        new_tensor("fused SwiGLU", |out, err, len| {
+            stage_worker_llama_swiglu(handle(gate), handle(up), out, err, len)
+        })
+    }
 }
 
 /// The mean cross-entropy (an fp32 scalar) of bf16 `logits` `[.., V]`, `V` a multiple of 4,
@@ -433,23 +411,19 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Tensor {
 /// CUDA tensors where [`available`] said yes, or CPU tensors (the same kernels compiled for
 /// the host).
 pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, ignore: i64) -> Tensor {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
-    let mut loss: *mut c_void = std::ptr::null_mut();
-    let mut err = [0 as c_char; 1024];
-    // SAFETY: as in `call`: live borrowed handles, a NUL-terminated message, a new handle.
-    let rc = unsafe {
-        stage_worker_llama_cross_entropy(
-            handle(logits),
-            handle(targets),
-            ignore,
-            &mut loss,
-            err.as_mut_ptr(),
-            err.len(),
-        )
-    };
-    assert!(rc == 0, "fused cross-entropy: {}", message(&err));
-    // SAFETY: a handle the C++ side allocated for us, owned by nobody else.
-    unsafe { Tensor::from_ptr(loss.cast()) }
+    // SAFETY: live borrowed handles (see `new_tensor`).
+    unsafe {
+        new_tensor("fused cross-entropy", |loss, err, len| {
+            stage_worker_llama_cross_entropy(
+                handle(logits),
+                handle(targets),
+                ignore,
+                loss,
+                err,
+                len,
+            )
+        })
+    }
 }
 
 /// The constants of one AdamW step (see [`adamw_step`]).
@@ -491,7 +465,6 @@ pub fn adamw_step(
     step: &Tensor,
     c: &AdamWStep,
 ) -> Result<Tensor, StepError> {
-    let handle = |t: &Tensor| t.as_ptr().cast::<c_void>();
     let leaves: Vec<*const c_void> = params.params.iter().map(|p| handle(&p.tensor)).collect();
     let offsets: Vec<i64> = params.params.iter().map(|p| p.offset).collect();
     let mut norm: *mut c_void = std::ptr::null_mut();
