@@ -18,6 +18,7 @@
 //! is 1 when a difference is beyond its tolerance (or the kernels cannot run here), else 0.
 
 use crate::model::optim::AdamW;
+use crate::model::params::ParamStore;
 use crate::model::ByteGpt;
 use protocol::worker::ModelConfig;
 use serde_json::json;
@@ -463,41 +464,14 @@ fn model_check(device: Device) -> bool {
     let model = ByteGpt::new(&config, device, 1);
     let ids = Tensor::randint(256, [8, 256], (Kind::Int64, device));
     let targets = Tensor::randint(256, [8, 256], (Kind::Int64, device));
-    let step = |fused: bool| {
-        for p in &model.params.params {
-            let mut g = p.tensor.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
-        let logits = model.forward_with(&ids, Kind::BFloat16, fused);
-        let loss = crate::model::cross_entropy_with(&logits, &targets, fused);
-        loss.backward();
-        let grads: Vec<(String, Tensor)> = model
-            .params
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.tensor.grad().copy()))
-            .collect();
-        (loss.double_value(&[]), grads)
-    };
-    let (loss_f, grads_f) = step(true);
-    let (loss_e, grads_e) = step(false);
-    let mut worst = (0.0f64, String::new());
-    for ((name, f), (_, e)) in grads_f.iter().zip(&grads_e) {
-        let d = (f - e).norm().double_value(&[]) / e.norm().double_value(&[]).max(1e-30);
-        if d > worst.0 {
-            worst = (d, name.clone());
-        }
-    }
-    let ok = (loss_f - loss_e).abs() <= 1e-3 * loss_e.abs() && worst.0 <= MODEL_TOLERANCE;
-    println!(
-        "{}",
-        json!({"check": "model step (2 layers, d_model 1024, batch 8 x 256)",
-               "loss_fused": loss_f, "loss_eager": loss_e,
-               "largest_gradient_difference": worst.0, "in": worst.1, "ok": ok})
-    );
-    ok
+    compare_step(
+        "model step (2 layers, d_model 1024, batch 8 x 256)",
+        &model.params,
+        |fused| {
+            let logits = model.forward_with(&ids, Kind::BFloat16, fused);
+            crate::model::cross_entropy_with(&logits, &targets, fused)
+        },
+    )
 }
 
 /// One training step's loss and parameter gradients of a two-layer Llama (width 1024, 16 query
@@ -520,14 +494,25 @@ fn llama_check(device: Device) -> bool {
     });
     let ids = Tensor::randint(4000, [8, 256], (Kind::Int64, device));
     let targets = Tensor::randint(4000, [8, 256], (Kind::Int64, device));
+    compare_step(
+        "Llama step (2 layers, width 1024, GQA 16/4, batch 8 x 256)",
+        &model.params,
+        |fused| model.loss_with(&ids, &targets, Kind::BFloat16, fused),
+    )
+}
+
+/// One training step with the worker's kernels (`loss(true)`) against without them
+/// (`loss(false)`), the gradients of `params` cleared before each: prints the two losses and
+/// the largest relative difference of a parameter's gradient as one JSON line named `what`,
+/// and says whether they agree (losses within 1e-3, gradients within [`MODEL_TOLERANCE`]).
+fn compare_step(what: &str, params: &ParamStore, loss: impl Fn(bool) -> Tensor) -> bool {
     let step = |fused: bool| {
-        for p in &model.params.params {
+        for p in &params.params {
             p.tensor.shallow_clone().zero_grad();
         }
-        let loss = model.loss_with(&ids, &targets, Kind::BFloat16, fused);
+        let loss = loss(fused);
         loss.backward();
-        let grads: Vec<(String, Tensor)> = model
-            .params
+        let grads: Vec<(String, Tensor)> = params
             .params
             .iter()
             .map(|p| (p.name.clone(), p.tensor.grad().copy()))
@@ -546,8 +531,7 @@ fn llama_check(device: Device) -> bool {
     let ok = (loss_f - loss_e).abs() <= 1e-3 * loss_e.abs() && worst.0 <= MODEL_TOLERANCE;
     println!(
         "{}",
-        json!({"check": "Llama step (2 layers, width 1024, GQA 16/4, batch 8 x 256)",
-               "loss_fused": loss_f, "loss_eager": loss_e,
+        json!({"check": what, "loss_fused": loss_f, "loss_eager": loss_e,
                "largest_gradient_difference": worst.0, "in": worst.1, "ok": ok})
     );
     ok
