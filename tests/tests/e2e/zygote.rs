@@ -765,24 +765,43 @@ const SEES: &str = r#"import json, sys
 print(json.dumps({m: m in sys.modules for m in ["learnme", "decimal", "threader", "threader.sub"]}))
 "#;
 
-#[test]
-fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a_thread() {
-    python_available();
-    let s = Scratch::new("zygote-learns");
-    let mods = s.path().join("mods");
+/// The learning tests' modules (`learnme`, the `threader` package) and the scripts that teach
+/// and wait for the next generation.
+fn learning_scripts(s: &Scratch) {
     s.write("mods/learnme.py", LEARNME);
     s.write("mods/threader/__init__.py", THREADER);
     s.write("mods/threader/sub.py", "");
     s.write("teaches.py", TEACHES);
     s.write("awaits.py", AWAITS_NEXT);
+}
+
+/// A learning test's stage `name` running `script`, with `after` (a TOML line, or empty) and
+/// the modules on its path.
+fn learning_stage(s: &Scratch, name: &str, after: &str, script: &str) -> String {
+    format!(
+        "[[stage]]\nname = \"{name}\"\n{after}command = [\"python3\", \"{script}\"]\n\
+         env = {{ PYTHONPATH = \"{m}\", MODS = \"{m}\" }}\n\n",
+        m = s.path().join("mods").display()
+    )
+}
+
+/// The contents of the files with extension `ext` in the zygote cache beside a test's run.
+fn cache_files(s: &Scratch, ext: &str) -> Vec<String> {
+    std::fs::read_dir(s.path().join("zygote-cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a_thread() {
+    python_available();
+    let s = Scratch::new("zygote-learns");
+    learning_scripts(&s);
     s.write("sees.py", SEES);
-    let stage = |name: &str, after: &str, script: &str| {
-        format!(
-            "[[stage]]\nname = \"{name}\"\n{after}command = [\"python3\", \"{script}\"]\n\
-             env = {{ PYTHONPATH = \"{m}\", MODS = \"{m}\" }}\n\n",
-            m = mods.display()
-        )
-    };
+    let stage = |name: &str, after: &str, script: &str| learning_stage(&s, name, after, script);
     let plan = s.write(
         "plan.toml",
         &format!(
@@ -838,15 +857,7 @@ fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a
     // What was learned is kept for the next run of this interpreter and preload setting (with
     // the package's submodule dropped: it would import the package again), beside the log of
     // what the zygotes did.
-    let cache = s.path().join("zygote-cache");
-    let files = |ext: &str| -> Vec<String> {
-        std::fs::read_dir(&cache)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == ext))
-            .map(|p| std::fs::read_to_string(p).unwrap())
-            .collect()
-    };
+    let files = |ext: &str| cache_files(&s, ext);
     let kept = files("json");
     assert_eq!(kept.len(), 1, "{kept:?}");
     let kept: Value = serde_json::from_str(&kept[0]).unwrap();
@@ -958,19 +969,8 @@ fn a_forked_stage_starts_with_the_zygote_frozen_and_its_imports_saw_the_native_s
 fn what_a_generation_left_out_is_kept_when_the_run_ends_before_it_forks() {
     python_available();
     let s = Scratch::new("zygote-kept");
-    let mods = s.path().join("mods");
-    s.write("mods/learnme.py", LEARNME);
-    s.write("mods/threader/__init__.py", THREADER);
-    s.write("mods/threader/sub.py", "");
-    s.write("teaches.py", TEACHES);
-    s.write("awaits.py", AWAITS_NEXT);
-    let stage = |name: &str, after: &str, script: &str| {
-        format!(
-            "[[stage]]\nname = \"{name}\"\n{after}command = [\"python3\", \"{script}\"]\n\
-             env = {{ PYTHONPATH = \"{m}\", MODS = \"{m}\" }}\n\n",
-            m = mods.display()
-        )
-    };
+    learning_scripts(&s);
+    let stage = |name: &str, after: &str, script: &str| learning_stage(&s, name, after, script);
     let plan = s.write(
         "plan.toml",
         &format!(
@@ -981,12 +981,9 @@ fn what_a_generation_left_out_is_kept_when_the_run_ends_before_it_forks() {
     );
     let run_dir = s.path().join("run");
     ok(&run(&plan, &run_dir, &[]));
-    let cache = s.path().join("zygote-cache");
-    let kept: Vec<Value> = std::fs::read_dir(&cache)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+    let kept: Vec<Value> = cache_files(&s, "json")
+        .iter()
+        .map(|text| serde_json::from_str(text).unwrap())
         .collect();
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert_eq!(kept[0]["left_out"][0]["module"], "threader", "{}", kept[0]);
