@@ -58,6 +58,7 @@ Promises:
 import atexit
 import ctypes
 import gc
+import _io
 import importlib.machinery
 import json
 import os
@@ -67,6 +68,7 @@ import runpy
 import socket
 import struct
 import sys
+import threading
 import time
 
 PROTOCOL_VERSION = 1
@@ -796,6 +798,64 @@ def run_as_python(argv):
         runpy.run_path(script, run_name="__main__")
 
 
+def exit_status(stop):
+    """The exit status `python script.py` ends with on SystemExit(code): None is 0, an int
+    itself, anything else printed to stderr and 1."""
+    if stop.code is None:
+        return 0
+    if isinstance(stop.code, int):
+        return stop.code & 0xFF
+    print(stop.code, file=sys.stderr)
+    return 1
+
+
+def run_stage(argv):
+    """Runs the stage's script and returns the status it exits with, as `python script.py`
+    would: 0 when it returns, SystemExit's code, 1 after an uncaught exception's traceback
+    (printed by sys.excepthook). KeyboardInterrupt is left to the interpreter (it exits by
+    SIGINT)."""
+    try:
+        run_as_python(argv)
+        return 0
+    except SystemExit as stop:
+        return exit_status(stop)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+
+
+def finish_stage(status):
+    """Ends a forked stage the way the interpreter's own exit would, without its teardown of
+    what the zygote imported: non-daemon threads joined, atexit handlers run, every file
+    object the stage still holds flushed (open in its globals or a module's, or garbage in a
+    cycle: flushed while all of its layers are open, which a collection does not promise),
+    stdout and stderr flushed (a failed flush of a successful stage is status 120, as
+    Python's), then `os._exit`. Skipped: the interpreter freeing every module and object it
+    holds (and with them the `__del__` of objects still alive at exit, which Python does not
+    promise either), which a forked child only gives back to the kernel anyway
+    (bench/zygote/exit_probe.py and gpu_exit_probe.py measure what that costs)."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for thing in gc.get_objects():  # the frozen generation (the zygote's own) is not listed
+        if isinstance(thing, _io._IOBase) and thing is not sys.stdout and thing is not sys.stderr:
+            try:
+                if not thing.closed and thing.writable():
+                    thing.flush()
+            except Exception:  # noqa: BLE001 - as at exit: a file that cannot flush loses its tail
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            if status == 0:
+                status = 120
+    os._exit(status)
+
+
 def main():
     # `-c` put the zygote's working directory first on sys.path: preload from the
     # installed packages only; each stage gets its own sys.path[0].
@@ -805,7 +865,7 @@ def main():
     argv = serve(int(sys.argv[1]), json.loads(sys.argv[2]))
     if argv is None:
         return
-    run_as_python(argv)
+    finish_stage(run_stage(argv))
 
 
 # `python -c SOURCE` runs it as __main__; importing it (it ships in the wheel) starts nothing.

@@ -988,3 +988,122 @@ fn what_a_generation_left_out_is_kept_when_the_run_ends_before_it_forks() {
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert_eq!(kept[0]["left_out"][0]["module"], "threader", "{}", kept[0]);
 }
+
+/// A script that leaves what the interpreter's exit finishes: a file left open in a module it
+/// imported and in its own globals (which its functions keep in a cycle), a non-daemon thread
+/// still working, an atexit handler. Each writes a line into `{prefix}-*.txt` in the working
+/// directory.
+const ENDS_UNTIDY: &str = r#"import atexit, os, sys, threading, time
+import untidy
+prefix = sys.argv[1]
+kept = open(f"{prefix}-script-global.txt", "w")
+kept.write("left open by the script\n")
+untidy.open_one(prefix)
+def late():
+    time.sleep(0.5)
+    with open(f"{prefix}-thread.txt", "w") as f:
+        f.write("a thread joined at exit\n")
+threading.Thread(target=late).start()
+atexit.register(lambda: open(f"{prefix}-atexit.txt", "w").write("an atexit handler\n"))
+"#;
+
+/// A forked stage ends as `python SCRIPT` would: what it left open is written, its non-daemon
+/// threads finish, its atexit handlers run, and its exit status (returned, `sys.exit(3)`,
+/// `sys.exit("message")`, an uncaught exception with its traceback) is the exec'd stage's.
+#[test]
+fn a_forked_stage_ends_as_python_would() {
+    python_available();
+    let s = Scratch::new("zygote-ends");
+    write_modules(&s);
+    s.write(
+        "mods/untidy.py",
+        "HELD = []\ndef open_one(prefix):\n    f = open(f'{prefix}-module-global.txt', 'w')\n    \
+         f.write('left open in a module\\n')\n    HELD.append(f)\n",
+    );
+    s.write("untidy_stage.py", ENDS_UNTIDY);
+    s.write("exit3.py", "import sys\nprint('before')\nsys.exit(3)\n");
+    s.write(
+        "message.py",
+        "import sys\nsys.exit('a message for the user')\n",
+    );
+    s.write(
+        "raises.py",
+        "def inner():\n    raise ValueError('boom from the stage')\ninner()\n",
+    );
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    let stage = |name: &str, args: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"warm\"]\ncommand = [\"python3\", {args}]\nenv = {env}\n\n"
+        )
+    };
+    let plan = |prefix: &str| {
+        s.write(
+            &format!("plan-{prefix}.toml"),
+            &format!(
+                "[run]\npreload = [\"heavy\"]\n\n{}{}{}{}{}",
+                warm_stage("warm", "", &env),
+                stage("untidy", &format!("\"untidy_stage.py\", \"{prefix}\"")),
+                stage("exit3", "\"exit3.py\""),
+                stage("message", "\"message.py\""),
+                stage("raises", "\"raises.py\""),
+            ),
+        )
+    };
+    let zygote_dir = s.path().join("zygote");
+    let exec_dir = s.path().join("exec");
+    let forked = run(&plan("forked"), &zygote_dir, &[]);
+    let exec = run(
+        &plan("exec"),
+        &exec_dir,
+        &[("ORCHESTRATE_ZYGOTE", "0"), ("ZYGOTE_TEST_NO_ZYGOTE", "1")],
+    );
+    assert_eq!(forked.status.code(), Some(1), "a failed stage: exit code 1");
+    assert_eq!(exec.status.code(), Some(1));
+    for name in ["untidy", "exit3", "message", "raises"] {
+        assert_eq!(stage_start(&zygote_dir, name)["via"], "zygote", "{name}");
+    }
+    for what in ["script-global", "module-global", "thread", "atexit"] {
+        let read =
+            |prefix: &str| std::fs::read_to_string(s.path().join(format!("{prefix}-{what}.txt")));
+        let from_exec = read("exec").unwrap_or_else(|e| panic!("exec'd {what}: {e}"));
+        assert!(!from_exec.is_empty(), "{what}");
+        assert_eq!(
+            read("forked").ok().as_ref(),
+            Some(&from_exec),
+            "forked {what}"
+        );
+    }
+    for dir in [&zygote_dir, &exec_dir] {
+        let report = read_report(dir);
+        let stage = |name: &str| report_stage(&report, name).clone();
+        assert_eq!(
+            stage("untidy")["status"],
+            "succeeded",
+            "{}",
+            stage("untidy")
+        );
+        assert_eq!(stage("exit3")["exit_code"], 3, "{}", stage("exit3"));
+        assert_eq!(stage("message")["exit_code"], 1, "{}", stage("message"));
+        let tail = |name: &str| {
+            stage(name)["stderr_tail"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        };
+        assert!(
+            tail("message").contains("a message for the user"),
+            "{}",
+            tail("message")
+        );
+        assert_eq!(stage("raises")["exit_code"], 1, "{}", stage("raises"));
+        for line in [
+            "Traceback (most recent call last)",
+            "in inner",
+            "ValueError: boom from the stage",
+        ] {
+            assert!(tail("raises").contains(line), "{line}: {}", tail("raises"));
+        }
+        let out = std::fs::read_to_string(dir.join("stages/exit3/stdout.log")).unwrap();
+        assert_eq!(out, "before\n", "stdout flushed before the exit");
+    }
+}
