@@ -4,6 +4,8 @@
 #      the zygote, one per GPU (`gpus = 1`) against four per GPU (`gpu_memory = "8GiB"`,
 #      max_parallel = 4), alternating, REPS times each (default 2). Goal: sharing at >= 3x the
 #      rate of one per GPU, every verdict clean.
+#   1b. the same through a daemon whose zygote a first run warmed (WARM=0 skips it): the rate of
+#      the stages themselves, without each run's interpreter start.
 #   2. leak: 4 stages share the GPU at once (a barrier); one leaves a process in a new session
 #      holding 1 GiB. Goal: that one `leaked`, the other three `clean`, the run "succeeded with
 #      leaked GPU memory" (exit 3).
@@ -43,6 +45,32 @@ for r in $(seq "$reps"); do
   done
 done
 
+# 1b. The same through a daemon whose zygote is already warm (a first run imported torch in
+#     it): a sweep submitted to a running daemon pays no interpreter start, so this is the
+#     rate of the stages themselves. Each run directory is linked as warm-MODE-REP.
+if [ "${WARM:-1}" = 1 ]; then
+  sock="$out/daemon.sock"
+  "$bin/orchestrate" daemon --socket "$sock" --runs-dir "$out/daemon-runs" > "$out/daemon.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
+  submit() { # PLAN NAME
+    local line dir
+    line=$(timeout 300 "$bin/orchestrate" submit --socket "$sock" --wait --json "$1" | sed -n 1p)
+    dir=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["run_dir"])' "$line")
+    ln -sfn "$dir" "$out/$2"
+  }
+  tiny_plan whole 4 > "$out/warm-up.toml"
+  submit "$out/warm-up.toml" warm-up
+  for r in $(seq "$reps"); do
+    for mode in whole shared; do
+      submit "$out/$mode.toml" "warm-$mode-$r"
+      echo "warm $mode rep $r: done" >> "$out/exits.txt"
+    done
+  done
+  "$bin/orchestrate" shutdown --socket "$sock" > /dev/null 2>&1
+  wait "$daemon"
+fi
+
 # 2. Four stages sharing the GPU, one leaving a GPU-holding process behind.
 {
   echo "[run]"; echo 'name = "shared-leak"'; echo 'preload = ["torch"]'; echo "max_parallel = 4"
@@ -66,23 +94,27 @@ def report(d):
         return json.load(f)
 def verdicts(r):
     return [g["verdict"] for s in r["stages"] for g in s.get("gpu", [])]
-rates = {}
-for mode in ("whole", "shared"):
-    for rep in range(1, reps + 1):
-        try:
-            r = report(f"run-{mode}-{rep}")
-        except OSError as e:
-            print(f"{mode} rep {rep}: no report ({e})"); continue
-        v = verdicts(r)
-        ok = sum(s["status"] == "succeeded" for s in r["stages"])
-        rate = len(r["stages"]) / r["wall_s"]
-        rates.setdefault(mode, []).append(rate)
-        print(f"{mode} rep {rep}: {r['status']}, {ok}/{len(r['stages'])} succeeded, "
-              f"{r['wall_s']:.1f} s, {rate:.2f} stages/s, verdicts: "
-              f"{ {x: v.count(x) for x in sorted(set(v))} }")
-if rates.get("whole") and rates.get("shared"):
-    w, s = sum(rates["whole"]) / len(rates["whole"]), sum(rates["shared"]) / len(rates["shared"])
-    print(f"rate: shared {s:.2f}/s against whole {w:.2f}/s: {s / w:.2f}x (goal >= 3x)")
+def rates_of(prefix, label):
+    rates = {}
+    for mode in ("whole", "shared"):
+        for rep in range(1, reps + 1):
+            try:
+                r = report(f"{prefix}-{mode}-{rep}")
+            except OSError as e:
+                print(f"{label} {mode} rep {rep}: no report ({e})"); continue
+            v = verdicts(r)
+            ok = sum(s["status"] == "succeeded" for s in r["stages"])
+            rate = len(r["stages"]) / r["wall_s"]
+            rates.setdefault(mode, []).append(rate)
+            print(f"{label} {mode} rep {rep}: {r['status']}, {ok}/{len(r['stages'])} succeeded, "
+                  f"{r['wall_s']:.1f} s, {rate:.2f} stages/s, verdicts: "
+                  f"{ {x: v.count(x) for x in sorted(set(v))} }")
+    if rates.get("whole") and rates.get("shared"):
+        w, s = sum(rates["whole"]) / len(rates["whole"]), sum(rates["shared"]) / len(rates["shared"])
+        print(f"{label} rate: shared {s:.2f}/s against whole {w:.2f}/s: {s / w:.2f}x (goal >= 3x)")
+rates_of("run", "cold (CLI, each run starts its zygote)")
+if os.path.exists(os.path.join(out, "warm-whole-1")):
+    rates_of("warm", "warm (daemon, zygote already imported)")
 try:
     r = report("run-leak")
     print(f"leak run: {r['status']}")
@@ -98,5 +130,6 @@ except OSError as e:
     print(f"leak run: no report ({e})")
 PY
 cat "$out/exits.txt"
-python3 "$here/phases.py" "$out"/run-whole-* "$out"/run-shared-* > "$out/phases.txt" 2>&1
+python3 "$here/phases.py" "$out"/run-whole-* "$out"/run-shared-* "$out"/warm-whole-* "$out"/warm-shared-* \
+  > "$out/phases.txt" 2>&1
 cat "$out/phases.txt"

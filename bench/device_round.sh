@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU measurements the open issues wait for, in parts that each fit one device call
+# (under 10 minutes). Run from the repository root on the lent GPU host, with the release
+# binaries (and COMMIT) in .carry/ and DeepSpeed's wheels in .whl/ (carry both):
+#   bash bench/device_round.sh PART        results under $OUT/PART
+# PART:
+#   llama     issue 50: the 1B Llama step against torch.compile, 3 rounds of 100 steps (7-9 min)
+#   sharing   issues 47, 48: where a tiny GPU stage's exit goes (gpu_exit_probe.py), then 40
+#             tiny stages one per GPU against four per GPU, cold (CLI) and warm (daemon), and
+#             the shared leak (3-5 min)
+#   zygote    issue 48: first line of a torch + transformers + DeepSpeed stage, and seed 001's
+#             DeepSpeed sweep, through the zygote and exec'd (5-8 min)
+#   overhead  issue 44: no-op stages against a885c33's binary (.carry/orchestrate-a885c33)
+#             on tmpfs and disk, 1,000 and 20,000 stages (4-6 min)
+set -uo pipefail
+part=${1:?name a part: llama, sharing, zygote or overhead}
+: "${OUT:?}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+res="$OUT/$part"
+mkdir -p "$res"
+{ date -u; cat .carry/COMMIT; nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.used --format=csv; } \
+  > "$res/machine.txt" 2>&1
+case $part in
+  llama)
+    ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-100} BIN_DIR=.carry OUT="$res" timeout 570 bash bench/llama/gpu.sh \
+      > "$res/log.txt" 2>&1
+    echo "exit $?"; tail -n 25 "$res/log.txt" ;;
+  sharing)
+    timeout 120 python3 bench/zygote/gpu_exit_probe.py 5 > "$res/gpu-exit-probe.txt" 2>&1
+    cat "$res/gpu-exit-probe.txt"
+    BIN_DIR=.carry OUT="$res" REPS=${REPS:-2} timeout 420 bash bench/sharing/gpu.sh > "$res/log.txt" 2>&1
+    echo "exit $?"; cat "$res/sharing/summary.txt" "$res/sharing/phases.txt" 2> /dev/null ;;
+  zygote)
+    OUT="$res" timeout 560 bash bench/zygote/run.sh .carry > "$res/log.txt" 2>&1
+    echo "exit $?"; tail -n 30 "$res/log.txt" ;;
+  overhead)
+    mkdir -p "$res/bins"; cp .carry/orchestrate "$res/bins/orchestrate-new"; cp .carry/orchestrate-a885c33 "$res/bins/"
+    BIN_DIR="$res/bins" OLD=a885c33 NEW=$(cat .carry/COMMIT) OUT="$res" timeout 560 bash bench/overhead/device.sh \
+      > "$res/log.txt" 2>&1
+    echo "exit $?"; tail -n 30 "$res/log.txt"; rm -rf "$res/bins" ;;
+  *) echo "no part $part"; exit 2 ;;
+esac
