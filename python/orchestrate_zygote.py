@@ -296,8 +296,9 @@ def send(sock, message):
 
 
 def receive(sock):
-    """One request and its two descriptors, or None at end of file."""
-    head, fds, _, _ = socket.recv_fds(sock, 4, 2)
+    """One request and its descriptors (two: the stage's stdout and stderr; a standby
+    request a third, the standby's own socket), or None at end of file."""
+    head, fds, _, _ = socket.recv_fds(sock, 4, 3)
     if not head:
         return None
     while len(head) < 4:
@@ -312,11 +313,13 @@ def receive(sock):
         if not more:
             raise EOFError("the request was cut short")
         body += more
-    if len(fds) != 2:
+    request = json.loads(body)
+    want = 3 if isinstance(request, dict) and request.get("standby") else 2
+    if len(fds) != want:
         for fd in fds:
             os.close(fd)
-        raise ValueError(f"a request carries 2 descriptors, this one {len(fds)}")
-    return json.loads(body), fds
+        raise ValueError(f"a request carries {want} descriptors, this one {len(fds)}")
+    return request, fds
 
 
 def become_stage(request, fds, sock, pid_pipe):
@@ -729,6 +732,119 @@ def unsafe_to_fork(recorded):
     return None
 
 
+# Standbys: a stage-to-be forked ahead of its stage (a `standby` request, after a stage with
+# GPUs was forked), which starts the CUDA driver and imports what the zygote could not while
+# the stages before it run, then waits on a socket of its own for the stage it becomes
+# (protocol::fork::Adopt). orchestrate hands it the next stage whose driver variables match.
+
+STANDBY_WAIT = 120  # seconds a standby waits for its stage before it exits
+DRIVER_PREFIXES = ("CUDA_", "NVIDIA_", "__NV", "LD_")
+_CONTEXT_MAPPING = re.compile(r"\s/dev/nvidia[0-9]+\s*$", re.M)
+
+
+def imported_ahead_by_standbys(left_out):
+    """The modules a standby imports before its stage: those the zygote left out because a
+    thread they start would not survive a fork (DeepSpeed, through NVML), which a process that
+    forks no more may hold. Not those that initialised CUDA, read a per-stage variable or
+    failed."""
+    return [entry["module"] for entry in left_out if "thread" in entry.get("reason", "")]
+
+
+def driver_env(env):
+    """The variables the CUDA driver and its loader may read at its start (as
+    `protocol::fork::driver_env`)."""
+    return sorted((k, v) for k, v in env.items() if k.startswith(DRIVER_PREFIXES))
+
+
+def start_cuda_driver():
+    """cuInit, where the driver is installed: no context, no device memory, nothing NVML lists."""
+    try:
+        return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _import_recording(names):
+    """Imports `names` (one that fails is passed over: the stage's own import fails the same
+    way, and says so); returns those imported and the variables read through os.environ."""
+    recorder = _ReadRecorder()
+    recorder.install()
+    imported = []
+    try:
+        for name in names:
+            try:
+                __import__(name)
+                imported.append(name)
+            except BaseException:  # noqa: BLE001
+                pass
+    finally:
+        recorder.uninstall()
+    return imported, recorder.names
+
+
+def _adoption_refused(adopt, standby_env, read, recorded):
+    """Why this standby must not become the stage of `adopt`, or None."""
+    if adopt.get("v") != PROTOCOL_VERSION:
+        return f"an adoption of protocol version {adopt.get('v')}, this standby speaks {PROTOCOL_VERSION}"
+    stage_env = dict(adopt["env"])
+    if driver_env(stage_env) != driver_env(standby_env):
+        return "the stage's driver variables differ from those the standby started the driver under"
+    differ = sorted(n for n in read if stage_env.get(n) != standby_env.get(n))
+    if differ:
+        return f"its imports ahead read {', '.join(differ)}, which the stage sets otherwise"
+    return changed_on_disk(recorded)
+
+
+def _take_on(adopt, fds):
+    """Becomes the stage of `adopt`: its stdout and stderr, environment and directory."""
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    if adopt.get("cgroup_namespace"):
+        enter_cgroup_namespace()
+    os.environ.clear()
+    os.environ.update(dict(adopt["env"]))
+    for name in NATIVE_SETTINGS:
+        if name not in os.environ:
+            os.unsetenv(name)
+    os.chdir(adopt["cwd"])
+
+
+def wait_for_stage(sock, ahead, recorded):
+    """In a standby (already a stage's process, under the environment it was asked for):
+    starts the CUDA driver, imports `ahead`, and waits for the stage on `sock`. Returns the
+    stage's argv once it has taken the stage on and answered with its PID; exits (status 0)
+    when it is refused, holds a context, or nobody comes within STANDBY_WAIT."""
+    standby_env = dict(os.environ)
+    driver = start_cuda_driver()
+    imported, read = _import_recording(ahead)
+    gc.freeze()
+    with open("/proc/self/maps") as maps:
+        if _CONTEXT_MAPPING.search(maps.read()):
+            log("standby: a CUDA context was made ahead of the stage; exiting")
+            os._exit(0)
+    log(f"standby ready: driver {'started' if driver else 'absent'}, imported ahead {imported}")
+    sock.settimeout(STANDBY_WAIT)
+    try:
+        got = receive(sock)
+    except (OSError, ValueError, EOFError):
+        got = None
+    if got is None:
+        os._exit(0)
+    adopt, fds = got
+    why = _adoption_refused(adopt, standby_env, read, recorded)
+    if why:
+        log(f"standby refused: {why}")
+        send(sock, {"reply": "refused", "reason": why})
+        os._exit(0)
+    _take_on(adopt, fds)
+    send(sock, {"reply": "forked", "pid": os.getpid()})
+    sock.close()
+    return adopt["argv"]
+
+
 def serve(fd, config):
     """Imports the modules of `config`, then forks stages until end of file. Returns the argv of a stage
     in a forked stage process, None in the zygote when it is done."""
@@ -749,6 +865,7 @@ def serve(fd, config):
     if imported is None:
         return None
     env_read, left_out = imported
+    ahead = imported_ahead_by_standbys(left_out)
     recorded = loaded_files()
     log(f"ready: {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out")
     send(sock, {
@@ -777,6 +894,8 @@ def serve(fd, config):
             send(sock, {"reply": "failed", "error": str(error)})
             continue
         if role == "stage":
+            if request.get("standby"):
+                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded)
             reseed_inherited_generators()
             to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
             if to:

@@ -198,6 +198,11 @@ pub struct StageStart {
     /// imports them itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<crate::fork::LeftOut>,
+    /// Forked: it began as a standby, forked from the zygote while the stages before it ran,
+    /// which started the CUDA driver and imported the modules the zygote leaves out for a
+    /// thread before it was given this stage (docs/zygote.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
 }
 
 /// The modules a forked stage imported itself (see [`StageStart::imported`]).

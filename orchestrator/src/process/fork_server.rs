@@ -14,7 +14,7 @@
 //!
 //! Set `ORCHESTRATE_FORK_SERVER=0` to always exec.
 
-mod standby;
+pub(super) mod standby;
 
 use crate::process::reaper::Reaper;
 use protocol::fork::{ForkReply, ForkRequest, FORK_SERVER_SUBCOMMAND};

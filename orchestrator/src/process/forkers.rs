@@ -21,7 +21,7 @@ impl Forkers {
     pub fn new(settings: &Settings) -> Forkers {
         Forkers {
             fork_servers: Servers::new(settings),
-            zygotes: Zygotes::new(settings.zygote),
+            zygotes: Zygotes::new(settings.zygote, settings.standby),
         }
     }
 

@@ -181,6 +181,7 @@ pub fn spawn(
                     generation: Some(child.generation),
                     imported: None,
                     left_out: child.left_out,
+                    standby: child.standby,
                 };
                 return Ok(forked(child.pid, launch, reaper, Some(via)));
             }
@@ -193,6 +194,7 @@ pub fn spawn(
             generation: None,
             imported: None,
             left_out: Vec::new(),
+            standby: false,
         });
     }
     let env = stage_variables(&launch);

@@ -52,6 +52,7 @@
 
 mod learning;
 
+use crate::process::fork_server::standby::Standbys;
 use crate::process::fork_server::{self, ForkServerError, Server};
 use crate::process::reaper::Reaper;
 use protocol::plan::Preload;
@@ -170,6 +171,8 @@ pub struct Forked {
     pub generation: u32,
     /// The modules its lineage learned and leaves out, and why.
     pub left_out: Vec<protocol::fork::LeftOut>,
+    /// It began as a standby of that zygote (see [`Zygotes`]).
+    pub standby: bool,
 }
 
 /// Which zygote: the interpreter and `preload` (its lineage, what it learns is kept by) and
@@ -227,7 +230,11 @@ thread_local! {
 /// Returns the stage's PID (a child of this process in its own session, not yet registered
 /// with `reaper`: register it before the next `.await`) and generation. An error says why
 /// the caller should exec instead.
-fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
+fn spawn(
+    stage: &PythonStage<'_>,
+    reaper: &Reaper,
+    standbys: &Standbys,
+) -> Result<Forked, Fallback> {
     let interpreter = plain_python_run(stage)?;
     let env = zygote_env(stage);
     let key = {
@@ -260,13 +267,32 @@ fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
             State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
         env_mismatch(zygote, stage.worker.env)?;
-        let why = match fork_noting_imports(&mut zygote.server, &stage.worker) {
-            Ok(pid) => {
+        let imports = imports_file(&stage.worker);
+        let mut env = stage.worker.env.to_vec();
+        if let Some(to) = imports.as_deref().and_then(Path::to_str) {
+            env.push((learning::IMPORTS_VAR, to));
+        }
+        let worker = fork_server::Worker {
+            env: &env,
+            ..stage.worker
+        };
+        let standby_of = standby_key(key);
+        let started = match standbys.adopt(&standby_of, &worker) {
+            Some(pid) => Ok((pid, true)),
+            None => fork_server::fork(&mut zygote.server, &worker).map(|pid| (pid, false)),
+        };
+        let why = match started {
+            Ok((pid, standby)) => {
+                if gives_gpus(stage.worker.env) {
+                    let env = fork_server::owned(stage.worker.env);
+                    standbys.request(&mut zygote.server, &standby_of, &env);
+                }
                 return Ok(Forked {
                     pid,
                     generation: zygote.generation,
                     left_out: zygote.left_out.clone(),
-                })
+                    standby,
+                });
             }
             Err(why) => why,
         };
@@ -279,36 +305,33 @@ fn spawn(stage: &PythonStage<'_>, reaper: &Reaper) -> Result<Forked, Fallback> {
     })
 }
 
-/// Forks `worker` from `server`, telling the stage where to write, at its exit, what it
-/// imported itself (its stage directory, the parent of `ORCHESTRATE_SPEC`), unless learning
-/// is off.
-fn fork_noting_imports(
-    server: &mut Server,
-    worker: &fork_server::Worker<'_>,
-) -> Result<i32, ForkServerError> {
-    let to = learning::enabled()
-        .then(|| {
-            let spec = worker
-                .env
-                .iter()
-                .rev()
-                .find(|(k, _)| *k == protocol::worker::ENV_SPEC)?
-                .1;
-            Some(Path::new(spec).parent()?.join(learning::IMPORTS_FILE))
-        })
-        .flatten();
-    let Some(to) = to.as_deref().and_then(Path::to_str) else {
-        return fork_server::fork(server, worker);
-    };
-    // An earlier attempt's, which would be read as this one's.
-    let _ = std::fs::remove_file(to);
-    let mut env = worker.env.to_vec();
-    env.push((learning::IMPORTS_VAR, to));
-    let noting = fork_server::Worker {
-        env: &env,
-        ..*worker
-    };
-    fork_server::fork(server, &noting)
+/// Where a stage forked for `worker` writes, at its exit, what it imported itself (its stage
+/// directory, the parent of `ORCHESTRATE_SPEC`), unless learning is off; an earlier attempt's
+/// file there, which would be read as this one's, is removed.
+fn imports_file(worker: &fork_server::Worker<'_>) -> Option<PathBuf> {
+    if !learning::enabled() {
+        return None;
+    }
+    let spec = worker
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| *k == protocol::worker::ENV_SPEC)?
+        .1;
+    let to = Path::new(spec).parent()?.join(learning::IMPORTS_FILE);
+    let _ = std::fs::remove_file(&to);
+    Some(to)
+}
+
+/// Whether a stage with environment `env` is given GPUs (a standby is readied after one).
+fn gives_gpus(env: &[(&str, &str)]) -> bool {
+    env.iter()
+        .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty())
+}
+
+/// The name the standbys of the zygote of `key` go by among a host's standbys.
+fn standby_key(key: u64) -> PathBuf {
+    PathBuf::from(format!("zygote-{key:016x}"))
 }
 
 /// A forked stage's `start` once the stage has exited, with what it imported itself (read
@@ -644,14 +667,28 @@ fn settle(starting: Starting, wait: Duration) -> State {
 /// A host's zygotes (one per interpreter and `preload`, each with its generations), as the
 /// host holds them ([`crate::process::forkers::Forkers`]): they live in this thread's map,
 /// which this value fronts; `enabled` is the `ORCHESTRATE_ZYGOTE` switch read at start-up.
+///
+/// Standbys: after a stage with GPUs is forked (or adopts a standby), the zygote forks a
+/// standby under that stage's environment (`ORCHESTRATE_STANDBY`, as built-in workers'): a
+/// stage's process-to-be that starts the CUDA driver (no context: nothing NVML lists) and
+/// imports the modules the zygote leaves out for a thread (DeepSpeed), while the stages before
+/// it run. The next stage of that zygote with the same driver variables adopts it instead of
+/// being forked, under the rules and clean-up of `fork_server::standby`; the standby itself
+/// refuses a stage for which a variable its imports read differs, or whose preloaded files
+/// changed on disk, and the stage is then forked as usual.
 pub struct Zygotes {
     enabled: bool,
+    standbys: Standbys,
 }
 
 impl Zygotes {
-    /// None started yet (a zygote starts with the first stage of its key).
-    pub fn new(enabled: bool) -> Zygotes {
-        Zygotes { enabled }
+    /// None started yet (a zygote starts with the first stage of its key); `standby`: whether
+    /// standbys are readied.
+    pub fn new(enabled: bool, standby: bool) -> Zygotes {
+        Zygotes {
+            enabled,
+            standbys: Standbys::new(standby),
+        }
     }
 
     /// Starts `stage` by forking it from its zygote; see the module's documentation. An error
@@ -660,11 +697,12 @@ impl Zygotes {
         if !self.enabled {
             return Err(Fallback::Disabled);
         }
-        spawn(stage, reaper)
+        spawn(stage, reaper, &self.standbys)
     }
 
-    /// Stops every zygote and waits until they are gone.
+    /// Stops every zygote and standby and waits until the zygotes are gone.
     pub fn shutdown(&self) {
+        self.standbys.stop_all();
         shutdown();
     }
 }

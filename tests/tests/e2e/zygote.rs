@@ -1107,3 +1107,128 @@ fn a_forked_stage_ends_as_python_would() {
         assert_eq!(out, "before\n", "stdout flushed before the exit");
     }
 }
+
+/// A module that starts a thread at import (so a zygote leaves it out) and notes the process
+/// that imported it and when (`READS`: and the stage named in its environment then).
+const THREAD_AT_IMPORT: &str = r#"import json, os, threading, time
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+NOTE = {"pid": os.getpid(), "at": time.time()}
+if READS:
+    NOTE["stage"] = os.environ.get("ORCHESTRATE_STAGE")
+"#;
+
+/// A stage that prints, as JSON, its PID, its first line's time and the note of `MODULE`, and
+/// works on for 1 s (time for the next stage's standby to get ready).
+const SHOWS_IMPORT: &str = r#"import time
+first_line = time.time()
+import json, os, sys
+module = __import__(os.environ["MODULE"])
+print(json.dumps({"pid": os.getpid(), "first_line": first_line, "note": module.NOTE}), flush=True)
+time.sleep(1)
+"#;
+
+/// Runs warm, a, b, c in a chain on one stand-in GPU with `preload = ["heavy", MODULE]`, where
+/// MODULE starts a thread at import (`reads_stage`: and reads `ORCHESTRATE_STAGE` then).
+fn standby_chain(name: &str, reads_stage: bool) -> (Scratch, std::path::PathBuf) {
+    python_available();
+    let s = Scratch::new(name);
+    write_modules(&s);
+    let module = if reads_stage { "nosy" } else { "threader" };
+    let source = format!(
+        "READS = {}\n{THREAD_AT_IMPORT}",
+        if reads_stage { "True" } else { "False" }
+    );
+    s.write(&format!("mods/{module}.py"), &source);
+    s.write("shows.py", SHOWS_IMPORT);
+    let env = format!(
+        "{{ PYTHONPATH = \"{}\", MODULE = \"{module}\" }}",
+        s.path().join("mods").display()
+    );
+    let stage = |name: &str, after: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ngpus = 1\n\
+             command = [\"python3\", \"shows.py\"]\nenv = {env}\n\n"
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"heavy\", \"{module}\"]\n\n{}{}{}{}",
+            warm_stage("warm", "gpus = 1\n", &env),
+            stage("a", "warm"),
+            stage("b", "a"),
+            stage("c", "b"),
+        ),
+    );
+    let run_dir = s.path().join("run");
+    let holders = s.path().join("holders");
+    std::fs::create_dir_all(&holders).unwrap();
+    let out = run(
+        &plan,
+        &run_dir,
+        &[
+            ("ORCHESTRATE_FAKE_GPUS", "1"),
+            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
+        ],
+    );
+    ok(&out);
+    (s, run_dir)
+}
+
+/// After a stage with GPUs is forked, its zygote readies a standby: the next stage with the
+/// same GPUs begins as that standby, which had imported the module the zygote leaves out for
+/// its thread before the stage was given to it, so the stage's own import of it costs nothing.
+/// Nothing of the run is left behind.
+#[test]
+fn a_stage_with_gpus_begins_as_a_standby_that_imported_what_the_zygote_leaves_out() {
+    let (s, run_dir) = standby_chain("zygote-standby", false);
+    for name in ["b", "c"] {
+        let start = stage_start(&run_dir, name);
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        assert_eq!(start["standby"], true, "{name}: {start}");
+        assert_eq!(start["left_out"][0]["module"], "threader", "{start}");
+        let seen = stdout_json(&run_dir, name);
+        let spawned = report_stage(&read_report(&run_dir), name)["timing"]["spawned"]
+            .as_f64()
+            .unwrap();
+        assert_eq!(
+            seen["note"]["pid"], seen["pid"],
+            "{name}: imported in its own process"
+        );
+        let imported_at = seen["note"]["at"].as_f64().unwrap();
+        assert!(
+            imported_at < spawned,
+            "{name}: imported {:.3} s after its start",
+            imported_at - spawned
+        );
+    }
+    for pid in stage_pids(&run_dir) {
+        assert!(!alive(pid), "stage process {pid} outlived the run");
+    }
+    // The zygote and the standby readied after the last stage (their command lines name
+    // this test's zygote cache) are gone with the run.
+    let cache = s.path().join("zygote-cache").display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| alive(pid) && cmdline(pid).contains(&cache))
+        .map(|pid| format!("{pid}: {}", &cmdline(pid)[..80.min(cmdline(pid).len())]))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A standby whose imports read a variable the next stage sets otherwise (here the stage's
+/// name) is refused by that stage, which is forked as usual and imports the module itself.
+#[test]
+fn a_standby_whose_imports_read_what_the_stage_sets_otherwise_is_not_used() {
+    let (_s, run_dir) = standby_chain("zygote-standby-refused", true);
+    for name in ["b", "c"] {
+        let start = stage_start(&run_dir, name);
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        assert!(start.get("standby").is_none(), "{name}: {start}");
+        let seen = stdout_json(&run_dir, name);
+        assert_eq!(seen["note"]["stage"], name, "{name}: {seen}");
+        assert_eq!(seen["note"]["pid"], seen["pid"], "{seen}");
+    }
+}
