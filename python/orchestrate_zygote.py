@@ -814,7 +814,8 @@ def _take_on(adopt, fds):
 
 def wait_for_stage(sock, ahead, recorded):
     """In a standby (already a stage's process, under the environment it was asked for):
-    starts the CUDA driver, imports `ahead`, and waits for the stage on `sock`. Returns the
+    starts the CUDA driver, imports `ahead`, says it is ready, and waits for the stage on
+    `sock` (orchestrate passes a standby over until it is ready, rather than wait for it). Returns the
     stage's argv once it has taken the stage on and answered with its PID; exits (status 0)
     when it is refused, holds a context, or nobody comes within STANDBY_WAIT."""
     standby_env = dict(os.environ)
@@ -826,6 +827,7 @@ def wait_for_stage(sock, ahead, recorded):
             log("standby: a CUDA context was made ahead of the stage; exiting")
             os._exit(0)
     log(f"standby ready: driver {'started' if driver else 'absent'}, imported ahead {imported}")
+    send(sock, {"reply": "ready", "pid": os.getpid(), "threads": _os_threads()})
     sock.settimeout(STANDBY_WAIT)
     try:
         got = receive(sock)

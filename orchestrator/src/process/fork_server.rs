@@ -258,7 +258,7 @@ impl Servers {
         };
         if let Some(State::Serving(server)) = self.servers.borrow_mut().get_mut(&program) {
             if server.exit.try_wait().is_none() {
-                self.standbys.request(server, &program, &env);
+                self.standbys.request(server, &program, &env, false);
             }
         }
     }

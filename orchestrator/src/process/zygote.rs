@@ -285,7 +285,7 @@ fn spawn(
             Ok((pid, standby)) => {
                 if gives_gpus(stage.worker.env) {
                     let env = fork_server::owned(stage.worker.env);
-                    standbys.request(&mut zygote.server, &standby_of, &env);
+                    standbys.request(&mut zygote.server, &standby_of, &env, true);
                 }
                 return Ok(Forked {
                     pid,

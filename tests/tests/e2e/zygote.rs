@@ -1127,17 +1127,35 @@ print(json.dumps({"pid": os.getpid(), "first_line": first_line, "note": module.N
 time.sleep(1)
 "#;
 
+/// How the module a standby imports behaves at import, besides starting a thread.
+#[derive(PartialEq)]
+enum AtImport {
+    /// Nothing else.
+    Plain,
+    /// It reads `ORCHESTRATE_STAGE`.
+    ReadsStage,
+    /// It takes 3 s.
+    Slow,
+}
+
 /// Runs warm, a, b, c in a chain on one stand-in GPU with `preload = ["heavy", MODULE]`, where
-/// MODULE starts a thread at import (`reads_stage`: and reads `ORCHESTRATE_STAGE` then).
-fn standby_chain(name: &str, reads_stage: bool) -> (Scratch, std::path::PathBuf) {
+/// MODULE starts a thread at import (and does what `at_import` says).
+fn standby_chain(name: &str, at_import: AtImport) -> (Scratch, std::path::PathBuf) {
     python_available();
     let s = Scratch::new(name);
     write_modules(&s);
-    let module = if reads_stage { "nosy" } else { "threader" };
-    let source = format!(
-        "READS = {}\n{THREAD_AT_IMPORT}",
-        if reads_stage { "True" } else { "False" }
-    );
+    let module = "threader";
+    let reads = if at_import == AtImport::ReadsStage {
+        "True"
+    } else {
+        "False"
+    };
+    let slow = if at_import == AtImport::Slow {
+        "time.sleep(3)\n"
+    } else {
+        ""
+    };
+    let source = format!("import time\n{slow}READS = {reads}\n{THREAD_AT_IMPORT}");
     s.write(&format!("mods/{module}.py"), &source);
     s.write("shows.py", SHOWS_IMPORT);
     let env = format!(
@@ -1181,7 +1199,7 @@ fn standby_chain(name: &str, reads_stage: bool) -> (Scratch, std::path::PathBuf)
 /// Nothing of the run is left behind.
 #[test]
 fn a_stage_with_gpus_begins_as_a_standby_that_imported_what_the_zygote_leaves_out() {
-    let (s, run_dir) = standby_chain("zygote-standby", false);
+    let (s, run_dir) = standby_chain("zygote-standby", AtImport::Plain);
     for name in ["b", "c"] {
         let start = stage_start(&run_dir, name);
         assert_eq!(start["via"], "zygote", "{name}: {start}");
@@ -1222,7 +1240,7 @@ fn a_stage_with_gpus_begins_as_a_standby_that_imported_what_the_zygote_leaves_ou
 /// name) is refused by that stage, which is forked as usual and imports the module itself.
 #[test]
 fn a_standby_whose_imports_read_what_the_stage_sets_otherwise_is_not_used() {
-    let (_s, run_dir) = standby_chain("zygote-standby-refused", true);
+    let (_s, run_dir) = standby_chain("zygote-standby-refused", AtImport::ReadsStage);
     for name in ["b", "c"] {
         let start = stage_start(&run_dir, name);
         assert_eq!(start["via"], "zygote", "{name}: {start}");
@@ -1231,4 +1249,25 @@ fn a_standby_whose_imports_read_what_the_stage_sets_otherwise_is_not_used() {
         assert_eq!(seen["note"]["stage"], name, "{name}: {seen}");
         assert_eq!(seen["note"]["pid"], seen["pid"], "{seen}");
     }
+}
+
+/// A standby still importing when the next stage comes is passed over, not waited for: that
+/// stage is forked as usual (and imports the module itself), and the standby serves the stage
+/// after it once it is ready.
+#[test]
+fn a_standby_still_importing_is_passed_over_not_waited_for() {
+    let (_s, run_dir) = standby_chain("zygote-standby-slow", AtImport::Slow);
+    let b = stage_start(&run_dir, "b");
+    assert_eq!(b["via"], "zygote", "{b}");
+    assert!(b.get("standby").is_none(), "b: {b}");
+    let seen = stdout_json(&run_dir, "b");
+    let spawned = report_stage(&read_report(&run_dir), "b")["timing"]["spawned"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        seen["note"]["at"].as_f64().unwrap() > spawned,
+        "b imported it itself: {seen}"
+    );
+    let c = stage_start(&run_dir, "c");
+    assert_eq!(c["standby"], true, "c: {c}");
 }

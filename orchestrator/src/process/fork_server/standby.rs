@@ -39,6 +39,31 @@ struct Standby {
     pidfd: OwnedFd,
     sock: UnixStream,
     since: Instant,
+    /// Whether it may be adopted now: a built-in worker's at once (its driver's start is short
+    /// and overlaps the hand-over); a zygote's once it said so ([`Standby::ready_now`]).
+    ready: bool,
+}
+
+impl Standby {
+    /// Whether it is ready to be adopted, never waiting: a standby that announces readiness (a
+    /// zygote's, which imports modules first) is ready once its `Ready` can be read.
+    fn ready_now(&mut self) -> bool {
+        if self.ready {
+            return true;
+        }
+        let mut poll = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that lives across the call; a zero timeout.
+        if unsafe { libc::poll(&mut poll, 1, 0) } != 1 {
+            return false;
+        }
+        let _ = self.sock.set_read_timeout(Some(FORK_TIMEOUT));
+        self.ready = matches!(read_reply(&mut self.sock), Ok(ForkReply::Ready { .. }));
+        self.ready
+    }
 }
 
 /// A worker forked with GPUs: its program and environment, kept for its standby.
@@ -164,8 +189,16 @@ impl Standbys {
     }
 
     /// Asks `server` (of `program`) for a standby under `env`, unless one with the same driver
-    /// variables is waiting already. A failure is logged and costs nothing else.
-    pub fn request(&self, server: &mut Server, program: &Path, env: &[(String, String)]) {
+    /// variables is waiting already; `announces_ready`: the standby says `Ready` once it may be
+    /// adopted (a zygote's), and is passed over until then. A failure is logged and costs
+    /// nothing else.
+    pub fn request(
+        &self,
+        server: &mut Server,
+        program: &Path,
+        env: &[(String, String)],
+        announces_ready: bool,
+    ) {
         self.expire();
         let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let driver = driver_of(&pairs);
@@ -187,6 +220,7 @@ impl Standbys {
                     pidfd,
                     sock,
                     since: Instant::now(),
+                    ready: !announces_ready,
                 });
             }
             Err(why) => tracing::debug!("no standby: {why}"),
@@ -195,7 +229,7 @@ impl Standbys {
 
     /// Makes a waiting standby of `program` with the driver variables of `worker`'s environment
     /// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or `None`
-    /// when there is none or it failed (then it is killed and the caller forks as usual). A
+    /// when there is none ready or it failed (then it is killed and the caller forks as usual). A
     /// standby that NVML lists on the stage's GPUs (it would hold a context) is killed too. (What
     /// the standby allocated before its move stays charged where it was: the driver's start-up,
     /// no stage data.)
@@ -214,8 +248,8 @@ impl Standbys {
         let standby = {
             let mut s = self.waiting.borrow_mut();
             let at = s
-                .iter()
-                .position(|w| w.program == program && w.driver == driver)?;
+                .iter_mut()
+                .position(|w| w.program == program && w.driver == driver && w.ready_now())?;
             s.remove(at)
         };
         let message = Adopt {
