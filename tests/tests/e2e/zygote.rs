@@ -875,31 +875,29 @@ fn a_zygote_learns_what_its_stages_import_and_leaves_out_a_package_that_starts_a
     assert_eq!(log.matches("restarting").count(), 1, "{log}");
 }
 
-/// Stages with GPUs share their zygote as stages without do: what orchestrate sets for one
-/// attempt alone (the NCCL flight recorder's files, the rendezvous port) is not part of a
-/// zygote's key, so the stages after the first are forked, not each given a zygote of its
-/// own that is still importing when it starts.
-#[test]
-fn stages_with_gpus_are_forked_from_one_zygote() {
-    python_available();
-    let s = Scratch::new("zygote-gpus");
-    write_modules(&s);
-    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
-    let stage = |name: &str, after: &str| {
-        format!(
-            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ngpus = 1\n\
-             command = [\"python3\", \"stage.py\"]\nenv = {env}\n\n"
-        )
-    };
-    let plan = s.write(
-        "plan.toml",
-        &format!(
-            "[run]\npreload = [\"heavy\"]\n\n{}{}{}",
-            warm_stage("warm", "gpus = 1\n", &env),
-            stage("a", "warm"),
-            stage("b", "a"),
-        ),
+/// Runs a `warm` stage, then `names` in a chain, each running `script` with one GPU (of one
+/// stand-in GPU) and `env`, under `[run] preload = PRELOAD`; checks that the run succeeded and
+/// returns its directory.
+fn gpu_chain(
+    s: &Scratch,
+    preload: &str,
+    env: &str,
+    script: &str,
+    names: &[&str],
+) -> std::path::PathBuf {
+    let mut plan = format!(
+        "[run]\npreload = {preload}\n\n{}",
+        warm_stage("warm", "gpus = 1\n", env)
     );
+    let mut after = "warm";
+    for name in names {
+        plan += &format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ngpus = 1\n\
+             command = [\"python3\", \"{script}\"]\nenv = {env}\n\n"
+        );
+        after = name;
+    }
+    let plan = s.write("plan.toml", &plan);
     let run_dir = s.path().join("run");
     let holders = s.path().join("holders");
     std::fs::create_dir_all(&holders).unwrap();
@@ -912,6 +910,20 @@ fn stages_with_gpus_are_forked_from_one_zygote() {
         ],
     );
     ok(&out);
+    run_dir
+}
+
+/// Stages with GPUs share their zygote as stages without do: what orchestrate sets for one
+/// attempt alone (the NCCL flight recorder's files, the rendezvous port) is not part of a
+/// zygote's key, so the stages after the first are forked, not each given a zygote of its
+/// own that is still importing when it starts.
+#[test]
+fn stages_with_gpus_are_forked_from_one_zygote() {
+    python_available();
+    let s = Scratch::new("zygote-gpus");
+    write_modules(&s);
+    let env = format!("{{ PYTHONPATH = \"{}\" }}", s.path().join("mods").display());
+    let run_dir = gpu_chain(&s, "[\"heavy\"]", &env, "stage.py", &["a", "b"]);
     let warm = stage_start(&run_dir, "warm");
     let zygote_pid = |name: &str| stdout_json(&run_dir, name)["imported_in"].clone();
     for name in ["a", "b"] {
@@ -1162,34 +1174,8 @@ fn standby_chain(name: &str, at_import: AtImport) -> (Scratch, std::path::PathBu
         "{{ PYTHONPATH = \"{}\", MODULE = \"{module}\" }}",
         s.path().join("mods").display()
     );
-    let stage = |name: &str, after: &str| {
-        format!(
-            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ngpus = 1\n\
-             command = [\"python3\", \"shows.py\"]\nenv = {env}\n\n"
-        )
-    };
-    let plan = s.write(
-        "plan.toml",
-        &format!(
-            "[run]\npreload = [\"heavy\", \"{module}\"]\n\n{}{}{}{}",
-            warm_stage("warm", "gpus = 1\n", &env),
-            stage("a", "warm"),
-            stage("b", "a"),
-            stage("c", "b"),
-        ),
-    );
-    let run_dir = s.path().join("run");
-    let holders = s.path().join("holders");
-    std::fs::create_dir_all(&holders).unwrap();
-    let out = run(
-        &plan,
-        &run_dir,
-        &[
-            ("ORCHESTRATE_FAKE_GPUS", "1"),
-            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
-        ],
-    );
-    ok(&out);
+    let preload = format!("[\"heavy\", \"{module}\"]");
+    let run_dir = gpu_chain(&s, &preload, &env, "shows.py", &["a", "b", "c"]);
     (s, run_dir)
 }
 
