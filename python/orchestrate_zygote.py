@@ -24,8 +24,9 @@ Promises:
   (OpenBLAS's, started by `import numpy`) are allowed, as the fork itself stops them;
 - it forks only code that matches the disk: at ready it records (mtime, size, inode) of every
   module file it imported and the mtime of the site-packages directories (a package
-  installed, upgraded or removed), compares them before every fork, and on a change answers
-  `stale` and exits, so that orchestrate starts a fresh zygote;
+  installed, upgraded or removed), compares them before every fork (stat by stat once an
+  inotify watch on their directories saw any change, or always where it has no watch), and on
+  a change answers `stale` and exits, so that orchestrate starts a fresh zygote;
 - a forked stage reseeds, before its first line, the random generators it inherited: Python's
   `random`, numpy's legacy global state when `numpy.random` is loaded, torch's CPU generator
   when torch is loaded (no new import);
@@ -245,19 +246,24 @@ def _identity(path):
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def loaded_files():
-    """What the imported code was read from, as `{path: (mtime_ns, size, inode)}`: every
-    module's file (the interpreter's own modules too: an upgrade replaces them as well) and
-    the site-packages directories, whose mtime changes when a package is installed, upgraded
-    or removed (a new `.pth`, `.dist-info`)."""
+def _loaded_paths():
+    """Every imported module's file, and the site-packages directories."""
     paths = {
         m.__file__
         for m in list(sys.modules.values())
         if isinstance(getattr(m, "__file__", None), str) and os.path.isabs(m.__file__)
     }
     paths.update(_site_directories())
+    return paths
+
+
+def loaded_files():
+    """What the imported code was read from, as `{path: (mtime_ns, size, inode)}`: every
+    module's file (the interpreter's own modules too: an upgrade replaces them as well) and
+    the site-packages directories, whose mtime changes when a package is installed, upgraded
+    or removed (a new `.pth`, `.dist-info`)."""
     recorded = {}
-    for path in paths:
+    for path in _loaded_paths():
         identity = _identity(path)
         if identity is not None:  # a module whose __file__ names nothing on disk
             recorded[path] = identity
@@ -272,6 +278,59 @@ def changed_on_disk(recorded):
             what = "was removed" if now is None else "changed"
             return f"{path} {what} since the zygote imported it"
     return None
+
+
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+# A file written, its attributes changed, or an entry created, removed or renamed.
+IN_CHANGES = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+
+
+class LoadedFiles:
+    """The files the zygote imported (`loaded_files`), and an inotify watch on the directories
+    that hold them, so that the check before each fork stats them all only when something in
+    those directories changed since the last look (with thousands of files, that is most of a
+    fork's own cost). Without inotify (or past its watch limit) every check stats them all."""
+
+    def __init__(self):
+        self.fd = None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        except (OSError, AttributeError):
+            fd = -1
+        if fd >= 0:
+            self.fd = fd
+            site = set(_site_directories())
+            directories = {p if p in site else os.path.dirname(p) for p in _loaded_paths()}
+            for directory in directories:
+                if libc.inotify_add_watch(fd, os.fsencode(directory), IN_CHANGES) < 0:
+                    self.close()
+                    break
+        self.recorded = loaded_files()  # after the watches: a change from now on is seen
+        self.seen_change = self.fd is None
+
+    def changed(self):
+        """The first file no longer what was imported, described, or None."""
+        if self.fd is not None:
+            try:
+                while os.read(self.fd, 1 << 16):
+                    self.seen_change = True
+            except BlockingIOError:
+                pass
+        if not self.seen_change:
+            return None
+        why = changed_on_disk(self.recorded)
+        # A change elsewhere in those directories (a new file beside a module): look again
+        # only at the next event.
+        self.seen_change = self.fd is None
+        return why
+
+    def close(self):
+        """In a forked stage: the watch is the zygote's."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def reseed_inherited_generators():
@@ -726,7 +785,7 @@ def unsafe_to_fork(recorded):
     why = threads_running()
     if why:
         return {"reply": "refused", "reason": f"the zygote is no longer safe to fork: {why}"}
-    why = changed_on_disk(recorded)
+    why = recorded.changed()
     if why:
         return {"reply": "stale", "reason": why}
     return None
@@ -792,7 +851,7 @@ def _adoption_refused(adopt, standby_env, read, recorded):
     differ = sorted(n for n in read if stage_env.get(n) != standby_env.get(n))
     if differ:
         return f"its imports ahead read {', '.join(differ)}, which the stage sets otherwise"
-    return changed_on_disk(recorded)
+    return changed_on_disk(recorded.recorded)
 
 
 def _take_on(adopt, fds):
@@ -868,8 +927,9 @@ def serve(fd, config):
         return None
     env_read, left_out = imported
     ahead = imported_ahead_by_standbys(left_out)
-    recorded = loaded_files()
-    log(f"ready: {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out")
+    recorded = LoadedFiles()
+    log(f"ready: {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out"
+        + ("" if recorded.fd is not None else "; no inotify watch: every fork stats them all"))
     send(sock, {
         "reply": "ready",
         "pid": os.getpid(),
@@ -896,6 +956,7 @@ def serve(fd, config):
             send(sock, {"reply": "failed", "error": str(error)})
             continue
         if role == "stage":
+            recorded.close()
             if request.get("standby"):
                 value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded)
             reseed_inherited_generators()
