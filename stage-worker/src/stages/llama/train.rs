@@ -5,13 +5,17 @@
 use super::data::{self, TokenData, Tokens};
 use crate::boot::signals;
 use crate::boot::spec::parse_params;
-use crate::checkpoint::{self, LossHistory, TrainingState, Verified};
-use crate::device::{self, Compute};
+use crate::checkpoint::fsio::WrittenFile;
+use crate::checkpoint::stream::{self, FileSpec, Run};
+use crate::checkpoint::{self, input_wait, LossHistory, TrainingState, Verified};
+use crate::device::{self, Compute, Released};
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
 use crate::model::llama::{hf, Llama, ARCH};
 use crate::model::optim::{AdamW, Schedule};
 use crate::stages::progress::ProgressClock;
+use crate::stages::train::ending::{self, releases_early, Ending};
+use crate::stages::train::milestones::Milestones;
 use protocol::worker::{StageSpec, TrainParams};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -115,15 +119,64 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         );
     }
     let compute = device::prepare(spec.device, &p.precision)?;
+    let mut milestones = Milestones::new();
+    milestones.mark("t_device_ready");
     crate::log!(
         "stage `{}`: train a Llama model on {}",
         spec.stage,
         compute.description
     );
     sink.started(&compute.description);
+    // An upstream Llama stage that released its device may still be writing `init` (an early
+    // start): its weights are read once its manifest is there.
+    let waited = input_wait::await_input(spec, init)?;
+    if !waited.is_zero() {
+        milestones.mark("t_input_complete");
+        milestones.set("input_wait_s", waited.as_secs_f64());
+    }
     if let Some(done) = completed(&spec.output_dir, &p) {
         return crate::stages::train::report_completed(&done, sink);
     }
+    let data = read_data(init, &p, &compute)?;
+    let Start {
+        mut model,
+        mut opt,
+        earlier,
+        source,
+    } = start(spec, init, &p, &compute)?;
+    milestones.mark("t_model_ready");
+    crate::log!(
+        "Llama model: {} parameters, {} layers, width {}; {} steps of {}×{}",
+        model.params.numel(),
+        model.config.num_hidden_layers,
+        model.config.hidden_size,
+        p.steps,
+        p.batch_size,
+        p.seq_len
+    );
+    // Page-lock the checkpoint's host buffers while the stage trains, as the byte-level
+    // model does: its two files are three runs of the parameters' size.
+    if stream::pinning_wanted(compute.device) {
+        stream::plan_pinning(stream::buffers_for(model.params.numel(), 3));
+    }
+    let resumed_from = opt.step;
+    let stats = train_loop(
+        &mut model, &mut opt, &data, &p, &compute, sink, &source, spec, earlier,
+    )?;
+    persist(
+        spec,
+        &p,
+        &compute,
+        (model, opt, source, resumed_from),
+        stats,
+        milestones,
+        sink,
+    )
+}
+
+/// `config.json`'s shape checked against the parameters (and the attention kernels chosen for
+/// it on CUDA), and the data `p` names, tokenized with `init`'s tokenizer.
+fn read_data(init: &Path, p: &TrainParams, compute: &Compute) -> StageResult<TokenData> {
     let config = hf::read_config(init).map_err(Failure::bad_input)?;
     if i64::from(p.seq_len) > config.max_position_embeddings {
         return Err(Failure::bad_input(format!(
@@ -139,60 +192,61 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
     data.check(p.seq_len as usize)
         .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
     crate::log!("data `{}`: {}", p.data, data.describe());
-    let Start {
-        mut model,
-        mut opt,
-        earlier,
-        source,
-    } = start(spec, init, &p, &compute)?;
-    crate::log!(
-        "Llama model: {} parameters, {} layers, width {}; {} steps of {}×{}",
-        model.params.numel(),
-        model.config.num_hidden_layers,
-        model.config.hidden_size,
-        p.steps,
-        p.batch_size,
-        p.seq_len
-    );
-    let resumed_from = opt.step;
-    let stats = train_loop(
-        &mut model, &mut opt, &data, &p, &compute, sink, &source, spec, earlier,
-    )?;
+    Ok(data)
+}
+
+/// The model, its optimizer, the directory its companion files come from, and the step the
+/// training resumed from.
+type Trained = (Llama, AdamW, std::path::PathBuf, u64);
+
+/// After the loop: `finishing` sent where the device goes back early, a complete training's
+/// final metrics written, then the final checkpoint, the release, the files and the metrics
+/// as for the byte-level model ([`ending::finish`]).
+fn persist(
+    spec: &StageSpec,
+    p: &TrainParams,
+    compute: &Compute,
+    (model, opt, source, resumed_from): Trained,
+    stats: LoopStats,
+    milestones: Milestones,
+    sink: &mut EventSink,
+) -> StageResult<()> {
+    let complete = !stats.interrupted;
+    if releases_early(complete, compute) {
+        // The device work ends with the checkpoint's copies (see the byte-level `train`).
+        sink.finishing();
+    }
     let history = stats.history();
     let mut metrics = stats.metrics(&history, opt.step, model.params.numel());
     if resumed_from > 0 {
         metrics.insert("resumed_from_step".into(), resumed_from as f64);
     }
-    let complete = !stats.interrupted;
     if complete {
         crate::stages::train::write_final_metrics(&spec.output_dir, &metrics)?;
     }
-    let started = Instant::now();
-    write(
-        spec,
-        &model,
-        &opt,
-        &source,
-        &training_state(&p, complete),
-        &history,
-        sink,
-    )?;
-    if !complete {
-        return Err(Failure::interrupted(format!(
-            "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
-            opt.step,
-            p.steps,
-            spec.output_dir.display()
-        )));
-    }
-    metrics.insert("checkpoint_write_s".into(), started.elapsed().as_secs_f64());
-    crate::log!("metrics {metrics:?}");
-    sink.metrics(&metrics);
-    Ok(())
+    let ending = Ending {
+        complete,
+        step: opt.step,
+        total_steps: p.steps,
+        after_first: stats.after_first,
+        finished: stats.finished,
+        metrics,
+        milestones,
+    };
+    let training = training_state(p, complete);
+    let write = |(model, opt, _): &(Llama, AdamW, _), released: Option<&mut _>| {
+        write(spec, model, opt, &source, &training, &history, released)
+    };
+    let on_device = (model, opt, stats.recent);
+    ending::finish(&spec.output_dir, compute, ending, on_device, write, sink)
 }
 
-/// Writes the model as a Hugging Face directory in the output, with `optimizer.safetensors`
-/// and a manifest (written last) recording the training's state, and reports its files.
+/// Writes the model as a Hugging Face directory in the output, through the streaming writer
+/// of the byte-level model's checkpoints ([`checkpoint::write_streamed`], with its promises
+/// and its release where `released` is given): `config.json` and the tokenizer's files first,
+/// then `model.safetensors` (the parameters' flat buffer under transformers' names, fp32,
+/// `format = pt`) and `optimizer.safetensors`, then the manifest (last) recording the
+/// training's state. Returns the files written, the manifest last.
 fn write(
     spec: &StageSpec,
     model: &Llama,
@@ -200,21 +254,27 @@ fn write(
     source: &Path,
     training: &TrainingState,
     history: &LossHistory,
-    sink: &mut EventSink,
-) -> StageResult<()> {
-    let mut files = hf::files(model, source).map_err(Failure::other)?;
-    let moments = tch::no_grad(|| opt.named_cpu(&model.params));
-    files.push((checkpoint::OPTIMIZER_FILE, hf::safetensors_bytes(&moments)));
+    released: Option<&mut Option<Released>>,
+) -> StageResult<Vec<WrittenFile>> {
+    let ahead = hf::companion_files(model, source)
+        .map_err(Failure::other)?
+        .into_iter()
+        .map(|(name, bytes)| FileSpec {
+            name: name.into(),
+            runs: vec![Run::Bytes(bytes)],
+        })
+        .collect();
+    let tensors = checkpoint::tensor_files(&model.params, opt, Some(&hf::metadata()));
     let manifest_model = serde_json::json!({
         "arch": ARCH,
         "format": "huggingface",
         "training": training,
         "losses": history,
     });
+    let dir = &spec.output_dir;
     let (_, written) =
-        checkpoint::write_with_manifest(&spec.output_dir, files, Some(opt.step), manifest_model)?;
-    sink.checkpoint_files(written, Some(opt.step));
-    Ok(())
+        checkpoint::write_streamed(dir, ahead, tensors, opt.step, manifest_model, released)?;
+    Ok(written)
 }
 
 /// Figures gathered during the loop.
@@ -322,6 +382,7 @@ fn train_loop(
         if step == first {
             stats.first_loss = Some(loss.double_value(&[]));
             stats.after_first = Some(Instant::now());
+            stream::start_planned_pinning();
         } else {
             stats.tokens_after_first += batch.tokens;
         }
@@ -352,7 +413,8 @@ fn train_loop(
         }
         if p.checkpoint_every > 0 && step % p.checkpoint_every == 0 && step < p.steps {
             let state = training_state(p, false);
-            write(spec, model, opt, source, &state, &stats.history(), sink)?;
+            let files = write(spec, model, opt, source, &state, &stats.history(), None)?;
+            sink.checkpoint_files(files, Some(opt.step));
             crate::log!("periodic checkpoint at step {step}");
         }
     }
