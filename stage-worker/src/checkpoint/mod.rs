@@ -3,9 +3,9 @@
 //!
 //! Writing: the old manifest is removed first, then each file is put in place atomically, then
 //! the new manifest; so a directory with a manifest always holds exactly the files it lists.
-//! A training checkpoint ([`write()`]) puts its files and its manifest in place before it
-//! fsyncs them, so that a downstream stage started early reads them from the page cache while
-//! the disk catches up; the stage's end (and so any use of the checkpoint by a stage that did
+//! A training checkpoint ([`write()`] for the byte-level model, [`write_streamed`] for either)
+//! puts its files and its manifest in place before it fsyncs them, so that a downstream stage
+//! started early reads them from the page cache while the disk catches up; the stage's end (and so any use of the checkpoint by a stage that did
 //! not start early) is recorded only after the fsyncs. After a power loss in between, the
 //! manifest may list bytes that never reached the disk; every reader checks each file's size
 //! and checksum against the manifest, so such a checkpoint is refused, never used (a retried

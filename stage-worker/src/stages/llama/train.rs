@@ -428,3 +428,78 @@ fn train_loop(
     }
     Ok(stats)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::llama::config::LlamaConfig;
+    use tch::{Device, Kind, Tensor};
+
+    /// The weights file streamed from the flat buffer is byte for byte the one
+    /// `hf::safetensors_bytes` makes of the named parameters (the format transformers loads,
+    /// which the tests against transformers check), and the optimizer's file restores the
+    /// moments and the step.
+    #[test]
+    fn the_streamed_weights_are_the_hugging_face_files_bytes_and_the_moments_load_back() {
+        crate::testutil::one_torch_thread();
+        let config = LlamaConfig::parse(
+            r#"{"model_type":"llama","vocab_size":50,"hidden_size":32,"intermediate_size":48,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+            "max_position_embeddings":64}"#,
+        )
+        .unwrap();
+        let model = Llama::zeroed(&config, Device::Cpu);
+        let n = model.params.numel();
+        let mut opt = AdamW::new(&model.params, 0.1);
+        tch::no_grad(|| {
+            let values = |k: f64| (Tensor::arange(n, (Kind::Float, Device::Cpu)) * k).sin();
+            model.params.flat.shallow_clone().copy_(&values(0.37));
+            opt.exp_avg.copy_(&values(0.11));
+            opt.exp_avg_sq.copy_(&values(0.05).abs());
+        });
+        opt.step = 17;
+        let dir = crate::testutil::scratch_dir("llama-streamed");
+        let files = checkpoint::tensor_files(&model.params, &opt, Some(&hf::metadata()));
+        stream::write_files_unsynced(&dir, files, None)
+            .unwrap()
+            .sync()
+            .unwrap();
+        let named: Vec<(String, Tensor)> = tch::no_grad(|| {
+            model
+                .params
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.tensor.detach()))
+                .collect()
+        });
+        let streamed = std::fs::read(dir.join(checkpoint::MODEL_FILE)).unwrap();
+        assert!(streamed == hf::safetensors_bytes(&named), "other bytes");
+        let back = hf::load(
+            &{
+                let with_config = dir.join("hf");
+                std::fs::create_dir_all(&with_config).unwrap();
+                std::fs::write(
+                    with_config.join(hf::CONFIG_FILE),
+                    config.to_json("float32").to_string(),
+                )
+                .unwrap();
+                std::fs::copy(
+                    dir.join(checkpoint::MODEL_FILE),
+                    with_config.join(hf::WEIGHTS_FILE),
+                )
+                .unwrap();
+                with_config
+            },
+            Device::Cpu,
+        )
+        .unwrap();
+        assert!(back.params.flat.equal(&model.params.flat));
+        let bytes = std::fs::read(dir.join(checkpoint::OPTIMIZER_FILE)).unwrap();
+        let tensors = checkpoint::decode_tensors(&bytes, "the optimizer file").unwrap();
+        let mut restored = AdamW::new(&back.params, 0.1);
+        restored.load(&back.params, &tensors, "test").unwrap();
+        assert_eq!(restored.step, 17);
+        assert!(restored.exp_avg.equal(&opt.exp_avg));
+        assert!(restored.exp_avg_sq.equal(&opt.exp_avg_sq));
+    }
+}
