@@ -395,7 +395,7 @@ const PERSIST_MS: u64 = 3000;
 /// later) streams its checkpoint and releases the device before the checkpoint is durable,
 /// with the byte-level model's events and milestones; a stage started at that release, its
 /// `init` still being written, runs as a Llama stage, waits for the manifest and trains from
-/// the upstream's final weights.
+/// the upstream's final weights, which it checks against the manifest.
 #[test]
 fn a_llama_stage_releases_its_device_before_its_streamed_checkpoint_is_durable_and_the_next_starts_early(
 ) {
@@ -510,14 +510,40 @@ fn a_llama_stage_releases_its_device_before_its_streamed_checkpoint_is_durable_a
     assert!(early["input_wait_s"].as_f64().unwrap() > 0.0, "{early}");
     let log = String::from_utf8_lossy(&down.stderr);
     assert!(log.contains("Llama model"), "{log}");
+    assert_eq!(early["init_read_early"], 1.0, "{early}");
     let after = metrics(&stage(
         &s,
         "down-after",
         "train",
-        down_params,
+        down_params.clone(),
         &up,
         &s.join("after"),
     ))
     .clone();
     assert_eq!(early["first_loss"], after["first_loss"]);
+
+    // The weights are checked against the manifest, as the byte-level model's are: one
+    // flipped byte (same size) and a stage from that checkpoint fails, writing no model.
+    let weights = up.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&weights, bytes).unwrap();
+    let spec = json!({
+        "v": 1, "stage": "corrupt", "kind": "train", "params": down_params,
+        "output_dir": s.join("corrupt"), "inputs": {}, "init": up, "device": "cpu", "attempt": 1
+    });
+    let path = s.join("corrupt.json");
+    std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let out = Command::new(BIN)
+        .arg("--spec")
+        .arg(&path)
+        .env_remove("ORCHESTRATE_EVENTS")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("is corrupted"), "{stdout}");
+    assert!(!s.join("corrupt/model.safetensors").exists());
 }

@@ -74,14 +74,28 @@ pub fn load(dir: &Path, device: Device) -> Result<Llama, String> {
         let what = file.display().to_string();
         tensors.extend(crate::checkpoint::decode_tensors(&bytes, &what)?);
     }
+    from_tensors(
+        &config,
+        tensors,
+        device,
+        &format!("the model in {}", dir.display()),
+    )
+}
+
+/// The model shaped `config` on `device` (fp32 parameters) with the weights `tensors`, under
+/// transformers' names, as [`load`] takes them; `what` names their source in errors.
+pub fn from_tensors(
+    config: &LlamaConfig,
+    mut tensors: Vec<(String, Tensor)>,
+    device: Device,
+    what: &str,
+) -> Result<Llama, String> {
     tensors.retain(|(name, _)| {
         !(name.ends_with("rotary_emb.inv_freq")
             || (config.tie_word_embeddings && name == "lm_head.weight"))
     });
-    let model = Llama::zeroed(&config, device);
-    model
-        .params
-        .load(&tensors, &format!("the model in {}", dir.display()))?;
+    let model = Llama::zeroed(config, device);
+    model.params.load(&tensors, what)?;
     Ok(model)
 }
 

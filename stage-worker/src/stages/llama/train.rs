@@ -18,7 +18,7 @@ use crate::stages::train::ending::{self, releases_early, Ending};
 use crate::stages::train::milestones::Milestones;
 use protocol::worker::{StageSpec, TrainParams};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// `final_loss` is the mean loss of this many last steps.
@@ -63,19 +63,49 @@ fn completed(dir: &Path, p: &TrainParams) -> Option<Verified> {
     same.then_some(v)
 }
 
-/// The model, its optimizer, the loss history so far, and the directory the tokenizer and
-/// companion files come from.
+/// Where the model came from: the directory its tokenizer and companion files are copied
+/// from, and, where that is a checkpoint a stage wrote, its verification.
+struct Source {
+    dir: PathBuf,
+    /// The init checkpoint whose weights the model holds, their checksum computed alongside.
+    init: Option<Verified>,
+}
+
+impl Source {
+    /// Whether the weights the model started from matched their manifest (waiting for their
+    /// checksum): checked before anything derived from them is written.
+    fn check(&self) -> StageResult<()> {
+        self.init.as_ref().map_or(Ok(()), Verified::finish)
+    }
+}
+
+/// The model, its optimizer, the loss history so far, and where the model came from.
 struct Start {
     model: Llama,
     opt: AdamW,
     earlier: LossHistory,
-    source: std::path::PathBuf,
+    source: Source,
 }
 
-/// The model from `init` (or from this stage's interrupted checkpoint, with its optimizer).
-fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> StageResult<Start> {
+/// The model in the verified checkpoint `v` (its `model.safetensors`), on `device`.
+fn load_verified(v: &Verified, device: tch::Device) -> StageResult<Llama> {
+    let config = hf::read_config(&v.dir).map_err(Failure::bad_input)?;
+    let what = v.dir.join(checkpoint::MODEL_FILE).display().to_string();
+    let tensors = v.tensors(checkpoint::MODEL_FILE)?;
+    hf::from_tensors(&config, tensors, device, &what).map_err(Failure::bad_input)
+}
+
+/// The model from `init` (its weights from `opened`, when [`open_init`] opened it as a
+/// checkpoint), or from this stage's interrupted checkpoint, with its optimizer.
+fn start(
+    spec: &StageSpec,
+    init: &Path,
+    opened: Option<Verified>,
+    p: &TrainParams,
+    compute: &Compute,
+) -> StageResult<Start> {
     if let Some(own) = resumable(&spec.output_dir, p) {
-        let model = hf::load(&own.dir, compute.device).map_err(Failure::bad_input)?;
+        let model = load_verified(&own, compute.device)?;
         let mut opt = AdamW::new(&model.params, p.weight_decay);
         let tensors = own.tensors(checkpoint::OPTIMIZER_FILE)?;
         opt.load(&model.params, &tensors, "the optimizer state")
@@ -86,15 +116,19 @@ fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> S
             opt.step
         );
         let earlier = own.losses().unwrap_or_default();
+        let dir = own.dir.clone();
         return Ok(Start {
             model,
             opt,
             earlier,
-            source: own.dir.clone(),
+            source: Source { dir, init: None },
         });
     }
     crate::stages::train::forget_stale_checkpoint(&spec.output_dir)?;
-    let model = hf::load(init, compute.device).map_err(Failure::bad_input)?;
+    let model = match &opened {
+        Some(v) => load_verified(v, compute.device)?,
+        None => hf::load(init, compute.device).map_err(Failure::bad_input)?,
+    };
     crate::log!(
         "initialised from the Hugging Face model in {}",
         init.display()
@@ -104,8 +138,41 @@ fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> S
         model,
         opt,
         earlier: LossHistory::default(),
-        source: init.to_path_buf(),
+        source: Source {
+            dir: init.to_path_buf(),
+            init: opened,
+        },
     })
+}
+
+/// `init` opened as the byte-level model's init checkpoint is, where a stage wrote it (it is
+/// being written, an early start, or it has a manifest): waited for, every listed file's size
+/// checked, `model.safetensors` read (while waiting, where it can be) and its checksum
+/// computed alongside, with the byte-level stage's milestones (`t_init_read`,
+/// `t_input_complete`, `input_wait_s`, `init_read_early`). `None` where there is no manifest
+/// (a directory `save_pretrained` wrote) or it lists no `model.safetensors` (shards): the
+/// files are then read as they are.
+fn open_init(
+    spec: &StageSpec,
+    init: &Path,
+    milestones: &mut Milestones,
+) -> StageResult<Option<Verified>> {
+    if !input_wait::pending(spec, init) && !checkpoint::exists(init) {
+        return Ok(None);
+    }
+    let (v, waited, complete) = checkpoint::open_init(spec, init)?;
+    milestones.mark("t_init_read");
+    if !waited.is_zero() {
+        milestones.at("t_input_complete", complete);
+        milestones.set("input_wait_s", waited.as_secs_f64());
+        milestones.set("init_read_early", f64::from(u8::from(v.read_early())));
+    }
+    let listed = v
+        .manifest
+        .files
+        .iter()
+        .any(|f| f.path == checkpoint::MODEL_FILE);
+    Ok(listed.then_some(v))
 }
 
 /// Runs the `train` stage of `spec` on the Llama model in `init`, reporting on `sink`.
@@ -128,12 +195,8 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
     );
     sink.started(&compute.description);
     // An upstream Llama stage that released its device may still be writing `init` (an early
-    // start): its weights are read once its manifest is there.
-    let waited = input_wait::await_input(spec, init)?;
-    if !waited.is_zero() {
-        milestones.mark("t_input_complete");
-        milestones.set("input_wait_s", waited.as_secs_f64());
-    }
+    // start): its weights are used once its manifest is there.
+    let opened = open_init(spec, init, &mut milestones)?;
     if let Some(done) = completed(&spec.output_dir, &p) {
         return crate::stages::train::report_completed(&done, sink);
     }
@@ -143,7 +206,7 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         mut opt,
         earlier,
         source,
-    } = start(spec, init, &p, &compute)?;
+    } = start(spec, init, opened, &p, &compute)?;
     milestones.mark("t_model_ready");
     crate::log!(
         "Llama model: {} parameters, {} layers, width {}; {} steps of {}×{}",
@@ -195,9 +258,8 @@ fn read_data(init: &Path, p: &TrainParams, compute: &Compute) -> StageResult<Tok
     Ok(data)
 }
 
-/// The model, its optimizer, the directory its companion files come from, and the step the
-/// training resumed from.
-type Trained = (Llama, AdamW, std::path::PathBuf, u64);
+/// The model, its optimizer, where it came from, and the step the training resumed from.
+type Trained = (Llama, AdamW, Source, u64);
 
 /// After the loop: `finishing` sent where the device goes back early, a complete training's
 /// final metrics written, then the final checkpoint, the release, the files and the metrics
@@ -221,6 +283,8 @@ fn persist(
     if resumed_from > 0 {
         metrics.insert("resumed_from_step".into(), resumed_from as f64);
     }
+    // Nothing derived from unverified weights is written.
+    source.check()?;
     if complete {
         crate::stages::train::write_final_metrics(&spec.output_dir, &metrics)?;
     }
@@ -246,17 +310,19 @@ fn persist(
 /// and its release where `released` is given): `config.json` and the tokenizer's files first,
 /// then `model.safetensors` (the parameters' flat buffer under transformers' names, fp32,
 /// `format = pt`) and `optimizer.safetensors`, then the manifest (last) recording the
-/// training's state. Returns the files written, the manifest last.
+/// training's state; not before the weights the model started from are verified
+/// ([`Source::check`]). Returns the files written, the manifest last.
 fn write(
     spec: &StageSpec,
     model: &Llama,
     opt: &AdamW,
-    source: &Path,
+    source: &Source,
     training: &TrainingState,
     history: &LossHistory,
     released: Option<&mut Option<Released>>,
 ) -> StageResult<Vec<WrittenFile>> {
-    let ahead = hf::companion_files(model, source)
+    source.check()?;
+    let ahead = hf::companion_files(model, &source.dir)
         .map_err(Failure::other)?
         .into_iter()
         .map(|(name, bytes)| FileSpec {
@@ -335,7 +401,7 @@ fn train_loop(
     p: &TrainParams,
     compute: &Compute,
     sink: &mut EventSink,
-    source: &Path,
+    source: &Source,
     spec: &StageSpec,
     earlier: LossHistory,
 ) -> StageResult<LoopStats> {
