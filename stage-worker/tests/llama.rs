@@ -153,17 +153,21 @@ fn stage(
     });
     let path = s.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let out = Command::new(BIN)
-        .arg("--spec")
-        .arg(&path)
-        .env_remove("ORCHESTRATE_EVENTS")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .unwrap();
+    let out = worker(&path).output().unwrap();
     ok(&out, name)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .collect()
+}
+
+/// The worker on the spec at `spec`, its events on stdout, one CPU thread.
+fn worker(spec: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--spec")
+        .arg(spec)
+        .env_remove("ORCHESTRATE_EVENTS")
+        .env("OMP_NUM_THREADS", "1");
+    cmd
 }
 
 fn metrics(events: &[Value]) -> &Value {
@@ -414,11 +418,7 @@ fn a_llama_stage_releases_its_device_before_its_streamed_checkpoint_is_durable_a
     });
     let spec_path = s.join("up.json");
     std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let mut upstream = Command::new(BIN)
-        .arg("--spec")
-        .arg(&spec_path)
-        .env_remove("ORCHESTRATE_EVENTS")
-        .env("OMP_NUM_THREADS", "1")
+    let mut upstream = worker(&spec_path)
         .env("STAGE_WORKER_SIMULATED_CUDA", PERSIST_MS.to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -442,11 +442,7 @@ fn a_llama_stage_releases_its_device_before_its_streamed_checkpoint_is_durable_a
                 up.join("config.json").is_file(),
                 up.join("manifest.json").exists(),
             ));
-            let child = Command::new(BIN)
-                .arg("--spec")
-                .arg(&down_path)
-                .env_remove("ORCHESTRATE_EVENTS")
-                .env("OMP_NUM_THREADS", "1")
+            let child = worker(&down_path)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -535,13 +531,7 @@ fn a_llama_stage_releases_its_device_before_its_streamed_checkpoint_is_durable_a
     });
     let path = s.join("corrupt.json");
     std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let out = Command::new(BIN)
-        .arg("--spec")
-        .arg(&path)
-        .env_remove("ORCHESTRATE_EVENTS")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .unwrap();
+    let out = worker(&path).output().unwrap();
     assert!(!out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("is corrupted"), "{stdout}");

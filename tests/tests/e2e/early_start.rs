@@ -35,9 +35,13 @@ model = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }
 /// `orchestrate` on one fake GPU (holders in the scratch's `holders`), with the worker's
 /// simulated CUDA device, and `MARK` set for every stage (to find what is left running).
 fn command(s: &Scratch) -> Command {
+    on_simulated_gpu(Command::new(orchestrate()), s)
+}
+
+/// `cmd` (an `orchestrate` command) with what [`command`] sets.
+fn on_simulated_gpu(mut cmd: Command, s: &Scratch) -> Command {
     let holders = s.path().join("holders");
     std::fs::create_dir_all(&holders).unwrap();
-    let mut cmd = Command::new(orchestrate());
     cmd.env("ORCHESTRATE_FAKE_GPUS", "1")
         .env("ORCHESTRATE_FAKE_GPU_DIR", &holders)
         .env("STAGE_WORKER_SIMULATED_CUDA", PERSIST_MS.to_string())
@@ -569,13 +573,7 @@ after = ["a"]
             data = data.display(),
         ),
     );
-    let mut cmd = command(&s);
-    let bin = python.parent().unwrap().to_path_buf();
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::iter::once(bin).chain(std::env::split_paths(&path));
-    cmd.env("PATH", std::env::join_paths(dirs).unwrap())
-        .env("OMP_NUM_THREADS", "1")
-        .env("PYTHONWARNINGS", "ignore");
+    let cmd = on_simulated_gpu(e2e_tests::orchestrate_with(&python), &s);
     let run = run_plan_with(cmd, &s, &plan, &[]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let (a, b) = (run.stage("a"), run.stage("b"));
