@@ -77,9 +77,17 @@ def run_worker(model, data, tag, profile=None):
             metrics = e["metrics"]
     losses = json.load(open(loss_log))["losses"] if os.path.exists(loss_log) else []
     subprocess.run(["rm", "-rf", out_dir])
+    # The final checkpoint: its write, and when the device was given back and the files were
+    # durable, after the last step (no release on the CPU).
+    last = metrics.get("t_last_step")
+    after_last = {f"{k[2:]}_after_last_step_s": metrics[k] - last
+                  for k in ("t_device_released", "t_checkpoint_durable")
+                  if last is not None and k in metrics}
     return {"who": "stage-worker", "rc": p.returncode, "wall_s": wall,
             "tokens_per_s": metrics.get("tokens_per_s"), "losses": losses,
-            "parameters": metrics.get("parameters")}
+            "parameters": metrics.get("parameters"),
+            "checkpoint_write_s": metrics.get("checkpoint_write_s"),
+            "pinned_buffers": metrics.get("pinned_buffers"), **after_last}
 
 
 def run_peer(model, data, tag, profile=None):
@@ -157,6 +165,12 @@ def summarize(runs, n):
             lines.append(f"| {name} | {s['n']} | {s['median']:.0f} | {s['min']:.0f} | {s['max']:.0f} |")
     if sw and sp:
         lines.append(f"\nratio (medians): **{sw['median'] / sp['median']:.3f}x**")
+    lines += ["", "stage-worker's final checkpoint (seconds; median, min, max):"]
+    for key in ("checkpoint_write_s", "device_released_after_last_step_s",
+                "checkpoint_durable_after_last_step_s"):
+        s = spread([r.get(key) for r in w])
+        if s:
+            lines.append(f"- {key}: {s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f}, {s['n']} runs)")
     if w and p and w[0]["losses"] and p[0]["losses"]:
         a, b = w[0]["losses"], p[0]["losses"]
         k = min(len(a), len(b))

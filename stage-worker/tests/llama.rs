@@ -153,17 +153,21 @@ fn stage(
     });
     let path = s.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let out = Command::new(BIN)
-        .arg("--spec")
-        .arg(&path)
-        .env_remove("ORCHESTRATE_EVENTS")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .unwrap();
+    let out = worker(&path).output().unwrap();
     ok(&out, name)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .collect()
+}
+
+/// The worker on the spec at `spec`, its events on stdout, one CPU thread.
+fn worker(spec: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--spec")
+        .arg(spec)
+        .env_remove("ORCHESTRATE_EVENTS")
+        .env("OMP_NUM_THREADS", "1");
+    cmd
 }
 
 fn metrics(events: &[Value]) -> &Value {
@@ -384,4 +388,152 @@ fn a_profiled_llama_training_saves_a_trace_of_its_steps() {
     for op in ["aten::rms_norm", "aten::scaled_dot_product_attention"] {
         assert!(names.contains(&op), "{op} missing from the trace");
     }
+}
+
+/// The simulated disk time of the upstream's checkpoint after its release (the window in
+/// which the downstream stage starts and waits; well beyond a worker's start-up).
+const PERSIST_MS: u64 = 3000;
+
+/// A Llama `train` stage on a device it gives back early (`STAGE_WORKER_SIMULATED_CUDA`: the
+/// release once the checkpoint's data is on the host, as on CUDA, the manifest `PERSIST_MS`
+/// later) streams its checkpoint and releases the device before the checkpoint is durable,
+/// with the byte-level model's events and milestones; a stage started at that release, its
+/// `init` still being written, runs as a Llama stage, waits for the manifest and trains from
+/// the upstream's final weights, which it checks against the manifest.
+#[test]
+fn a_llama_stage_releases_its_device_before_its_streamed_checkpoint_is_durable_and_the_next_starts_early(
+) {
+    use std::io::{BufRead, BufReader};
+    let Some(py) = framework_python() else { return };
+    let s = Scratch::new("llama-release");
+    let (text, pairs) = write_data(&s);
+    let base = s.join("base");
+    make_tiny(&py, &base, &text, &[]);
+    let up = s.join("up");
+    let params = json!({"data": text, "steps": 10, "batch_size": 4, "seq_len": 16, "lr": 1e-2,
+                        "warmup_steps": 2, "seed": 1});
+    let spec = json!({
+        "v": 1, "stage": "up", "kind": "train", "params": params,
+        "output_dir": up, "inputs": {}, "init": base, "device": "cuda", "attempt": 1
+    });
+    let spec_path = s.join("up.json");
+    std::fs::write(&spec_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let mut upstream = worker(&spec_path)
+        .env("STAGE_WORKER_SIMULATED_CUDA", PERSIST_MS.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let down_params = json!({"data": pairs, "steps": 3, "batch_size": 4, "seq_len": 32,
+                             "lr": 1e-2, "warmup_steps": 1, "seed": 2});
+    let down_spec = json!({
+        "v": 1, "stage": "down", "kind": "train", "params": down_params,
+        "output_dir": s.join("down"), "inputs": {}, "init": up, "device": "cpu", "attempt": 1,
+        "inputs_being_written": [up], "input_wait_limit_s": 120
+    });
+    let down_path = s.join("down.json");
+    std::fs::write(&down_path, serde_json::to_vec(&down_spec).unwrap()).unwrap();
+    let (mut events, mut downstream, mut at_release) = (Vec::new(), None, None);
+    for line in BufReader::new(upstream.stdout.take().unwrap()).lines() {
+        let e: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if e["event"] == "released" && downstream.is_none() {
+            // What a stage started now finds in the upstream's output directory.
+            at_release = Some((
+                up.join("config.json").is_file(),
+                up.join("manifest.json").exists(),
+            ));
+            let child = worker(&down_path)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            downstream = Some(child);
+        }
+        events.push(e);
+    }
+    assert!(upstream.wait().unwrap().success(), "{events:?}");
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    let at = |k: &str| kinds.iter().position(|x| *x == k).unwrap_or(usize::MAX);
+    // `finishing` after the last step, the release before any file is reported durable.
+    assert!(
+        at("finishing") < at("released") && at("released") < at("checkpoint"),
+        "{kinds:?}"
+    );
+    assert_eq!(events[at("released")]["downstream_may_start"], true);
+    assert_eq!(
+        at_release,
+        Some((true, false)),
+        "at the release config.json is in place and the manifest is not yet"
+    );
+    let m = metrics(&events);
+    let t = |k: &str| m[k].as_f64().unwrap_or_else(|| panic!("no {k} in {m}"));
+    assert!(t("t_device_released") < t("t_checkpoint_durable"), "{m}");
+    assert!(t("t_last_step") <= t("t_device_released"), "{m}");
+    assert!(t("checkpoint_write_s") > 0.0, "{m}");
+    // Streamed: each tensor file's phases, as the byte-level model reports them.
+    for k in ["t_copied_model", "t_hashed_model", "t_synced_optimizer"] {
+        t(k);
+    }
+    // The manifest (written last) lists every file the stage reported, as written.
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(up.join("manifest.json")).unwrap()).unwrap();
+    let listed: Vec<&str> = manifest["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    for file in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "config.json",
+        "tokenizer.json",
+    ] {
+        assert!(listed.contains(&file), "{file} not in {listed:?}");
+    }
+
+    // The downstream stage waited for the manifest and trained from the final weights: its
+    // first loss is that of the same stage started after the upstream had finished.
+    let down = downstream
+        .expect("the upstream released its device")
+        .wait_with_output()
+        .unwrap();
+    let down_events: Vec<Value> = ok(&down, "the stage started early")
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let early = metrics(&down_events).clone();
+    assert!(early["input_wait_s"].as_f64().unwrap() > 0.0, "{early}");
+    let log = String::from_utf8_lossy(&down.stderr);
+    assert!(log.contains("Llama model"), "{log}");
+    assert_eq!(early["init_read_early"], 1.0, "{early}");
+    let after = metrics(&stage(
+        &s,
+        "down-after",
+        "train",
+        down_params.clone(),
+        &up,
+        &s.join("after"),
+    ))
+    .clone();
+    assert_eq!(early["first_loss"], after["first_loss"]);
+
+    // The weights are checked against the manifest, as the byte-level model's are: one
+    // flipped byte (same size) and a stage from that checkpoint fails, writing no model.
+    let weights = up.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&weights, bytes).unwrap();
+    let spec = json!({
+        "v": 1, "stage": "corrupt", "kind": "train", "params": down_params,
+        "output_dir": s.join("corrupt"), "inputs": {}, "init": up, "device": "cpu", "attempt": 1
+    });
+    let path = s.join("corrupt.json");
+    std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let out = worker(&path).output().unwrap();
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("is corrupted"), "{stdout}");
+    assert!(!s.join("corrupt/model.safetensors").exists());
 }

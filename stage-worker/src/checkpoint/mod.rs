@@ -3,9 +3,9 @@
 //!
 //! Writing: the old manifest is removed first, then each file is put in place atomically, then
 //! the new manifest; so a directory with a manifest always holds exactly the files it lists.
-//! A training checkpoint ([`write()`]) puts its files and its manifest in place before it
-//! fsyncs them, so that a downstream stage started early reads them from the page cache while
-//! the disk catches up; the stage's end (and so any use of the checkpoint by a stage that did
+//! A training checkpoint ([`write()`] for the byte-level model, [`write_streamed`] for either)
+//! puts its files and its manifest in place before it fsyncs them, so that a downstream stage
+//! started early reads them from the page cache while the disk catches up; the stage's end (and so any use of the checkpoint by a stage that did
 //! not start early) is recorded only after the fsyncs. After a power loss in between, the
 //! manifest may list bytes that never reached the disk; every reader checks each file's size
 //! and checksum against the manifest, so such a checkpoint is refused, never used (a retried
@@ -154,36 +154,23 @@ fn flat_entries(params: &crate::model::params::ParamStore, prefix: &str) -> Vec<
         .collect()
 }
 
-/// Writes a complete checkpoint of `model` and `opt` at `step` into `dir`: the two tensor
-/// files (in parallel, each in one pass, see [`crate::checkpoint::stream`]), then the manifest. As with
-/// [`write_with_manifest`], the old manifest is removed first.
+/// The two tensor files of a training checkpoint of `params` and `opt`, each streamed from
+/// its flat buffers in one pass (see [`crate::checkpoint::stream`]), with `metadata` as their
+/// headers' `__metadata__` when given.
 ///
 /// Layout: in `model.safetensors` the parameters follow each other in buffer order, so its
 /// data is [`crate::model::params::ParamStore::flat`] verbatim; `optimizer.safetensors` holds the
 /// step (int64) and then both moments in the same order.
-///
-/// With `released` given, the process's CUDA context is destroyed as soon as every byte has
-/// been copied to the host, while the disk finishes (see [`crate::device::release`]), and
-/// what was done is recorded there, also when the write then fails: once it holds a
-/// [`Released`], the caller must make no further device call, not even dropping a device
-/// tensor.
-pub fn write(
-    dir: &Path,
-    model: &ByteGpt,
+pub fn tensor_files(
+    params: &crate::model::params::ParamStore,
     opt: &AdamW,
-    step: u64,
-    training: &TrainingState,
-    losses: &LossHistory,
-    released: Option<&mut Option<Released>>,
-) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
-    std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
-    remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
-    let params = &model.params;
+    metadata: Option<&serde_json::Value>,
+) -> Vec<FileSpec> {
     let total = params.numel();
     let model_file = FileSpec {
         name: MODEL_FILE.into(),
         runs: vec![
-            Run::Bytes(stream::header(&flat_entries(params, ""))),
+            Run::Bytes(stream::header(&flat_entries(params, ""), metadata)),
             Run::Floats {
                 tensor: params.flat.shallow_clone(),
                 offset: 0,
@@ -199,7 +186,7 @@ pub fn write(
     }];
     entries.extend(flat_entries(params, crate::model::optim::EXP_AVG));
     entries.extend(flat_entries(params, crate::model::optim::EXP_AVG_SQ));
-    let mut head = stream::header(&entries);
+    let mut head = stream::header(&entries, metadata);
     head.extend_from_slice(&(opt.step as i64).to_le_bytes());
     let optimizer_file = FileSpec {
         name: OPTIMIZER_FILE.into(),
@@ -217,6 +204,58 @@ pub fn write(
             },
         ],
     };
+    vec![model_file, optimizer_file]
+}
+
+/// Writes a complete checkpoint of the byte-level `model` and `opt` at `step` into `dir`: its
+/// [`tensor_files`] through [`write_streamed`] (so with the same promises and the same
+/// release), its manifest recording the model's shape, `training` and `losses`.
+pub fn write(
+    dir: &Path,
+    model: &ByteGpt,
+    opt: &AdamW,
+    step: u64,
+    training: &TrainingState,
+    losses: &LossHistory,
+    released: Option<&mut Option<Released>>,
+) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
+    let mut model_json = manifest_model(&model.config);
+    model_json.insert(
+        "training".into(),
+        serde_json::to_value(training).expect("training state serializes"),
+    );
+    model_json.insert(
+        "losses".into(),
+        serde_json::to_value(losses).expect("loss history serializes"),
+    );
+    let tensors = tensor_files(&model.params, opt, None);
+    let model_json = serde_json::Value::Object(model_json);
+    write_streamed(dir, Vec::new(), tensors, step, model_json, released)
+}
+
+/// Writes a checkpoint at `step` into `dir` (created if needed): first the small files `ahead`
+/// (put in place before any tensor data is copied, so that a reader who sees the release sees
+/// them), then the `tensors` files (in parallel, each in one pass), then the manifest listing
+/// them all with `step` and `model`. As with [`write_with_manifest`], the old manifest is
+/// removed first. Every file, the manifest included, is in place before any is fsynced (see
+/// the module's documentation); it returns once all are durable, the manifest last in the list.
+///
+/// With `released` given, the process's CUDA context is destroyed as soon as every byte has
+/// been copied to the host, while the disk finishes (see [`crate::device::release`]), and
+/// what was done is recorded there, also when the write then fails: once it holds a
+/// [`Released`], the caller must make no further device call, not even dropping a device
+/// tensor.
+pub fn write_streamed(
+    dir: &Path,
+    ahead: Vec<FileSpec>,
+    tensors: Vec<FileSpec>,
+    step: u64,
+    model: serde_json::Value,
+    released: Option<&mut Option<Released>>,
+) -> StageResult<(CheckpointManifest, Vec<WrittenFile>)> {
+    std::fs::create_dir_all(dir).map_err(|e| io_failure(dir, e))?;
+    remove_durably(dir, MANIFEST_FILE).map_err(|e| io_failure(&dir.join(MANIFEST_FILE), e))?;
+    let first = stream::write_files_unsynced(dir, ahead, None).map_err(|e| io_failure(dir, e))?;
     // The release runs on a thread of its own, so that the copier that calls it goes on at
     // once; it is waited for before returning.
     let releasing = std::sync::Mutex::new(None);
@@ -236,31 +275,21 @@ pub fn write(
     } else {
         None
     };
-    let unsynced = tch::no_grad(|| {
-        stream::write_files_unsynced(dir, vec![model_file, optimizer_file], after_copies)
-    })
-    .map_err(|e| io_failure(dir, e));
+    let unsynced = tch::no_grad(|| stream::write_files_unsynced(dir, tensors, after_copies))
+        .map_err(|e| io_failure(dir, e));
     if let Some(h) = releasing.into_inner().unwrap_or_else(|e| e.into_inner()) {
         let done = h.join().ok().flatten();
         if let Some(slot) = released {
             *slot = done;
         }
     }
-    let unsynced = unsynced?;
-    let mut model_json = manifest_model(&model.config);
-    model_json.insert(
-        "training".into(),
-        serde_json::to_value(training).expect("training state serializes"),
-    );
-    model_json.insert(
-        "losses".into(),
-        serde_json::to_value(losses).expect("loss history serializes"),
-    );
+    let ahead_count = first.written().count();
+    let unsynced = first.and(unsynced?);
     let manifest = CheckpointManifest {
         v: MANIFEST_VERSION,
         files: unsynced.written().map(|w| w.entry.clone()).collect(),
         step: Some(step),
-        model: serde_json::Value::Object(model_json),
+        model,
     };
     let mut text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     text.push(b'\n');
@@ -270,6 +299,10 @@ pub fn write(
     let manifest_file =
         publish(dir, MANIFEST_FILE, &text).map_err(|e| io_failure(&manifest_path, e))?;
     let mut written = unsynced.sync().map_err(|e| io_failure(dir, e))?;
+    // Only the tensor files' phases tell how the checkpoint's time went (`t_copied_model` …).
+    for w in &mut written[..ahead_count] {
+        w.phases.clear();
+    }
     manifest_file
         .sync_all()
         .and_then(|()| fsync_dir(dir))

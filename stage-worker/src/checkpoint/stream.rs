@@ -232,9 +232,13 @@ pub struct HeaderEntry {
 }
 
 /// The safetensors header (length prefix, JSON, space padding to 8 bytes) for tensors laid out
-/// back to back in `entries` order.
-pub fn header(entries: &[HeaderEntry]) -> Vec<u8> {
+/// back to back in `entries` order, with `metadata` as its `__metadata__` (a JSON object of
+/// strings, such as transformers' `{"format": "pt"}`) when given.
+pub fn header(entries: &[HeaderEntry], metadata: Option<&serde_json::Value>) -> Vec<u8> {
     let mut map = serde_json::Map::new();
+    if let Some(m) = metadata {
+        map.insert("__metadata__".into(), m.clone());
+    }
     let mut at = 0usize;
     for e in entries {
         map.insert(
@@ -281,6 +285,13 @@ impl Unsynced {
     /// The files, in the order given.
     pub fn written(&self) -> impl Iterator<Item = &WrittenFile> {
         self.files.iter().map(|f| &f.written)
+    }
+
+    /// These files and then `later`'s, all in this directory (`later` was written into it too).
+    pub fn and(mut self, later: Unsynced) -> Unsynced {
+        debug_assert_eq!(self.dir, later.dir);
+        self.files.extend(later.files);
+        self
     }
 
     /// fsyncs every file (in parallel) and then the directory; returns the files with their
@@ -802,12 +813,15 @@ mod tests {
         // More than one chunk, and an offset that is not a chunk boundary.
         let n = (CHUNK / 4) as i64 + 1000;
         let t = Tensor::arange(n + 7, (Kind::Float, Device::Cpu));
-        let head = header(&[HeaderEntry {
-            name: "x".into(),
-            dtype: "F32",
-            shape: vec![n],
-            bytes: n as usize * 4,
-        }]);
+        let head = header(
+            &[HeaderEntry {
+                name: "x".into(),
+                dtype: "F32",
+                shape: vec![n],
+                bytes: n as usize * 4,
+            }],
+            None,
+        );
         let files = vec![FileSpec {
             name: "a.safetensors".into(),
             runs: vec![

@@ -17,7 +17,9 @@
 //! zeroing, adding or copying them into one flat gradient. What each choice measured is in
 //! `bench/throughput/README.md` ("Where the optimizer step's form came from").
 
-use crate::model::params::{load_slices, slices_cpu, ParamStore};
+#[cfg(test)]
+use crate::model::params::slices_cpu;
+use crate::model::params::{load_slices, ParamStore};
 use tch::Tensor;
 
 /// Largest global gradient norm; larger gradients are scaled down to it.
@@ -243,8 +245,10 @@ impl AdamW {
         })
     }
 
-    /// Named CPU tensors for `optimizer.safetensors`: `exp_avg.NAME`, `exp_avg_sq.NAME` for
-    /// every parameter, and `step`.
+    /// Named CPU tensors of what `optimizer.safetensors` holds: `exp_avg.NAME`, `exp_avg_sq.NAME`
+    /// for every parameter, and `step` (tests: checkpoints stream the flat moments, see
+    /// [`crate::checkpoint::tensor_files`]).
+    #[cfg(test)]
     pub fn named_cpu(&self, params: &ParamStore) -> Vec<(String, Tensor)> {
         let mut out = slices_cpu(&self.exp_avg, &params.params, EXP_AVG);
         out.extend(slices_cpu(&self.exp_avg_sq, &params.params, EXP_AVG_SQ));

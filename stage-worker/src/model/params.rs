@@ -218,7 +218,8 @@ impl ParamStore {
     }
 }
 
-/// Named CPU copies of the slices of `flat` that `params` describe, names prefixed.
+/// Named CPU copies of the slices of `flat` that `params` describe, names prefixed (tests).
+#[cfg(test)]
 pub fn slices_cpu(flat: &Tensor, params: &[Param], prefix: &str) -> Vec<(String, Tensor)> {
     tch::no_grad(|| {
         params

@@ -8,7 +8,8 @@
 //!
 //! The stages run on the CPU: `ORCHESTRATE_FAKE_GPUS` gives the run one GPU, and
 //! `STAGE_WORKER_SIMULATED_CUDA=<ms>` has the worker release it at the end of its training
-//! as on CUDA, its manifest written `<ms>` later (a large checkpoint's disk time).
+//! as on CUDA, its manifest written `<ms>` later (a large checkpoint's disk time). A chain of
+//! Llama `train` stages starts early in the same way.
 
 use e2e_tests::succeeded_stages;
 use e2e_tests::{alive, wait_for, Scratch};
@@ -34,9 +35,13 @@ model = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }
 /// `orchestrate` on one fake GPU (holders in the scratch's `holders`), with the worker's
 /// simulated CUDA device, and `MARK` set for every stage (to find what is left running).
 fn command(s: &Scratch) -> Command {
+    on_simulated_gpu(Command::new(orchestrate()), s)
+}
+
+/// `cmd` (an `orchestrate` command) with what [`command`] sets.
+fn on_simulated_gpu(mut cmd: Command, s: &Scratch) -> Command {
     let holders = s.path().join("holders");
     std::fs::create_dir_all(&holders).unwrap();
-    let mut cmd = Command::new(orchestrate());
     cmd.env("ORCHESTRATE_FAKE_GPUS", "1")
         .env("ORCHESTRATE_FAKE_GPU_DIR", &holders)
         .env("STAGE_WORKER_SIMULATED_CUDA", PERSIST_MS.to_string())
@@ -513,5 +518,84 @@ fn a_standby_no_stage_can_become_is_killed_and_the_next_stage_is_forked_as_usual
     // The standby that waited in vain is gone with the run: killed by `orchestrate` as it shut
     // its servers down (not merely by its death signal once `orchestrate` exited).
     assert!(run.stderr.contains("standby killed"), "{}", run.stderr);
+    assert!(left_running(&s).is_empty());
+}
+
+/// A chain of Llama `train` stages hands on as the byte-level chain does: the upstream (a
+/// Llama made by transformers in a command stage before it) releases its GPU once its
+/// streamed checkpoint is on the host, the downstream starts then, waits for the manifest and
+/// reads the final checkpoint, and its finish is recorded after the upstream's.
+#[test]
+fn a_llama_train_stage_downstream_of_another_starts_early_as_the_byte_level_one_does() {
+    let Some(python) = e2e_tests::framework_python() else {
+        return;
+    };
+    let s = Scratch::new("early-llama");
+    let mut text = String::new();
+    for i in 0..200 {
+        let words = ["cat", "dog", "red", "fox", "runs", "sees", "small", "green"];
+        let phrase: Vec<&str> = (0..3).map(|j| words[(i * 7 + j * 5) % 8]).collect();
+        let line = serde_json::json!({"text": format!("the {} and more.", phrase.join(" "))});
+        text.push_str(&format!("{line}\n"));
+    }
+    let data = s.write("text.jsonl", &text);
+    let make = repo_root().join("configs/llama/make_tiny_llama.py");
+    let params = format!(
+        "[stage.params]\ndata = \"{}\"\nsteps = 3\nbatch_size = 2\nseq_len = 16\n",
+        data.display()
+    );
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            r#"[run]
+max_parallel = 2
+
+[[stage]]
+name = "base"
+command = ["python3", "{make}", "--out", "{{output}}", "--corpus", "{data}", "--vocab", "300"]
+outputs = ["config.json", "model.safetensors"]
+
+[[stage]]
+name = "a"
+kind = "train"
+gpus = 1
+init = "base"
+after = ["base"]
+{params}
+[[stage]]
+name = "b"
+kind = "train"
+gpus = 1
+init = "a"
+after = ["a"]
+{params}"#,
+            make = make.display(),
+            data = data.display(),
+        ),
+    );
+    let cmd = on_simulated_gpu(e2e_tests::orchestrate_with(&python), &s);
+    let run = run_plan_with(cmd, &s, &plan, &[]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let (a, b) = (run.stage("a"), run.stage("b"));
+    let (ta, tb) = (&a["timing"], &b["timing"]);
+    let t = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    assert_eq!(b["started_early"], true, "{b}");
+    assert!(t(tb, "spawned") >= t(ta, "released"), "{ta} {tb}");
+    assert!(t(tb, "spawned") < t(ta, "exited"), "{ta} {tb}");
+    assert!(
+        run.metric("a", "t_device_released") < run.metric("a", "t_checkpoint_durable"),
+        "{a}"
+    );
+    assert!(run.metric("b", "input_wait_s") > 0.0, "{b}");
+    let records = journal_records(&run.run_dir);
+    assert!(
+        finished_at(&records, "a", "succeeded") < finished_at(&records, "b", "succeeded"),
+        "{records:?}"
+    );
+    // b's output is a Hugging Face directory again, and nothing is left running.
+    let b_out = run.run_dir.join("stages/b/output");
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(b_out.join(file).is_file(), "{file}");
+    }
     assert!(left_running(&s).is_empty());
 }

@@ -74,70 +74,76 @@ pub fn load(dir: &Path, device: Device) -> Result<Llama, String> {
         let what = file.display().to_string();
         tensors.extend(crate::checkpoint::decode_tensors(&bytes, &what)?);
     }
+    from_tensors(
+        &config,
+        tensors,
+        device,
+        &format!("the model in {}", dir.display()),
+    )
+}
+
+/// The model shaped `config` on `device` (fp32 parameters) with the weights `tensors`, under
+/// transformers' names, as [`load`] takes them; `what` names their source in errors.
+pub fn from_tensors(
+    config: &LlamaConfig,
+    mut tensors: Vec<(String, Tensor)>,
+    device: Device,
+    what: &str,
+) -> Result<Llama, String> {
     tensors.retain(|(name, _)| {
         !(name.ends_with("rotary_emb.inv_freq")
             || (config.tie_word_embeddings && name == "lm_head.weight"))
     });
-    let model = Llama::zeroed(&config, device);
-    model
-        .params
-        .load(&tensors, &format!("the model in {}", dir.display()))?;
+    let model = Llama::zeroed(config, device);
+    model.params.load(&tensors, what)?;
     Ok(model)
 }
 
-/// `tensors` as a safetensors file with transformers' metadata (`format = pt`), in order.
+/// The header metadata transformers writes, and checks when it loads a file: `format = pt`.
+pub fn metadata() -> serde_json::Value {
+    serde_json::json!({"format": "pt"})
+}
+
+/// `tensors` as a safetensors file with transformers' [`metadata`], in order.
 pub fn safetensors_bytes(tensors: &[(String, Tensor)]) -> Vec<u8> {
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
-    let mut at = 0usize;
-    let mut data = Vec::new();
-    for (name, t) in tensors {
-        let t = t.to_device(Device::Cpu).contiguous();
-        let dtype = match t.kind() {
-            Kind::Float => "F32",
-            Kind::BFloat16 => "BF16",
-            Kind::Half => "F16",
-            Kind::Int64 => "I64",
-            other => panic!("no safetensors dtype for {other:?}"),
-        };
-        let bytes = t.numel() * t.kind().elt_size_in_bytes();
-        let start = data.len();
-        data.resize(start + bytes, 0);
-        t.copy_data_u8(&mut data[start..], t.numel());
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": dtype, "shape": t.size(), "data_offsets": [at, at + bytes]}),
-        );
-        at += bytes;
+    use crate::checkpoint::stream::{header, HeaderEntry};
+    let tensors: Vec<(&String, Tensor)> = tensors
+        .iter()
+        .map(|(name, t)| (name, t.to_device(Device::Cpu).contiguous()))
+        .collect();
+    let entries: Vec<HeaderEntry> = tensors
+        .iter()
+        .map(|(name, t)| HeaderEntry {
+            name: name.to_string(),
+            dtype: match t.kind() {
+                Kind::Float => "F32",
+                Kind::BFloat16 => "BF16",
+                Kind::Half => "F16",
+                Kind::Int64 => "I64",
+                other => panic!("no safetensors dtype for {other:?}"),
+            },
+            shape: t.size(),
+            bytes: t.numel() * t.kind().elt_size_in_bytes(),
+        })
+        .collect();
+    let mut out = header(&entries, Some(&metadata()));
+    for ((_, t), e) in tensors.iter().zip(&entries) {
+        let start = out.len();
+        out.resize(start + e.bytes, 0);
+        t.copy_data_u8(&mut out[start..], t.numel());
     }
-    let mut json = serde_json::to_vec(&serde_json::Value::Object(header)).expect("serializes");
-    while (8 + json.len()) % 8 != 0 {
-        json.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + json.len() + data.len());
-    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
-    out.extend_from_slice(&json);
-    out.extend_from_slice(&data);
     out
 }
 
-/// The files of `model` as a Hugging Face directory, weights in fp32: `model.safetensors`
-/// (transformers' names), `config.json`, and each of [`COMPANION_FILES`] found in `from` (the
-/// directory the model came from), copied as they are.
-pub fn files(model: &Llama, from: &Path) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
-    let tensors: Vec<(String, Tensor)> = tch::no_grad(|| {
-        model
-            .params
-            .params
-            .iter()
-            .map(|p| (p.name.clone(), p.tensor.detach()))
-            .collect()
-    });
-    let mut out = vec![(WEIGHTS_FILE, safetensors_bytes(&tensors))];
+/// The small files of `model`'s Hugging Face directory (the weights aside, which
+/// [`crate::checkpoint::tensor_files`] streams under transformers' names as they are the
+/// model's own): `config.json` (`dtype = float32`), and each of [`COMPANION_FILES`] found in
+/// `from` (the directory the model came from), copied as they are.
+pub fn companion_files(model: &Llama, from: &Path) -> Result<Vec<(&'static str, Vec<u8>)>, String> {
     let mut config =
         serde_json::to_vec_pretty(&model.config.to_json("float32")).expect("config serializes");
     config.push(b'\n');
-    out.push((CONFIG_FILE, config));
+    let mut out = vec![(CONFIG_FILE, config)];
     for name in COMPANION_FILES {
         let path = from.join(name);
         if path.is_file() {

@@ -8,7 +8,9 @@
 //!
 //! A `train` stage's output directory is a Hugging Face model again: `model.safetensors` (fp32,
 //! transformers' names), `config.json`, the tokenizer's files copied from `init`, plus
-//! `optimizer.safetensors` and `manifest.json` for resuming and for the orchestrator.
+//! `optimizer.safetensors` and `manifest.json` for resuming and for the orchestrator, written
+//! as the byte-level model's checkpoints are (streamed, the manifest last, the device given
+//! back as soon as the data is on the host: a downstream stage may start early).
 
 pub mod data;
 pub mod eval;
@@ -21,12 +23,11 @@ use protocol::worker::StageSpec;
 use std::path::PathBuf;
 
 /// The Hugging Face model directory `spec`'s `init` names, if it is one. An input still being
-/// written (an early start) is not looked at here: only byte-level stages release early.
+/// written (an early start) is one too: a Llama `train` stage puts its `config.json` in place
+/// before it copies any weight off its device, and so before it releases the device (see
+/// [`train`]); the stage then waits for its manifest before reading the weights.
 pub fn hf_init(spec: &StageSpec) -> Option<PathBuf> {
     let dir = spec.init.as_deref()?;
-    if crate::checkpoint::input_wait::pending(spec, dir) {
-        return None;
-    }
     hf::is_hf_dir(dir).then(|| dir.to_path_buf())
 }
 

@@ -5,16 +5,20 @@
 use super::data::{self, TokenData, Tokens};
 use crate::boot::signals;
 use crate::boot::spec::parse_params;
-use crate::checkpoint::{self, LossHistory, TrainingState, Verified};
-use crate::device::{self, Compute};
+use crate::checkpoint::fsio::WrittenFile;
+use crate::checkpoint::stream::{self, FileSpec, Run};
+use crate::checkpoint::{self, input_wait, LossHistory, TrainingState, Verified};
+use crate::device::{self, Compute, Released};
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
 use crate::model::llama::{hf, Llama, ARCH};
 use crate::model::optim::{AdamW, Schedule};
 use crate::stages::progress::ProgressClock;
+use crate::stages::train::ending::{self, releases_early, Ending};
+use crate::stages::train::milestones::Milestones;
 use protocol::worker::{StageSpec, TrainParams};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// `final_loss` is the mean loss of this many last steps.
@@ -59,19 +63,49 @@ fn completed(dir: &Path, p: &TrainParams) -> Option<Verified> {
     same.then_some(v)
 }
 
-/// The model, its optimizer, the loss history so far, and the directory the tokenizer and
-/// companion files come from.
+/// Where the model came from: the directory its tokenizer and companion files are copied
+/// from, and, where that is a checkpoint a stage wrote, its verification.
+struct Source {
+    dir: PathBuf,
+    /// The init checkpoint whose weights the model holds, their checksum computed alongside.
+    init: Option<Verified>,
+}
+
+impl Source {
+    /// Whether the weights the model started from matched their manifest (waiting for their
+    /// checksum): checked before anything derived from them is written.
+    fn check(&self) -> StageResult<()> {
+        self.init.as_ref().map_or(Ok(()), Verified::finish)
+    }
+}
+
+/// The model, its optimizer, the loss history so far, and where the model came from.
 struct Start {
     model: Llama,
     opt: AdamW,
     earlier: LossHistory,
-    source: std::path::PathBuf,
+    source: Source,
 }
 
-/// The model from `init` (or from this stage's interrupted checkpoint, with its optimizer).
-fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> StageResult<Start> {
+/// The model in the verified checkpoint `v` (its `model.safetensors`), on `device`.
+fn load_verified(v: &Verified, device: tch::Device) -> StageResult<Llama> {
+    let config = hf::read_config(&v.dir).map_err(Failure::bad_input)?;
+    let what = v.dir.join(checkpoint::MODEL_FILE).display().to_string();
+    let tensors = v.tensors(checkpoint::MODEL_FILE)?;
+    hf::from_tensors(&config, tensors, device, &what).map_err(Failure::bad_input)
+}
+
+/// The model from `init` (its weights from `opened`, when [`open_init`] opened it as a
+/// checkpoint), or from this stage's interrupted checkpoint, with its optimizer.
+fn start(
+    spec: &StageSpec,
+    init: &Path,
+    opened: Option<Verified>,
+    p: &TrainParams,
+    compute: &Compute,
+) -> StageResult<Start> {
     if let Some(own) = resumable(&spec.output_dir, p) {
-        let model = hf::load(&own.dir, compute.device).map_err(Failure::bad_input)?;
+        let model = load_verified(&own, compute.device)?;
         let mut opt = AdamW::new(&model.params, p.weight_decay);
         let tensors = own.tensors(checkpoint::OPTIMIZER_FILE)?;
         opt.load(&model.params, &tensors, "the optimizer state")
@@ -82,15 +116,19 @@ fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> S
             opt.step
         );
         let earlier = own.losses().unwrap_or_default();
+        let dir = own.dir.clone();
         return Ok(Start {
             model,
             opt,
             earlier,
-            source: own.dir.clone(),
+            source: Source { dir, init: None },
         });
     }
     crate::stages::train::forget_stale_checkpoint(&spec.output_dir)?;
-    let model = hf::load(init, compute.device).map_err(Failure::bad_input)?;
+    let model = match &opened {
+        Some(v) => load_verified(v, compute.device)?,
+        None => hf::load(init, compute.device).map_err(Failure::bad_input)?,
+    };
     crate::log!(
         "initialised from the Hugging Face model in {}",
         init.display()
@@ -100,8 +138,41 @@ fn start(spec: &StageSpec, init: &Path, p: &TrainParams, compute: &Compute) -> S
         model,
         opt,
         earlier: LossHistory::default(),
-        source: init.to_path_buf(),
+        source: Source {
+            dir: init.to_path_buf(),
+            init: opened,
+        },
     })
+}
+
+/// `init` opened as the byte-level model's init checkpoint is, where a stage wrote it (it is
+/// being written, an early start, or it has a manifest): waited for, every listed file's size
+/// checked, `model.safetensors` read (while waiting, where it can be) and its checksum
+/// computed alongside, with the byte-level stage's milestones (`t_init_read`,
+/// `t_input_complete`, `input_wait_s`, `init_read_early`). `None` where there is no manifest
+/// (a directory `save_pretrained` wrote) or it lists no `model.safetensors` (shards): the
+/// files are then read as they are.
+fn open_init(
+    spec: &StageSpec,
+    init: &Path,
+    milestones: &mut Milestones,
+) -> StageResult<Option<Verified>> {
+    if !input_wait::pending(spec, init) && !checkpoint::exists(init) {
+        return Ok(None);
+    }
+    let (v, waited, complete) = checkpoint::open_init(spec, init)?;
+    milestones.mark("t_init_read");
+    if !waited.is_zero() {
+        milestones.at("t_input_complete", complete);
+        milestones.set("input_wait_s", waited.as_secs_f64());
+        milestones.set("init_read_early", f64::from(u8::from(v.read_early())));
+    }
+    let listed = v
+        .manifest
+        .files
+        .iter()
+        .any(|f| f.path == checkpoint::MODEL_FILE);
+    Ok(listed.then_some(v))
 }
 
 /// Runs the `train` stage of `spec` on the Llama model in `init`, reporting on `sink`.
@@ -115,15 +186,60 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
         );
     }
     let compute = device::prepare(spec.device, &p.precision)?;
+    let mut milestones = Milestones::new();
+    milestones.mark("t_device_ready");
     crate::log!(
         "stage `{}`: train a Llama model on {}",
         spec.stage,
         compute.description
     );
     sink.started(&compute.description);
+    // An upstream Llama stage that released its device may still be writing `init` (an early
+    // start): its weights are used once its manifest is there.
+    let opened = open_init(spec, init, &mut milestones)?;
     if let Some(done) = completed(&spec.output_dir, &p) {
         return crate::stages::train::report_completed(&done, sink);
     }
+    let data = read_data(init, &p, &compute)?;
+    let Start {
+        mut model,
+        mut opt,
+        earlier,
+        source,
+    } = start(spec, init, opened, &p, &compute)?;
+    milestones.mark("t_model_ready");
+    crate::log!(
+        "Llama model: {} parameters, {} layers, width {}; {} steps of {}×{}",
+        model.params.numel(),
+        model.config.num_hidden_layers,
+        model.config.hidden_size,
+        p.steps,
+        p.batch_size,
+        p.seq_len
+    );
+    // Page-lock the checkpoint's host buffers while the stage trains, as the byte-level
+    // model does: its two files are three runs of the parameters' size.
+    if stream::pinning_wanted(compute.device) {
+        stream::plan_pinning(stream::buffers_for(model.params.numel(), 3));
+    }
+    let resumed_from = opt.step;
+    let stats = train_loop(
+        &mut model, &mut opt, &data, &p, &compute, sink, &source, spec, earlier,
+    )?;
+    persist(
+        spec,
+        &p,
+        &compute,
+        (model, opt, source, resumed_from),
+        stats,
+        milestones,
+        sink,
+    )
+}
+
+/// `config.json`'s shape checked against the parameters (and the attention kernels chosen for
+/// it on CUDA), and the data `p` names, tokenized with `init`'s tokenizer.
+fn read_data(init: &Path, p: &TrainParams, compute: &Compute) -> StageResult<TokenData> {
     let config = hf::read_config(init).map_err(Failure::bad_input)?;
     if i64::from(p.seq_len) > config.max_position_embeddings {
         return Err(Failure::bad_input(format!(
@@ -139,82 +255,92 @@ pub fn run(spec: &StageSpec, init: &Path, sink: &mut EventSink) -> StageResult<(
     data.check(p.seq_len as usize)
         .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
     crate::log!("data `{}`: {}", p.data, data.describe());
-    let Start {
-        mut model,
-        mut opt,
-        earlier,
-        source,
-    } = start(spec, init, &p, &compute)?;
-    crate::log!(
-        "Llama model: {} parameters, {} layers, width {}; {} steps of {}×{}",
-        model.params.numel(),
-        model.config.num_hidden_layers,
-        model.config.hidden_size,
-        p.steps,
-        p.batch_size,
-        p.seq_len
-    );
-    let resumed_from = opt.step;
-    let stats = train_loop(
-        &mut model, &mut opt, &data, &p, &compute, sink, &source, spec, earlier,
-    )?;
+    Ok(data)
+}
+
+/// The model, its optimizer, where it came from, and the step the training resumed from.
+type Trained = (Llama, AdamW, Source, u64);
+
+/// After the loop: `finishing` sent where the device goes back early, a complete training's
+/// final metrics written, then the final checkpoint, the release, the files and the metrics
+/// as for the byte-level model ([`ending::finish`]).
+fn persist(
+    spec: &StageSpec,
+    p: &TrainParams,
+    compute: &Compute,
+    (model, opt, source, resumed_from): Trained,
+    stats: LoopStats,
+    milestones: Milestones,
+    sink: &mut EventSink,
+) -> StageResult<()> {
+    let complete = !stats.interrupted;
+    if releases_early(complete, compute) {
+        // The device work ends with the checkpoint's copies (see the byte-level `train`).
+        sink.finishing();
+    }
     let history = stats.history();
     let mut metrics = stats.metrics(&history, opt.step, model.params.numel());
     if resumed_from > 0 {
         metrics.insert("resumed_from_step".into(), resumed_from as f64);
     }
-    let complete = !stats.interrupted;
+    // Nothing derived from unverified weights is written.
+    source.check()?;
     if complete {
         crate::stages::train::write_final_metrics(&spec.output_dir, &metrics)?;
     }
-    let started = Instant::now();
-    write(
-        spec,
-        &model,
-        &opt,
-        &source,
-        &training_state(&p, complete),
-        &history,
-        sink,
-    )?;
-    if !complete {
-        return Err(Failure::interrupted(format!(
-            "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
-            opt.step,
-            p.steps,
-            spec.output_dir.display()
-        )));
-    }
-    metrics.insert("checkpoint_write_s".into(), started.elapsed().as_secs_f64());
-    crate::log!("metrics {metrics:?}");
-    sink.metrics(&metrics);
-    Ok(())
+    let ending = Ending {
+        complete,
+        step: opt.step,
+        total_steps: p.steps,
+        after_first: stats.after_first,
+        finished: stats.finished,
+        metrics,
+        milestones,
+    };
+    let training = training_state(p, complete);
+    let write = |(model, opt, _): &(Llama, AdamW, _), released: Option<&mut _>| {
+        write(spec, model, opt, &source, &training, &history, released)
+    };
+    let on_device = (model, opt, stats.recent);
+    ending::finish(&spec.output_dir, compute, ending, on_device, write, sink)
 }
 
-/// Writes the model as a Hugging Face directory in the output, with `optimizer.safetensors`
-/// and a manifest (written last) recording the training's state, and reports its files.
+/// Writes the model as a Hugging Face directory in the output, through the streaming writer
+/// of the byte-level model's checkpoints ([`checkpoint::write_streamed`], with its promises
+/// and its release where `released` is given): `config.json` and the tokenizer's files first,
+/// then `model.safetensors` (the parameters' flat buffer under transformers' names, fp32,
+/// `format = pt`) and `optimizer.safetensors`, then the manifest (last) recording the
+/// training's state; not before the weights the model started from are verified
+/// ([`Source::check`]). Returns the files written, the manifest last.
 fn write(
     spec: &StageSpec,
     model: &Llama,
     opt: &AdamW,
-    source: &Path,
+    source: &Source,
     training: &TrainingState,
     history: &LossHistory,
-    sink: &mut EventSink,
-) -> StageResult<()> {
-    let mut files = hf::files(model, source).map_err(Failure::other)?;
-    let moments = tch::no_grad(|| opt.named_cpu(&model.params));
-    files.push((checkpoint::OPTIMIZER_FILE, hf::safetensors_bytes(&moments)));
+    released: Option<&mut Option<Released>>,
+) -> StageResult<Vec<WrittenFile>> {
+    source.check()?;
+    let ahead = hf::companion_files(model, &source.dir)
+        .map_err(Failure::other)?
+        .into_iter()
+        .map(|(name, bytes)| FileSpec {
+            name: name.into(),
+            runs: vec![Run::Bytes(bytes)],
+        })
+        .collect();
+    let tensors = checkpoint::tensor_files(&model.params, opt, Some(&hf::metadata()));
     let manifest_model = serde_json::json!({
         "arch": ARCH,
         "format": "huggingface",
         "training": training,
         "losses": history,
     });
+    let dir = &spec.output_dir;
     let (_, written) =
-        checkpoint::write_with_manifest(&spec.output_dir, files, Some(opt.step), manifest_model)?;
-    sink.checkpoint_files(written, Some(opt.step));
-    Ok(())
+        checkpoint::write_streamed(dir, ahead, tensors, opt.step, manifest_model, released)?;
+    Ok(written)
 }
 
 /// Figures gathered during the loop.
@@ -275,7 +401,7 @@ fn train_loop(
     p: &TrainParams,
     compute: &Compute,
     sink: &mut EventSink,
-    source: &Path,
+    source: &Source,
     spec: &StageSpec,
     earlier: LossHistory,
 ) -> StageResult<LoopStats> {
@@ -322,6 +448,7 @@ fn train_loop(
         if step == first {
             stats.first_loss = Some(loss.double_value(&[]));
             stats.after_first = Some(Instant::now());
+            stream::start_planned_pinning();
         } else {
             stats.tokens_after_first += batch.tokens;
         }
@@ -352,7 +479,8 @@ fn train_loop(
         }
         if p.checkpoint_every > 0 && step % p.checkpoint_every == 0 && step < p.steps {
             let state = training_state(p, false);
-            write(spec, model, opt, source, &state, &stats.history(), sink)?;
+            let files = write(spec, model, opt, source, &state, &stats.history(), None)?;
+            sink.checkpoint_files(files, Some(opt.step));
             crate::log!("periodic checkpoint at step {step}");
         }
     }
@@ -365,4 +493,79 @@ fn train_loop(
         })?;
     }
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::llama::config::LlamaConfig;
+    use tch::{Device, Kind, Tensor};
+
+    /// The weights file streamed from the flat buffer is byte for byte the one
+    /// `hf::safetensors_bytes` makes of the named parameters (the format transformers loads,
+    /// which the tests against transformers check), and the optimizer's file restores the
+    /// moments and the step.
+    #[test]
+    fn the_streamed_weights_are_the_hugging_face_files_bytes_and_the_moments_load_back() {
+        crate::testutil::one_torch_thread();
+        let config = LlamaConfig::parse(
+            r#"{"model_type":"llama","vocab_size":50,"hidden_size":32,"intermediate_size":48,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+            "max_position_embeddings":64}"#,
+        )
+        .unwrap();
+        let model = Llama::zeroed(&config, Device::Cpu);
+        let n = model.params.numel();
+        let mut opt = AdamW::new(&model.params, 0.1);
+        tch::no_grad(|| {
+            let values = |k: f64| (Tensor::arange(n, (Kind::Float, Device::Cpu)) * k).sin();
+            model.params.flat.shallow_clone().copy_(&values(0.37));
+            opt.exp_avg.copy_(&values(0.11));
+            opt.exp_avg_sq.copy_(&values(0.05).abs());
+        });
+        opt.step = 17;
+        let dir = crate::testutil::scratch_dir("llama-streamed");
+        let files = checkpoint::tensor_files(&model.params, &opt, Some(&hf::metadata()));
+        stream::write_files_unsynced(&dir, files, None)
+            .unwrap()
+            .sync()
+            .unwrap();
+        let named: Vec<(String, Tensor)> = tch::no_grad(|| {
+            model
+                .params
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.tensor.detach()))
+                .collect()
+        });
+        let streamed = std::fs::read(dir.join(checkpoint::MODEL_FILE)).unwrap();
+        assert!(streamed == hf::safetensors_bytes(&named), "other bytes");
+        let back = hf::load(
+            &{
+                let with_config = dir.join("hf");
+                std::fs::create_dir_all(&with_config).unwrap();
+                std::fs::write(
+                    with_config.join(hf::CONFIG_FILE),
+                    config.to_json("float32").to_string(),
+                )
+                .unwrap();
+                std::fs::copy(
+                    dir.join(checkpoint::MODEL_FILE),
+                    with_config.join(hf::WEIGHTS_FILE),
+                )
+                .unwrap();
+                with_config
+            },
+            Device::Cpu,
+        )
+        .unwrap();
+        assert!(back.params.flat.equal(&model.params.flat));
+        let bytes = std::fs::read(dir.join(checkpoint::OPTIMIZER_FILE)).unwrap();
+        let tensors = checkpoint::decode_tensors(&bytes, "the optimizer file").unwrap();
+        let mut restored = AdamW::new(&back.params, 0.1);
+        restored.load(&back.params, &tensors, "test").unwrap();
+        assert_eq!(restored.step, 17);
+        assert!(restored.exp_avg.equal(&opt.exp_avg));
+        assert!(restored.exp_avg_sq.equal(&opt.exp_avg_sq));
+    }
 }

@@ -9,7 +9,8 @@
 //! device given back early where it may be, the metrics reported).
 
 mod earlier;
-mod milestones;
+pub mod ending;
+pub mod milestones;
 mod steps;
 
 use crate::boot::spec::parse_params;
@@ -17,18 +18,18 @@ use crate::boot::warmup;
 use crate::checkpoint::{self, LossHistory, Verified};
 use crate::data::batch::Sampler;
 use crate::data::{self, Split};
-use crate::device::{self, Compute, Released};
+use crate::device::{self, Compute};
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
 use crate::model::optim::AdamW;
 use crate::model::{validate_config, ByteGpt};
 use earlier::{completed, resumable, training_state};
 pub use earlier::{forget_stale_checkpoint, report_completed, write_final_metrics};
+use ending::Ending;
 use milestones::Milestones;
 use protocol::worker::{ModelConfig, StageSpec, TrainParams};
 use std::collections::BTreeMap;
 use std::thread::JoinHandle;
-use std::time::Instant;
 use steps::LoopStats;
 
 /// Checks the parameters that serde cannot; the message names the parameter.
@@ -411,7 +412,7 @@ fn train(
         init.as_ref(),
         earlier,
     )?;
-    if !stats.interrupted && device::early_release_wanted(compute.device) {
+    if ending::releases_early(!stats.interrupted, &compute) {
         // The device work ends with the checkpoint's copies: the next stage's process may get
         // ready meanwhile (`boot::standby`).
         sink.finishing();
@@ -443,7 +444,8 @@ fn train(
 
 /// Phase 4: the final checkpoint (the device given back as soon as its data is on the host,
 /// for a complete training where that is wanted), its files reported, and then the metrics;
-/// an interrupted training fails as such once its checkpoint is durable.
+/// an interrupted training fails as such once its checkpoint is durable (see
+/// [`ending::finish`]).
 fn persist(
     spec: &StageSpec,
     p: &TrainParams,
@@ -456,66 +458,26 @@ fn persist(
         opt,
         stats,
         history,
-        mut metrics,
-        mut milestones,
+        metrics,
+        milestones,
     } = trained;
-    let complete = !stats.interrupted;
-    let checkpoint_started = Instant::now();
-    // The final checkpoint of a complete training is the stage's last device work: the device
-    // is given back as soon as the data is on the host (the disk finishes after).
-    let mut released: Option<Released> = None;
-    let release = complete && device::early_release_wanted(compute.device);
-    let written = checkpoint::write(
-        &spec.output_dir,
-        &model,
-        &opt,
-        opt.step,
-        &training_state(p, complete),
-        &history,
-        release.then_some(&mut released),
-    );
-    let step = opt.step;
-    let pinned = crate::checkpoint::stream::pinned_buffers();
-    if let Some(released) = &released {
-        milestones.released(released);
-        // The CUDA context is gone: freeing these tensors would call into it (and could
-        // create a new one). The process exits right after this stage; the OS frees them.
-        std::mem::forget(model);
-        std::mem::forget(opt);
-        std::mem::forget(stats.recent);
-    }
-    let (_, files) = written?;
-    let phases: Vec<(String, f64)> = files.iter().flat_map(|f| f.phases.clone()).collect();
-    sink.checkpoint_files(files, Some(step));
-    if !complete {
-        return Err(Failure::interrupted(format!(
-            "stopped by a signal after step {} of {}; a resumable checkpoint is in {}",
-            step,
-            p.steps,
-            spec.output_dir.display()
-        )));
-    }
-    milestones.mark("t_checkpoint_durable");
-    metrics.insert(
-        "checkpoint_write_s".into(),
-        checkpoint_started.elapsed().as_secs_f64(),
-    );
-    if let Some(t) = stats.after_first {
-        milestones.at("t_first_step", t);
-    }
-    milestones.at("t_last_step", stats.finished);
-    metrics.extend(milestones.into_metrics());
-    metrics.extend(phases);
-    if compute.device.is_cuda() {
-        // For the boundary benchmark (the console's result line shows these too, so CPU stages,
-        // where neither applies, leave them out). Every step is a fused AdamW (the worker's
-        // kernels or libtorch's).
-        metrics.insert("fused_adamw".into(), 1.0);
-        metrics.insert("pinned_buffers".into(), pinned as f64);
-    }
-    crate::log!("metrics {metrics:?}");
-    sink.metrics(&metrics);
-    Ok(())
+    let ending = Ending {
+        complete: !stats.interrupted,
+        step: opt.step,
+        total_steps: p.steps,
+        after_first: stats.after_first,
+        finished: stats.finished,
+        metrics,
+        milestones,
+    };
+    let training = training_state(p, ending.complete);
+    let write = |(model, opt, _): &(ByteGpt, AdamW, _), released: Option<&mut _>| {
+        let dir = &spec.output_dir;
+        checkpoint::write(dir, model, opt, opt.step, &training, &history, released)
+            .map(|(_, files)| files)
+    };
+    let on_device = (model, opt, stats.recent);
+    ending::finish(&spec.output_dir, &compute, ending, on_device, write, sink)
 }
 
 #[cfg(test)]
