@@ -249,7 +249,7 @@ fn a_llama_the_worker_trained_loads_in_transformers_then_sft_and_eval_follow() {
     assert_same_logits(&py, &sft, &s);
     let eval_dir = s.join("eval");
     let params = json!({"data": pairs, "samples": 50, "batch_size": 25, "seq_len": 32});
-    let em = metrics(&stage(&s, "eval", "eval", params, &sft, &eval_dir)).clone();
+    let em = metrics(&stage(&s, "eval", "eval", params.clone(), &sft, &eval_dir)).clone();
     assert_eq!(em["samples"], 50.0);
     let loss = em["loss"].as_f64().unwrap();
     assert!(
@@ -260,6 +260,26 @@ fn a_llama_the_worker_trained_loads_in_transformers_then_sft_and_eval_follow() {
     let results: Value =
         serde_json::from_slice(&std::fs::read(eval_dir.join("metrics.json")).unwrap()).unwrap();
     assert_eq!(results["metrics"]["loss"], em["loss"]);
+    assert_eq!(results["checkpoint_step"], 40, "{results}");
+
+    // The eval checks the weights against their manifest too: one flipped byte (same size)
+    // and it fails, writing no results.
+    let weights = sft.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&weights, bytes).unwrap();
+    let spec = json!({
+        "v": 1, "stage": "eval-corrupt", "kind": "eval", "params": params,
+        "output_dir": s.join("eval-corrupt"), "inputs": {}, "init": sft, "device": "cpu", "attempt": 1
+    });
+    let path = s.join("eval-corrupt.json");
+    std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let out = worker(&path).output().unwrap();
+    assert!(!out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("is corrupted"), "{stdout}");
+    assert!(!s.join("eval-corrupt/metrics.json").exists());
 }
 
 #[test]

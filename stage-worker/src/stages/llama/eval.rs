@@ -97,10 +97,7 @@ pub fn run(
     let data = data::load(&p.data, &tokens)?;
     data.check(p.seq_len as usize)
         .map_err(|e| Failure::bad_input(format!("params.data `{}`: {e}", p.data)))?;
-    let model = hf::load(init, compute.device).map_err(Failure::bad_input)?;
-    let step = checkpoint::open_verified(init)
-        .ok()
-        .and_then(|v| v.manifest.step);
+    let (model, step) = super::load_checked(init, compute.device)?;
     crate::log!(
         "evaluating the Llama model in {} on `{}`: {}",
         init.display(),

@@ -16,11 +16,44 @@ pub mod data;
 pub mod eval;
 pub mod train;
 
-use crate::failure::StageResult;
+use crate::checkpoint::{self, Verified};
+use crate::failure::{Failure, StageResult};
 use crate::model::llama::config::LlamaConfig;
 use crate::model::llama::hf;
+use crate::model::llama::Llama;
 use protocol::worker::StageSpec;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The model in the verified checkpoint `v` (its `model.safetensors`), on `device`.
+fn load_verified(v: &Verified, device: tch::Device) -> StageResult<Llama> {
+    let config = hf::read_config(&v.dir).map_err(Failure::bad_input)?;
+    let what = v.dir.join(checkpoint::MODEL_FILE).display().to_string();
+    let tensors = v.tensors(checkpoint::MODEL_FILE)?;
+    hf::from_tensors(&config, tensors, device, &what).map_err(Failure::bad_input)
+}
+
+/// The Llama model in `dir` on `device`, and the step its manifest records: from a checkpoint
+/// a stage wrote (it has a manifest listing `model.safetensors`), the weights checked against
+/// the manifest (size and checksum) before use, a mismatch a bad-input failure; from a
+/// directory `save_pretrained` wrote, read as it is.
+pub fn load_checked(dir: &Path, device: tch::Device) -> StageResult<(Llama, Option<u64>)> {
+    let listed = |v: &Verified| {
+        v.manifest
+            .files
+            .iter()
+            .any(|f| f.path == checkpoint::MODEL_FILE)
+    };
+    if checkpoint::exists(dir) {
+        let v = checkpoint::open_for_weights(dir)?;
+        if listed(&v) {
+            let model = load_verified(&v, device)?;
+            v.finish()?;
+            return Ok((model, v.manifest.step));
+        }
+    }
+    let model = hf::load(dir, device).map_err(Failure::bad_input)?;
+    Ok((model, None))
+}
 
 /// The Hugging Face model directory `spec`'s `init` names, if it is one. An input still being
 /// written (an early start) is one too: a Llama `train` stage puts its `config.json` in place

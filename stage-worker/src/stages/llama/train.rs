@@ -3,6 +3,7 @@
 //! output (see [`super`]), resuming this stage's own interrupted attempt where it left one.
 
 use super::data::{self, TokenData, Tokens};
+use super::load_verified;
 use crate::boot::signals;
 use crate::boot::spec::parse_params;
 use crate::checkpoint::fsio::WrittenFile;
@@ -85,14 +86,6 @@ struct Start {
     opt: AdamW,
     earlier: LossHistory,
     source: Source,
-}
-
-/// The model in the verified checkpoint `v` (its `model.safetensors`), on `device`.
-fn load_verified(v: &Verified, device: tch::Device) -> StageResult<Llama> {
-    let config = hf::read_config(&v.dir).map_err(Failure::bad_input)?;
-    let what = v.dir.join(checkpoint::MODEL_FILE).display().to_string();
-    let tensors = v.tensors(checkpoint::MODEL_FILE)?;
-    hf::from_tensors(&config, tensors, device, &what).map_err(Failure::bad_input)
 }
 
 /// The model from `init` (its weights from `opened`, when [`open_init`] opened it as a
