@@ -276,7 +276,7 @@ fn spawn(
             env: &env,
             ..stage.worker
         };
-        let standby_of = standby_key(key);
+        let standby_of = standby_key(key, zygote.generation);
         let started = match standbys.adopt(&standby_of, &worker) {
             Some(pid) => Ok((pid, true)),
             None => fork_server::fork(&mut zygote.server, &worker).map(|pid| (pid, false)),
@@ -329,9 +329,11 @@ fn gives_gpus(env: &[(&str, &str)]) -> bool {
         .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty())
 }
 
-/// The name the standbys of the zygote of `key` go by among a host's standbys.
-fn standby_key(key: u64) -> PathBuf {
-    PathBuf::from(format!("zygote-{key:016x}"))
+/// The name the standbys of generation `generation` of the zygote of `key` go by among a
+/// host's standbys: a stage takes on only a standby of the generation it is reported forked
+/// from (an older one's is left to expire).
+fn standby_key(key: u64, generation: u32) -> PathBuf {
+    PathBuf::from(format!("zygote-{key:016x}-{generation}"))
 }
 
 /// A forked stage's `start` once the stage has exited, with what it imported itself (read
