@@ -350,6 +350,10 @@ async fn watch(
             // A stage is first sampled a whole period after it started, as it was with a
             // timer of its own: a sweep's short stages never scan `/proc` for it.
             _ = services.tree_sampling.next() => if started.elapsed() >= TREE_SAMPLE_PERIOD {
+                if child.start.is_some() {
+                    // A stage with `preload`: its zygote may have become ready meanwhile.
+                    services.forkers.zygotes.standbys_when_ready();
+                }
                 w.tree_rss_peak = w.tree_rss_peak.max(child.resident_bytes());
                 samples += 1;
                 // Ranks are looked for once a second (a launcher starts them once).

@@ -216,6 +216,9 @@ struct Starting {
     generation: u32,
     learned: Vec<String>,
     seen: u64,
+    /// The environment of the latest stage with GPUs exec'd while it imports: once it is ready
+    /// ([`standbys_when_ready`]), a standby is readied under it for the stage after.
+    standby_for: Option<Vec<(String, String)>>,
 }
 
 thread_local! {
@@ -260,9 +263,12 @@ fn spawn(
         let zygote = match zygotes.entry(key).or_insert(state) {
             State::Serving(z) => z,
             State::Starting(starting) => {
+                if gives_gpus(stage.worker.env) {
+                    starting.standby_for = Some(fork_server::owned(stage.worker.env));
+                }
                 return Err(Fallback::Starting {
                     seconds: starting.server.elapsed().as_secs_f64(),
-                })
+                });
             }
             State::Failed(why) => return Err(ForkServerError::Unusable(why.clone()).into()),
         };
@@ -471,6 +477,7 @@ fn ready(starting: Starting) -> State {
         generation,
         mut learned,
         seen,
+        standby_for: _,
     } = starting;
     match server.finish(reply) {
         Ok(server) => {
@@ -495,6 +502,39 @@ fn ready(starting: Starting) -> State {
         }
         Err(why) => failed(why),
     }
+}
+
+/// Readies a standby for each zygote that became ready since a stage with GPUs was exec'd
+/// while it imported ([`Starting::standby_for`]), under that stage's environment: the stage
+/// after it then starts as that standby (the first forked stage of a sweep included). Cheap
+/// when there is none: called while stages with `preload` run.
+fn standbys_when_ready(standbys: &Standbys) {
+    ZYGOTES.with(|zygotes| {
+        let mut zygotes = zygotes.borrow_mut();
+        let waiting: Vec<u64> = (zygotes.iter())
+            .filter(|(_, s)| matches!(s, State::Starting(st) if st.standby_for.is_some()))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in waiting {
+            let Some(State::Starting(mut starting)) = zygotes.remove(&key) else {
+                continue;
+            };
+            let env = starting.standby_for.take();
+            let state = match (ready(starting), env) {
+                (State::Serving(mut zygote), Some(env)) => {
+                    let program = standby_key(key, zygote.generation);
+                    standbys.request(&mut zygote.server, &program, &env, true);
+                    State::Serving(zygote)
+                }
+                (State::Starting(mut starting), env) => {
+                    starting.standby_for = env;
+                    State::Starting(starting)
+                }
+                (other, _) => other,
+            };
+            zygotes.insert(key, state);
+        }
+    });
 }
 
 fn failed(why: ForkServerError) -> State {
@@ -642,6 +682,7 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
                 generation: knowledge.generation,
                 learned: knowledge.learned,
                 seen,
+                standby_for: None,
             };
             match bare {
                 true => settle(starting, BARE_WAIT),
@@ -700,6 +741,14 @@ impl Zygotes {
             return Err(Fallback::Disabled);
         }
         spawn(stage, reaper, &self.standbys)
+    }
+
+    /// Readies the standbys asked for while zygotes imported (see [`standbys_when_ready`]):
+    /// to be called now and then while a stage with `preload` runs.
+    pub fn standbys_when_ready(&self) {
+        if self.enabled && self.standbys.enabled() {
+            standbys_when_ready(&self.standbys);
+        }
     }
 
     /// Stops every zygote and standby and waits until the zygotes are gone.
