@@ -41,6 +41,9 @@ pub struct Opened {
     /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]), and
     /// the log files once its process has them.
     pub discards: Option<crate::process::discard::Discards>,
+    /// The attempt's rendezvous port, held until the attempt is about to spawn (none when
+    /// its plan sets `MASTER_PORT`, or the kernel gave none).
+    pub port: Option<crate::attempt::rendezvous::HeldPort>,
 }
 
 impl Opened {
@@ -238,12 +241,16 @@ pub fn start_attempt(
         )
     });
     let (stdout, stderr, stderr_offset, events) = match opened {
-        Some(o) => (
-            o.stdout,
-            o.stderr,
-            o.stderr_offset,
-            Some((o.events, o.discards)),
-        ),
+        Some(o) => {
+            // The port held for it is released now, before the spawn: the stage binds it.
+            drop(o.port);
+            (
+                o.stdout,
+                o.stderr,
+                o.stderr_offset,
+                Some((o.events, o.discards)),
+            )
+        }
         None => {
             let (stdout, stderr, offset) =
                 open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {

@@ -352,7 +352,7 @@ impl<'h> Driver<'h> {
             attempt,
             gpus: &gpus,
             cpu_threads,
-            prepared: written.as_ref().map(|w| w.fresh),
+            prepared: written.as_ref().map(|w| w.prepared()),
             being_written: &being_written,
         };
         let prepared = cleared.and_then(|()| self.lookahead.prepare_attempt(setup, request));
