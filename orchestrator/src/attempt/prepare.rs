@@ -284,7 +284,9 @@ pub(crate) fn prepare_attempt(
         machine_has_gpus,
         socket_dir,
     } = *context;
-    let stage = plan.stage_as_run(i);
+    let stage = &plan.plan.stages[i];
+    // Its `env` as it runs (a matrix instance's values added); the rest is the plan's stage.
+    let stage_env = plan.env_as_run(i);
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
     let device = if gpus.is_empty() {
         Device::Cpu
@@ -339,11 +341,11 @@ pub(crate) fn prepare_attempt(
         inputs_file: &inputs_path,
         attempt,
         resumable,
-        master_port: crate::attempt::rendezvous::stage_port(&stage.env, held_port),
+        master_port: crate::attempt::rendezvous::stage_port(&stage_env, held_port),
     };
-    let mut env = contract::environment(&paths, &stage.env);
+    let mut env = contract::environment(&paths, &stage_env);
     if let Some(n) = cpu_threads {
-        if !stage.env.contains_key("OMP_NUM_THREADS")
+        if !stage_env.contains_key("OMP_NUM_THREADS")
             && std::env::var_os("OMP_NUM_THREADS").is_none()
         {
             env.push(("OMP_NUM_THREADS".into(), n.to_string()));
@@ -360,7 +362,7 @@ pub(crate) fn prepare_attempt(
     }
     if stage.command.is_some() && !gpus.is_empty() {
         env.extend(crate::attempt::flight_recorder::stage_env(
-            &stage_dir, attempt, &stage.env,
+            &stage_dir, attempt, &stage_env,
         ));
     }
     let argv = match (&stage.command, worker) {
@@ -408,6 +410,6 @@ pub(crate) fn prepare_attempt(
                 .unwrap_or_else(|| plan.plan.run.preload.clone()),
             None => protocol::plan::Preload::default(),
         },
-        limits: crate::process::cgroup::Limits::of(&stage),
+        limits: crate::process::cgroup::Limits::of(stage),
     })
 }
