@@ -222,6 +222,30 @@ impl Launched {
     }
 }
 
+/// The memory each of the attempt's GPUs holds before anything of it exists (none without a
+/// probe): the used memory, or with `gpu_memory` sharing the memory no listed process
+/// accounts for (the others' is theirs).
+fn gpu_baselines(plan: &AttemptPlan, services: &Services) -> Vec<crate::gpu::release::GpuBaseline> {
+    let Some(probe) = &services.probe else {
+        return Vec::new();
+    };
+    plan.gpus
+        .iter()
+        .map(|g| {
+            let used = match plan.gpu_share {
+                Some(_) => crate::gpu::shared::unlisted_bytes(probe.as_ref(), &g.uuid)
+                    .map_or(0, |(unlisted, _)| unlisted),
+                None => probe.used_bytes(&g.uuid).unwrap_or(0),
+            };
+            crate::gpu::release::GpuBaseline {
+                uuid: g.uuid.clone(),
+                baseline: used,
+                peak: used,
+            }
+        })
+        .collect()
+}
+
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
 /// cannot start comes back as its [`Failure`].
 pub fn start_attempt(
@@ -264,22 +288,7 @@ pub fn start_attempt(
     };
 
     // Baselines come before anything of the stage exists.
-    let mut baselines: Vec<crate::gpu::release::GpuBaseline> = Vec::new();
-    if let Some(probe) = &services.probe {
-        for g in &plan.gpus {
-            let used = match plan.gpu_share {
-                // Sharing: the memory no listed process accounts for (the others' is theirs).
-                Some(_) => crate::gpu::shared::unlisted_bytes(probe.as_ref(), &g.uuid)
-                    .map_or(0, |(unlisted, _)| unlisted),
-                None => probe.used_bytes(&g.uuid).unwrap_or(0),
-            };
-            baselines.push(crate::gpu::release::GpuBaseline {
-                uuid: g.uuid.clone(),
-                baseline: used,
-                peak: used,
-            });
-        }
-    }
+    let baselines = gpu_baselines(&plan, services);
 
     let record_to = plan.stage_dir.join("events.jsonl");
     let mut discards = None;
