@@ -41,6 +41,9 @@ pub struct Opened {
     /// Where the socket file goes when the attempt ends (see [`EventChannel::remove_later`]), and
     /// the log files once its process has them.
     pub discards: Option<crate::process::discard::Discards>,
+    /// The attempt's rendezvous port, held until the attempt is about to spawn (none when
+    /// its plan sets `MASTER_PORT`, or the kernel gave none).
+    pub port: Option<crate::attempt::rendezvous::HeldPort>,
 }
 
 impl Opened {
@@ -219,6 +222,30 @@ impl Launched {
     }
 }
 
+/// The memory each of the attempt's GPUs holds before anything of it exists (none without a
+/// probe): the used memory, or with `gpu_memory` sharing the memory no listed process
+/// accounts for (the others' is theirs).
+fn gpu_baselines(plan: &AttemptPlan, services: &Services) -> Vec<crate::gpu::release::GpuBaseline> {
+    let Some(probe) = &services.probe else {
+        return Vec::new();
+    };
+    plan.gpus
+        .iter()
+        .map(|g| {
+            let used = match plan.gpu_share {
+                Some(_) => crate::gpu::shared::unlisted_bytes(probe.as_ref(), &g.uuid)
+                    .map_or(0, |(unlisted, _)| unlisted),
+                None => probe.used_bytes(&g.uuid).unwrap_or(0),
+            };
+            crate::gpu::release::GpuBaseline {
+                uuid: g.uuid.clone(),
+                baseline: used,
+                peak: used,
+            }
+        })
+        .collect()
+}
+
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
 /// cannot start comes back as its [`Failure`].
 pub fn start_attempt(
@@ -238,12 +265,16 @@ pub fn start_attempt(
         )
     });
     let (stdout, stderr, stderr_offset, events) = match opened {
-        Some(o) => (
-            o.stdout,
-            o.stderr,
-            o.stderr_offset,
-            Some((o.events, o.discards)),
-        ),
+        Some(o) => {
+            // The port held for it is released now, before the spawn: the stage binds it.
+            drop(o.port);
+            (
+                o.stdout,
+                o.stderr,
+                o.stderr_offset,
+                Some((o.events, o.discards)),
+            )
+        }
         None => {
             let (stdout, stderr, offset) =
                 open_logs(&plan.stage_dir, header.as_deref()).map_err(|e| {
@@ -257,22 +288,7 @@ pub fn start_attempt(
     };
 
     // Baselines come before anything of the stage exists.
-    let mut baselines: Vec<crate::gpu::release::GpuBaseline> = Vec::new();
-    if let Some(probe) = &services.probe {
-        for g in &plan.gpus {
-            let used = match plan.gpu_share {
-                // Sharing: the memory no listed process accounts for (the others' is theirs).
-                Some(_) => crate::gpu::shared::unlisted_bytes(probe.as_ref(), &g.uuid)
-                    .map_or(0, |(unlisted, _)| unlisted),
-                None => probe.used_bytes(&g.uuid).unwrap_or(0),
-            };
-            baselines.push(crate::gpu::release::GpuBaseline {
-                uuid: g.uuid.clone(),
-                baseline: used,
-                peak: used,
-            });
-        }
-    }
+    let baselines = gpu_baselines(&plan, services);
 
     let record_to = plan.stage_dir.join("events.jsonl");
     let mut discards = None;

@@ -22,6 +22,9 @@ pub(crate) struct Layout {
     paths: StagePaths,
     inputs: BTreeMap<String, PathBuf>,
     spec: StageSpec,
+    /// Whether the attempt gets a rendezvous port of ours (its plan `env` sets no
+    /// `MASTER_PORT`): opened ahead, it holds one (see [`crate::attempt::rendezvous`]).
+    gets_port: bool,
 }
 
 /// The event socket of attempt `attempt` of stage `i`, in the run's socket directory.
@@ -81,6 +84,7 @@ impl Layout {
             paths,
             inputs,
             spec,
+            gets_port: !stage.env.contains_key("MASTER_PORT"),
         }
     }
 
@@ -106,8 +110,8 @@ impl Layout {
     }
 
     /// [`Layout::write`], keeping the logs open and the event socket at `socket` bound and
-    /// registered with `runtime`, so that the attempt starts without opening anything (see
-    /// [`crate::attempt::preparer`]).
+    /// registered with `runtime`, and holding the attempt's rendezvous port, so that the
+    /// attempt starts without opening anything (see [`crate::attempt::preparer`]).
     pub(crate) fn write_and_open(
         &self,
         socket: &Path,
@@ -132,6 +136,10 @@ impl Layout {
                 events,
                 socket: socket.to_path_buf(),
                 discards: None,
+                port: self
+                    .gets_port
+                    .then(crate::attempt::rendezvous::HeldPort::take)
+                    .flatten(),
             },
         ))
     }
@@ -244,9 +252,18 @@ fn checked_inputs(
     Ok(inputs)
 }
 
+/// What the preparer made ahead for a first attempt (see [`crate::attempt::preparer`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prepared {
+    /// Whether its output directory was created by the preparer (and so is empty).
+    pub(crate) fresh: bool,
+    /// The rendezvous port held for it, if its files were opened ahead.
+    pub(crate) port: Option<u16>,
+}
+
 /// Prepares attempt `attempt` of stage `i` on `gpus`: checks that its inputs are still what
 /// was verified, writes its files (unless the preparer did: `prepared` says whether its output
-/// directory was new then), and makes its environment and argv. `cpu_threads`: the threads a
+/// directory was new then, and the port it holds for it), and makes its environment and argv. `cpu_threads`: the threads a
 /// built-in stage on the CPU uses (its `OMP_NUM_THREADS`, unless set). `being_written`: the
 /// upstream stages still persisting their outputs (an early start): its spec names their
 /// directories, which its worker waits for, and its files are written here.
@@ -256,7 +273,7 @@ pub(crate) fn prepare_attempt(
     attempt: u32,
     gpus: &[GpuInfo],
     cpu_threads: Option<usize>,
-    prepared: Option<bool>,
+    prepared: Option<Prepared>,
     being_written: &[usize],
 ) -> Result<AttemptPlan, Failure> {
     let AttemptContext {
@@ -267,7 +284,9 @@ pub(crate) fn prepare_attempt(
         machine_has_gpus,
         socket_dir,
     } = *context;
-    let stage = plan.stage_as_run(i);
+    let stage = &plan.plan.stages[i];
+    // Its `env` as it runs (a matrix instance's values added); the rest is the plan's stage.
+    let stage_env = plan.env_as_run(i);
     let io_fail = |what: &str, e: std::io::Error| Failure::SpawnFailed(format!("{what}: {e}"));
     let device = if gpus.is_empty() {
         Device::Cpu
@@ -279,8 +298,9 @@ pub(crate) fn prepare_attempt(
     // The files of the attempt: written here, unless the preparer wrote them already (a
     // first attempt on the device it was prepared for; `prepared` says whether its output
     // directory was new).
+    let held_port = prepared.and_then(|p| p.port);
     let fresh_output = match prepared.filter(|_| being_written.is_empty()) {
-        Some(fresh) => fresh,
+        Some(prepared) => prepared.fresh,
         None => {
             let mut layout = Layout::new(plan, i, run_dir, attempt, device, inputs.clone());
             layout.spec.inputs_being_written = being_written
@@ -321,11 +341,11 @@ pub(crate) fn prepare_attempt(
         inputs_file: &inputs_path,
         attempt,
         resumable,
-        master_port: crate::attempt::rendezvous::stage_port(&stage.env),
+        master_port: crate::attempt::rendezvous::stage_port(&stage_env, held_port),
     };
-    let mut env = contract::environment(&paths, &stage.env);
+    let mut env = contract::environment(&paths, &stage_env);
     if let Some(n) = cpu_threads {
-        if !stage.env.contains_key("OMP_NUM_THREADS")
+        if !stage_env.contains_key("OMP_NUM_THREADS")
             && std::env::var_os("OMP_NUM_THREADS").is_none()
         {
             env.push(("OMP_NUM_THREADS".into(), n.to_string()));
@@ -342,7 +362,7 @@ pub(crate) fn prepare_attempt(
     }
     if stage.command.is_some() && !gpus.is_empty() {
         env.extend(crate::attempt::flight_recorder::stage_env(
-            &stage_dir, attempt, &stage.env,
+            &stage_dir, attempt, &stage_env,
         ));
     }
     let argv = match (&stage.command, worker) {
@@ -390,6 +410,6 @@ pub(crate) fn prepare_attempt(
                 .unwrap_or_else(|| plan.plan.run.preload.clone()),
             None => protocol::plan::Preload::default(),
         },
-        limits: crate::process::cgroup::Limits::of(&stage),
+        limits: crate::process::cgroup::Limits::of(stage),
     })
 }

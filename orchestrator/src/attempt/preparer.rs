@@ -94,8 +94,22 @@ impl Done {
 pub(crate) struct Written {
     /// Whether its output directory was created by the write (and so is empty).
     pub(crate) fresh: bool,
-    /// Its opened files, if it was asked to open them.
+    /// Its opened files (and the rendezvous port held for it), if it was asked to open them.
     pub(crate) files: Option<Opened>,
+}
+
+impl Written {
+    /// What its attempt is planned from.
+    pub(crate) fn prepared(&self) -> crate::attempt::prepare::Prepared {
+        crate::attempt::prepare::Prepared {
+            fresh: self.fresh,
+            port: self
+                .files
+                .as_ref()
+                .and_then(|f| f.port.as_ref())
+                .map(|p| p.port()),
+        }
+    }
 }
 
 /// Handle to the preparer thread of one run.
@@ -420,6 +434,13 @@ mod tests {
                         assert_eq!(opened.stderr_offset, 0);
                         // The socket listens: a stage could connect to it now.
                         std::os::unix::net::UnixStream::connect(socket(i)).unwrap();
+                        // Its rendezvous port is held: no one else can bind it until the
+                        // attempt spawns (these files are dropped here instead).
+                        let port = opened.port.as_ref().expect("a port is held").port();
+                        let any = std::net::Ipv4Addr::UNSPECIFIED;
+                        assert!(std::net::TcpListener::bind((any, port)).is_err());
+                        drop(opened);
+                        std::net::TcpListener::bind((any, port)).unwrap();
                     }
                     by_preparer += 1;
                 }

@@ -92,6 +92,23 @@ impl LoadedPlan {
         }
     }
 
+    /// Stage `i`'s `env` as it runs: [`Self::stage_as_run`]'s, without copying the rest of
+    /// the stage (a sweep plans thousands of attempts).
+    pub(crate) fn env_as_run(
+        &self,
+        i: usize,
+    ) -> std::borrow::Cow<'_, std::collections::BTreeMap<String, String>> {
+        let env = &self.plan.stages[i].env;
+        match self.instances.get(i).and_then(Option::as_ref) {
+            Some(instance) if !instance.values.is_empty() => {
+                let mut env = env.clone();
+                env.extend(matrix::matrix_env(instance));
+                std::borrow::Cow::Owned(env)
+            }
+            _ => std::borrow::Cow::Borrowed(env),
+        }
+    }
+
     /// The plan as run (every stage as [`Self::stage_as_run`] gives it), serialized one stage
     /// at a time.
     pub(crate) fn as_run(&self) -> impl serde::Serialize + '_ {
@@ -409,4 +426,22 @@ pub fn launch_size_problems(plan: &LoadedPlan) -> Vec<LaunchSizeProblem> {
         }
     }
     problems
+}
+
+#[cfg(test)]
+mod env_as_run_tests {
+    #[test]
+    fn env_as_run_is_the_env_of_the_stage_as_run() {
+        let text = "[[stage]]\nname = \"a\"\ncommand = [\"true\"]\nenv = { X = \"1\" }\n\
+                    matrix = { i = [1, 2] }\n\
+                    [[stage]]\nname = \"b\"\ncommand = [\"true\"]\nenv = { Y = \"2\" }\n";
+        let plan = super::parse_plan_toml(text, "t.toml", std::path::Path::new("/")).unwrap();
+        assert_eq!(plan.plan.stages.len(), 3);
+        for i in 0..plan.plan.stages.len() {
+            assert_eq!(*plan.env_as_run(i), plan.stage_as_run(i).env, "stage {i}");
+        }
+        let a2 = plan.index_of("a[i=2]").unwrap();
+        assert_eq!(plan.env_as_run(a2)["ORCHESTRATE_MATRIX_I"], "2");
+        assert_eq!(plan.env_as_run(a2)["X"], "1");
+    }
 }

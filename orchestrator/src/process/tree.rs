@@ -389,7 +389,8 @@ fn named(pids: Vec<i32>) -> Vec<StoppedProcess> {
 /// [`stop_tree`] for a stage with a cgroup: SIGTERM to its members, those that left the
 /// cgroup included (unless `grace` is zero), up to `grace` for them to go, then `cgroup.kill`
 /// and SIGKILL to those outside until none is left (10 s at most); then its counters, and the
-/// cgroup removed.
+/// cgroup removed (when nothing was found: once its handle is dropped, see
+/// [`StageCgroup::seen_empty`]).
 async fn stop_cgroup(
     leader: i32,
     token: &str,
@@ -442,13 +443,15 @@ async fn stop_cgroup(
     }
     summary.cgroup = Some(cgroup.usage());
     if summary.survivors.is_empty() {
-        // Nothing found at all (the usual end): the empty cgroup just read is not read again.
-        let removed = match summary.found.is_empty() {
-            true => cgroup.remove_seen_empty(),
-            false => cgroup.remove(),
-        };
-        if let Err(e) = removed {
-            tracing::warn!("{e}");
+        // Nothing found at all (the usual end): the empty cgroup just read is not read again,
+        // and goes when the stage's handle does (after a hand-over to its successor).
+        match summary.found.is_empty() {
+            true => cgroup.seen_empty(),
+            false => {
+                if let Err(e) = cgroup.remove() {
+                    tracing::warn!("{e}");
+                }
+            }
         }
     }
     summary

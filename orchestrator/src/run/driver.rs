@@ -352,7 +352,7 @@ impl<'h> Driver<'h> {
             attempt,
             gpus: &gpus,
             cpu_threads,
-            prepared: written.as_ref().map(|w| w.fresh),
+            prepared: written.as_ref().map(|w| w.prepared()),
             being_written: &being_written,
         };
         let prepared = cleared.and_then(|()| self.lookahead.prepare_attempt(setup, request));
@@ -452,7 +452,9 @@ impl<'h> Driver<'h> {
         let services = self.setup.services.clone();
         tokio::task::spawn_local(
             async move {
-                let (result, chained) = task.supervise(launched, &services).await;
+                // Boxed: supervising is a future of kilobytes, which would otherwise be copied
+                // whole as the task is made and placed, at every stage.
+                let (result, chained) = Box::pin(task.supervise(launched, &services)).await;
                 // srun stages: the GPU check of every node of the stage.
                 after.run(&result, &services.reaper).await;
                 let news = StageNews::Done(i, Box::new(result), given, chained);

@@ -22,14 +22,14 @@ const PREPARE_LOW: usize = 2;
 const PREPARE_BATCH: usize = 8;
 
 /// One attempt to plan: attempt `attempt` of stage `stage` on `gpus`; `cpu_threads`, a built-in
-/// CPU stage's share of the cores; `prepared`, whether its files were written ahead (and its
-/// output directory was new then).
+/// CPU stage's share of the cores; `prepared`, what was made ahead for it (whether its output
+/// directory was new then, the port held for it).
 pub(super) struct Request<'g> {
     pub(super) stage: usize,
     pub(super) attempt: u32,
     pub(super) gpus: &'g [GpuInfo],
     pub(super) cpu_threads: Option<usize>,
-    pub(super) prepared: Option<bool>,
+    pub(super) prepared: Option<crate::attempt::prepare::Prepared>,
     /// Upstream stages still persisting their outputs (an early start).
     pub(super) being_written: &'g [usize],
 }
@@ -116,13 +116,12 @@ impl Lookahead {
             return None;
         }
         let written = self.preparer.claim(j);
-        let fresh = written.as_ref().map(|w| w.fresh);
         let request = Request {
             stage: j,
             attempt: 1,
             gpus: &[],
             cpu_threads: None,
-            prepared: fresh,
+            prepared: written.as_ref().map(Written::prepared),
             being_written: &[],
         };
         let planned = self.prepare_attempt(setup, request);

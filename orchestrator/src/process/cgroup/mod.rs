@@ -191,6 +191,7 @@ impl RunCgroup {
             watched: Arc::default(),
             done: AtomicBool::new(false),
             killed: AtomicBool::new(false),
+            empty: AtomicBool::new(false),
         };
         for (file, value) in limits.files() {
             let path = made.dir.join(file);
@@ -242,6 +243,7 @@ impl RunCgroup {
             watched,
             done: AtomicBool::new(false),
             killed: AtomicBool::new(false),
+            empty: AtomicBool::new(false),
         };
         if made.procs.is_none() {
             let procs_path = made.dir.join("cgroup.procs");
@@ -296,6 +298,9 @@ pub struct StageCgroup {
     done: AtomicBool,
     /// A kill was written to it: it is removed, never given back (see [`StageCgroup::remove`]).
     killed: AtomicBool,
+    /// Seen empty by the stage's end ([`StageCgroup::seen_empty`]): removed when dropped
+    /// without reading `cgroup.events` again.
+    empty: AtomicBool,
 }
 
 /// What a stage's cgroup counted, read once its processes are gone.
@@ -417,11 +422,13 @@ impl StageCgroup {
         self.remove_checked(false)
     }
 
-    /// [`StageCgroup::remove`] by a caller that has just seen it empty (`cgroup.events` said
-    /// unpopulated and nothing of the stage is left anywhere to move back in): that is not
-    /// read again (a stage's end reads it once instead of twice).
-    pub fn remove_seen_empty(&self) -> io::Result<()> {
-        self.remove_checked(true)
+    /// Said by a caller that has just seen it empty (`cgroup.events` said unpopulated and
+    /// nothing of the stage is left anywhere to move back in): it is removed, or given back
+    /// for reuse, when this handle is dropped, without reading `cgroup.events` again. A
+    /// stage's end so leaves that work (a read of `cgroup.stat` for a reusable one, an
+    /// `rmdir` otherwise) until after it has spawned the successor it hands over to.
+    pub fn seen_empty(&self) {
+        self.empty.store(true, Ordering::Relaxed);
     }
 
     fn remove_checked(&self, seen_empty: bool) -> io::Result<()> {
@@ -465,7 +472,12 @@ impl StageCgroup {
 
 impl Drop for StageCgroup {
     fn drop(&mut self) {
-        let _ = self.remove();
+        let seen_empty = self.empty.load(Ordering::Relaxed);
+        if let Err(e) = self.remove_checked(seen_empty) {
+            if seen_empty {
+                tracing::warn!("{e}");
+            }
+        }
     }
 }
 
