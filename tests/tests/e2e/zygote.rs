@@ -45,8 +45,19 @@ while not others():
         sys.exit("no zygote imported heavy")
     time.sleep(0.05)
 # The zygote's own checks after its imports (a probe fork, its maps read) take a moment more,
-# several times longer on a loaded machine; WARM_EXTRA_S more where a test needs it.
-time.sleep(2.0 + float(os.environ.get("WARM_EXTRA_S", "0")))
+# several times longer on a loaded machine.
+time.sleep(2.0)
+# With WARM_UNTIL_STANDBY (a zygote cache directory): until a zygote's log there says that a
+# standby is ready (up to 60 s).
+until = os.environ.get("WARM_UNTIL_STANDBY")
+def standby_ready():
+    if not os.path.isdir(until):
+        return False
+    logs = [os.path.join(until, f) for f in os.listdir(until) if f.endswith(".log")]
+    return any("standby ready" in open(log).read() for log in logs)
+end = time.time() + 60
+while until and not standby_ready() and time.time() < end:
+    time.sleep(0.05)
 "#;
 
 /// A `warm` stage (see [`WARM`]) named `name`, with `extra` TOML lines (its `preload`, `after`)
@@ -1170,11 +1181,16 @@ fn standby_chain(name: &str, at_import: AtImport) -> (Scratch, std::path::PathBu
     let source = format!("import time\n{slow}READS = {reads}\n{THREAD_AT_IMPORT}");
     s.write(&format!("mods/{module}.py"), &source);
     s.write("shows.py", SHOWS_IMPORT);
-    // Where the standby readied when the zygote is ready should serve `a`, `warm` runs 3 s
-    // longer: the zygote restarts without the module after `warm` saw it import `heavy`.
-    let extra = if at_import == AtImport::Slow { 0 } else { 3 };
+    // Where the standby readied when the zygote is ready should serve `a`, `warm` waits for it.
+    let until = match at_import {
+        AtImport::Slow => String::new(),
+        _ => format!(
+            ", WARM_UNTIL_STANDBY = \"{}\"",
+            s.path().join("zygote-cache").display()
+        ),
+    };
     let env = format!(
-        "{{ PYTHONPATH = \"{}\", MODULE = \"{module}\", WARM_EXTRA_S = \"{extra}\" }}",
+        "{{ PYTHONPATH = \"{}\", MODULE = \"{module}\"{until} }}",
         s.path().join("mods").display()
     );
     let preload = format!("[\"heavy\", \"{module}\"]");
