@@ -257,13 +257,13 @@ def _loaded_paths():
     return paths
 
 
-def loaded_files():
-    """What the imported code was read from, as `{path: (mtime_ns, size, inode)}`: every
-    module's file (the interpreter's own modules too: an upgrade replaces them as well) and
-    the site-packages directories, whose mtime changes when a package is installed, upgraded
-    or removed (a new `.pth`, `.dist-info`)."""
+def loaded_files(paths=None):
+    """What the imported code was read from (`paths`, by default `_loaded_paths()`), as
+    `{path: (mtime_ns, size, inode)}`: every module's file (the interpreter's own modules too:
+    an upgrade replaces them as well) and the site-packages directories, whose mtime changes
+    when a package is installed, upgraded or removed (a new `.pth`, `.dist-info`)."""
     recorded = {}
-    for path in _loaded_paths():
+    for path in _loaded_paths() if paths is None else paths:
         identity = _identity(path)
         if identity is not None:  # a module whose __file__ names nothing on disk
             recorded[path] = identity
@@ -294,6 +294,7 @@ class LoadedFiles:
 
     def __init__(self):
         self.fd = None
+        paths = _loaded_paths()
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
@@ -302,12 +303,12 @@ class LoadedFiles:
         if fd >= 0:
             self.fd = fd
             site = set(_site_directories())
-            directories = {p if p in site else os.path.dirname(p) for p in _loaded_paths()}
+            directories = {p if p in site else os.path.dirname(p) for p in paths}
             for directory in directories:
                 if libc.inotify_add_watch(fd, os.fsencode(directory), IN_CHANGES) < 0:
                     self.close()
                     break
-        self.recorded = loaded_files()  # after the watches: a change from now on is seen
+        self.recorded = loaded_files(paths)  # after the watches: a change from now on is seen
         self.seen_change = self.fd is None
 
     def changed(self):
@@ -397,22 +398,31 @@ def become_stage(request, fds, sock, pid_pipe):
         os._exit(1)
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(fds[0], 1)
-    os.dup2(fds[1], 2)
-    for fd in (null, fds[0], fds[1], sock.fileno(), pid_pipe):
+    for fd in (null, sock.fileno(), pid_pipe):
         if fd > 2:
             os.close(fd)
     sock.detach()
     import signal
 
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    take_on(request, fds)
+    return request["argv"]
+
+
+def take_on(stage, fds):
+    """Takes on what `stage` (a fork request, or a standby's adoption) gives this process: its
+    stdout and stderr (`fds`, then closed), its whole environment, and its working directory."""
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in fds[:2]:
+        if fd > 2:
+            os.close(fd)
     os.environ.clear()
-    os.environ.update(dict(request["env"]))
+    os.environ.update(dict(stage["env"]))
     for name in NATIVE_SETTINGS:  # the zygote's own, set with putenv: not the stage's
         if name not in os.environ:
             os.unsetenv(name)
-    os.chdir(request["cwd"])
-    return request["argv"]
+    os.chdir(stage["cwd"])
 
 
 CLONE_NEWCGROUP = 0x02000000
@@ -854,23 +864,6 @@ def _adoption_refused(adopt, standby_env, read, recorded):
     return changed_on_disk(recorded.recorded)
 
 
-def _take_on(adopt, fds):
-    """Becomes the stage of `adopt`: its stdout and stderr, environment and directory."""
-    os.dup2(fds[0], 1)
-    os.dup2(fds[1], 2)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)
-    if adopt.get("cgroup_namespace"):
-        enter_cgroup_namespace()
-    os.environ.clear()
-    os.environ.update(dict(adopt["env"]))
-    for name in NATIVE_SETTINGS:
-        if name not in os.environ:
-            os.unsetenv(name)
-    os.chdir(adopt["cwd"])
-
-
 def wait_for_stage(sock, ahead, recorded):
     """In a standby (already a stage's process, under the environment it was asked for):
     starts the CUDA driver, imports `ahead`, says it is ready, and waits for the stage on
@@ -900,7 +893,9 @@ def wait_for_stage(sock, ahead, recorded):
         log(f"standby refused: {why}")
         send(sock, {"reply": "refused", "reason": why})
         os._exit(0)
-    _take_on(adopt, fds)
+    if adopt.get("cgroup_namespace"):
+        enter_cgroup_namespace()
+    take_on(adopt, fds)
     send(sock, {"reply": "forked", "pid": os.getpid()})
     sock.close()
     return adopt["argv"]
