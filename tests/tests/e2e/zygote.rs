@@ -1022,6 +1022,7 @@ prefix = sys.argv[1]
 kept = open(f"{prefix}-script-global.txt", "w")
 kept.write("left open by the script\n")
 untidy.open_one(prefix)
+untidy.linger(prefix)
 def late():
     time.sleep(0.5)
     with open(f"{prefix}-thread.txt", "w") as f:
@@ -1032,7 +1033,8 @@ atexit.register(lambda: open(f"{prefix}-atexit.txt", "w").write("an atexit handl
 
 /// A forked stage ends as `python SCRIPT` would: what it left open is written, its non-daemon
 /// threads finish, its atexit handlers run, and its exit status (returned, `sys.exit(3)`,
-/// `sys.exit("message")`, an uncaught exception with its traceback) is the exec'd stage's.
+/// `sys.exit("message")`, an uncaught exception with its traceback) is the exec'd stage's;
+/// only the interpreter's teardown is skipped.
 #[test]
 fn a_forked_stage_ends_as_python_would() {
     python_available();
@@ -1041,7 +1043,11 @@ fn a_forked_stage_ends_as_python_would() {
     s.write(
         "mods/untidy.py",
         "HELD = []\ndef open_one(prefix):\n    f = open(f'{prefix}-module-global.txt', 'w')\n    \
-         f.write('left open in a module\\n')\n    HELD.append(f)\n",
+         f.write('left open in a module\\n')\n    HELD.append(f)\n\
+         class Lingers:\n    def __init__(self, path):\n        self.path = path\n    \
+         def __del__(self, _open=open):\n        with _open(self.path, 'w') as f:\n            \
+         f.write('torn down\\n')\n\
+         def linger(prefix):\n    HELD.append(Lingers(f'{prefix}-teardown.txt'))\n",
     );
     s.write("untidy_stage.py", ENDS_UNTIDY);
     s.write("exit3.py", "import sys\nprint('before')\nsys.exit(3)\n");
@@ -1085,6 +1091,16 @@ fn a_forked_stage_ends_as_python_would() {
     for name in ["untidy", "exit3", "message", "raises"] {
         assert_eq!(stage_start(&zygote_dir, name)["via"], "zygote", "{name}");
     }
+    // The interpreter's teardown is what a forked stage skips: the `__del__` of an object a
+    // module still holds at exit runs in the exec'd stage only.
+    assert!(
+        s.path().join("exec-teardown.txt").is_file(),
+        "exec'd: torn down"
+    );
+    assert!(
+        !s.path().join("forked-teardown.txt").exists(),
+        "forked: the interpreter's teardown ran"
+    );
     for what in ["script-global", "module-global", "thread", "atexit"] {
         let read =
             |prefix: &str| std::fs::read_to_string(s.path().join(format!("{prefix}-{what}.txt")));
