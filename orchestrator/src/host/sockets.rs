@@ -41,7 +41,8 @@ impl SocketDir {
                 && probe.as_os_str().len() + 1 + SOCKET_NAME_MAX <= SUN_PATH_MAX
                 && writable(b)
         }) {
-            remove_stale(&base);
+            // Left by orchestrators of this user killed before they could clean up.
+            crate::process::pid_dirs::remove_orphaned(&base, "orchestrate-");
             for n in 0..100u32 {
                 let dir = base.join(format!("orchestrate-{pid}-{n}"));
                 match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
@@ -115,32 +116,6 @@ fn writable(dir: &Path) -> bool {
         nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
     )
     .is_ok()
-}
-
-/// Removes socket directories under `base` left by orchestrators of this user that are no
-/// longer alive (killed before they could clean up).
-fn remove_stale(base: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return;
-    };
-    let uid = nix::unistd::getuid().as_raw();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("orchestrate-"))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let ours = entry.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid);
-        let alive = Path::new(&format!("/proc/{pid}")).exists();
-        if ours && !alive {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 impl Drop for SocketDir {

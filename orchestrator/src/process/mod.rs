@@ -13,7 +13,8 @@
 //! - `backoff`: polling for what is expected to happen soon;
 //! - [`discard`]: what is closed off the scheduling thread;
 //! - [`exits`]: the exit statuses of processes others reap (where the kernel tells us);
-//! - `kernel_file`: the kernel's small files in one read.
+//! - `kernel_file`: the kernel's small files in one read;
+//! - [`pid_dirs`]: private directories named for their process, removed once it is gone.
 
 pub(crate) mod backoff;
 pub mod cgroup;
@@ -23,6 +24,7 @@ pub(crate) mod fork_server;
 pub mod forkers;
 pub mod guard;
 pub(crate) mod kernel_file;
+pub mod pid_dirs;
 pub mod reaper;
 pub(crate) mod scan;
 pub mod spawn;

@@ -21,6 +21,9 @@ use std::time::Duration;
 /// name no program prints by chance).
 pub const PREFIX: &[u8] = b"\x1eorchestrate-event ";
 
+/// How the private directory of a node's end is named, before its process id.
+const DIR_PREFIX: &str = "orchestrate-step-";
+
 /// The node's end: a socket whose lines are written to stdout with [`PREFIX`].
 pub(crate) struct NodeEnd {
     dir: PathBuf,
@@ -31,10 +34,13 @@ pub(crate) struct NodeEnd {
 
 impl NodeEnd {
     /// Listens on a new socket in a private directory under the node's temporary directory;
-    /// returns it and the socket's path.
+    /// returns it and the socket's path. Directories there left by wrappers that were killed
+    /// before [`NodeEnd::finish`] (a step cancelled or preempted) are removed first.
     pub(crate) fn listen() -> std::io::Result<(NodeEnd, PathBuf)> {
-        let dir = std::env::temp_dir().join(format!(
-            "orchestrate-step-{}-{}",
+        let base = std::env::temp_dir();
+        crate::process::pid_dirs::remove_orphaned(&base, DIR_PREFIX);
+        let dir = base.join(format!(
+            "{DIR_PREFIX}{}-{}",
             std::process::id(),
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
