@@ -48,6 +48,9 @@ impl MlflowServer {
             .arg("--default-artifact-root")
             .arg(dir.join("artifacts"))
             .args(["--workers", "1"])
+            // No job runner: the tests need none, and its store is a directory the server
+            // makes in /dev/shm and leaves there when it is stopped.
+            .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .stdin(Stdio::null())
