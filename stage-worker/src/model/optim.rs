@@ -171,7 +171,7 @@ impl AdamW {
             clip_norm: CLIP_NORM,
         };
         let done = crate::kernels::fused::adamw_step(
-            params,
+            &params.flat_params(),
             &self.exp_avg,
             &self.exp_avg_sq,
             &step,
