@@ -30,11 +30,11 @@
 //! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
 //! (default `$XDG_CACHE_HOME/stage-worker/kernels` or `~/.cache/stage-worker/kernels`, named by
 //! a hash of the source, the architecture and NVRTC's version), so later stages load them
-//! without compiling. They are used on CUDA for
-//! widths that are a multiple of 128 up to 4096, in bf16 (the AdamW step wherever the
-//! model's layers use them: the model's optimizer switches it on with them). `STAGE_WORKER_FUSED=off` turns them all
-//! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
-//! leaves the stage on the eager kernels, with one line in the log saying why.
+//! without compiling. They are used on CUDA for widths that are a multiple of 128 up to 4096,
+//! in bf16 (the AdamW step wherever the model's layers use them: the model's optimizer switches
+//! it on with them). `STAGE_WORKER_FUSED=off` turns them all off; anything they cannot do (no
+//! NVRTC, an unsupported width or kind, a failed compile) leaves the stage on the eager
+//! kernels, with one line in the log saying why.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
