@@ -1,13 +1,28 @@
 //! The event channel: one [`WorkerMessage`] JSON object per line, to the orchestrator's Unix
 //! socket (named by `ORCHESTRATE_EVENTS`) or, when that is unset, to stdout.
 
-use protocol::checkpoint::Checksum;
+use protocol::checkpoint::{Checksum, FileIdentity, ManifestFile};
 use protocol::worker::{WorkerEvent, WorkerMessage, ENV_EVENTS};
 use protocol::PROTOCOL_VERSION;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+
+/// A checkpoint file that was written: its path and its manifest entry (what a `checkpoint`
+/// event reports of it, see [`EventSink::checkpoint_files`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WrittenFile {
+    /// Path of the file (the output directory joined with the entry's path).
+    pub path: PathBuf,
+    /// Size and checksum.
+    pub entry: ManifestFile,
+    /// Which file it is on disk, once in place (for the orchestrator to recognise it).
+    pub identity: Option<FileIdentity>,
+    /// When its writing passed each phase, as `t_*` metrics (files streamed from tensors:
+    /// `t_copied_STEM`, `t_hashed_STEM`, `t_written_STEM`, `t_synced_STEM`).
+    pub phases: Vec<(String, f64)>,
+}
 
 enum Target {
     Socket(UnixStream),
@@ -143,7 +158,7 @@ impl EventSink {
         checksum: Checksum,
         bytes: u64,
         step: Option<u64>,
-        identity: Option<protocol::checkpoint::FileIdentity>,
+        identity: Option<FileIdentity>,
     ) {
         let (sha256, blake3) = checksum.into_event();
         self.send(WorkerEvent::Checkpoint {
@@ -156,13 +171,9 @@ impl EventSink {
         });
     }
 
-    /// `checkpoint` for each file of a checkpoint just written (see
-    /// [`crate::checkpoint::fsio::WrittenFile`]), as of `step`.
-    pub fn checkpoint_files(
-        &mut self,
-        files: Vec<crate::checkpoint::fsio::WrittenFile>,
-        step: Option<u64>,
-    ) {
+    /// `checkpoint` for each file of a checkpoint just written (see [`WrittenFile`]), as of
+    /// `step`.
+    pub fn checkpoint_files(&mut self, files: Vec<WrittenFile>, step: Option<u64>) {
         for f in files {
             self.checkpoint(f.path, f.entry.checksum, f.entry.bytes, step, f.identity);
         }
@@ -181,8 +192,8 @@ impl EventSink {
     /// Reports that the stage's device work is over (its CUDA context destroyed), on a
     /// connection of its own: the thread that released the device calls it while the stage's
     /// main sink is busy writing the checkpoint. Errors are ignored (the orchestrator then
-    /// simply hands the GPU on after the stage ends). The checkpoint being written is one of
-    /// [`crate::checkpoint::write`]'s (manifest last), so a downstream stage may start now.
+    /// simply hands the GPU on after the stage ends). The checkpoint being written puts its
+    /// manifest in place last, so a downstream stage may start now.
     pub fn announce_released() {
         if let Ok(mut sink) = Self::from_env() {
             sink.send(WorkerEvent::Released {

@@ -26,8 +26,8 @@ fn main() {
 }
 
 /// Runs `argv` as if it were this process's command line (a worker forked by the fork
-/// server), then exits.
-pub fn run_command_line(argv: &[String]) -> ! {
+/// server, or a standby it adopted), then exits. Handed down to the fork server.
+fn run_command_line(argv: &[String]) -> ! {
     let cli = boot::cli::Cli::try_parse_from(argv).unwrap_or_else(|e| e.exit());
     dispatch(cli);
     std::process::exit(0)
@@ -41,7 +41,9 @@ fn dispatch(cli: boot::cli::Cli) {
                 std::process::exit(1);
             }
         }
-        (Some(boot::cli::Command::CheckKernels), _) => std::process::exit(kernels::check::run()),
+        (Some(boot::cli::Command::CheckKernels), _) => {
+            std::process::exit(stages::check_kernels::run())
+        }
         (Some(boot::cli::Command::LlamaLogits(args)), _) => {
             if let Err(e) = stages::llama::write_logits(&args.model, &args.ids, &args.out) {
                 log!("llama-logits: {}", e.message);
@@ -49,7 +51,7 @@ fn dispatch(cli: boot::cli::Cli) {
             }
         }
         (Some(boot::cli::Command::ForkServer(args)), _) => {
-            std::process::exit(boot::forkserver::serve(args.fd));
+            std::process::exit(boot::forkserver::serve(args.fd, run_command_line));
         }
         (None, Some(spec)) => run_stage(spec),
         (None, None) => {

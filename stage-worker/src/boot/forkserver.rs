@@ -26,6 +26,11 @@ use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+/// Runs a command line of this program (`argv`, as a worker's `stage-worker --spec …`) in the
+/// process that calls it, then exits. `main` hands it down, so a forked worker or an adopted
+/// standby runs its stage exactly as an exec'd `stage-worker` would.
+pub type CommandLineRunner = fn(&[String]) -> !;
+
 /// Why this process must not fork workers, if it must not: a device was initialised in it
 /// (it holds a handle on the NVIDIA driver, or the CUDA driver says it was initialised, or
 /// the simulated flag file exists), or it has more than one thread (a fork would copy locks
@@ -114,8 +119,8 @@ fn thread_count() -> u32 {
 }
 
 /// Runs the fork server on the socket `fd` until end of file. Returns only in the server;
-/// a forked worker runs its stage and exits inside.
-pub fn serve(fd: RawFd) -> i32 {
+/// a forked worker runs its stage through `run` and exits inside.
+pub fn serve(fd: RawFd, run: CommandLineRunner) -> i32 {
     // SAFETY: the descriptor was handed to this process for this purpose and nothing else
     // owns it.
     let mut sock = unsafe { UnixStream::from_raw_fd(fd) };
@@ -153,7 +158,7 @@ pub fn serve(fd: RawFd) -> i32 {
             let _ = send(&mut sock, &ForkReply::Refused { reason });
             return 1;
         }
-        let reply = match fork_worker(&request, fds, sock.as_raw_fd()) {
+        let reply = match fork_worker(&request, fds, sock.as_raw_fd(), run) {
             Ok(pid) => ForkReply::Forked { pid },
             Err(e) => ForkReply::Failed {
                 error: e.to_string(),
@@ -187,8 +192,13 @@ fn receive(sock: &UnixStream) -> io::Result<Option<(ForkRequest, Vec<OwnedFd>)>>
 }
 
 /// Forks the worker for `request` through an intermediate process (see the module comment)
-/// and returns its PID once it has been re-parented.
-fn fork_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd) -> io::Result<u32> {
+/// and returns its PID once it has been re-parented. The worker runs its stage through `run`.
+fn fork_worker(
+    request: &ForkRequest,
+    fds: Vec<OwnedFd>,
+    server_sock: RawFd,
+    run: CommandLineRunner,
+) -> io::Result<u32> {
     if request.v != protocol::PROTOCOL_VERSION {
         return Err(io::Error::other(format!(
             "request of protocol version {}, this stage-worker speaks {}",
@@ -232,9 +242,9 @@ fn fork_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd) -> 
             // SAFETY: closing our copy of the read end.
             unsafe { libc::close(pipe[0]) };
             if request.standby {
-                crate::boot::standby::become_standby(request, fds, server_sock, pipe[1]);
+                crate::boot::standby::become_standby(request, fds, server_sock, pipe[1], run);
             }
-            become_worker(request, fds, server_sock, pipe[1]);
+            become_worker(request, fds, server_sock, pipe[1], run);
         }
         let bytes = (worker as i32).to_le_bytes();
         // SAFETY: writing 4 bytes from a live buffer, then leaving without unwinding.
@@ -262,12 +272,18 @@ fn fork_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd) -> 
 }
 
 /// In the new worker: take on the stage's process attributes (see the module comment), run the
-/// stage and exit. Never returns.
-fn become_worker(request: &ForkRequest, fds: Vec<OwnedFd>, server_sock: RawFd, pipe_w: RawFd) -> ! {
+/// stage through `run` and exit. Never returns.
+fn become_worker(
+    request: &ForkRequest,
+    fds: Vec<OwnedFd>,
+    server_sock: RawFd,
+    pipe_w: RawFd,
+    run: CommandLineRunner,
+) -> ! {
     detach(request, &fds, server_sock, pipe_w);
     // Descriptors 1 and 2 now hold them; the originals are not needed.
     drop(fds);
     take_on(&request.env, &request.cwd);
     crate::log!("started by the fork server (pid {})", std::process::id());
-    crate::run_command_line(&request.argv)
+    run(&request.argv)
 }

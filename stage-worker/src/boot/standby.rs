@@ -16,18 +16,20 @@
 
 use crate::boot::fork_messages::{receive_message, send};
 use crate::boot::forked_child::{detach, take_on};
+use crate::boot::forkserver::CommandLineRunner;
 use protocol::fork::{driver_env, Adopt, ForkReply, ForkRequest};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
 /// In the new child: detach, start the driver, wait for a stage and become its worker (see the
-/// module comment). Never returns.
+/// module comment), which it runs through `run`. Never returns.
 pub fn become_standby(
     request: &ForkRequest,
     fds: Vec<OwnedFd>,
     server_sock: RawFd,
     pipe_w: RawFd,
+    run: CommandLineRunner,
 ) -> ! {
     detach(request, &fds, server_sock, pipe_w);
     let mut fds = fds.into_iter();
@@ -83,7 +85,7 @@ pub fn become_standby(
          {:.0} ms before ({driver_s:.3} s, {devices} device(s)), then it waited {waited_s:.3} s",
         (driver_s + waited_s) * 1e3
     );
-    crate::run_command_line(&adopt.argv)
+    run(&adopt.argv)
 }
 
 /// Whether this standby may become the stage `adopt` describes: the same protocol, the same

@@ -1,25 +1,13 @@
 //! Durable file writes and checksums, and the record of a file written ([`WrittenFile`]) that
 //! the checkpoint writers (the `checkpoint` and `stream` modules, which build on this one)
-//! return.
+//! return. That record is what a `checkpoint` event reports, so it is defined with the events
+//! and re-exported here.
 
-use protocol::checkpoint::{Algorithm, Checksum, FileIdentity, ManifestFile};
+pub use crate::events::WrittenFile;
+use protocol::checkpoint::{Algorithm, Checksum};
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-
-/// A checkpoint file that was written: its path and its manifest entry.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WrittenFile {
-    /// Path of the file (the output directory joined with the entry's path).
-    pub path: PathBuf,
-    /// Size and checksum.
-    pub entry: ManifestFile,
-    /// Which file it is on disk, once in place (for the orchestrator to recognise it).
-    pub identity: Option<FileIdentity>,
-    /// When its writing passed each phase, as `t_*` metrics (files streamed from tensors:
-    /// `t_copied_STEM`, `t_hashed_STEM`, `t_written_STEM`, `t_synced_STEM`).
-    pub phases: Vec<(String, f64)>,
-}
+use std::path::Path;
 
 /// The checksum algorithm this worker writes into manifests and reports:
 /// [`Algorithm::PREFERRED`] (BLAKE3), or SHA-256 when `STAGE_WORKER_CHECKSUM=sha256` (for

@@ -12,9 +12,13 @@
 //! stage then starts afresh instead of resuming from it).
 //! Reading: every listed file is read once, its size and checksum checked against the manifest,
 //! and tensors are parsed from those same verified bytes.
+//! A Llama model's checkpoint is also a Hugging Face directory, which transformers loads
+//! ([`hf`]: `config.json` and the tokenizer's files beside the weights under transformers'
+//! names); its starting weights are read from one.
 
 pub mod fileread;
 pub mod fsio;
+pub mod hf;
 pub mod input_wait;
 pub mod stream;
 pub mod writeback;

@@ -30,13 +30,12 @@
 //! first step, which runs the same layers) and kept as a cubin in `STAGE_WORKER_KERNEL_CACHE`
 //! (default `$XDG_CACHE_HOME/stage-worker/kernels` or `~/.cache/stage-worker/kernels`, named by
 //! a hash of the source, the architecture and NVRTC's version), so later stages load them
-//! without compiling. They are used on CUDA for
-//! widths that are a multiple of 128 up to 4096, in bf16 (the optimizer's where the model's
-//! are, see [`crate::model::optim::AdamW::use_kernels`]). `STAGE_WORKER_FUSED=off` turns them all
-//! off; anything they cannot do (no NVRTC, an unsupported width or kind, a failed compile)
-//! leaves the stage on the eager kernels, with one line in the log saying why.
+//! without compiling. They are used on CUDA for widths that are a multiple of 128 up to 4096,
+//! in bf16 (the AdamW step wherever the model's layers use them: the model's optimizer switches
+//! it on with them). `STAGE_WORKER_FUSED=off` turns them all off; anything they cannot do (no
+//! NVRTC, an unsupported width or kind, a failed compile) leaves the stage on the eager
+//! kernels, with one line in the log saying why.
 
-use crate::model::params::ParamStore;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU8, Ordering};
 use tch::{Device, Kind, Tensor};
@@ -426,6 +425,18 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, ignore: i64) -> Ten
     }
 }
 
+/// The parameters one AdamW step updates (see [`adamw_step`]), laid out as a model keeps
+/// them: one flat fp32 buffer, and each parameter a leaf view of it.
+pub struct FlatParams<'a> {
+    /// Every parameter's values (fp32), concatenated; the moments are shaped like it.
+    pub flat: &'a Tensor,
+    /// Each parameter (the leaf that holds its gradient) and its offset in [`Self::flat`], in
+    /// buffer order.
+    pub leaves: Vec<(&'a Tensor, i64)>,
+    /// Length of the prefix of [`Self::flat`] that weight decay applies to.
+    pub decay_len: i64,
+}
+
 /// The constants of one AdamW step (see [`adamw_step`]).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWStep {
@@ -433,7 +444,7 @@ pub struct AdamWStep {
     pub lr: f64,
     /// The moments' decay rates.
     pub betas: (f64, f64),
-    /// Decoupled weight decay of the parameters below [`ParamStore::decay_len`].
+    /// Decoupled weight decay of the parameters below [`FlatParams::decay_len`].
     pub weight_decay: f64,
     /// Added to the second moment's square root.
     pub eps: f64,
@@ -459,14 +470,14 @@ pub enum StepError {
 /// the host. Returns the norm before clipping (a device fp32 scalar). Call only on CUDA where
 /// [`usable`] said yes.
 pub fn adamw_step(
-    params: &ParamStore,
+    params: &FlatParams,
     exp_avg: &Tensor,
     exp_avg_sq: &Tensor,
     step: &Tensor,
     c: &AdamWStep,
 ) -> Result<Tensor, StepError> {
-    let leaves: Vec<*const c_void> = params.params.iter().map(|p| handle(&p.tensor)).collect();
-    let offsets: Vec<i64> = params.params.iter().map(|p| p.offset).collect();
+    let leaves: Vec<*const c_void> = params.leaves.iter().map(|(t, _)| handle(t)).collect();
+    let offsets: Vec<i64> = params.leaves.iter().map(|(_, offset)| *offset).collect();
     let mut norm: *mut c_void = std::ptr::null_mut();
     let mut err = [0 as c_char; 1024];
     // SAFETY: every pointer is a live tch handle (an `at::Tensor *`) borrowed for the call,
@@ -478,7 +489,7 @@ pub fn adamw_step(
             leaves.as_ptr(),
             offsets.as_ptr(),
             leaves.len(),
-            handle(&params.flat),
+            handle(params.flat),
             handle(exp_avg),
             handle(exp_avg_sq),
             params.decay_len,

@@ -171,7 +171,7 @@ impl AdamW {
             clip_norm: CLIP_NORM,
         };
         let done = crate::kernels::fused::adamw_step(
-            params,
+            &params.flat_params(),
             &self.exp_avg,
             &self.exp_avg_sq,
             &step,
@@ -246,8 +246,8 @@ impl AdamW {
     }
 
     /// Named CPU tensors of what `optimizer.safetensors` holds: `exp_avg.NAME`, `exp_avg_sq.NAME`
-    /// for every parameter, and `step` (tests: checkpoints stream the flat moments, see
-    /// [`crate::checkpoint::tensor_files`]).
+    /// for every parameter, and `step` (tests: a checkpoint streams the flat moments
+    /// themselves under these names).
     #[cfg(test)]
     pub fn named_cpu(&self, params: &ParamStore) -> Vec<(String, Tensor)> {
         let mut out = slices_cpu(&self.exp_avg, &params.params, EXP_AVG);

@@ -203,6 +203,17 @@ impl ParamStore {
         Tensor::cat(&grads, 0)
     }
 
+    /// The parameters as the worker's AdamW kernels take them
+    /// ([`crate::kernels::fused::adamw_step`]): the flat buffer, each leaf with its offset, and
+    /// the decayed prefix's length.
+    pub fn flat_params(&self) -> crate::kernels::fused::FlatParams<'_> {
+        crate::kernels::fused::FlatParams {
+            flat: &self.flat,
+            leaves: self.params.iter().map(|p| (&p.tensor, p.offset)).collect(),
+            decay_len: self.decay_len,
+        }
+    }
+
     /// Clears every gradient.
     pub fn zero_grad(&mut self) {
         for p in &mut self.params {

@@ -123,7 +123,7 @@ pub fn run(spec: &StageSpec, sink: &mut EventSink) -> StageResult<()> {
     sink.started(&compute.description);
 
     crate::checkpoint::input_wait::await_input(spec, init)?;
-    if crate::model::llama::hf::is_hf_dir(init) {
+    if crate::checkpoint::hf::is_hf_dir(init) {
         return crate::stages::llama::eval::run(spec, init, &compute, sink);
     }
     let verified = checkpoint::open_for_weights(init)?;

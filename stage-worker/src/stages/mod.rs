@@ -1,5 +1,7 @@
-//! One stage, start to finish: read the spec, run the task it names.
+//! One stage, start to finish: read the spec, run the task it names; and the commands that run
+//! the model as a stage does without being one (`stage-worker check-kernels`: [`check_kernels`]).
 
+pub mod check_kernels;
 pub mod eval;
 pub mod llama;
 pub mod profile;

@@ -3,7 +3,8 @@
 //! position embeddings and a SwiGLU MLP, a final RMSNorm and an LM head (tied to the
 //! embedding or its own). Parameters carry transformers' state-dict names
 //! (`model.layers.0.self_attn.q_proj.weight`, …), so a Hugging Face checkpoint loads by name
-//! and the output is one transformers loads ([`hf`]).
+//! and the output is one transformers loads (the checkpoints' Hugging Face format reads and
+//! writes it).
 //!
 //! Mixed precision as under autocast: fp32 parameters and residual stream, RMSNorm in fp32,
 //! every matrix product (attention included) in the compute kind (bf16 on GPU), weights cast
@@ -18,7 +19,6 @@
 //! gradients straight from the matrix product ([`crate::kernels::fused::linear_no_bias`]).
 
 pub mod config;
-pub mod hf;
 
 use crate::model::params::{Init, ParamSpecs, ParamStore};
 use config::LlamaConfig;

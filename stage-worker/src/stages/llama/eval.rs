@@ -6,12 +6,13 @@
 use super::data::{self, pair_row, TokenData, Tokens};
 use crate::boot::spec::parse_params;
 use crate::checkpoint;
+use crate::checkpoint::hf;
 use crate::data::batch::{HostBatch, IGNORE};
 use crate::data::rng::Rng;
 use crate::device::Compute;
 use crate::events::EventSink;
 use crate::failure::{Failure, StageResult};
-use crate::model::llama::{cross_entropy, hf, Llama};
+use crate::model::llama::{cross_entropy, Llama};
 use crate::stages::RESULTS_FILE;
 use protocol::worker::{EvalParams, StageSpec};
 use std::collections::BTreeMap;

@@ -16,10 +16,10 @@ pub mod data;
 pub mod eval;
 pub mod train;
 
+use crate::checkpoint::hf;
 use crate::checkpoint::{self, Verified};
 use crate::failure::{Failure, StageResult};
 use crate::model::llama::config::LlamaConfig;
-use crate::model::llama::hf;
 use crate::model::llama::Llama;
 use protocol::worker::StageSpec;
 use std::path::{Path, PathBuf};

@@ -1,9 +1,11 @@
 //! Llama models in Hugging Face's directory format: `config.json`, the weights in
 //! `model.safetensors` (or the shards a `model.safetensors.index.json` lists) under
-//! transformers' names, and the tokenizer's files beside them.
+//! transformers' names, and the tokenizer's files beside them. The model reads from and
+//! writes to this format under its own parameters' names ([`crate::model::llama`]).
 
-use super::config::LlamaConfig;
-use super::Llama;
+use crate::checkpoint::stream::{header, HeaderEntry};
+use crate::model::llama::config::LlamaConfig;
+use crate::model::llama::Llama;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -106,7 +108,6 @@ pub fn metadata() -> serde_json::Value {
 
 /// `tensors` as a safetensors file with transformers' [`metadata`], in order.
 pub fn safetensors_bytes(tensors: &[(String, Tensor)]) -> Vec<u8> {
-    use crate::checkpoint::stream::{header, HeaderEntry};
     let tensors: Vec<(&String, Tensor)> = tensors
         .iter()
         .map(|(name, t)| (name, t.to_device(Device::Cpu).contiguous()))
