@@ -7,6 +7,11 @@ use protocol::fork::ForkRequest;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+/// Runs a command line of this program (`argv`, as a worker's `stage-worker --spec …`) in the
+/// process that calls it, then exits. `main` hands it down, so a forked worker or an adopted
+/// standby runs its stage exactly as an exec'd `stage-worker` would.
+pub type CommandLineRunner = fn(&[String]) -> !;
+
 /// In a new child of the server: wait to be re-parented to the request's `parent`, start a
 /// session, die with that parent, put `/dev/null` on stdin and `fds[0]`, `fds[1]` on stdout
 /// and stderr, close the server's socket and the PID pipe, and clear the signal mask (see the

@@ -20,16 +20,11 @@
 //!    stage as `stage-worker --spec …` would.
 
 use crate::boot::fork_messages::{receive_framed, send};
-use crate::boot::forked_child::{detach, take_on};
+use crate::boot::forked_child::{detach, take_on, CommandLineRunner};
 use protocol::fork::{ForkReply, ForkRequest, ENV_SIMULATED_DEVICE_FLAG};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-
-/// Runs a command line of this program (`argv`, as a worker's `stage-worker --spec …`) in the
-/// process that calls it, then exits. `main` hands it down, so a forked worker or an adopted
-/// standby runs its stage exactly as an exec'd `stage-worker` would.
-pub type CommandLineRunner = fn(&[String]) -> !;
 
 /// Why this process must not fork workers, if it must not: a device was initialised in it
 /// (it holds a handle on the NVIDIA driver, or the CUDA driver says it was initialised, or

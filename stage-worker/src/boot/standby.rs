@@ -15,8 +15,8 @@
 //! anything.
 
 use crate::boot::fork_messages::{receive_message, send};
+use crate::boot::forked_child::CommandLineRunner;
 use crate::boot::forked_child::{detach, take_on};
-use crate::boot::forkserver::CommandLineRunner;
 use protocol::fork::{driver_env, Adopt, ForkReply, ForkRequest};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
