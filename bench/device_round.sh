@@ -12,8 +12,10 @@
 #             DeepSpeed sweep, through the zygote and exec'd (5-8 min)
 #   overhead  issue 44: no-op stages against a885c33's binary (.carry/orchestrate-a885c33)
 #             on tmpfs and disk, 1,000 and 20,000 stages (4-6 min)
+#   kernels   issue 44: `stage-worker check-kernels` (the fused kernels and the AdamW step
+#             against libtorch's), compiled and from the cache (1-2 min)
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote or overhead}
+part=${1:?name a part: llama, sharing, zygote, overhead or kernels}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
@@ -38,5 +40,8 @@ case $part in
     BIN_DIR="$res/bins" OLD=a885c33 NEW=$(cat .carry/COMMIT) OUT="$res" timeout 560 bash bench/overhead/device.sh \
       > "$res/log.txt" 2>&1
     echo "exit $?"; tail -n 30 "$res/log.txt"; rm -rf "$res/bins" ;;
+  kernels)
+    timeout 300 bash bench/throughput/check_kernels.sh .carry "$res" > "$res/log.txt" 2>&1
+    echo "exit $?"; tail -n 30 "$res/log.txt" ;;
   *) echo "no part $part"; exit 2 ;;
 esac
