@@ -13,7 +13,10 @@
 #   overhead  issue 44: no-op stages against a885c33's binary (.carry/orchestrate-a885c33)
 #             on tmpfs and disk, 1,000 and 20,000 stages (4-6 min)
 #   kernels   issue 44: `stage-worker check-kernels` (the fused kernels and the AdamW step
-#             against libtorch's), compiled and from the cache (1-2 min)
+#             against libtorch's), compiled and from the cache, then the 100M model's
+#             throughput with this worker, 98d3509's (.carry/stage-worker-98d3509: before the
+#             AdamW step took its parameters as a `FlatParams` view) and torch.compile,
+#             3 rounds (5-7 min)
 set -uo pipefail
 part=${1:?name a part: llama, sharing, zygote, overhead or kernels}
 : "${OUT:?}"
@@ -41,7 +44,10 @@ case $part in
       > "$res/log.txt" 2>&1
     echo "exit $?"; tail -n 30 "$res/log.txt"; rm -rf "$res/bins" ;;
   kernels)
-    timeout 300 bash bench/throughput/check_kernels.sh .carry "$res" > "$res/log.txt" 2>&1
-    echo "exit $?"; tail -n 30 "$res/log.txt" ;;
+    timeout 150 bash bench/throughput/check_kernels.sh .carry "$res" > "$res/log.txt" 2>&1
+    echo "exit $?"; tail -n 12 "$res/log.txt"
+    SHAPES=m100 REPEATS=3 PEERS=compile WORKER_VARIANTS="default WORKER=$PWD/.carry/stage-worker-98d3509" \
+      timeout 400 bash bench/throughput/run.sh .carry "$res/throughput" > "$res/throughput.log" 2>&1
+    echo "exit $?"; cat "$res/throughput/summary.md" 2> /dev/null || tail -n 20 "$res/throughput.log" ;;
   *) echo "no part $part"; exit 2 ;;
 esac
