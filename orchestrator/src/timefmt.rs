@@ -73,9 +73,30 @@ pub fn human_duration(d: std::time::Duration) -> String {
     }
 }
 
+/// How long a stage (or a run) took, for a human: as [`human_duration`], but under 50 ms in
+/// milliseconds (`35ms`), so that a stage that ran is not shown as taking `0.0s`.
+pub fn human_wall(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_millis(50) {
+        format!("{}ms", d.as_millis())
+    } else {
+        human_duration(d)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_short_wall_is_shown_in_milliseconds_and_a_longer_one_as_a_duration() {
+        assert_eq!(human_wall(Duration::from_micros(34_910)), "34ms");
+        assert_eq!(human_wall(Duration::ZERO), "0ms");
+        assert_eq!(human_wall(Duration::from_millis(50)), "0.1s");
+        assert_eq!(human_wall(Duration::from_millis(2_780)), "2.8s");
+        assert_eq!(human_wall(Duration::from_secs(184)), "3m04s");
+        assert_eq!(human_duration(Duration::from_millis(34)), "0.0s");
+    }
 
     #[test]
     fn known_instants() {

@@ -127,10 +127,14 @@ pub fn render_event(event: &RunEvent) -> String {
             detail,
             wall_s,
         } => {
+            // As the console of a run started from the command line says it.
+            let wall = crate::timefmt::human_wall(
+                std::time::Duration::try_from_secs_f64(*wall_s).unwrap_or_default(),
+            );
             if detail.is_empty() {
-                format!("{stage}: {status} in {wall_s:.1}s")
+                format!("{stage}: {status} in {wall}")
             } else {
-                format!("{stage}: {status} in {wall_s:.1}s: {detail}")
+                format!("{stage}: {status} in {wall}: {detail}")
             }
         }
         RunEventKind::Text { text } => return text.clone(),

@@ -12,7 +12,7 @@ use protocol::status::StageStatus;
 use std::time::Instant;
 
 pub(crate) use crate::events::PROGRESS_EVERY;
-pub use crate::timefmt::human_duration;
+pub use crate::timefmt::{human_duration, human_wall};
 
 /// Writes to stderr, ignoring failure: a closed terminal or pipe (`orchestrate … | head`) must
 /// not stop a run whose stages are running.
@@ -255,11 +255,11 @@ impl Console {
             tracing::info!(target: "orchestrate::stage", stage, status = status.as_str(), detail, wall_s = wall.as_secs_f64(), "stage finished");
         } else if self.count(false, Some(status)) {
             if detail.is_empty() {
-                self.line(&format!("{stage}: {status} in {}", human_duration(wall)));
+                self.line(&format!("{stage}: {status} in {}", human_wall(wall)));
             } else {
                 self.line(&format!(
                     "{stage}: {status} in {}: {detail}",
-                    human_duration(wall)
+                    human_wall(wall)
                 ));
             }
         }

@@ -2,7 +2,7 @@
 //! cell whatever the statuses, each stage's headline metrics first (by its kind) and a count of
 //! the rest, which `report.json` has.
 
-use crate::report::console::human_duration;
+use crate::report::console::human_wall;
 use protocol::report::StageReport;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -128,7 +128,7 @@ pub fn render(rows: &[Row]) -> String {
             let s = &r.stage;
             let wall = s
                 .wall_s
-                .map(|w| human_duration(Duration::from_secs_f64(w)))
+                .map(|w| human_wall(Duration::from_secs_f64(w)))
                 .unwrap_or_else(|| "-".into());
             let mut result = match &s.error {
                 Some(e) => e.clone(),

@@ -21,7 +21,7 @@ function svg(tag, attrs = {}, text) {
   return e;
 }
 const mib = (b) => (b == null ? "" : (b / 1048576).toFixed(0) + " MiB");
-const secs = (s) => (s == null ? "" : s < 60 ? s.toFixed(1) + " s" : s < 3600 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(2) + " h");
+const secs = (s) => (s == null ? "" : s < 0.05 ? Math.floor(s * 1000) + " ms" : s < 60 ? s.toFixed(1) + " s" : s < 3600 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(2) + " h");
 // A run's state as a person reads it (the CSS class keeps the wire word: amber for a leak).
 const stateLabel = (s) => (s === "succeeded_leaked" ? "succeeded with leaked GPU memory" : s);
 const when = (unix) => (unix ? new Date(unix * 1000).toLocaleString() : "");
