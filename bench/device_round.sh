@@ -17,6 +17,10 @@
 #             throughput with this worker, 98d3509's (.carry/stage-worker-98d3509: before the
 #             AdamW step took its parameters as a `FlatParams` view) and torch.compile,
 #             3 rounds (5-7 min)
+# The parts take 25-35 minutes together, about a session's device time once each call's start
+# is counted: run them back to back in this order (the issues' closing weight), and leave
+# `overhead` (the no-op stages, which the 2-core machine also measures) for last.
+#   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
 part=${1:?name a part: llama, sharing, zygote, overhead or kernels}
 : "${OUT:?}"
