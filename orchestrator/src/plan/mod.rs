@@ -82,18 +82,17 @@ impl LoadedPlan {
     /// its `env` (stored apart, see [`matrix::matrix_env`]); other stages as they are.
     pub(crate) fn stage_as_run(&self, i: usize) -> std::borrow::Cow<'_, Stage> {
         let stage = &self.plan.stages[i];
-        match self.instances.get(i).and_then(Option::as_ref) {
-            Some(instance) if !instance.values.is_empty() => {
-                let mut stage = stage.clone();
-                stage.env.extend(matrix::matrix_env(instance));
-                std::borrow::Cow::Owned(stage)
-            }
-            _ => std::borrow::Cow::Borrowed(stage),
+        match self.env_as_run(i) {
+            std::borrow::Cow::Owned(env) => std::borrow::Cow::Owned(Stage {
+                env,
+                ..stage.clone()
+            }),
+            std::borrow::Cow::Borrowed(_) => std::borrow::Cow::Borrowed(stage),
         }
     }
 
-    /// Stage `i`'s `env` as it runs: [`Self::stage_as_run`]'s, without copying the rest of
-    /// the stage (a sweep plans thousands of attempts).
+    /// Stage `i`'s `env` as it runs (what [`Self::stage_as_run`] is made from), without copying
+    /// the rest of the stage (a sweep plans thousands of attempts).
     pub(crate) fn env_as_run(
         &self,
         i: usize,
@@ -443,5 +442,13 @@ mod env_as_run_tests {
         let a2 = plan.index_of("a[i=2]").unwrap();
         assert_eq!(plan.env_as_run(a2)["ORCHESTRATE_MATRIX_I"], "2");
         assert_eq!(plan.env_as_run(a2)["X"], "1");
+        let a2_as_run = plan.stage_as_run(a2);
+        assert_eq!(a2_as_run.env["ORCHESTRATE_MATRIX_I"], "2");
+        assert_eq!(a2_as_run.name, plan.plan.stages[a2].name);
+        let b = plan.index_of("b").unwrap();
+        assert!(matches!(
+            plan.stage_as_run(b),
+            std::borrow::Cow::Borrowed(_)
+        ));
     }
 }
