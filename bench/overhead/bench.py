@@ -30,6 +30,8 @@ stage started (from the journal), and, once per size, `orchestrate validate` wal
 """
 import argparse, json, os, platform, statistics, subprocess, sys, tempfile, threading, time
 
+from chain_plan import write_chain_plan
+
 
 PLAN_NAMES = ("chain-explicit", "chain", "independent", "independent-parallel")
 
@@ -44,12 +46,7 @@ def write_plans(n, d):
         f.writelines(f"{i}\n" for i in range(n // 2))
     if n <= 10_000:
         p = os.path.join(d, f"chain-explicit-{n}.toml")
-        with open(p, "w") as f:
-            f.write('[run]\nname = "chain-explicit"\n')
-            for i in range(n):
-                f.write(f'[[stage]]\nname = "s{i}"\ncommand = ["true"]\n')
-                if i:
-                    f.write(f'after = ["s{i-1}"]\n')
+        write_chain_plan(n, p, header='[run]\nname = "chain-explicit"\n')
         plans["chain-explicit"] = p
     p = os.path.join(d, f"chain-{n}.toml")
     with open(p, "w") as f:

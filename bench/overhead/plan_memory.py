@@ -14,14 +14,11 @@ deleted after each run, with a `sync` outside the timing.
 """
 import argparse, json, os, platform, shutil, statistics, subprocess, sys, tempfile, time
 
+from chain_plan import write_chain_plan
+
 
 def write_plan(n, path):
-    with open(path, "w") as f:
-        f.write('[run]\nname = "written-out"\nmax_parallel = 1\n')
-        for i in range(n):
-            f.write(f'[[stage]]\nname = "s{i}"\ncommand = ["true"]\n')
-            if i:
-                f.write(f'after = ["s{i - 1}"]\n')
+    write_chain_plan(n, path, header='[run]\nname = "written-out"\nmax_parallel = 1\n')
 
 
 def measure(argv):

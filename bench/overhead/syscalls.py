@@ -17,13 +17,9 @@
 """
 import argparse, collections, json, os, platform, re, subprocess, sys, tempfile, time
 
+from chain_plan import write_chain_plan
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def write_plan(n, path):
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(f'[[stage]]\nname = "s{i}"\ncommand = ["true"]\n' + (f'after = ["s{i - 1}"]\n' if i else ""))
 
 
 def per_stage(trace, spawn_names, n):
@@ -77,7 +73,7 @@ def main():
               "binaries": dict(b.split("=", 1) for b in args.bin), "per_stage": {}}
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         plan = os.path.join(d, "chain.toml")
-        write_plan(n, plan)
+        write_chain_plan(n, plan)
         for label, binary in result["binaries"].items():
             trace = os.path.join(d, f"{label}.strace")
             subprocess.run(["strace", "-o", trace, binary, "--plan", plan, "--run-dir",

@@ -14,13 +14,7 @@ RUN_BASE (default /dev/shm: the disk is left out of it) and are removed after ea
 """
 import argparse, json, os, platform, shutil, statistics, subprocess, sys, time
 
-
-def write_plan(n, path):
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(f'[[stage]]\nname = "s{i}"\ncommand = ["true"]\n')
-            if i:
-                f.write(f'after = ["s{i - 1}"]\n')
+from chain_plan import write_chain_plan
 
 
 def run_orchestrate(binary, plan, run_dir, n):
@@ -75,7 +69,7 @@ def main():
     base = os.path.join(args.run_base, f"thread-cpu-{os.getpid()}")
     os.makedirs(base)
     plan = os.path.join(base, "plan.toml")
-    write_plan(args.stages, plan)
+    write_chain_plan(args.stages, plan)
     loop, per_bin = [], {label: [] for label, _ in bins}
     for rep in range(args.reps):
         loop.append(run_loop(args.stages))

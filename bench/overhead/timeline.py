@@ -26,17 +26,11 @@ Needs `perf` with access to the scheduler's tracepoints (root, or `perf_event_pa
 """
 import argparse, json, os, platform, re, shutil, statistics, subprocess, sys, tempfile, time
 
+from chain_plan import write_chain_plan
+
 EVENTS = "sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit"
 LOOP = "import subprocess, sys\nfor _ in range(int(sys.argv[1])): subprocess.run(['true'])\n"
 LINE = re.compile(r"\s*(\S+)\s+(\d+)\s+([\d.]+):\s+(\S+):\s+(.*)")
-
-
-def write_plan(n, path):
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(f'[[stage]]\nname = "s{i}"\ncommand = ["true"]\n')
-            if i:
-                f.write(f'after = ["s{i - 1}"]\n')
 
 
 def record(command, env, data):
@@ -99,7 +93,7 @@ def main():
         extra.setdefault(label, {})[var] = value
     work = tempfile.mkdtemp(prefix="timeline-", dir=args.run_base)
     plan = os.path.join(work, "chain.toml")
-    write_plan(args.stages, plan)
+    write_chain_plan(args.stages, plan)
     loop = os.path.join(work, "loop.py")
     with open(loop, "w") as f:
         f.write(LOOP)
