@@ -92,14 +92,20 @@ impl RankWatch {
         self.failed.is_none() && self.ranks.len() >= 2
     }
 
-    /// Looks at each known rank: the first found ended badly (a zombie with a non-zero
-    /// status) is returned, once; ranks that are gone are forgotten.
+    /// Looks at each known rank: the first that ended badly (a zombie with a non-zero status,
+    /// or an exit the kernel reported) is returned, once; ranks that are gone are forgotten.
+    ///
+    /// Several bad exits seen in one look (a loaded machine looks late) are told apart so that
+    /// the cause is named, not its consequence: an exit by code or by a fault comes before a
+    /// death by a stop signal (`SIGTERM`, `SIGKILL`, `SIGINT`: what a launcher sends the other
+    /// ranks once one failed), and among the rest the kernel's exit times decide.
     pub fn look(&mut self) -> Option<RankExit> {
         let mut gone = Vec::new();
+        let mut bad: Vec<(bool, u64, RankExit)> = Vec::new();
         for (&pid, &rank) in &self.ranks {
             let seen = match zombie_status(pid) {
                 Seen::Gone => match ExitLog::start().and_then(|log| log.take(pid)) {
-                    Some(status) => Seen::Ended(status),
+                    Some(exit) => Seen::Ended(exit.status, Some(exit.at_ns)),
                     None => Seen::Gone,
                 },
                 seen => seen,
@@ -107,14 +113,20 @@ impl RankWatch {
             match seen {
                 Seen::Running => {}
                 Seen::Gone => gone.push(pid),
-                Seen::Ended(status) => {
+                Seen::Ended(status, at_ns) => {
                     gone.push(pid);
-                    if status != ExitStatus::Code(0) && self.failed.is_none() {
-                        self.failed = Some(RankExit {
+                    if status != ExitStatus::Code(0) {
+                        let at_ns = at_ns.or_else(|| {
+                            ExitLog::start()
+                                .and_then(|log| log.take(pid))
+                                .map(|exit| exit.at_ns)
+                        });
+                        let exit = RankExit {
                             rank,
                             pid: Some(pid),
                             status,
-                        });
+                        };
+                        bad.push((is_stop_signal(status), at_ns.unwrap_or(u64::MAX), exit));
                     }
                 }
             }
@@ -122,6 +134,10 @@ impl RankWatch {
         for pid in gone {
             self.ranks.remove(&pid);
             forget(pid);
+        }
+        if self.failed.is_none() {
+            bad.sort_by_key(|(stopped, at_ns, _)| (*stopped, *at_ns));
+            self.failed = bad.into_iter().next().map(|(_, _, exit)| exit);
         }
         self.failed.clone()
     }
@@ -167,11 +183,18 @@ fn rank_of(env: &[u8]) -> Option<u32> {
     found.map(|(_, rank)| rank)
 }
 
-/// What `/proc` shows of a process.
+/// What `/proc` shows of a process: running, gone, or ended (with the kernel's exit time,
+/// when its exit log has it).
 enum Seen {
     Running,
     Gone,
-    Ended(ExitStatus),
+    Ended(ExitStatus, Option<u64>),
+}
+
+/// Whether a rank was stopped from outside (by its launcher, most often, once a peer failed)
+/// rather than ending of itself.
+pub fn is_stop_signal(status: ExitStatus) -> bool {
+    matches!(status, ExitStatus::Signal(sig) if sig == libc::SIGTERM || sig == libc::SIGKILL || sig == libc::SIGINT)
 }
 
 /// A zombie's wait status is field 52 of `/proc/PID/stat` (Linux 3.5 and later).
@@ -188,7 +211,7 @@ fn zombie_status(pid: i32) -> Seen {
     }
     // Field 3 was the state; field 52 is the 49th after it.
     match fields.nth(48).and_then(|f| f.parse::<i32>().ok()) {
-        Some(status) => Seen::Ended(wait_status(status)),
+        Some(status) => Seen::Ended(wait_status(status), None),
         None => Seen::Gone,
     }
 }

@@ -892,8 +892,8 @@ async fn conclude(
 }
 
 /// A failed rank, when the attempt failed (did not exit 0) for no reason of orchestrate's
-/// (a timeout, a cancel): the rank seen ending badly, else the one `torchrun` names on
-/// stderr; with what came of the rest of the stage.
+/// (a timeout, a cancel): the rank seen ending badly, else (or when the one seen was stopped
+/// by a signal) the one `torchrun` names on stderr; with what came of the rest of the stage.
 fn rank_failure(
     plan: &AttemptPlan,
     watched: &Watch,
@@ -904,11 +904,14 @@ fn rank_failure(
     if exit == Some(ExitStatus::Code(0)) || stop.timed_out() || stop.cancelled() {
         return None;
     }
-    let rank = watched
-        .ranks
-        .failed()
-        .cloned()
-        .or_else(|| crate::attempt::ranks::from_torchrun(stderr_tail))?;
+    // A rank seen stopped by a signal may be one torchrun stopped after the rank it names.
+    let seen = watched.ranks.failed().cloned();
+    let named = || crate::attempt::ranks::from_torchrun(stderr_tail);
+    let rank = match seen {
+        Some(seen) if crate::attempt::ranks::is_stop_signal(seen.status) => named().unwrap_or(seen),
+        Some(seen) => seen,
+        None => named()?,
+    };
     let then = match (stop.why(), exit) {
         (Some(StopWhy::RankFailed), _) => format!(
             "the other ranks still ran after the rank_grace of {} and were stopped",

@@ -21,10 +21,19 @@ const CN_MSG_HDR: usize = 20;
 /// `struct proc_event`: `what`, `cpu`, `timestamp_ns`, then the event.
 const PROC_EVENT_HDR: usize = 16;
 
-/// Watched PIDs and the statuses of those that exited.
+/// A watched process's exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// When, in the kernel's monotonic nanoseconds: orders the exits of one log.
+    pub at_ns: u64,
+}
+
+/// Watched PIDs and the exits of those that exited.
 #[derive(Default)]
 struct Table {
-    watched: HashMap<i32, Option<ExitStatus>>,
+    watched: HashMap<i32, Option<Exit>>,
 }
 
 /// The process's exit log.
@@ -54,8 +63,8 @@ impl ExitLog {
         self.table().watched.entry(pid).or_insert(None);
     }
 
-    /// `pid`'s exit status, if it exited since it was watched (it is forgotten then).
-    pub fn take(&self, pid: i32) -> Option<ExitStatus> {
+    /// `pid`'s exit, if it exited since it was watched (it is forgotten then).
+    pub fn take(&self, pid: i32) -> Option<Exit> {
         let mut table = self.table();
         let status = table.watched.get(&pid).copied().flatten()?;
         table.watched.remove(&pid);
@@ -84,17 +93,17 @@ impl ExitLog {
                 }
                 return;
             }
-            if let Some((pid, status)) = parse_exit(&buf[..n as usize]) {
+            if let Some((pid, exit)) = parse_exit(&buf[..n as usize]) {
                 if let Some(slot) = self.table().watched.get_mut(&pid) {
-                    *slot = Some(status);
+                    *slot = Some(exit);
                 }
             }
         }
     }
 }
 
-/// A process's exit (not a thread's) in one connector message: its PID and status.
-fn parse_exit(msg: &[u8]) -> Option<(i32, ExitStatus)> {
+/// A process's exit (not a thread's) in one connector message: its PID and exit.
+fn parse_exit(msg: &[u8]) -> Option<(i32, Exit)> {
     let word = |at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(msg.get(at..at + 4)?.try_into().ok()?))
     };
@@ -102,6 +111,7 @@ fn parse_exit(msg: &[u8]) -> Option<(i32, ExitStatus)> {
     if word(event)? != PROC_EVENT_EXIT {
         return None;
     }
+    let at_ns = u64::from_ne_bytes(msg.get(event + 8..event + 16)?.try_into().ok()?);
     let body = event + PROC_EVENT_HDR;
     let (pid, tgid, code) = (word(body)?, word(body + 4)?, word(body + 8)?);
     if pid != tgid {
@@ -112,7 +122,7 @@ fn parse_exit(msg: &[u8]) -> Option<(i32, ExitStatus)> {
         0 => ExitStatus::Code((code >> 8) & 0xff),
         sig => ExitStatus::Signal(sig),
     };
-    Some((pid as i32, status))
+    Some((pid as i32, Exit { status, at_ns }))
 }
 
 /// A connector socket subscribed to process events, or `None` when refused.
@@ -168,26 +178,37 @@ mod tests {
             eprintln!("the process events connector is not available here (needs CAP_NET_ADMIN)");
             return;
         };
-        // A grandchild: its parent `sh` collects it, not us.
+        // Two grandchildren: their parent `sh` collects them, not us. The later one is
+        // started first, so that the order of the exits is not the order of the PIDs.
         let mut parent = std::process::Command::new("sh")
-            .args(["-c", "sh -c 'sleep 0.3; exit 9' & echo $!; wait"])
+            .args([
+                "-c",
+                "sh -c 'sleep 0.6; exit 7' & echo $!; sh -c 'sleep 0.3; exit 9' & echo $!; wait",
+            ])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         let mut reader = std::io::BufReader::new(parent.stdout.take().unwrap());
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
-        let pid: i32 = line.trim().parse().unwrap();
-        log.watch(pid);
+        let mut pid = || {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+            let pid: i32 = line.trim().parse().unwrap();
+            log.watch(pid);
+            pid
+        };
+        let (later, sooner) = (pid(), pid());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            if let Some(status) = log.take(pid) {
-                assert_eq!(status, ExitStatus::Code(9));
-                break;
+        let mut exit = |pid| loop {
+            if let Some(exit) = log.take(pid) {
+                return exit;
             }
             assert!(std::time::Instant::now() < deadline, "no exit seen");
             std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        };
+        let (sooner, later) = (exit(sooner), exit(later));
+        assert_eq!(sooner.status, ExitStatus::Code(9));
+        assert_eq!(later.status, ExitStatus::Code(7));
+        assert!(sooner.at_ns < later.at_ns, "{sooner:?} {later:?}");
         parent.wait().unwrap();
     }
 }
