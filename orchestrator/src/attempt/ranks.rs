@@ -288,4 +288,42 @@ mod tests {
         }
         child.wait().unwrap();
     }
+
+    #[test]
+    fn of_two_bad_exits_seen_in_one_look_the_cause_is_named_not_the_rank_stopped_after_it() {
+        use std::os::unix::process::CommandExt;
+        // As under a launcher on a loaded machine: rank 1 exits 1, then rank 0 is stopped by
+        // SIGTERM, and both have ended by the time the ranks are looked at. Rank 0 is started
+        // first, so its PID is the lower.
+        let spawn = |rank: &str, script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .env("RANK", rank)
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let mut stopped = spawn("0", "exec sleep 30");
+        let mut failing = spawn("1", "sleep 0.2; exit 1");
+        let mut watch = RankWatch::default();
+        while watch.ranks.len() < 2 {
+            watch.discover(0, [stopped.id() as i32, failing.id() as i32]);
+        }
+        // Rank 1 has ended; then rank 0 is stopped and has ended too, both still uncollected.
+        while !matches!(zombie_status(failing.id() as i32), Seen::Ended(..)) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(stopped.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        while !matches!(zombie_status(stopped.id() as i32), Seen::Ended(..)) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let exit = watch.look().expect("a bad exit is seen");
+        assert_eq!(exit.describe(), "rank 1 exited with code 1");
+        stopped.wait().unwrap();
+        failing.wait().unwrap();
+    }
 }

@@ -198,7 +198,7 @@ mod tests {
         };
         let (later, sooner) = (pid(), pid());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut exit = |pid| loop {
+        let exit = |pid| loop {
             if let Some(exit) = log.take(pid) {
                 return exit;
             }
