@@ -36,6 +36,8 @@ if [ -z "${BENCH_TINY:-}" ] && [ "${CHECK_KERNELS:-1}" = 1 ]; then
   grep -i llama "$OUT/check-kernels.jsonl" || true
 fi
 python3 "$HERE/bench.py" "$BIN" "$OUT" "$W"
+# The worker's losses against the peer's own run-to-run noise (needs two peer runs).
+python3 "$HERE/loss_noise.py" "$OUT/results.json" > "$OUT/loss-noise.md" 2>&1 && cat "$OUT/loss-noise.md"
 if [ -d "$OUT/profiles" ]; then
   python3 "$HERE/../throughput/profile_summary.py" "${PROFILE_STEPS:-3}" "$OUT"/profiles/*.json \
     > "$OUT/profiles.md"
