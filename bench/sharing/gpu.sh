@@ -109,6 +109,15 @@ def rates_of(prefix, label):
             print(f"{label} {mode} rep {rep}: {r['status']}, {ok}/{len(r['stages'])} succeeded, "
                   f"{r['wall_s']:.1f} s, {rate:.2f} stages/s, verdicts: "
                   f"{ {x: v.count(x) for x in sorted(set(v))} }")
+            # A verdict other than clean is printed whole: the run directories are too deep
+            # to come back from a device call.
+            for s in r["stages"]:
+                for g in s.get("gpu", []):
+                    if g["verdict"] != "clean":
+                        print(f"  {s['name']}: {g['verdict']}, baseline {g['baseline_bytes'] >> 20} MiB, "
+                              f"after {g['after_bytes'] >> 20} MiB, peak {g['peak_bytes'] >> 20} MiB, "
+                              f"waited {g['reclaim_ms']:.0f} ms; holders {g.get('holders')}; "
+                              f"note: {g.get('note')}")
     if rates.get("whole") and rates.get("shared"):
         w, s = sum(rates["whole"]) / len(rates["whole"]), sum(rates["shared"]) / len(rates["shared"])
         print(f"{label} rate: shared {s:.2f}/s against whole {w:.2f}/s: {s / w:.2f}x (goal >= 3x)")
