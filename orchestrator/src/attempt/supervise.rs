@@ -221,7 +221,7 @@ pub async fn supervise(
     if let Some(probe) = &services.probe {
         let is_stage = |pid: u32| child.owns(pid as i32);
         for share in &mut watched.shares {
-            share.main_exited(probe.as_ref(), &is_stage);
+            share.main_exited(probe.as_ref(), child.pid as u32, &is_stage);
         }
     }
     let exit = reaped.map(|r| r.status);

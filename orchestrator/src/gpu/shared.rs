@@ -3,8 +3,9 @@
 //! The device's figure mixes every sharer's memory, so a sharing stage is judged by what the
 //! driver lists: its baseline is the memory no listed process accounts for when it started
 //! (the idle context and reserve), and once its tree is gone the GPU is clean for it when
-//! - no process of the stage is listed any more (nor was one listed as its main process
-//!   exited: a process it left behind holding memory is its leak even once stopped), and
+//! - no process of the stage is listed any more (nor was one besides the main process listed
+//!   as the main process exited: a process it left behind holding memory is its leak even
+//!   once stopped), and
 //! - the memory no listed process accounts for is back at that baseline, within the
 //!   tolerance: what the stages still running there hold (their listed processes) is theirs.
 //!
@@ -65,13 +66,21 @@ impl ShareWatch {
         self.peak = self.peak.max(bytes);
     }
 
-    /// At the main process's exit: notes a process of the stage still holding memory.
-    pub fn main_exited(&mut self, probe: &dyn MemoryProbe, is_stage: &dyn Fn(u32) -> bool) {
+    /// At the main process's exit (`main`, reaped): notes another process of the stage still
+    /// holding memory. The main process itself may still be listed for a moment, while the
+    /// driver tears its context down; that is not memory left behind, and the verdict waits
+    /// for it to leave the list as for any process of the stage.
+    pub fn main_exited(
+        &mut self,
+        probe: &dyn MemoryProbe,
+        main: u32,
+        is_stage: &dyn Fn(u32) -> bool,
+    ) {
         self.sample(probe, is_stage);
         self.left_behind = probe
             .holders(&self.uuid)
             .into_iter()
-            .find(|h| is_stage(h.pid) && h.bytes != Some(0));
+            .find(|h| h.pid != main && is_stage(h.pid) && h.bytes != Some(0));
     }
 }
 
@@ -247,11 +256,30 @@ mod tests {
             used: 600 * MIB,
             holders: RefCell::new(vec![holder(42, 2048)]),
         };
-        w.main_exited(&probe, &|pid| pid == 42);
+        w.main_exited(&probe, 41, &|pid| pid == 41 || pid == 42);
         probe.holders.borrow_mut().clear();
         let r = block_on(await_shared(&probe, &w, 64 * MIB, Duration::ZERO));
         assert_eq!(r.verdict, GpuVerdict::Leaked);
         assert!(r.note.unwrap().contains("main process exited"));
+    }
+
+    #[test]
+    fn the_main_process_still_listed_at_its_exit_is_waited_for_not_called_left_behind() {
+        // The driver still lists the reaped main process (42) while it tears its context down.
+        let mut w = watch(vec![42]);
+        let probe = Listed {
+            used: (600 + 2048) * MIB,
+            holders: RefCell::new(vec![holder(42, 2048)]),
+        };
+        w.main_exited(&probe, 42, &|pid| pid == 42);
+        assert_eq!(w.left_behind, None);
+        // Gone from the list and its memory back by the verdict: clean.
+        let probe = Listed {
+            used: 600 * MIB,
+            holders: RefCell::new(Vec::new()),
+        };
+        let r = block_on(await_shared(&probe, &w, 64 * MIB, Duration::ZERO));
+        assert_eq!(r.verdict, GpuVerdict::Clean, "{r:?}");
     }
 
     #[test]

@@ -93,3 +93,57 @@ fn four_stages_share_a_gpu_and_only_the_one_that_leaves_memory_behind_is_leaked(
     // They ran at once: all four were on the barrier together (the script exits 9 otherwise).
     assert_eq!(std::fs::read_dir(&barrier).unwrap().count(), 4);
 }
+
+/// A sharing stage whose line stays in the holder file after it exits: as the driver lists an
+/// exited process while it tears its context down.
+const LINGER: &str = r#"
+d="$1/$ORCHESTRATE_GPU_UUIDS.d"
+mkdir -p "$d"
+echo "$$ python 1073741824" > "$d/$$"
+sleep 0.2
+"#;
+
+#[test]
+fn a_main_process_still_listed_for_a_moment_after_its_exit_is_waited_for_and_not_a_leak() {
+    let s = Scratch::new("gpu-sharing-linger");
+    let holders = s.path().join("holders");
+    let script = s.write("linger.sh", LINGER);
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\nreclaim_timeout = \"5s\"\n\n[[stage]]\nname = \"s\"\ngpu_memory = \"2GiB\"\ncommand = [\"sh\", \"{}\", \"{}\"]\n",
+            script.display(),
+            holders.display()
+        ),
+    );
+    let mut child = fake_gpu_command(&s, &plan, "1", &holders)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The "driver": each listed process's line goes 0.3 s after its process is gone.
+    let listed = holders.join("GPU-fake-0.d");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut taken_off = 0;
+    while child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the run did not end");
+        for entry in std::fs::read_dir(&listed).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                std::fs::remove_file(entry.path()).unwrap();
+                taken_off += 1;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = output_text(&out);
+    assert_eq!(taken_off, 1, "{text}");
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let report = read_report(&s.path().join("run"));
+    let gpu = &report_stage(&report, "s")["gpu"][0];
+    assert_eq!(gpu["verdict"], "clean", "{gpu}");
+    // Judged once the line went, not at the end of the 5 s reclaim time.
+    assert!(gpu["reclaim_ms"].as_f64().unwrap() < 4000.0, "{gpu}");
+}
