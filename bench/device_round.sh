@@ -19,7 +19,8 @@
 #             3 rounds (5-7 min)
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
-#             verdict's waiting for a reaped main process
+#             verdict's waiting for a reaped main process; and whether NVML's thread ever
+#             leaves after nvmlShutdown (bench/zygote/nvml_thread_lifetime.py; issue 48)
 # The parts take 25-35 minutes together, about a session's device time once each call's start
 # is counted: run them back to back in this order (the issues' closing weight), and leave
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
@@ -58,6 +59,8 @@ case $part in
     echo "exit $?"; cat "$res/throughput/summary.md" 2> /dev/null || tail -n 20 "$res/throughput.log" ;;
   reap)
     timeout 120 python3 bench/sharing/listed_after_reap.py 15 > "$res/listed-after-reap.txt" 2>&1
-    echo "exit $?"; cat "$res/listed-after-reap.txt" ;;
+    echo "exit $?"; cat "$res/listed-after-reap.txt"
+    timeout 60 python3 bench/zygote/nvml_thread_lifetime.py > "$res/nvml-thread-lifetime.txt" 2>&1
+    echo "exit $?"; cat "$res/nvml-thread-lifetime.txt" ;;
   *) echo "no part $part"; exit 2 ;;
 esac
