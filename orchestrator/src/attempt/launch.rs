@@ -233,8 +233,9 @@ fn gpu_baselines(plan: &AttemptPlan, services: &Services) -> Vec<crate::gpu::rel
         .iter()
         .map(|g| {
             let used = match plan.gpu_share {
-                Some(_) => crate::gpu::shared::unlisted_bytes(probe.as_ref(), &g.uuid)
-                    .map_or(0, |(unlisted, _)| unlisted),
+                Some(_) => {
+                    crate::gpu::shared::baseline_unlisted(probe.as_ref(), &g.uuid).unwrap_or(0)
+                }
                 None => probe.used_bytes(&g.uuid).unwrap_or(0),
             };
             crate::gpu::release::GpuBaseline {

@@ -26,6 +26,27 @@ pub fn unlisted_bytes(probe: &dyn MemoryProbe, uuid: &str) -> Option<(u64, Vec<H
     Some((used.saturating_sub(listed), holders))
 }
 
+/// A sharing stage's baseline: the memory of GPU `uuid` that no listed process accounts for,
+/// read so that it is never too low. The device's figure and the list are two reads, and a
+/// neighbour that starts, grows, shrinks or ends between them would make one difference too
+/// low by its size; the stage, judged against that baseline once the GPU is quiet, would then
+/// be called `leaked` for memory that was never its own. So the list is read before and after
+/// the device's figure, and a process counts with the least it held in the two (nothing when
+/// it is missing from either): what changed meanwhile stays in the baseline.
+pub fn baseline_unlisted(probe: &dyn MemoryProbe, uuid: &str) -> Option<u64> {
+    let before = probe.holders(uuid);
+    let used = probe.used_bytes(uuid).ok()?;
+    let after = probe.holders(uuid);
+    let listed: u64 = after
+        .iter()
+        .filter_map(|h| {
+            let earlier = before.iter().find(|b| b.pid == h.pid)?;
+            Some(h.bytes.unwrap_or(0).min(earlier.bytes.unwrap_or(0)))
+        })
+        .sum();
+    Some(used.saturating_sub(listed))
+}
+
 /// What one sharing stage's GPU looked like while it ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShareWatch {
@@ -279,6 +300,46 @@ mod tests {
             holders: RefCell::new(Vec::new()),
         };
         let r = block_on(await_shared(&probe, &w, 64 * MIB, Duration::ZERO));
+        assert_eq!(r.verdict, GpuVerdict::Clean, "{r:?}");
+    }
+
+    /// A GPU whose list of processes changes at each read, as neighbours come and go.
+    struct Churning {
+        used: u64,
+        lists: RefCell<Vec<Vec<Holder>>>,
+    }
+
+    impl MemoryProbe for Churning {
+        fn used_bytes(&self, _: &str) -> Result<u64, ProbeError> {
+            Ok(self.used)
+        }
+        fn holders(&self, _: &str) -> Vec<Holder> {
+            self.lists.borrow_mut().remove(0)
+        }
+    }
+
+    #[test]
+    fn a_neighbour_listed_after_the_devices_figure_was_read_never_lowers_the_baseline() {
+        // 600 MiB idle, neighbour 7 holds 1 GiB; neighbour 8 appears with 500 MiB just after
+        // the device's figure was read (the figure does not have it yet), and 7 grows to
+        // 1.5 GiB the same instant.
+        let probe = Churning {
+            used: (600 + 1024) * MIB,
+            lists: RefCell::new(vec![
+                vec![holder(7, 1024)],
+                vec![holder(7, 1536), holder(8, 500)],
+            ]),
+        };
+        assert_eq!(baseline_unlisted(&probe, "GPU-0"), Some(600 * MIB));
+        // One read of each, in the other order, would have said 600 + 1024 - 2036 = 0 MiB:
+        // the stage, judged later on the quiet GPU (600 MiB unlisted), would be `leaked`.
+        let mut w = watch(vec![]);
+        w.baseline = 600 * MIB;
+        let quiet = Listed {
+            used: 600 * MIB,
+            holders: RefCell::new(Vec::new()),
+        };
+        let r = block_on(await_shared(&quiet, &w, 64 * MIB, Duration::ZERO));
         assert_eq!(r.verdict, GpuVerdict::Clean, "{r:?}");
     }
 
