@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: Python stages through the zygote (`preload`) against a fresh interpreter.
 #   1. first line: a stage that imports torch + transformers (Llama) + deepspeed, time from
-#      spawn (report.json timing.spawned) to its first line of user code; 4 chained stages
+#      spawn (report.json timing.spawned) to its first line of user code; FIRST_N (6) chained stages
 #      through the zygote (the first waits for the zygote's own imports: reported apart) and
 #      3 exec'd (ORCHESTRATE_ZYGOTE=0);
 #   2. seed 001's DeepSpeed sweep (examples/deepspeed-seed001, small model, 3 samples):
@@ -49,9 +49,14 @@ chain() { # N: N chained one-GPU stages running first_line.py
   done
 }
 if [ "${SEED_ONLY:-0}" != 1 ]; then
-chain 4 > "$res/first-line-zygote.toml"
+chain "${FIRST_N:-6}" > "$res/first-line-zygote.toml"
 chain 3 > "$res/first-line-exec.toml"
-timeout 150 "$bin/orchestrate" --plan "$res/first-line-zygote.toml" --run-dir "$res/run-first-zygote" > "$res/first-zygote.console" 2>&1
+# Each zygote part learns from an empty cache of its own, kept with the results: its log
+# (cache-*/*.log) has every zygote's and standby's lines ("standby ready", "standby refused:
+# …", "a CUDA context was made ahead …"); the console has why a standby was not adopted.
+standby_log=orchestrator::process::fork_server::standby=debug,orchestrator::process::zygote=info
+ORCHESTRATE_ZYGOTE_CACHE=$res/cache-first RUST_LOG=$standby_log \
+  timeout 150 "$bin/orchestrate" --plan "$res/first-line-zygote.toml" --run-dir "$res/run-first-zygote" > "$res/first-zygote.console" 2>&1
 echo "first-line zygote: exit $?" >> "$res/summary.txt"
 ORCHESTRATE_ZYGOTE=0 timeout 120 "$bin/orchestrate" --plan "$res/first-line-exec.toml" --run-dir "$res/run-first-exec" > "$res/first-exec.console" 2>&1
 echo "first-line exec: exit $?" >> "$res/summary.txt"
@@ -68,7 +73,8 @@ sed -e "s|^name = \"deepspeed-seed001\"|name = \"deepspeed-seed001\"\n$preload|"
 ( while sleep 0.5; do date +%s.%N; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; \
     pgrep -f "orchestrate's zygote" | sed 's/^/zygote /'; done ) > "$res/nvml-during-zygote-sweep.txt" 2>&1 &
 sampler=$!
-timeout 170 "$bin/orchestrate" --plan "$seed/plan-zygote.toml" --run-dir "$res/run-seed-zygote" > "$res/seed-zygote.console" 2>&1
+ORCHESTRATE_ZYGOTE_CACHE=$res/cache-seed RUST_LOG=orchestrator::process::fork_server::standby=debug,orchestrator::process::zygote=info \
+  timeout 170 "$bin/orchestrate" --plan "$seed/plan-zygote.toml" --run-dir "$res/run-seed-zygote" > "$res/seed-zygote.console" 2>&1
 echo "seed001 zygote: exit $?" >> "$res/summary.txt"
 kill $sampler
 ORCHESTRATE_ZYGOTE=0 timeout 200 "$bin/orchestrate" --plan "$seed/plan-zygote.toml" --run-dir "$res/run-seed-exec" > "$res/seed-exec.console" 2>&1
