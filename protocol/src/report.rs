@@ -203,6 +203,11 @@ pub struct StageStart {
     /// thread before it was given this stage (docs/zygote.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub standby: bool,
+    /// Forked with GPUs but not as a standby: why the standby of its zygote was not taken (it
+    /// was still importing, exited, was refused, held a CUDA context, or none could be
+    /// started); absent when none was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_passed_over: Option<String>,
 }
 
 /// The modules a forked stage imported itself (see [`StageStart::imported`]).

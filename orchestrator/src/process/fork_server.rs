@@ -223,7 +223,7 @@ impl Servers {
             };
             return Err(ForkServerError::Unusable(why.clone()));
         };
-        if let Some(pid) = self.standbys.adopt(&program, worker) {
+        if let Ok(pid) = self.standbys.adopt(&program, worker) {
             self.standbys.remember(pid, &program, worker.env);
             return Ok(pid);
         }

@@ -182,6 +182,7 @@ pub fn spawn(
                     imported: None,
                     left_out: child.left_out,
                     standby: child.standby,
+                    standby_passed_over: child.standby_passed_over,
                 };
                 return Ok(forked(child.pid, launch, reaper, Some(via)));
             }
@@ -195,6 +196,7 @@ pub fn spawn(
             imported: None,
             left_out: Vec::new(),
             standby: false,
+            standby_passed_over: None,
         });
     }
     let env = stage_variables(&launch);

@@ -173,6 +173,8 @@ pub struct Forked {
     pub left_out: Vec<protocol::fork::LeftOut>,
     /// It began as a standby of that zygote (see [`Zygotes`]).
     pub standby: bool,
+    /// Why it did not, when a standby was asked for (see [`StageStart::standby_passed_over`]).
+    pub standby_passed_over: Option<String>,
 }
 
 /// Which zygote: the interpreter and `preload` (its lineage, what it learns is kept by) and
@@ -283,9 +285,12 @@ fn spawn(
             ..stage.worker
         };
         let standby_of = standby_key(key, zygote.generation);
-        let started = match standbys.adopt(&standby_of, &worker) {
-            Some(pid) => Ok((pid, true)),
-            None => fork_server::fork(&mut zygote.server, &worker).map(|pid| (pid, false)),
+        let (started, passed_over) = match standbys.adopt(&standby_of, &worker) {
+            Ok(pid) => (Ok((pid, true)), None),
+            Err(why) => (
+                fork_server::fork(&mut zygote.server, &worker).map(|pid| (pid, false)),
+                why,
+            ),
         };
         let why = match started {
             Ok((pid, standby)) => {
@@ -298,6 +303,7 @@ fn spawn(
                     generation: zygote.generation,
                     left_out: zygote.left_out.clone(),
                     standby,
+                    standby_passed_over: passed_over,
                 });
             }
             Err(why) => why,

@@ -1225,6 +1225,10 @@ fn a_stage_with_gpus_begins_as_a_standby_that_imported_what_the_zygote_leaves_ou
         let start = stage_start(&run_dir, name);
         assert_eq!(start["via"], "zygote", "{name}: {start}");
         assert_eq!(start["standby"], true, "{name}: {start}");
+        assert!(
+            start.get("standby_passed_over").is_none(),
+            "{name}: {start}"
+        );
         assert_eq!(start["left_out"][0]["module"], "threader", "{start}");
         let seen = stdout_json(&run_dir, name);
         let spawned = report_stage(&read_report(&run_dir), name)["timing"]["spawned"]
@@ -1266,6 +1270,12 @@ fn a_standby_whose_imports_read_what_the_stage_sets_otherwise_is_not_used() {
         let start = stage_start(&run_dir, name);
         assert_eq!(start["via"], "zygote", "{name}: {start}");
         assert!(start.get("standby").is_none(), "{name}: {start}");
+        // The report says why the standby was not taken.
+        let why = start["standby_passed_over"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("refused the stage: its imports ahead read ORCHESTRATE_STAGE"),
+            "{name}: {start}"
+        );
         let seen = stdout_json(&run_dir, name);
         assert_eq!(seen["note"]["stage"], name, "{name}: {seen}");
         assert_eq!(seen["note"]["pid"], seen["pid"], "{seen}");
@@ -1286,6 +1296,8 @@ fn a_standby_still_importing_is_passed_over_not_waited_for() {
     let first = forked.first().expect("a stage forked from the zygote");
     let start = stage_start(&run_dir, first);
     assert!(start.get("standby").is_none(), "{first}: {start}");
+    let why = start["standby_passed_over"].as_str().unwrap_or_default();
+    assert!(why.contains("still importing"), "{first}: {start}");
     let seen = stdout_json(&run_dir, first);
     let spawned = report_stage(&read_report(&run_dir), first)["timing"]["spawned"]
         .as_f64()

@@ -40,16 +40,18 @@ struct Standby {
     sock: UnixStream,
     since: Instant,
     /// Whether it may be adopted now: a built-in worker's at once (its driver's start is short
-    /// and overlaps the hand-over); a zygote's once it said so ([`Standby::ready_now`]).
+    /// and overlaps the hand-over); a zygote's once it said so ([`Standby::readiness`]).
     ready: bool,
 }
 
 impl Standby {
-    /// Whether it is ready to be adopted, never waiting: a standby that announces readiness (a
-    /// zygote's, which imports modules first) is ready once its `Ready` can be read.
-    fn ready_now(&mut self) -> bool {
+    /// Whether it may be adopted now, never waiting: a standby that announces readiness (a
+    /// zygote's, which imports modules first) is ready once its `Ready` can be read, and gone
+    /// when it closed its socket or said something else instead (it exited: the zygote's log
+    /// says why).
+    fn readiness(&mut self) -> Readiness {
         if self.ready {
-            return true;
+            return Readiness::Ready;
         }
         let mut poll = libc::pollfd {
             fd: self.sock.as_raw_fd(),
@@ -58,12 +60,29 @@ impl Standby {
         };
         // SAFETY: one pollfd that lives across the call; a zero timeout.
         if unsafe { libc::poll(&mut poll, 1, 0) } != 1 {
-            return false;
+            return Readiness::NotYet;
         }
         let _ = self.sock.set_read_timeout(Some(FORK_TIMEOUT));
-        self.ready = matches!(read_reply(&mut self.sock), Ok(ForkReply::Ready { .. }));
-        self.ready
+        match read_reply(&mut self.sock) {
+            Ok(ForkReply::Ready { .. }) => {
+                self.ready = true;
+                Readiness::Ready
+            }
+            Ok(reply) => {
+                Readiness::Gone(format!("the standby answered {reply:?} instead of ready"))
+            }
+            Err(_) => Readiness::Gone(
+                "the standby exited before it was ready (its zygote's log says why)".into(),
+            ),
+        }
     }
+}
+
+/// What [`Standby::readiness`] found.
+enum Readiness {
+    Ready,
+    NotYet,
+    Gone(String),
 }
 
 /// A worker forked with GPUs: its program and environment, kept for its standby.
@@ -79,6 +98,8 @@ pub struct Standbys {
     /// Whether standbys are on (`ORCHESTRATE_STANDBY`).
     enabled: bool,
     waiting: RefCell<Vec<Standby>>,
+    /// Why the last request for a program's standby failed, until a stage of it is told.
+    failed: RefCell<Vec<(PathBuf, String)>>,
     forked: RefCell<VecDeque<Forked>>,
 }
 
@@ -139,6 +160,9 @@ fn hand_over(
     sock.set_read_timeout(Some(FORK_TIMEOUT))?;
     match read_reply(&mut sock)? {
         ForkReply::Forked { pid } if pid as i32 == standby.pid => Ok(()),
+        ForkReply::Refused { reason } => Err(ReplyError::Io(std::io::Error::other(format!(
+            "it refused the stage: {reason}"
+        )))),
         reply => Err(ReplyError::Io(std::io::Error::other(format!(
             "the standby answered {reply:?}"
         )))),
@@ -151,6 +175,7 @@ impl Standbys {
         Standbys {
             enabled,
             waiting: RefCell::new(Vec::new()),
+            failed: RefCell::new(Vec::new()),
             forked: RefCell::new(VecDeque::new()),
         }
     }
@@ -223,17 +248,25 @@ impl Standbys {
                     ready: !announces_ready,
                 });
             }
-            Err(why) => tracing::debug!("no standby: {why}"),
+            Err(why) => {
+                tracing::debug!("no standby: {why}");
+                let mut failed = self.failed.borrow_mut();
+                failed.retain(|(p, _)| p != program);
+                failed.push((
+                    program.to_path_buf(),
+                    format!("no standby could be started: {why}"),
+                ));
+            }
         }
     }
 
     /// Makes a waiting standby of `program` with the driver variables of `worker`'s environment
-    /// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or `None`
-    /// when there is none ready or it failed (then it is killed and the caller forks as usual). A
-    /// standby that NVML lists on the stage's GPUs (it would hold a context) is killed too. (What
-    /// the standby allocated before its move stays charged where it was: the driver's start-up,
-    /// no stage data.)
-    pub fn adopt(&self, program: &Path, worker: &Worker<'_>) -> Option<i32> {
+    /// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or why
+    /// none was adopted (`None`: none was asked for) and the caller forks as usual: none ready
+    /// (still importing: kept for a later stage), one gone or refused (killed), one that NVML
+    /// lists on the stage's GPUs (it would hold a context: killed). (What the standby allocated
+    /// before its move stays charged where it was: the driver's start-up, no stage data.)
+    pub fn adopt(&self, program: &Path, worker: &Worker<'_>) -> Result<i32, Option<String>> {
         let Worker {
             argv,
             env,
@@ -244,13 +277,14 @@ impl Standbys {
             gpu_holders,
         } = *worker;
         self.expire();
-        let driver = driver_of(env);
-        let standby = {
-            let mut s = self.waiting.borrow_mut();
-            let at = s
-                .iter_mut()
-                .position(|w| w.program == program && w.driver == driver && w.ready_now())?;
-            s.remove(at)
+        let (standby, passed_over) = self.take_ready(program, &driver_of(env));
+        let Some(standby) = standby else {
+            let failed = {
+                let mut failed = self.failed.borrow_mut();
+                let at = failed.iter().position(|(p, _)| p == program);
+                at.map(|at| failed.remove(at).1)
+            };
+            return Err(passed_over.or(failed));
         };
         let message = Adopt {
             v: protocol::PROTOCOL_VERSION,
@@ -265,7 +299,9 @@ impl Standbys {
                 "a standby is listed on a GPU; killed, not adopted"
             );
             kill(&standby);
-            return None;
+            return Err(Some(
+                "NVML listed the standby on a GPU (it held a CUDA context): it was killed".into(),
+            ));
         }
         let moved = cgroup.map_or(Ok(()), |dir| {
             std::fs::write(dir.join("cgroup.procs"), standby.pid.to_string())
@@ -278,14 +314,57 @@ impl Standbys {
             Ok(()) => {
                 tracing::debug!(pid = standby.pid, "stage adopted a standby");
                 crate::process::scan::forget_helper(standby.pid);
-                Some(standby.pid)
+                Ok(standby.pid)
             }
             Err(why) => {
                 tracing::debug!(pid = standby.pid, "standby not adopted: {why}");
                 kill(&standby);
-                None
+                Err(Some(format!("the standby was not taken on: {why}")))
             }
         }
+    }
+
+    /// Takes the first ready standby of `program` started under `driver` off the waiting list;
+    /// else why none was (one still importing, gone, or started for other GPUs). A gone one
+    /// is killed and dropped.
+    fn take_ready(
+        &self,
+        program: &Path,
+        driver: &[(String, String)],
+    ) -> (Option<Standby>, Option<String>) {
+        let mut waiting = self.waiting.borrow_mut();
+        let mut why = None;
+        let mut at = 0;
+        while at < waiting.len() {
+            let w = &mut waiting[at];
+            if w.program != program {
+                at += 1;
+                continue;
+            }
+            if w.driver != driver {
+                why.get_or_insert_with(|| {
+                    "the standby waiting was started for other GPUs (its driver variables differ)"
+                        .to_string()
+                });
+                at += 1;
+                continue;
+            }
+            match w.readiness() {
+                Readiness::Ready => return (Some(waiting.remove(at)), None),
+                Readiness::NotYet => {
+                    why = Some(format!(
+                        "the standby was still importing (started {:.1} s before): kept for a later stage",
+                        w.since.elapsed().as_secs_f64()
+                    ));
+                    at += 1;
+                }
+                Readiness::Gone(reason) => {
+                    kill(&waiting.remove(at));
+                    why = Some(reason);
+                }
+            }
+        }
+        (None, why)
     }
 
     /// Kills the standbys that waited longer than [`STANDBY_TTL`].
