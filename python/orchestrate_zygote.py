@@ -808,7 +808,6 @@ def unsafe_to_fork(recorded):
 
 STANDBY_WAIT = 120  # seconds a standby waits for its stage before it exits
 DRIVER_PREFIXES = ("CUDA_", "NVIDIA_", "__NV", "LD_")
-_CONTEXT_MAPPING = re.compile(r"\s/dev/nvidia[0-9]+\s*$", re.M)
 
 
 def imported_ahead_by_standbys(left_out):
@@ -831,6 +830,39 @@ def start_cuda_driver():
         return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def context_made():
+    """Why this process (a standby, whose driver was started) holds a CUDA context, or None:
+    asked of torch and of the driver itself (a current context, or a device's primary context
+    active), which answer without making one. Where no driver is loaded there is none."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
+        return "torch.cuda.is_initialized() is true"
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        return None
+    current = ctypes.c_void_p()
+    if cuda.cuCtxGetCurrent(ctypes.byref(current)) == 0 and current.value:
+        return "a CUDA context is current"
+    count = ctypes.c_int(0)
+    if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    for index in range(count.value):
+        device, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
+        if cuda.cuDeviceGet(ctypes.byref(device), index) != 0:
+            continue
+        state = cuda.cuDevicePrimaryCtxGetState(device.value, ctypes.byref(flags), ctypes.byref(active))
+        if state == 0 and active.value:
+            return f"device {index}'s primary context is active"
+    return None
+
+
+def _device_files_mapped():
+    """The NVIDIA device files this process maps (for the log: what the driver's start maps)."""
+    with open("/proc/self/maps") as maps:
+        return sorted(set(re.findall(r"\s(/dev/nvidia\S*)", maps.read())))
 
 
 def _import_recording(names):
@@ -874,11 +906,12 @@ def wait_for_stage(sock, ahead, recorded):
     driver = start_cuda_driver()
     imported, read = _import_recording(ahead)
     gc.freeze()
-    with open("/proc/self/maps") as maps:
-        if _CONTEXT_MAPPING.search(maps.read()):
-            log("standby: a CUDA context was made ahead of the stage; exiting")
-            os._exit(0)
-    log(f"standby ready: driver {'started' if driver else 'absent'}, imported ahead {imported}")
+    made = context_made()
+    if made:
+        log(f"standby: a CUDA context was made ahead of the stage ({made}); exiting")
+        os._exit(0)
+    log(f"standby ready: driver {'started' if driver else 'absent'}, imported ahead {imported}, "
+        f"device files mapped {_device_files_mapped()}")
     send(sock, {"reply": "ready", "pid": os.getpid(), "threads": _os_threads()})
     sock.settimeout(STANDBY_WAIT)
     try:
