@@ -17,6 +17,9 @@
 #             throughput with this worker, 98d3509's (.carry/stage-worker-98d3509: before the
 #             AdamW step took its parameters as a `FlatParams` view) and torch.compile,
 #             3 rounds (5-7 min)
+#   standby   issue 48: whether a GPU stage begins as a zygote's standby (standby_check.sh: 3
+#             chained stages importing DeepSpeed, the zygote's and standbys' logs; 1-2 min);
+#             run it first: what it says decides the first line's next step
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
 #             verdict's waiting for a reaped main process; and whether NVML's thread ever
@@ -26,7 +29,7 @@
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
 #   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote, overhead, kernels or reap}
+part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby or reap}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
@@ -57,6 +60,9 @@ case $part in
     SHAPES=m100 REPEATS=3 PEERS=compile WORKER_VARIANTS="default WORKER=$PWD/.carry/stage-worker-98d3509" \
       timeout 400 bash bench/throughput/run.sh .carry "$res/throughput" > "$res/throughput.log" 2>&1
     echo "exit $?"; cat "$res/throughput/summary.md" 2> /dev/null || tail -n 20 "$res/throughput.log" ;;
+  standby)
+    OUT="$OUT" LIMIT=90 timeout 150 bash bench/zygote/standby_check.sh .carry > "$res/log.txt" 2>&1
+    echo "exit $?"; cat "$res/log.txt" ;;
   reap)
     timeout 120 python3 bench/sharing/listed_after_reap.py 15 > "$res/listed-after-reap.txt" 2>&1
     echo "exit $?"; cat "$res/listed-after-reap.txt"
