@@ -96,12 +96,13 @@ impl RankWatch {
     /// or an exit the kernel reported) is returned, once; ranks that are gone are forgotten.
     ///
     /// Several bad exits seen in one look (a loaded machine looks late) are told apart so that
-    /// the cause is named, not its consequence: an exit by code or by a fault comes before a
-    /// death by a stop signal (`SIGTERM`, `SIGKILL`, `SIGINT`: what a launcher sends the other
-    /// ranks once one failed), and among the rest the kernel's exit times decide.
+    /// the cause is named, not its consequence: by the kernel's exit times when it gave them
+    /// all; else an exit by code or by a fault (the OOM killer's `SIGKILL` among them) comes
+    /// before a death by a stop signal (`SIGTERM`, `SIGINT`: what a launcher sends the other
+    /// ranks once one failed).
     pub fn look(&mut self) -> Option<RankExit> {
         let mut gone = Vec::new();
-        let mut bad: Vec<(bool, u64, RankExit)> = Vec::new();
+        let mut bad: Vec<(bool, Option<u64>, RankExit)> = Vec::new();
         for (&pid, &rank) in &self.ranks {
             let seen = match zombie_status(pid) {
                 Seen::Gone => match ExitLog::start().and_then(|log| log.take(pid)) {
@@ -126,7 +127,7 @@ impl RankWatch {
                             pid: Some(pid),
                             status,
                         };
-                        bad.push((is_stop_signal(status), at_ns.unwrap_or(u64::MAX), exit));
+                        bad.push((is_stop_signal(status), at_ns, exit));
                     }
                 }
             }
@@ -136,7 +137,11 @@ impl RankWatch {
             forget(pid);
         }
         if self.failed.is_none() {
-            bad.sort_by_key(|(stopped, at_ns, _)| (*stopped, *at_ns));
+            if bad.iter().all(|(_, at_ns, _)| at_ns.is_some()) {
+                bad.sort_by_key(|(_, at_ns, _)| *at_ns);
+            } else {
+                bad.sort_by_key(|(stopped, at_ns, _)| (*stopped, at_ns.unwrap_or(u64::MAX)));
+            }
             self.failed = bad.into_iter().next().map(|(_, _, exit)| exit);
         }
         self.failed.clone()
@@ -192,9 +197,10 @@ enum Seen {
 }
 
 /// Whether a rank was stopped from outside (by its launcher, most often, once a peer failed)
-/// rather than ending of itself.
+/// rather than ending of itself. Not `SIGKILL`: a launcher sends it only after a grace, and
+/// the OOM killer's is a cause.
 pub fn is_stop_signal(status: ExitStatus) -> bool {
-    matches!(status, ExitStatus::Signal(sig) if sig == libc::SIGTERM || sig == libc::SIGKILL || sig == libc::SIGINT)
+    matches!(status, ExitStatus::Signal(sig) if sig == libc::SIGTERM || sig == libc::SIGINT)
 }
 
 /// A zombie's wait status is field 52 of `/proc/PID/stat` (Linux 3.5 and later).
@@ -324,6 +330,40 @@ mod tests {
         let exit = watch.look().expect("a bad exit is seen");
         assert_eq!(exit.describe(), "rank 1 exited with code 1");
         stopped.wait().unwrap();
+        failing.wait().unwrap();
+    }
+
+    #[test]
+    fn a_rank_killed_first_is_named_before_the_peer_that_failed_after_it() {
+        use std::os::unix::process::CommandExt;
+        // As when the OOM killer takes rank 0 and rank 1's collective fails after it: rank 0
+        // dies of SIGKILL, then rank 1 exits 1, both seen in one look.
+        let spawn = |rank: &str, script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .env("RANK", rank)
+                .process_group(0)
+                .spawn()
+                .unwrap()
+        };
+        let mut killed = spawn("0", "exec sleep 30");
+        let mut failing = spawn("1", "exec sleep 30");
+        let mut watch = RankWatch::default();
+        while watch.ranks.len() < 2 {
+            watch.discover(0, [killed.id() as i32, failing.id() as i32]);
+        }
+        let signal = |child: &std::process::Child, sig| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+            while !matches!(zombie_status(child.id() as i32), Seen::Ended(..)) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        signal(&killed, nix::sys::signal::Signal::SIGKILL);
+        // Rank 1 "exits 1": a SIGUSR1 it does not handle stands for its own failure here.
+        signal(&failing, nix::sys::signal::Signal::SIGUSR1);
+        let exit = watch.look().expect("a bad exit is seen");
+        assert_eq!(exit.describe(), "rank 0 was killed by SIGKILL");
+        killed.wait().unwrap();
         failing.wait().unwrap();
     }
 }
