@@ -140,12 +140,17 @@ class _ReadRecorder:
 _DEVICE_MAPPING = re.compile(r"\s(/dev/nvidia(?:-uvm|[0-9])\S*)")
 
 
+def _torch_cuda_initialised():
+    """Whether torch, if imported, initialised CUDA (made a context) in this process."""
+    torch = sys.modules.get("torch")
+    return torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized()
+
+
 def cuda_touched():
     """Why this process must not fork stages, or None: every sign found, so that a refusal
     says all that is known."""
     signs = []
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
+    if _torch_cuda_initialised():
         signs.append("torch.cuda.is_initialized() is true")
     # An open /dev/nvidia-uvm is not a sign: importing DeepSpeed opens it with /dev/nvidiactl,
     # /dev/nvidia0 and the caps devices while the driver still answers "not initialised", and
@@ -836,8 +841,7 @@ def context_made():
     """Why this process (a standby, whose driver was started) holds a CUDA context, or None:
     asked of torch and of the driver itself (a current context, or a device's primary context
     active), which answer without making one. Where no driver is loaded there is none."""
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
+    if _torch_cuda_initialised():
         return "torch.cuda.is_initialized() is true"
     try:
         cuda = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)

@@ -102,34 +102,27 @@ impl RankWatch {
     /// ranks once one failed).
     pub fn look(&mut self) -> Option<RankExit> {
         let mut gone = Vec::new();
-        let mut bad: Vec<(bool, Option<u64>, RankExit)> = Vec::new();
+        let mut bad = Vec::new();
         for (&pid, &rank) in &self.ranks {
-            let seen = match zombie_status(pid) {
-                Seen::Gone => match ExitLog::start().and_then(|log| log.take(pid)) {
-                    Some(exit) => Seen::Ended(exit.status, Some(exit.at_ns)),
-                    None => Seen::Gone,
-                },
-                seen => seen,
+            let zombie = match zombie_status(pid) {
+                Seen::Running => continue,
+                Seen::Zombie(status) => Some(status),
+                Seen::Gone => None,
             };
-            match seen {
-                Seen::Running => {}
-                Seen::Gone => gone.push(pid),
-                Seen::Ended(status, at_ns) => {
-                    gone.push(pid);
-                    if status != ExitStatus::Code(0) {
-                        let at_ns = at_ns.or_else(|| {
-                            ExitLog::start()
-                                .and_then(|log| log.take(pid))
-                                .map(|exit| exit.at_ns)
-                        });
-                        let exit = RankExit {
-                            rank,
-                            pid: Some(pid),
-                            status,
-                        };
-                        bad.push((is_stop_signal(status), at_ns, exit));
-                    }
-                }
+            gone.push(pid);
+            // The kernel's record, where it may be listened to: the status of an exit its
+            // launcher already collected, and the time of every exit.
+            let logged = ExitLog::start().and_then(|log| log.take(pid));
+            let Some(status) = zombie.or(logged.map(|exit| exit.status)) else {
+                continue;
+            };
+            if status != ExitStatus::Code(0) {
+                let exit = RankExit {
+                    rank,
+                    pid: Some(pid),
+                    status,
+                };
+                bad.push((exit, logged.map(|exit| exit.at_ns)));
             }
         }
         for pid in gone {
@@ -137,12 +130,7 @@ impl RankWatch {
             forget(pid);
         }
         if self.failed.is_none() {
-            if bad.iter().all(|(_, at_ns, _)| at_ns.is_some()) {
-                bad.sort_by_key(|(_, at_ns, _)| *at_ns);
-            } else {
-                bad.sort_by_key(|(stopped, at_ns, _)| (*stopped, at_ns.unwrap_or(u64::MAX)));
-            }
-            self.failed = bad.into_iter().next().map(|(_, _, exit)| exit);
+            self.failed = the_cause(bad);
         }
         self.failed.clone()
     }
@@ -188,12 +176,23 @@ fn rank_of(env: &[u8]) -> Option<u32> {
     found.map(|(_, rank)| rank)
 }
 
-/// What `/proc` shows of a process: running, gone, or ended (with the kernel's exit time,
-/// when its exit log has it).
+/// What `/proc` shows of a process: running, gone, or a zombie with its wait status.
 enum Seen {
     Running,
     Gone,
-    Ended(ExitStatus, Option<u64>),
+    Zombie(ExitStatus),
+}
+
+/// Of the bad exits seen in one look (each with the kernel's exit time, when it gave one), the
+/// cause: the first by time when every time is known; else an exit by code or fault before a
+/// death by a stop signal, then by time.
+fn the_cause(mut bad: Vec<(RankExit, Option<u64>)>) -> Option<RankExit> {
+    if bad.iter().all(|(_, at_ns)| at_ns.is_some()) {
+        bad.sort_by_key(|(_, at_ns)| *at_ns);
+    } else {
+        bad.sort_by_key(|(exit, at_ns)| (is_stop_signal(exit.status), at_ns.unwrap_or(u64::MAX)));
+    }
+    bad.into_iter().next().map(|(exit, _)| exit)
 }
 
 /// Whether a rank was stopped from outside (by its launcher, most often, once a peer failed)
@@ -217,7 +216,7 @@ fn zombie_status(pid: i32) -> Seen {
     }
     // Field 3 was the state; field 52 is the 49th after it.
     match fields.nth(48).and_then(|f| f.parse::<i32>().ok()) {
-        Some(status) => Seen::Ended(wait_status(status), None),
+        Some(status) => Seen::Zombie(wait_status(status)),
         None => Seen::Gone,
     }
 }
@@ -266,21 +265,42 @@ mod tests {
         assert_eq!(from_torchrun("no such block"), None);
     }
 
-    #[test]
-    fn a_rank_is_read_from_the_environment_and_a_zombies_status_from_proc() {
+    /// A process with rank `rank` in its environment, running `script`, in a group of its own.
+    fn rank(rank: &str, script: &str) -> std::process::Child {
         use std::os::unix::process::CommandExt;
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "sleep 0.5; exit 3"])
-            .env("RANK", "5")
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .env("RANK", rank)
             .process_group(0)
             .spawn()
-            .unwrap();
-        let pid = child.id() as i32;
+            .unwrap()
+    }
+
+    /// A watch that has found every one of `ranks` (looked for until their environment can be
+    /// read).
+    fn watching(ranks: &[&std::process::Child]) -> RankWatch {
         let mut watch = RankWatch::default();
-        // Looked for until its environment can be read.
-        while watch.ranks.is_empty() {
-            watch.discover(0, [pid]);
+        while watch.ranks.len() < ranks.len() {
+            watch.discover(0, ranks.iter().map(|c| c.id() as i32));
         }
+        watch
+    }
+
+    /// Waits until `child` has exited (a zombie: not collected yet).
+    fn until_zombie(child: &std::process::Child) {
+        while !matches!(zombie_status(child.id() as i32), Seen::Zombie(_)) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+    }
+
+    #[test]
+    fn a_rank_is_read_from_the_environment_and_a_zombies_status_from_proc() {
+        let mut child = rank("5", "sleep 0.5; exit 3");
+        let mut watch = watching(&[&child]);
         // Not collected yet: it is a zombie once it has exited.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
@@ -297,36 +317,15 @@ mod tests {
 
     #[test]
     fn of_two_bad_exits_seen_in_one_look_the_cause_is_named_not_the_rank_stopped_after_it() {
-        use std::os::unix::process::CommandExt;
         // As under a launcher on a loaded machine: rank 1 exits 1, then rank 0 is stopped by
         // SIGTERM, and both have ended by the time the ranks are looked at. Rank 0 is started
         // first, so its PID is the lower.
-        let spawn = |rank: &str, script: &str| {
-            std::process::Command::new("sh")
-                .args(["-c", script])
-                .env("RANK", rank)
-                .process_group(0)
-                .spawn()
-                .unwrap()
-        };
-        let mut stopped = spawn("0", "exec sleep 30");
-        let mut failing = spawn("1", "sleep 0.2; exit 1");
-        let mut watch = RankWatch::default();
-        while watch.ranks.len() < 2 {
-            watch.discover(0, [stopped.id() as i32, failing.id() as i32]);
-        }
-        // Rank 1 has ended; then rank 0 is stopped and has ended too, both still uncollected.
-        while !matches!(zombie_status(failing.id() as i32), Seen::Ended(..)) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(stopped.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        while !matches!(zombie_status(stopped.id() as i32), Seen::Ended(..)) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut stopped = rank("0", "exec sleep 30");
+        let mut failing = rank("1", "sleep 0.2; exit 1");
+        let mut watch = watching(&[&stopped, &failing]);
+        until_zombie(&failing);
+        signal(&stopped, nix::sys::signal::Signal::SIGTERM);
+        until_zombie(&stopped);
         let exit = watch.look().expect("a bad exit is seen");
         assert_eq!(exit.describe(), "rank 1 exited with code 1");
         stopped.wait().unwrap();
@@ -335,32 +334,16 @@ mod tests {
 
     #[test]
     fn a_rank_killed_first_is_named_before_the_peer_that_failed_after_it() {
-        use std::os::unix::process::CommandExt;
         // As when the OOM killer takes rank 0 and rank 1's collective fails after it: rank 0
-        // dies of SIGKILL, then rank 1 exits 1, both seen in one look.
-        let spawn = |rank: &str, script: &str| {
-            std::process::Command::new("sh")
-                .args(["-c", script])
-                .env("RANK", rank)
-                .process_group(0)
-                .spawn()
-                .unwrap()
-        };
-        let mut killed = spawn("0", "exec sleep 30");
-        let mut failing = spawn("1", "exec sleep 30");
-        let mut watch = RankWatch::default();
-        while watch.ranks.len() < 2 {
-            watch.discover(0, [killed.id() as i32, failing.id() as i32]);
-        }
-        let signal = |child: &std::process::Child, sig| {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
-            while !matches!(zombie_status(child.id() as i32), Seen::Ended(..)) {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
+        // dies of SIGKILL, then rank 1 ends badly (an unhandled SIGUSR1 stands for its own
+        // failure), both seen in one look.
+        let mut killed = rank("0", "exec sleep 30");
+        let mut failing = rank("1", "exec sleep 30");
+        let mut watch = watching(&[&killed, &failing]);
         signal(&killed, nix::sys::signal::Signal::SIGKILL);
-        // Rank 1 "exits 1": a SIGUSR1 it does not handle stands for its own failure here.
+        until_zombie(&killed);
         signal(&failing, nix::sys::signal::Signal::SIGUSR1);
+        until_zombie(&failing);
         let exit = watch.look().expect("a bad exit is seen");
         assert_eq!(exit.describe(), "rank 0 was killed by SIGKILL");
         killed.wait().unwrap();

@@ -66,9 +66,9 @@ impl ExitLog {
     /// `pid`'s exit, if it exited since it was watched (it is forgotten then).
     pub fn take(&self, pid: i32) -> Option<Exit> {
         let mut table = self.table();
-        let status = table.watched.get(&pid).copied().flatten()?;
+        let exit = table.watched.get(&pid).copied().flatten()?;
         table.watched.remove(&pid);
-        Some(status)
+        Some(exit)
     }
 
     /// Stops watching `pid`.
@@ -111,6 +111,7 @@ fn parse_exit(msg: &[u8]) -> Option<(i32, Exit)> {
     if word(event)? != PROC_EVENT_EXIT {
         return None;
     }
+    // `timestamp_ns` follows `what` and `cpu`.
     let at_ns = u64::from_ne_bytes(msg.get(event + 8..event + 16)?.try_into().ok()?);
     let body = event + PROC_EVENT_HDR;
     let (pid, tgid, code) = (word(body)?, word(body + 4)?, word(body + 8)?);
