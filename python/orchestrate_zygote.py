@@ -6,7 +6,9 @@ environment every stage of this zygote shares; CONFIG is a JSON object: `preload
 as the plan lists them), `learned` (modules stages forked from an earlier generation imported
 themselves), `left_out` (learned modules already left out, with why), `per_stage` (`prefixes`
 and `names` of the variables orchestrate sets per stage), `lineage` (an id written back with
-what stages import), `imports_var` (the request variable naming where a stage writes it), `log`
+what stages import), `generation` (which of its lineage's generations this zygote is, for
+the log), `visible_gpus` (how many GPUs its stages are given, or null: see `NvmlHold`),
+`imports_var` (the request variable naming where a stage writes it), `log`
 (a file it appends what it does to, or absent), and, after a restart, `check_each` and
 `verified` (the learned modules checked one by one, and how many of them passed already). It speaks the fork server protocol of
 `protocol::fork` on descriptor FD: 4-byte little-endian length, JSON body; each request
@@ -33,8 +35,11 @@ Promises:
 - every environment variable read through `os.environ`/`os.getenv` while importing is
   listed in the ready message, so that orchestrate forks only stages whose values of them
   match;
+- NVML is held back while it imports (`NvmlHold`): a module that only initialises NVML at
+  import (DeepSpeed) is preloaded without NVML's thread, and its stages initialise NVML at
+  their first NVML call;
 - a module of the plan's list after whose import it runs a thread a fork leaves running
-  (DeepSpeed on a GPU host: NVML's thread, which outlives `nvmlShutdown`) is left out: the
+  (NVML's, which outlives `nvmlShutdown`, when a module uses NVML at import) is left out: the
   zygote execs itself afresh without it, names it with why among the modules left out, and
   the stages import it themselves (`left_out` in CONFIG lists what an earlier generation
   left out: not imported again);
@@ -96,6 +101,7 @@ def set_native_settings():
 
 _STARTED = time.monotonic()
 _LOG = None
+_GENERATION = None  # which generation of its lineage this zygote is (CONFIG's `generation`)
 
 
 def log(message):
@@ -523,10 +529,152 @@ def preload(sock, config):
     return recorder.names, left_out
 
 
+class NvmlHold:
+    """NVML held back while the zygote imports, so that a module that only initialises NVML
+    at import can be preloaded. NVML's init starts a native thread that a fork leaves running
+    (and that outlives `nvmlShutdown`: bench/zygote/nvml_thread_lifetime.py), and DeepSpeed
+    initialises it twice at import: its accelerator's detection asks torch for the device
+    count (NVML through ctypes, under `PYTORCH_NVML_BASED_CUDA_CHECK`), and its CUDA
+    accelerator calls `pynvml.nvmlInit()`. While held:
+    - `pynvml`'s init loads the library (failing as the real one does where it is missing)
+      and is recorded, not run; any other NVML call through `pynvml` runs the recorded inits
+      first, so a module that really uses NVML at import still starts the thread and is left
+      out, as without the hold. A forked stage runs them at its first NVML call; an
+      `nvmlShutdown` with inits still recorded takes one back;
+    - torch's NVML device count answers `visible_gpus` (CONFIG: the entries of the
+      `CUDA_VISIBLE_DEVICES` orchestrate gave this zygote's stages), without NVML.
+    `release` (at ready) restores torch's count and lets new inits through. The hooks apply to
+    modules imported after `install`, found by a finder first on `sys.meta_path`."""
+
+    def __init__(self, visible_gpus):
+        self.visible_gpus = visible_gpus
+        self.holding = False
+        self.recorded = []  # the flags of each init recorded
+        self.initialising = False
+        self.torch_cuda = None  # (module, its own device count) while patched
+
+    def install(self):
+        self.holding = True
+        hooks = {"pynvml": self._hold_pynvml}
+        if self.visible_gpus is not None:
+            hooks["torch.cuda"] = self._hold_torch_count
+        for name, hook in hooks.items():
+            if name in sys.modules:
+                hook(sys.modules[name])
+        sys.meta_path.insert(0, _AfterImport(hooks))
+
+    def release(self):
+        self.holding = False
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
+        if self.torch_cuda is not None:
+            module, own = self.torch_cuda
+            module._device_count_nvml = own
+            self.torch_cuda = None
+
+    def _hold_torch_count(self, module):
+        own = getattr(module, "_device_count_nvml", None)
+        if own is None:
+            return
+        self.torch_cuda = (module, own)
+        module._device_count_nvml = lambda: self.visible_gpus
+
+    def _hold_pynvml(self, nvml):
+        init, shutdown, pointer = (getattr(nvml, n, None) for n in
+                                   ("nvmlInitWithFlags", "nvmlShutdown", "_nvmlGetFunctionPointer"))
+        load = getattr(nvml, "_LoadNvmlLibrary", None)
+        if None in (init, shutdown, pointer, load):
+            return  # not the pynvml this knows: left as it is
+
+        def run_recorded():
+            if not self.recorded or self.initialising:
+                return
+            self.initialising = True
+            try:
+                while self.recorded:
+                    init(self.recorded[0])
+                    self.recorded.pop(0)
+            finally:
+                self.initialising = False
+
+        def held_init(flags):
+            if self.holding and not self.initialising:
+                load()
+                self.recorded.append(flags)
+                return None
+            run_recorded()
+            return init(flags)
+
+        def held_shutdown():
+            if self.recorded and not self.initialising:
+                self.recorded.pop()
+                return None
+            return shutdown()
+
+        def held_pointer(name):
+            run_recorded()
+            return pointer(name)
+
+        nvml.nvmlInitWithFlags = held_init
+        nvml.nvmlShutdown = held_shutdown
+        nvml._nvmlGetFunctionPointer = held_pointer
+
+
+class _AfterImport:
+    """A `sys.meta_path` finder that runs `hooks[name](module)` right after module `name` is
+    executed (the finders after it find it; its loader is wrapped)."""
+
+    def __init__(self, hooks):
+        self.hooks = hooks
+
+    def find_spec(self, name, path, target=None):
+        hook = self.hooks.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _HookedLoader(spec.loader, hook)
+        return spec
+
+
+class _HookedLoader:
+    def __init__(self, loader, hook):
+        self.loader, self.hook = loader, hook
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.hook(module)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+def visible_gpus(config):
+    """How many GPUs this zygote's stages are given (CONFIG's `visible_gpus`), or None."""
+    value = config.get("visible_gpus")
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def is_per_stage(name, per_stage):
+    """Whether orchestrate sets variable `name` for each stage (CONFIG's `per_stage`)."""
+    return name in per_stage.get("names", []) or any(name.startswith(p) for p in per_stage.get("prefixes", []))
+
+
 def _per_stage_read(names, per_stage):
-    prefixes = per_stage.get("prefixes", [])
-    exact = set(per_stage.get("names", []))
-    read = sorted(n for n in names if n in exact or any(n.startswith(p) for p in prefixes))
+    read = sorted(n for n in names if is_per_stage(n, per_stage))
     if not read:
         return None
     return f"it reads {', '.join(read)}, which orchestrate sets for each stage"
@@ -900,21 +1048,31 @@ def _adoption_refused(adopt, standby_env, read, recorded):
     return changed_on_disk(recorded.recorded)
 
 
-def wait_for_stage(sock, ahead, recorded):
+def wait_for_stage(sock, ahead, recorded, per_stage):
     """In a standby (already a stage's process, under the environment it was asked for):
     starts the CUDA driver, imports `ahead`, says it is ready, and waits for the stage on
     `sock` (orchestrate passes a standby over until it is ready, rather than wait for it). Returns the
     stage's argv once it has taken the stage on and answered with its PID; exits (status 0)
-    when it is refused, holds a context, or nobody comes within STANDBY_WAIT."""
+    when it is refused, holds a context, or nobody comes within STANDBY_WAIT.
+
+    The imports run, as the zygote's do, without the variables orchestrate sets per stage
+    (`per_stage`): the stage asked for is not the one the standby becomes, and a module that
+    reads the whole environment at import (tqdm's `envwrap`, imported by most frameworks, picks
+    its own prefix out of every variable) would otherwise be taken to depend on all of them."""
     standby_env = dict(os.environ)
     driver = start_cuda_driver()
-    imported, read = _import_recording(ahead)
+    for name in [n for n in standby_env if is_per_stage(n, per_stage)]:
+        del os.environ[name]
+    try:
+        imported, read = _import_recording(ahead)
+    finally:
+        os.environ.update(standby_env)
     gc.freeze()
     made = context_made()
     if made:
         log(f"standby: a CUDA context was made ahead of the stage ({made}); exiting")
         os._exit(0)
-    log(f"standby ready: driver {'started' if driver else 'absent'}, imported ahead {imported}, "
+    log(f"standby ready (generation {_GENERATION}): driver {'started' if driver else 'absent'}, imported ahead {imported}, "
         f"device files mapped {_device_files_mapped()}")
     send(sock, {"reply": "ready", "pid": os.getpid(), "threads": _os_threads()})
     sock.settimeout(STANDBY_WAIT)
@@ -943,8 +1101,9 @@ def serve(fd, config):
     in a forked stage process, None in the zygote when it is done."""
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)
-    global _LOG
+    global _LOG, _GENERATION
     _LOG = config.get("log")
+    _GENERATION = config.get("generation")
     if _LOG:
         try:
             os.makedirs(os.path.dirname(_LOG), exist_ok=True)
@@ -954,13 +1113,16 @@ def serve(fd, config):
             pass
     log(f"starting: {len(config.get('preload', []))} plan modules, {len(config.get('learned', []))} learned"
         + (f", checking one by one from {config.get('verified', 0)}" if config.get("check_each") else ""))
+    hold = NvmlHold(visible_gpus(config))
+    hold.install()
     imported = preload(sock, config)
+    hold.release()
     if imported is None:
         return None
     env_read, left_out = imported
     ahead = imported_ahead_by_standbys(left_out)
     recorded = LoadedFiles()
-    log(f"ready: {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out"
+    log(f"ready: generation {_GENERATION}, {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out"
         + ("" if recorded.fd is not None else "; no inotify watch: every fork stats them all"))
     send(sock, {
         "reply": "ready",
@@ -990,7 +1152,8 @@ def serve(fd, config):
         if role == "stage":
             recorded.close()
             if request.get("standby"):
-                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded)
+                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded,
+                                       config.get("per_stage", {}))
             reseed_inherited_generators()
             to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
             if to:

@@ -259,7 +259,9 @@ fn spawn(
         let state = match zygotes.remove(&key) {
             None => start(&lineage, env, reaper),
             Some(State::Starting(starting)) => ready(starting),
-            Some(State::Serving(zygote)) => State::Serving(advance(zygote, &lineage, reaper)),
+            Some(State::Serving(zygote)) => {
+                State::Serving(advance(zygote, Place { key, standbys }, &lineage, reaper))
+            }
             Some(failed) => failed,
         };
         let zygote = match zygotes.entry(key).or_insert(state) {
@@ -384,23 +386,13 @@ pub fn after_exit(start: Option<StageStart>, stage_dir: &Path) -> Option<StageSt
     Some(start)
 }
 
-/// `zygote`, or its next generation once that is ready (then `zygote` is stopped); starts
-/// that generation when its lineage learned something since `zygote` last looked.
-fn advance(mut zygote: Zygote, key: &Key<'_>, reaper: &Reaper) -> Zygote {
-    if let Some(next) = zygote.next.take() {
-        match ready(*next) {
-            State::Starting(next) => zygote.next = Some(Box::new(next)),
-            State::Serving(newer) => return succeeded_by(zygote, newer),
-            State::Failed(why) => {
-                tracing::warn!(
-                    "the zygote's next generation failed ({why}); generation {} serves on",
-                    zygote.generation
-                );
-                zygote.next_failed = true;
-            }
-        }
-        return zygote;
+/// `zygote`, or its next generation once that is ready (see [`promote_next`]); starts that
+/// generation when its lineage learned something since `zygote` last looked.
+fn advance(zygote: Zygote, at: Place<'_>, key: &Key<'_>, reaper: &Reaper) -> Zygote {
+    if zygote.next.is_some() {
+        return promote_next(zygote, at);
     }
+    let mut zygote = zygote;
     if zygote.next_failed || !learning::enabled() || learning::changes() == zygote.seen {
         return zygote;
     }
@@ -410,16 +402,53 @@ fn advance(mut zygote: Zygote, key: &Key<'_>, reaper: &Reaper) -> Zygote {
     }
     match start(key, zygote.env.clone(), reaper) {
         State::Starting(next) => zygote.next = Some(Box::new(next)),
-        State::Serving(newer) => return succeeded_by(zygote, newer),
+        State::Serving(newer) => return succeeded_by(zygote, newer, at),
         State::Failed(_) => zygote.next_failed = true,
     }
     zygote
 }
 
-/// Stops `old` (the stages it forked run on), which `newer` replaces.
-fn succeeded_by(old: Zygote, newer: Zygote) -> Zygote {
+/// Where a zygote sits among a host's: its key in the map, and the host's standbys (which
+/// follow it from one generation to the next).
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    key: u64,
+    standbys: &'a Standbys,
+}
+
+/// `zygote`'s next generation in its place once that is ready ([`succeeded_by`]); `zygote`
+/// itself while the next still imports, or with `next_failed` once the next failed. Starts
+/// nothing.
+fn promote_next(mut zygote: Zygote, at: Place<'_>) -> Zygote {
+    let Some(next) = zygote.next.take() else {
+        return zygote;
+    };
+    match ready(*next) {
+        State::Starting(next) => zygote.next = Some(Box::new(next)),
+        State::Serving(newer) => return succeeded_by(zygote, newer, at),
+        State::Failed(why) => {
+            tracing::warn!(
+                "the zygote's next generation failed ({why}); generation {} serves on",
+                zygote.generation
+            );
+            zygote.next_failed = true;
+        }
+    }
+    zygote
+}
+
+/// Stops `old` (the stages it forked run on), which `newer` replaces; the standbys waiting
+/// on `old` are replaced by standbys of `newer` under the same environments, so that the
+/// stage after the change still begins as one.
+fn succeeded_by(old: Zygote, mut newer: Zygote, at: Place<'_>) -> Zygote {
+    let carried = at.standbys.carry_over(
+        &standby_key(at.key, old.generation),
+        &mut newer.server,
+        &standby_key(at.key, newer.generation),
+    );
     tracing::info!(
-        "zygote generation {} ready ({} learned modules); generation {} stopped",
+        "zygote generation {} ready ({} learned modules); generation {} stopped, {carried} of \
+         its standbys readied again by the new one",
         newer.generation,
         newer.learned.len(),
         old.generation
@@ -512,35 +541,51 @@ fn ready(starting: Starting) -> State {
 
 /// Readies a standby for each zygote that became ready since a stage with GPUs was exec'd
 /// while it imported ([`Starting::standby_for`]), under that stage's environment: the stage
-/// after it then starts as that standby (the first forked stage of a sweep included). Cheap
-/// when there is none: called while stages with `preload` run.
+/// after it then starts as that standby (the first forked stage of a sweep included). And a
+/// serving zygote whose next generation became ready is replaced by it now
+/// ([`promote_next`]), its standbys readied again by the new one while the stages before the
+/// next run. Cheap when there is neither: called while stages with `preload` run.
 fn standbys_when_ready(standbys: &Standbys) {
     ZYGOTES.with(|zygotes| {
         let mut zygotes = zygotes.borrow_mut();
-        let waiting: Vec<u64> = (zygotes.iter())
-            .filter(|(_, s)| matches!(s, State::Starting(st) if st.standby_for.is_some()))
+        let changing: Vec<u64> = (zygotes.iter())
+            .filter(|(_, s)| match s {
+                State::Starting(st) => st.standby_for.is_some(),
+                State::Serving(z) => z.next.is_some(),
+                State::Failed(_) => false,
+            })
             .map(|(k, _)| *k)
             .collect();
-        for key in waiting {
-            let Some(State::Starting(mut starting)) = zygotes.remove(&key) else {
-                continue;
-            };
-            let env = starting.standby_for.take();
-            let state = match (ready(starting), env) {
-                (State::Serving(mut zygote), Some(env)) => {
-                    let program = standby_key(key, zygote.generation);
-                    standbys.request(&mut zygote.server, &program, &env, true);
-                    State::Serving(zygote)
+        for key in changing {
+            let state = match zygotes.remove(&key) {
+                Some(State::Serving(zygote)) => {
+                    State::Serving(promote_next(zygote, Place { key, standbys }))
                 }
-                (State::Starting(mut starting), env) => {
-                    starting.standby_for = env;
-                    State::Starting(starting)
-                }
-                (other, _) => other,
+                Some(State::Starting(starting)) => standby_once_ready(starting, key, standbys),
+                Some(failed) => failed,
+                None => continue,
             };
             zygotes.insert(key, state);
         }
     });
+}
+
+/// `starting`'s state now; once it serves, a standby is asked of it under
+/// [`Starting::standby_for`].
+fn standby_once_ready(mut starting: Starting, key: u64, standbys: &Standbys) -> State {
+    let env = starting.standby_for.take();
+    match (ready(starting), env) {
+        (State::Serving(mut zygote), Some(env)) => {
+            let program = standby_key(key, zygote.generation);
+            standbys.request(&mut zygote.server, &program, &env, true);
+            State::Serving(zygote)
+        }
+        (State::Starting(mut starting), env) => {
+            starting.standby_for = env;
+            State::Starting(starting)
+        }
+        (other, _) => other,
+    }
 }
 
 fn failed(why: ForkServerError) -> State {
@@ -656,6 +701,9 @@ fn env_mismatch(zygote: &Zygote, stage_env: &[(&str, &str)]) -> Result<(), Fallb
 fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
     let seen = learning::changes();
     let knowledge = learning::load(&key.lineage);
+    let visible_gpus = (env.iter().rev())
+        .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+        .map(|(_, v)| v.split(',').filter(|e| !e.trim().is_empty()).count());
     let config = serde_json::json!({
         "preload": key.preload.modules(),
         "learned": knowledge.learned,
@@ -667,6 +715,8 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
                 .collect::<Vec<_>>(),
         },
         "lineage": key.lineage,
+        "generation": knowledge.generation,
+        "visible_gpus": visible_gpus,
         "imports_var": if learning::enabled() { learning::IMPORTS_VAR } else { "" },
         "log": learning::log_path(&key.lineage),
     });

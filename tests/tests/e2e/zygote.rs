@@ -1175,6 +1175,8 @@ enum AtImport {
     ReadsStage,
     /// It takes 3 s.
     Slow,
+    /// It picks its own settings out of the whole environment, as tqdm does at import.
+    ScansEnvironment,
 }
 
 /// Runs warm, a, b, c in a chain on one stand-in GPU with `preload = ["heavy", MODULE]`, where
@@ -1194,7 +1196,12 @@ fn standby_chain(name: &str, at_import: AtImport) -> (Scratch, std::path::PathBu
     } else {
         ""
     };
-    let source = format!("import time\n{slow}READS = {reads}\n{THREAD_AT_IMPORT}");
+    let scans = if at_import == AtImport::ScansEnvironment {
+        "import os\nSETTINGS = {k: v for k, v in os.environ.items() if k.startswith(\"THREADER_\")}\n"
+    } else {
+        ""
+    };
+    let source = format!("import time\n{slow}{scans}READS = {reads}\n{THREAD_AT_IMPORT}");
     s.write(&format!("mods/{module}.py"), &source);
     s.write("shows.py", SHOWS_IMPORT);
     // Where the standby readied when the zygote is ready should serve `a`, `warm` waits for it.
@@ -1261,6 +1268,20 @@ fn a_stage_with_gpus_begins_as_a_standby_that_imported_what_the_zygote_leaves_ou
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// A standby whose imports read every variable of the environment to pick out their own (as
+/// tqdm, imported by most frameworks, does) is still taken on: it imports without the variables
+/// orchestrate sets per stage, as the zygote does, so its reads are of variables every stage
+/// of the zygote shares.
+#[test]
+fn a_standby_whose_imports_scan_the_environment_is_taken_on() {
+    let (_s, run_dir) = standby_chain("zygote-standby-scans", AtImport::ScansEnvironment);
+    for name in ["a", "b", "c"] {
+        let start = stage_start(&run_dir, name);
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        assert_eq!(start["standby"], true, "{name}: {start}");
+    }
+}
+
 /// A standby whose imports read a variable the next stage sets otherwise (here the stage's
 /// name) is refused by that stage, which is forked as usual and imports the module itself.
 #[test]
@@ -1321,4 +1342,246 @@ fn a_standby_still_importing_is_passed_over_not_waited_for() {
             .map(|n| stage_start(&run_dir, n))
             .collect::<Vec<_>>()
     );
+}
+
+/// Ends once a standby of the zygote's second generation says it is ready in the lineage's
+/// log (in the scratch directory's `zygote-cache`), or after 30 s (the next stage's report
+/// then says why it did not begin as one).
+const AWAITS_NEXT_STANDBY: &str = r#"import glob, os, time
+cache = os.path.join(os.path.dirname(os.environ["MODS"]), "zygote-cache")
+end = time.time() + 30
+def seen():
+    return any("standby ready (generation 2)" in open(p).read()
+               for p in glob.glob(os.path.join(cache, "*.log")))
+while not seen() and time.time() < end:
+    time.sleep(0.05)
+time.sleep(0.3)
+"#;
+
+/// When a zygote's next generation takes over (it learned what a stage imported), the
+/// standbys waiting on the old one are readied again by the new one: the stage after the
+/// change begins as a standby of the new generation, which had imported the module the
+/// zygote leaves out for its thread before the stage came.
+#[test]
+fn a_standby_follows_its_zygote_to_the_next_generation() {
+    python_available();
+    let s = Scratch::new("zygote-standby-generations");
+    write_modules(&s);
+    learning_scripts(&s);
+    s.write(
+        "mods/ahead.py",
+        &format!("import time\nREADS = False\n{THREAD_AT_IMPORT}"),
+    );
+    s.write("shows.py", SHOWS_IMPORT);
+    s.write("learns.py", "import learnme\n");
+    s.write("awaits_standby.py", AWAITS_NEXT_STANDBY);
+    let mods = s.path().join("mods").display().to_string();
+    let cache = s.path().join("zygote-cache").display().to_string();
+    let env = format!(
+        "{{ PYTHONPATH = \"{mods}\", MODS = \"{mods}\", MODULE = \"ahead\", \
+         WARM_UNTIL_STANDBY = \"{cache}\" }}"
+    );
+    let stage = |name: &str, after: &str, script: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"{after}\"]\ngpus = 1\n\
+             command = [\"python3\", \"{script}\"]\nenv = {env}\n\n"
+        )
+    };
+    let plan = format!(
+        "[run]\npreload = [\"heavy\", \"ahead\"]\n\n{}{}{}{}",
+        warm_stage("warm", "gpus = 1\n", &env),
+        stage("a", "warm", "learns.py"),
+        stage("wait", "a", "awaits_standby.py"),
+        stage("b", "wait", "shows.py"),
+    );
+    let plan = s.write("plan.toml", &plan);
+    let run_dir = s.path().join("run");
+    let holders = s.path().join("holders");
+    std::fs::create_dir_all(&holders).unwrap();
+    let out = run(
+        &plan,
+        &run_dir,
+        &[
+            ("ORCHESTRATE_FAKE_GPUS", "1"),
+            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
+        ],
+    );
+    ok(&out);
+    // `a` taught the lineage `learnme`: `wait` was forked from generation 1 while generation 2
+    // imported, and `b` from generation 2, as the standby that generation readied.
+    assert_eq!(stage_start(&run_dir, "a")["generation"], 1);
+    let start = stage_start(&run_dir, "b");
+    assert_eq!(start["via"], "zygote", "{start}");
+    assert_eq!(start["generation"], 2, "{start}");
+    assert_eq!(start["standby"], true, "{start}");
+    let seen = stdout_json(&run_dir, "b");
+    assert_eq!(seen["note"]["pid"], seen["pid"], "{seen}");
+    let spawned = report_stage(&read_report(&run_dir), "b")["timing"]["spawned"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        seen["note"]["at"].as_f64().unwrap() < spawned,
+        "b imported the module after its start: {seen}"
+    );
+    for pid in stage_pids(&run_dir) {
+        assert!(!alive(pid), "stage process {pid} outlived the run");
+    }
+}
+
+/// Builds the stand-in NVML library (`tests/fixtures/fake_nvml.c`) as `libnvidia-ml.so.1`
+/// in `s`'s `nvml/` directory, which it returns.
+fn fake_nvml(s: &Scratch) -> std::path::PathBuf {
+    let dir = s.path().join("nvml");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = e2e_tests::repo_root().join("tests/fixtures/fake_nvml.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-pthread", "-O1", "-o"])
+        .arg(dir.join("libnvidia-ml.so.1"))
+        .arg(&source)
+        .output()
+        .expect("cc runs");
+    assert!(built.status.success(), "{built:?}");
+    dir
+}
+
+/// DeepSpeed's accelerator at import: `pynvml.nvmlInit()`, nothing asked of NVML yet.
+const INITS_NVML: &str = "import os, pynvml\npynvml.nvmlInit()\nPID = os.getpid()\n";
+
+/// DeepSpeed's accelerator detection at import: torch's device count (through NVML, under
+/// the zygote's `PYTORCH_NVML_BASED_CUDA_CHECK`).
+const COUNTS_GPUS: &str = "import os, torch\nN = torch.cuda.device_count()\nPID = os.getpid()\n";
+
+/// A module that uses NVML at import: its init cannot be held back.
+const USES_NVML: &str =
+    "import os, pynvml\npynvml.nvmlInit()\nCOUNT = pynvml.nvmlDeviceGetCount()\nPID = os.getpid()\n";
+
+/// A stage that imports the modules of MODULES and asks NVML for the device count.
+const ASKS_NVML: &str = r#"import json, os, pynvml
+modules = {m: __import__(m) for m in os.environ["MODULES"].split(",")}
+count = pynvml.nvmlDeviceGetCount()
+print(json.dumps({"pid": os.getpid(), "count": count,
+                  "imported_in": {m: mod.PID for m, mod in modules.items()},
+                  "torch_count": getattr(modules.get("countsgpus"), "N", None)}))
+"#;
+
+/// Runs warm, a, b on one stand-in GPU with the stand-in NVML library, the framework venv's
+/// python (torch, pynvml) and `preload = ["heavy", MODULES…]` (`warm` ends once a standby
+/// is ready, so the zygote serves `a` and `b`); returns the run directory, the
+/// NVML log's lines (`what pid`) and the scratch.
+fn nvml_chain(name: &str, modules: &[&str]) -> Option<(Scratch, std::path::PathBuf, Vec<String>)> {
+    let python = e2e_tests::framework_python()?;
+    let s = Scratch::new(name);
+    write_modules(&s);
+    s.write("mods/initsnvml.py", INITS_NVML);
+    s.write("mods/countsgpus.py", COUNTS_GPUS);
+    s.write("mods/usesnvml.py", USES_NVML);
+    s.write("asks.py", ASKS_NVML);
+    let nvml = fake_nvml(&s);
+    let log = s.path().join("nvml.log");
+    let env = format!(
+        "{{ PYTHONPATH = \"{}\", LD_LIBRARY_PATH = \"{}\", FAKE_NVML_LOG = \"{}\", MODULES = \"{}\", \
+         WARM_UNTIL_STANDBY = \"{}\" }}",
+        s.path().join("mods").display(),
+        nvml.display(),
+        log.display(),
+        modules.join(","),
+        s.path().join("zygote-cache").display()
+    );
+    let preload: Vec<String> = ["heavy"]
+        .iter()
+        .chain(modules)
+        .map(|m| format!("\"{m}\""))
+        .collect();
+    let mut plan = format!(
+        "[run]\npreload = [{}]\n\n{}",
+        preload.join(", "),
+        warm_stage("warm", "gpus = 1\n", &env)
+    );
+    for (stage, after) in [("a", "warm"), ("b", "a")] {
+        plan += &format!(
+            "[[stage]]\nname = \"{stage}\"\nafter = [\"{after}\"]\ngpus = 1\n\
+             command = [\"python3\", \"asks.py\"]\nenv = {env}\n\n"
+        );
+    }
+    let plan = s.write("plan.toml", &plan);
+    let run_dir = s.path().join("run");
+    let holders = s.path().join("holders");
+    std::fs::create_dir_all(&holders).unwrap();
+    let out = e2e_tests::orchestrate_with(&python)
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .env("ORCHESTRATE_ZYGOTE_CACHE", s.path().join("zygote-cache"))
+        .env("ORCHESTRATE_FAKE_GPUS", "1")
+        .env("ORCHESTRATE_FAKE_GPU_DIR", &holders)
+        .output()
+        .expect("orchestrate runs");
+    ok(&out);
+    let lines = std::fs::read_to_string(&log).unwrap_or_default();
+    Some((s, run_dir, lines.lines().map(str::to_string).collect()))
+}
+
+/// A module that initialises NVML at import without using it (DeepSpeed's accelerator), and
+/// one that asks torch for the device count (DeepSpeed's detection), are preloaded: the
+/// zygote holds NVML's init back, so no NVML thread runs in it, and each forked stage
+/// initialises NVML at its own first NVML call, which answers as it would have.
+#[test]
+fn a_module_that_initialises_nvml_at_import_is_preloaded_and_its_stage_initialises_it() {
+    let Some((_s, run_dir, nvml)) = nvml_chain("zygote-nvml-held", &["initsnvml", "countsgpus"])
+    else {
+        return;
+    };
+    for name in ["a", "b"] {
+        let start = stage_start(&run_dir, name);
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        assert!(
+            start
+                .get("left_out")
+                .is_none_or(|l| l.as_array().is_some_and(Vec::is_empty)),
+            "{name}: {start}"
+        );
+        let seen = stdout_json(&run_dir, name);
+        let pid = seen["pid"].as_i64().unwrap();
+        for module in ["initsnvml", "countsgpus"] {
+            let at = seen["imported_in"][module].as_i64().unwrap();
+            assert_ne!(
+                at, pid,
+                "{name}: {module} imported by the stage itself: {seen}"
+            );
+        }
+        assert_eq!(seen["count"], 1, "{seen}");
+        assert_eq!(seen["torch_count"], 1, "{seen}");
+        assert!(
+            nvml.contains(&format!("init {pid}")),
+            "{name}: its NVML init did not run in it: {nvml:?}"
+        );
+    }
+    // Every NVML init ran in a stage; none in the zygote.
+    let stages: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|n| stdout_json(&run_dir, n)["pid"].to_string())
+        .collect();
+    for line in nvml.iter().filter(|l| l.starts_with("init ")) {
+        assert!(
+            stages.iter().any(|p| line == &format!("init {p}")),
+            "an NVML init outside the stages: {line} ({nvml:?})"
+        );
+    }
+}
+
+/// A module that uses NVML at import (asks it for the device count) still starts NVML's
+/// thread in the zygote, and is left out, named with that thread; its stages import it
+/// themselves.
+#[test]
+fn a_module_that_uses_nvml_at_import_is_still_left_out() {
+    let Some((_s, run_dir, _)) = nvml_chain("zygote-nvml-used", &["usesnvml"]) else {
+        return;
+    };
+    let start = stage_start(&run_dir, "a");
+    assert_eq!(start["via"], "zygote", "{start}");
+    let left_out = start["left_out"].as_array().expect("left_out");
+    assert_eq!(left_out[0]["module"], "usesnvml", "{start}");
+    let seen = stdout_json(&run_dir, "a");
+    assert_eq!(seen["imported_in"]["usesnvml"], seen["pid"], "{seen}");
 }

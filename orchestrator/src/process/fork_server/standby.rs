@@ -35,6 +35,9 @@ struct Standby {
     program: PathBuf,
     /// The driver variables it started the driver under.
     driver: Vec<(String, String)>,
+    /// The whole environment it was asked for under (a standby carried over to a newer
+    /// server is asked for under it again: [`Standbys::carry_over`]).
+    env: Vec<(String, String)>,
     pid: i32,
     pidfd: OwnedFd,
     sock: UnixStream,
@@ -42,6 +45,8 @@ struct Standby {
     /// Whether it may be adopted now: a built-in worker's at once (its driver's start is short
     /// and overlaps the hand-over); a zygote's once it said so ([`Standby::readiness`]).
     ready: bool,
+    /// Whether it says when it is ready (a zygote's): `ready` starts false.
+    announces_ready: bool,
 }
 
 impl Standby {
@@ -241,11 +246,13 @@ impl Standbys {
                 self.waiting.borrow_mut().push(Standby {
                     program: program.to_path_buf(),
                     driver,
+                    env: env.to_vec(),
                     pid,
                     pidfd,
                     sock,
                     since: Instant::now(),
                     ready: !announces_ready,
+                    announces_ready,
                 });
             }
             Err(why) => {
@@ -365,6 +372,26 @@ impl Standbys {
             }
         }
         (None, why)
+    }
+
+    /// Replaces the standbys of `from` (a zygote generation being retired) with standbys of
+    /// `to`, asked of `server` (its successor) under the same environments: a stage that comes
+    /// after a new generation took over still finds its standby, which imported what the new
+    /// generation has. The old ones are killed, ready or not. Returns how many were asked for.
+    pub fn carry_over(&self, from: &Path, server: &mut Server, to: &Path) -> usize {
+        let old: Vec<Standby> = {
+            let mut waiting = self.waiting.borrow_mut();
+            let (old, rest) = std::mem::take(&mut *waiting)
+                .into_iter()
+                .partition(|w| w.program == from);
+            *waiting = rest;
+            old
+        };
+        for standby in &old {
+            kill(standby);
+            self.request(server, to, &standby.env, standby.announces_ready);
+        }
+        old.len()
     }
 
     /// Kills the standbys that waited longer than [`STANDBY_TTL`].
