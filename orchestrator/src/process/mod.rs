@@ -14,7 +14,8 @@
 //! - [`discard`]: what is closed off the scheduling thread;
 //! - [`exits`]: the exit statuses of processes others reap (where the kernel tells us);
 //! - `kernel_file`: the kernel's small files in one read;
-//! - [`pid_dirs`]: private directories named for their process, removed once it is gone.
+//! - [`pid_dirs`]: private directories named for their process, removed once it is gone;
+//! - [`inherited`]: the descriptors `orchestrate` inherited, not passed on.
 
 pub(crate) mod backoff;
 pub mod cgroup;
@@ -23,6 +24,7 @@ pub mod exits;
 pub(crate) mod fork_server;
 pub mod forkers;
 pub mod guard;
+pub mod inherited;
 pub(crate) mod kernel_file;
 pub mod pid_dirs;
 pub mod reaper;

@@ -793,3 +793,52 @@ fn a_stage_repeating_its_final_step_gets_a_bounded_number_of_console_lines_and_r
         "{progress} progress run events"
     );
 }
+
+/// A descriptor `orchestrate` inherited from whoever started it (a CI runner's pipe, a
+/// shell's own file) is not passed on to its stages: each stage's process holds stdin,
+/// stdout and stderr only, as `subprocess` children do.
+#[test]
+fn a_descriptor_orchestrate_inherited_does_not_reach_its_stages() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let s = Scratch::new("inherited-fd");
+    let plan = s.write(
+        "plan.toml",
+        r#"
+[[stage]]
+name = "shell"
+command = ["sh", "-c", "if [ -e /proc/$$/fd/7 ]; then echo held; else echo free; fi"]
+
+[[stage]]
+name = "python"
+command = ["python3", "-c", "import os; print('held' if os.path.exists('/proc/self/fd/7') else 'free')"]
+"#,
+    );
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let write_fd = write.as_raw_fd();
+    let run_dir = s.path().join("run");
+    let mut cmd = std::process::Command::new(e2e_tests::orchestrate());
+    cmd.arg("--plan").arg(&plan).arg("--run-dir").arg(&run_dir);
+    // SAFETY: between fork and exec only dup2, which is async-signal-safe; the copy at 7 has
+    // no close-on-exec flag, as a descriptor a shell hands down.
+    unsafe {
+        cmd.pre_exec(move || match libc::dup2(write_fd, 7) {
+            -1 => Err(std::io::Error::last_os_error()),
+            _ => Ok(()),
+        });
+    }
+    let out = cmd.output().expect("orchestrate runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for stage in ["shell", "python"] {
+        let seen =
+            std::fs::read_to_string(run_dir.join(format!("stages/{stage}/stdout.log"))).unwrap();
+        assert_eq!(seen.trim(), "free", "{stage} held descriptor 7");
+    }
+    drop(write);
+    drop(read);
+}

@@ -16,6 +16,8 @@ mod commands;
 fn main() -> ExitCode {
     // Before any thread exists, so that every thread blocks it (see `reaper`).
     orchestrator::process::reaper::block_child_signals();
+    // Nothing this process starts inherits what it inherited (see `inherited`).
+    orchestrator::process::inherited::keep_to_ourselves();
     let mut args = std::env::args();
     if args.nth(1).as_deref() == Some(orchestrator::process::guard::GUARD_SUBCOMMAND) {
         let pid = args.next().and_then(|p| p.parse().ok()).unwrap_or(0);
