@@ -565,6 +565,9 @@ class NvmlHold:
 
     def release(self):
         self.holding = False
+        if self.recorded or self.torch_cuda is not None:
+            log(f"NVML held back while importing: {len(self.recorded)} init(s) left to the stages"
+                + (f"; torch's NVML device count answered {self.visible_gpus}" if self.torch_cuda else ""))
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
         if self.torch_cuda is not None:
             module, own = self.torch_cuda
@@ -656,7 +659,10 @@ class _HookedLoader:
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
         self.loader.exec_module(module)
-        self.hook(module)
+        try:
+            self.hook(module)
+        except Exception as error:  # noqa: BLE001 - a hook never fails an import
+            log(f"NVML hold: no hook on {module.__name__}: {error!r}")
 
     def __getattr__(self, name):
         return getattr(self.loader, name)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU host, quickly: does a Python stage with GPUs begin as a standby? Three chained
+# On the GPU host, quickly: is DeepSpeed preloaded (NVML held back while the zygote imports),
+# and does a Python stage with GPUs begin as a standby? Three chained
 # one-GPU stages of first_line.py with preload = torch, transformers' Llama and DeepSpeed,
 # from an empty zygote cache; prints each stage's `start` and keeps the zygote's log (its
 # standbys' lines) and the console (why a stage did not adopt one). Results in $OUT/standby.
@@ -35,3 +36,5 @@ PY
 cp "$r/run/report.json" "$r/report.json" 2>/dev/null
 grep -i "standby" "$r/console.txt" | tail -20
 grep -ih "standby\|context" "$r"/cache/*.log 2>/dev/null | tail -20
+# What each zygote imported, left out and why (DeepSpeed should not be among those left out).
+grep -h "ready:\|restarting\|leaving out\|refused" "$r"/cache/*.log 2>/dev/null | tail -20
