@@ -908,7 +908,13 @@ fn gpu_chain(
         );
         after = name;
     }
-    let plan = s.write("plan.toml", &plan);
+    run_on_a_stand_in_gpu(s, &plan)
+}
+
+/// Runs `plan` (TOML) with one stand-in GPU; asserts it succeeded and returns its run
+/// directory.
+fn run_on_a_stand_in_gpu(s: &Scratch, plan: &str) -> std::path::PathBuf {
+    let plan = s.write("plan.toml", plan);
     let run_dir = s.path().join("run");
     let holders = s.path().join("holders");
     std::fs::create_dir_all(&holders).unwrap();
@@ -1394,19 +1400,7 @@ fn a_standby_follows_its_zygote_to_the_next_generation() {
         stage("wait", "a", "awaits_standby.py"),
         stage("b", "wait", "shows.py"),
     );
-    let plan = s.write("plan.toml", &plan);
-    let run_dir = s.path().join("run");
-    let holders = s.path().join("holders");
-    std::fs::create_dir_all(&holders).unwrap();
-    let out = run(
-        &plan,
-        &run_dir,
-        &[
-            ("ORCHESTRATE_FAKE_GPUS", "1"),
-            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
-        ],
-    );
-    ok(&out);
+    let run_dir = run_on_a_stand_in_gpu(&s, &plan);
     // `a` taught the lineage `learnme`: `wait` was forked from generation 1 while generation 2
     // imported, and `b` from generation 2, as the standby that generation readied.
     assert_eq!(stage_start(&run_dir, "a")["generation"], 1);
