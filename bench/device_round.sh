@@ -17,9 +17,11 @@
 #             throughput with this worker, 98d3509's (.carry/stage-worker-98d3509: before the
 #             AdamW step took its parameters as a `FlatParams` view) and torch.compile,
 #             3 rounds (5-7 min)
-#   standby   issue 48: whether a GPU stage begins as a zygote's standby (standby_check.sh: 3
-#             chained stages importing DeepSpeed, the zygote's and standbys' logs; 1-2 min);
-#             run it first: what it says decides the first line's next step
+#   standby   issue 48: whether DeepSpeed is preloaded under the zygote's NVML hold and a GPU
+#             stage begins as a zygote's standby (standby_check.sh: 3 chained stages importing
+#             DeepSpeed, the zygote's and standbys' logs), then nvml_hold_probe.py (torch and
+#             DeepSpeed imported with the hold and without; 2-3 min); run it first: what it
+#             says decides the first line's next step
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
 #             verdict's waiting for a reaped main process; and whether NVML's thread ever
@@ -62,7 +64,12 @@ case $part in
     echo "exit $?"; cat "$res/throughput/summary.md" 2> /dev/null || tail -n 20 "$res/throughput.log" ;;
   standby)
     OUT="$OUT" LIMIT=90 timeout 150 bash bench/zygote/standby_check.sh .carry > "$res/log.txt" 2>&1
-    echo "exit $?"; cat "$res/log.txt" ;;
+    echo "exit $?"; cat "$res/log.txt"
+    # torch and DeepSpeed (installed in /tmp/site by standby_check.sh) under the NVML hold and
+    # without it, against the driver's NVML.
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site timeout 120 python3 bench/zygote/nvml_hold_probe.py \
+      > "$res/nvml-hold-probe.json" 2> "$res/nvml-hold-probe.err"
+    echo "exit $?"; cat "$res/nvml-hold-probe.json" ;;
   reap)
     timeout 120 python3 bench/sharing/listed_after_reap.py 15 > "$res/listed-after-reap.txt" 2>&1
     echo "exit $?"; cat "$res/listed-after-reap.txt"
