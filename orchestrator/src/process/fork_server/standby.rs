@@ -33,10 +33,9 @@ const REMEMBERED: usize = 256;
 /// A standby waiting for its stage.
 struct Standby {
     program: PathBuf,
-    /// The driver variables it started the driver under.
-    driver: Vec<(String, String)>,
-    /// The whole environment it was asked for under (a standby carried over to a newer
-    /// server is asked for under it again: [`Standbys::carry_over`]).
+    /// The environment it was asked for under: it started the driver under its driver
+    /// variables ([`Standby::driver`]), and a standby carried over to a newer server is asked
+    /// for under it again ([`Standbys::carry_over`]).
     env: Vec<(String, String)>,
     pid: i32,
     pidfd: OwnedFd,
@@ -45,11 +44,14 @@ struct Standby {
     /// Whether it may be adopted now: a built-in worker's at once (its driver's start is short
     /// and overlaps the hand-over); a zygote's once it said so ([`Standby::readiness`]).
     ready: bool,
-    /// Whether it says when it is ready (a zygote's): `ready` starts false.
-    announces_ready: bool,
 }
 
 impl Standby {
+    /// The driver variables it started the driver under.
+    fn driver(&self) -> Vec<(String, String)> {
+        driver_of_owned(&self.env)
+    }
+
     /// Whether it may be adopted now, never waiting: a standby that announces readiness (a
     /// zygote's, which imports modules first) is ready once its `Ready` can be read, and gone
     /// when it closed its socket or said something else instead (it exited: the zygote's log
@@ -110,6 +112,12 @@ pub struct Standbys {
 
 fn driver_of(env: &[(&str, &str)]) -> Vec<(String, String)> {
     owned(&driver_env(env.iter().copied()))
+}
+
+fn driver_of_owned(env: &[(String, String)]) -> Vec<(String, String)> {
+    owned(&driver_env(
+        env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    ))
 }
 
 /// Sends the standby request and reads the server's answer: the standby's PID, a pidfd of it
@@ -230,10 +238,9 @@ impl Standbys {
         announces_ready: bool,
     ) {
         self.expire();
-        let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let driver = driver_of(&pairs);
+        let driver = driver_of_owned(env);
         let waiting =
-            (self.waiting.borrow().iter()).any(|w| w.program == program && w.driver == driver);
+            (self.waiting.borrow().iter()).any(|w| w.program == program && w.driver() == driver);
         if waiting {
             return;
         }
@@ -245,14 +252,12 @@ impl Standbys {
                 crate::process::scan::note_helper(pid);
                 self.waiting.borrow_mut().push(Standby {
                     program: program.to_path_buf(),
-                    driver,
                     env: env.to_vec(),
                     pid,
                     pidfd,
                     sock,
                     since: Instant::now(),
                     ready: !announces_ready,
-                    announces_ready,
                 });
             }
             Err(why) => {
@@ -348,7 +353,7 @@ impl Standbys {
                 at += 1;
                 continue;
             }
-            if w.driver != driver {
+            if w.driver() != driver {
                 why.get_or_insert_with(|| {
                     "the standby waiting was started for other GPUs (its driver variables differ)"
                         .to_string()
@@ -375,7 +380,8 @@ impl Standbys {
     }
 
     /// Replaces the standbys of `from` (a zygote generation being retired) with standbys of
-    /// `to`, asked of `server` (its successor) under the same environments: a stage that comes
+    /// `to`, asked of `server` (its successor) under the same environments (a zygote's
+    /// standbys, which say when they are ready): a stage that comes
     /// after a new generation took over still finds its standby, which imported what the new
     /// generation has. The old ones are killed, ready or not. Returns how many were asked for.
     pub fn carry_over(&self, from: &Path, server: &mut Server, to: &Path) -> usize {
@@ -389,7 +395,7 @@ impl Standbys {
         };
         for standby in &old {
             kill(standby);
-            self.request(server, to, &standby.env, standby.announces_ready);
+            self.request(server, to, &standby.env, true);
         }
         old.len()
     }
