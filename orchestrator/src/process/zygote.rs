@@ -52,7 +52,7 @@
 
 mod learning;
 
-use crate::process::fork_server::standby::Standbys;
+use crate::process::fork_server::standby::{gives_gpus, Standbys};
 use crate::process::fork_server::{self, ForkServerError, Server};
 use crate::process::reaper::Reaper;
 use protocol::plan::Preload;
@@ -335,12 +335,6 @@ fn imports_file(worker: &fork_server::Worker<'_>) -> Option<PathBuf> {
     let to = Path::new(spec).parent()?.join(learning::IMPORTS_FILE);
     let _ = std::fs::remove_file(&to);
     Some(to)
-}
-
-/// Whether a stage with environment `env` is given GPUs (a standby is readied after one).
-fn gives_gpus(env: &[(&str, &str)]) -> bool {
-    env.iter()
-        .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty())
 }
 
 /// The name the standbys of generation `generation` of the zygote of `key` go by among a

@@ -110,6 +110,13 @@ pub struct Standbys {
     forked: RefCell<VecDeque<Forked>>,
 }
 
+/// Whether a worker or stage with environment `env` is given GPUs (a standby is only ever
+/// readied after one).
+pub(crate) fn gives_gpus(env: &[(&str, &str)]) -> bool {
+    env.iter()
+        .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty())
+}
+
 fn driver_of(env: &[(&str, &str)]) -> Vec<(String, String)> {
     owned(&driver_env(env.iter().copied()))
 }
@@ -201,10 +208,7 @@ impl Standbys {
     /// Notes the environment worker `pid` was started with, when it was given GPUs (a standby is
     /// only ever asked for on behalf of such a worker).
     pub fn remember(&self, pid: i32, program: &Path, env: &[(&str, &str)]) {
-        let gpus = env
-            .iter()
-            .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty());
-        if !gpus || !self.enabled {
+        if !gives_gpus(env) || !self.enabled {
             return;
         }
         let mut f = self.forked.borrow_mut();
