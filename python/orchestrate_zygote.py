@@ -674,13 +674,10 @@ def visible_gpus(config):
     return value if isinstance(value, int) and value >= 0 else None
 
 
-def is_per_stage(name, per_stage):
-    """Whether orchestrate sets variable `name` for each stage (CONFIG's `per_stage`)."""
-    return name in per_stage.get("names", []) or any(name.startswith(p) for p in per_stage.get("prefixes", []))
-
-
 def _per_stage_read(names, per_stage):
-    read = sorted(n for n in names if is_per_stage(n, per_stage))
+    prefixes = per_stage.get("prefixes", [])
+    exact = set(per_stage.get("names", []))
+    read = sorted(n for n in names if n in exact or any(n.startswith(p) for p in prefixes))
     if not read:
         return None
     return f"it reads {', '.join(read)}, which orchestrate sets for each stage"
@@ -1054,25 +1051,16 @@ def _adoption_refused(adopt, standby_env, read, recorded):
     return changed_on_disk(recorded.recorded)
 
 
-def wait_for_stage(sock, ahead, recorded, per_stage):
-    """In a standby (already a stage's process, under the environment it was asked for):
-    starts the CUDA driver, imports `ahead`, says it is ready, and waits for the stage on
-    `sock` (orchestrate passes a standby over until it is ready, rather than wait for it). Returns the
-    stage's argv once it has taken the stage on and answered with its PID; exits (status 0)
-    when it is refused, holds a context, or nobody comes within STANDBY_WAIT.
-
-    The imports run, as the zygote's do, without the variables orchestrate sets per stage
-    (`per_stage`): the stage asked for is not the one the standby becomes, and a module that
-    reads the whole environment at import (tqdm's `envwrap`, imported by most frameworks, picks
-    its own prefix out of every variable) would otherwise be taken to depend on all of them."""
+def wait_for_stage(sock, ahead, recorded):
+    """In a standby (already a stage's process, under the environment it was asked for: a
+    stage's, less the variables orchestrate sets per stage, as the zygote's): starts the CUDA
+    driver, imports `ahead`, says it is ready, and waits for the stage on `sock` (orchestrate
+    passes a standby over until it is ready, rather than wait for it). Returns the stage's argv
+    once it has taken the stage on and answered with its PID; exits (status 0) when it is
+    refused, holds a context, or nobody comes within STANDBY_WAIT."""
     standby_env = dict(os.environ)
     driver = start_cuda_driver()
-    for name in [n for n in standby_env if is_per_stage(n, per_stage)]:
-        del os.environ[name]
-    try:
-        imported, read = _import_recording(ahead)
-    finally:
-        os.environ.update(standby_env)
+    imported, read = _import_recording(ahead)
     gc.freeze()
     made = context_made()
     if made:
@@ -1158,8 +1146,7 @@ def serve(fd, config):
         if role == "stage":
             recorded.close()
             if request.get("standby"):
-                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded,
-                                       config.get("per_stage", {}))
+                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded)
             reseed_inherited_generators()
             to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
             if to:

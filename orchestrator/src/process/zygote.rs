@@ -268,7 +268,7 @@ fn spawn(
             State::Serving(z) => z,
             State::Starting(starting) => {
                 if gives_gpus(stage.worker.env) {
-                    starting.standby_for = Some(fork_server::owned(stage.worker.env));
+                    starting.standby_for = Some(standby_env(stage.worker.env));
                 }
                 return Err(Fallback::Starting {
                     seconds: starting.server.elapsed().as_secs_f64(),
@@ -297,7 +297,7 @@ fn spawn(
         let why = match started {
             Ok((pid, standby)) => {
                 if gives_gpus(stage.worker.env) {
-                    let env = fork_server::owned(stage.worker.env);
+                    let env = standby_env(stage.worker.env);
                     standbys.request(&mut zygote.server, &standby_of, &env, true);
                 }
                 return Ok(Forked {
@@ -335,6 +335,18 @@ fn imports_file(worker: &fork_server::Worker<'_>) -> Option<PathBuf> {
     let to = Path::new(spec).parent()?.join(learning::IMPORTS_FILE);
     let _ = std::fs::remove_file(&to);
     Some(to)
+}
+
+/// The environment a standby is asked for under after a stage with environment `env`: the
+/// stage's, less what orchestrate sets per stage, as a zygote's. The standby becomes a later
+/// stage, which brings its own at adoption; and its imports ahead, which are recorded with
+/// the variables they read, must not see another stage's values (tqdm's import reads every
+/// variable to pick out its own, and most frameworks import tqdm).
+fn standby_env(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    (env.iter())
+        .filter(|(k, _)| !per_stage_variable(k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 /// The name the standbys of generation `generation` of the zygote of `key` go by among a
