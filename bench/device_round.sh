@@ -22,6 +22,8 @@
 #             DeepSpeed, the zygote's and standbys' logs), then nvml_hold_probe.py (torch and
 #             DeepSpeed imported with the hold and without; 2-3 min); run it first: what it
 #             says decides the first line's next step
+#   context   issue 47: CUDA contexts made 1, 2, 4 and 8 at once on the GPU, plainly and under a
+#             private MPS daemon, and what NVML lists for an MPS client (context_probe.sh; 1-2 min)
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
 #             verdict's waiting for a reaped main process; and whether NVML's thread ever
@@ -31,7 +33,7 @@
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
 #   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby or reap}
+part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, context or reap}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
@@ -70,6 +72,15 @@ case $part in
     CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site timeout 120 python3 bench/zygote/nvml_hold_probe.py \
       > "$res/nvml-hold-probe.json" 2> "$res/nvml-hold-probe.err"
     echo "exit $?"; cat "$res/nvml-hold-probe.json" ;;
+  context)
+    # issue 47: CUDA contexts made at once on one GPU, plainly and under MPS (1 min)
+    timeout 330 bash bench/sharing/context_probe.sh "$res" > "$res/log.txt" 2>&1
+    echo "exit $?"; cat "$res/log.txt" "$res/mps.txt"
+    python3 -c 'import json, sys
+for f in sys.argv[1:]:
+    try: d = json.load(open(f))
+    except Exception as e: print(f, e); continue
+    for w, v in d["widths"].items(): print(f, w, "at once: context", round(v["context_ms"]["median"]), "ms, init", round(v["init_ms"]["median"]), "ms,", round(v["stages_per_s"]["median"], 1), "/s")' "$res"/context-*.json ;;
   reap)
     timeout 120 python3 bench/sharing/listed_after_reap.py 15 > "$res/listed-after-reap.txt" 2>&1
     echo "exit $?"; cat "$res/listed-after-reap.txt"
