@@ -22,6 +22,8 @@
 #             DeepSpeed, the zygote's and standbys' logs), then nvml_hold_probe.py (torch and
 #             DeepSpeed imported with the hold and without; 2-3 min); run it first: what it
 #             says decides the first line's next step
+#   boundary  issue 44: the 100M chain's stage boundary with this build against .carry/before/ (the
+#             build before the stage-worker's move), alternated twice (3-5 min)
 #   context   issue 47: CUDA contexts made 1, 2, 4 and 8 at once on the GPU, plainly and under a
 #             private MPS daemon, and what NVML lists for an MPS client (context_probe.sh; 1-2 min)
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
@@ -33,7 +35,7 @@
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
 #   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, context or reap}
+part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context or reap}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
@@ -72,6 +74,19 @@ case $part in
     CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/site timeout 120 python3 bench/zygote/nvml_hold_probe.py \
       > "$res/nvml-hold-probe.json" 2> "$res/nvml-hold-probe.err"
     echo "exit $?"; cat "$res/nvml-hold-probe.json" ;;
+  boundary)
+    # issue 44: the built-in chain's boundary (100M model, 5 stages) with this build and with
+    # .carry/before/ (the build before the stage-worker's move, its COMMIT beside it),
+    # alternated twice; the one-process Python peer once (3-5 min)
+    for round in 1 2; do
+      for v in new before; do
+        bin=.carry; [ $v = before ] && bin=.carry/before
+        variants="orchestrate orchestrate-reps"; [ "$round$v" = 1new ] && variants="$variants python-one"
+        PARTS=m100 ORCH_REPS=2 CHAIN_VARIANTS=$variants timeout 200 bash bench/boundary/run.sh "$bin" "$res/$v-$round" \
+          > "$res/$v-$round.log" 2>&1
+        echo "$v round $round: exit $?"; grep -A4 "chain stages" "$res/$v-$round/summary.md" 2> /dev/null
+      done
+    done ;;
   context)
     # issue 47: CUDA contexts made at once on one GPU, plainly and under MPS (1 min)
     timeout 330 bash bench/sharing/context_probe.sh "$res" > "$res/log.txt" 2>&1
