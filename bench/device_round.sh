@@ -30,6 +30,10 @@
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
 #             verdict's waiting for a reaped main process; and whether NVML's thread ever
 #             leaves after nvmlShutdown (bench/zygote/nvml_thread_lifetime.py; issue 48)
+# Environment: REPS (sharing's repetitions, 2), EXIT_PROBE=0 (sharing without gpu_exit_probe.py),
+# WARM=0 (sharing without the daemon's runs), ROUNDS (boundary's alternations, 2); zygote's
+# FIRST_LINE_ONLY, SEED_ONLY, LEARN_ONLY and SWEEPS (bench/zygote/run.sh).
+# bench/device_session.sh runs several parts in one call and packs what each wrote.
 # The parts take 25-35 minutes together, about a session's device time once each call's start
 # is counted: run them back to back in this order (the issues' closing weight), and leave
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
@@ -48,8 +52,10 @@ case $part in
       > "$res/log.txt" 2>&1
     echo "exit $?"; tail -n 25 "$res/log.txt" ;;
   sharing)
-    timeout 120 python3 bench/zygote/gpu_exit_probe.py 5 > "$res/gpu-exit-probe.txt" 2>&1
-    cat "$res/gpu-exit-probe.txt"
+    if [ "${EXIT_PROBE:-1}" = 1 ]; then
+      timeout 120 python3 bench/zygote/gpu_exit_probe.py 5 > "$res/gpu-exit-probe.txt" 2>&1
+      cat "$res/gpu-exit-probe.txt"
+    fi
     BIN_DIR=.carry OUT="$res" REPS=${REPS:-2} timeout 420 bash bench/sharing/gpu.sh > "$res/log.txt" 2>&1
     echo "exit $?"; cat "$res/sharing/summary.txt" "$res/sharing/phases.txt" 2> /dev/null ;;
   zygote)
@@ -78,7 +84,7 @@ case $part in
     # issue 44: the built-in chain's boundary (100M model, 5 stages) with this build and with
     # .carry/before/ (the build before the stage-worker's move, its COMMIT beside it),
     # alternated twice; the one-process Python peer once (3-5 min)
-    for round in 1 2; do
+    for round in $(seq "${ROUNDS:-2}"); do
       for v in new before; do
         bin=.carry; [ $v = before ] && bin=.carry/before
         variants="orchestrate orchestrate-reps"; [ "$round$v" = 1new ] && variants="$variants python-one"
