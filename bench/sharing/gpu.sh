@@ -139,6 +139,7 @@ except OSError as e:
     print(f"leak run: no report ({e})")
 PY
 cat "$out/exits.txt"
-python3 "$here/phases.py" "$out"/run-whole-* "$out"/run-shared-* "$out"/warm-whole-* "$out"/warm-shared-* \
+# (Only the runs that exist: WARM=0 makes no warm-* runs.)
+python3 "$here/phases.py" $(ls -d "$out"/run-whole-* "$out"/run-shared-* "$out"/warm-whole-* "$out"/warm-shared-* 2> /dev/null) \
   > "$out/phases.txt" 2>&1
 cat "$out/phases.txt"

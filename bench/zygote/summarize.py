@@ -76,7 +76,7 @@ def described(start):
     return words
 
 
-for sweep in ["list", "auto", "auto-again", "exec"]:
+for sweep in ["list", "list-again", "auto", "auto-again", "exec"]:
     run = "run-learn-" + sweep
     if not os.path.isdir(os.path.join(res, run)):
         continue
