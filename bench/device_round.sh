@@ -34,6 +34,10 @@
 # WARM=0 (sharing without the daemon's runs), ROUNDS (boundary's alternations, 2); zygote's
 # FIRST_LINE_ONLY, SEED_ONLY, LEARN_ONLY and SWEEPS (bench/zygote/run.sh).
 # bench/device_session.sh runs several parts in one call and packs what each wrote.
+# What the open issues still wait for (2026-12-05), in one call of about 8 minutes:
+#   bench/device_session.sh boundary:ROUNDS=2 "sharing:REPS=3,EXIT_PROBE=0" "zygote:SEED_ONLY=1"
+# (issue 44's boundary against .carry/before/, issue 47's warm daemon verdicts, issue 48's seed
+# sweep; carry .carry and .whl).
 # The parts take 25-35 minutes together, about a session's device time once each call's start
 # is counted: run them back to back in this order (the issues' closing weight), and leave
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
