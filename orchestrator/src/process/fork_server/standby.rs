@@ -49,7 +49,7 @@ struct Standby {
 impl Standby {
     /// The driver variables it started the driver under.
     fn driver(&self) -> Vec<(String, String)> {
-        driver_of_owned(&self.env)
+        driver_of(pairs(&self.env))
     }
 
     /// Whether it may be adopted now, never waiting: a standby that announces readiness (a
@@ -117,14 +117,14 @@ pub(crate) fn gives_gpus(env: &[(&str, &str)]) -> bool {
         .any(|(k, v)| *k == "CUDA_VISIBLE_DEVICES" && !v.is_empty())
 }
 
-fn driver_of(env: &[(&str, &str)]) -> Vec<(String, String)> {
-    owned(&driver_env(env.iter().copied()))
+/// The driver variables of an environment, owned ([`driver_env`]).
+fn driver_of<'a>(env: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<(String, String)> {
+    owned(&driver_env(env))
 }
 
-fn driver_of_owned(env: &[(String, String)]) -> Vec<(String, String)> {
-    owned(&driver_env(
-        env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-    ))
+/// An owned environment as the pairs [`driver_of`] reads.
+fn pairs(env: &[(String, String)]) -> impl Iterator<Item = (&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str()))
 }
 
 /// Sends the standby request and reads the server's answer: the standby's PID, a pidfd of it
@@ -242,7 +242,7 @@ impl Standbys {
         announces_ready: bool,
     ) {
         self.expire();
-        let driver = driver_of_owned(env);
+        let driver = driver_of(pairs(env));
         let waiting =
             (self.waiting.borrow().iter()).any(|w| w.program == program && w.driver() == driver);
         if waiting {
@@ -293,7 +293,7 @@ impl Standbys {
             gpu_holders,
         } = *worker;
         self.expire();
-        let (standby, passed_over) = self.take_ready(program, &driver_of(env));
+        let (standby, passed_over) = self.take_ready(program, &driver_of(env.iter().copied()));
         let Some(standby) = standby else {
             let failed = {
                 let mut failed = self.failed.borrow_mut();
