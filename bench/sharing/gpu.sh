@@ -6,9 +6,11 @@
 #      rate of one per GPU, every verdict clean.
 #   1b. the same through a daemon whose zygote a first run warmed (WARM=0 skips it): the rate of
 #      the stages themselves, without each run's interpreter start.
+#   1c. four per GPU as clients of an MPS daemon that orchestrate starts (`gpu_sharing = "mps"`),
+#      alternating with the two above (MODES, default "whole shared mps").
 #   2. leak: 4 stages share the GPU at once (a barrier); one leaves a process in a new session
 #      holding 1 GiB. Goal: that one `leaked`, the other three `clean`, the run "succeeded with
-#      leaked GPU memory" (exit 3).
+#      leaked GPU memory" (exit 3). Plainly, then through MPS (with "mps" in MODES).
 # Usage: BIN_DIR=/path/to/release OUT=/path/to/out bench/sharing/gpu.sh
 # Writes everything under $OUT (runs, consoles, summary.txt) and prints the summary.
 set -uo pipefail
@@ -27,18 +29,21 @@ export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.pa
   python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
 } > "$out/machine.txt" 2>&1
 
-tiny_plan() { # MODE (whole|shared) N
+modes=${MODES:-whole shared mps}
+tiny_plan() { # MODE (whole|shared|mps) N
   echo "[run]"; echo "name = \"tiny-$1\""; echo 'preload = ["torch"]'; echo "max_parallel = 4"
+  [ "$1" = mps ] && echo 'gpu_sharing = "mps"'
   for i in $(seq "$2"); do
     echo "[[stage]]"; echo "name = \"t$i\""
-    if [ "$1" = shared ]; then echo 'gpu_memory = "8GiB"'; else echo "gpus = 1"; fi
+    if [ "$1" = whole ]; then echo "gpus = 1"; else echo 'gpu_memory = "8GiB"'; fi
     echo "command = [\"python3\", \"$here/tiny.py\"]"; echo 'outputs = ["sum.txt"]'
   done
 }
 tiny_plan whole 40 > "$out/whole.toml"
 tiny_plan shared 40 > "$out/shared.toml"
+tiny_plan mps 40 > "$out/mps.toml"
 for r in $(seq "$reps"); do
-  for mode in whole shared; do
+  for mode in $modes; do
     timeout 300 "$bin/orchestrate" --plan "$out/$mode.toml" --run-dir "$out/run-$mode-$r" -q \
       > "$out/$mode-$r.console" 2>&1
     echo "$mode rep $r: exit $?" >> "$out/exits.txt"
@@ -62,7 +67,7 @@ if [ "${WARM:-1}" = 1 ]; then
   tiny_plan whole 4 > "$out/warm-up.toml"
   submit "$out/warm-up.toml" warm-up
   for r in $(seq "$reps"); do
-    for mode in whole shared; do
+    for mode in $modes; do
       submit "$out/$mode.toml" "warm-$mode-$r"
       echo "warm $mode rep $r: done" >> "$out/exits.txt"
     done
@@ -71,20 +76,28 @@ if [ "${WARM:-1}" = 1 ]; then
   wait "$daemon"
 fi
 
-# 2. Four stages sharing the GPU, one leaving a GPU-holding process behind.
-{
+# 2. Four stages sharing the GPU, one leaving a GPU-holding process behind: plainly, and
+#    through MPS.
+leak_plan() { # SHARING
   echo "[run]"; echo 'name = "shared-leak"'; echo 'preload = ["torch"]'; echo "max_parallel = 4"
-  echo 'on_leak = "warn"'; echo 'reclaim_timeout = "5s"'
+  echo 'on_leak = "warn"'; echo 'reclaim_timeout = "5s"'; echo "gpu_sharing = \"$1\""
   for i in 1 2 3 4; do
     extra=""; [ "$i" = 3 ] && extra=', "leak"'
     echo "[[stage]]"; echo "name = \"s$i\""; echo 'gpu_memory = "8GiB"'
     echo "command = [\"python3\", \"$here/tiny.py\", \"$out/barrier\", \"4\"$extra]"
   done
-} > "$out/leak.toml"
-rm -rf "$out/barrier"
-timeout 300 "$bin/orchestrate" --plan "$out/leak.toml" --run-dir "$out/run-leak" > "$out/leak.console" 2>&1
-echo "leak: exit $?" >> "$out/exits.txt"
-nvidia-smi --query-compute-apps=pid,used_memory --format=csv > "$out/nvml-after.txt" 2>&1
+}
+for sharing in time_slice mps; do
+  [ "$sharing" = mps ] && ! echo "$modes" | grep -qw mps && continue
+  name=leak; [ "$sharing" = mps ] && name=leak-mps
+  leak_plan "$sharing" > "$out/$name.toml"
+  rm -rf "$out/barrier"
+  timeout 300 "$bin/orchestrate" --plan "$out/$name.toml" --run-dir "$out/run-$name" > "$out/$name.console" 2>&1
+  echo "$name: exit $?" >> "$out/exits.txt"
+  # The leaked child is still there (its stage's verdict named it); it goes before the next.
+  pkill -f "run-$name/.*child-ready" 2> /dev/null; sleep 1
+done
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$out/nvml-after.txt" 2>&1
 
 python3 - "$out" "$reps" <<'PY' | tee "$out/summary.txt"
 import json, os, sys
@@ -96,8 +109,10 @@ def verdicts(r):
     return [g["verdict"] for s in r["stages"] for g in s.get("gpu", [])]
 def rates_of(prefix, label):
     rates = {}
-    for mode in ("whole", "shared"):
+    for mode in ("whole", "shared", "mps"):
         for rep in range(1, reps + 1):
+            if not os.path.exists(os.path.join(out, f"{prefix}-{mode}-{rep}")):
+                continue
             try:
                 r = report(f"{prefix}-{mode}-{rep}")
             except OSError as e:
@@ -121,12 +136,16 @@ def rates_of(prefix, label):
     if rates.get("whole") and rates.get("shared"):
         w, s = sum(rates["whole"]) / len(rates["whole"]), sum(rates["shared"]) / len(rates["shared"])
         print(f"{label} rate: shared {s:.2f}/s against whole {w:.2f}/s: {s / w:.2f}x (goal >= 3x)")
+    if rates.get("whole") and rates.get("mps"):
+        w, m = sum(rates["whole"]) / len(rates["whole"]), sum(rates["mps"]) / len(rates["mps"])
+        print(f"{label} rate: shared through MPS {m:.2f}/s against whole {w:.2f}/s: {m / w:.2f}x (goal >= 3x)")
 rates_of("run", "cold (CLI, each run starts its zygote)")
 if os.path.exists(os.path.join(out, "warm-whole-1")):
     rates_of("warm", "warm (daemon, zygote already imported)")
-try:
-    r = report("run-leak")
-    print(f"leak run: {r['status']}")
+for leak in ("run-leak", "run-leak-mps"):
+  try:
+    r = report(leak)
+    print(f"{leak}: {r['status']}")
     for s in r["stages"]:
         for g in s.get("gpu", []):
             print(f"  {s['name']}: {g['verdict']} baseline {g['baseline_bytes'] >> 20} MiB, "
@@ -135,11 +154,11 @@ try:
     want = {"s1": "clean", "s2": "clean", "s3": "leaked", "s4": "clean"}
     got = {s["name"]: (s.get("gpu") or [{}])[0].get("verdict") for s in r["stages"]}
     print("leak goal met" if got == want else f"leak goal NOT met: {got}")
-except OSError as e:
-    print(f"leak run: no report ({e})")
+  except OSError as e:
+    print(f"{leak}: no report ({e})")
 PY
 cat "$out/exits.txt"
 # (Only the runs that exist: WARM=0 makes no warm-* runs.)
-python3 "$here/phases.py" $(ls -d "$out"/run-whole-* "$out"/run-shared-* "$out"/warm-whole-* "$out"/warm-shared-* 2> /dev/null) \
+python3 "$here/phases.py" $(ls -d "$out"/run-whole-* "$out"/run-shared-* "$out"/run-mps-* "$out"/warm-whole-* "$out"/warm-shared-* "$out"/warm-mps-* 2> /dev/null) \
   > "$out/phases.txt" 2>&1
 cat "$out/phases.txt"

@@ -12,6 +12,7 @@
 //! | `ORCHESTRATE_HAND_ON_AT_RELEASE` | on | a stage's GPUs are handed on when it releases them, not only when it ends |
 //! | `ORCHESTRATE_EARLY_START` | on | a stage may start before its upstream stage ended (off also with the previous one off) |
 //! | `ORCHESTRATE_NODE_CHECK_MAX_USED_MIB` | unset | the `--max-used-mib` of the GPU check of Slurm nodes |
+//! | `ORCHESTRATE_MPS_CONTROL` | `nvidia-cuda-mps-control` | the MPS control program that `gpu_sharing = "mps"` starts (`crate::gpu::mps`) |
 //!
 //! Every on/off switch is read by [`switch`]: it is off when set to `0`, `off`, `false` or `no`
 //! (any case, spaces around ignored), and on otherwise, unset included.
@@ -37,6 +38,9 @@ pub struct Settings {
     pub early_start: bool,
     /// `ORCHESTRATE_NODE_CHECK_MAX_USED_MIB`, as given.
     pub node_check_max_used_mib: Option<String>,
+    /// `ORCHESTRATE_MPS_CONTROL`: the MPS control program (a name looked up on `PATH`, or a
+    /// path).
+    pub mps_control: PathBuf,
 }
 
 /// `ORCHESTRATE_FORK_SERVER`.
@@ -55,6 +59,10 @@ pub const HAND_ON_AT_RELEASE: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
 pub const EARLY_START: &str = "ORCHESTRATE_EARLY_START";
 /// `ORCHESTRATE_NODE_CHECK_MAX_USED_MIB`.
 pub const NODE_CHECK_MAX_USED_MIB: &str = "ORCHESTRATE_NODE_CHECK_MAX_USED_MIB";
+/// `ORCHESTRATE_MPS_CONTROL`.
+pub const MPS_CONTROL: &str = "ORCHESTRATE_MPS_CONTROL";
+/// The MPS control program NVIDIA's driver installs.
+pub const DEFAULT_MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 
 impl Settings {
     /// The switches as this process's environment sets them.
@@ -74,6 +82,10 @@ impl Settings {
             hand_on_at_release: on(HAND_ON_AT_RELEASE),
             early_start: on(EARLY_START),
             node_check_max_used_mib: get(NODE_CHECK_MAX_USED_MIB),
+            mps_control: get(MPS_CONTROL)
+                .filter(|p| !p.trim().is_empty())
+                .unwrap_or_else(|| DEFAULT_MPS_CONTROL.into())
+                .into(),
         }
     }
 
@@ -120,8 +132,13 @@ mod tests {
         let all_off = Settings::from_vars(|name| match name {
             CGROUP_PARENT => Some("/sys/fs/cgroup/x".into()),
             NODE_CHECK_MAX_USED_MIB => Some("512".into()),
+            MPS_CONTROL => Some("/opt/nvidia/mps-control".into()),
             _ => Some("off".into()),
         });
+        assert_eq!(
+            all_off.mps_control,
+            PathBuf::from("/opt/nvidia/mps-control")
+        );
         assert!(!all_off.fork_server && !all_off.standby && !all_off.zygote);
         assert!(!all_off.cgroups && !all_off.hand_on_at_release && !all_off.early_start);
         assert_eq!(
@@ -130,6 +147,7 @@ mod tests {
         );
         assert_eq!(all_off.node_check_max_used_mib.as_deref(), Some("512"));
         let default = Settings::default();
+        assert_eq!(default.mps_control, PathBuf::from(DEFAULT_MPS_CONTROL));
         assert!(default.fork_server && default.starts_early() && default.cgroups);
         let no_hand_on = Settings::from_vars(|n| (n == HAND_ON_AT_RELEASE).then(|| "0".into()));
         assert!(!no_hand_on.starts_early(), "no hand-on, no early start");

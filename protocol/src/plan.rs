@@ -63,6 +63,11 @@ pub struct RunSettings {
     /// learns them from its stages (default none: exec'd).
     #[serde(default, skip_serializing_if = "Preload::is_off")]
     pub preload: Preload,
+    /// How stages that share a GPU (`gpu_memory`) share it: `"time_slice"` (default: the
+    /// driver gives each process its turn) or `"mps"` (orchestrate runs an NVIDIA MPS control
+    /// daemon of its own for each such GPU while stages share it; see `docs/plan-format.md`).
+    #[serde(default, skip_serializing_if = "GpuSharing::is_default")]
+    pub gpu_sharing: GpuSharing,
     /// Judge a stage hung after this long without progress, or "off" (default: 30 minutes,
     /// and only for stages that have reported progress).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -120,6 +125,7 @@ impl Default for RunSettings {
             worker: None,
             cuda_visible_devices: VisibleDevices::default(),
             preload: Preload::default(),
+            gpu_sharing: GpuSharing::default(),
             stall_timeout: None,
             rank_grace: None,
             retry_on: None,
@@ -155,6 +161,29 @@ pub enum VisibleDevices {
     /// NVML UUIDs (`GPU-…`): unambiguous, and the only way to name MIG instances, but some
     /// frameworks cannot parse them.
     Uuid,
+}
+
+/// How stages that declared `gpu_memory` share their GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuSharing {
+    /// Each stage is a process of its own on the GPU, and the driver gives them turns; each
+    /// makes its own CUDA context, one after another.
+    #[default]
+    TimeSlice,
+    /// The stages are clients of an MPS server (NVIDIA's Multi-Process Service) that
+    /// orchestrate starts for the GPU while stages share it, and stops after: their kernels
+    /// run side by side and their contexts start faster. A fatal GPU fault in one stage fails
+    /// the others on that GPU too.
+    Mps,
+}
+
+impl GpuSharing {
+    /// Whether this is the default (left out of a serialized plan, so that plans that do not
+    /// set it keep their hash).
+    pub fn is_default(&self) -> bool {
+        *self == GpuSharing::TimeSlice
+    }
 }
 
 /// What a leak verdict does to the run.

@@ -87,6 +87,13 @@ pub struct AttemptPlan {
     /// The GPU memory the stage declared (`gpu_memory`): it shares its GPU, and is judged by
     /// `crate::gpu::shared`'s rule.
     pub gpu_share: Option<u64>,
+    /// How it shares its GPU (the plan's `gpu_sharing`).
+    pub gpu_sharing: protocol::plan::GpuSharing,
+    /// How its `CUDA_VISIBLE_DEVICES` names GPUs (the plan's `cuda_visible_devices`).
+    pub visible_devices: protocol::plan::VisibleDevices,
+    /// Set once it joined its GPU's MPS daemon (`Ok`), or why it could not (`Err`: it shares
+    /// the GPU by time slicing).
+    pub mps: Option<Result<(), String>>,
     /// When it is judged hung.
     pub stall: crate::attempt::stall::StallRule,
     /// SIGTERM → SIGKILL grace.
@@ -129,6 +136,8 @@ pub struct Services {
     pub cgroups: Option<Rc<crate::process::cgroup::RunCgroup>>,
     /// The host's fork servers and zygotes, every stage's start goes through.
     pub forkers: Rc<crate::process::forkers::Forkers>,
+    /// The host's MPS daemons, which stages sharing a GPU with `gpu_sharing = "mps"` join.
+    pub mps: Rc<crate::gpu::mps::MpsDaemons>,
     /// Whether a stage's GPUs may be handed on at its release
     /// ([`crate::settings::Settings::hand_on_at_release`]).
     pub hand_on_at_release: bool,
@@ -183,6 +192,8 @@ pub struct Launched {
     pub(crate) channel: EventChannel,
     pub(crate) baselines: Vec<crate::gpu::release::GpuBaseline>,
     pub(crate) stderr_offset: u64,
+    /// Its place among its GPU's MPS clients, held until its verdict is made.
+    pub(crate) mps: Option<crate::gpu::mps::MpsClient>,
 }
 
 impl Launched {
@@ -194,7 +205,27 @@ impl Launched {
     /// Where the attempt runs, for a human: "cpu" (saying so when the machine's GPUs are
     /// hidden from it) or its GPUs, and how it was started.
     pub fn placement(&self) -> String {
-        let placement = if self.plan.gpus_hidden {
+        let placement = self.gpus_placement();
+        let placement = match &self.plan.mps {
+            Some(Ok(())) => format!("{placement}, through MPS"),
+            Some(Err(why)) => format!("{placement}, time-sliced (no MPS: {why})"),
+            None => placement,
+        };
+        match &self.child.start {
+            Some(start) => match &start.fallback {
+                None => match start.generation {
+                    Some(g) => format!("{placement}, forked from the zygote (generation {g})"),
+                    None => format!("{placement}, forked from the zygote"),
+                },
+                Some(why) => format!("{placement}, exec'd: {why}"),
+            },
+            None => placement,
+        }
+    }
+
+    /// Its GPUs for a human ("cpu" without any).
+    fn gpus_placement(&self) -> String {
+        if self.plan.gpus_hidden {
             // On a machine with GPUs, a stage without `gpus` sees none of them: say so where
             // the user looks, not only in its environment.
             "cpu (no GPU: this machine's GPUs are hidden from it; set `gpus` to give it some)"
@@ -208,16 +239,6 @@ impl Launched {
                 .map(|g| format!("GPU {} ({})", g.index, g.uuid))
                 .collect::<Vec<_>>()
                 .join(", ")
-        };
-        match &self.child.start {
-            Some(start) => match &start.fallback {
-                None => match start.generation {
-                    Some(g) => format!("{placement}, forked from the zygote (generation {g})"),
-                    None => format!("{placement}, forked from the zygote"),
-                },
-                Some(why) => format!("{placement}, exec'd: {why}"),
-            },
-            None => placement,
         }
     }
 }
@@ -288,6 +309,8 @@ pub fn start_attempt(
         }
     };
 
+    // A client of its GPU's MPS daemon, whose server is listed before the baselines are read.
+    let mps = join_mps(&mut plan, services);
     // Baselines come before anything of the stage exists.
     let baselines = gpu_baselines(&plan, services);
 
@@ -387,7 +410,43 @@ pub fn start_attempt(
         channel,
         baselines,
         stderr_offset,
+        mps,
     })
+}
+
+/// Makes a stage that shares its one GPU with `gpu_sharing = "mps"` a client of the GPU's MPS
+/// daemon: its environment names the daemon (and the GPU as the daemon shows it), and
+/// `plan.mps` says whether it joined or why not. The client is held until the stage's verdict.
+fn join_mps(plan: &mut AttemptPlan, services: &Services) -> Option<crate::gpu::mps::MpsClient> {
+    let [gpu] = plan.gpus.as_slice() else {
+        return None;
+    };
+    if plan.gpu_share.is_none() || plan.gpu_sharing != protocol::plan::GpuSharing::Mps {
+        return None;
+    }
+    let listed = |pid: u32| match &services.probe {
+        Some(probe) => probe.holders(&gpu.uuid).iter().any(|h| h.pid == pid),
+        None => true,
+    };
+    match services.mps.join(gpu, plan.visible_devices, &listed) {
+        Ok((env, client)) => {
+            for (key, value) in env {
+                plan.env.retain(|(k, _)| *k != key);
+                plan.env.push((key, value));
+            }
+            plan.mps = Some(Ok(()));
+            Some(client)
+        }
+        Err(why) => {
+            tracing::warn!(
+                "{}: shares GPU {} by time slicing: {why}",
+                plan.name,
+                gpu.uuid
+            );
+            plan.mps = Some(Err(why));
+            None
+        }
+    }
 }
 
 /// Opens the stage's logs for appending (its directory exists: see

@@ -392,6 +392,9 @@ pub(crate) fn prepare_attempt(
         timeout: stage.timeout(),
         gpus_hidden: machine_has_gpus && gpus.is_empty(),
         gpu_share: stage.gpu_memory.map(|b| b.0).filter(|_| !gpus.is_empty()),
+        gpu_sharing: plan.plan.run.gpu_sharing,
+        visible_devices: plan.plan.run.cuda_visible_devices,
+        mps: None,
         stall: crate::attempt::stall::StallRule::of(
             stage.stall_timeout,
             plan.plan.run.stall_timeout,

@@ -189,6 +189,8 @@ pub async fn supervise(
         mut channel,
         mut baselines,
         stderr_offset,
+        // Held to the verdict, at this function's end: the GPU's MPS daemon stays meanwhile.
+        mps: _mps_client,
     } = launched;
     let plan = &plan;
     let events = &services.events;

@@ -10,6 +10,7 @@ pub(crate) mod attribution;
 pub mod check;
 pub(crate) mod fake;
 pub mod health;
+pub mod mps;
 mod nvml;
 mod nvml_health;
 mod pool;

@@ -11,6 +11,8 @@
 //!   GPUs bound the inventory, and every run's placement starts from it;
 //! - the fork servers of built-in workers, their standbys and the zygotes of Python stages
 //!   ([`Forkers`]), stopped with it;
+//! - the MPS daemons of GPUs that stages share through MPS ([`crate::gpu::mps`]), stopped
+//!   with it at the latest;
 //! - the `ORCHESTRATE_*` switches ([`Settings`]), read once by whoever starts it.
 //!
 //! Promises: a GPU is given to one stage of one run at a time; it is given only when the
@@ -245,6 +247,8 @@ pub struct Host {
     pub settings: Settings,
     /// The fork servers, standbys and zygotes stages start through.
     pub forkers: Rc<Forkers>,
+    /// The MPS daemons of the GPUs that stages share through MPS now.
+    pub mps: Rc<crate::gpu::mps::MpsDaemons>,
     pool: RefCell<GpuPool>,
     /// Lowest used memory seen on each GPU with no process on it.
     idle: RefCell<HashMap<String, u64>>,
@@ -264,6 +268,7 @@ impl Drop for Host {
     /// shared go with it, stopped and reaped, so that nothing of it outlives it.
     fn drop(&mut self) {
         self.forkers.shutdown();
+        self.mps.shutdown();
     }
 }
 
@@ -325,6 +330,10 @@ impl Host {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
+        let mps = Rc::new(crate::gpu::mps::MpsDaemons::new(
+            settings.mps_control.clone(),
+            reaper.clone(),
+        ));
         Ok(Rc::new(Host {
             reaper,
             _guard: guard,
@@ -334,6 +343,7 @@ impl Host {
             gpu_note,
             allocation,
             forkers: Rc::new(Forkers::new(&settings)),
+            mps,
             settings,
             idle: RefCell::new(idle),
             queue: RefCell::new(GpuQueue::default()),

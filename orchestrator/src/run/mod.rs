@@ -213,6 +213,7 @@ async fn run_in_span(
         tree_sampling: TreeSampling::start(),
         cgroups,
         forkers: host.forkers.clone(),
+        mps: host.mps.clone(),
         hand_on_at_release: host.settings.hand_on_at_release,
     });
     let setup = setup::Setup {

@@ -147,3 +147,145 @@ fn a_main_process_still_listed_for_a_moment_after_its_exit_is_waited_for_and_not
     // Judged once the line went, not at the end of the 5 s reclaim time.
     assert!(gpu["reclaim_ms"].as_f64().unwrap() < 4000.0, "{gpu}");
 }
+
+/// A stage sharing its GPU through MPS: writes the variables that make it an MPS client, and
+/// lists itself on the stand-in GPU while it runs (as the driver lists an MPS client).
+const MPS_CLIENT: &str = r#"
+name=$1; fake=$2; barrier=$3
+d="$fake/$ORCHESTRATE_GPU_UUIDS.d"
+mkdir -p "$d" "$barrier"
+echo "$$ python 1073741824" > "$d/$$"
+echo "visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" > "$ORCHESTRATE_OUTPUT_DIR/env.txt"
+[ -n "$CUDA_MPS_PIPE_DIRECTORY" ] && [ -p "$CUDA_MPS_PIPE_DIRECTORY/control" ] && touch "$ORCHESTRATE_OUTPUT_DIR/daemon-was-up"
+touch "$barrier/$name"
+i=0
+while [ "$(ls "$barrier" | wc -l)" -lt 3 ]; do
+  i=$((i + 1)); [ $i -gt 1000 ] && exit 9
+  sleep 0.02
+done
+rm -f "$d/$$"
+"#;
+
+fn mps_plan(s: &Scratch) -> std::path::PathBuf {
+    let script = s.write("client.sh", MPS_CLIENT);
+    let holders = s.path().join("holders");
+    let barrier = s.path().join("barrier");
+    let stages: String = ["a", "b", "c"]
+        .iter()
+        .map(|name| {
+            format!(
+                "[[stage]]\nname = \"{name}\"\ngpu_memory = \"4GiB\"\ncommand = [\"sh\", \"{}\", \"{name}\", \"{}\", \"{}\"]\n",
+                script.display(),
+                holders.display(),
+                barrier.display()
+            )
+        })
+        .collect();
+    s.write(
+        "plan.toml",
+        &format!(
+            "[run]\nmax_parallel = 3\ngpu_sharing = \"mps\"\nreclaim_timeout = \"2s\"\n\n{stages}"
+        ),
+    )
+}
+
+fn stage_env(s: &Scratch, name: &str) -> String {
+    std::fs::read_to_string(s.path().join(format!("run/stages/{name}/output/env.txt")))
+        .unwrap_or_else(|e| panic!("{name}'s env.txt: {e}"))
+}
+
+#[test]
+fn stages_sharing_a_gpu_through_mps_are_clients_of_one_daemon_that_is_gone_after_them() {
+    let s = Scratch::new("gpu-sharing-mps");
+    let plan = mps_plan(&s);
+    let holders = s.path().join("holders");
+    let log = s.path().join("mps.log");
+    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
+    let out = fake_gpu_command(&s, &plan, "1", &holders)
+        .env("ORCHESTRATE_MPS_CONTROL", &standin)
+        .env("MPS_STANDIN_LOG", &log)
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let report = read_report(&s.path().join("run"));
+    for name in ["a", "b", "c"] {
+        let gpu = &report_stage(&report, name)["gpu"][0];
+        assert_eq!(gpu["verdict"], "clean", "{name}: {gpu}\n{text}");
+        assert!(
+            s.path()
+                .join(format!("run/stages/{name}/output/daemon-was-up"))
+                .exists(),
+            "{name} started before its daemon's control socket existed\n{text}"
+        );
+    }
+    // One daemon for the GPU, seeing that GPU only; its server started once; told to quit.
+    let said = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = said.lines().collect();
+    assert_eq!(lines.len(), 3, "{said}");
+    assert!(
+        lines[0].starts_with("daemon ") && lines[0].contains("gpu=GPU-fake-0"),
+        "{said}"
+    );
+    assert!(lines[1].starts_with("server "), "{said}");
+    assert!(lines[2].starts_with("quit "), "{said}");
+    // Every stage was its client, the GPU named as the daemon shows it (device 0).
+    let first = stage_env(&s, "a");
+    let pipe = first
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pipe="))
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| panic!("no MPS pipe directory: {first}"))
+        .to_string();
+    for name in ["a", "b", "c"] {
+        let env = stage_env(&s, name);
+        assert!(env.starts_with("visible=0 "), "{name}: {env}");
+        assert!(env.contains(&format!("pipe={pipe} ")), "{name}: {env}");
+    }
+    // Nothing of it is left: the daemon and its server are gone, and so is their directory.
+    for pid in lines[..2]
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(1))
+    {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid} is still there: {said}"
+        );
+    }
+    let dir = std::path::Path::new(&pipe).parent().unwrap();
+    assert!(!dir.exists(), "{} was left behind", dir.display());
+    let console = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        console.contains("GPU 0 (GPU-fake-0), through MPS"),
+        "{console}"
+    );
+}
+
+#[test]
+fn without_an_mps_control_program_stages_share_by_time_slicing_and_say_why() {
+    let s = Scratch::new("gpu-sharing-no-mps");
+    let plan = mps_plan(&s);
+    let holders = s.path().join("holders");
+    let out = fake_gpu_command(&s, &plan, "1", &holders)
+        .env(
+            "ORCHESTRATE_MPS_CONTROL",
+            s.path().join("no-such-mps-control"),
+        )
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for name in ["a", "b", "c"] {
+        let env = stage_env(&s, name);
+        assert!(
+            env.contains("pipe= "),
+            "{name} was given an MPS pipe: {env}"
+        );
+        assert!(env.starts_with("visible=0 "), "{name}: {env}");
+    }
+    let console = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        console.contains("time-sliced (no MPS: `") && console.contains("is not installed here"),
+        "{console}"
+    );
+}

@@ -1,0 +1,425 @@
+//! `gpu_sharing = "mps"`: stages that share a GPU (`gpu_memory`) as clients of an NVIDIA MPS
+//! server that orchestrate runs for that GPU.
+//!
+//! Processes that share a GPU plainly each make a CUDA context, and the driver makes them one
+//! after another (bench/sharing/README.md: four at once wait 399 ms each for the context one
+//! makes in 128 ms). Under MPS a client's start is a quarter of that and its kernels run beside
+//! the others'. So for each GPU that stages share through MPS, the host runs a control daemon
+//! of its own (`nvidia-cuda-mps-control -f`, or `ORCHESTRATE_MPS_CONTROL`):
+//! - in a private directory (`$TMPDIR/orchestrate-mps-<pid>-<n>/{pipe,log}`, mode 0700), so
+//!   it never meets the machine's own MPS daemon or another orchestrate's;
+//! - seeing that one GPU only (`CUDA_VISIBLE_DEVICES=<uuid>`), so that a fault in one GPU's
+//!   clients never stops the clients of another; its clients name it as device 0 (or by UUID);
+//! - with its server started before the first client's baseline is read, so that the server's
+//!   own memory is never counted as a stage's;
+//! - stopped (`quit`, then killed if it lingers) once the GPU's last client stage has been
+//!   judged, and when the host ends: no MPS server outlives the stages that used it, and a GPU
+//!   given whole to the next stage has nothing of MPS on it.
+//!
+//! A GPU whose daemon cannot be started is shared by time slicing, and each stage's start line
+//! says why. The sharing verdict ([`super::shared`]) is unchanged: the driver lists every MPS
+//! client with its own memory, and the server as a process that is not the stage's.
+
+use super::GpuInfo;
+use crate::process::reaper::{ExitWait, Reaper};
+use protocol::plan::VisibleDevices;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// How long a control daemon may take to open its control socket, and its server to start.
+const START_LIMIT: Duration = Duration::from_secs(15);
+
+/// How long one command to a control daemon (`nvidia-cuda-mps-control` reading it on stdin)
+/// may take.
+const COMMAND_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long a daemon told to `quit` may take to end before its process group is killed.
+const QUIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// The MPS control daemons of a host, one per GPU that stages share through MPS now.
+pub struct MpsDaemons {
+    program: PathBuf,
+    reaper: Reaper,
+    daemons: RefCell<BTreeMap<String, Daemon>>,
+    started: Cell<u32>,
+}
+
+/// A control daemon of one GPU.
+struct Daemon {
+    pid: i32,
+    exit: ExitWait,
+    dir: PathBuf,
+    /// Stages of the GPU that are its clients and have not been judged yet.
+    clients: usize,
+}
+
+/// A stage's place among the clients of its GPU's MPS daemon: while it lives the daemon
+/// stays; dropping the last one stops it. Drop it once the stage's verdict is made.
+pub struct MpsClient {
+    daemons: Rc<MpsDaemons>,
+    uuid: String,
+}
+
+impl Drop for MpsClient {
+    fn drop(&mut self) {
+        self.daemons.leave(&self.uuid);
+    }
+}
+
+impl MpsDaemons {
+    /// No daemon yet; `program` is the control program (see
+    /// [`crate::settings::Settings::mps_control`]).
+    pub fn new(program: PathBuf, reaper: Reaper) -> MpsDaemons {
+        MpsDaemons {
+            program,
+            reaper,
+            daemons: RefCell::new(BTreeMap::new()),
+            started: Cell::new(0),
+        }
+    }
+
+    /// Makes a stage on `gpu` a client of the GPU's daemon, starting it (and its server) when
+    /// none runs: the variables to add to its environment (they replace its
+    /// `CUDA_VISIBLE_DEVICES`) and its place among the clients. `Err` says why the GPU has no
+    /// daemon; the stage then shares it by time slicing. `server_listed` says whether the
+    /// driver lists a process: the daemon is ready once its server is listed.
+    pub fn join(
+        self: &Rc<Self>,
+        gpu: &GpuInfo,
+        form: VisibleDevices,
+        server_listed: &dyn Fn(u32) -> bool,
+    ) -> Result<(Vec<(String, String)>, MpsClient), String> {
+        let running = self
+            .daemons
+            .borrow_mut()
+            .get_mut(&gpu.uuid)
+            .map(|d| d.exit.try_wait().is_none());
+        if running == Some(false) {
+            // It ended on its own (killed, crashed): a fresh one replaces it.
+            if let Some(dead) = self.daemons.borrow_mut().remove(&gpu.uuid) {
+                tracing::warn!(
+                    "the MPS daemon of GPU {} had ended; starting another",
+                    gpu.uuid
+                );
+                let _ = std::fs::remove_dir_all(&dead.dir);
+            }
+        }
+        if running != Some(true) {
+            let daemon = self.start(gpu, server_listed)?;
+            self.daemons.borrow_mut().insert(gpu.uuid.clone(), daemon);
+        }
+        let mut daemons = self.daemons.borrow_mut();
+        let daemon = daemons.get_mut(&gpu.uuid).expect("started above");
+        daemon.clients += 1;
+        let visible = match form {
+            VisibleDevices::Index => "0".to_string(),
+            VisibleDevices::Uuid => gpu.uuid.clone(),
+        };
+        let env = vec![
+            ("CUDA_VISIBLE_DEVICES".to_string(), visible),
+            (
+                "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+                pipe_dir(&daemon.dir).display().to_string(),
+            ),
+            (
+                "CUDA_MPS_LOG_DIRECTORY".to_string(),
+                log_dir(&daemon.dir).display().to_string(),
+            ),
+        ];
+        let client = MpsClient {
+            daemons: self.clone(),
+            uuid: gpu.uuid.clone(),
+        };
+        Ok((env, client))
+    }
+
+    /// The GPUs that have a daemon now.
+    pub fn gpus(&self) -> Vec<String> {
+        self.daemons.borrow().keys().cloned().collect()
+    }
+
+    /// Stops every daemon (the host is done).
+    pub fn shutdown(&self) {
+        let all = std::mem::take(&mut *self.daemons.borrow_mut());
+        for (_, daemon) in all {
+            self.stop(daemon);
+        }
+    }
+
+    /// A client of `uuid`'s daemon was judged: the last one's going stops the daemon.
+    fn leave(&self, uuid: &str) {
+        let last = {
+            let mut daemons = self.daemons.borrow_mut();
+            match daemons.get_mut(uuid) {
+                Some(d) => {
+                    d.clients = d.clients.saturating_sub(1);
+                    d.clients == 0
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Some(daemon) = self.daemons.borrow_mut().remove(uuid) {
+                self.stop(daemon);
+            }
+        }
+    }
+
+    /// Starts the daemon of `gpu` and its server, and waits until the driver lists the server.
+    fn start(&self, gpu: &GpuInfo, server_listed: &dyn Fn(u32) -> bool) -> Result<Daemon, String> {
+        let n = self.started.get();
+        self.started.set(n + 1);
+        let dir = std::env::temp_dir().join(format!(
+            "orchestrate-mps-{}-{n}",
+            crate::process::scan::own_pid()
+        ));
+        make_private_dirs(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let daemon = self.spawn_daemon(gpu, &dir).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        match self.await_server(daemon, server_listed) {
+            Ok(daemon) => Ok(daemon),
+            Err((daemon, why)) => {
+                self.stop(daemon);
+                Err(why)
+            }
+        }
+    }
+
+    /// Spawns `program -f` for `gpu` in `dir` and waits for its control socket.
+    fn spawn_daemon(&self, gpu: &GpuInfo, dir: &Path) -> Result<Daemon, String> {
+        let out = std::fs::File::create(log_dir(dir).join("control.out"))
+            .map_err(|e| format!("cannot create the daemon's log: {e}"))?;
+        let mut cmd = Command::new(&self.program);
+        cmd.arg("-f")
+            .env("CUDA_VISIBLE_DEVICES", &gpu.uuid)
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir(dir))
+            .env("CUDA_MPS_LOG_DIRECTORY", log_dir(dir))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(|e| e.to_string())?)
+            .stderr(out);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+        // functions.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                // A session of its own (its server joins its process group), told to end when
+                // this process dies.
+                if libc::setsid() < 0
+                    || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => format!(
+                "`{}` is not installed here (not on PATH; ORCHESTRATE_MPS_CONTROL names another)",
+                self.program.display()
+            ),
+            _ => format!("`{}` could not be started: {e}", self.program.display()),
+        })?;
+        let pid = child.id() as i32;
+        drop(child);
+        // No await since the spawn: the reaper, on this thread, cannot have reaped it.
+        let exit = self.reaper.watch(pid);
+        crate::process::scan::note_helper(pid);
+        let mut daemon = Daemon {
+            pid,
+            exit,
+            dir: dir.to_path_buf(),
+            clients: 0,
+        };
+        let control = pipe_dir(dir).join("control");
+        let mut ended = false;
+        crate::process::backoff::poll_blocking(START_LIMIT, Duration::from_millis(5), || {
+            self.reaper.reap_now();
+            ended = daemon.exit.try_wait().is_some();
+            ended || control.exists()
+        });
+        if !control.exists() {
+            let why = if ended {
+                format!("the MPS control daemon ended at its start{}", said(dir))
+            } else {
+                format!(
+                    "the MPS control daemon opened no control socket in {} s{}",
+                    START_LIMIT.as_secs(),
+                    said(dir)
+                )
+            };
+            self.stop(daemon);
+            return Err(why);
+        }
+        Ok(daemon)
+    }
+
+    /// Starts the daemon's server for this user and waits until the driver lists it (its
+    /// context made), so that the first client's baseline already holds it.
+    fn await_server(
+        &self,
+        daemon: Daemon,
+        server_listed: &dyn Fn(u32) -> bool,
+    ) -> Result<Daemon, (Daemon, String)> {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        if let Err(why) = self.command(&daemon.dir, &format!("start_server -uid {uid}")) {
+            return Err((daemon, why));
+        }
+        let started = Instant::now();
+        let mut server = None;
+        crate::process::backoff::poll_blocking(START_LIMIT, Duration::from_millis(10), || {
+            server = self
+                .command(&daemon.dir, "get_server_list")
+                .ok()
+                .and_then(|list| list.split_whitespace().find_map(|p| p.parse::<u32>().ok()));
+            server.is_some_and(server_listed)
+        });
+        match server {
+            Some(pid) if server_listed(pid) => {
+                tracing::info!(
+                    "MPS daemon {} ready, its server {pid} listed after {:.0} ms",
+                    daemon.pid,
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+                Ok(daemon)
+            }
+            Some(pid) => {
+                let why = format!(
+                    "the MPS server ({pid}) was not listed by the driver within {} s{}",
+                    START_LIMIT.as_secs(),
+                    said(&daemon.dir)
+                );
+                Err((daemon, why))
+            }
+            None => {
+                let why = format!("the MPS server did not start{}", said(&daemon.dir));
+                Err((daemon, why))
+            }
+        }
+    }
+
+    /// Sends `command` to the daemon of `dir` (the control program reading it on stdin) and
+    /// returns what it printed. Blocks this thread for at most [`COMMAND_LIMIT`]: the reaper,
+    /// on this thread, cannot take the program's exit meanwhile.
+    fn command(&self, dir: &Path, command: &str) -> Result<String, String> {
+        let mut child = Command::new(&self.program)
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir(dir))
+            .env("CUDA_MPS_LOG_DIRECTORY", log_dir(dir))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("`{}` could not be started: {e}", self.program.display()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = writeln!(stdin, "{command}");
+        }
+        let started = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if started.elapsed() < COMMAND_LIMIT => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+            }
+        };
+        let mut out = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            let _ = stdout.read_to_string(&mut out);
+        }
+        match status {
+            Some(s) if s.success() => Ok(out),
+            Some(s) => Err(format!(
+                "`{command}` to the MPS daemon failed ({s}): {}",
+                out.trim()
+            )),
+            None => Err(format!(
+                "`{command}` to the MPS daemon took over {} s",
+                COMMAND_LIMIT.as_secs()
+            )),
+        }
+    }
+
+    /// Tells the daemon to quit (it stops its server), kills its process group if it has not
+    /// ended in [`QUIT_LIMIT`], and removes its directory.
+    fn stop(&self, mut daemon: Daemon) {
+        if daemon.exit.try_wait().is_none() {
+            if let Err(why) = self.command(&daemon.dir, "quit") {
+                tracing::warn!("MPS daemon {}: {why}", daemon.pid);
+            }
+            crate::process::backoff::poll_blocking(QUIT_LIMIT, Duration::from_millis(5), || {
+                self.reaper.reap_now();
+                daemon.exit.try_wait().is_some()
+            });
+        }
+        if daemon.exit.try_wait().is_none() {
+            tracing::warn!(
+                "MPS daemon {} did not quit in {} s: killed",
+                daemon.pid,
+                QUIT_LIMIT.as_secs()
+            );
+            // SAFETY: its process group is its own session's (setsid at its start), which
+            // holds it and its server; it has not been reaped (we hold its wait).
+            unsafe { libc::kill(-daemon.pid, libc::SIGKILL) };
+            crate::process::backoff::poll_blocking(
+                Duration::from_secs(1),
+                Duration::from_millis(5),
+                || {
+                    self.reaper.reap_now();
+                    daemon.exit.try_wait().is_some()
+                },
+            );
+        }
+        crate::process::scan::forget_helper(daemon.pid);
+        let _ = std::fs::remove_dir_all(&daemon.dir);
+    }
+}
+
+fn pipe_dir(dir: &Path) -> PathBuf {
+    dir.join("pipe")
+}
+
+fn log_dir(dir: &Path) -> PathBuf {
+    dir.join("log")
+}
+
+/// Creates `dir` and its `pipe` and `log` directories, readable by this user only.
+fn make_private_dirs(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut builder = std::fs::DirBuilder::new();
+    builder.mode(0o700);
+    builder.create(dir)?;
+    builder.create(pipe_dir(dir))?;
+    builder.create(log_dir(dir))
+}
+
+/// The last line the daemon or its server wrote, as ": LINE", or nothing.
+fn said(dir: &Path) -> String {
+    let logs = log_dir(dir);
+    ["control.out", "control.log", "server.log"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(logs.join(f)).ok())
+        .filter_map(|text| {
+            text.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_string)
+        })
+        .last()
+        .map(|line| format!(": {}", line.trim()))
+        .unwrap_or_default()
+}
