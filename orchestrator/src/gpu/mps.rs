@@ -182,9 +182,9 @@ impl MpsDaemons {
         let daemon = self.spawn_daemon(gpu, &dir).inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
         })?;
-        match self.await_server(daemon, server_listed) {
-            Ok(daemon) => Ok(daemon),
-            Err((daemon, why)) => {
+        match self.await_server(&daemon, server_listed) {
+            Ok(()) => Ok(daemon),
+            Err(why) => {
                 self.stop(daemon);
                 Err(why)
             }
@@ -267,14 +267,12 @@ impl MpsDaemons {
     /// context made), so that the first client's baseline already holds it.
     fn await_server(
         &self,
-        daemon: Daemon,
+        daemon: &Daemon,
         server_listed: &dyn Fn(u32) -> bool,
-    ) -> Result<Daemon, (Daemon, String)> {
+    ) -> Result<(), String> {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
-        if let Err(why) = self.command(&daemon.dir, &format!("start_server -uid {uid}")) {
-            return Err((daemon, why));
-        }
+        self.command(&daemon.dir, &format!("start_server -uid {uid}"))?;
         let started = Instant::now();
         let mut server = None;
         crate::process::backoff::poll_blocking(START_LIMIT, Duration::from_millis(10), || {
@@ -291,20 +289,14 @@ impl MpsDaemons {
                     daemon.pid,
                     started.elapsed().as_secs_f64() * 1e3
                 );
-                Ok(daemon)
+                Ok(())
             }
-            Some(pid) => {
-                let why = format!(
-                    "the MPS server ({pid}) was not listed by the driver within {} s{}",
-                    START_LIMIT.as_secs(),
-                    said(&daemon.dir)
-                );
-                Err((daemon, why))
-            }
-            None => {
-                let why = format!("the MPS server did not start{}", said(&daemon.dir));
-                Err((daemon, why))
-            }
+            Some(pid) => Err(format!(
+                "the MPS server ({pid}) was not listed by the driver within {} s{}",
+                START_LIMIT.as_secs(),
+                said(&daemon.dir)
+            )),
+            None => Err(format!("the MPS server did not start{}", said(&daemon.dir))),
         }
     }
 
@@ -407,10 +399,10 @@ fn make_private_dirs(dir: &Path) -> std::io::Result<()> {
     builder.create(log_dir(dir))
 }
 
-/// The last line the daemon or its server wrote, as ": LINE", or nothing.
+/// The last line of the server's log, else the daemon's, as ": LINE", or nothing.
 fn said(dir: &Path) -> String {
     let logs = log_dir(dir);
-    ["control.out", "control.log", "server.log"]
+    ["server.log", "control.log", "control.out"]
         .iter()
         .filter_map(|f| std::fs::read_to_string(logs.join(f)).ok())
         .filter_map(|text| {
@@ -419,7 +411,7 @@ fn said(dir: &Path) -> String {
                 .find(|l| !l.trim().is_empty())
                 .map(str::to_string)
         })
-        .last()
+        .next()
         .map(|line| format!(": {}", line.trim()))
         .unwrap_or_default()
 }
