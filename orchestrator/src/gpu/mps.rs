@@ -21,6 +21,7 @@
 //! client with its own memory, and the server as a process that is not the stage's.
 
 use super::GpuInfo;
+use crate::process::forkers::Forkers;
 use crate::process::reaper::{ExitWait, Reaper};
 use protocol::plan::VisibleDevices;
 use std::cell::{Cell, RefCell};
@@ -34,6 +35,11 @@ use std::time::{Duration, Instant};
 /// How long a control daemon may take to open its control socket, and its server to start.
 const START_LIMIT: Duration = Duration::from_secs(15);
 
+/// How long a started server may take to be listed by the driver (its context made) before
+/// the first client goes ahead anyway (a server that makes its context only for its first
+/// client is listed from then on, its memory its own).
+const LISTED_LIMIT: Duration = Duration::from_secs(3);
+
 /// How long one command to a control daemon (`nvidia-cuda-mps-control` reading it on stdin)
 /// may take.
 const COMMAND_LIMIT: Duration = Duration::from_secs(5);
@@ -45,6 +51,9 @@ const QUIT_LIMIT: Duration = Duration::from_secs(5);
 pub struct MpsDaemons {
     program: PathBuf,
     reaper: Reaper,
+    /// The host's fork servers and zygotes: their standbys readied under a daemon are killed
+    /// before it quits (each would be a client it waits for).
+    forkers: Rc<Forkers>,
     daemons: RefCell<BTreeMap<String, Daemon>>,
     started: Cell<u32>,
 }
@@ -74,10 +83,11 @@ impl Drop for MpsClient {
 impl MpsDaemons {
     /// No daemon yet; `program` is the control program (see
     /// [`crate::settings::Settings::mps_control`]).
-    pub fn new(program: PathBuf, reaper: Reaper) -> MpsDaemons {
+    pub fn new(program: PathBuf, reaper: Reaper, forkers: Rc<Forkers>) -> MpsDaemons {
         MpsDaemons {
             program,
             reaper,
+            forkers,
             daemons: RefCell::new(BTreeMap::new()),
             started: Cell::new(0),
         }
@@ -263,8 +273,9 @@ impl MpsDaemons {
         Ok(daemon)
     }
 
-    /// Starts the daemon's server for this user and waits until the driver lists it (its
-    /// context made), so that the first client's baseline already holds it.
+    /// Starts the daemon's server for this user and waits until it runs, then up to
+    /// [`LISTED_LIMIT`] until the driver lists it (its context made), so that the first
+    /// client's baseline already holds it.
     fn await_server(
         &self,
         daemon: &Daemon,
@@ -280,24 +291,26 @@ impl MpsDaemons {
                 .command(&daemon.dir, "get_server_list")
                 .ok()
                 .and_then(|list| list.split_whitespace().find_map(|p| p.parse::<u32>().ok()));
-            server.is_some_and(server_listed)
+            server.is_some()
         });
-        match server {
-            Some(pid) if server_listed(pid) => {
-                tracing::info!(
-                    "MPS daemon {} ready, its server {pid} listed after {:.0} ms",
-                    daemon.pid,
-                    started.elapsed().as_secs_f64() * 1e3
-                );
-                Ok(())
+        let Some(pid) = server else {
+            return Err(format!("the MPS server did not start{}", said(&daemon.dir)));
+        };
+        let listed =
+            crate::process::backoff::poll_blocking(LISTED_LIMIT, Duration::from_millis(10), || {
+                server_listed(pid)
+            });
+        tracing::info!(
+            "MPS daemon {}: server {pid} up after {:.0} ms, {}",
+            daemon.pid,
+            started.elapsed().as_secs_f64() * 1e3,
+            if listed {
+                "listed by the driver"
+            } else {
+                "not listed by the driver yet (it makes its context for its first client)"
             }
-            Some(pid) => Err(format!(
-                "the MPS server ({pid}) was not listed by the driver within {} s{}",
-                START_LIMIT.as_secs(),
-                said(&daemon.dir)
-            )),
-            None => Err(format!("the MPS server did not start{}", said(&daemon.dir))),
-        }
+        );
+        Ok(())
     }
 
     /// Sends `command` to the daemon of `dir` (the control program reading it on stdin) and
@@ -349,6 +362,9 @@ impl MpsDaemons {
     /// Tells the daemon to quit (it stops its server), kills its process group if it has not
     /// ended in [`QUIT_LIMIT`], and removes its directory.
     fn stop(&self, mut daemon: Daemon) {
+        let pipe = pipe_dir(&daemon.dir).display().to_string();
+        self.forkers
+            .stop_standbys_where("CUDA_MPS_PIPE_DIRECTORY", &pipe);
         if daemon.exit.try_wait().is_none() {
             if let Err(why) = self.command(&daemon.dir, "quit") {
                 tracing::warn!("MPS daemon {}: {why}", daemon.pid);

@@ -330,9 +330,11 @@ impl Host {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
+        let forkers = Rc::new(Forkers::new(&settings));
         let mps = Rc::new(crate::gpu::mps::MpsDaemons::new(
             settings.mps_control.clone(),
             reaper.clone(),
+            forkers.clone(),
         ));
         Ok(Rc::new(Host {
             reaper,
@@ -342,7 +344,7 @@ impl Host {
             inventory,
             gpu_note,
             allocation,
-            forkers: Rc::new(Forkers::new(&settings)),
+            forkers,
             mps,
             settings,
             idle: RefCell::new(idle),

@@ -244,6 +244,12 @@ impl Servers {
         }
     }
 
+    /// Kills the waiting standbys whose environment sets `name` to `value` (see
+    /// [`standby::Standbys::stop_where`]).
+    pub fn stop_standbys_where(&self, name: &str, value: &str) {
+        self.standbys.stop_where(name, value);
+    }
+
     /// Asks the fork server that started worker `pid` for a standby under that worker's
     /// environment (see [`standby`]): done when `pid` announced that its device work is about to
     /// end, so that the stage that next gets its GPUs finds the CUDA driver started. Does nothing

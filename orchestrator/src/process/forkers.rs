@@ -31,6 +31,13 @@ impl Forkers {
         self.fork_servers.prepare_standby(pid);
     }
 
+    /// Kills every waiting standby, of fork servers and zygotes, whose environment sets `name`
+    /// to `value`: what it was readied under is going away.
+    pub fn stop_standbys_where(&self, name: &str, value: &str) {
+        self.fork_servers.stop_standbys_where(name, value);
+        self.zygotes.stop_standbys_where(name, value);
+    }
+
     /// Stops every fork server, standby and zygote and waits until they are gone.
     pub fn shutdown(&self) {
         self.fork_servers.shutdown();

@@ -805,6 +805,12 @@ impl Zygotes {
         spawn(stage, reaper, &self.standbys)
     }
 
+    /// Kills the waiting standbys whose environment sets `name` to `value` (see
+    /// [`Standbys::stop_where`]).
+    pub fn stop_standbys_where(&self, name: &str, value: &str) {
+        self.standbys.stop_where(name, value);
+    }
+
     /// Readies the standbys asked for while zygotes imported (see [`standbys_when_ready`]):
     /// to be called now and then while a stage with `preload` runs.
     pub fn standbys_when_ready(&self) {

@@ -419,6 +419,20 @@ impl Standbys {
         }
     }
 
+    /// Kills every waiting standby whose environment sets `name` to `value`: what it was
+    /// readied under is going away (an MPS daemon that quits, which a standby that started the
+    /// driver under it would keep waiting).
+    pub fn stop_where(&self, name: &str, value: &str) {
+        let (gone, kept): (Vec<Standby>, Vec<Standby>) =
+            std::mem::take(&mut *self.waiting.borrow_mut())
+                .into_iter()
+                .partition(|w| w.env.iter().any(|(k, v)| k == name && v == value));
+        *self.waiting.borrow_mut() = kept;
+        for w in &gone {
+            kill(w);
+        }
+    }
+
     /// Kills every waiting standby (the servers are being shut down).
     pub fn stop_all(&self) {
         let all = std::mem::take(&mut *self.waiting.borrow_mut());
