@@ -6,8 +6,8 @@
 # PART:
 #   llama     issue 50: the 1B Llama step against torch.compile, 3 rounds of 100 steps (7-9 min)
 #   sharing   issues 47, 48: where a tiny GPU stage's exit goes (gpu_exit_probe.py), then 40
-#             tiny stages one per GPU against four per GPU, cold (CLI) and warm (daemon), and
-#             the shared leak (3-5 min)
+#             tiny stages one per GPU against four per GPU (time-sliced, and through MPS), cold
+#             (CLI) and warm (daemon), and the shared leak, time-sliced and through MPS (3-6 min)
 #   zygote    issue 48: first line of a torch + transformers + DeepSpeed stage, and seed 001's
 #             DeepSpeed sweep, through the zygote and exec'd (5-8 min)
 #   overhead  issue 44: no-op stages against a885c33's binary (.carry/orchestrate-a885c33)
@@ -34,9 +34,12 @@
 # WARM=0 (sharing without the daemon's runs), ROUNDS (boundary's alternations, 2); zygote's
 # FIRST_LINE_ONLY, SEED_ONLY, LEARN_ONLY and SWEEPS (bench/zygote/run.sh).
 # bench/device_session.sh runs several parts in one call and packs what each wrote.
-# What the open issues still wait for (2026-12-05), in one call of about 8 minutes:
-#   bench/device_session.sh boundary:ROUNDS=2 "sharing:REPS=3,EXIT_PROBE=0" "zygote:SEED_ONLY=1"
-# (issue 44's boundary against .carry/before/, issue 47's warm daemon verdicts, issue 48's seed
+# What the open issues still wait for (2026-12-05, second session), in two calls of about 8
+# minutes each:
+#   bench/device_session.sh "sharing:REPS=2,EXIT_PROBE=0" boundary:ROUNDS=2
+#   bench/device_session.sh "zygote:SEED_ONLY=1,LEARN=1,SWEEPS=list,SEED_LIST=user"
+# (issue 47's sharing through MPS beside time slicing, and the warm daemon's verdicts; issue
+# 44's boundary against .carry/before/; issue 48's first sweep from an empty cache and seed 001's
 # sweep; carry .carry and .whl).
 # The parts take 25-35 minutes together, about a session's device time once each call's start
 # is counted: run them back to back in this order (the issues' closing weight), and leave

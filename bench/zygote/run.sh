@@ -4,7 +4,8 @@
 #      spawn (report.json timing.spawned) to its first line of user code; FIRST_N (6) chained stages
 #      through the zygote (the first waits for the zygote's own imports: reported apart) and
 #      3 exec'd (ORCHESTRATE_ZYGOTE=0);
-#   2. seed 001's DeepSpeed sweep (examples/deepspeed-seed001, small model, 3 samples):
+#   2. seed 001's DeepSpeed sweep (examples/deepspeed-seed001, small model, 3 samples; its
+#      preload names the Llama module, or with SEED_LIST=user it is the list a user writes):
 #      per-instance wall through the zygote and exec'd; while the zygote run runs, NVML's
 #      compute processes are sampled every 0.5 s to show the zygote never holds a context.
 #   3. learning (LEARN_ONLY=1 runs it alone; the others leave it out unless LEARN=1): N=6 chained
@@ -36,6 +37,9 @@ export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.pa
   python3 -c "import sys, torch, transformers, deepspeed; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" 2>/dev/null
 } > "$res/machine.txt" 2>&1
 preload='preload = ["torch", "transformers", "transformers.models.llama.modeling_llama", "deepspeed"]'
+# SEED_LIST=user: seed 001's sweep with the list a user writes, which names no model module.
+seed_preload=$preload
+[ "${SEED_LIST:-}" = user ] && seed_preload='preload = ["torch", "transformers", "deepspeed"]'
 
 if [ "${LEARN_ONLY:-0}" = 1 ]; then FIRST_LINE_ONLY=skip SEED_ONLY=1 LEARN=1; fi
 
@@ -67,7 +71,7 @@ if [ "${FIRST_LINE_ONLY:-0}" = 0 ]; then
 mkdir -p "$res/samples"
 cp "$repo"/configs/data/samples/sample-{0,1,2}.jsonl "$res/samples/"
 seed="$repo/examples/deepspeed-seed001"
-sed -e "s|^name = \"deepspeed-seed001\"|name = \"deepspeed-seed001\"\n$preload|" \
+sed -e "s|^name = \"deepspeed-seed001\"|name = \"deepspeed-seed001\"\n$seed_preload|" \
     -e "s|\.\./\.\./configs/data/samples/\*\.jsonl|$res/samples/*.jsonl|" \
     "$seed/plan.toml" > "$seed/plan-zygote.toml"
 ( while sleep 0.5; do date +%s.%N; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; \
