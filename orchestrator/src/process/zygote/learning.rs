@@ -165,35 +165,64 @@ fn save(lineage: &str, knowledge: &Knowledge) {
     }
 }
 
-/// Adds the modules of `report` that `lineage` has neither learned nor left out; the next
-/// generation imports them. Returns how many were new.
-pub(super) fn learn(report: &ImportsReport) -> usize {
-    if !enabled() || store(&report.lineage).is_none() {
+/// Adds the modules of `report` (of a stage forked from generation `forked_from`) that
+/// `lineage` has neither learned nor left out; the next generation imports them. Returns how
+/// many were new.
+pub(super) fn learn(report: &ImportsReport, forked_from: Option<u32>) -> usize {
+    learn_modules(&report.lineage, &report.preloadable, forked_from)
+}
+
+/// Adds those of `modules` (modules, or `module:Name` entries read ahead from a stage's
+/// script) that `lineage` has neither learned nor left out, found by a stage of generation
+/// `forked_from`: the next generation (the one after it, however many stages of it taught
+/// something) imports them. Returns how many were new.
+pub(super) fn learn_modules(lineage: &str, modules: &[String], forked_from: Option<u32>) -> usize {
+    add(lineage, modules, Some(forked_from))
+}
+
+/// Keeps that `lineage`'s zygotes import `modules` (what a zygote read ahead from its first
+/// stage's script and imported), as learned, without a new generation: the zygote that read
+/// them holds them already, and the lineage's next zygotes import them too. Returns how many
+/// were new.
+pub(super) fn keep_read_ahead(lineage: &str, modules: &[String]) -> usize {
+    add(lineage, modules, None)
+}
+
+/// Adds `modules` to what `lineage` learned; with `next_after`, makes the generation a zygote
+/// started now is follow `Some(generation)`'s (or the kept one's, for `Some(None)`).
+fn add(lineage: &str, modules: &[String], next_after: Option<Option<u32>>) -> usize {
+    if !enabled() || modules.is_empty() || store(lineage).is_none() {
         return 0;
     }
-    let mut knowledge = load(&report.lineage);
+    let mut knowledge = load(lineage);
     let known = |k: &Knowledge, name: &str| {
         k.learned.iter().any(|m| m == name) || k.left_out.iter().any(|l| within(name, &l.module))
     };
     let mut added = 0;
-    for name in &report.preloadable {
+    for name in modules {
         if knowledge.learned.len() < MAX_LEARNED && !known(&knowledge, name) {
             knowledge.learned.push(name.clone());
             added += 1;
         }
     }
     if added > 0 {
-        knowledge.generation += 1;
-        save(&report.lineage, &knowledge);
+        match next_after {
+            Some(Some(forked_from)) => {
+                knowledge.generation = knowledge.generation.max(forked_from + 1);
+            }
+            Some(None) => knowledge.generation += 1,
+            None => {}
+        }
+        save(lineage, &knowledge);
     }
     added
 }
 
-/// Whether module `name` is `package` or one of its submodules (importing it imports
-/// `package`).
-fn within(name: &str, package: &str) -> bool {
+/// Whether importing `name` (a module, or `module:Name`) imports module `package`: it is
+/// `package`, one of its submodules, or an attribute of one of them.
+pub(super) fn within(name: &str, package: &str) -> bool {
     name.strip_prefix(package)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with(':'))
 }
 
 /// Keeps that `lineage` leaves `left` out from now on (a zygote said why). Returns every
@@ -230,6 +259,11 @@ mod tests {
         assert!(within("threader.sub", "threader"));
         assert!(!within("threaders", "threader"));
         assert!(!within("thread", "threader"));
+        assert!(within("transformers:LlamaConfig", "transformers"));
+        assert!(within("lazypkg.sub:Name", "lazypkg"));
+        assert!(within("lazypkg:Name", "lazypkg:Name"));
+        assert!(!within("lazypkg:Name", "lazypkg:Nam"));
+        assert!(!within("lazypkgs:Name", "lazypkg"));
     }
 
     #[test]
