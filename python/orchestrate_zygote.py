@@ -1253,7 +1253,7 @@ def read_ahead(argv, cwd, left_out):
     path, named, own_dir = found
     try:
         entries = script_imports(path)
-    except (OSError, SyntaxError, ValueError) as error:
+    except Exception as error:  # noqa: BLE001 - a script it cannot read is one it does not read ahead
         log(f"cannot read ahead from {named}: {error!r}")
         return None
     cache = {}
@@ -1273,14 +1273,18 @@ def lacks_for_fork(request, left_out):
     that this zygote lacks (see `read_ahead`), so that its next generation imports them.
     Cached per script and working directory until the script changes on disk."""
     argv, cwd = request.get("argv") or [], request.get("cwd") or "/"
-    found = _script_of(argv, cwd)
-    if found is None:
+    try:
+        found = _script_of(argv, cwd)
+        if found is None:
+            return []
+        identity = _identity(found[0])
+        cached = _SCANS.get((found[0], cwd))
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        got = read_ahead(argv, cwd, left_out)
+    except Exception as error:  # noqa: BLE001 - never a reason to fail a fork
+        log(f"cannot read ahead for a fork: {error!r}")
         return []
-    identity = _identity(found[0])
-    cached = _SCANS.get((found[0], cwd))
-    if cached is not None and cached[0] == identity:
-        return cached[1]
-    got = read_ahead(argv, cwd, left_out)
     lacks = got[1] if got else []
     _SCANS[(found[0], cwd)] = (identity, lacks)
     if lacks:
@@ -1296,7 +1300,11 @@ def plan_read_ahead(config):
     if not isinstance(ask, dict) or "argv" not in ask:
         return config
     left_out = [entry["module"] for entry in config.get("left_out", [])]
-    got = read_ahead(ask["argv"], ask.get("cwd") or "/", left_out)
+    try:
+        got = read_ahead(ask["argv"], ask.get("cwd") or "/", left_out)
+    except Exception as error:  # noqa: BLE001 - never a reason to refuse
+        log(f"cannot read ahead: {error!r}")
+        got = None
     if not got:
         return dict(config, read_ahead=None)
     named, entries = got

@@ -315,8 +315,7 @@ fn spawn(
         };
         let why = match started {
             Ok((pid, standby, lacks)) => {
-                let added =
-                    learning::learn_modules(&lineage.lineage, &lacks, Some(zygote.generation));
+                let added = learning::learn_modules(&lineage.lineage, &lacks);
                 if added > 0 {
                     tracing::info!(
                         "the stage's script imports {added} modules its zygote lacks: its next \
@@ -408,7 +407,7 @@ pub fn after_exit(start: Option<StageStart>, stage_dir: &Path) -> Option<StageSt
                     .cloned()
                     .collect(),
             });
-            let added = learning::learn(&report, start.generation);
+            let added = learning::learn(&report);
             if added > 0 {
                 tracing::info!(
                     "the zygote learned {added} modules: its next generation imports them"
@@ -747,6 +746,7 @@ fn env_mismatch(zygote: &Zygote, stage_env: &[(&str, &str)]) -> Result<(), Fallb
 fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
     let seen = learning::changes();
     let knowledge = learning::load(&key.lineage);
+    learning::started(&key.lineage, knowledge.generation);
     let visible_gpus = (env.iter().rev())
         .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
         .map(|(_, v)| v.split(',').filter(|e| !e.trim().is_empty()).count());

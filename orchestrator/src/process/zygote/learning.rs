@@ -13,8 +13,10 @@
 use protocol::fork::LeftOut;
 use protocol::plan::Preload;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Environment variable naming the directory where what zygotes learned is kept.
 pub const ENV_CACHE: &str = "ORCHESTRATE_ZYGOTE_CACHE";
@@ -165,19 +167,18 @@ fn save(lineage: &str, knowledge: &Knowledge) {
     }
 }
 
-/// Adds the modules of `report` (of a stage forked from generation `forked_from`) that
-/// `lineage` has neither learned nor left out; the next generation imports them. Returns how
-/// many were new.
-pub(super) fn learn(report: &ImportsReport, forked_from: Option<u32>) -> usize {
-    learn_modules(&report.lineage, &report.preloadable, forked_from)
+/// Adds the modules of `report` that `lineage` has neither learned nor left out; the next
+/// generation imports them. Returns how many were new.
+pub(super) fn learn(report: &ImportsReport) -> usize {
+    learn_modules(&report.lineage, &report.preloadable)
 }
 
 /// Adds those of `modules` (modules, or `module:Name` entries read ahead from a stage's
-/// script) that `lineage` has neither learned nor left out, found by a stage of generation
-/// `forked_from`: the next generation (the one after it, however many stages of it taught
-/// something) imports them. Returns how many were new.
-pub(super) fn learn_modules(lineage: &str, modules: &[String], forked_from: Option<u32>) -> usize {
-    add(lineage, modules, Some(forked_from))
+/// script) that `lineage` has neither learned nor left out: the next generation (the one after
+/// the latest this process started, however many stages taught it) imports them. Returns how
+/// many were new.
+pub(super) fn learn_modules(lineage: &str, modules: &[String]) -> usize {
+    add(lineage, modules, true)
 }
 
 /// Keeps that `lineage`'s zygotes import `modules` (what a zygote read ahead from its first
@@ -185,12 +186,33 @@ pub(super) fn learn_modules(lineage: &str, modules: &[String], forked_from: Opti
 /// them holds them already, and the lineage's next zygotes import them too. Returns how many
 /// were new.
 pub(super) fn keep_read_ahead(lineage: &str, modules: &[String]) -> usize {
-    add(lineage, modules, None)
+    add(lineage, modules, false)
 }
 
-/// Adds `modules` to what `lineage` learned; with `next_after`, makes the generation a zygote
-/// started now is follow `Some(generation)`'s (or the kept one's, for `Some(None)`).
-fn add(lineage: &str, modules: &[String], next_after: Option<Option<u32>>) -> usize {
+/// The latest generation of each lineage this process started a zygote of.
+static STARTED: Mutex<BTreeMap<String, u32>> = Mutex::new(BTreeMap::new());
+
+/// Notes that this process started generation `generation` of `lineage`: what is learned from
+/// now on is for a later one.
+pub(super) fn started(lineage: &str, generation: u32) {
+    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    let latest = started.entry(lineage.to_string()).or_insert(generation);
+    *latest = (*latest).max(generation);
+}
+
+/// The generation a zygote of `lineage` started after this addition is: the one after the
+/// latest this process started (a kept one not started yet stays), else the kept one's next.
+fn next_generation(lineage: &str, kept: u32) -> u32 {
+    let started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    match started.get(lineage) {
+        Some(latest) => kept.max(latest + 1),
+        None => kept + 1,
+    }
+}
+
+/// Adds `modules` to what `lineage` learned; with `new_generation`, a zygote started after it
+/// is a new generation ([`next_generation`]).
+fn add(lineage: &str, modules: &[String], new_generation: bool) -> usize {
     if !enabled() || modules.is_empty() || store(lineage).is_none() {
         return 0;
     }
@@ -206,12 +228,8 @@ fn add(lineage: &str, modules: &[String], next_after: Option<Option<u32>>) -> us
         }
     }
     if added > 0 {
-        match next_after {
-            Some(Some(forked_from)) => {
-                knowledge.generation = knowledge.generation.max(forked_from + 1);
-            }
-            Some(None) => knowledge.generation += 1,
-            None => {}
+        if new_generation {
+            knowledge.generation = next_generation(lineage, knowledge.generation);
         }
         save(lineage, &knowledge);
     }
@@ -264,6 +282,30 @@ mod tests {
         assert!(within("lazypkg:Name", "lazypkg:Name"));
         assert!(!within("lazypkg:Name", "lazypkg:Nam"));
         assert!(!within("lazypkgs:Name", "lazypkg"));
+    }
+
+    #[test]
+    fn what_is_learned_is_for_the_generation_after_the_latest_started() {
+        let lineage = "read-ahead-test-lineage";
+        assert_eq!(
+            next_generation(lineage, 2),
+            3,
+            "none started here: the kept one's next"
+        );
+        started(lineage, 1);
+        assert_eq!(next_generation(lineage, 1), 2);
+        assert_eq!(
+            next_generation(lineage, 2),
+            2,
+            "generation 2 is not started yet"
+        );
+        started(lineage, 2);
+        started(lineage, 1);
+        assert_eq!(
+            next_generation(lineage, 2),
+            3,
+            "a stage of 1 teaching after 2 started"
+        );
     }
 
     #[test]
