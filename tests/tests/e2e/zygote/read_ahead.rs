@@ -269,3 +269,32 @@ fn the_user_s_own_modules_beside_the_script_or_in_the_working_directory_are_not_
         "{log}"
     );
 }
+
+#[test]
+fn with_learning_off_nothing_is_read_ahead() {
+    python_available();
+    let s = Scratch::new("zygote-read-ahead-off");
+    write_modules(&s);
+    s.write("mods/plainmod.py", "X = 1\n");
+    s.write(
+        "uses.py",
+        &sweep_script(&["plainmod"], "import plainmod\n", false),
+    );
+    // The stage the zygote is started for imports it too (and waits for the zygote).
+    s.write("warm_uses.py", &format!("import plainmod\n{WARM}"));
+    let mods = s.path().join("mods").display().to_string();
+    let plan = sweep_plan(
+        &s,
+        &mods,
+        &[("warm", "warm_uses.py"), ("second", "uses.py")],
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[("ORCHESTRATE_ZYGOTE_LEARN", "0")]));
+    let second = stage_start(&run_dir, "second");
+    assert_eq!(second["via"], "zygote", "{second}");
+    assert!(second["read_ahead"].is_null(), "{second}");
+    assert_eq!(
+        stdout_json(&run_dir, "second"),
+        serde_json::json!({"plainmod": false})
+    );
+}
