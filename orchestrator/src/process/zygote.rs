@@ -556,7 +556,8 @@ fn ready(starting: Starting) -> State {
                 server.env_read.len()
             );
             let left_out = learning::leave_out(&lineage, &server.left_out);
-            learned.retain(|m| !left_out.iter().any(|l| &l.module == m));
+            // As its lineage does: an entry under a module left out would import it again.
+            learned.retain(|m| !left_out.iter().any(|l| learning::within(m, &l.module)));
             let read_ahead = server.read_ahead.clone();
             if let Some(ahead) = &read_ahead {
                 // Kept as learned: the lineage's next zygotes import them too, and this one,
