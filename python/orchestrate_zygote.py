@@ -9,7 +9,9 @@ and `names` of the variables orchestrate sets per stage), `lineage` (an id writt
 what stages import), `generation` (which of its lineage's generations this zygote is, for
 the log), `visible_gpus` (how many GPUs its stages are given, or null: see `NvmlHold`),
 `imports_var` (the request variable naming where a stage writes it), `log`
-(a file it appends what it does to, or absent), and, after a restart, `check_each` and
+(a file it appends what it does to, or absent), `read_ahead` (the `argv` and `cwd` of the
+stage it is started for, whose script it reads ahead, or null; after a restart, what it read:
+`script` and `entries`), and, after a restart, `check_each` and
 `verified` (the learned modules checked one by one, and how many of them passed already). It speaks the fork server protocol of
 `protocol::fork` on descriptor FD: 4-byte little-endian length, JSON body; each request
 carries the new stage's stdout and stderr as SCM_RIGHTS.
@@ -55,6 +57,15 @@ Promises:
   imports anything (an exec afresh without it only where a fork cannot tell). A forked stage writes, at its exit through Python's own exit
   (atexit), the modules it imported that the zygote had not, and which of them the zygote
   could import from its own sys.path, to the file named by `imports_var` in its request;
+- it reads ahead: the script of the stage it is started for (`python SCRIPT`, `python -m
+  MODULE`) is parsed (`ast`, nothing of it runs) for its top-level imports (in plain `if` and
+  `try` blocks too, not in functions or classes; `from m import Name` as `m:Name`: the module,
+  then its attribute, which loads what a lazy module loads on access), and those it could
+  import from its own sys.path that are not the user's own (found beside the script or in the
+  stage's working directory) are imported after the learned modules, checked as they are, and
+  named in the ready message (`read_ahead`). With learning on, each `forked` reply names what
+  the stage's script imports that the zygote lacks (`lacks`, read once per script version), so
+  that its next generation imports it;
 - a stage process is re-parented to orchestrate (through an intermediate process that exits),
   in its own session, with PR_SET_PDEATHSIG, stdin /dev/null, the stage's stdout/stderr,
   environment, working directory and argv, and runs its script as `python script.py` or
@@ -499,8 +510,10 @@ def fork_stage(request, fds, sock):
 def preload(sock, config):
     """Imports the plan's modules, checking after each that this process may still fork (so
     that a refusal names the import that made it unsafe: the user can preload less), then the
-    learned ones (see `import_learned`). Returns the names of the environment variables the
-    imports read and the learned modules left out, or None once it refused."""
+    learned ones (see `import_learned`; they end with what the stage's script imports, read
+    ahead). Returns the names of the environment variables the imports read, the learned
+    modules left out and the entries read ahead that the plan's list did not import, or None
+    once it refused."""
     recorder = _ReadRecorder()
     recorder.install()
     try:
@@ -523,10 +536,12 @@ def preload(sock, config):
             if why:
                 restart_without_listed(sock, config, name, f"after importing it, {why}")
         log(f"imported the plan's {len(config.get('preload', []))} modules")
+        ahead = config.get("read_ahead") or {}
+        needed = [e for e in ahead.get("entries", []) if not _held(e)]
         left_out = import_learned(sock, config, recorder)
     finally:
         recorder.uninstall()
-    return recorder.names, left_out
+    return recorder.names, left_out, needed
 
 
 class NvmlHold:
@@ -782,11 +797,11 @@ def _first_unfit(learned, start, recorder, config):
     makes the process unfit, `pkg` is the module to leave out, with every module under it."""
     for i in range(start, len(learned)):
         for part in _packages_then(learned[i]):
-            if part in sys.modules:
+            if _held(part):
                 continue
             loaded, read = len(sys.modules), set(recorder.names)
             try:
-                __import__(part)
+                _import_entry(part)
             except BaseException:  # noqa: BLE001 - a module that fails is passed over
                 break
             if len(sys.modules) == loaded and recorder.names == read:
@@ -797,10 +812,15 @@ def _first_unfit(learned, start, recorder, config):
     return None
 
 
+def _within(entry, name):
+    """Whether importing `entry` (a module, or `module:Name`) imports module `name`."""
+    return entry == name or entry.startswith((name + ".", name + ":"))
+
+
 def _without(learned, name):
-    """`learned` less `name` and every module under it; and those under it."""
-    under = [m for m in learned if m.startswith(name + ".")]
-    return [m for m in learned if m != name and not m.startswith(name + ".")], under
+    """`learned` less `name` and every entry under it; and those under it."""
+    under = [m for m in learned if m != name and _within(m, name)]
+    return [m for m in learned if not _within(m, name)], under
 
 
 def _reason(why, under):
@@ -811,18 +831,55 @@ def _reason(why, under):
 
 
 def _packages_then(name):
-    """`a.b.c` -> `a`, `a.b`, `a.b.c`."""
-    parts = name.split(".")
-    return [".".join(parts[: n + 1]) for n in range(len(parts))]
+    """`a.b.c` -> `a`, `a.b`, `a.b.c`; `a.b:C` -> `a`, `a.b`, `a.b:C`."""
+    module, attribute = _entry_parts(name)
+    parts = module.split(".")
+    chain = [".".join(parts[: n + 1]) for n in range(len(parts))]
+    return chain + ([name] if attribute else [])
+
+
+def _entry_parts(entry):
+    """`a.b:C` -> (`a.b`, `C`); `a.b` -> (`a.b`, None)."""
+    module, _, attribute = entry.partition(":")
+    return module, attribute or None
+
+
+def _import_entry(entry):
+    """Imports `entry`: a module (`a.b`), or `a.b:C` as `from a.b import C` would: the module,
+    then its attribute `C` (which a lazy module, as transformers' are, loads on access), or
+    else its submodule `a.b.C`. Raises what that import raises."""
+    module, attribute = _entry_parts(entry)
+    __import__(module)
+    if attribute is None:
+        return
+    try:
+        getattr(sys.modules[module], attribute)
+    except AttributeError:
+        __import__(f"{module}.{attribute}")
+    _ATTRIBUTES_IMPORTED.add(entry)
+
+
+_ATTRIBUTES_IMPORTED = set()  # the `module:Name` entries `_import_entry` imported here
+
+
+def _held(entry):
+    """Whether this process holds `entry` (a module, or `module:Name` with `Name` loaded)."""
+    module, attribute = _entry_parts(entry)
+    loaded = sys.modules.get(module)
+    if loaded is None or attribute is None:
+        return loaded is not None
+    return (entry in _ATTRIBUTES_IMPORTED or attribute in getattr(loaded, "__dict__", {})
+            or f"{module}.{attribute}" in sys.modules)
 
 
 def _import_each(names, left_out):
-    """Imports `names` in order; one whose import fails is added to `left_out`."""
+    """Imports `names` (modules, or `module:Name` entries) in order; one whose import fails is
+    added to `left_out`."""
     for name in names:
-        if name in sys.modules:
+        if _held(name):
             continue
         try:
-            __import__(name)
+            _import_entry(name)
         except BaseException as error:  # noqa: BLE001 - a module that fails is left out
             left_out.append({"module": name, "reason": f"importing it failed: {error!r}"})
 
@@ -1029,7 +1086,7 @@ def _import_recording(names):
     try:
         for name in names:
             try:
-                __import__(name)
+                _import_entry(name)
                 imported.append(name)
             except BaseException:  # noqa: BLE001
                 pass
@@ -1090,6 +1147,186 @@ def wait_for_stage(sock, ahead, recorded):
     return adopt["argv"]
 
 
+# Reading ahead: the modules a stage's script imports at its top level, read from its source
+# (`ast`, nothing run), so that a zygote holds them before the first stage it forks imports
+# them (transformers' model classes, which a preload list naming `transformers` does not load).
+
+MAX_READ_AHEAD = 200  # entries taken from one script at most
+_SCANS = {}  # (script, cwd) -> ((mtime_ns, size), entries it lacks): a fork looks once per version
+
+
+def _script_of(argv, cwd):
+    """The source file a `python SCRIPT …` / `python -m MODULE …` command runs, how the
+    command names it, and the directory its own modules are found in (`sys.path[0]` of the
+    stage): (path, named, directory), or None (a module not found as a `.py` file)."""
+    if len(argv) < 2:
+        return None
+    if argv[1] != "-m":
+        path = os.path.join(cwd, argv[1])
+        return path, argv[1], os.path.dirname(os.path.realpath(path))
+    if len(argv) < 3:
+        return None
+    name, search, spec = argv[2], [cwd] + sys.path, None
+    parts = name.split(".")
+    try:
+        for n in range(len(parts)):
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: n + 1]), search)
+            if spec is None:
+                return None
+            search = spec.submodule_search_locations
+            if search is None and n + 1 < len(parts):
+                return None
+        if spec.submodule_search_locations is not None:  # a package: its __main__ runs
+            spec = importlib.machinery.PathFinder.find_spec(name + ".__main__", spec.submodule_search_locations)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if not isinstance(origin, str) or not origin.endswith(".py"):
+        return None
+    return origin, f"-m {name}", cwd
+
+
+def script_imports(path):
+    """The imports at the top level of the script at `path` (and in the plain `if` and `try`
+    blocks there; not in functions or classes), in order, each once: `import a.b` gives `a.b`,
+    `from a.b import C` gives `a.b:C` (`a.b` for `*`); relative imports and `__future__` are
+    skipped. Read with `ast`: nothing of the script runs. Raises OSError, SyntaxError,
+    ValueError."""
+    import ast
+
+    with open(path, "rb") as source:
+        tree = ast.parse(source.read(), filename=path)
+    entries = []
+
+    def add(entry):
+        if entry not in entries and len(entries) < MAX_READ_AHEAD:
+            entries.append(entry)
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level or not node.module or node.module == "__future__":
+                    continue
+                for alias in node.names:
+                    add(node.module if alias.name == "*" else f"{node.module}:{alias.name}")
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(tree.body)
+    return entries
+
+
+def _importable_here(top, own_dirs, cache):
+    """Whether top-level module `top` is one this process could import from its own sys.path
+    and not the user's own (found in `own_dirs`: the script's directory, the stage's working
+    directory, where another stage may have its own module of that name)."""
+    if top not in cache:
+        finder = importlib.machinery.PathFinder
+        try:
+            own = finder.find_spec(top, own_dirs) is not None
+            found = top in sys.builtin_module_names or finder.find_spec(top, sys.path) is not None
+        except (ImportError, ValueError):
+            own, found = True, False
+        cache[top] = found and not own
+    return cache[top]
+
+
+def read_ahead(argv, cwd, left_out):
+    """What this process lacks of what the script of command `argv` (run in `cwd`) imports at
+    its top level (`script_imports`): the entries it does not hold, could import from its own
+    sys.path, that are not the user's own code, and not under a module of `left_out` (names).
+    Returns (how the command names its script, entries), or None when the command runs no
+    script it can read."""
+    found = _script_of(argv, cwd)
+    if found is None:
+        return None
+    path, named, own_dir = found
+    try:
+        entries = script_imports(path)
+    except Exception as error:  # noqa: BLE001 - a script it cannot read is one it does not read ahead
+        log(f"cannot read ahead from {named}: {error!r}")
+        return None
+    cache = {}
+    own_dirs = sorted({own_dir, os.path.realpath(cwd), cwd})
+    lacks = [
+        e for e in entries
+        if not _held(e)
+        and not any(_within(e, name) for name in left_out)
+        and all(part.isidentifier() for part in _entry_parts(e)[0].split("."))
+        and _importable_here(e.split(".")[0].split(":")[0], own_dirs, cache)
+    ]
+    return named, lacks
+
+
+def lacks_for_fork(request, left_out):
+    """In a serving zygote: the entries the script of fork `request` imports at its top level
+    that this zygote lacks (see `read_ahead`), so that its next generation imports them.
+    Cached per script and working directory until the script changes on disk."""
+    argv, cwd = request.get("argv") or [], request.get("cwd") or "/"
+    try:
+        found = _script_of(argv, cwd)
+        if found is None:
+            return []
+        identity = _identity(found[0])
+        cached = _SCANS.get((found[0], cwd))
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        got = read_ahead(argv, cwd, left_out)
+    except Exception as error:  # noqa: BLE001 - never a reason to fail a fork
+        log(f"cannot read ahead for a fork: {error!r}")
+        return []
+    lacks = got[1] if got else []
+    _SCANS[(found[0], cwd)] = (identity, lacks)
+    if lacks:
+        log(f"a stage's script {got[0]} imports what generation {_GENERATION} lacks: {', '.join(lacks)}")
+    return lacks
+
+
+def plan_read_ahead(config):
+    """`config` with what the script of the stage this zygote was started for imports at its
+    top level (CONFIG's `read_ahead`: its `argv` and `cwd`) added after the learned modules,
+    as `read_ahead` `{"script", "entries"}` (so that a restart reads nothing again)."""
+    ask = config.get("read_ahead")
+    if not isinstance(ask, dict) or "argv" not in ask:
+        return config
+    left_out = [entry["module"] for entry in config.get("left_out", [])]
+    try:
+        got = read_ahead(ask["argv"], ask.get("cwd") or "/", left_out)
+    except Exception as error:  # noqa: BLE001 - never a reason to refuse
+        log(f"cannot read ahead: {error!r}")
+        got = None
+    if not got:
+        return dict(config, read_ahead=None)
+    named, entries = got
+    learned = list(config.get("learned", []))
+    if entries:
+        log(f"reading ahead from {named}: {', '.join(entries)}")
+    return dict(config, learned=learned + [e for e in entries if e not in learned],
+                read_ahead={"script": named, "entries": entries})
+
+
+def read_ahead_held(config, needed):
+    """The ready message's `read_ahead`: the script read ahead and which of its entries this
+    zygote imported (`needed`: those not held after the plan's list), or None."""
+    ahead = config.get("read_ahead")
+    if not isinstance(ahead, dict) or "entries" not in ahead:
+        return None
+    held = [e for e in ahead["entries"] if e in needed and _held(e)]
+    if held:
+        log(f"read ahead from {ahead['script']}: {', '.join(held)}")
+    return {"script": ahead["script"], "modules": held}
+
+
 def serve(fd, config):
     """Imports the modules of `config`, then forks stages until end of file. Returns the argv of a stage
     in a forked stage process, None in the zygote when it is done."""
@@ -1107,14 +1344,16 @@ def serve(fd, config):
             pass
     log(f"starting: {len(config.get('preload', []))} plan modules, {len(config.get('learned', []))} learned"
         + (f", checking one by one from {config.get('verified', 0)}" if config.get("check_each") else ""))
+    config = plan_read_ahead(config)
     hold = NvmlHold(visible_gpus(config))
     hold.install()
     imported = preload(sock, config)
     hold.release()
     if imported is None:
         return None
-    env_read, left_out = imported
+    env_read, left_out, needed = imported
     ahead = imported_ahead_by_standbys(left_out)
+    left_out_names = [entry["module"] for entry in left_out]
     recorded = LoadedFiles()
     log(f"ready: generation {_GENERATION}, {len(sys.modules)} modules loaded, {len(left_out)} learned modules left out"
         + ("" if recorded.fd is not None else "; no inotify watch: every fork stats them all"))
@@ -1124,6 +1363,7 @@ def serve(fd, config):
         "threads": _os_threads(),
         "env_read": sorted(env_read),
         "left_out": left_out,
+        "read_ahead": read_ahead_held(config, needed),
     })
     while True:
         try:
@@ -1152,7 +1392,10 @@ def serve(fd, config):
             if to:
                 note_imports_at_exit(to, config.get("lineage", ""), set(sys.modules), list(sys.path))
             return value
-        send(sock, {"reply": "forked", "pid": value})
+        reply = {"reply": "forked", "pid": value}
+        if config.get("imports_var") and not request.get("standby"):
+            reply["lacks"] = lacks_for_fork(request, left_out_names)
+        send(sock, reply)
 
 
 def run_as_python(argv):

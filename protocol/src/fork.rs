@@ -96,6 +96,19 @@ pub struct LeftOut {
     pub reason: String,
 }
 
+/// What a Python zygote read ahead: the modules the script of the stage it was started for
+/// imports at its top level, which it imported before it said it was ready (see
+/// [`ForkReply::Ready`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ReadAhead {
+    /// The script, as the stage's command names it (`train.py`, `-m pkg.train`).
+    pub script: String,
+    /// Those of its imports the zygote imported (besides its preload list), in the script's
+    /// order: a module (`a.b`), or `a.b:Name` for `from a.b import Name` (the module, then its
+    /// attribute, which a lazily loading module loads on access).
+    pub modules: Vec<String>,
+}
+
 /// What the server says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
@@ -117,6 +130,10 @@ pub enum ForkReply {
         /// thread, initialised CUDA, or read a variable set per stage).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         left_out: Vec<LeftOut>,
+        /// A Python zygote: what it read ahead from the script of the stage it was started
+        /// for, and imported (absent where it read no script).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        read_ahead: Option<ReadAhead>,
     },
     /// The server will not fork (sent instead of `Ready`, or to a request); it exits next.
     Refused {
@@ -135,6 +152,10 @@ pub enum ForkReply {
     Forked {
         /// The worker's PID.
         pid: u32,
+        /// A Python zygote: what the stage's script imports at its top level that the zygote
+        /// does not hold and could import (modules, or `module:Name`), for its next generation.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        lacks: Vec<String>,
     },
     /// This request failed (the server may serve the next one).
     Failed {

@@ -198,6 +198,11 @@ pub struct StageStart {
     /// imports them itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<crate::fork::LeftOut>,
+    /// Forked: what its zygote read ahead from the script of the stage it was started for
+    /// (the modules that script imports at its top level, which the zygote imported before
+    /// it was ready, e.g. `transformers:LlamaForCausalLM`); absent where it read none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ahead: Option<crate::fork::ReadAhead>,
     /// Forked: it began as a standby, forked from the zygote while the stages before it ran,
     /// which started the CUDA driver and imported the modules the zygote leaves out for a
     /// thread before it was given this stage (docs/zygote.md).

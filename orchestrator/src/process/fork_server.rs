@@ -45,6 +45,8 @@ pub(super) struct Server {
     pub(super) env_read: Vec<String>,
     /// A Python zygote: the learned modules it left out (see [`ForkReply::Ready`]).
     pub(super) left_out: Vec<protocol::fork::LeftOut>,
+    /// A Python zygote: what it read ahead and imported (see [`ForkReply::Ready`]).
+    pub(super) read_ahead: Option<protocol::fork::ReadAhead>,
 }
 
 enum State {
@@ -457,6 +459,7 @@ fn launch(mut cmd: Command, reaper: &Reaper) -> Result<Server, ForkServerError> 
         reaper: reaper.clone(),
         env_read: Vec::new(),
         left_out: Vec::new(),
+        read_ahead: None,
     })
 }
 
@@ -471,10 +474,14 @@ fn readied(
             Err(ForkServerError::Threads { threads })
         }
         Ok(ForkReply::Ready {
-            env_read, left_out, ..
+            env_read,
+            left_out,
+            read_ahead,
+            ..
         }) => {
             server.env_read = env_read;
             server.left_out = left_out;
+            server.read_ahead = read_ahead;
             Ok(server)
         }
         Ok(ForkReply::Refused { reason }) => {
@@ -494,6 +501,15 @@ fn readied(
 
 /// Asks `server` for `worker` (see [`spawn`]); its PID.
 pub(super) fn fork(server: &mut Server, worker: &Worker<'_>) -> Result<i32, ForkServerError> {
+    fork_telling_lacks(server, worker).map(|(pid, _)| pid)
+}
+
+/// Asks `server` for `worker`, as [`fork`]; its PID, and what a Python zygote says the
+/// worker's script imports that it lacks ([`ForkReply::Forked`]'s `lacks`).
+pub(super) fn fork_telling_lacks(
+    server: &mut Server,
+    worker: &Worker<'_>,
+) -> Result<(i32, Vec<String>), ForkServerError> {
     if server.exit.try_wait().is_some() {
         return Err(ForkServerError::Exited);
     }
@@ -521,7 +537,7 @@ pub(super) fn fork(server: &mut Server, worker: &Worker<'_>) -> Result<i32, Fork
         .set_read_timeout(Some(FORK_TIMEOUT))
         .map_err(ReplyError::Io)?;
     match read_reply(&mut server.sock)? {
-        ForkReply::Forked { pid } => Ok(pid as i32),
+        ForkReply::Forked { pid, lacks } => Ok((pid as i32, lacks)),
         ForkReply::Failed { error } => Err(ForkServerError::ForkFailed { error }),
         ForkReply::Refused { reason } => Err(ForkServerError::Refused { reason }),
         ForkReply::Stale { reason } => Err(ForkServerError::Stale { reason }),

@@ -181,6 +181,7 @@ pub fn spawn(
                     generation: Some(child.generation),
                     imported: None,
                     left_out: child.left_out,
+                    read_ahead: child.read_ahead,
                     standby: child.standby,
                     standby_passed_over: child.standby_passed_over,
                 };
@@ -195,6 +196,7 @@ pub fn spawn(
             generation: None,
             imported: None,
             left_out: Vec::new(),
+            read_ahead: None,
             standby: false,
             standby_passed_over: None,
         });

@@ -49,6 +49,14 @@
 //! for again. `preload = "auto"` starts from no module at all; its first zygote, with nothing
 //! to import, is awaited (a bare interpreter starts in some 50 ms, at most [`BARE_WAIT`]) so
 //! that the first stage is forked and teaches it.
+//!
+//! A zygote also reads ahead, while learning is on: a zygote with something to import reads
+//! the script of the stage it is started for and imports what that script imports at its top
+//! level (not the user's own modules; checked as learned modules are) before it is ready, so
+//! the first stage it forks finds them held, in the first sweep from an empty cache too; what
+//! it imported so is kept as learned and named in the report ([`StageStart::read_ahead`]). A
+//! fork names what the stage's script imports that the zygote lacks, and the lineage learns
+//! it at once, before the stage ends.
 
 mod learning;
 
@@ -171,6 +179,9 @@ pub struct Forked {
     pub generation: u32,
     /// The modules its lineage learned and leaves out, and why.
     pub left_out: Vec<protocol::fork::LeftOut>,
+    /// What that zygote read ahead from the script of the stage it was started for (see
+    /// [`StageStart::read_ahead`]).
+    pub read_ahead: Option<protocol::fork::ReadAhead>,
     /// It began as a standby of that zygote (see [`Zygotes`]).
     pub standby: bool,
     /// Why it did not, when a standby was asked for (see [`StageStart::standby_passed_over`]).
@@ -178,11 +189,14 @@ pub struct Forked {
 }
 
 /// Which zygote: the interpreter and `preload` (its lineage, what it learns is kept by) and
-/// the environment it starts with.
+/// the environment it starts with; and the command of the stage it is started for, whose
+/// script a zygote reads ahead.
 struct Key<'a> {
     interpreter: PathBuf,
     preload: &'a Preload,
     lineage: String,
+    argv: &'a [String],
+    cwd: &'a Path,
 }
 
 struct Zygote {
@@ -195,6 +209,8 @@ struct Zygote {
     learned: Vec<String>,
     /// The learned modules its lineage leaves out, and why.
     left_out: Vec<protocol::fork::LeftOut>,
+    /// What it read ahead from the script of the stage it was started for, and imported.
+    read_ahead: Option<protocol::fork::ReadAhead>,
     /// [`learning::changes`] when it last looked at what its lineage learned.
     seen: u64,
     /// Its next generation, importing while this one serves.
@@ -253,6 +269,8 @@ fn spawn(
         lineage: learning::lineage(&interpreter, stage.preload),
         interpreter,
         preload: stage.preload,
+        argv: stage.worker.argv,
+        cwd: stage.worker.cwd,
     };
     ZYGOTES.with(|zygotes| {
         let mut zygotes = zygotes.borrow_mut();
@@ -288,14 +306,22 @@ fn spawn(
         };
         let standby_of = standby_key(key, zygote.generation);
         let (started, passed_over) = match standbys.adopt(&standby_of, &worker) {
-            Ok(pid) => (Ok((pid, true)), None),
+            Ok(pid) => (Ok((pid, true, Vec::new())), None),
             Err(why) => (
-                fork_server::fork(&mut zygote.server, &worker).map(|pid| (pid, false)),
+                fork_server::fork_telling_lacks(&mut zygote.server, &worker)
+                    .map(|(pid, lacks)| (pid, false, lacks)),
                 why,
             ),
         };
         let why = match started {
-            Ok((pid, standby)) => {
+            Ok((pid, standby, lacks)) => {
+                let added = learning::learn_modules(&lineage.lineage, &lacks);
+                if added > 0 {
+                    tracing::info!(
+                        "the stage's script imports {added} modules its zygote lacks: its next \
+                         generation imports them"
+                    );
+                }
                 if gives_gpus(stage.worker.env) {
                     let env = standby_env(stage.worker.env);
                     standbys.request(&mut zygote.server, &standby_of, &env, true);
@@ -304,6 +330,7 @@ fn spawn(
                     pid,
                     generation: zygote.generation,
                     left_out: zygote.left_out.clone(),
+                    read_ahead: zygote.read_ahead.clone(),
                     standby,
                     standby_passed_over: passed_over,
                 });
@@ -529,13 +556,26 @@ fn ready(starting: Starting) -> State {
                 server.env_read.len()
             );
             let left_out = learning::leave_out(&lineage, &server.left_out);
-            learned.retain(|m| !left_out.iter().any(|l| &l.module == m));
+            // As its lineage does: an entry under a module left out would import it again.
+            learned.retain(|m| !left_out.iter().any(|l| learning::within(m, &l.module)));
+            let read_ahead = server.read_ahead.clone();
+            if let Some(ahead) = &read_ahead {
+                // Kept as learned: the lineage's next zygotes import them too, and this one,
+                // which holds them, is not replaced for them.
+                learning::keep_read_ahead(&lineage, &ahead.modules);
+                for module in &ahead.modules {
+                    if !learned.contains(module) {
+                        learned.push(module.clone());
+                    }
+                }
+            }
             State::Serving(Zygote {
                 server,
                 env,
                 generation,
                 learned,
                 left_out,
+                read_ahead,
                 seen,
                 next: None,
                 next_failed: false,
@@ -707,9 +747,15 @@ fn env_mismatch(zygote: &Zygote, stage_env: &[(&str, &str)]) -> Result<(), Fallb
 fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
     let seen = learning::changes();
     let knowledge = learning::load(&key.lineage);
+    learning::started(&key.lineage, knowledge.generation);
     let visible_gpus = (env.iter().rev())
         .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
         .map(|(_, v)| v.split(',').filter(|e| !e.trim().is_empty()).count());
+    // A zygote with nothing to import is awaited so that the first stage is forked and
+    // teaches it: it reads nothing ahead, which would make it import.
+    let bare = key.preload.modules().is_empty() && knowledge.learned.is_empty();
+    let read_ahead = (learning::enabled() && !bare)
+        .then(|| serde_json::json!({"argv": key.argv, "cwd": key.cwd}));
     let config = serde_json::json!({
         "preload": key.preload.modules(),
         "learned": knowledge.learned,
@@ -725,6 +771,7 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
         "visible_gpus": visible_gpus,
         "imports_var": if learning::enabled() { learning::IMPORTS_VAR } else { "" },
         "log": learning::log_path(&key.lineage),
+        "read_ahead": read_ahead,
     });
     let mut cmd = Command::new(&key.interpreter);
     cmd.arg("-c")
@@ -734,7 +781,6 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir("/");
-    let bare = key.preload.modules().is_empty() && knowledge.learned.is_empty();
     match fork_server::start_server_in_background(cmd, READY_TIMEOUT, reaper) {
         Ok(server) => {
             let starting = Starting {
@@ -843,5 +889,77 @@ mod tests {
         assert!(per_stage_variable("TORCH_NCCL_DEBUG_INFO_PIPE_FILE"));
         assert!(!per_stage_variable("CUDA_VISIBLE_DEVICES"));
         assert!(!per_stage_variable("HF_HOME"));
+    }
+
+    /// The zygote's reading ahead, checked in its own Python: a script's top-level imports
+    /// (in plain `if` and `try` blocks too, not in functions or classes), `from m import Name`
+    /// as `m:Name`, what this process already holds, the user's own modules (beside the
+    /// script, in the working directory) and modules left out passed over; a lazily provided
+    /// name imported through attribute access.
+    const READ_AHEAD_CHECK: &str = r#"
+import os, sys
+sys.path.insert(0, os.environ["ZYGOTE_DIR"])
+import orchestrate_zygote as z
+here = os.environ["SCRATCH"]
+script = os.path.join(here, "scripts", "train.py")
+assert z.script_imports(script) == [
+    "os", "plainmod", "localmod", "cwdmod", "lazypkg:Model", "lazypkg:modeling", "gone",
+    "json", "os.path:join", "threader"], z.script_imports(script)
+named, lacks = z.read_ahead(["python3", "scripts/train.py"], here, [])
+assert named == "scripts/train.py", named
+assert lacks == ["plainmod", "lazypkg:Model", "lazypkg:modeling", "threader"], lacks
+assert z.read_ahead(["python3", "scripts/train.py"], here, ["threader", "lazypkg"])[1] == ["plainmod"]
+assert z.read_ahead(["python3", "-m", "plainmod"], here, [])[0] == "-m plainmod"
+assert z.read_ahead(["python3", "-c", "1"], here, []) is None
+request = {"argv": ["python3", "scripts/train.py"], "cwd": here}
+assert z.lacks_for_fork(request, []) == lacks
+assert not z._held("lazypkg:Model")
+z._import_entry("lazypkg:Model")
+assert z._held("lazypkg:Model") and "lazypkg.modeling" in sys.modules
+assert z._packages_then("a.b:C") == ["a", "a.b", "a.b:C"]
+assert z._without(["a", "a.b:C", "ab", "a:D"], "a") == (["ab"], ["a.b:C", "a:D"])
+print("ok")
+"#;
+
+    #[test]
+    fn reading_ahead_takes_a_script_s_top_level_imports_but_not_the_user_s_own() {
+        let s = e2e_tests::Scratch::new("zygote-read-ahead-unit");
+        s.write("zygote/orchestrate_zygote.py", SOURCE);
+        s.write("mods/plainmod.py", "X = 1\n");
+        s.write("mods/threader.py", "X = 1\n");
+        s.write(
+            "mods/lazypkg/__init__.py",
+            "def __getattr__(name):\n    from .modeling import Model\n    return Model\n",
+        );
+        s.write("mods/lazypkg/modeling.py", "class Model:\n    pass\n");
+        s.write("scripts/localmod.py", "");
+        s.write("cwdmod.py", "");
+        s.write(
+            "scripts/train.py",
+            "import os\nfrom . import sibling\nimport plainmod, localmod, cwdmod\n\
+             from lazypkg import Model\nfrom lazypkg import modeling\nfrom __future__ import annotations\n\
+             try:\n    import gone\nexcept ImportError:\n    import json\n\
+             if True:\n    from os.path import join\nelse:\n    import threader\n\
+             def f():\n    import decimal\nclass C:\n    import fractions\n",
+        );
+        let path = [
+            s.path().join("mods"),
+            s.path().to_path_buf(),
+            s.path().join("scripts"),
+        ];
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(READ_AHEAD_CHECK)
+            .env("PYTHONPATH", std::env::join_paths(path).unwrap())
+            .env("ZYGOTE_DIR", s.path().join("zygote"))
+            .env("SCRATCH", s.path())
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success() && out.stdout == b"ok\n",
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -131,6 +131,7 @@ pub fn serve(fd: RawFd, run: CommandLineRunner) -> i32 {
         threads: thread_count(),
         env_read: Vec::new(),
         left_out: Vec::new(),
+        read_ahead: None,
     };
     if send(&mut sock, &ready).is_err() {
         return 1;
@@ -154,7 +155,10 @@ pub fn serve(fd: RawFd, run: CommandLineRunner) -> i32 {
             return 1;
         }
         let reply = match fork_worker(&request, fds, sock.as_raw_fd(), run) {
-            Ok(pid) => ForkReply::Forked { pid },
+            Ok(pid) => ForkReply::Forked {
+                pid,
+                lacks: Vec::new(),
+            },
             Err(e) => ForkReply::Failed {
                 error: e.to_string(),
             },

@@ -74,7 +74,15 @@ pub fn become_standby(
     take_on(&adopt.env, &adopt.cwd);
     let waited_s = started.elapsed().as_secs_f64() - driver_s;
     let pid = std::process::id();
-    if send(&mut sock, &ForkReply::Forked { pid }).is_err() {
+    if send(
+        &mut sock,
+        &ForkReply::Forked {
+            pid,
+            lacks: Vec::new(),
+        },
+    )
+    .is_err()
+    {
         std::process::exit(1);
     }
     drop(sock);

@@ -1579,3 +1579,5 @@ fn a_module_that_uses_nvml_at_import_is_still_left_out() {
     let seen = stdout_json(&run_dir, "a");
     assert_eq!(seen["imported_in"]["usesnvml"], seen["pid"], "{seen}");
 }
+
+mod read_ahead;

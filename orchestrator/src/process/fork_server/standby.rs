@@ -156,7 +156,7 @@ fn start(
         .set_read_timeout(Some(FORK_TIMEOUT))
         .map_err(|e| e.to_string())?;
     let pid = match read_reply(&mut server.sock) {
-        Ok(ForkReply::Forked { pid }) => pid as i32,
+        Ok(ForkReply::Forked { pid, .. }) => pid as i32,
         Ok(reply) => return Err(format!("the server answered {reply:?}")),
         Err(e) => return Err(e.to_string()),
     };
@@ -179,7 +179,7 @@ fn hand_over(
     let mut sock = standby.sock.try_clone()?;
     sock.set_read_timeout(Some(FORK_TIMEOUT))?;
     match read_reply(&mut sock)? {
-        ForkReply::Forked { pid } if pid as i32 == standby.pid => Ok(()),
+        ForkReply::Forked { pid, .. } if pid as i32 == standby.pid => Ok(()),
         ForkReply::Refused { reason } => Err(ReplyError::Io(std::io::Error::other(format!(
             "it refused the stage: {reason}"
         )))),

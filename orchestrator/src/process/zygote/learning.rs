@@ -13,8 +13,10 @@
 use protocol::fork::LeftOut;
 use protocol::plan::Preload;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Environment variable naming the directory where what zygotes learned is kept.
 pub const ENV_CACHE: &str = "ORCHESTRATE_ZYGOTE_CACHE";
@@ -168,32 +170,77 @@ fn save(lineage: &str, knowledge: &Knowledge) {
 /// Adds the modules of `report` that `lineage` has neither learned nor left out; the next
 /// generation imports them. Returns how many were new.
 pub(super) fn learn(report: &ImportsReport) -> usize {
-    if !enabled() || store(&report.lineage).is_none() {
+    learn_modules(&report.lineage, &report.preloadable)
+}
+
+/// Adds those of `modules` (modules, or `module:Name` entries read ahead from a stage's
+/// script) that `lineage` has neither learned nor left out: the next generation (the one after
+/// the latest this process started, however many stages taught it) imports them. Returns how
+/// many were new.
+pub(super) fn learn_modules(lineage: &str, modules: &[String]) -> usize {
+    add(lineage, modules, true)
+}
+
+/// Keeps that `lineage`'s zygotes import `modules` (what a zygote read ahead from its first
+/// stage's script and imported), as learned, without a new generation: the zygote that read
+/// them holds them already, and the lineage's next zygotes import them too. Returns how many
+/// were new.
+pub(super) fn keep_read_ahead(lineage: &str, modules: &[String]) -> usize {
+    add(lineage, modules, false)
+}
+
+/// The latest generation of each lineage this process started a zygote of.
+static STARTED: Mutex<BTreeMap<String, u32>> = Mutex::new(BTreeMap::new());
+
+/// Notes that this process started generation `generation` of `lineage`: what is learned from
+/// now on is for a later one.
+pub(super) fn started(lineage: &str, generation: u32) {
+    let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    let latest = started.entry(lineage.to_string()).or_insert(generation);
+    *latest = (*latest).max(generation);
+}
+
+/// The generation a zygote of `lineage` started after this addition is: the one after the
+/// latest this process started (a kept one not started yet stays), else the kept one's next.
+fn next_generation(lineage: &str, kept: u32) -> u32 {
+    let started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+    match started.get(lineage) {
+        Some(latest) => kept.max(latest + 1),
+        None => kept + 1,
+    }
+}
+
+/// Adds `modules` to what `lineage` learned; with `new_generation`, a zygote started after it
+/// is a new generation ([`next_generation`]).
+fn add(lineage: &str, modules: &[String], new_generation: bool) -> usize {
+    if !enabled() || modules.is_empty() || store(lineage).is_none() {
         return 0;
     }
-    let mut knowledge = load(&report.lineage);
+    let mut knowledge = load(lineage);
     let known = |k: &Knowledge, name: &str| {
         k.learned.iter().any(|m| m == name) || k.left_out.iter().any(|l| within(name, &l.module))
     };
     let mut added = 0;
-    for name in &report.preloadable {
+    for name in modules {
         if knowledge.learned.len() < MAX_LEARNED && !known(&knowledge, name) {
             knowledge.learned.push(name.clone());
             added += 1;
         }
     }
     if added > 0 {
-        knowledge.generation += 1;
-        save(&report.lineage, &knowledge);
+        if new_generation {
+            knowledge.generation = next_generation(lineage, knowledge.generation);
+        }
+        save(lineage, &knowledge);
     }
     added
 }
 
-/// Whether module `name` is `package` or one of its submodules (importing it imports
-/// `package`).
-fn within(name: &str, package: &str) -> bool {
+/// Whether importing `name` (a module, or `module:Name`) imports module `package`: it is
+/// `package`, one of its submodules, or an attribute of one of them.
+pub(super) fn within(name: &str, package: &str) -> bool {
     name.strip_prefix(package)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with(':'))
 }
 
 /// Keeps that `lineage` leaves `left` out from now on (a zygote said why). Returns every
@@ -230,6 +277,35 @@ mod tests {
         assert!(within("threader.sub", "threader"));
         assert!(!within("threaders", "threader"));
         assert!(!within("thread", "threader"));
+        assert!(within("transformers:LlamaConfig", "transformers"));
+        assert!(within("lazypkg.sub:Name", "lazypkg"));
+        assert!(within("lazypkg:Name", "lazypkg:Name"));
+        assert!(!within("lazypkg:Name", "lazypkg:Nam"));
+        assert!(!within("lazypkgs:Name", "lazypkg"));
+    }
+
+    #[test]
+    fn what_is_learned_is_for_the_generation_after_the_latest_started() {
+        let lineage = "read-ahead-test-lineage";
+        assert_eq!(
+            next_generation(lineage, 2),
+            3,
+            "none started here: the kept one's next"
+        );
+        started(lineage, 1);
+        assert_eq!(next_generation(lineage, 1), 2);
+        assert_eq!(
+            next_generation(lineage, 2),
+            2,
+            "generation 2 is not started yet"
+        );
+        started(lineage, 2);
+        started(lineage, 1);
+        assert_eq!(
+            next_generation(lineage, 2),
+            3,
+            "a stage of 1 teaching after 2 started"
+        );
     }
 
     #[test]
