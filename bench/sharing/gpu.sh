@@ -44,9 +44,11 @@ tiny_plan shared 40 > "$out/shared.toml"
 tiny_plan mps 40 > "$out/mps.toml"
 for r in $(seq "$reps"); do
   for mode in $modes; do
-    timeout 300 "$bin/orchestrate" --plan "$out/$mode.toml" --run-dir "$out/run-$mode-$r" -q \
+    quiet=-q; [ "$mode" = mps ] && quiet=  # its start lines say whether each stage ran through MPS
+    timeout 300 "$bin/orchestrate" --plan "$out/$mode.toml" --run-dir "$out/run-$mode-$r" $quiet \
       > "$out/$mode-$r.console" 2>&1
     echo "$mode rep $r: exit $?" >> "$out/exits.txt"
+    [ "$mode" = mps ] && echo "  started through MPS: $(grep -c 'through MPS' "$out/$mode-$r.console"), time-sliced: $(grep -c 'no MPS' "$out/$mode-$r.console")" >> "$out/exits.txt"
   done
 done
 

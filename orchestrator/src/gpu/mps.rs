@@ -32,8 +32,11 @@ use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// How long a control daemon may take to open its control socket, and its server to start.
+/// How long a control daemon may take to open its control socket.
 const START_LIMIT: Duration = Duration::from_secs(15);
+
+/// How long a server asked for ahead may take to start.
+const SERVER_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long a started server may take to be listed by the driver (its context made) before
 /// the first client goes ahead anyway (a server that makes its context only for its first
@@ -192,13 +195,8 @@ impl MpsDaemons {
         let daemon = self.spawn_daemon(gpu, &dir).inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
         })?;
-        match self.await_server(&daemon, server_listed) {
-            Ok(()) => Ok(daemon),
-            Err(why) => {
-                self.stop(daemon);
-                Err(why)
-            }
-        }
+        self.await_server(&daemon, server_listed);
+        Ok(daemon)
     }
 
     /// Spawns `program -f` for `gpu` in `dir` and waits for its control socket.
@@ -273,20 +271,24 @@ impl MpsDaemons {
         Ok(daemon)
     }
 
-    /// Starts the daemon's server for this user and waits until it runs, then up to
-    /// [`LISTED_LIMIT`] until the driver lists it (its context made), so that the first
-    /// client's baseline already holds it.
-    fn await_server(
-        &self,
-        daemon: &Daemon,
-        server_listed: &dyn Fn(u32) -> bool,
-    ) -> Result<(), String> {
+    /// Starts the daemon's server for this user, waits up to [`SERVER_LIMIT`] until it runs,
+    /// then up to [`LISTED_LIMIT`] until the driver lists it (its context made), so that the
+    /// first client's baseline already holds it. A daemon that will not start its server ahead
+    /// (an older one) starts it for the first client, as MPS does by itself: that is said in
+    /// the log, and its clients go ahead.
+    fn await_server(&self, daemon: &Daemon, server_listed: &dyn Fn(u32) -> bool) {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
-        self.command(&daemon.dir, &format!("start_server -uid {uid}"))?;
+        if let Err(why) = self.command(&daemon.dir, &format!("start_server -uid {uid}")) {
+            tracing::warn!(
+                "MPS daemon {}: its server starts with its first client: {why}",
+                daemon.pid
+            );
+            return;
+        }
         let started = Instant::now();
         let mut server = None;
-        crate::process::backoff::poll_blocking(START_LIMIT, Duration::from_millis(10), || {
+        crate::process::backoff::poll_blocking(SERVER_LIMIT, Duration::from_millis(10), || {
             server = self
                 .command(&daemon.dir, "get_server_list")
                 .ok()
@@ -294,7 +296,13 @@ impl MpsDaemons {
             server.is_some()
         });
         let Some(pid) = server else {
-            return Err(format!("the MPS server did not start{}", said(&daemon.dir)));
+            tracing::warn!(
+                "MPS daemon {}: no server after {} s; it starts with its first client{}",
+                daemon.pid,
+                SERVER_LIMIT.as_secs(),
+                said(&daemon.dir)
+            );
+            return;
         };
         let listed =
             crate::process::backoff::poll_blocking(LISTED_LIMIT, Duration::from_millis(10), || {
@@ -310,7 +318,6 @@ impl MpsDaemons {
                 "not listed by the driver yet (it makes its context for its first client)"
             }
         );
-        Ok(())
     }
 
     /// Sends `command` to the daemon of `dir` (the control program reading it on stdin) and
