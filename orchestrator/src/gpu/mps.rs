@@ -6,8 +6,11 @@
 //! makes in 128 ms). Under MPS a client's start is a quarter of that and its kernels run beside
 //! the others'. So for each GPU that stages share through MPS, the host runs a control daemon
 //! of its own (`nvidia-cuda-mps-control -f`, or `ORCHESTRATE_MPS_CONTROL`):
-//! - in a private directory (`$TMPDIR/orchestrate-mps-<pid>-<n>/{pipe,log}`, mode 0700), so
-//!   it never meets the machine's own MPS daemon or another orchestrate's;
+//! - in a private directory (`mps-<GPU index>/{pipe,log}` in the host's directory of event
+//!   sockets, mode 0700), so it never meets the machine's own MPS daemon or another
+//!   orchestrate's. The same GPU's daemon has the same directory for as long as the host
+//!   lives: its clients' environment is the same from one daemon to the next, so the zygote
+//!   and standbys of Python stages (keyed by the environment) serve them all;
 //! - seeing that one GPU only (`CUDA_VISIBLE_DEVICES=<uuid>`), so that a fault in one GPU's
 //!   clients never stops the clients of another; its clients name it as device 0 (or by UUID);
 //! - with its server started before the first client's baseline is read, so that the server's
@@ -24,7 +27,7 @@ use super::GpuInfo;
 use crate::process::forkers::Forkers;
 use crate::process::reaper::{ExitWait, Reaper};
 use protocol::plan::VisibleDevices;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -53,12 +56,13 @@ const QUIT_LIMIT: Duration = Duration::from_secs(5);
 /// The MPS control daemons of a host, one per GPU that stages share through MPS now.
 pub struct MpsDaemons {
     program: PathBuf,
+    /// Where the daemons' directories are made (the host's private directory).
+    root: PathBuf,
     reaper: Reaper,
     /// The host's fork servers and zygotes: their standbys readied under a daemon are killed
     /// before it quits (each would be a client it waits for).
     forkers: Rc<Forkers>,
     daemons: RefCell<BTreeMap<String, Daemon>>,
-    started: Cell<u32>,
 }
 
 /// A control daemon of one GPU.
@@ -85,14 +89,20 @@ impl Drop for MpsClient {
 
 impl MpsDaemons {
     /// No daemon yet; `program` is the control program (see
-    /// [`crate::settings::Settings::mps_control`]).
-    pub fn new(program: PathBuf, reaper: Reaper, forkers: Rc<Forkers>) -> MpsDaemons {
+    /// [`crate::settings::Settings::mps_control`]), `root` a private directory of the host's
+    /// where the daemons' directories are made.
+    pub fn new(
+        program: PathBuf,
+        root: PathBuf,
+        reaper: Reaper,
+        forkers: Rc<Forkers>,
+    ) -> MpsDaemons {
         MpsDaemons {
             program,
+            root,
             reaper,
             forkers,
             daemons: RefCell::new(BTreeMap::new()),
-            started: Cell::new(0),
         }
     }
 
@@ -185,12 +195,9 @@ impl MpsDaemons {
 
     /// Starts the daemon of `gpu` and its server, and waits until the driver lists the server.
     fn start(&self, gpu: &GpuInfo, server_listed: &dyn Fn(u32) -> bool) -> Result<Daemon, String> {
-        let n = self.started.get();
-        self.started.set(n + 1);
-        let dir = std::env::temp_dir().join(format!(
-            "orchestrate-mps-{}-{n}",
-            crate::process::scan::own_pid()
-        ));
+        let dir = self.root.join(format!("mps-{}", gpu.index));
+        // What an earlier daemon of this GPU left (it ended on its own) goes first.
+        let _ = std::fs::remove_dir_all(&dir);
         make_private_dirs(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let daemon = self.spawn_daemon(gpu, &dir).inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);

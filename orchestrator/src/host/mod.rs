@@ -333,6 +333,7 @@ impl Host {
         let forkers = Rc::new(Forkers::new(&settings));
         let mps = Rc::new(crate::gpu::mps::MpsDaemons::new(
             settings.mps_control.clone(),
+            sockets.path().to_path_buf(),
             reaper.clone(),
             forkers.clone(),
         ));
