@@ -86,6 +86,16 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a zygote with nothing to import (`"auto"`'s first) is awaited.
 const BARE_WAIT: Duration = Duration::from_secs(3);
 
+/// A stage that comes while its zygote still imports, at least this long after the zygote
+/// started, came after an earlier stage of the sweep rather than beside it ([`LATE_GRACE`]).
+const LATE_STAGE: Duration = Duration::from_secs(5);
+
+/// How long such a late stage waits for the zygote, once per zygote start: the zygote began
+/// with the sweep's first stage and is near its end, where an exec'd stage would import
+/// everything again from nothing (on an H100, a zygote that read ahead was ready 0.04 s after
+/// the second stage of a chained sweep came, which was exec'd for 15.7 s).
+const LATE_GRACE: Duration = Duration::from_secs(2);
+
 /// How many of the modules a forked stage imported itself its report names.
 const IMPORTED_NAMED: usize = 5;
 
@@ -237,6 +247,8 @@ struct Starting {
     /// The environment of the latest stage with GPUs exec'd while it imports: once it is ready
     /// ([`standbys_when_ready`]), a standby is readied under it for the stage after.
     standby_for: Option<Vec<(String, String)>>,
+    /// Whether a late stage waited for it already ([`LATE_GRACE`]).
+    graced: bool,
 }
 
 thread_local! {
@@ -245,8 +257,9 @@ thread_local! {
 
 /// Starts `stage` by forking it from its zygote. The first stage of a zygote's key starts
 /// it and is exec'd: the zygote imports in the background and this thread (a run's loop, or
-/// the daemon's every run) never waits for it; stages of that key are forked once it is
-/// ready (a zygote with nothing to import is awaited, up to [`BARE_WAIT`]). What its lineage
+/// the daemon's every run) does not wait for it; stages of that key are forked once it is
+/// ready (a zygote with nothing to import is awaited, up to [`BARE_WAIT`]; the first stage
+/// that comes late in its imports, up to [`LATE_GRACE`]). What its lineage
 /// learned since it started makes this call start its next generation, in the background.
 /// Returns the stage's PID (a child of this process in its own session, not yet registered
 /// with `reaper`: register it before the next `.await`) and generation. An error says why
@@ -276,7 +289,7 @@ fn spawn(
         let mut zygotes = zygotes.borrow_mut();
         let state = match zygotes.remove(&key) {
             None => start(&lineage, env, reaper),
-            Some(State::Starting(starting)) => ready(starting),
+            Some(State::Starting(starting)) => ready_or_late(starting),
             Some(State::Serving(zygote)) => {
                 State::Serving(advance(zygote, Place { key, standbys }, &lineage, reaper))
             }
@@ -546,6 +559,7 @@ fn ready(starting: Starting) -> State {
         mut learned,
         seen,
         standby_for: _,
+        graced: _,
     } = starting;
     match server.finish(reply) {
         Ok(server) => {
@@ -791,6 +805,7 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
                 learned: knowledge.learned,
                 seen,
                 standby_for: None,
+                graced: false,
             };
             match bare {
                 true => settle(starting, BARE_WAIT),
@@ -799,6 +814,16 @@ fn start(key: &Key<'_>, env: Vec<(String, String)>, reaper: &Reaper) -> State {
         }
         Err(why) => failed(why),
     }
+}
+
+/// `starting`'s state now, or, for the first stage that comes [`LATE_STAGE`] or more after it
+/// started, once it is ready or [`LATE_GRACE`] has passed: this thread waits that once.
+fn ready_or_late(mut starting: Starting) -> State {
+    if starting.graced || starting.server.elapsed() < LATE_STAGE {
+        return ready(starting);
+    }
+    starting.graced = true;
+    settle(starting, LATE_GRACE)
 }
 
 /// `starting`'s state once it is ready or failed, or after `wait`.

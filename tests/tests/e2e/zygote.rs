@@ -1581,3 +1581,37 @@ fn a_module_that_uses_nvml_at_import_is_still_left_out() {
 }
 
 mod read_ahead;
+
+/// A stage that comes late in its zygote's imports (after an earlier stage of the chain ran
+/// for most of them) waits the moment the zygote still needs, and is forked, where an exec'd
+/// stage would import everything again.
+#[test]
+fn a_stage_that_comes_late_in_the_zygote_s_imports_waits_for_it_and_is_forked() {
+    python_available();
+    let s = Scratch::new("zygote-late");
+    // The zygote is ready some 6 s after its start; the first stage ends 5.5 s after its own.
+    s.write(
+        "mods/zygote_late_import.py",
+        "import time\ntime.sleep(6.0)\n",
+    );
+    s.write("long.py", "import time\ntime.sleep(5.5)\n");
+    s.write("quick.py", "print('quick')\n");
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\npreload = [\"zygote_late_import\"]\n\n\
+             [[stage]]\nname = \"first\"\ncommand = [\"python3\", \"long.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n\n\
+             [[stage]]\nname = \"second\"\nafter = [\"first\"]\ncommand = [\"python3\", \"quick.py\"]\nenv = {{ PYTHONPATH = \"{m}\" }}\n",
+            m = s.path().join("mods").display()
+        ),
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[]));
+    let first = stage_start(&run_dir, "first");
+    assert_eq!(first["via"], "exec", "{first}");
+    let second = stage_start(&run_dir, "second");
+    assert_eq!(
+        second["via"], "zygote",
+        "the late stage was not forked: {second}"
+    );
+}
