@@ -20,7 +20,7 @@
 //!   given whole to the next stage has nothing of MPS on it.
 //!
 //! A GPU whose daemon cannot be started is shared by time slicing, and each stage's start line
-//! says why. The sharing verdict ([`super::shared`]) is unchanged: the driver lists every MPS
+//! says why. The sharing verdict (`gpu::shared`) is unchanged: the driver lists every MPS
 //! client with its own memory, and the server as a process that is not the stage's.
 
 use super::GpuInfo;
