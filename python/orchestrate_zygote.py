@@ -63,9 +63,11 @@ Promises:
   then its attribute, which loads what a lazy module loads on access), and those it could
   import from its own sys.path that are not the user's own (found beside the script or in the
   stage's working directory) are imported after the learned modules, checked as they are, and
-  named in the ready message (`read_ahead`). With learning on, each `forked` reply names what
-  the stage's script imports that the zygote lacks (`lacks`, read once per script version), so
-  that its next generation imports it;
+  named in the ready message (`read_ahead`). The user's own modules the script imports are
+  parsed too (never imported), for what they import at their top level. With learning on,
+  each `forked` reply names what the stage's script imports that the zygote lacks (`lacks`,
+  read once per version of the script and the user modules read for it), so that its next
+  generation imports it;
 - a stage process is re-parented to orchestrate (through an intermediate process that exits),
   in its own session, with PR_SET_PDEATHSIG, stdin /dev/null, the stage's stdout/stderr,
   environment, working directory and argv, and runs its script as `python script.py` or
@@ -1151,8 +1153,10 @@ def wait_for_stage(sock, ahead, recorded):
 # (`ast`, nothing run), so that a zygote holds them before the first stage it forks imports
 # them (transformers' model classes, which a preload list naming `transformers` does not load).
 
-MAX_READ_AHEAD = 200  # entries taken from one script at most
-_SCANS = {}  # (script, cwd) -> ((mtime_ns, size), entries it lacks): a fork looks once per version
+MAX_READ_AHEAD = 200  # entries taken from one script (with its user modules) at most
+MAX_OWN_DEPTH = 3  # user modules are followed this many imports deep from the script at most
+MAX_OWN_FILES = 50  # user modules' files read for one script at most
+_SCANS = {}  # (script, cwd) -> ({file read: identity}, entries it lacks): once per version
 
 
 def _script_of(argv, cwd):
@@ -1186,20 +1190,21 @@ def _script_of(argv, cwd):
     return origin, f"-m {name}", cwd
 
 
-def script_imports(path):
-    """The imports at the top level of the script at `path` (and in the plain `if` and `try`
-    blocks there; not in functions or classes), in order, each once: `import a.b` gives `a.b`,
-    `from a.b import C` gives `a.b:C` (`a.b` for `*`); relative imports and `__future__` are
-    skipped. Read with `ast`: nothing of the script runs. Raises OSError, SyntaxError,
+def _top_level_imports(path):
+    """The imports at the top level of the source file at `path` (and in the plain `if` and
+    `try` blocks there; not in functions or classes), in order, each once: (entries, relative).
+    `import a.b` gives the entry `a.b`, `from a.b import C` gives `a.b:C` (`a.b` for `*`);
+    `__future__` is skipped; a relative import is given in `relative` as (level, module or
+    "", names). Read with `ast`: nothing of the file runs. Raises OSError, SyntaxError,
     ValueError."""
     import ast
 
     with open(path, "rb") as source:
         tree = ast.parse(source.read(), filename=path)
-    entries = []
+    entries, relative = [], []
 
     def add(entry):
-        if entry not in entries and len(entries) < MAX_READ_AHEAD:
+        if entry not in entries:
             entries.append(entry)
 
     def visit(body):
@@ -1208,7 +1213,10 @@ def script_imports(path):
                 for alias in node.names:
                     add(alias.name)
             elif isinstance(node, ast.ImportFrom):
-                if node.level or not node.module or node.module == "__future__":
+                if node.level:
+                    relative.append((node.level, node.module or "", [a.name for a in node.names]))
+                    continue
+                if not node.module or node.module == "__future__":
                     continue
                 for alias in node.names:
                     add(node.module if alias.name == "*" else f"{node.module}:{alias.name}")
@@ -1223,7 +1231,99 @@ def script_imports(path):
                 visit(node.finalbody)
 
     visit(tree.body)
-    return entries
+    return entries, relative
+
+
+def script_imports(path):
+    """The entries the script at `path` imports at its top level (see `_top_level_imports`),
+    at most MAX_READ_AHEAD; relative imports are skipped. Raises OSError, SyntaxError,
+    ValueError."""
+    return _top_level_imports(path)[0][:MAX_READ_AHEAD]
+
+
+def _module_files(name, search, then=None):
+    """The `.py` files importing module `name` (dotted) from directories `search` runs: each
+    package's `__init__.py` on the way and the module's own file; with `then`, also that of
+    submodule `name.then` when `name` is a package (as `from name import then` may import
+    it). Empty when `name` is not found there."""
+    files, parts, spec = [], name.split(".") + ([then] if then else []), None
+    try:
+        for n, part in enumerate(parts):
+            if n and (spec is None or spec.submodule_search_locations is None):
+                break
+            if not part.isidentifier():
+                break
+            where = search if n == 0 else list(spec.submodule_search_locations)
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: n + 1]), where)
+            if spec is None:
+                break
+            origin = getattr(spec, "origin", None)
+            if isinstance(origin, str) and origin.endswith(".py"):
+                files.append(origin)
+    except (ImportError, ValueError):
+        pass
+    return files
+
+
+def _own_files(entry, own_dirs):
+    """The source files of the user's own module (found in `own_dirs`) that importing `entry`
+    runs; empty when `entry` is not the user's own."""
+    module, attribute = _entry_parts(entry)
+    return _module_files(module, own_dirs, attribute)
+
+
+def _relative_files(path, relative, own_dirs):
+    """The files the relative imports `relative` of the module at `path` name (resolved
+    against its package, the directory of `path`), those that lie under `own_dirs` only."""
+    roots = [os.path.realpath(d) + os.sep for d in own_dirs]
+    files = []
+    for level, module, names in relative:
+        base = os.path.dirname(os.path.realpath(path))
+        for _ in range(level - 1):
+            base = os.path.dirname(base)
+        if not (base + os.sep).startswith(tuple(roots)):
+            continue
+        if not module:  # `from . import a, b`: each a module of the package
+            for name in names:
+                files += _module_files(name, [base])
+            continue
+        for name in names:
+            files += _module_files(module, [base], None if name == "*" else name)
+    return files
+
+
+def _imports_following_own(path, own_dirs):
+    """What the script at `path` imports at its top level, as `_top_level_imports`' entries,
+    with the user's own modules it imports (found in `own_dirs`, or through relative imports
+    inside them) read too, never imported: their entries come before the entry that names
+    them, as their imports run first. A user module is read once (cycles end there), at most
+    MAX_OWN_DEPTH imports deep and MAX_OWN_FILES files in all. Returns (entries, at most
+    MAX_READ_AHEAD; {every file read: its identity}). Raises what reading the script raises;
+    a user module that cannot be read is passed over."""
+    read = {os.path.realpath(path): _identity(path)}
+    entries = []
+
+    def follow(files, depth):
+        for file in files:
+            real = os.path.realpath(file)
+            if depth > MAX_OWN_DEPTH or real in read or len(read) > MAX_OWN_FILES:
+                continue
+            read[real] = _identity(real)
+            try:
+                visit(real, depth)
+            except Exception as error:  # noqa: BLE001 - a module it cannot read is passed over
+                log(f"cannot read ahead from a module the script imports: {error!r}")
+
+    def visit(file, depth):
+        found, relative = _top_level_imports(file)
+        for entry in found:
+            follow(_own_files(entry, own_dirs), depth + 1)
+            if entry not in entries:
+                entries.append(entry)
+        follow(_relative_files(file, relative, own_dirs), depth + 1)
+
+    visit(path, 0)
+    return entries[:MAX_READ_AHEAD], read
 
 
 def _importable_here(top, own_dirs, cache):
@@ -1241,23 +1341,19 @@ def _importable_here(top, own_dirs, cache):
     return cache[top]
 
 
-def read_ahead(argv, cwd, left_out):
-    """What this process lacks of what the script of command `argv` (run in `cwd`) imports at
-    its top level (`script_imports`): the entries it does not hold, could import from its own
-    sys.path, that are not the user's own code, and not under a module of `left_out` (names).
-    Returns (how the command names its script, entries), or None when the command runs no
-    script it can read."""
+def _read_ahead(argv, cwd, left_out):
+    """`read_ahead`, with the files read: (named, entries, {file: identity}), or None."""
     found = _script_of(argv, cwd)
     if found is None:
         return None
     path, named, own_dir = found
+    own_dirs = sorted({own_dir, os.path.realpath(cwd), cwd})
     try:
-        entries = script_imports(path)
+        entries, read = _imports_following_own(path, own_dirs)
     except Exception as error:  # noqa: BLE001 - a script it cannot read is one it does not read ahead
         log(f"cannot read ahead from {named}: {error!r}")
         return None
     cache = {}
-    own_dirs = sorted({own_dir, os.path.realpath(cwd), cwd})
     lacks = [
         e for e in entries
         if not _held(e)
@@ -1265,28 +1361,44 @@ def read_ahead(argv, cwd, left_out):
         and all(part.isidentifier() for part in _entry_parts(e)[0].split("."))
         and _importable_here(e.split(".")[0].split(":")[0], own_dirs, cache)
     ]
-    return named, lacks
+    return named, lacks, read
+
+
+def read_ahead(argv, cwd, left_out):
+    """What this process lacks of what the script of command `argv` (run in `cwd`) imports at
+    its top level, the user's own modules it imports read too (`_imports_following_own`): the
+    entries it does not hold, could import from its own sys.path, that are not the user's own
+    code, and not under a module of `left_out` (names). Returns (how the command names its
+    script, entries), or None when the command runs no script it can read."""
+    got = _read_ahead(argv, cwd, left_out)
+    return None if got is None else got[:2]
+
+
+def _unchanged(read):
+    """Whether every file of `read` ({path: identity}) is as it was."""
+    return all(_identity(path) == identity for path, identity in read.items())
 
 
 def lacks_for_fork(request, left_out):
     """In a serving zygote: the entries the script of fork `request` imports at its top level
     that this zygote lacks (see `read_ahead`), so that its next generation imports them.
-    Cached per script and working directory until the script changes on disk."""
+    Cached per script and working directory until the script, or a user module read for it,
+    changes on disk."""
     argv, cwd = request.get("argv") or [], request.get("cwd") or "/"
     try:
         found = _script_of(argv, cwd)
         if found is None:
             return []
-        identity = _identity(found[0])
         cached = _SCANS.get((found[0], cwd))
-        if cached is not None and cached[0] == identity:
+        if cached is not None and _unchanged(cached[0]):
             return cached[1]
-        got = read_ahead(argv, cwd, left_out)
+        read = {found[0]: _identity(found[0])}
+        got = _read_ahead(argv, cwd, left_out)
     except Exception as error:  # noqa: BLE001 - never a reason to fail a fork
         log(f"cannot read ahead for a fork: {error!r}")
         return []
     lacks = got[1] if got else []
-    _SCANS[(found[0], cwd)] = (identity, lacks)
+    _SCANS[(found[0], cwd)] = (got[2] if got else read, lacks)
     if lacks:
         log(f"a stage's script {got[0]} imports what generation {_GENERATION} lacks: {', '.join(lacks)}")
     return lacks

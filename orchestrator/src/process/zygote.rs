@@ -938,6 +938,18 @@ assert z.read_ahead(["python3", "-m", "plainmod"], here, [])[0] == "-m plainmod"
 assert z.read_ahead(["python3", "-c", "1"], here, []) is None
 request = {"argv": ["python3", "scripts/train.py"], "cwd": here}
 assert z.lacks_for_fork(request, []) == lacks
+follows = ["python3", "scripts/follows.py"]
+got = z.read_ahead(follows, here, [])[1]
+assert got == ["plainmod", "lazypkg:Model", "latermod", "threader"], got
+got = z.lacks_for_fork({"argv": follows, "cwd": here}, [])
+assert got == ["plainmod", "lazypkg:Model", "latermod", "threader"], got
+with open(os.path.join(here, "scripts", "cyc_b.py"), "a") as cyc_b:
+    cyc_b.write("import fractions\n")
+got = z.lacks_for_fork({"argv": follows, "cwd": here}, [])
+assert got == ["plainmod", "lazypkg:Model", "latermod", "fractions", "threader"], got
+got = z.read_ahead(["python3", "scripts/relative.py"], here, [])[1]
+assert got == ["plainmod", "latermod"], got
+assert not {"helper", "cyc_a", "cyc_b", "upkg"} & set(sys.modules)
 assert not z._held("lazypkg:Model")
 z._import_entry("lazypkg:Model")
 assert z._held("lazypkg:Model") and "lazypkg.modeling" in sys.modules
@@ -959,6 +971,24 @@ print("ok")
         s.write("mods/lazypkg/modeling.py", "class Model:\n    pass\n");
         s.write("scripts/localmod.py", "");
         s.write("cwdmod.py", "");
+        s.write("mods/latermod.py", "X = 1\n");
+        s.write("scripts/follows.py", "import os\nimport helper\n");
+        s.write(
+            "scripts/helper.py",
+            "import plainmod\nfrom lazypkg import Model\nimport cyc_a\nimport os\n",
+        );
+        s.write("scripts/cyc_a.py", "import cyc_b\nimport threader\n");
+        s.write(
+            "scripts/cyc_b.py",
+            "import cyc_a\nfrom helper import f\nimport latermod\n",
+        );
+        s.write("scripts/relative.py", "from upkg import thing\n");
+        s.write(
+            "scripts/upkg/__init__.py",
+            "from .sub import y\nfrom . import other\n",
+        );
+        s.write("scripts/upkg/sub.py", "import plainmod\n");
+        s.write("scripts/upkg/other.py", "import latermod\n");
         s.write(
             "scripts/train.py",
             "import os\nfrom . import sibling\nimport plainmod, localmod, cwdmod\n\

@@ -3,9 +3,9 @@
 //! ready, so that the first stage it forks, in the first sweep from an empty cache, finds a
 //! lazily loaded class (`from pkg import Name`, loaded on attribute access as transformers'
 //! model classes are) already imported. What would leave the zygote unfit is left out and
-//! named; the user's own modules (beside the script, in the working directory) are not
-//! imported; a later stage's script with other imports teaches the next generation at its
-//! fork.
+//! named; the user's own modules (beside the script, in the working directory) are read for
+//! what they import, never imported; a later stage's script with other imports teaches the
+//! next generation at its fork.
 
 use super::*;
 
@@ -268,6 +268,56 @@ fn the_user_s_own_modules_beside_the_script_or_in_the_working_directory_are_not_
         !log.contains("localmod") && !log.contains("cwdmod"),
         "{log}"
     );
+}
+
+#[test]
+fn what_the_user_s_own_modules_import_is_read_ahead_but_they_are_not_imported() {
+    python_available();
+    let s = Scratch::new("zygote-read-ahead-follows");
+    write_modules(&s);
+    s.write("mods/plainmod.py", "X = 1\n");
+    s.write("mods/lazypkg/__init__.py", LAZY_INIT);
+    s.write("mods/lazypkg/modeling.py", "class Model:\n    pass\n");
+    // The user's own module beside the script: what the script imports goes through it.
+    s.write(
+        "scripts/helper.py",
+        "import plainmod\nfrom lazypkg import Model\nX = 1\n",
+    );
+    let watched = ["plainmod", "lazypkg", "lazypkg.modeling", "helper"];
+    s.write(
+        "scripts/follows.py",
+        &sweep_script(&watched, "import helper\n", false),
+    );
+    let mods = s.path().join("mods").display().to_string();
+    let plan = sweep_plan(
+        &s,
+        &mods,
+        &[
+            ("first", "scripts/follows.py"),
+            ("second", "scripts/follows.py"),
+        ],
+    );
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, &[]));
+    let second = stage_start(&run_dir, "second");
+    assert_eq!(second["via"], "zygote", "{second}");
+    assert_eq!(
+        second["read_ahead"],
+        serde_json::json!({"script": "scripts/follows.py", "modules": ["glob", "plainmod", "lazypkg:Model"]}),
+        "{second}"
+    );
+    // The zygote held what helper imports, but not helper, which the stage imported itself.
+    assert_eq!(
+        stdout_json(&run_dir, "second"),
+        serde_json::json!({"plainmod": true, "lazypkg": true, "lazypkg.modeling": true, "helper": false})
+    );
+    let itself = imported_itself(&second);
+    assert!(itself.contains(&"helper".to_string()), "{second}");
+    for module in ["plainmod", "lazypkg", "lazypkg.modeling"] {
+        assert!(!itself.contains(&module.to_string()), "{second}");
+    }
+    let log = zygote_log(&s);
+    assert!(!log.contains("helper"), "{log}");
 }
 
 #[test]
