@@ -289,3 +289,57 @@ fn without_an_mps_control_program_stages_share_by_time_slicing_and_say_why() {
         "{console}"
     );
 }
+
+/// A daemon's runs that share a GPU through MPS, one after the other: each run's stages are
+/// clients of a daemon started for them and stopped after them, and both daemons have the
+/// same directory, so the stages' environment (what a zygote is keyed by) is the same.
+#[test]
+fn a_daemon_s_mps_runs_have_a_daemon_each_in_one_directory() {
+    let s = Scratch::new("gpu-sharing-mps-daemon");
+    let plan = std::fs::read_to_string(mps_plan(&s)).unwrap();
+    let holders = s.path().join("holders");
+    std::fs::create_dir_all(&holders).unwrap();
+    let log = s.path().join("mps.log");
+    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
+    let d = e2e_tests::daemon::TestDaemon::start_in_with(
+        s.path(),
+        "5s",
+        &[],
+        &[
+            ("ORCHESTRATE_FAKE_GPUS", "1"),
+            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
+            ("ORCHESTRATE_MPS_CONTROL", standin.to_str().unwrap()),
+            ("MPS_STANDIN_LOG", log.to_str().unwrap()),
+        ],
+    );
+    let mut c = d.connect();
+    let mut pipes = Vec::new();
+    for _ in 0..2 {
+        let id = c.submit_toml(&plan, s.path());
+        let run = c.wait(&id);
+        assert_eq!(run["state"], "succeeded", "{run}\n{}", d.log());
+        let dir = std::path::PathBuf::from(run["run_dir"].as_str().unwrap());
+        let env = std::fs::read_to_string(dir.join("stages/a/output/env.txt")).unwrap();
+        let pipe = env
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("pipe="))
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| panic!("no MPS pipe directory: {env}"))
+            .to_string();
+        pipes.push(pipe);
+    }
+    assert_eq!(
+        pipes[0], pipes[1],
+        "the second run's daemon had another directory"
+    );
+    let said = std::fs::read_to_string(&log).unwrap();
+    let kinds: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["daemon", "server", "quit", "daemon", "server", "quit"],
+        "{said}"
+    );
+}
