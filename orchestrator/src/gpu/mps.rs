@@ -79,11 +79,13 @@ struct Daemon {
 pub struct MpsClient {
     daemons: Rc<MpsDaemons>,
     uuid: String,
+    /// The daemon it joined (a daemon that replaced it has other clients).
+    daemon: i32,
 }
 
 impl Drop for MpsClient {
     fn drop(&mut self) {
-        self.daemons.leave(&self.uuid);
+        self.daemons.leave(&self.uuid, self.daemon);
     }
 }
 
@@ -110,7 +112,8 @@ impl MpsDaemons {
     /// none runs: the variables to add to its environment (they replace its
     /// `CUDA_VISIBLE_DEVICES`) and its place among the clients. `Err` says why the GPU has no
     /// daemon; the stage then shares it by time slicing. `server_listed` says whether the
-    /// driver lists a process: the daemon is ready once its server is listed.
+    /// driver lists a process: a new daemon's server is awaited until it is listed (see
+    /// [`MpsDaemons::await_server`]).
     pub fn join(
         self: &Rc<Self>,
         gpu: &GpuInfo,
@@ -122,17 +125,15 @@ impl MpsDaemons {
             .borrow_mut()
             .get_mut(&gpu.uuid)
             .map(|d| d.exit.try_wait().is_none());
-        if running == Some(false) {
-            // It ended on its own (killed, crashed): a fresh one replaces it.
-            if let Some(dead) = self.daemons.borrow_mut().remove(&gpu.uuid) {
+        if running != Some(true) {
+            // None, or one that ended on its own (killed, crashed): a fresh one replaces it,
+            // and the clients of the one it replaces leave nothing when they go.
+            if self.daemons.borrow_mut().remove(&gpu.uuid).is_some() {
                 tracing::warn!(
                     "the MPS daemon of GPU {} had ended; starting another",
                     gpu.uuid
                 );
-                let _ = std::fs::remove_dir_all(&dead.dir);
             }
-        }
-        if running != Some(true) {
             let daemon = self.start(gpu, server_listed)?;
             self.daemons.borrow_mut().insert(gpu.uuid.clone(), daemon);
         }
@@ -157,13 +158,9 @@ impl MpsDaemons {
         let client = MpsClient {
             daemons: self.clone(),
             uuid: gpu.uuid.clone(),
+            daemon: daemon.pid,
         };
         Ok((env, client))
-    }
-
-    /// The GPUs that have a daemon now.
-    pub fn gpus(&self) -> Vec<String> {
-        self.daemons.borrow().keys().cloned().collect()
     }
 
     /// Stops every daemon (the host is done).
@@ -174,11 +171,11 @@ impl MpsDaemons {
         }
     }
 
-    /// A client of `uuid`'s daemon was judged: the last one's going stops the daemon.
-    fn leave(&self, uuid: &str) {
+    /// A client of daemon `pid` of `uuid` was judged: the last one's going stops the daemon.
+    fn leave(&self, uuid: &str, pid: i32) {
         let last = {
             let mut daemons = self.daemons.borrow_mut();
-            match daemons.get_mut(uuid) {
+            match daemons.get_mut(uuid).filter(|d| d.pid == pid) {
                 Some(d) => {
                     d.clients = d.clients.saturating_sub(1);
                     d.clients == 0

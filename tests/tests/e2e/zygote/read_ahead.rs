@@ -63,6 +63,17 @@ fn sweep_plan(s: &Scratch, pythonpath: &str, stages: &[(&str, &str)]) -> std::pa
     s.write("plan.toml", &plan)
 }
 
+/// The modules of these tests in the test's `mods`: the zygote tests' own ([`write_modules`]),
+/// `plainmod`, and with `lazy` the lazily loading package `lazypkg` ([`LAZY_INIT`]).
+fn write_sweep_modules(s: &Scratch, lazy: bool) {
+    write_modules(s);
+    s.write("mods/plainmod.py", "X = 1\n");
+    if lazy {
+        s.write("mods/lazypkg/__init__.py", LAZY_INIT);
+        s.write("mods/lazypkg/modeling.py", "class Model:\n    pass\n");
+    }
+}
+
 /// What the lineage's log says (the zygote cache beside the test's run).
 fn zygote_log(s: &Scratch) -> String {
     cache_files(s, "log").concat()
@@ -80,10 +91,7 @@ fn imported_itself(start: &Value) -> Vec<String> {
 fn the_first_sweep_from_an_empty_cache_forks_its_second_stage_with_the_script_s_imports_held() {
     python_available();
     let s = Scratch::new("zygote-read-ahead");
-    write_modules(&s);
-    s.write("mods/plainmod.py", "X = 1\n");
-    s.write("mods/lazypkg/__init__.py", LAZY_INIT);
-    s.write("mods/lazypkg/modeling.py", "class Model:\n    pass\n");
+    write_sweep_modules(&s, true);
     s.write("mods/othermod.py", "X = 2\n");
     let watched = ["plainmod", "lazypkg", "lazypkg.modeling", "othermod"];
     let uses = "import plainmod\nfrom lazypkg import Model\n";
@@ -166,8 +174,7 @@ fn the_first_sweep_from_an_empty_cache_forks_its_second_stage_with_the_script_s_
 fn a_script_import_that_would_leave_the_zygote_unfit_is_left_out_and_named() {
     python_available();
     let s = Scratch::new("zygote-read-ahead-unfit");
-    write_modules(&s);
-    s.write("mods/plainmod.py", "X = 1\n");
+    write_sweep_modules(&s, false);
     s.write("mods/threader/__init__.py", THREADER);
     // Reads, at import, a variable orchestrate sets for each stage.
     s.write(
@@ -223,8 +230,7 @@ fn a_script_import_that_would_leave_the_zygote_unfit_is_left_out_and_named() {
 fn the_user_s_own_modules_beside_the_script_or_in_the_working_directory_are_not_read_ahead() {
     python_available();
     let s = Scratch::new("zygote-read-ahead-own");
-    write_modules(&s);
-    s.write("mods/plainmod.py", "X = 1\n");
+    write_sweep_modules(&s, false);
     // Beside the script, and in the stage's working directory (the plan's): the user's own,
     // which another stage may have otherwise, although the zygote's PYTHONPATH finds both.
     s.write("scripts/localmod.py", "X = 1\n");
@@ -274,10 +280,7 @@ fn the_user_s_own_modules_beside_the_script_or_in_the_working_directory_are_not_
 fn what_the_user_s_own_modules_import_is_read_ahead_but_they_are_not_imported() {
     python_available();
     let s = Scratch::new("zygote-read-ahead-follows");
-    write_modules(&s);
-    s.write("mods/plainmod.py", "X = 1\n");
-    s.write("mods/lazypkg/__init__.py", LAZY_INIT);
-    s.write("mods/lazypkg/modeling.py", "class Model:\n    pass\n");
+    write_sweep_modules(&s, true);
     // The user's own module beside the script: what the script imports goes through it.
     s.write(
         "scripts/helper.py",
@@ -324,8 +327,7 @@ fn what_the_user_s_own_modules_import_is_read_ahead_but_they_are_not_imported() 
 fn with_learning_off_nothing_is_read_ahead() {
     python_available();
     let s = Scratch::new("zygote-read-ahead-off");
-    write_modules(&s);
-    s.write("mods/plainmod.py", "X = 1\n");
+    write_sweep_modules(&s, false);
     s.write(
         "uses.py",
         &sweep_script(&["plainmod"], "import plainmod\n", false),
