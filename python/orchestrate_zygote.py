@@ -1156,7 +1156,7 @@ def wait_for_stage(sock, ahead, recorded):
 MAX_READ_AHEAD = 200  # entries taken from one script (with its user modules) at most
 MAX_OWN_DEPTH = 3  # user modules are followed this many imports deep from the script at most
 MAX_OWN_FILES = 50  # user modules' files read for one script at most
-_SCANS = {}  # (script, cwd) -> ({file read: identity}, entries it lacks): once per version
+_SCANS = {}  # (script, cwd) -> {file read: identity}: what the fork it was scanned for told
 
 
 def _script_of(argv, cwd):
@@ -1382,23 +1382,24 @@ def _unchanged(read):
 def lacks_for_fork(request, left_out):
     """In a serving zygote: the entries the script of fork `request` imports at its top level
     that this zygote lacks (see `read_ahead`), so that its next generation imports them.
-    Cached per script and working directory until the script, or a user module read for it,
-    changes on disk."""
+    Told once per scan: a scan is cached per script and working directory until the script,
+    or a user module read for it, changes on disk, and a later fork of that script is told
+    nothing (orchestrate keeps what it was told, and the next generation imports it)."""
     argv, cwd = request.get("argv") or [], request.get("cwd") or "/"
     try:
         found = _script_of(argv, cwd)
         if found is None:
             return []
         cached = _SCANS.get((found[0], cwd))
-        if cached is not None and _unchanged(cached[0]):
-            return cached[1]
+        if cached is not None and _unchanged(cached):
+            return []
         read = {found[0]: _identity(found[0])}
         got = _read_ahead(argv, cwd, left_out)
     except Exception as error:  # noqa: BLE001 - never a reason to fail a fork
         log(f"cannot read ahead for a fork: {error!r}")
         return []
     lacks = got[1] if got else []
-    _SCANS[(found[0], cwd)] = (got[2] if got else read, lacks)
+    _SCANS[(found[0], cwd)] = got[2] if got else read
     if lacks:
         log(f"a stage's script {got[0]} imports what generation {_GENERATION} lacks: {', '.join(lacks)}")
     return lacks
