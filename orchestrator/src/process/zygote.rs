@@ -244,9 +244,11 @@ struct Starting {
     generation: u32,
     learned: Vec<String>,
     seen: u64,
-    /// The environment of the latest stage with GPUs exec'd while it imports: once it is ready
-    /// ([`standbys_when_ready`]), a standby is readied under it for the stage after.
-    standby_for: Option<Vec<(String, String)>>,
+    /// The environment of the latest stage with GPUs exec'd while it imports, and whether it
+    /// shares its GPU through MPS: once the zygote is ready ([`standbys_when_ready`]), a
+    /// standby is readied under it for the stage after (making its context ahead for such a
+    /// stage).
+    standby_for: Option<(Vec<(String, String)>, bool)>,
     /// Whether a late stage waited for it already ([`LATE_GRACE`]).
     graced: bool,
 }
@@ -299,7 +301,8 @@ fn spawn(
             State::Serving(z) => z,
             State::Starting(starting) => {
                 if gives_gpus(stage.worker.env) {
-                    starting.standby_for = Some(standby_env(stage.worker.env));
+                    let env = standby_env(stage.worker.env);
+                    starting.standby_for = Some((env, stage.worker.context_ahead));
                 }
                 return Err(Fallback::Starting {
                     seconds: starting.server.elapsed().as_secs_f64(),
@@ -337,7 +340,8 @@ fn spawn(
                 }
                 if gives_gpus(stage.worker.env) {
                     let env = standby_env(stage.worker.env);
-                    standbys.request(&mut zygote.server, &standby_of, &env, true);
+                    let ahead = stage.worker.context_ahead;
+                    standbys.request(&mut zygote.server, &standby_of, &env, true, ahead);
                 }
                 return Ok(Forked {
                     pid,
@@ -635,9 +639,9 @@ fn standbys_when_ready(standbys: &Standbys) {
 fn standby_once_ready(mut starting: Starting, key: u64, standbys: &Standbys) -> State {
     let env = starting.standby_for.take();
     match (ready(starting), env) {
-        (State::Serving(mut zygote), Some(env)) => {
+        (State::Serving(mut zygote), Some((env, context_ahead))) => {
             let program = standby_key(key, zygote.generation);
-            standbys.request(&mut zygote.server, &program, &env, true);
+            standbys.request(&mut zygote.server, &program, &env, true, context_ahead);
             State::Serving(zygote)
         }
         (State::Starting(mut starting), env) => {

@@ -140,6 +140,7 @@ mod tests {
             parent: 1,
             cgroup: None,
             standby: true,
+            context_ahead: false,
         }
     }
 

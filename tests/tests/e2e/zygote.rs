@@ -1422,6 +1422,124 @@ fn a_standby_follows_its_zygote_to_the_next_generation() {
     }
 }
 
+/// A module the zygote leaves out (it starts a thread at import), which a standby imports
+/// ahead: in a standby (the zygote's `wait_for_stage` is on the stack) it also lists the
+/// process on the stand-in GPU with 256 MiB, as the driver lists a standby that made its CUDA
+/// context ahead.
+const LISTS_IN_STANDBY: &str = r#"import inspect, os, threading, time
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+NOTE = {"pid": os.getpid(), "at": time.time(), "listed": False}
+if any(frame.function == "wait_for_stage" for frame in inspect.stack()):
+    held = os.path.join(os.environ["HOLDERS"], "GPU-fake-0.d")
+    os.makedirs(held, exist_ok=True)
+    with open(os.path.join(held, f"context-{os.getpid()}"), "w") as f:
+        f.write(f"{os.getpid()} python 268435456\n")
+    NOTE["listed"] = True
+"#;
+
+/// A stage that prints its PID and the module's note, works for 1 s, and takes its listing
+/// off the stand-in GPU as it ends (the driver's context goes with the process).
+const SHOWS_AND_RELEASES: &str = r#"import json, os, time
+module = __import__(os.environ["MODULE"])
+print(json.dumps({"pid": os.getpid(), "note": module.NOTE}), flush=True)
+time.sleep(1)
+try:
+    os.remove(os.path.join(os.environ["HOLDERS"], "GPU-fake-0.d", f"context-{os.getpid()}"))
+except FileNotFoundError:
+    pass
+"#;
+
+/// Stages that share a GPU through MPS begin as standbys that made their CUDA context ahead
+/// (asked so by orchestrate; without a driver here the standby says why it made none), and a
+/// standby the driver lists on the GPU is still taken on by such a stage (a stage given its GPU
+/// whole kills one instead); every verdict stays clean and nothing is left.
+#[test]
+fn stages_sharing_through_mps_begin_as_standbys_that_made_their_context_ahead() {
+    python_available();
+    let s = Scratch::new("zygote-standby-mps");
+    write_modules(&s);
+    s.write("mods/ctxahead.py", LISTS_IN_STANDBY);
+    s.write("shows.py", SHOWS_AND_RELEASES);
+    let holders = s.path().join("holders");
+    let env = format!(
+        "{{ PYTHONPATH = \"{}\", MODULE = \"ctxahead\", HOLDERS = \"{}\" }}",
+        s.path().join("mods").display(),
+        holders.display()
+    );
+    let names = ["a", "b", "c", "d", "e", "f"];
+    let mut plan = format!(
+        "[run]\npreload = [\"heavy\", \"ctxahead\"]\ngpu_sharing = \"mps\"\nmax_parallel = 2\n\
+         reclaim_timeout = \"2s\"\n\n{}",
+        warm_stage("warm", "gpu_memory = \"4GiB\"\n", &env)
+    );
+    for name in names {
+        plan += &format!(
+            "[[stage]]\nname = \"{name}\"\nafter = [\"warm\"]\ngpu_memory = \"4GiB\"\n\
+             command = [\"python3\", \"shows.py\"]\nenv = {env}\n\n"
+        );
+    }
+    let plan = s.write("plan.toml", &plan);
+    let run_dir = s.path().join("run");
+    std::fs::create_dir_all(&holders).unwrap();
+    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
+    let out = run(
+        &plan,
+        &run_dir,
+        &[
+            ("ORCHESTRATE_FAKE_GPUS", "1"),
+            ("ORCHESTRATE_FAKE_GPU_DIR", holders.to_str().unwrap()),
+            ("ORCHESTRATE_MPS_CONTROL", standin.to_str().unwrap()),
+        ],
+    );
+    ok(&out);
+    let console = String::from_utf8_lossy(&out.stderr);
+    let report = read_report(&run_dir);
+    let mut adopted_listed = 0;
+    for name in names {
+        let stage = report_stage(&report, name);
+        assert_eq!(stage["gpu"][0]["verdict"], "clean", "{name}: {stage}");
+        let start = &stage["start"];
+        assert_eq!(start["via"], "zygote", "{name}: {start}");
+        let passed = start["standby_passed_over"].as_str().unwrap_or("");
+        assert!(!passed.contains("NVML listed"), "{name}: {start}");
+        let seen = stdout_json(&run_dir, name);
+        if start["standby"] == true {
+            assert_eq!(seen["note"]["pid"], seen["pid"], "{name}: {seen}");
+            if seen["note"]["listed"] == true {
+                adopted_listed += 1;
+            }
+        }
+    }
+    assert!(
+        adopted_listed >= 2,
+        "only {adopted_listed} stages began as a listed standby\n{console}"
+    );
+    // The standbys were asked to make their context ahead (none here: no driver).
+    let cache = s.path().join("zygote-cache");
+    let logs: String = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(
+        logs.contains("context: no context made ahead: no CUDA driver"),
+        "{logs}"
+    );
+    assert!(!logs.contains("context: not asked for"), "{logs}");
+    for pid in stage_pids(&run_dir) {
+        assert!(!alive(pid), "stage process {pid} outlived the run");
+    }
+    let cache = cache.display().to_string();
+    let left: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| alive(pid) && cmdline(pid).contains(&cache))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// Builds the stand-in NVML library (`tests/fixtures/fake_nvml.c`) as `libnvidia-ml.so.1`
 /// in `s`'s `nvml/` directory, which it returns.
 fn fake_nvml(s: &Scratch) -> std::path::PathBuf {
