@@ -29,7 +29,15 @@ export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.pa
   python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
 } > "$out/machine.txt" 2>&1
 
+# The zygotes' logs (every standby's "standby ready … context: …" line) are kept with the results.
+export ORCHESTRATE_ZYGOTE_CACHE="$out/zygote-cache"
 modes=${MODES:-whole shared mps}
+# How many stages of run directory DIR began as a zygote's standby.
+standbys() {
+  python3 -c 'import json, sys
+r = json.load(open(sys.argv[1] + "/report.json"))
+print(sum(1 for s in r["stages"] if (s.get("start") or {}).get("standby")), "of", len(r["stages"]))' "$1" 2> /dev/null
+}
 tiny_plan() { # MODE (whole|shared|mps) N
   echo "[run]"; echo "name = \"tiny-$1\""; echo 'preload = ["torch"]'; echo "max_parallel = 4"
   [ "$1" = mps ] && echo 'gpu_sharing = "mps"'
@@ -49,6 +57,7 @@ for r in $(seq "$reps"); do
       > "$out/$mode-$r.console" 2>&1
     echo "$mode rep $r: exit $?" >> "$out/exits.txt"
     [ "$mode" = mps ] && echo "  started through MPS: $(grep -c 'through MPS' "$out/$mode-$r.console"), time-sliced: $(grep -c 'no MPS' "$out/$mode-$r.console")" >> "$out/exits.txt"
+    echo "  began as a standby: $(standbys "$out/run-$mode-$r")" >> "$out/exits.txt"
   done
 done
 
@@ -71,7 +80,7 @@ if [ "${WARM:-1}" = 1 ]; then
   for r in $(seq "$reps"); do
     for mode in $modes; do
       submit "$out/$mode.toml" "warm-$mode-$r"
-      echo "warm $mode rep $r: done" >> "$out/exits.txt"
+      echo "warm $mode rep $r: done; began as a standby: $(standbys "$out/warm-$mode-$r")" >> "$out/exits.txt"
     done
   done
   "$bin/orchestrate" shutdown --socket "$sock" > /dev/null 2>&1
@@ -100,6 +109,7 @@ for sharing in time_slice mps; do
   pkill -f "run-$name/.*child-ready" 2> /dev/null; sleep 1
 done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$out/nvml-after.txt" 2>&1
+echo "standbys' contexts (zygote logs): $(cat "$out"/zygote-cache/*.log 2> /dev/null | grep -o 'context: [a-z ]*' | sort | uniq -c | tr '\n' ';')" >> "$out/exits.txt"
 
 python3 - "$out" "$reps" <<'PY' | tee "$out/summary.txt"
 import json, os, sys
