@@ -1110,52 +1110,23 @@ def _adoption_refused(adopt, standby_env, read, recorded):
     return changed_on_disk(recorded.recorded)
 
 
-def make_context_ahead():
-    """Makes this process's CUDA context on its one visible device (a standby of a stage that
-    shares its GPU through MPS, where NVML lists each client with its own memory, so the
-    context is the standby's and then its stage's): torch's CUDA state when torch is imported,
-    else the device's primary context through the driver. Returns what was made, or why
-    nothing was (no driver, no device, an error): the stage then makes its context itself."""
-    try:
-        if "torch" in sys.modules:
-            torch = sys.modules["torch"]
-            torch.cuda.init()
-            torch.cuda.synchronize()
-        else:
-            cuda = ctypes.CDLL("libcuda.so.1")
-            device, context = ctypes.c_int(0), ctypes.c_void_p()
-            if cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
-                return "no context made ahead: the driver gave no device 0"
-            if cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device.value) != 0:
-                return "no context made ahead: the driver refused device 0's primary context"
-            cuda.cuCtxSetCurrent(context)
-    except Exception as error:  # noqa: BLE001
-        return f"no context made ahead: {type(error).__name__}: {error}"
-    return f"context made ahead ({context_made() or 'none found after making it'})"
-
-
-def wait_for_stage(sock, ahead, recorded, context_ahead=False):
+def wait_for_stage(sock, ahead, recorded):
     """In a standby (already a stage's process, under the environment it was asked for: a
     stage's, less the variables orchestrate sets per stage, as the zygote's): starts the CUDA
-    driver, imports `ahead`, makes its CUDA context when `context_ahead` (a stage sharing its
-    GPU through MPS; see `make_context_ahead`), says it is ready, and waits for the stage on
-    `sock` (orchestrate passes a standby over until it is ready, rather than wait for it).
-    Returns the stage's argv once it has taken the stage on and answered with its PID; exits
-    (status 0) when it is refused, holds a context it was not asked to make, or nobody comes
-    within STANDBY_WAIT."""
+    driver, imports `ahead`, says it is ready, and waits for the stage on `sock` (orchestrate
+    passes a standby over until it is ready, rather than wait for it). Returns the stage's argv
+    once it has taken the stage on and answered with its PID; exits (status 0) when it is
+    refused, holds a context, or nobody comes within STANDBY_WAIT."""
     standby_env = dict(os.environ)
     driver = start_cuda_driver()
     imported, read = _import_recording(ahead)
-    context = "not asked for"
-    if context_ahead:
-        context = make_context_ahead() if driver else "no context made ahead: no CUDA driver"
     gc.freeze()
     made = context_made()
-    if made and not context_ahead:
+    if made:
         log(f"standby: a CUDA context was made ahead of the stage ({made}); exiting")
         os._exit(0)
     log(f"standby ready (generation {_GENERATION}): driver {'started' if driver else 'absent'}, imported ahead {imported}, "
-        f"context: {context}, device files mapped {_device_files_mapped()}")
+        f"device files mapped {_device_files_mapped()}")
     send(sock, {"reply": "ready", "pid": os.getpid(), "threads": _os_threads()})
     sock.settimeout(STANDBY_WAIT)
     try:
@@ -1528,8 +1499,7 @@ def serve(fd, config):
         if role == "stage":
             recorded.close()
             if request.get("standby"):
-                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded,
-                                       bool(request.get("context_ahead")))
+                value = wait_for_stage(socket.socket(fileno=fds[2]), ahead, recorded)
             reseed_inherited_generators()
             to = os.environ.pop(config.get("imports_var", ""), None) if config.get("imports_var") else None
             if to:

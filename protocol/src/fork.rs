@@ -44,12 +44,6 @@ pub struct ForkRequest {
     /// H200) is then paid while the previous stage still releases the GPU.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub standby: bool,
-    /// A standby that also makes its CUDA context on its one visible device before it says it
-    /// is ready (a zygote's standby for a stage that shares its GPU through MPS, where the
-    /// driver lists each client with its own memory): the stage it becomes starts with its
-    /// context made. Never asked for a stage given its GPUs whole.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub context_ahead: bool,
 }
 
 /// Makes a standby (see [`ForkRequest::standby`]) the worker of a stage: sent on the

@@ -393,7 +393,6 @@ pub fn start_attempt(
         // are closed by the thread that opened them ahead.
         close_later: discards.filter(|_| !services.follow),
         cgroup,
-        through_mps: matches!(plan.mps, Some(Ok(()))),
     };
     // Taken before the spawn, so that start-up figures include the spawn itself.
     let spawned_unix = crate::timefmt::unix_secs_f64();

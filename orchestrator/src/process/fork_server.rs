@@ -181,10 +181,6 @@ pub struct Worker<'a> {
     /// The stage's cgroup directory, if it has one: the worker is born in it (a standby is
     /// moved into it).
     pub cgroup: Option<&'a std::path::Path>,
-    /// It shares its one GPU through MPS: the standbys readied after it make their CUDA
-    /// context ahead, and it may become only such a standby (see
-    /// [`protocol::fork::ForkRequest::context_ahead`]).
-    pub context_ahead: bool,
 }
 
 impl Servers {
@@ -270,7 +266,7 @@ impl Servers {
         };
         if let Some(State::Serving(server)) = self.servers.borrow_mut().get_mut(&program) {
             if server.exit.try_wait().is_none() {
-                self.standbys.request(server, &program, &env, false, false);
+                self.standbys.request(server, &program, &env, false);
             }
         }
     }
@@ -528,7 +524,6 @@ pub(super) fn fork_telling_lacks(
         parent: std::process::id(),
         cgroup: worker.cgroup.map(|c| c.to_path_buf()),
         standby: false,
-        context_ahead: false,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
     send_with_fds(

@@ -58,10 +58,6 @@ pub struct Launch {
     pub close_later: Option<crate::process::discard::Discards>,
     /// The stage's cgroup, when it has one: its processes start in it.
     pub cgroup: Option<StageCgroup>,
-    /// It shares its one GPU through orchestrate's MPS daemon: forked from a zygote, it begins
-    /// as a standby that made its CUDA context ahead, where one is ready (see
-    /// [`crate::process::fork_server::Worker::context_ahead`]).
-    pub through_mps: bool,
 }
 
 impl Launch {
@@ -154,7 +150,6 @@ pub fn spawn(
             stderr: &launch.stderr,
             gpu_holders: &launch.gpu_holders,
             cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
-            context_ahead: false,
         };
         match forkers.fork_servers.spawn(&worker, reaper) {
             Ok(pid) => return Ok(forked(pid, launch, reaper, None)),
@@ -174,7 +169,6 @@ pub fn spawn(
                 stderr: &launch.stderr,
                 gpu_holders: &launch.gpu_holders,
                 cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
-                context_ahead: launch.through_mps,
             },
             preload: &launch.preload,
         };

@@ -244,11 +244,9 @@ struct Starting {
     generation: u32,
     learned: Vec<String>,
     seen: u64,
-    /// The environment of the latest stage with GPUs exec'd while it imports, and whether it
-    /// shares its GPU through MPS: once the zygote is ready ([`standbys_when_ready`]), a
-    /// standby is readied under it for the stage after (making its context ahead for such a
-    /// stage).
-    standby_for: Option<(Vec<(String, String)>, bool)>,
+    /// The environment of the latest stage with GPUs exec'd while it imports: once it is ready
+    /// ([`standbys_when_ready`]), a standby is readied under it for the stage after.
+    standby_for: Option<Vec<(String, String)>>,
     /// Whether a late stage waited for it already ([`LATE_GRACE`]).
     graced: bool,
 }
@@ -301,8 +299,7 @@ fn spawn(
             State::Serving(z) => z,
             State::Starting(starting) => {
                 if gives_gpus(stage.worker.env) {
-                    let env = standby_env(stage.worker.env);
-                    starting.standby_for = Some((env, stage.worker.context_ahead));
+                    starting.standby_for = Some(standby_env(stage.worker.env));
                 }
                 return Err(Fallback::Starting {
                     seconds: starting.server.elapsed().as_secs_f64(),
@@ -340,8 +337,7 @@ fn spawn(
                 }
                 if gives_gpus(stage.worker.env) {
                     let env = standby_env(stage.worker.env);
-                    let ahead = stage.worker.context_ahead;
-                    standbys.request(&mut zygote.server, &standby_of, &env, true, ahead);
+                    standbys.request(&mut zygote.server, &standby_of, &env, true);
                 }
                 return Ok(Forked {
                     pid,
@@ -639,9 +635,9 @@ fn standbys_when_ready(standbys: &Standbys) {
 fn standby_once_ready(mut starting: Starting, key: u64, standbys: &Standbys) -> State {
     let env = starting.standby_for.take();
     match (ready(starting), env) {
-        (State::Serving(mut zygote), Some((env, context_ahead))) => {
+        (State::Serving(mut zygote), Some(env)) => {
             let program = standby_key(key, zygote.generation);
-            standbys.request(&mut zygote.server, &program, &env, true, context_ahead);
+            standbys.request(&mut zygote.server, &program, &env, true);
             State::Serving(zygote)
         }
         (State::Starting(mut starting), env) => {

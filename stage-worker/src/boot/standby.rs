@@ -140,7 +140,6 @@ mod tests {
             parent: 1,
             cgroup: None,
             standby: true,
-            context_ahead: false,
         }
     }
 

@@ -27,13 +27,6 @@ use std::time::{Duration, Instant};
 /// How long a standby waits to be adopted before it is killed.
 pub const STANDBY_TTL: Duration = Duration::from_secs(60);
 
-/// How many standbys that make their context ahead may wait at once for one program and one
-/// GPU's driver variables: stages that share a GPU through MPS start several at a time, and a
-/// standby takes about as long to make its context as a tiny stage takes to run, so one waiting
-/// standby would serve only the first of them. Each holds its context (a few hundred MiB of the
-/// GPU, listed by the driver as its own) while it waits.
-pub const CONTEXT_AHEAD_WAITING: usize = 3;
-
 /// Workers whose environment is remembered (the most recent ones), for [`forked_env`].
 const REMEMBERED: usize = 256;
 
@@ -51,9 +44,6 @@ struct Standby {
     /// Whether it may be adopted now: a built-in worker's at once (its driver's start is short
     /// and overlaps the hand-over); a zygote's once it said so ([`Standby::readiness`]).
     ready: bool,
-    /// It makes its CUDA context ahead (see [`ForkRequest::context_ahead`]): only a stage that
-    /// shares its GPU through MPS becomes it, and the driver listing it is expected.
-    context_ahead: bool,
 }
 
 impl Standby {
@@ -142,7 +132,6 @@ fn pairs(env: &[(String, String)]) -> impl Iterator<Item = (&str, &str)> {
 fn start(
     server: &mut Server,
     env: &[(String, String)],
-    context_ahead: bool,
 ) -> Result<(i32, OwnedFd, UnixStream), String> {
     let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
     let null = std::fs::File::options()
@@ -157,7 +146,6 @@ fn start(
         parent: std::process::id(),
         cgroup: None,
         standby: true,
-        context_ahead,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
     let fds = [null.as_raw_fd(), null.as_raw_fd(), theirs.as_raw_fd()];
@@ -243,34 +231,24 @@ impl Standbys {
     }
 
     /// Asks `server` (of `program`) for a standby under `env`, unless one with the same driver
-    /// variables is waiting already (or [`CONTEXT_AHEAD_WAITING`] that make their context
-    /// ahead); `announces_ready`: the standby says `Ready` once it may be adopted (a
-    /// zygote's), and is passed over until then; `context_ahead`: it makes its CUDA context
-    /// first (see [`ForkRequest::context_ahead`]). A failure is logged and costs nothing else.
+    /// variables is waiting already; `announces_ready`: the standby says `Ready` once it may be
+    /// adopted (a zygote's), and is passed over until then. A failure is logged and costs
+    /// nothing else.
     pub fn request(
         &self,
         server: &mut Server,
         program: &Path,
         env: &[(String, String)],
         announces_ready: bool,
-        context_ahead: bool,
     ) {
         self.expire();
         let driver = driver_of(pairs(env));
-        let waiting = (self.waiting.borrow().iter())
-            .filter(|w| {
-                w.program == program && w.driver() == driver && w.context_ahead == context_ahead
-            })
-            .count();
-        let room = if context_ahead {
-            CONTEXT_AHEAD_WAITING
-        } else {
-            1
-        };
-        if waiting >= room {
+        let waiting =
+            (self.waiting.borrow().iter()).any(|w| w.program == program && w.driver() == driver);
+        if waiting {
             return;
         }
-        match start(server, env, context_ahead) {
+        match start(server, env) {
             Ok((pid, pidfd, sock)) => {
                 tracing::debug!(pid, "standby started");
                 // Re-parented to this process but no stage's until one adopts it: the stage whose
@@ -284,7 +262,6 @@ impl Standbys {
                     sock,
                     since: Instant::now(),
                     ready: !announces_ready,
-                    context_ahead,
                 });
             }
             Err(why) => {
@@ -303,10 +280,8 @@ impl Standbys {
     /// that worker (see [`Adopt`]), moved first into its cgroup if it has one; its PID, or why
     /// none was adopted (`None`: none was asked for) and the caller forks as usual: none ready
     /// (still importing: kept for a later stage), one gone or refused (killed), one that NVML
-    /// lists on the stage's GPUs (it would hold a context: killed), unless it was asked to
-    /// make one ([`Worker::context_ahead`]: only such a worker takes such a standby). (What
-    /// the standby allocated before its move stays charged where it was: the driver's
-    /// start-up, or its context, no stage data.)
+    /// lists on the stage's GPUs (it would hold a context: killed). (What the standby allocated
+    /// before its move stays charged where it was: the driver's start-up, no stage data.)
     pub fn adopt(&self, program: &Path, worker: &Worker<'_>) -> Result<i32, Option<String>> {
         let Worker {
             argv,
@@ -316,11 +291,9 @@ impl Standbys {
             stderr,
             cgroup,
             gpu_holders,
-            context_ahead,
         } = *worker;
         self.expire();
-        let driver = driver_of(env.iter().copied());
-        let (standby, passed_over) = self.take_ready(program, &driver, context_ahead);
+        let (standby, passed_over) = self.take_ready(program, &driver_of(env.iter().copied()));
         let Some(standby) = standby else {
             let failed = {
                 let mut failed = self.failed.borrow_mut();
@@ -336,7 +309,7 @@ impl Standbys {
             cwd: cwd.to_path_buf(),
             cgroup_namespace: cgroup.is_some(),
         };
-        if !standby.context_ahead && gpu_holders.contains(&(standby.pid as u32)) {
+        if gpu_holders.contains(&(standby.pid as u32)) {
             tracing::warn!(
                 pid = standby.pid,
                 "a standby is listed on a GPU; killed, not adopted"
@@ -367,22 +340,20 @@ impl Standbys {
         }
     }
 
-    /// Takes the first ready standby of `program` started under `driver` (and making its
-    /// context ahead or not, as `context_ahead` says) off the waiting list; else why none was
-    /// (one still importing, gone, or started for other GPUs). A gone one is killed and
-    /// dropped.
+    /// Takes the first ready standby of `program` started under `driver` off the waiting list;
+    /// else why none was (one still importing, gone, or started for other GPUs). A gone one
+    /// is killed and dropped.
     fn take_ready(
         &self,
         program: &Path,
         driver: &[(String, String)],
-        context_ahead: bool,
     ) -> (Option<Standby>, Option<String>) {
         let mut waiting = self.waiting.borrow_mut();
         let mut why = None;
         let mut at = 0;
         while at < waiting.len() {
             let w = &mut waiting[at];
-            if w.program != program || w.context_ahead != context_ahead {
+            if w.program != program {
                 at += 1;
                 continue;
             }
@@ -428,7 +399,7 @@ impl Standbys {
         };
         for standby in &old {
             kill(standby);
-            self.request(server, to, &standby.env, true, standby.context_ahead);
+            self.request(server, to, &standby.env, true);
         }
         old.len()
     }
