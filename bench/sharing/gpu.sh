@@ -29,7 +29,7 @@ export LD_LIBRARY_PATH="$(python3 -c 'import os, torch; print(os.path.join(os.pa
   python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
 } > "$out/machine.txt" 2>&1
 
-# The zygotes' logs (every standby's "standby ready … context: …" line) are kept with the results.
+# The zygotes' logs (every standby's "standby ready" line) are kept with the results.
 export ORCHESTRATE_ZYGOTE_CACHE="$out/zygote-cache"
 modes=${MODES:-whole shared mps}
 # How many stages of run directory DIR began as a zygote's standby.
@@ -109,7 +109,6 @@ for sharing in time_slice mps; do
   pkill -f "run-$name/.*child-ready" 2> /dev/null; sleep 1
 done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$out/nvml-after.txt" 2>&1
-echo "standbys' contexts (zygote logs): $(cat "$out"/zygote-cache/*.log 2> /dev/null | grep -o 'context: [a-z ]*' | sort | uniq -c | tr '\n' ';')" >> "$out/exits.txt"
 
 python3 - "$out" "$reps" <<'PY' | tee "$out/summary.txt"
 import json, os, sys
