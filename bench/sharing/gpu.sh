@@ -4,8 +4,9 @@
 #      the zygote, one per GPU (`gpus = 1`) against four per GPU (`gpu_memory = "8GiB"`,
 #      max_parallel = 4), alternating, REPS times each (default 2). Goal: sharing at >= 3x the
 #      rate of one per GPU, every verdict clean.
-#   1b. the same through a daemon whose zygote a first run warmed (WARM=0 skips it): the rate of
-#      the stages themselves, without each run's interpreter start.
+#   1b. the same through a daemon whose zygotes a first run of each mode warmed (WARM=0 skips
+#      it): the rate of the stages themselves, without each run's interpreter start. COLD=0
+#      skips the CLI runs of 1 and keeps 1b.
 #   1c. four per GPU as clients of an MPS daemon that orchestrate starts (`gpu_sharing = "mps"`),
 #      alternating with the two above (MODES, default "whole shared mps").
 #   2. leak: 4 stages share the GPU at once (a barrier); one leaves a process in a new session
@@ -51,6 +52,7 @@ tiny_plan whole 40 > "$out/whole.toml"
 tiny_plan shared 40 > "$out/shared.toml"
 tiny_plan mps 40 > "$out/mps.toml"
 for r in $(seq "$reps"); do
+  [ "${COLD:-1}" = 1 ] || break
   for mode in $modes; do
     quiet=-q; [ "$mode" = mps ] && quiet=  # its start lines say whether each stage ran through MPS
     timeout 300 "$bin/orchestrate" --plan "$out/$mode.toml" --run-dir "$out/run-$mode-$r" $quiet \
@@ -75,8 +77,12 @@ if [ "${WARM:-1}" = 1 ]; then
     dir=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["run_dir"])' "$line")
     ln -sfn "$dir" "$out/$2"
   }
-  tiny_plan whole 4 > "$out/warm-up.toml"
-  submit "$out/warm-up.toml" warm-up
+  # One warm-up run per mode: each mode's stages have a zygote of their own (an MPS stage's
+  # environment names its daemon's directory), which the warm-up starts.
+  for mode in $modes; do
+    tiny_plan "$mode" 4 > "$out/warm-up-$mode.toml"
+    submit "$out/warm-up-$mode.toml" "warm-up-$mode"
+  done
   for r in $(seq "$reps"); do
     for mode in $modes; do
       submit "$out/$mode.toml" "warm-$mode-$r"
