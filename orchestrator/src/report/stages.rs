@@ -286,12 +286,27 @@ impl LastAttempt {
 pub struct StageRecords {
     plan: Arc<LoadedPlan>,
     stages: Vec<StageRecord>,
+    /// The plan index of the stage last named by an event: the next event is most often about
+    /// it or the stage after it (a chain's end, then its successor's start).
+    recent: usize,
 }
 
 impl StageRecords {
-    /// The record of the stage named `name`, if the plan has it.
+    /// The record of the stage named `name`, if the plan has it. The stage last named and the
+    /// one after it are tried first: a sweep's events come in plan order, and the look-up by
+    /// name (a binary search over names scattered in memory) cost a 20,000-stage chain about
+    /// 2% of its scheduling thread.
     fn named(&mut self, name: &str) -> Option<&mut StageRecord> {
-        let i = self.plan.index_of(name)?;
+        let stages = &self.plan.plan.stages;
+        let near = [self.recent, self.recent + 1];
+        let i = match near
+            .into_iter()
+            .find(|&k| stages.get(k).is_some_and(|s| s.name == name))
+        {
+            Some(k) => k,
+            None => self.plan.index_of(name)?,
+        };
+        self.recent = i;
         self.stages.get_mut(i)
     }
 
@@ -348,7 +363,11 @@ pub struct StageBook(Arc<Mutex<StageRecords>>);
 impl StageBook {
     /// The records of `plan`'s stages, standing as `stages` (by plan index) as the run begins.
     pub fn new(plan: Arc<LoadedPlan>, stages: Vec<StageRecord>) -> StageBook {
-        StageBook(Arc::new(Mutex::new(StageRecords { plan, stages })))
+        StageBook(Arc::new(Mutex::new(StageRecords {
+            plan,
+            stages,
+            recent: 0,
+        })))
     }
 
     /// The sink that keeps the records from the run's events.
