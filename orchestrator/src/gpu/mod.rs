@@ -21,7 +21,9 @@ pub(crate) mod svg;
 pub(crate) mod timeline;
 pub(crate) mod visible;
 
-pub use nvml::{discover, Inventory, NvmlProbe, NvmlUnavailable, NO_DRIVER, NO_DRIVER_NOTE};
+pub use nvml::{
+    discover, listen_for_xids, Inventory, NvmlProbe, NvmlUnavailable, NO_DRIVER, NO_DRIVER_NOTE,
+};
 pub use pool::GpuPool;
 pub use reclaim::{await_reclaim, ReclaimVerdict};
 

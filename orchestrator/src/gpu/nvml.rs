@@ -52,6 +52,13 @@ pub struct NvmlProbe {
     xids: super::nvml_health::XidLog,
 }
 
+/// Starts listening for the driver's XIDs (see [`NvmlProbe::xids_since`]), once per process:
+/// a run's host does so after its first reads of the GPUs, which the listener's start would
+/// otherwise hold up. Commands that only list or check the GPUs never start it.
+pub fn listen_for_xids() {
+    super::nvml_health::start_listener();
+}
+
 /// Loads NVML and lists the GPUs. Never fails: absence is an [`Inventory::Unavailable`].
 pub fn discover() -> Inventory {
     let nvml = match Nvml::init() {

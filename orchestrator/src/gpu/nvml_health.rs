@@ -14,19 +14,24 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// The XIDs seen since the listener started, per GPU UUID, each with when (Unix seconds).
 pub(super) type XidLog = Arc<Mutex<HashMap<String, Vec<(f64, u64)>>>>;
 
-/// The process's XID log, its listener started on first use. The listener registers every GPU
-/// NVML lists; one that refuses (no XID events on it) is left out.
+/// The process's XID log: empty until [`start_listener`] has run and the driver reports one.
 pub(super) fn xid_log() -> XidLog {
     static LOG: OnceLock<XidLog> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let log = XidLog::default();
-        let theirs = log.clone();
+    LOG.get_or_init(XidLog::default).clone()
+}
+
+/// Starts the process's XID listener, once (later calls do nothing): a thread that registers
+/// every GPU NVML lists (one that refuses, with no XID events on it, is left out) and fills
+/// [`xid_log`]. Its own `nvmlInit` and registration take NVML's lock for tens of
+/// milliseconds, so the host starts it after its own first reads, not beside them.
+pub(super) fn start_listener() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        let log = xid_log();
         let _ = std::thread::Builder::new()
             .name("nvml-xid".into())
-            .spawn(move || listen(&theirs));
-        log
-    })
-    .clone()
+            .spawn(move || listen(&log));
+    });
 }
 
 /// Waits for XIDs for ever (returns if NVML cannot be used).

@@ -282,7 +282,9 @@ impl Host {
         let guard = crate::process::guard::start(Some(sockets.path()))
             .context("cannot start the guard process")?;
         let reaper = Reaper::start().context("cannot become a child subreaper")?;
-        let mut inventory = match gpu::fake::from_env() {
+        let fake = gpu::fake::from_env();
+        let through_nvml = fake.is_none();
+        let mut inventory = match fake {
             Some((gpus, probe)) => GpuInventory {
                 gpus,
                 probe: Some(Rc::new(probe)),
@@ -326,6 +328,10 @@ impl Host {
                     }
                 }
             }
+        }
+        if through_nvml && inventory.probe.is_some() {
+            // After the reads above, which its own start would hold up (NVML's lock).
+            gpu::listen_for_xids();
         }
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
