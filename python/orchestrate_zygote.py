@@ -1341,9 +1341,9 @@ def _importable_here(top, own_dirs, cache):
     return cache[top]
 
 
-def _read_ahead(argv, cwd, left_out):
-    """`read_ahead`, with the files read: (named, entries, {file: identity}), or None."""
-    found = _script_of(argv, cwd)
+def _read_ahead(found, cwd, left_out):
+    """`read_ahead` of the script `found` (`_script_of`'s answer for the command), with the
+    files read: (named, entries, {file: identity}), or None."""
     if found is None:
         return None
     path, named, own_dir = found
@@ -1370,7 +1370,7 @@ def read_ahead(argv, cwd, left_out):
     entries it does not hold, could import from its own sys.path, that are not the user's own
     code, and not under a module of `left_out` (names). Returns (how the command names its
     script, entries), or None when the command runs no script it can read."""
-    got = _read_ahead(argv, cwd, left_out)
+    got = _read_ahead(_script_of(argv, cwd), cwd, left_out)
     return None if got is None else got[:2]
 
 
@@ -1394,7 +1394,7 @@ def lacks_for_fork(request, left_out):
         if cached is not None and _unchanged(cached):
             return []
         read = {found[0]: _identity(found[0])}
-        got = _read_ahead(argv, cwd, left_out)
+        got = _read_ahead(found, cwd, left_out)
     except Exception as error:  # noqa: BLE001 - never a reason to fail a fork
         log(f"cannot read ahead for a fork: {error!r}")
         return []

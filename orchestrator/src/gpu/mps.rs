@@ -128,11 +128,13 @@ impl MpsDaemons {
         if running != Some(true) {
             // None, or one that ended on its own (killed, crashed): a fresh one replaces it,
             // and the clients of the one it replaces leave nothing when they go.
-            if self.daemons.borrow_mut().remove(&gpu.uuid).is_some() {
+            if let Some(dead) = self.daemons.borrow_mut().remove(&gpu.uuid) {
                 tracing::warn!(
                     "the MPS daemon of GPU {} had ended; starting another",
                     gpu.uuid
                 );
+                // Its PID may be another process's soon: no longer skipped as a helper.
+                crate::process::scan::forget_helper(dead.pid);
             }
             let daemon = self.start(gpu, server_listed)?;
             self.daemons.borrow_mut().insert(gpu.uuid.clone(), daemon);

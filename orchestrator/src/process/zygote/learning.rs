@@ -183,10 +183,9 @@ pub(super) fn learn_modules(lineage: &str, modules: &[String]) -> usize {
 
 /// Keeps that `lineage`'s zygotes import `modules` (what a zygote read ahead from its first
 /// stage's script and imported), as learned, without a new generation: the zygote that read
-/// them holds them already, and the lineage's next zygotes import them too. Returns how many
-/// were new.
-pub(super) fn keep_read_ahead(lineage: &str, modules: &[String]) -> usize {
-    add(lineage, modules, false)
+/// them holds them already, and the lineage's next zygotes import them too.
+pub(super) fn keep_read_ahead(lineage: &str, modules: &[String]) {
+    add(lineage, modules, false);
 }
 
 /// The latest generation of each lineage this process started a zygote of.

@@ -44,9 +44,15 @@ fn sweep_script(watched: &[&str], imports: &str, exit_now: bool) -> String {
     )
 }
 
-/// A chain of stages, each `(name, script)` after the one before, under `preload = ["heavy"]`,
-/// with `pythonpath` and `MODS` (the test's `mods`) in their environment.
-fn sweep_plan(s: &Scratch, pythonpath: &str, stages: &[(&str, &str)]) -> std::path::PathBuf {
+/// Runs a chain of stages, each `(name, script)` after the one before, under `preload =
+/// ["heavy"]`, with `pythonpath` and `MODS` (the test's `mods`) in their environment and
+/// orchestrate's environment plus `env`; asserts it succeeded and returns its run directory.
+fn run_sweep(
+    s: &Scratch,
+    pythonpath: &str,
+    stages: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> std::path::PathBuf {
     let mods = s.path().join("mods");
     let mut plan = String::from("[run]\npreload = [\"heavy\"]\n\n");
     for (i, (name, script)) in stages.iter().enumerate() {
@@ -60,7 +66,10 @@ fn sweep_plan(s: &Scratch, pythonpath: &str, stages: &[(&str, &str)]) -> std::pa
             mods.display()
         );
     }
-    s.write("plan.toml", &plan)
+    let plan = s.write("plan.toml", &plan);
+    let run_dir = s.path().join("run");
+    ok(&run(&plan, &run_dir, env));
+    run_dir
 }
 
 /// The modules of these tests in the test's `mods`: the zygote tests' own ([`write_modules`]),
@@ -103,7 +112,7 @@ fn the_first_sweep_from_an_empty_cache_forks_its_second_stage_with_the_script_s_
     );
     s.write("awaits.py", AWAITS_NEXT);
     let mods = s.path().join("mods").display().to_string();
-    let plan = sweep_plan(
+    let run_dir = run_sweep(
         &s,
         &mods,
         &[
@@ -114,9 +123,8 @@ fn the_first_sweep_from_an_empty_cache_forks_its_second_stage_with_the_script_s_
             ("wait", "awaits.py"),
             ("other_again", "other.py"),
         ],
+        &[],
     );
-    let run_dir = s.path().join("run");
-    ok(&run(&plan, &run_dir, &[]));
     // The first stage is exec'd while the zygote imports (and reads uses.py ahead).
     assert_eq!(stage_start(&run_dir, "first")["via"], "exec");
     // The second is forked from generation 1, which already held the script's imports, the
@@ -185,9 +193,12 @@ fn a_script_import_that_would_leave_the_zygote_unfit_is_left_out_and_named() {
     let imports = "import plainmod, threader\nimport stagereader\n";
     s.write("unfit.py", &sweep_script(&watched, imports, false));
     let mods = s.path().join("mods").display().to_string();
-    let plan = sweep_plan(&s, &mods, &[("first", "unfit.py"), ("second", "unfit.py")]);
-    let run_dir = s.path().join("run");
-    ok(&run(&plan, &run_dir, &[]));
+    let run_dir = run_sweep(
+        &s,
+        &mods,
+        &[("first", "unfit.py"), ("second", "unfit.py")],
+        &[],
+    );
     let report = read_report(&run_dir);
     for name in ["first", "second"] {
         assert_eq!(report_stage(&report, name)["status"], "succeeded");
@@ -246,13 +257,12 @@ fn the_user_s_own_modules_beside_the_script_or_in_the_working_directory_are_not_
         s.path().display(),
         s.path().join("scripts").display()
     );
-    let plan = sweep_plan(
+    let run_dir = run_sweep(
         &s,
         &pythonpath,
         &[("first", "scripts/own.py"), ("second", "scripts/own.py")],
+        &[],
     );
-    let run_dir = s.path().join("run");
-    ok(&run(&plan, &run_dir, &[]));
     let second = stage_start(&run_dir, "second");
     assert_eq!(second["via"], "zygote", "{second}");
     assert_eq!(
@@ -292,16 +302,15 @@ fn what_the_user_s_own_modules_import_is_read_ahead_but_they_are_not_imported() 
         &sweep_script(&watched, "import helper\n", false),
     );
     let mods = s.path().join("mods").display().to_string();
-    let plan = sweep_plan(
+    let run_dir = run_sweep(
         &s,
         &mods,
         &[
             ("first", "scripts/follows.py"),
             ("second", "scripts/follows.py"),
         ],
+        &[],
     );
-    let run_dir = s.path().join("run");
-    ok(&run(&plan, &run_dir, &[]));
     let second = stage_start(&run_dir, "second");
     assert_eq!(second["via"], "zygote", "{second}");
     assert_eq!(
@@ -335,13 +344,12 @@ fn with_learning_off_nothing_is_read_ahead() {
     // The stage the zygote is started for imports it too (and waits for the zygote).
     s.write("warm_uses.py", &format!("import plainmod\n{WARM}"));
     let mods = s.path().join("mods").display().to_string();
-    let plan = sweep_plan(
+    let run_dir = run_sweep(
         &s,
         &mods,
         &[("warm", "warm_uses.py"), ("second", "uses.py")],
+        &[("ORCHESTRATE_ZYGOTE_LEARN", "0")],
     );
-    let run_dir = s.path().join("run");
-    ok(&run(&plan, &run_dir, &[("ORCHESTRATE_ZYGOTE_LEARN", "0")]));
     let second = stage_start(&run_dir, "second");
     assert_eq!(second["via"], "zygote", "{second}");
     assert!(second["read_ahead"].is_null(), "{second}");
