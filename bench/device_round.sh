@@ -26,6 +26,8 @@
 #             build before the stage-worker's move), alternated twice (3-5 min)
 #   context   issue 47: CUDA contexts made 1, 2, 4 and 8 at once on the GPU, plainly and under a
 #             private MPS daemon, and what NVML lists for an MPS client (context_probe.sh; 1-2 min)
+#   context-env  issue 47: context_probe.py at widths 1 and 4 under several CUDA settings
+#             (bench/sharing/context_env.sh; 2-3 min)
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
 #             verdict's waiting for a reaped main process; and whether NVML's thread ever
@@ -46,7 +48,7 @@
 # `overhead` (the no-op stages, which the 2-core machine also measures) for last.
 #   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context or reap}
+part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context, context-env or reap}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
@@ -109,6 +111,10 @@ for f in sys.argv[1:]:
     try: d = json.load(open(f))
     except Exception as e: print(f, e); continue
     for w, v in d["widths"].items(): print(f, w, "at once: context", round(v["context_ms"]["median"]), "ms, init", round(v["init_ms"]["median"]), "ms,", round(v["stages_per_s"]["median"], 1), "/s")' "$res"/context-*.json ;;
+  context-env)
+    # issue 47: whether a CUDA setting makes contexts cheaper or queue less (2-3 min)
+    timeout 400 bash bench/sharing/context_env.sh "$res" "${WAVES:-4}" > "$res/log.txt" 2>&1
+    echo "exit $?"; cat "$res/log.txt" ;;
   reap)
     timeout 120 python3 bench/sharing/listed_after_reap.py 15 > "$res/listed-after-reap.txt" 2>&1
     echo "exit $?"; cat "$res/listed-after-reap.txt"

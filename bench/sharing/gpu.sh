@@ -8,7 +8,9 @@
 #      it): the rate of the stages themselves, without each run's interpreter start. COLD=0
 #      skips the CLI runs of 1 and keeps 1b.
 #   1c. four per GPU as clients of an MPS daemon that orchestrate starts (`gpu_sharing = "mps"`),
-#      alternating with the two above (MODES, default "whole shared mps").
+#      alternating with the two above (MODES, default "whole shared mps"; "whole1" adds one
+#      per GPU with CUDA_DEVICE_MAX_CONNECTIONS=1 in the plan, the one work queue that sharing
+#      stages get from orchestrate: like for like).
 #   2. leak: 4 stages share the GPU at once (a barrier); one leaves a process in a new session
 #      holding 1 GiB. Goal: that one `leaked`, the other three `clean`, the run "succeeded with
 #      leaked GPU memory" (exit 3). Plainly, then through MPS (with "mps" in MODES).
@@ -44,13 +46,16 @@ tiny_plan() { # MODE (whole|shared|mps) N
   [ "$1" = mps ] && echo 'gpu_sharing = "mps"'
   for i in $(seq "$2"); do
     echo "[[stage]]"; echo "name = \"t$i\""
-    if [ "$1" = whole ]; then echo "gpus = 1"; else echo 'gpu_memory = "8GiB"'; fi
+    case $1 in
+      whole) echo "gpus = 1" ;;
+      # one per GPU with the one work queue that sharing stages get (like for like)
+      whole1) echo "gpus = 1"; echo 'env = { CUDA_DEVICE_MAX_CONNECTIONS = "1" }' ;;
+      *) echo 'gpu_memory = "8GiB"' ;;
+    esac
     echo "command = [\"python3\", \"$here/tiny.py\"]"; echo 'outputs = ["sum.txt"]'
   done
 }
-tiny_plan whole 40 > "$out/whole.toml"
-tiny_plan shared 40 > "$out/shared.toml"
-tiny_plan mps 40 > "$out/mps.toml"
+for mode in $modes; do tiny_plan "$mode" 40 > "$out/$mode.toml"; done
 for r in $(seq "$reps"); do
   [ "${COLD:-1}" = 1 ] || break
   for mode in $modes; do
@@ -126,7 +131,7 @@ def verdicts(r):
     return [g["verdict"] for s in r["stages"] for g in s.get("gpu", [])]
 def rates_of(prefix, label):
     rates = {}
-    for mode in ("whole", "shared", "mps"):
+    for mode in ("whole", "whole1", "shared", "mps"):
         for rep in range(1, reps + 1):
             if not os.path.exists(os.path.join(out, f"{prefix}-{mode}-{rep}")):
                 continue
@@ -150,12 +155,12 @@ def rates_of(prefix, label):
                               f"after {g['after_bytes'] >> 20} MiB, peak {g['peak_bytes'] >> 20} MiB, "
                               f"waited {g['reclaim_ms']:.0f} ms; holders {g.get('holders')}; "
                               f"note: {g.get('note')}")
-    if rates.get("whole") and rates.get("shared"):
-        w, s = sum(rates["whole"]) / len(rates["whole"]), sum(rates["shared"]) / len(rates["shared"])
-        print(f"{label} rate: shared {s:.2f}/s against whole {w:.2f}/s: {s / w:.2f}x (goal >= 3x)")
-    if rates.get("whole") and rates.get("mps"):
-        w, m = sum(rates["whole"]) / len(rates["whole"]), sum(rates["mps"]) / len(rates["mps"])
-        print(f"{label} rate: shared through MPS {m:.2f}/s against whole {w:.2f}/s: {m / w:.2f}x (goal >= 3x)")
+    mean = lambda m: sum(rates[m]) / len(rates[m])
+    for base, base_label in (("whole", "whole"), ("whole1", "whole with one work queue")):
+        for m, m_label in (("shared", "shared"), ("mps", "shared through MPS")):
+            if rates.get(base) and rates.get(m):
+                print(f"{label} rate: {m_label} {mean(m):.2f}/s against {base_label} "
+                      f"{mean(base):.2f}/s: {mean(m) / mean(base):.2f}x (goal >= 3x)")
 rates_of("run", "cold (CLI, each run starts its zygote)")
 if os.path.exists(os.path.join(out, "warm-whole-1")):
     rates_of("warm", "warm (daemon, zygote already imported)")
@@ -176,6 +181,6 @@ for leak in ("run-leak", "run-leak-mps"):
 PY
 cat "$out/exits.txt"
 # (Only the runs that exist: WARM=0 makes no warm-* runs.)
-python3 "$here/phases.py" $(ls -d "$out"/run-whole-* "$out"/run-shared-* "$out"/run-mps-* "$out"/warm-whole-* "$out"/warm-shared-* "$out"/warm-mps-* 2> /dev/null) \
+python3 "$here/phases.py" $(ls -d "$out"/run-whole-* "$out"/run-whole1-* "$out"/run-shared-* "$out"/run-mps-* "$out"/warm-whole-* "$out"/warm-whole1-* "$out"/warm-shared-* "$out"/warm-mps-* 2> /dev/null) \
   > "$out/phases.txt" 2>&1
 cat "$out/phases.txt"

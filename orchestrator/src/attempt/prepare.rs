@@ -357,7 +357,13 @@ pub(crate) fn prepare_attempt(
             plan.plan.run.cuda_visible_devices,
         ));
         if let (Some(bytes), [gpu]) = (stage.gpu_memory, gpus) {
-            env.extend(crate::gpu::visible::share_env(bytes.0, gpu));
+            let set_elsewhere =
+                |name: &str| stage_env.contains_key(name) || std::env::var_os(name).is_some();
+            env.extend(crate::gpu::visible::share_env(
+                bytes.0,
+                gpu,
+                &set_elsewhere,
+            ));
         }
     }
     if stage.command.is_some() && !gpus.is_empty() {

@@ -102,18 +102,36 @@ pub fn stage_env(gpus: &[GpuInfo], form: VisibleDevices) -> Vec<(String, String)
     ]
 }
 
+/// The CUDA driver's number of hardware work queues per context (8 by default).
+pub const ENV_MAX_CONNECTIONS: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
 /// The variables of a stage that shares `gpu` (`gpu_memory = bytes`): `ORCHESTRATE_GPU_MEMORY`
 /// (the bytes it declared) and `ORCHESTRATE_GPU_MEMORY_FRACTION` (of the GPU's memory), which
-/// the Python helper's `cap_gpu_memory()` hands to PyTorch's caching allocator.
-pub fn share_env(bytes: u64, gpu: &GpuInfo) -> Vec<(String, String)> {
+/// the Python helper's `cap_gpu_memory()` hands to PyTorch's caching allocator; and
+/// `CUDA_DEVICE_MAX_CONNECTIONS=1` unless `set_elsewhere` says the stage's plan or the
+/// orchestrator's own environment gives it a value.
+///
+/// One work queue per context: the driver makes a context with fewer queues faster, and makes
+/// contexts one at a time per GPU, so stages that start side by side on one GPU wait less for
+/// each other (`bench/sharing` has the figures). The price, the streams of one stage sharing
+/// one queue, is small for the small stages that share a GPU.
+pub fn share_env(
+    bytes: u64,
+    gpu: &GpuInfo,
+    set_elsewhere: &dyn Fn(&str) -> bool,
+) -> Vec<(String, String)> {
     let fraction = (bytes as f64 / gpu.total_bytes.max(1) as f64).min(1.0);
-    vec![
+    let mut env = vec![
         ("ORCHESTRATE_GPU_MEMORY".into(), bytes.to_string()),
         (
             "ORCHESTRATE_GPU_MEMORY_FRACTION".into(),
             format!("{fraction:.6}"),
         ),
-    ]
+    ];
+    if !set_elsewhere(ENV_MAX_CONNECTIONS) {
+        env.push((ENV_MAX_CONNECTIONS.into(), "1".into()));
+    }
+    env
 }
 
 #[cfg(test)]
@@ -144,6 +162,18 @@ mod tests {
         assert_eq!(value(&env, "CUDA_VISIBLE_DEVICES"), "GPU-3");
         let env = stage_env(&[], VisibleDevices::Index);
         assert_eq!(value(&env, "CUDA_VISIBLE_DEVICES"), "");
+    }
+
+    #[test]
+    fn a_sharing_stage_gets_one_work_queue_unless_its_value_is_set_elsewhere() {
+        let mut g = gpu(0);
+        g.total_bytes = 80 << 30;
+        let env = share_env(8 << 30, &g, &|_| false);
+        assert_eq!(value(&env, "ORCHESTRATE_GPU_MEMORY"), (8u64 << 30).to_string());
+        assert_eq!(value(&env, "ORCHESTRATE_GPU_MEMORY_FRACTION"), "0.100000");
+        assert_eq!(value(&env, ENV_MAX_CONNECTIONS), "1");
+        let env = share_env(8 << 30, &g, &|name| name == ENV_MAX_CONNECTIONS);
+        assert!(env.iter().all(|(k, _)| k != ENV_MAX_CONNECTIONS), "{env:?}");
     }
 
     #[test]

@@ -343,3 +343,43 @@ fn a_daemon_s_mps_runs_have_a_daemon_each_in_one_directory() {
         "{said}"
     );
 }
+
+/// A stage that shares a GPU gets one hardware work queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`:
+/// contexts made at once on one GPU queue less), unless its plan sets the variable; a stage
+/// that takes its GPU whole is left with the driver's default.
+#[test]
+fn sharing_stages_get_one_work_queue_unless_the_plan_says_otherwise() {
+    let s = Scratch::new("gpu-sharing-connections");
+    let holders = s.path().join("holders");
+    let script = s.write(
+        "env.sh",
+        "echo \"connections=${CUDA_DEVICE_MAX_CONNECTIONS-unset}\" > \"$ORCHESTRATE_OUTPUT_DIR/env.txt\"\n",
+    );
+    let stage = |name: &str, extra: &str| {
+        format!(
+            "[[stage]]\nname = \"{name}\"\n{extra}\ncommand = [\"sh\", \"{}\"]\n",
+            script.display()
+        )
+    };
+    let plan = s.write(
+        "plan.toml",
+        &format!(
+            "[run]\nmax_parallel = 2\n\n{}{}{}",
+            stage("shared", "gpu_memory = \"4GiB\""),
+            stage(
+                "shared_own",
+                "gpu_memory = \"4GiB\"\nenv = { CUDA_DEVICE_MAX_CONNECTIONS = \"4\" }"
+            ),
+            stage("whole", "gpus = 1\nafter = [\"shared\", \"shared_own\"]"),
+        ),
+    );
+    let out = fake_gpu_command(&s, &plan, "1", &holders)
+        .env_remove("CUDA_DEVICE_MAX_CONNECTIONS")
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(stage_env(&s, "shared").trim(), "connections=1", "{text}");
+    assert_eq!(stage_env(&s, "shared_own").trim(), "connections=4", "{text}");
+    assert_eq!(stage_env(&s, "whole").trim(), "connections=unset", "{text}");
+}
