@@ -359,11 +359,7 @@ pub(crate) fn prepare_attempt(
         if let (Some(bytes), [gpu]) = (stage.gpu_memory, gpus) {
             let set_elsewhere =
                 |name: &str| stage_env.contains_key(name) || std::env::var_os(name).is_some();
-            env.extend(crate::gpu::visible::share_env(
-                bytes.0,
-                gpu,
-                &set_elsewhere,
-            ));
+            env.extend(crate::gpu::visible::share_env(bytes.0, gpu, &set_elsewhere));
         }
     }
     if stage.command.is_some() && !gpus.is_empty() {

@@ -169,7 +169,10 @@ mod tests {
         let mut g = gpu(0);
         g.total_bytes = 80 << 30;
         let env = share_env(8 << 30, &g, &|_| false);
-        assert_eq!(value(&env, "ORCHESTRATE_GPU_MEMORY"), (8u64 << 30).to_string());
+        assert_eq!(
+            value(&env, "ORCHESTRATE_GPU_MEMORY"),
+            (8u64 << 30).to_string()
+        );
         assert_eq!(value(&env, "ORCHESTRATE_GPU_MEMORY_FRACTION"), "0.100000");
         assert_eq!(value(&env, ENV_MAX_CONNECTIONS), "1");
         let env = share_env(8 << 30, &g, &|name| name == ENV_MAX_CONNECTIONS);

@@ -380,6 +380,10 @@ fn sharing_stages_get_one_work_queue_unless_the_plan_says_otherwise() {
     let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert_eq!(stage_env(&s, "shared").trim(), "connections=1", "{text}");
-    assert_eq!(stage_env(&s, "shared_own").trim(), "connections=4", "{text}");
+    assert_eq!(
+        stage_env(&s, "shared_own").trim(),
+        "connections=4",
+        "{text}"
+    );
     assert_eq!(stage_env(&s, "whole").trim(), "connections=unset", "{text}");
 }
