@@ -12,6 +12,8 @@
 #             DeepSpeed sweep, through the zygote and exec'd (5-8 min)
 #   overhead  issue 44: no-op stages against a885c33's binary (.carry/orchestrate-a885c33)
 #             on tmpfs and disk, 1,000 and 20,000 stages (4-6 min)
+#   start     issue 44: a one-stage run's start and end, this build against a885c33, with debug
+#             logs and strace (bench/overhead/start_trace.sh; 1 min)
 #   kernels   issue 44: `stage-worker check-kernels` (the fused kernels and the AdamW step
 #             against libtorch's), compiled and from the cache, then the 100M model's
 #             throughput with this worker, 98d3509's (.carry/stage-worker-98d3509: before the
@@ -75,6 +77,11 @@ case $part in
     BIN_DIR="$res/bins" OLD=a885c33 NEW=$(cat .carry/COMMIT) OUT="$res" timeout 560 bash bench/overhead/device.sh \
       > "$res/log.txt" 2>&1
     echo "exit $?"; tail -n 30 "$res/log.txt"; rm -rf "$res/bins" ;;
+  start)
+    # issue 44 item 7: where a run's start goes on a GPU host, this build against a885c33 (1 min)
+    mkdir -p "$res/bins"; cp .carry/orchestrate "$res/bins/orchestrate-new"; cp .carry/orchestrate-a885c33 "$res/bins/"
+    BIN_DIR="$res/bins" OLD=a885c33 OUT="$res" timeout 200 bash bench/overhead/start_trace.sh > "$res/log.txt" 2>&1
+    echo "exit $?"; cat "$res/log.txt"; rm -rf "$res/bins" ;;
   kernels)
     timeout 150 bash bench/throughput/check_kernels.sh .carry "$res" > "$res/log.txt" 2>&1
     echo "exit $?"; tail -n 12 "$res/log.txt"
