@@ -38,19 +38,16 @@
 # WARM=0 (sharing without the daemon's runs), ROUNDS (boundary's alternations, 2); zygote's
 # FIRST_LINE_ONLY, SEED_ONLY, LEARN_ONLY and SWEEPS (bench/zygote/run.sh).
 # bench/device_session.sh runs several parts in one call and packs what each wrote.
-# What the open issues still wait for (2026-12-05, second session), in two calls of about 8
-# minutes each:
-#   bench/device_session.sh "sharing:REPS=2,EXIT_PROBE=0" boundary:ROUNDS=2
-#   bench/device_session.sh "zygote:SEED_ONLY=1,LEARN=1,SWEEPS=list,SEED_LIST=user"
-# (issue 47's sharing through MPS beside time slicing, and the warm daemon's verdicts; issue
-# 44's boundary against .carry/before/; issue 48's first sweep from an empty cache and seed 001's
-# sweep; carry .carry and .whl).
-# The parts take 25-35 minutes together, about a session's device time once each call's start
-# is counted: run them back to back in this order (the issues' closing weight), and leave
-# `overhead` (the no-op stages, which the 2-core machine also measures) for last.
+# The calls that produced this round's figures (2026-12-05, third session; carry .carry):
+#   bench/device_session.sh context-env overhead:SIZES=1000:4
+#   bench/device_session.sh "sharing:REPS=3,EXIT_PROBE=0,WARM=1,COLD=1,MODES=whole whole1 shared mps"
+#   bench/device_session.sh "start:RUNS=6,SIZES=1 100 1000"
+# A whole round of every part takes 25-35 minutes, about a session's device time once each
+# call's start is counted; run them in this order (the issues' closing weight), `overhead`
+# last (the 2-core machine also measures it):
 #   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context, context-env or reap}
+part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context, context-env, start or reap}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
