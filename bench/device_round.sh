@@ -30,6 +30,8 @@
 #             private MPS daemon, and what NVML lists for an MPS client (context_probe.sh; 1-2 min)
 #   context-env  issue 47: context_probe.py at widths 1 and 4 under several CUDA settings
 #             (bench/sharing/context_env.sh; 2-3 min)
+#   queue-cost  issue 47: what CUDA_DEVICE_MAX_CONNECTIONS=1 costs a small training loop and
+#             two overlapping streams (bench/sharing/queue_cost.py; 1 min)
 #   reap      issue 47: whether the driver still lists a process after its reaping, four at
 #             once (bench/sharing/listed_after_reap.py; 1 min), the premise of the shared
 #             verdict's waiting for a reaped main process; and whether NVML's thread ever
@@ -47,7 +49,7 @@
 # last (the 2-core machine also measures it):
 #   llama, zygote, sharing, kernels, overhead
 set -uo pipefail
-part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context, context-env, start or reap}
+part=${1:?name a part: llama, sharing, zygote, overhead, kernels, standby, boundary, context, context-env, queue-cost, start or reap}
 : "${OUT:?}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 res="$OUT/$part"
@@ -119,6 +121,10 @@ for f in sys.argv[1:]:
     # issue 47: whether a CUDA setting makes contexts cheaper or queue less (2-3 min)
     timeout 400 bash bench/sharing/context_env.sh "$res" "${WAVES:-4}" > "$res/log.txt" 2>&1
     echo "exit $?"; cat "$res/log.txt" ;;
+  queue-cost)
+    # issue 47: what one work queue costs a stage's own work (bench/sharing/queue_cost.py; 1 min)
+    timeout 200 python3 bench/sharing/queue_cost.py "${ROUNDS:-5}" > "$res/queue-cost.json" 2> "$res/queue-cost.err"
+    echo "exit $?"; cat "$res/queue-cost.json"; tail -n 5 "$res/queue-cost.err" ;;
   reap)
     timeout 120 python3 bench/sharing/listed_after_reap.py 15 > "$res/listed-after-reap.txt" 2>&1
     echo "exit $?"; cat "$res/listed-after-reap.txt"
