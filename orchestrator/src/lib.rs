@@ -26,6 +26,7 @@
 //! 9. the `protocol` crate: the formats shared with workers, the daemon's clients and reports.
 //!
 //! [`settings`], [`exit`], [`table`] and [`timefmt`] are plain helpers every floor may use;
+//! `fasthash` is the cheap hasher of the run loop's own tables;
 //! `error` gathers the errors of every floor into the one the binary shows. No module reaches
 //! up.
 
@@ -34,6 +35,7 @@ pub mod daemon;
 pub(crate) mod error;
 pub mod events;
 pub mod exit;
+pub(crate) mod fasthash;
 pub mod gpu;
 pub mod host;
 pub mod plan;

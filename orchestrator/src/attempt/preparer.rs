@@ -20,7 +20,7 @@
 
 use crate::attempt::launch::Opened;
 use crate::attempt::prepare::Layout;
-use std::collections::HashMap;
+use crate::fasthash::FastMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -116,7 +116,7 @@ impl Written {
 pub(crate) struct Preparer {
     state: Arc<Vec<AtomicU8>>,
     /// Opened stages not yet claimed.
-    written: Arc<Mutex<HashMap<usize, Written>>>,
+    written: Arc<Mutex<FastMap<usize, Written>>>,
     /// Stages queued to be opened whose files are neither claimed nor given up yet.
     opening: Arc<AtomicUsize>,
     /// Wakes a claim waiting for a write in progress.
@@ -142,7 +142,7 @@ impl Preparer {
             Arc::new((0..stages).map(|_| AtomicU8::new(NONE)).collect());
         let (jobs, queue) = mpsc::channel::<Vec<Job>>();
         let theirs = state.clone();
-        let written: Arc<Mutex<HashMap<usize, Written>>> = Arc::default();
+        let written: Arc<Mutex<FastMap<usize, Written>>> = Arc::default();
         let table = written.clone();
         let opening = Arc::new(AtomicUsize::new(0));
         let open_count = opening.clone();

@@ -287,11 +287,12 @@ impl Events {
     /// first failure is returned.
     pub fn emit(&self, event: RunEvent) -> io::Result<()> {
         if let RunEvent::StageFinished(end) = &event {
-            // The progress map keeps stages that report progress, until they end.
-            self.last_progress
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&end.stage);
+            // The progress map keeps stages that report progress, until they end (most
+            // report none: an empty map is left without hashing the name).
+            let mut shown = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+            if !shown.is_empty() {
+                shown.remove(&end.stage);
+            }
         }
         let mut first = Ok(());
         for sink in self.sinks.iter() {

@@ -21,8 +21,8 @@
 //! stopped (`crate::process::tree::stop_tree`), and whatever is reaped that someone waits for
 //! goes to that waiter.
 
+use crate::fasthash::FastMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::pin::Pin;
@@ -67,7 +67,7 @@ pub enum ExitStatus {
 
 #[derive(Default)]
 struct Table {
-    waiters: HashMap<i32, oneshot::Sender<Reaped>>,
+    waiters: FastMap<i32, oneshot::Sender<Reaped>>,
     /// Ends are learned from the reaper's signalfd (no pidfd per process).
     by_signal: bool,
 }

@@ -72,7 +72,7 @@ pub struct EnvBase {
     /// Each key and the index in `entries` of its last string: to find the ones a spawn sets
     /// itself, and a key's value without going through every variable (a sweep asks for
     /// `PATH` at every spawn).
-    keys: std::collections::HashMap<String, usize>,
+    keys: crate::fasthash::FastMap<String, usize>,
 }
 
 impl EnvBase {

@@ -23,13 +23,14 @@
 use crate::attempt::handover;
 use crate::attempt::launch::CancelLevel;
 use crate::attempt::outcome::{AttemptResult, Outcome};
+use crate::fasthash::FastSet;
 use crate::gpu::GpuInfo;
 use crate::plan::LoadedPlan;
 use crate::run::state::{StageState, Status};
 use protocol::plan::OnLeak;
 use protocol::report::GpuVerdict;
 use protocol::status::{FailureClass, StageStatus};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::time::{Duration, Instant};
 
@@ -243,17 +244,17 @@ pub(crate) struct Scheduler<'p> {
     /// Attempts whose result has not come, and whether each may hand over.
     live: BTreeMap<usize, bool>,
     /// Stages that gave their slot back before their result.
-    freed_early: HashSet<usize>,
+    freed_early: FastSet<usize>,
     /// Running stages whose GPUs went back to the pool at their release.
-    gpus_released: HashSet<usize>,
+    gpus_released: FastSet<usize>,
     /// Running stages that released their GPUs and whose downstream stages may start early.
-    persisting: HashSet<usize>,
+    persisting: FastSet<usize>,
     /// Per stage: upstream stages in `persisting`.
     waiting_persisting: Vec<usize>,
     /// Stages started early: the upstream stages they started ahead of that have not ended.
     ahead_of: BTreeMap<usize, Vec<usize>>,
     /// Attempts that started early and have not ended (whatever their upstream stages did).
-    early: HashSet<usize>,
+    early: FastSet<usize>,
     /// Of those, the ones whose `init` stage is one they started ahead of: that stage.
     awaiting_init: BTreeMap<usize, usize>,
     /// Early attempts that ended before those upstream stages: their outcome, held.
@@ -333,12 +334,12 @@ impl<'p> Scheduler<'p> {
             retry_queue: Vec::new(),
             slots_held: 0,
             live: BTreeMap::new(),
-            freed_early: HashSet::new(),
-            gpus_released: HashSet::new(),
-            persisting: HashSet::new(),
+            freed_early: FastSet::default(),
+            gpus_released: FastSet::default(),
+            persisting: FastSet::default(),
             waiting_persisting: vec![0; n],
             ahead_of: BTreeMap::new(),
-            early: HashSet::new(),
+            early: FastSet::default(),
             awaiting_init: BTreeMap::new(),
             held: BTreeMap::new(),
             held_results: BTreeMap::new(),
