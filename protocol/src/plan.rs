@@ -444,7 +444,10 @@ impl Stage {
 /// The variable name that carries stage `name`'s output directory to a command stage:
 /// `ORCHESTRATE_INPUT_` followed by the name upper-cased, other characters replaced by `_`.
 pub fn input_env_var(name: &str) -> String {
-    let mut var = String::from("ORCHESTRATE_INPUT_");
+    const PREFIX: &str = "ORCHESTRATE_INPUT_";
+    // One allocation: every character becomes one byte, and most names are ASCII.
+    let mut var = String::with_capacity(PREFIX.len() + name.len());
+    var.push_str(PREFIX);
     var.extend(name.chars().map(|c| {
         if c.is_ascii_alphanumeric() {
             c.to_ascii_uppercase()
