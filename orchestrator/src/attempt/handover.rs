@@ -50,7 +50,7 @@ pub(crate) struct Started {
     /// The successor stage.
     pub(crate) stage: usize,
     /// Its attempt, spawned, or why it could not be.
-    pub(crate) launched: Result<Launched, Failure>,
+    pub(crate) launched: Result<Box<Launched>, Failure>,
 }
 
 impl Successor {

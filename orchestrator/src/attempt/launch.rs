@@ -269,12 +269,14 @@ fn gpu_baselines(plan: &AttemptPlan, services: &Services) -> Vec<crate::gpu::rel
 }
 
 /// Takes GPU baselines, opens the event channel and spawns the attempt. An attempt that
-/// cannot start comes back as its [`Failure`].
+/// cannot start comes back as its [`Failure`]. Boxed: a [`Launched`] is a kilobyte, and it
+/// goes through the run's news, its table of handed-over attempts and the task that
+/// supervises it; a box moves as one pointer.
 pub fn start_attempt(
     mut plan: AttemptPlan,
     opened: Option<Opened>,
     services: &Services,
-) -> Result<Launched, Failure> {
+) -> Result<Box<Launched>, Failure> {
     // Files opened ahead serve only the attempt they were made for.
     let opened = opened.filter(|o| o.socket == plan.socket && plan.attempt == 1);
     // A first attempt's output starts its logs; later attempts (retries, resumes) are
@@ -402,7 +404,7 @@ pub fn start_attempt(
             plan.argv.first().map(String::as_str).unwrap_or("")
         ))
     })?;
-    Ok(Launched {
+    Ok(Box::new(Launched {
         plan,
         child,
         copiers,
@@ -411,7 +413,7 @@ pub fn start_attempt(
         baselines,
         stderr_offset,
         mps,
-    })
+    }))
 }
 
 /// Makes a stage that shares its one GPU with `gpu_sharing = "mps"` a client of the GPU's MPS

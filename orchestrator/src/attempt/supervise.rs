@@ -175,8 +175,13 @@ const LISTED_REFUSALS: usize = 4;
 /// exits (`watch`); stop and reap the rest of its tree (`reap_tree`), telling `hooks`
 /// when a clean tree is gone; drain its channel; the GPU verdicts (`gpu_verdicts`); and its
 /// outcome and result (`conclude`). See the module promises.
+///
+/// `launched` comes boxed and is taken apart at the first poll: an argument of an `async fn`
+/// keeps its own place in the future beside the locals it is moved into, so a kilobyte given
+/// by value would make every state of this future (moved whole as its task starts) a
+/// kilobyte larger.
 pub async fn supervise(
-    launched: Launched,
+    launched: Box<Launched>,
     services: &Services,
     mut cancel: watch::Receiver<CancelLevel>,
     hooks: &mut dyn AttemptHooks,
@@ -191,7 +196,7 @@ pub async fn supervise(
         stderr_offset,
         // Held to the verdict, at this function's end: the GPU's MPS daemon stays meanwhile.
         mps: _mps_client,
-    } = launched;
+    } = *launched;
     let plan = &plan;
     let events = &services.events;
     let mut watched = Watch {
@@ -290,7 +295,10 @@ pub async fn supervise(
         },
         start: crate::process::zygote::after_exit(child.start.take(), &plan.stage_dir),
     };
-    let result = conclude(plan, watched, ended, &mut cancel, hooks).await;
+    let result = conclude(plan, &mut watched, ended, &mut cancel, hooks).await;
+    // What the result did not take (its ranks' exit records among it) goes now, as before the
+    // report below.
+    drop(watched);
     if let Outcome::Failed(Failure::OomKilled { kills, peak, limit }) = &result.outcome {
         events.report(RunEventKind::StageOomKilled {
             stage: plan.name.clone(),
@@ -826,9 +834,11 @@ struct Ended {
 }
 
 /// The attempt's outcome (its outputs verified when it exited cleanly) and result.
+/// `watched` is borrowed (what the result keeps of it is taken out): given by value, it would
+/// be held twice in this future, as its argument and as its local.
 async fn conclude(
     plan: &AttemptPlan,
-    mut watched: Watch,
+    watched: &mut Watch,
     ended: Ended,
     cancel: &mut watch::Receiver<CancelLevel>,
     hooks: &mut dyn AttemptHooks,
@@ -842,7 +852,7 @@ async fn conclude(
         false => read_tail(&stderr_path, ended.stderr_offset),
     };
     let stop = watched.stop;
-    let rank_failed = rank_failure(plan, &watched, ended.exit, &stderr_tail);
+    let rank_failed = rank_failure(plan, watched, ended.exit, &stderr_tail);
     let mut outcome = match (watched.hung.take(), rank_failed) {
         (Some(what), _) => Outcome::Failed(Failure::Hung(what)),
         (None, Some(failure)) => Outcome::Failed(failure),
@@ -879,7 +889,7 @@ async fn conclude(
         exit: ended.exit,
         wall: ended.wall,
         checkpoints,
-        metrics: watched.events.metrics,
+        metrics: std::mem::take(&mut watched.events.metrics),
         gpu: ended.gpu,
         leftovers: ended.leftovers,
         violations,

@@ -73,7 +73,7 @@ struct Driver<'h> {
     next_up: NextUp,
     /// The attempts that ending stages started in their place, until recorded
     /// ([`Start::HandedOver`]).
-    handed: BTreeMap<usize, std::result::Result<Launched, Failure>>,
+    handed: BTreeMap<usize, std::result::Result<Box<Launched>, Failure>>,
     /// What stops each running early-started stage alone ([`Action::StopStage`]).
     stoppers: BTreeMap<usize, tokio::sync::oneshot::Sender<()>>,
     lookahead: Lookahead,
@@ -398,7 +398,7 @@ impl<'h> Driver<'h> {
         sched: &mut Scheduler<'_>,
         i: usize,
         given: Vec<GpuInfo>,
-        started: std::result::Result<Launched, Failure>,
+        started: std::result::Result<Box<Launched>, Failure>,
     ) -> Result<()> {
         let launched = match started {
             Ok(launched) => launched,
@@ -915,7 +915,7 @@ impl SupervisorTask {
     /// Supervises the attempt to its result; the successor it started when it succeeded.
     async fn supervise(
         &self,
-        launched: Launched,
+        launched: Box<Launched>,
         services: &Services,
     ) -> (AttemptResult, Option<Started>) {
         let mut hooks = Hooks {
