@@ -121,27 +121,64 @@ fn own_children() -> Vec<i32> {
     }) else {
         return Vec::new();
     };
-    let mut text = Vec::new();
+    let mut children = Children::default();
+    let mut offset = 0;
     // Small: usually the only child is the guard (a larger buffer cost its zeroing each time).
     let mut chunk = [0u8; 512];
     loop {
-        match file.read_at(&mut chunk, text.len() as u64) {
+        match file.read_at(&mut chunk, offset) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                text.extend_from_slice(&chunk[..n]);
+                // Parsed as read, with no copy of the text (a sweep reads it at every stage's
+                // end); an entry cut between two reads goes on in the next.
+                children.parse(&chunk[..n]);
+                offset += n as u64;
                 // The kernel fills a read of this file with whole entries ("PID ", at most 12
                 // bytes) as far as they fit: one that left more room than an entry needs was
-                // the last (a sweep reads it at every stage's end).
+                // the last.
                 if n + 32 <= chunk.len() {
                     break;
                 }
             }
         }
     }
-    String::from_utf8_lossy(&text)
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
+    children.finish()
+}
+
+/// The PIDs of `/proc/self/task/TID/children` as its text comes in: the numbers between
+/// ASCII whitespace; a word that is not a PID (which the kernel never writes) is left out.
+#[derive(Default)]
+struct Children {
+    pids: Vec<i32>,
+    /// The word being read: its value so far, `None` once it is no PID.
+    word: Option<Option<i32>>,
+}
+
+impl Children {
+    fn parse(&mut self, text: &[u8]) {
+        for &b in text {
+            if b.is_ascii_whitespace() {
+                self.end_word();
+            } else {
+                let so_far = self.word.unwrap_or(Some(0));
+                self.word = Some(so_far.and_then(|v| match b {
+                    b'0'..=b'9' => v.checked_mul(10)?.checked_add(i32::from(b - b'0')),
+                    _ => None,
+                }));
+            }
+        }
+    }
+
+    fn end_word(&mut self) {
+        if let Some(Some(pid)) = self.word.take() {
+            self.pids.push(pid);
+        }
+    }
+
+    fn finish(mut self) -> Vec<i32> {
+        self.end_word();
+        self.pids
+    }
 }
 
 /// Children of the orchestrator that belong to no stage (the guard, standbys waiting to be
@@ -373,6 +410,26 @@ pub fn comm(pid: i32) -> String {
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn the_children_file_is_parsed_as_split_whitespace_and_parse_did_in_whatever_reads() {
+        let text = "12 345 6789012 2147483647 2147483648 x1 7\n 8 ";
+        let expected: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        assert_eq!(expected, [12, 345, 6789012, 2147483647, 7, 8]);
+        for cut in 0..=text.len() {
+            let mut children = Children::default();
+            children.parse(&text.as_bytes()[..cut]);
+            children.parse(&text.as_bytes()[cut..]);
+            assert_eq!(children.finish(), expected, "cut at {cut}");
+        }
+        assert!(Children::default().finish().is_empty());
+        let mut one = Children::default();
+        one.parse(b"42");
+        assert_eq!(one.finish(), [42]);
+    }
 
     #[test]
     fn ticks_taken_before_a_spawn_are_at_most_the_childs_start_time() {
