@@ -334,13 +334,19 @@ pub fn start_attempt(
     if let Some(discards) = &discards {
         channel.remove_later(discards.clone());
     }
-    let token = format!(
-        "{}-{}-{}-{}",
-        crate::process::scan::own_pid(),
-        services.run_id,
-        plan.name,
-        crate::timefmt::unix_ms()
-    );
+    // Sized at once: `format!` grew its buffer from a few bytes, copying it each time.
+    let mut token = String::with_capacity(services.run_id.len() + plan.name.len() + 3 + 10 + 20);
+    {
+        use std::fmt::Write as _;
+        let _ = write!(
+            token,
+            "{}-{}-{}-{}",
+            crate::process::scan::own_pid(),
+            services.run_id,
+            plan.name,
+            crate::timefmt::unix_ms()
+        );
+    }
     let (out, err) = if services.follow {
         let fail =
             |e: std::io::Error| Failure::SpawnFailed(format!("cannot create an output pipe: {e}"));

@@ -781,6 +781,10 @@ impl<'h> Driver<'h> {
 
     /// Gives stage `i`'s GPUs (whole, or its share) back to the host.
     fn give_back_gpus(&self, i: usize, gpus: &[GpuInfo]) {
+        // A CPU stage holds none: nothing to name an owner for (at every stage of a sweep).
+        if gpus.is_empty() {
+            return;
+        }
         let name = &self.setup.plan.plan.stages[i].name;
         let owner = crate::host::gpu_owner(&self.setup.run_id, name);
         self.host.give_back_gpus(gpus, &owner);
