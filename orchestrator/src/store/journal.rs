@@ -20,7 +20,6 @@
 //! - a stage's start is not fsynced on its own (losing it means the stage counts as not
 //!   started, and runs again on resume); the next fsync covers it.
 
-use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
@@ -35,7 +34,10 @@ pub(crate) const GROUP_COMMIT: Duration = Duration::from_millis(100);
 
 pub use protocol::journal::JournalRecord;
 
-#[derive(Serialize)]
+/// A journal line as serde would write it: the version and time, then the record's fields.
+/// [`Journal::write`] writes the same bytes without `flatten`'s map (see [`write_line`]).
+#[cfg(test)]
+#[derive(serde::Serialize)]
 struct Line<'a> {
     v: u32,
     t: u64,
@@ -267,14 +269,7 @@ impl Journal {
             }
             _ => record,
         };
-        let line = Line {
-            v: protocol::PROTOCOL_VERSION,
-            t: crate::timefmt::unix_ms(),
-            record,
-        };
-        self.line.clear();
-        serde_json::to_writer(&mut self.line, &line).map_err(io::Error::other)?;
-        self.line.push(b'\n');
+        write_line(&mut self.line, crate::timefmt::unix_ms(), record)?;
         if let Durability::Lazy = durability {
             self.pending.extend_from_slice(&self.line);
             return Ok(());
@@ -294,6 +289,25 @@ impl Journal {
             Durability::Lazy => Ok(()),
         }
     }
+}
+
+/// Writes `record`'s line (time `t`, this protocol's version) into `line`, which it clears:
+/// `{"v":V,"t":T,` and then the record's own object without its `{` (every record has at
+/// least its `rec` tag), and a newline. The bytes of [`Line`] serialized, without the map
+/// that serde's `flatten` builds field by field (a stage's start and end are two lines).
+fn write_line(line: &mut Vec<u8>, t: u64, record: &JournalRecord) -> io::Result<()> {
+    line.clear();
+    write!(line, "{{\"v\":{},\"t\":{t},", protocol::PROTOCOL_VERSION)?;
+    let start = line.len();
+    serde_json::to_writer(&mut *line, record).map_err(io::Error::other)?;
+    if line.get(start) != Some(&b'{') || line.get(start + 1) == Some(&b'}') {
+        return Err(io::Error::other(
+            "a journal record is not a JSON object with fields",
+        ));
+    }
+    line.remove(start);
+    line.push(b'\n');
+    Ok(())
 }
 
 /// Reads the journal of the run in `root` with every recorded output path resolved against
@@ -408,6 +422,87 @@ pub fn open_attempts(path: &Path) -> io::Result<Vec<OpenAttempt>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_is_written_as_serde_wrote_it_with_flatten() {
+        let checkpoint: protocol::report::CheckpointRecord = serde_json::from_str(
+            r#"{"path": "out/model.safetensors", "bytes": 12, "blake3": "00ff"}"#,
+        )
+        .unwrap();
+        let records = [
+            JournalRecord::RunStarted {
+                plan: "/p/plan \"x\".toml".into(),
+                pid: 42,
+                gpu_check: "on".into(),
+                resumed: true,
+            },
+            JournalRecord::StageStarted {
+                stage: "s1".into(),
+                attempt: 1,
+                pid: 77,
+                gpus: vec!["GPU-1".into(), "GPU-2".into()],
+                plan_hash: "abc".into(),
+            },
+            JournalRecord::StageFinished {
+                stage: "é\u{1}".into(),
+                attempt: 2,
+                status: protocol::status::StageStatus::Failed,
+                error: Some("exit 1\nbad".into()),
+                checkpoints: vec![checkpoint],
+                plan_hash: String::new(),
+                metrics: [("loss".to_string(), 0.25), ("nan".to_string(), f64::NAN)].into(),
+                wall_s: Some(1.5e-7),
+            },
+            JournalRecord::StageFinished {
+                stage: "s".into(),
+                attempt: 1,
+                status: protocol::status::StageStatus::Succeeded,
+                error: None,
+                checkpoints: Vec::new(),
+                plan_hash: "h".into(),
+                metrics: Default::default(),
+                wall_s: None,
+            },
+            JournalRecord::StageSkipped {
+                stage: "b".into(),
+                reason: "upstream".into(),
+            },
+            JournalRecord::SlurmStarted {
+                job_id: "1".into(),
+                restart_count: 0,
+                host: "n1".into(),
+                nodelist: "n[1-2]".into(),
+            },
+            JournalRecord::SlurmStopped {
+                job_id: "1".into(),
+                restart_count: 3,
+                signal: "SIGTERM".into(),
+                cause: "time_limit".into(),
+                job_state: "TIMEOUT".into(),
+                requeue: "requested".into(),
+            },
+            JournalRecord::RunFinished {
+                status: protocol::status::RunStatus::Succeeded,
+                exit_code: 0,
+            },
+        ];
+        let mut line = b"left over".to_vec();
+        for record in &records {
+            let t = 1_733_400_000_123;
+            let mut expected = serde_json::to_vec(&Line {
+                v: protocol::PROTOCOL_VERSION,
+                t,
+                record,
+            })
+            .unwrap();
+            expected.push(b'\n');
+            write_line(&mut line, t, record).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&line),
+                String::from_utf8_lossy(&expected)
+            );
+        }
+    }
 
     #[test]
     fn open_attempts_are_those_started_and_not_finished() {
