@@ -78,6 +78,7 @@ def main():
                 save(out / "ckpt.pt", model, opt, step + 1)
                 stage.checkpoint(out / "ckpt.pt", step=step + 1)
             dist.barrier()
+            del ddp
             dist.destroy_process_group()
             if rank == 0:
                 stage.exit_interrupted(f"stopped by SIGTERM at step {step + 1}, saved ckpt.pt")
@@ -88,6 +89,9 @@ def main():
         stage.metrics(final_loss=loss.item(), steps=args.steps, world_size=world,
                       train_wall_s=time.time() - t0)
     dist.barrier()
+    # The DDP wrapper's reducer holds the process group: dropped first, so that the group is
+    # torn down once, here, and not by the reducer's destructor as the interpreter exits.
+    del ddp
     dist.destroy_process_group()
 
 
