@@ -29,38 +29,18 @@ pub(crate) struct Layout {
 
 /// The event socket of attempt `attempt` of stage `i`, in the run's socket directory.
 pub(crate) fn socket_path(socket_dir: &Path, i: usize, attempt: u32) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    // `{i}-{attempt}.sock` written out by hand into a buffer on the stack, and the path made
-    // in one allocation: `format!` and `join` were most of this (at every stage's look-ahead).
+    use std::io::Write as _;
+    // `{i}-{attempt}.sock` written into a buffer on the stack (at most 36 bytes), and the path
+    // made in one allocation: `format!` and `join` allocated twice at every stage's look-ahead.
     let mut name = [0u8; 20 + 1 + 10 + 5];
-    let mut len = 0;
-    for part in [
-        decimal(i as u64, &mut [0; 20]),
-        b"-",
-        decimal(u64::from(attempt), &mut [0; 20]),
-        b".sock",
-    ] {
-        name[len..len + part.len()].copy_from_slice(part);
-        len += part.len();
-    }
-    let name = std::ffi::OsStr::from_bytes(&name[..len]);
+    let mut cursor = std::io::Cursor::new(&mut name[..]);
+    write!(cursor, "{i}-{attempt}.sock").expect("36 bytes hold two integers and the suffix");
+    let len = cursor.position() as usize;
+    let name = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name[..len]);
     let mut path = PathBuf::with_capacity(socket_dir.as_os_str().len() + 1 + name.len());
     path.push(socket_dir);
     path.push(name);
     path
-}
-
-/// `n` in decimal, written at the end of `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut start = buf.len();
-    loop {
-        start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[start..];
-        }
-    }
 }
 
 /// Where a stage's files are.
@@ -375,10 +355,11 @@ pub(crate) fn prepare_attempt(
         master_port: crate::attempt::rendezvous::stage_port(&stage_env, held_port),
     };
     let mut env = contract::environment(&paths, &stage_env);
+    // Variables orchestrate sets only where neither the plan nor its own environment does.
+    let set_elsewhere =
+        |name: &str| stage_env.contains_key(name) || std::env::var_os(name).is_some();
     if let Some(n) = cpu_threads {
-        if !stage_env.contains_key("OMP_NUM_THREADS")
-            && std::env::var_os("OMP_NUM_THREADS").is_none()
-        {
+        if !set_elsewhere("OMP_NUM_THREADS") {
             env.push(("OMP_NUM_THREADS".into(), n.to_string()));
         }
     }
@@ -388,8 +369,6 @@ pub(crate) fn prepare_attempt(
             plan.plan.run.cuda_visible_devices,
         ));
         if let (Some(bytes), [gpu]) = (stage.gpu_memory, gpus) {
-            let set_elsewhere =
-                |name: &str| stage_env.contains_key(name) || std::env::var_os(name).is_some();
             env.extend(crate::gpu::visible::share_env(bytes.0, gpu, &set_elsewhere));
         }
     }
