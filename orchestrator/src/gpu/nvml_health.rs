@@ -22,8 +22,8 @@ pub(super) fn xid_log() -> XidLog {
 
 /// Starts the process's XID listener, once (later calls do nothing): a thread that registers
 /// every GPU NVML lists (one that refuses, with no XID events on it, is left out) and fills
-/// [`xid_log`]. Its own `nvmlInit` and registration take NVML's lock for tens of
-/// milliseconds, so the host starts it after its own first reads, not beside them.
+/// [`xid_log`]. Its own `nvmlInit` and registration take NVML's lock, so the host starts it
+/// after its own first reads, not beside them.
 pub(super) fn start_listener() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {

@@ -294,8 +294,8 @@ pub struct StageRecords {
 impl StageRecords {
     /// The record of the stage named `name`, if the plan has it. The stage last named and the
     /// one after it are tried first: a sweep's events come in plan order, and the look-up by
-    /// name (a binary search over names scattered in memory) cost a 20,000-stage chain about
-    /// 2% of its scheduling thread.
+    /// name (a binary search over names scattered in memory) is a sweep's cost per event
+    /// (`bench/overhead` has the profile).
     fn named(&mut self, name: &str) -> Option<&mut StageRecord> {
         let stages = &self.plan.plan.stages;
         let near = [self.recent, self.recent + 1];
