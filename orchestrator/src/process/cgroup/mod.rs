@@ -108,14 +108,13 @@ struct Idle {
     watched: Arc<Watched>,
 }
 
-/// A stage cgroup's `cgroup.events` and `cgroup.stat`, opened at their first read and kept
-/// open with the cgroup (a reused one keeps them for its next stage): each read after the
-/// first is one `pread` from offset 0, which has the kernel write the file anew, where opening
-/// it takes three system calls (a sweep reads both at every stage's end).
+/// A stage cgroup's `cgroup.events`, opened at its first read and kept open with the cgroup
+/// (a reused one keeps it for its next stage): each read after the first is one `pread` from
+/// offset 0, which has the kernel write the file anew, where opening it takes three system
+/// calls (a sweep reads it at every stage's end).
 #[derive(Debug, Default)]
 struct Watched {
     events: std::sync::OnceLock<File>,
-    stat: std::sync::OnceLock<File>,
 }
 
 impl Watched {
@@ -292,7 +291,7 @@ pub struct StageCgroup {
     limit: Option<u64>,
     /// Where it goes back to once empty, when it is a reusable one.
     idle: Option<Arc<Mutex<Vec<Idle>>>>,
-    /// Its `cgroup.events` and `cgroup.stat`, kept open.
+    /// Its `cgroup.events`, kept open.
     watched: Arc<Watched>,
     /// Removed (or given back) already.
     done: AtomicBool,
@@ -425,7 +424,7 @@ impl StageCgroup {
     /// Said by a caller that has just seen it empty (`cgroup.events` said unpopulated and
     /// nothing of the stage is left anywhere to move back in): it is removed, or given back
     /// for reuse, when this handle is dropped, without reading `cgroup.events` again. A
-    /// stage's end so leaves that work (a read of `cgroup.stat` for a reusable one, an
+    /// stage's end so leaves that work (a look for cgroups below a reusable one, an
     /// `rmdir` otherwise) until after it has spawned the successor it hands over to.
     pub fn seen_empty(&self) {
         self.empty.store(true, Ordering::Relaxed);
@@ -458,13 +457,14 @@ impl StageCgroup {
 }
 
 impl StageCgroup {
-    /// Whether no cgroup is below it: `cgroup.stat`'s `nr_descendants` (one `pread`, where
-    /// listing the directory takes five system calls), else its listing.
+    /// Whether no cgroup is below it: its directory's link count, which the kernel keeps at
+    /// two plus its subdirectories (one `statx` of the directory it holds open, where
+    /// `cgroup.stat` has the kernel format six counters at every stage's end), else its
+    /// listing.
     fn no_subgroups(&self) -> bool {
-        match Watched::read(&self.watched.stat, &self.dir, "cgroup.stat")
-            .and_then(|stat| counter(&stat, "nr_descendants"))
-        {
-            Some(n) => n == 0,
+        use std::os::unix::fs::MetadataExt;
+        match self.dir_fd.as_ref().and_then(|dir| dir.metadata().ok()) {
+            Some(meta) => meta.nlink() == 2,
             None => subgroups(&self.dir).is_empty(),
         }
     }
