@@ -43,13 +43,63 @@ fn decode_from(source: &str, min_stages: usize) -> Option<Plan> {
         // path combines.
         return None;
     }
-    plan.stages.reserve_exact(sections.stages.len());
-    for range in &sections.stages {
-        let (piece, _) = decode_piece(&source[range.clone()])?;
-        let [stage] = <[_; 1]>::try_from(piece.stages).ok()?;
-        plan.stages.push(stage);
-    }
+    plan.stages = decode_stages(
+        source,
+        &sections.stages,
+        decoding_threads(sections.stages.len()),
+    )?;
     Some(plan)
+}
+
+/// The fewest stages a decoding thread is given: below that, starting it costs more than the
+/// share of the work it takes.
+const STAGES_PER_THREAD: usize = 128;
+
+/// How many threads decode a plan of `stages` stages: one per core, at most 8, each with at
+/// least [`STAGES_PER_THREAD`] stages. (A plan is decoded before any stage runs, while the
+/// other cores have nothing to do.)
+fn decoding_threads(stages: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(8).min(stages / STAGES_PER_THREAD).max(1)
+}
+
+/// The stages at `ranges` of `source`, in order, decoded on `threads` threads (the calling
+/// one among them), each taking a run of consecutive stages; `None` at the first piece that
+/// does not decode cleanly, whichever thread meets it.
+fn decode_stages(
+    source: &str,
+    ranges: &[std::ops::Range<usize>],
+    threads: usize,
+) -> Option<Vec<protocol::plan::Stage>> {
+    let decode_run = |ranges: &[std::ops::Range<usize>]| {
+        let mut stages = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let (piece, _) = decode_piece(&source[range.clone()])?;
+            let [stage] = <[_; 1]>::try_from(piece.stages).ok()?;
+            stages.push(stage);
+        }
+        Some(stages)
+    };
+    if threads <= 1 {
+        return decode_run(ranges);
+    }
+    let per_thread = ranges.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let mut runs = ranges.chunks(per_thread);
+        let first = runs.next().unwrap_or_default();
+        let others: Vec<_> = runs
+            .map(|run| scope.spawn(move || decode_run(run)))
+            .collect();
+        let mut stages = decode_run(first);
+        for other in others {
+            let decoded = other.join().ok().flatten();
+            match (&mut stages, decoded) {
+                (Some(stages), Some(more)) => stages.extend(more),
+                _ => stages = None,
+            }
+        }
+        stages
+    })
 }
 
 /// One piece of the text through the whole plan's decoder, and whether it has a `stage` key;
@@ -133,6 +183,25 @@ mod tests {
             agreed += 1;
         }
         assert!(agreed >= 20, "only {agreed} plans went stage by stage");
+    }
+
+    #[test]
+    fn stages_decoded_on_several_threads_keep_the_plans_order() {
+        let source = written_out(MIN_STAGES + 5, "");
+        let sections = sections::split(&source).unwrap();
+        let one = decode_stages(&source, &sections.stages, 1).unwrap();
+        for threads in [2, 3, 7] {
+            let several = decode_stages(&source, &sections.stages, threads).unwrap();
+            assert_eq!(several, one, "{threads} threads");
+        }
+        assert_eq!(one.len(), MIN_STAGES + 5);
+        assert_eq!(one[MIN_STAGES + 4].name, format!("s{}", MIN_STAGES + 4));
+        // A problem in any thread's run makes the whole answer `None`.
+        let bad = format!("{source}[[stage]]\nname = \"x\"\nunknown_key = 1\n");
+        let sections = sections::split(&bad).unwrap();
+        assert_eq!(decode_stages(&bad, &sections.stages, 3), None);
+        assert!(decoding_threads(MIN_STAGES - 1) >= 1);
+        assert!(decoding_threads(100_000) <= 8);
     }
 
     #[test]
