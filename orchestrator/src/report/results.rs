@@ -9,6 +9,7 @@ use crate::plan::LoadedPlan;
 use protocol::report::StageReport;
 use protocol::status::StageStatus;
 use std::collections::BTreeSet;
+use std::io::Write as _;
 
 /// One row: column name and value, in column order.
 pub type Row = Vec<(String, serde_json::Value)>;

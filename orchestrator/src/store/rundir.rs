@@ -552,11 +552,16 @@ pub(crate) fn write_replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, |file| file.write_all(bytes), false)
 }
 
+/// The buffer [`write_replace_with`] streams a file through. A concrete type, not a
+/// `dyn Write`: a serializer's many small writes (a pretty-printed report is mostly
+/// punctuation and indentation) then compile to copies into the buffer, not to a call each.
+pub(crate) type ReplaceBuffer<'f> = io::BufWriter<&'f mut File>;
+
 /// [`write_replace`] of what `fill` writes, streamed through a buffer: a large file (the
 /// report of a 100,000-stage sweep) is never held in memory whole.
 pub(crate) fn write_replace_with(
     path: &Path,
-    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+    fill: impl FnOnce(&mut ReplaceBuffer<'_>) -> io::Result<()>,
 ) -> io::Result<()> {
     replace(
         path,
