@@ -292,12 +292,13 @@ impl Journal {
 }
 
 /// Writes `record`'s line (time `t`, this protocol's version) into `line`, which it clears:
-/// `{"v":V,"t":T,` and then the record's own object without its `{` (every record has at
-/// least its `rec` tag), and a newline. The bytes of [`Line`] serialized, without the map
-/// that serde's `flatten` builds field by field (a stage's start and end are two lines).
+/// `{"v":V,"t":T`, then the record's own object with its `{` turned into the `,` that joins
+/// its fields on (every record has at least its `rec` tag), and a newline. The bytes of
+/// [`Line`] serialized, without the map that serde's `flatten` builds field by field (a
+/// stage's start and end are two lines).
 fn write_line(line: &mut Vec<u8>, t: u64, record: &JournalRecord) -> io::Result<()> {
     line.clear();
-    write!(line, "{{\"v\":{},\"t\":{t},", protocol::PROTOCOL_VERSION)?;
+    write!(line, "{{\"v\":{},\"t\":{t}", protocol::PROTOCOL_VERSION)?;
     let start = line.len();
     serde_json::to_writer(&mut *line, record).map_err(io::Error::other)?;
     if line.get(start) != Some(&b'{') || line.get(start + 1) == Some(&b'}') {
@@ -305,7 +306,7 @@ fn write_line(line: &mut Vec<u8>, t: u64, record: &JournalRecord) -> io::Result<
             "a journal record is not a JSON object with fields",
         ));
     }
-    line.remove(start);
+    line[start] = b',';
     line.push(b'\n');
     Ok(())
 }
