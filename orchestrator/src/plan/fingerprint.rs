@@ -100,7 +100,10 @@ impl Background {
         let plan_theirs = plan.clone();
         let spawned = std::thread::Builder::new()
             .name("fingerprints".into())
-            .spawn(move || theirs.compute(&plan_theirs));
+            .spawn(move || {
+                crate::process::background::yield_to_the_run();
+                theirs.compute(&plan_theirs)
+            });
         if spawned.is_err() {
             background.compute(&plan);
         }

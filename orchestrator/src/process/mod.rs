@@ -11,12 +11,14 @@
 //! - [`cgroup`]: a cgroup v2 per stage, where the host delegates one;
 //! - [`guard`]: the companion that outlives a crash;
 //! - `backoff`: polling for what is expected to happen soon;
+//! - `background`: threads whose work no stage waits for, at the lowest CPU priority;
 //! - [`discard`]: what is closed off the scheduling thread;
 //! - [`exits`]: the exit statuses of processes others reap (where the kernel tells us);
 //! - `kernel_file`: the kernel's small files in one read;
 //! - [`pid_dirs`]: private directories named for their process, removed once it is gone;
 //! - [`inherited`]: the descriptors `orchestrate` inherited, not passed on.
 
+pub(crate) mod background;
 pub(crate) mod backoff;
 pub mod cgroup;
 pub mod discard;

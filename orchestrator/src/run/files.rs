@@ -42,6 +42,7 @@ impl RunFiles {
         let thread = std::thread::Builder::new()
             .name("run-files".into())
             .spawn(move || {
+                crate::process::background::yield_to_the_run();
                 let resolved = run_dir.root().join("plan.resolved.json");
                 let written = crate::store::rundir::write_json_replace(&resolved, &plan.as_run())
                     .with_context(|| format!("cannot write {}", resolved.display()));
@@ -60,6 +61,13 @@ impl RunFiles {
                 Outcome { written, warning }
             })?;
         Ok(RunFiles(Some(thread)))
+    }
+
+    /// Whether the files are written (or failed): [`RunFiles::finish`] would not wait. The
+    /// thread runs at the lowest CPU priority (`crate::process::background`), so on a busy
+    /// machine it may take a while; a report rewrite during the run waits for it only here.
+    pub(crate) fn done(&self) -> bool {
+        self.0.as_ref().is_none_or(|thread| thread.is_finished())
     }
 
     /// Waits until the files are written. Returns the plan copy's failure, and tells
