@@ -4,7 +4,8 @@
 //! The text is cut by [`sections::split`]; what is not a stage is decoded as one small
 //! document, and every `[[stage]]` table as a document of its own, which is dropped before the
 //! next is read. Each piece goes through the same decoder as the whole plan would, so a stage
-//! decodes to exactly what it decodes to there.
+//! decodes to exactly what it decodes to there; a stage written in the plainest TOML reaches
+//! that decoder without a TOML document ([`plain_stage`]).
 //!
 //! This path answers only for plans it gets through without a single problem. At the first
 //! one (a syntax or type error, a key the rest of the text also defines) it answers `None`
@@ -13,6 +14,7 @@
 
 use super::decode;
 use super::diagnostic::Reporter;
+use super::plain_stage;
 use super::sections;
 use super::toml_tree;
 use protocol::plan::Plan;
@@ -74,8 +76,16 @@ fn decode_stages(
     let decode_run = |ranges: &[std::ops::Range<usize>]| {
         let mut stages = Vec::with_capacity(ranges.len());
         for range in ranges {
-            let (piece, _) = decode_piece(&source[range.clone()])?;
-            let [stage] = <[_; 1]>::try_from(piece.stages).ok()?;
+            let text = &source[range.clone()];
+            // The plainest tables without a TOML parser; any other through `toml_edit`.
+            let stage = match plain_stage::decode(text) {
+                Some(stage) => stage,
+                None => {
+                    let (piece, _) = decode_piece(text)?;
+                    let [stage] = <[_; 1]>::try_from(piece.stages).ok()?;
+                    stage
+                }
+            };
             stages.push(stage);
         }
         Some(stages)

@@ -22,6 +22,7 @@ mod layout;
 pub mod matrix;
 mod params;
 pub(crate) mod placeholder;
+mod plain_stage;
 mod preload;
 mod process;
 mod sections;
