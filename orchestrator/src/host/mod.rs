@@ -278,9 +278,13 @@ impl Host {
     /// per process, inside a tokio `LocalSet` on a current-thread runtime.
     pub fn start(settings: Settings) -> crate::error::Result<Rc<Host>> {
         use crate::error::Context;
+        // What a run asks next (whether stages get a cgroup namespace), found out meanwhile.
+        crate::process::cgroup::namespace::Support::find_out_early();
         let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
-        let guard = crate::process::guard::start(Some(sockets.path()))
-            .context("cannot start the guard process")?;
+        // The guard is this program started again: its start (an exec, and a large binary's
+        // loading, about 0.4 ms of this thread's wait on the 2-core development machine)
+        // overlaps the reaper's start and the GPU inventory on a thread of its own.
+        let guard = start_guard(sockets.path());
         let reaper = Reaper::start().context("cannot become a child subreaper")?;
         let fake = gpu::fake::from_env();
         let through_nvml = fake.is_none();
@@ -343,6 +347,7 @@ impl Host {
             reaper.clone(),
             forkers.clone(),
         ));
+        let guard = guard().context("cannot start the guard process")?;
         Ok(Rc::new(Host {
             reaper,
             _guard: guard,
@@ -611,6 +616,25 @@ impl Host {
     /// Whether GPU `uuid` is quarantined (no further stage is placed on it).
     pub fn quarantined(&self, uuid: &str) -> bool {
         self.pool.borrow().quarantined(uuid)
+    }
+}
+
+/// Starts the guard (see [`crate::process::guard`]) on a thread of its own, or on this one
+/// where no thread can be made; the returned call waits for it.
+fn start_guard(cleanup: &std::path::Path) -> impl FnOnce() -> std::io::Result<Guard> {
+    let dir = cleanup.to_path_buf();
+    let on_thread = std::thread::Builder::new()
+        .name("guard-start".into())
+        .spawn(move || crate::process::guard::start(Some(&dir)));
+    let here = on_thread
+        .is_err()
+        .then(|| crate::process::guard::start(Some(cleanup)));
+    move || match (here, on_thread) {
+        (Some(started), _) => started,
+        (None, Ok(thread)) => thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the guard's start failed"))),
+        (None, Err(e)) => Err(e),
     }
 }
 
