@@ -11,7 +11,7 @@
 //! - [`cgroup`]: a cgroup v2 per stage, where the host delegates one;
 //! - [`guard`]: the companion that outlives a crash;
 //! - `backoff`: polling for what is expected to happen soon;
-//! - `background`: threads whose work no stage waits for, at the lowest CPU priority;
+//! - `background`: threads whose work no stage waits for, at a lower CPU priority;
 //! - [`discard`]: what is closed off the scheduling thread;
 //! - [`exits`]: the exit statuses of processes others reap (where the kernel tells us);
 //! - `kernel_file`: the kernel's small files in one read;

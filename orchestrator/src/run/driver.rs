@@ -618,7 +618,7 @@ impl<'h> Driver<'h> {
     /// with the plan; the measurements behind 0.2%: `bench/overhead/README.md`, the tenth
     /// round).
     fn rewrite_report(&mut self) -> Result<()> {
-        // The first report is still being written (at the lowest CPU priority, see
+        // The first report is still being written (at a lower CPU priority, see
         // `super::files`): this rewrite waits for the next round rather than the run.
         if self.last_report.elapsed() < self.report_every || !self.run_files.done() {
             return Ok(());

@@ -64,7 +64,7 @@ impl RunFiles {
     }
 
     /// Whether the files are written (or failed): [`RunFiles::finish`] would not wait. The
-    /// thread runs at the lowest CPU priority (`crate::process::background`), so on a busy
+    /// thread runs at a lower CPU priority (`crate::process::background`), so on a busy
     /// machine it may take a while; a report rewrite during the run waits for it only here.
     pub(crate) fn done(&self) -> bool {
         self.0.as_ref().is_none_or(|thread| thread.is_finished())
