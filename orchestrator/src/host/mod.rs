@@ -281,9 +281,9 @@ impl Host {
         // What a run asks next (whether stages get a cgroup namespace), found out meanwhile.
         crate::process::cgroup::namespace::Support::find_out_early();
         let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
-        // The guard is this program started again: its start (an exec, and a large binary's
-        // loading, about 0.4 ms of this thread's wait on the 2-core development machine)
-        // overlaps the reaper's start and the GPU inventory on a thread of its own.
+        // The guard is this program started again: its start (an exec and a large binary's
+        // loading, which the thread starting it waits for) overlaps the reaper's start and
+        // the GPU inventory, on a thread of its own.
         let guard = start_guard(sockets.path());
         let reaper = Reaper::start().context("cannot become a child subreaper")?;
         let fake = gpu::fake::from_env();

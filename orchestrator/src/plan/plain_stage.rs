@@ -11,7 +11,7 @@
 //!
 //! where every line is a bare key, `=`, and a basic string or a one-line list of them. For such
 //! a table, building a `toml_edit` document (its spans, its formatting, its tree) was most of
-//! what reading the plan cost: about 6 µs a stage on the 2-core development machine.
+//! what reading the plan cost (`bench/overhead/README.md` has the figures).
 //! [`decode`] reads exactly this shape and hands the keys and strings to the same serde
 //! decoder the document would reach, so a stage decodes to the same [`Stage`] with the same
 //! defaults and the same refusals (an unknown key, a list where a string belongs).

@@ -3,9 +3,10 @@
 //! A run starts a few threads for work that must be done but that no stage waits for (the
 //! plan's fingerprints, the first `report.json` and `plan.resolved.json`). On a machine with
 //! few cores they used to take the CPUs that the first stages and the scheduling thread
-//! wanted: on the 2-core development machine the first stage of a 1,000-stage chain waited
-//! 1.7 ms for a CPU while they ran. [`yield_to_the_run`] lowers the calling thread's CPU
-//! priority, so that the kernel gives a CPU to the run's own threads and stages first.
+//! wanted (a scheduler trace on the 2-core development machine showed the first stage of a
+//! 1,000-stage chain waiting for a CPU while they ran). [`yield_to_the_run`] lowers the
+//! calling thread's CPU priority, so that the kernel gives a CPU to the run's own threads
+//! and stages first.
 //!
 //! Not the lowest priority: a run may wait for these threads in the end (its last
 //! `report.json` waits for the first; a resumed run waits for the fingerprints), and an

@@ -31,8 +31,8 @@ impl Support {
     }
 
     /// Begins finding out what [`Support::here`] answers, on a short-lived thread, so that a
-    /// run's start does not wait for the try (a thread made and ended, about 0.2–0.9 ms on
-    /// the 2-core development machine, where the run's other threads take the cores).
+    /// run's start does not wait for the try (a thread made and ended, which on a machine of
+    /// few cores also waits for one while the run's other threads hold them).
     pub fn find_out_early() {
         let started = std::thread::Builder::new()
             .name("cgroupns-probe".into())
