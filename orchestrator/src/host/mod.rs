@@ -623,18 +623,15 @@ impl Host {
 /// where no thread can be made; the returned call waits for it.
 fn start_guard(cleanup: &std::path::Path) -> impl FnOnce() -> std::io::Result<Guard> {
     let dir = cleanup.to_path_buf();
-    let on_thread = std::thread::Builder::new()
+    let pending = std::thread::Builder::new()
         .name("guard-start".into())
-        .spawn(move || crate::process::guard::start(Some(&dir)));
-    let here = on_thread
-        .is_err()
-        .then(|| crate::process::guard::start(Some(cleanup)));
-    move || match (here, on_thread) {
-        (Some(started), _) => started,
-        (None, Ok(thread)) => thread
+        .spawn(move || crate::process::guard::start(Some(&dir)))
+        .map_err(|_| crate::process::guard::start(Some(cleanup)));
+    move || match pending {
+        Ok(thread) => thread
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the guard's start failed"))),
-        (None, Err(e)) => Err(e),
+        Err(started_here) => started_here,
     }
 }
 

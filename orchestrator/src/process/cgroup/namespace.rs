@@ -84,8 +84,6 @@ pub fn nsdelegate(mountinfo: &str) -> bool {
     })
 }
 
-/// Makes a cgroup namespace in a thread of its own, which ends with it (namespaces are a
-/// thread's): whether stages may have one.
 /// [`Support::here`]'s answer, once known.
 static HERE: std::sync::OnceLock<Support> = std::sync::OnceLock::new();
 
@@ -95,7 +93,8 @@ fn try_here(unshare: impl FnOnce() -> Result<(), String>) -> Support {
     Support::from(unshare(), nsdelegate(&mountinfo))
 }
 
-/// Whether a cgroup namespace can be made, tried on a thread made for it.
+/// Whether stages may have a cgroup namespace, tried on a thread made for it, which ends with
+/// the namespace it made (namespaces are a thread's).
 fn try_unshare() -> Result<(), String> {
     std::thread::spawn(unshare_here)
         .join()
@@ -128,6 +127,16 @@ mod tests {
         assert!(refused
             .describe()
             .contains("no cgroup namespace per stage (unshare: EPERM)"));
+    }
+
+    #[test]
+    fn the_answer_found_early_is_the_one_a_probe_on_its_own_thread_gives() {
+        Support::find_out_early();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        assert_eq!(
+            Support::here(),
+            Support::from(try_unshare(), nsdelegate(&mountinfo))
+        );
     }
 
     #[test]
