@@ -19,18 +19,14 @@ Needs `perf` with access to the scheduler's tracepoints (root, or `perf_event_pa
 import argparse, json, os, platform, re, shutil, subprocess, sys, tempfile, time
 
 from chain_plan import write_chain_plan
+from sched_events import LINE, record
 
 EVENTS = "sched:sched_process_exec,sched:sched_process_exit"
-LINE = re.compile(r"\s*(\S+)\s+(\d+)\s+([\d.]+):\s+(\S+):\s+(.*)")
 
 
 def ends(binary, plan, run_dir, data):
     name = os.path.basename(binary)[:15]  # the kernel keeps 15 characters of a command name
-    subprocess.run(["perf", "record", "-q", "-a", "-e", EVENTS, "-o", data, "--",
-                    binary, "--plan", plan, "--run-dir", run_dir, "-q"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    script = subprocess.run(["perf", "script", "-i", data, "-F", "comm,tid,time,event,trace"],
-                            capture_output=True, text=True, check=True).stdout
+    script = record([binary, "--plan", plan, "--run-dir", run_dir, "-q"], EVENTS, data)
     started = first = last_exit = ended = None
     for line in script.splitlines():
         m = LINE.match(line)

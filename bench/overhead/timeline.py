@@ -27,17 +27,10 @@ Needs `perf` with access to the scheduler's tracepoints (root, or `perf_event_pa
 import argparse, json, os, platform, re, shutil, statistics, subprocess, sys, tempfile, time
 
 from chain_plan import write_chain_plan
+from sched_events import LINE, record
 
 EVENTS = "sched:sched_process_fork,sched:sched_process_exec,sched:sched_process_exit"
 LOOP = "import subprocess, sys\nfor _ in range(int(sys.argv[1])): subprocess.run(['true'])\n"
-LINE = re.compile(r"\s*(\S+)\s+(\d+)\s+([\d.]+):\s+(\S+):\s+(.*)")
-
-
-def record(command, env, data):
-    subprocess.run(["perf", "record", "-q", "-a", "-e", EVENTS, "-o", data, "--"] + command,
-                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-    return subprocess.run(["perf", "script", "-i", data, "-F", "comm,tid,time,event,trace"],
-                          capture_output=True, text=True, check=True).stdout
 
 
 def stretches(script, parent):
@@ -105,12 +98,12 @@ def main():
                 env = dict(os.environ, **extra.get(label, {}))
                 data = os.path.join(work, "perf.data")
                 if path is None:
-                    script = record([sys.executable, loop, str(args.stages)], env, data)
+                    script = record([sys.executable, loop, str(args.stages)], EVENTS, data, env)
                     parent = "python"
                 else:
                     run_dir = os.path.join(work, f"run-{label}-{rep}")
                     script = record([os.path.abspath(path), "--plan", plan, "--run-dir", run_dir,
-                                     "-q"], env, data)
+                                     "-q"], EVENTS, data, env)
                     parent = os.path.basename(path)[:15]
                     shutil.rmtree(run_dir, ignore_errors=True)
                 n, parts, wall = stretches(script, parent)

@@ -278,8 +278,11 @@ impl Host {
     /// per process, inside a tokio `LocalSet` on a current-thread runtime.
     pub fn start(settings: Settings) -> crate::error::Result<Rc<Host>> {
         use crate::error::Context;
-        // What a run asks next (whether stages get a cgroup namespace), found out meanwhile.
-        crate::process::cgroup::namespace::Support::find_out_early();
+        // What a run asks next (whether stages get a cgroup namespace), found out meanwhile;
+        // not asked at all with cgroups turned off.
+        if settings.cgroups {
+            crate::process::cgroup::namespace::Support::find_out_early();
+        }
         let sockets = SocketDir::create().context("cannot create a directory for event sockets")?;
         // The guard is this program started again: its start (an exec and a large binary's
         // loading, which the thread starting it waits for) overlaps the reaper's start and

@@ -24,6 +24,7 @@
 use protocol::plan::Stage;
 use serde::de::value::{Error, MapDeserializer, SeqDeserializer, StrDeserializer};
 use serde::de::{Deserializer, IntoDeserializer, Visitor};
+use serde::Deserialize as _;
 
 /// The stage `text` (a `[[stage]]` header and its keys) describes, when every line of it is
 /// plain (see the module documentation) and the keys and values make a stage; else `None`.
@@ -31,8 +32,6 @@ pub(super) fn decode(text: &str) -> Option<Stage> {
     let entries = entries(text)?;
     Stage::deserialize(MapDeserializer::<_, Error>::new(entries.into_iter())).ok()
 }
-
-use serde::Deserialize as _;
 
 /// The keys and values of a plain `[[stage]]` table, in order; `None` for anything else.
 fn entries(text: &str) -> Option<Vec<(&str, Plain<'_>)>> {
