@@ -202,6 +202,9 @@ def main():
         "load_average_1_5_15_min_at_start": os.getloadavg(),
         "plans_in_order": args.plans,
         "alternate": args.alternate,
+        # Switches both binaries read (ORCHESTRATE_CGROUPS=0: no cgroup per stage), as set.
+        "orchestrate_env": {k: v for k, v in sorted(os.environ.items())
+                            if k.startswith("ORCHESTRATE_")},
         "baseline": ({"bin": os.path.abspath(args.baseline),
                       "version": subprocess.run([args.baseline, "--version"], capture_output=True,
                                                 text=True).stdout.strip()}
