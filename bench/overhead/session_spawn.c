@@ -1,0 +1,121 @@
+/* What a stage's own session costs one spawn of /bin/true: clone3(CLONE_VFORK), then in the
+ * child nothing, setsid() (what orchestrate does for every stage) or setpgid(0, 0) (a process
+ * group of its own in the parent's session), then execve and a wait. Forms alternated.
+ *
+ *   cc -O2 -o /tmp/session_spawn bench/overhead/session_spawn.c
+ *   /tmp/session_spawn [SPAWNS] [REPS]
+ *
+ * Where the kernel has CONFIG_SCHED_AUTOGROUP, every setsid() makes a new autogroup, and with
+ * kernel.sched_autogroup_enabled = 1 a process outside any CPU cgroup is scheduled in it.
+ * Prints one JSON object: per spawn, the wall and the CPU time of this process and its
+ * children (getrusage), microseconds, median and range over REPS rounds; and the sysctl.
+ */
+#define _GNU_SOURCE
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+#define FORMS 3
+#define MAX_REPS 64
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double seconds(struct timeval t) { return t.tv_sec + t.tv_usec * 1e-6; }
+
+/* CPU seconds of this process and of its reaped children. */
+static double cpu(void) {
+    struct rusage self, children;
+    getrusage(RUSAGE_SELF, &self);
+    getrusage(RUSAGE_CHILDREN, &children);
+    return seconds(self.ru_utime) + seconds(self.ru_stime) + seconds(children.ru_utime) +
+           seconds(children.ru_stime);
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One spawn in form `form` (0 nothing, 1 setsid, 2 setpgid); 0 when /bin/true exited 0. */
+static int spawn(int form) {
+    struct clone_args args;
+    memset(&args, 0, sizeof args);
+    args.flags = CLONE_VFORK;
+    args.exit_signal = SIGCHLD;
+    long pid = syscall(SYS_clone3, &args, sizeof args);
+    if (pid == 0) {
+        if (form == 1 && setsid() < 0)
+            _exit(126);
+        if (form == 2 && setpgid(0, 0) != 0)
+            _exit(126);
+        char *argv[] = {"true", NULL};
+        execve("/bin/true", argv, environ);
+        _exit(127);
+    }
+    if (pid < 0)
+        return -1;
+    int status;
+    if (waitpid((pid_t)pid, &status, 0) < 0)
+        return -1;
+    return status;
+}
+
+static void print(const char *name, double *v, int reps, int last) {
+    qsort(v, (size_t)reps, sizeof(double), cmp);
+    double median = reps % 2 ? v[reps / 2] : (v[reps / 2 - 1] + v[reps / 2]) / 2;
+    printf("\"%s\": {\"median\": %.1f, \"min\": %.1f, \"max\": %.1f}%s", name, median, v[0],
+           v[reps - 1], last ? "" : ", ");
+}
+
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 2000;
+    int reps = argc > 2 ? atoi(argv[2]) : 9;
+    if (reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "REPS: 1 to %d\n", MAX_REPS);
+        return 2;
+    }
+    static double wall[FORMS][MAX_REPS], used[FORMS][MAX_REPS];
+    for (int r = 0; r < reps; r++) {
+        for (int f = 0; f < FORMS; f++) {
+            double t0 = now(), c0 = cpu();
+            for (int i = 0; i < n; i++) {
+                if (spawn(f) != 0) {
+                    fprintf(stderr, "form %d: spawn failed\n", f);
+                    return 1;
+                }
+            }
+            wall[f][r] = (now() - t0) * 1e6 / n;
+            used[f][r] = (cpu() - c0) * 1e6 / n;
+        }
+    }
+    int autogroup = -1;
+    FILE *sysctl = fopen("/proc/sys/kernel/sched_autogroup_enabled", "r");
+    if (sysctl) {
+        if (fscanf(sysctl, "%d", &autogroup) != 1)
+            autogroup = -1;
+        fclose(sysctl);
+    }
+    const char *names[FORMS] = {"plain", "setsid", "setpgid"};
+    printf("{\"spawns\": %d, \"reps\": %d, \"sched_autogroup_enabled\": %d, \"wall_us\": {", n,
+           reps, autogroup);
+    for (int f = 0; f < FORMS; f++)
+        print(names[f], wall[f], reps, f == FORMS - 1);
+    printf("}, \"cpu_us\": {");
+    for (int f = 0; f < FORMS; f++)
+        print(names[f], used[f], reps, f == FORMS - 1);
+    printf("}}\n");
+    return 0;
+}
