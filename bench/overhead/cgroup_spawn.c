@@ -6,7 +6,7 @@
  *   cgroup+ns  the same, and the child unshares a cgroup namespace before execve (what
  *              each stage gets where the kernel allows it).
  *
- *   cc -O2 -o /tmp/cgroup_spawn bench/overhead/cgroup_spawn.c
+ *   cc -O2 -o /tmp/cgroup_spawn bench/overhead/cgroup_spawn.c   (with spawn_probe.h beside it)
  *   /tmp/cgroup_spawn CGROUP_V2_DIR [SPAWNS] [REPS]
  *
  * CGROUP_V2_DIR: a delegated cgroup v2 directory (e.g. /sys/fs/cgroup/unified on a hybrid
@@ -14,56 +14,20 @@
  * Prints one JSON object: microseconds per spawn (median, min, max over REPS rounds of
  * SPAWNS spawns each). Wall time: run it on an otherwise quiet machine.
  */
-#define _GNU_SOURCE
+#include "spawn_probe.h"
+
 #include <fcntl.h>
-#include <linux/sched.h>
-#include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-extern char **environ;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+/* The cgroup namespace of form 2, made in the child before execve. */
+static int own_cgroup_namespace(void) { return unshare(CLONE_NEWCGROUP); }
 
 /* One spawn in form `form` (0 plain, 1 cgroup, 2 cgroup+ns); 0 when /bin/true exited 0. */
 static int spawn(int form, int cgroup_fd) {
-    struct clone_args args;
-    memset(&args, 0, sizeof args);
-    /* Without CLONE_VM the child returns from the system call on a copy of this small
-     * process's memory; the parent still waits until its execve (CLONE_VFORK). */
-    args.flags = CLONE_VFORK | (form ? CLONE_INTO_CGROUP : 0);
-    args.exit_signal = SIGCHLD;
-    args.cgroup = (unsigned long)cgroup_fd;
-    long pid = syscall(SYS_clone3, &args, sizeof args);
-    if (pid == 0) {
-        if (form == 2 && unshare(CLONE_NEWCGROUP) != 0)
-            _exit(126);
-        char *argv[] = {"true", NULL};
-        execve("/bin/true", argv, environ);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    int status;
-    if (waitpid((pid_t)pid, &status, 0) < 0)
-        return -1;
-    return status;
+    return spawn_true(form ? CLONE_INTO_CGROUP : 0, cgroup_fd,
+                      form == 2 ? own_cgroup_namespace : NULL);
 }
 
 int main(int argc, char **argv) {

@@ -2,7 +2,7 @@
  * child nothing, setsid() (what orchestrate does for every stage) or setpgid(0, 0) (a process
  * group of its own in the parent's session), then execve and a wait. Forms alternated.
  *
- *   cc -O2 -o /tmp/session_spawn bench/overhead/session_spawn.c
+ *   cc -O2 -o /tmp/session_spawn bench/overhead/session_spawn.c   (with spawn_probe.h beside it)
  *   /tmp/session_spawn [SPAWNS] [REPS]
  *
  * Where the kernel has CONFIG_SCHED_AUTOGROUP, every setsid() makes a new autogroup, and with
@@ -10,28 +10,14 @@
  * Prints one JSON object: per spawn, the wall and the CPU time of this process and its
  * children (getrusage), microseconds, median and range over REPS rounds; and the sysctl.
  */
-#define _GNU_SOURCE
-#include <linux/sched.h>
-#include <sched.h>
-#include <signal.h>
+#include "spawn_probe.h"
+
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-extern char **environ;
 #define FORMS 3
 #define MAX_REPS 64
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 static double seconds(struct timeval t) { return t.tv_sec + t.tv_usec * 1e-6; }
 
@@ -44,33 +30,12 @@ static double cpu(void) {
            seconds(children.ru_stime);
 }
 
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+static int own_session(void) { return setsid() < 0; }
+static int own_group(void) { return setpgid(0, 0); }
 
 /* One spawn in form `form` (0 nothing, 1 setsid, 2 setpgid); 0 when /bin/true exited 0. */
 static int spawn(int form) {
-    struct clone_args args;
-    memset(&args, 0, sizeof args);
-    args.flags = CLONE_VFORK;
-    args.exit_signal = SIGCHLD;
-    long pid = syscall(SYS_clone3, &args, sizeof args);
-    if (pid == 0) {
-        if (form == 1 && setsid() < 0)
-            _exit(126);
-        if (form == 2 && setpgid(0, 0) != 0)
-            _exit(126);
-        char *argv[] = {"true", NULL};
-        execve("/bin/true", argv, environ);
-        _exit(127);
-    }
-    if (pid < 0)
-        return -1;
-    int status;
-    if (waitpid((pid_t)pid, &status, 0) < 0)
-        return -1;
-    return status;
+    return spawn_true(0, -1, form == 1 ? own_session : form == 2 ? own_group : NULL);
 }
 
 static void print(const char *name, double *v, int reps, int last) {
