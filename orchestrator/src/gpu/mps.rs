@@ -372,8 +372,10 @@ impl MpsDaemons {
         }
     }
 
-    /// Tells the daemon to quit (it stops its server), kills its process group if it has not
-    /// ended in [`QUIT_LIMIT`], and removes its directory.
+    /// Tells the daemon to quit (it stops its server), kills its session if the daemon has not
+    /// ended in [`QUIT_LIMIT`] or what it leaves (a server still stopping) has not ended in as
+    /// long again, and removes its directory. On return no process of the daemon's session is
+    /// left, reaped included (this process is their subreaper), unless a kill could not end it.
     fn stop(&self, mut daemon: Daemon) {
         let pipe = pipe_dir(&daemon.dir).display().to_string();
         self.forkers
@@ -382,32 +384,40 @@ impl MpsDaemons {
             if let Err(why) = self.command(&daemon.dir, "quit") {
                 tracing::warn!("MPS daemon {}: {why}", daemon.pid);
             }
-            crate::process::backoff::poll_blocking(QUIT_LIMIT, Duration::from_millis(5), || {
-                self.reaper.reap_now();
-                daemon.exit.try_wait().is_some()
-            });
         }
-        if daemon.exit.try_wait().is_none() {
+        // Its session keeps the daemon's id while any of its processes lives, so the id is
+        // never another's meanwhile.
+        let sid = daemon.pid;
+        let mut session_gone = |limit| {
+            crate::process::backoff::poll_blocking(limit, Duration::from_millis(5), || {
+                self.reaper.reap_now();
+                daemon.exit.try_wait().is_some() && session_members(sid) == 0
+            })
+        };
+        if !session_gone(QUIT_LIMIT) {
             tracing::warn!(
-                "MPS daemon {} did not quit in {} s: killed",
-                daemon.pid,
+                "MPS daemon {sid} or its server did not end in {} s after `quit`: killed",
                 QUIT_LIMIT.as_secs()
             );
-            // SAFETY: its process group is its own session's (setsid at its start), which
-            // holds it and its server; it has not been reaped (we hold its wait).
-            unsafe { libc::kill(-daemon.pid, libc::SIGKILL) };
-            crate::process::backoff::poll_blocking(
-                Duration::from_secs(1),
-                Duration::from_millis(5),
-                || {
-                    self.reaper.reap_now();
-                    daemon.exit.try_wait().is_some()
-                },
-            );
+            // SAFETY: a plain kill of the daemon's process group (its own session's, setsid
+            // at its start, which its server joins); the group's id is not reused while a
+            // member lives.
+            unsafe { libc::kill(-sid, libc::SIGKILL) };
+            if !session_gone(Duration::from_secs(1)) {
+                tracing::warn!("MPS daemon {sid}'s session still has processes after a kill");
+            }
         }
         crate::process::scan::forget_helper(daemon.pid);
         let _ = std::fs::remove_dir_all(&daemon.dir);
     }
+}
+
+/// How many processes of session `sid` there are, zombies that are not reaped yet included.
+fn session_members(sid: i32) -> usize {
+    crate::process::scan::snapshot()
+        .iter()
+        .filter(|p| p.sid == sid)
+        .count()
 }
 
 fn pipe_dir(dir: &Path) -> PathBuf {
