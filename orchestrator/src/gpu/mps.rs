@@ -127,14 +127,15 @@ impl MpsDaemons {
             .map(|d| d.exit.try_wait().is_none());
         if running != Some(true) {
             // None, or one that ended on its own (killed, crashed): a fresh one replaces it,
-            // and the clients of the one it replaces leave nothing when they go.
-            if let Some(dead) = self.daemons.borrow_mut().remove(&gpu.uuid) {
+            // what it left (its server) is killed, and the clients of the one it replaces
+            // leave nothing when they go.
+            let dead = self.daemons.borrow_mut().remove(&gpu.uuid);
+            if let Some(dead) = dead {
                 tracing::warn!(
                     "the MPS daemon of GPU {} had ended; starting another",
                     gpu.uuid
                 );
-                // Its PID may be another process's soon: no longer skipped as a helper.
-                crate::process::scan::forget_helper(dead.pid);
+                self.stop(dead);
             }
             let daemon = self.start(gpu, server_listed)?;
             self.daemons.borrow_mut().insert(gpu.uuid.clone(), daemon);
@@ -372,37 +373,43 @@ impl MpsDaemons {
         }
     }
 
-    /// Tells the daemon to quit (it stops its server), kills its session if the daemon has not
-    /// ended in [`QUIT_LIMIT`] or what it leaves (a server still stopping) has not ended in as
-    /// long again, and removes its directory. On return no process of the daemon's session is
-    /// left, reaped included (this process is their subreaper), unless a kill could not end it.
+    /// Tells the daemon to quit (it stops its server) and waits until no process of its
+    /// session is left, reaped included (this process is their subreaper); kills what is left
+    /// after [`QUIT_LIMIT`], or at once when the daemon had ended on its own (nothing stops its
+    /// server then). Removes the daemon's directory.
     fn stop(&self, mut daemon: Daemon) {
         let pipe = pipe_dir(&daemon.dir).display().to_string();
         self.forkers
             .stop_standbys_where("CUDA_MPS_PIPE_DIRECTORY", &pipe);
-        if daemon.exit.try_wait().is_none() {
+        let told = daemon.exit.try_wait().is_none();
+        if told {
             if let Err(why) = self.command(&daemon.dir, "quit") {
                 tracing::warn!("MPS daemon {}: {why}", daemon.pid);
             }
         }
-        // Its session keeps the daemon's id while any of its processes lives, so the id is
-        // never another's meanwhile.
+        // The session keeps the daemon's id while any of its processes lives (a server still
+        // stopping after its daemon has ended), so the id is no other's meanwhile.
         let sid = daemon.pid;
         let mut session_gone = |limit| {
             crate::process::backoff::poll_blocking(limit, Duration::from_millis(5), || {
                 self.reaper.reap_now();
-                daemon.exit.try_wait().is_some() && session_members(sid) == 0
+                daemon.exit.try_wait().is_some() && session_members(sid).is_empty()
             })
         };
-        if !session_gone(QUIT_LIMIT) {
-            tracing::warn!(
-                "MPS daemon {sid} or its server did not end in {} s after `quit`: killed",
-                QUIT_LIMIT.as_secs()
-            );
-            // SAFETY: a plain kill of the daemon's process group (its own session's, setsid
-            // at its start, which its server joins); the group's id is not reused while a
-            // member lives.
-            unsafe { libc::kill(-sid, libc::SIGKILL) };
+        if !session_gone(if told { QUIT_LIMIT } else { Duration::ZERO }) {
+            if told {
+                tracing::warn!(
+                    "MPS daemon {sid} or its server did not end in {} s after `quit`: killed",
+                    QUIT_LIMIT.as_secs()
+                );
+            } else {
+                tracing::warn!("MPS daemon {sid} had ended, leaving processes: killed");
+            }
+            for pid in std::iter::once(-sid).chain(session_members(sid)) {
+                // SAFETY: a plain kill: of the daemon's process group (setsid at its start),
+                // then of every process of its session, which may have left that group.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
             if !session_gone(Duration::from_secs(1)) {
                 tracing::warn!("MPS daemon {sid}'s session still has processes after a kill");
             }
@@ -412,12 +419,13 @@ impl MpsDaemons {
     }
 }
 
-/// How many processes of session `sid` there are, zombies that are not reaped yet included.
-fn session_members(sid: i32) -> usize {
+/// The processes of session `sid`, zombies that are not reaped yet included.
+fn session_members(sid: i32) -> Vec<i32> {
     crate::process::scan::snapshot()
         .iter()
         .filter(|p| p.sid == sid)
-        .count()
+        .map(|p| p.pid)
+        .collect()
 }
 
 fn pipe_dir(dir: &Path) -> PathBuf {

@@ -261,6 +261,64 @@ fn stages_sharing_a_gpu_through_mps_are_clients_of_one_daemon_that_is_gone_after
     );
 }
 
+/// The processes (not reaped ones included) whose session is `sid`'s.
+fn session_processes(sid: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // Session is the 4th field after the command name's closing parenthesis.
+            let after = &stat[stat.rfind(')')? + 1..];
+            (after.split_whitespace().nth(3)? == sid).then(|| stat.trim().to_string())
+        })
+        .collect()
+}
+
+/// A daemon that ends on its own leaves its server running: the next stage's start replaces
+/// the daemon and kills what the dead one left, and the run's end kills what the last one
+/// left, so no process of any daemon's session outlives the run. (Its three stages start one
+/// after another, each after the daemon before has ended: three daemons, two replaced.)
+#[test]
+fn what_a_crashed_mps_daemon_left_is_killed_when_it_is_replaced_and_at_the_end() {
+    let s = Scratch::new("gpu-sharing-mps-crash");
+    let plan = mps_plan(&s);
+    let holders = s.path().join("holders");
+    let log = s.path().join("mps.log");
+    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
+    let out = fake_gpu_command(&s, &plan, "1", &holders)
+        .env("ORCHESTRATE_MPS_CONTROL", &standin)
+        .env("MPS_STANDIN_LOG", &log)
+        .env("MPS_STANDIN_CRASH", "1")
+        .output()
+        .unwrap();
+    let text = output_text(&out);
+    let said = std::fs::read_to_string(&log).unwrap();
+    let pids = |kind: &str| -> Vec<String> {
+        said.lines()
+            .filter(|l| l.starts_with(kind))
+            .filter_map(|l| l.split_whitespace().nth(1).map(String::from))
+            .collect()
+    };
+    let (daemons, servers) = (pids("daemon "), pids("server "));
+    assert!(!daemons.is_empty(), "{said}\n{text}");
+    assert_eq!(daemons, pids("crash "), "every daemon crashed: {said}");
+    assert_eq!(servers.len(), daemons.len(), "{said}");
+    for daemon in &daemons {
+        let left = session_processes(daemon);
+        assert!(
+            left.is_empty(),
+            "daemon {daemon}'s session: {left:?}\n{said}\n{text}"
+        );
+    }
+    for server in &servers {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{server}")).exists(),
+            "server {server} is still there: {said}"
+        );
+    }
+}
+
 #[test]
 fn without_an_mps_control_program_stages_share_by_time_slicing_and_say_why() {
     let s = Scratch::new("gpu-sharing-no-mps");
