@@ -393,7 +393,9 @@ impl MpsDaemons {
         let mut session_gone = |limit| {
             crate::process::backoff::poll_blocking(limit, Duration::from_millis(5), || {
                 self.reaper.reap_now();
-                daemon.exit.try_wait().is_some() && session_members(sid).is_empty()
+                daemon.exit.try_wait().is_some()
+                    && group_gone(sid)
+                    && session_members(sid).is_empty()
             })
         };
         if !session_gone(if told { QUIT_LIMIT } else { Duration::ZERO }) {
@@ -417,6 +419,14 @@ impl MpsDaemons {
         crate::process::scan::forget_helper(daemon.pid);
         let _ = std::fs::remove_dir_all(&daemon.dir);
     }
+}
+
+/// Whether process group `pgid` has no process left (a cheap look before the scan of
+/// [`session_members`], which reads every process's status).
+fn group_gone(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let alive = unsafe { libc::kill(-pgid, 0) } == 0;
+    !alive && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 /// The processes of session `sid`, zombies that are not reaped yet included.
