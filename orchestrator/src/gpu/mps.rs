@@ -15,9 +15,11 @@
 //!   clients never stops the clients of another; its clients name it as device 0 (or by UUID);
 //! - with its server started before the first client's baseline is read, so that the server's
 //!   own memory is never counted as a stage's;
-//! - stopped (`quit`, then killed if it lingers) once the GPU's last client stage has been
-//!   judged, and when the host ends: no MPS server outlives the stages that used it, and a GPU
-//!   given whole to the next stage has nothing of MPS on it.
+//! - stopped (`quit`, then its session killed if the daemon or its server lingers) once the
+//!   GPU's last client stage has been judged, and when the host ends: no MPS server outlives
+//!   the stages that used it, and a GPU given whole to the next stage has nothing of MPS on
+//!   it. A daemon that ended on its own is replaced at the next client's start, and what it
+//!   left (its server) is killed then.
 //!
 //! A GPU whose daemon cannot be started is shared by time slicing, and each stage's start line
 //! says why. The sharing verdict (`gpu::shared`) is unchanged: the driver lists every MPS
