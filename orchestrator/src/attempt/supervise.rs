@@ -141,6 +141,18 @@ struct Watch {
     rank_stop_at: Option<tokio::time::Instant>,
 }
 
+impl Watch {
+    /// Takes in one item of the stage's event channel, whether it came while the stage ran
+    /// or was read after its exit: what it says of progress (the attempt's last step, which
+    /// decides whether a retry got further) and what the run's readers are told.
+    fn take_in(&mut self, item: ChannelItem, stage: &str, events: &Events, started: Instant) {
+        if let ChannelItem::Event(event) = &item {
+            self.stall.event(event, std::time::Instant::now());
+        }
+        self.events.absorb(item, stage, events, started);
+    }
+}
+
 /// What came of a stage's `released` events.
 #[derive(Debug, Default)]
 struct Release {
@@ -241,9 +253,7 @@ pub async fn supervise(
     let tree_gone_unix = crate::timefmt::unix_secs_f64();
     channel.drained(Duration::from_secs(1)).await;
     while let Some(item) = channel.try_next() {
-        watched
-            .events
-            .absorb(item, &plan.name, events, child.started);
+        watched.take_in(item, &plan.name, events, child.started);
     }
     drop(channel);
     let window = crate::attempt::gpu_faults::Window {
@@ -386,12 +396,7 @@ async fn watch(
                 events.warn(&format!("{}: stopping the other ranks", plan.name));
                 w.stop = terminate(plan, child, StopWhy::RankFailed);
             }
-            item = channel.next() => {
-                if let ChannelItem::Event(event) = &item {
-                    w.stall.event(event, std::time::Instant::now());
-                }
-                w.events.absorb(item, &plan.name, events, started)
-            }
+            item = channel.next() => w.take_in(item, &plan.name, events, started),
             _ = stall_tick.tick(), if running && stall_period.is_some() => {
                 if let Some(window) = look_for_a_hang(plan, child, w) {
                     w.stop = stop_hung(plan, child, w, services, window).await;
