@@ -72,11 +72,8 @@ int main(int argc, char **argv) {
         return 1;
     const char *names[3] = {"plain", "cgroup", "cgroup+ns"};
     printf("{\"spawns\": %d, \"reps\": %d, \"us_per_spawn\": {", n, reps);
-    for (int f = 0; f < 3; f++) {
-        qsort(us[f], (size_t)reps, sizeof(double), cmp);
-        printf("%s\"%s\": {\"median\": %.1f, \"min\": %.1f, \"max\": %.1f}", f ? ", " : "",
-               names[f], us[f][reps / 2], us[f][0], us[f][reps - 1]);
-    }
+    for (int f = 0; f < 3; f++)
+        print_summary(names[f], us[f], reps, f == 0);
     printf("}}\n");
     return 0;
 }

@@ -7,23 +7,15 @@
  *          moment the current one has been reaped (the clone is off the path between stages).
  * Both children set up a session and PR_SET_PDEATHSIG as a stage does.
  *
- *   cc -O2 -o /tmp/held_spawn bench/overhead/held_spawn.c
+ *   cc -O2 -o /tmp/held_spawn bench/overhead/held_spawn.c   (with spawn_probe.h beside it)
  *   /tmp/held_spawn [STAGES] [REPS]
  *
  * Prints one JSON object: microseconds per stage of each form (median, min, max over REPS).
  * Wall time: run it on an otherwise quiet machine.
  */
-#define _GNU_SOURCE
+#include "spawn_probe.h"
 #include <fcntl.h>
-#include <sched.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 static char *argv_[] = {"/usr/bin/true", NULL};
 static char *envp_[] = {"PATH=/usr/bin:/bin", NULL};
@@ -54,17 +46,6 @@ static int held_child(void *arg) {
     syscall(SYS_execve, argv_[0], argv_, envp_);
     syscall(SYS_exit, 127);
     return 0;
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 static void clone_held(struct held *h, char *stack) {
@@ -113,12 +94,8 @@ int main(int argc, char **argv) {
         }
     const char *names[2] = {"vfork", "held"};
     printf("{\"stages\": %d, \"reps\": %d, \"us_per_stage\": {", n, reps);
-    for (int f = 0; f < 2; f++) {
-        qsort(us[f], (size_t)reps, sizeof(double), cmp);
-        double median = reps % 2 ? us[f][reps / 2] : (us[f][reps / 2 - 1] + us[f][reps / 2]) / 2;
-        printf("%s\"%s\": {\"median\": %.1f, \"min\": %.1f, \"max\": %.1f}", f ? ", " : "",
-               names[f], median, us[f][0], us[f][reps - 1]);
-    }
+    for (int f = 0; f < 2; f++)
+        print_summary(names[f], us[f], reps, f == 0);
     printf("}}\n");
     return 0;
 }

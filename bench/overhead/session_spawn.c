@@ -38,13 +38,6 @@ static int spawn(int form) {
     return spawn_true(0, -1, form == 1 ? own_session : form == 2 ? own_group : NULL);
 }
 
-static void print(const char *name, double *v, int reps, int last) {
-    qsort(v, (size_t)reps, sizeof(double), cmp);
-    double median = reps % 2 ? v[reps / 2] : (v[reps / 2 - 1] + v[reps / 2]) / 2;
-    printf("\"%s\": {\"median\": %.1f, \"min\": %.1f, \"max\": %.1f}%s", name, median, v[0],
-           v[reps - 1], last ? "" : ", ");
-}
-
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 2000;
     int reps = argc > 2 ? atoi(argv[2]) : 9;
@@ -77,10 +70,10 @@ int main(int argc, char **argv) {
     printf("{\"spawns\": %d, \"reps\": %d, \"sched_autogroup_enabled\": %d, \"wall_us\": {", n,
            reps, autogroup);
     for (int f = 0; f < FORMS; f++)
-        print(names[f], wall[f], reps, f == FORMS - 1);
+        print_summary(names[f], wall[f], reps, f == 0);
     printf("}, \"cpu_us\": {");
     for (int f = 0; f < FORMS; f++)
-        print(names[f], used[f], reps, f == FORMS - 1);
+        print_summary(names[f], used[f], reps, f == 0);
     printf("}}\n");
     return 0;
 }

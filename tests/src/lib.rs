@@ -295,14 +295,35 @@ fn spawn_plan_to(
 // The tests read `/proc` with these helpers of their own rather than the orchestrator's
 // `proctree`, so that a bug there cannot hide itself from the tests that check its outcome.
 
-/// Whether process `pid` exists and is not a zombie (from `/proc/<pid>/stat`, whose state
-/// letter follows the last `)`: the command name may hold any character).
+/// The fields of `/proc/<pid>/stat` after the command name (state, parent, group, session,
+/// …), found after its last `)`: the name may hold any character. `None` when it is gone.
+fn stat_after_name(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    Some(after.split_whitespace().map(String::from).collect())
+}
+
+/// Whether process `pid` exists and is not a zombie.
 pub fn alive(pid: i32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next());
-    !matches!(state, Some("Z") | Some("X") | None)
+    let state = stat_after_name(pid).and_then(|f| f.into_iter().next());
+    !matches!(state.as_deref(), Some("Z") | Some("X") | None)
+}
+
+/// The processes of session `sid` (zombies not reaped yet included), each as
+/// `PID STATE COMMAND` for a failure's message.
+pub fn session_members(sid: i32) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let fields = stat_after_name(pid)?;
+            (fields.get(3)? == &sid.to_string())
+                .then(|| format!("{pid} {} {}", fields[0], cmdline(pid)))
+        })
+        .collect()
 }
 
 /// The children of process `pid` (every thread's), from `/proc/<pid>/task/*/children`.

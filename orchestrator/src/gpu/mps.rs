@@ -28,6 +28,7 @@
 use super::GpuInfo;
 use crate::process::forkers::Forkers;
 use crate::process::reaper::{ExitWait, Reaper};
+use crate::process::scan;
 use protocol::plan::VisibleDevices;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -250,7 +251,7 @@ impl MpsDaemons {
         drop(child);
         // No await since the spawn: the reaper, on this thread, cannot have reaped it.
         let exit = self.reaper.watch(pid);
-        crate::process::scan::note_helper(pid);
+        scan::note_helper(pid);
         let mut daemon = Daemon {
             pid,
             exit,
@@ -395,9 +396,10 @@ impl MpsDaemons {
         let mut session_gone = |limit| {
             crate::process::backoff::poll_blocking(limit, Duration::from_millis(5), || {
                 self.reaper.reap_now();
+                // The group first: one signal, where the session takes a scan of `/proc`.
                 daemon.exit.try_wait().is_some()
-                    && group_gone(sid)
-                    && session_members(sid).is_empty()
+                    && scan::group_gone(sid)
+                    && scan::session_pids(sid).is_empty()
             })
         };
         if !session_gone(if told { QUIT_LIMIT } else { Duration::ZERO }) {
@@ -409,7 +411,7 @@ impl MpsDaemons {
             } else {
                 tracing::warn!("MPS daemon {sid} had ended, leaving processes: killed");
             }
-            for pid in std::iter::once(-sid).chain(session_members(sid)) {
+            for pid in std::iter::once(-sid).chain(scan::session_pids(sid)) {
                 // SAFETY: a plain kill: of the daemon's process group (setsid at its start),
                 // then of every process of its session, which may have left that group.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -418,26 +420,9 @@ impl MpsDaemons {
                 tracing::warn!("MPS daemon {sid}'s session still has processes after a kill");
             }
         }
-        crate::process::scan::forget_helper(daemon.pid);
+        scan::forget_helper(daemon.pid);
         let _ = std::fs::remove_dir_all(&daemon.dir);
     }
-}
-
-/// Whether process group `pgid` has no process left (a cheap look before the scan of
-/// [`session_members`], which reads every process's status).
-fn group_gone(pgid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    let alive = unsafe { libc::kill(-pgid, 0) } == 0;
-    !alive && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-}
-
-/// The processes of session `sid`, zombies that are not reaped yet included.
-fn session_members(sid: i32) -> Vec<i32> {
-    crate::process::scan::snapshot()
-        .iter()
-        .filter(|p| p.sid == sid)
-        .map(|p| p.pid)
-        .collect()
 }
 
 fn pipe_dir(dir: &Path) -> PathBuf {

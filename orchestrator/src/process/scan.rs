@@ -96,6 +96,23 @@ pub fn snapshot() -> Vec<ProcStat> {
         .collect()
 }
 
+/// Whether process group `pgid` has no process left, zombies included (one `kill` with signal
+/// 0: no scan). False when that cannot be told (another user's group).
+pub fn group_gone(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let alive = unsafe { libc::kill(-pgid, 0) } == 0;
+    !alive && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// The processes of session `sid` now, zombies not reaped yet included (a [`snapshot`]).
+pub fn session_pids(sid: i32) -> Vec<i32> {
+    snapshot()
+        .into_iter()
+        .filter(|p| p.sid == sid)
+        .map(|p| p.pid)
+        .collect()
+}
+
 /// Whether an entry (`KEY=VALUE`) of the environment process `pid` started with passes
 /// `matches`; false when it cannot be read (gone, or another user's).
 pub fn environ_any(pid: i32, matches: impl Fn(&[u8]) -> bool) -> bool {
@@ -319,10 +336,7 @@ fn claims(p: &ProcStat, leader: i32, token: &str, stages: &[LiveStage]) -> bool 
 /// through that parent, which is then in the group or itself such a child). `false` means
 /// "maybe alive": scan.
 fn surely_gone(leader: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    let group_alive = unsafe { libc::kill(-leader, 0) } == 0
-        || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
-    if group_alive {
+    if !group_gone(leader) {
         return false;
     }
     let children = own_children();

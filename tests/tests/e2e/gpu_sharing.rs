@@ -194,18 +194,31 @@ fn stage_env(s: &Scratch, name: &str) -> String {
         .unwrap_or_else(|e| panic!("{name}'s env.txt: {e}"))
 }
 
+/// The MPS stand-in that plays NVIDIA's control program (`tests/fixtures`).
+fn mps_standin() -> std::path::PathBuf {
+    e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh")
+}
+
+/// [`mps_plan`] run on one stand-in GPU with the MPS stand-in, `env` set over it (it may name
+/// another control program): what the run printed, and the stand-in's log (its daemons,
+/// servers, quits, crashes).
+fn run_mps_plan(s: &Scratch, env: &[(&str, &str)]) -> (std::process::Output, String) {
+    let plan = mps_plan(s);
+    let log = s.path().join("mps.log");
+    let out = fake_gpu_command(s, &plan, "1", &s.path().join("holders"))
+        .env("ORCHESTRATE_MPS_CONTROL", mps_standin())
+        .env("MPS_STANDIN_LOG", &log)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    (out, said)
+}
+
 #[test]
 fn stages_sharing_a_gpu_through_mps_are_clients_of_one_daemon_that_is_gone_after_them() {
     let s = Scratch::new("gpu-sharing-mps");
-    let plan = mps_plan(&s);
-    let holders = s.path().join("holders");
-    let log = s.path().join("mps.log");
-    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
-    let out = fake_gpu_command(&s, &plan, "1", &holders)
-        .env("ORCHESTRATE_MPS_CONTROL", &standin)
-        .env("MPS_STANDIN_LOG", &log)
-        .output()
-        .unwrap();
+    let (out, said) = run_mps_plan(&s, &[]);
     let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     let report = read_report(&s.path().join("run"));
@@ -220,7 +233,6 @@ fn stages_sharing_a_gpu_through_mps_are_clients_of_one_daemon_that_is_gone_after
         );
     }
     // One daemon for the GPU, seeing that GPU only; its server started once; told to quit.
-    let said = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = said.lines().collect();
     assert_eq!(lines.len(), 3, "{said}");
     assert!(
@@ -261,20 +273,6 @@ fn stages_sharing_a_gpu_through_mps_are_clients_of_one_daemon_that_is_gone_after
     );
 }
 
-/// The processes (not reaped ones included) whose session is `sid`'s.
-fn session_processes(sid: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            // Session is the 4th field after the command name's closing parenthesis.
-            let after = &stat[stat.rfind(')')? + 1..];
-            (after.split_whitespace().nth(3)? == sid).then(|| stat.trim().to_string())
-        })
-        .collect()
-}
-
 /// A daemon that ends on its own leaves its server running: the next stage's start replaces
 /// the daemon and kills what the dead one left, and the run's end kills what the last one
 /// left, so no process of any daemon's session outlives the run. (Its three stages start one
@@ -282,18 +280,8 @@ fn session_processes(sid: &str) -> Vec<String> {
 #[test]
 fn what_a_crashed_mps_daemon_left_is_killed_when_it_is_replaced_and_at_the_end() {
     let s = Scratch::new("gpu-sharing-mps-crash");
-    let plan = mps_plan(&s);
-    let holders = s.path().join("holders");
-    let log = s.path().join("mps.log");
-    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
-    let out = fake_gpu_command(&s, &plan, "1", &holders)
-        .env("ORCHESTRATE_MPS_CONTROL", &standin)
-        .env("MPS_STANDIN_LOG", &log)
-        .env("MPS_STANDIN_CRASH", "1")
-        .output()
-        .unwrap();
+    let (out, said) = run_mps_plan(&s, &[("MPS_STANDIN_CRASH", "1")]);
     let text = output_text(&out);
-    let said = std::fs::read_to_string(&log).unwrap();
     let pids = |kind: &str| -> Vec<String> {
         said.lines()
             .filter(|l| l.starts_with(kind))
@@ -305,7 +293,7 @@ fn what_a_crashed_mps_daemon_left_is_killed_when_it_is_replaced_and_at_the_end()
     assert_eq!(daemons, pids("crash "), "every daemon crashed: {said}");
     assert_eq!(servers.len(), daemons.len(), "{said}");
     for daemon in &daemons {
-        let left = session_processes(daemon);
+        let left = e2e_tests::session_members(daemon.parse().unwrap());
         assert!(
             left.is_empty(),
             "daemon {daemon}'s session: {left:?}\n{said}\n{text}"
@@ -322,15 +310,11 @@ fn what_a_crashed_mps_daemon_left_is_killed_when_it_is_replaced_and_at_the_end()
 #[test]
 fn without_an_mps_control_program_stages_share_by_time_slicing_and_say_why() {
     let s = Scratch::new("gpu-sharing-no-mps");
-    let plan = mps_plan(&s);
-    let holders = s.path().join("holders");
-    let out = fake_gpu_command(&s, &plan, "1", &holders)
-        .env(
-            "ORCHESTRATE_MPS_CONTROL",
-            s.path().join("no-such-mps-control"),
-        )
-        .output()
-        .unwrap();
+    let missing = s.path().join("no-such-mps-control");
+    let (out, _) = run_mps_plan(
+        &s,
+        &[("ORCHESTRATE_MPS_CONTROL", missing.to_str().unwrap())],
+    );
     let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     for name in ["a", "b", "c"] {
@@ -358,7 +342,7 @@ fn a_daemon_s_mps_runs_have_a_daemon_each_in_one_directory() {
     let holders = s.path().join("holders");
     std::fs::create_dir_all(&holders).unwrap();
     let log = s.path().join("mps.log");
-    let standin = e2e_tests::repo_root().join("tests/fixtures/mps-control-standin.sh");
+    let standin = mps_standin();
     let d = e2e_tests::daemon::TestDaemon::start_in_with(
         s.path(),
         "5s",
