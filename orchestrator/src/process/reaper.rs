@@ -459,6 +459,7 @@ mod tests {
                 pidfd: true,
                 cgroup_procs: None,
                 cgroup_dir: None,
+                leads: crate::process::spawn::Leads::Session,
             })
             .unwrap();
             let pidfd = spawned.pidfd.expect("clone3 gives a pidfd");

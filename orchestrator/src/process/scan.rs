@@ -1,15 +1,21 @@
 //! Finding every live process of a stage, from `/proc`.
 //!
-//! A stage's processes are: its session (the first process is a session leader, so every
-//! descendant that does not call `setsid` shares its session id), every descendant of those
-//! (found through parent links, which `setsid` does not cut), and every orphan re-parented to
-//! the orchestrator (a child subreaper) that is the stage's leftover, with their descendants
-//! and session-mates. The subreaper's view decides, not the orphan's environment: a child of
-//! the orchestrator that it did not start (not a stage's first process, not a helper, not in
-//! the orchestrator's own session) can only be a stage's escaped process. It is the stage's
-//! whose token it carries; with no token (a program that `execve`d with an empty
-//! environment), it is the stage's that was running when it was born, and when several were,
-//! it is claimed by the last of them to end ([`note_stage`]). Only the orchestrator's own
+//! A stage's first process leads a session of its own or a process group of its own in the
+//! orchestrator's session (`crate::process::tree` says which). A stage's processes are: its
+//! session or group (every descendant that does not leave it shares its id), every descendant
+//! of those (found through parent links, which neither `setsid` nor `setpgid` cuts), and every
+//! orphan re-parented to the orchestrator (a child subreaper) that is the stage's leftover, with
+//! their descendants and the sessions its processes made. The subreaper's view decides, not
+//! the orphan's environment: a child of the orchestrator that it did not start (not a stage's
+//! first process, not a helper) and that is not in the orchestrator's own process group can
+//! only be a stage's escaped process; one in that group is when it carries a live stage's token
+//! (a process of a stage led as a group may join the orchestrator's group, which is in the same
+//! session). It is the stage's whose token it carries; with no token (a program that `execve`d
+//! with an empty environment), it is the stage's that was running when it was born, and when
+//! several were, it is claimed by the last of them to end ([`note_stage`]). A token-less
+//! process that joined the orchestrator's own group cannot be told from the orchestrator's
+//! own short-lived children: only a stage led as a session (where that join is impossible) or
+//! its cgroup (which a stage so led always has) holds it. Only the orchestrator's own
 //! children have their environment read, so a scan stays cheap on a busy machine. Zombies are
 //! not counted: they hold no memory, and the reaper collects them.
 
@@ -33,6 +39,8 @@ pub struct ProcStat {
     pub pid: i32,
     /// Parent process id.
     pub ppid: i32,
+    /// Process group id.
+    pub pgid: i32,
     /// Session id.
     pub sid: i32,
     /// State letter (R, S, D, Z, T...).
@@ -61,7 +69,7 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let mut fields = after.split_whitespace();
     let state = fields.next()?.chars().next()?;
     let ppid = fields.next()?.parse().ok()?;
-    let _pgrp = fields.next()?;
+    let pgid = fields.next()?.parse().ok()?;
     let sid = fields.next()?.parse().ok()?;
     // Fields 14–17 of stat(5) (utime, stime, cutime, cstime) are the 8th to 11th after the
     // session id; field 22 (starttime) the 16th.
@@ -77,6 +85,7 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     Some(ProcStat {
         pid,
         ppid,
+        pgid,
         sid,
         state,
         start,
@@ -293,11 +302,40 @@ fn own_sid() -> i32 {
     *SID.get_or_init(|| unsafe { libc::getsid(0) })
 }
 
-/// Whether child `p` of this process is an orphan of some stage: not a helper, not a live
-/// stage's first process, and not in this process's own session (every stage starts in a
-/// session of its own; helpers stay in ours).
+/// The process group of this process.
+fn own_pgid() -> i32 {
+    static PGID: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    // SAFETY: getpgrp only reads the caller's process group id.
+    *PGID.get_or_init(|| unsafe { libc::getpgrp() })
+}
+
+/// Whether a process of session `sid` is a stage's for being in it: a session other than this
+/// process's own (a stage led as a process group is in ours, and so are the orchestrator's
+/// other children).
+fn stage_session(sid: i32) -> bool {
+    sid != 0 && sid != own_sid()
+}
+
+/// Whether child `p` of this process is an orphan of some stage: not a helper and not a live
+/// stage's first process, and either outside this process's own process group and session
+/// (every stage starts in a session or a process group of its own; the orchestrator's other
+/// children stay in its group, or are helpers), or in them but carrying a live stage's token
+/// (a process of a stage led as a group in our session may move itself into our group).
 fn is_orphan(p: &ProcStat, stages: &[LiveStage]) -> bool {
-    p.sid != own_sid() && !is_helper(p.pid) && !stages.iter().any(|s| s.leader == p.pid)
+    if is_helper(p.pid) || stages.iter().any(|s| s.leader == p.pid) {
+        return false;
+    }
+    p.sid != own_sid()
+        || p.pgid != own_pgid()
+        || token_of(p.pid).is_some_and(|t| stages.iter().any(|s| s.token.as_bytes() == t))
+}
+
+/// Adds `p` to a stage's members, and its session to the stage's sessions when it is one.
+fn add_member(p: &ProcStat, pids: &mut HashSet<i32>, sids: &mut HashSet<i32>) {
+    pids.insert(p.pid);
+    if stage_session(p.sid) {
+        sids.insert(p.sid);
+    }
 }
 
 /// The stage token in an orphan's environment, if it has one.
@@ -351,9 +389,9 @@ fn surely_gone(leader: i32) -> bool {
     })
 }
 
-/// The live (non-zombie) processes of the stage whose first process is `leader` (a session
-/// leader) and whose token is `token`, orphans it claims included (see the module's
-/// description). Never includes the calling process.
+/// The live (non-zombie) processes of the stage whose first process is `leader` (the leader of
+/// a session or of a process group) and whose token is `token`, orphans it claims included
+/// (see the module's description). Never includes the calling process.
 pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
     let me = own_pid();
     if surely_gone(leader) {
@@ -362,17 +400,19 @@ pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
     let procs = snapshot();
     let stages = live();
     let mut pids: HashSet<i32> = HashSet::new();
-    let mut sids: HashSet<i32> = HashSet::from([leader]);
+    // The sessions whose every process is the stage's: its own when it leads one, and those
+    // its processes made. Never ours (a stage led as a group is in it).
+    let mut sids: HashSet<i32> = HashSet::new();
     for p in &procs {
         if p.pid == me {
             continue;
         }
         if p.sid == leader
+            || p.pgid == leader
             || p.pid == leader
             || (p.ppid == me && is_orphan(p, &stages) && claims(p, leader, token, &stages))
         {
-            pids.insert(p.pid);
-            sids.insert(p.sid);
+            add_member(p, &mut pids, &mut sids);
         }
     }
     drop(stages);
@@ -382,10 +422,9 @@ pub fn stage_members(leader: i32, token: &str) -> Vec<ProcStat> {
         for p in &procs {
             if p.pid != me
                 && !pids.contains(&p.pid)
-                && (pids.contains(&p.ppid) || (sids.contains(&p.sid) && p.sid != 0))
+                && (pids.contains(&p.ppid) || sids.contains(&p.sid))
             {
-                pids.insert(p.pid);
-                sids.insert(p.sid);
+                add_member(p, &mut pids, &mut sids);
             }
         }
         if pids.len() == before {
@@ -474,6 +513,7 @@ mod tests {
             ProcStat {
                 pid: 4242,
                 ppid: 17,
+                pgid: 4242,
                 sid: 4242,
                 state: 'S',
                 start: 987654,
@@ -516,6 +556,7 @@ mod tests {
         let orphan = |start| ProcStat {
             pid,
             ppid: own_pid(),
+            pgid: pid,
             sid: pid,
             state: 'S',
             start,

@@ -57,6 +57,24 @@ pub struct Request<'a> {
     pub cgroup_procs: Option<BorrowedFd<'a>>,
     /// The cgroup's directory (open for reading), for `CLONE_INTO_CGROUP`.
     pub cgroup_dir: Option<BorrowedFd<'a>>,
+    /// What the child leads: a session of its own (`setsid`, which also makes it the leader of
+    /// a process group of its own), or only a process group of its own in the caller's
+    /// session (`setpgid(0, 0)`). See [`Leads`].
+    pub leads: Leads,
+}
+
+/// What a spawned child leads once started: in both forms its pid is its process group's id,
+/// and it has no controlling terminal that a process of its own can read (see
+/// `crate::process::tree` for which a stage gets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leads {
+    /// A session of its own (and its process group): no controlling terminal.
+    Session,
+    /// A process group of its own in the caller's session. Only where the caller's session has
+    /// no controlling terminal: the child then has none either. Spares the child the
+    /// scheduler's autogroup that a new session makes (on a kernel with
+    /// `CONFIG_SCHED_AUTOGROUP`, a group made and torn down per spawn).
+    Group,
 }
 
 /// A set of variables written out once as the `KEY=VALUE` strings `execve` takes, for every
@@ -142,6 +160,8 @@ struct Prepared {
     cgroup_dir: libc::c_int,
     /// The child was created in its cgroup: it need not move itself.
     placed: bool,
+    /// It leads a session of its own (else only a process group).
+    own_session: bool,
 }
 
 /// A started child.
@@ -271,6 +291,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         cgroup_procs: req.cgroup_procs.map_or(-1, |fd| fd.as_raw_fd()),
         cgroup_dir: req.cgroup_dir.map_or(-1, |fd| fd.as_raw_fd()),
         placed: false,
+        own_session: req.leads == Leads::Session,
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
     // for signal frames, of which there are none (no handler of ours runs in the child: the
@@ -425,7 +446,12 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::chdir(p.cwd) != 0 {
             fail(p);
         }
-        if libc::setsid() < 0 {
+        let led = if p.own_session {
+            libc::setsid()
+        } else {
+            libc::setpgid(0, 0)
+        };
+        if led < 0 {
             fail(p);
         }
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
@@ -673,7 +699,7 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn run(argv: &[&str], env: &[(&str, &str)], cwd: &Path) -> (io::Result<i32>, String) {
-        run_with(argv, env, None, cwd)
+        run_with(argv, env, None, cwd, Leads::Session)
     }
 
     fn run_with(
@@ -681,6 +707,7 @@ mod tests {
         env: &[(&str, &str)],
         env_base: Option<&EnvBase>,
         cwd: &Path,
+        leads: Leads,
     ) -> (io::Result<i32>, String) {
         let scratch = crate::testutil::scratch("spawn-out");
         let out_path = scratch.join("out");
@@ -698,6 +725,7 @@ mod tests {
             pidfd: false,
             cgroup_procs: None,
             cgroup_dir: None,
+            leads,
         })
         .map(|spawned| spawned.pid);
         if let Ok(pid) = pid {
@@ -744,6 +772,24 @@ mod tests {
     }
 
     #[test]
+    fn a_child_that_leads_a_group_is_its_group_in_the_callers_session() {
+        let dir = crate::testutil::scratch("spawn-group");
+        // Fields 5 and 6 of stat(5): its process group and its session.
+        let script = "cut -d' ' -f5,6 /proc/$$/stat; echo $$";
+        let (pid, out) = run_with(
+            &["sh", "-c", script],
+            &[("PATH", "/usr/bin:/bin")],
+            None,
+            &dir,
+            Leads::Group,
+        );
+        let pid = pid.unwrap();
+        // SAFETY: getsid(0) only reads the caller's session id.
+        let own_session = unsafe { libc::getsid(0) };
+        assert_eq!(out, format!("{pid} {own_session}\n{pid}\n"));
+    }
+
+    #[test]
     fn a_shared_environment_comes_first_less_what_the_spawn_sets_and_gives_the_path() {
         let dir = crate::testutil::scratch("spawn-env");
         let base = EnvBase::new([("A", "1"), ("PATH", "/usr/bin:/bin"), ("B", "2")]);
@@ -754,15 +800,27 @@ mod tests {
             [("A", "1"), ("PATH", "/usr/bin:/bin"), ("B", "2")]
         );
         // `env` is found through the shared PATH; its output is the environment, in order.
-        let (pid, out) = run_with(&["env"], &[("C", "4")], Some(&base), &dir);
+        let (pid, out) = run_with(&["env"], &[("C", "4")], Some(&base), &dir, Leads::Session);
         assert!(pid.is_ok());
         assert_eq!(out, "A=1\nPATH=/usr/bin:/bin\nB=2\nC=4\n");
         // A variable the spawn sets replaces the shared one, which is left out.
-        let (pid, out) = run_with(&["env"], &[("B", "3"), ("C", "4")], Some(&base), &dir);
+        let (pid, out) = run_with(
+            &["env"],
+            &[("B", "3"), ("C", "4")],
+            Some(&base),
+            &dir,
+            Leads::Session,
+        );
         assert!(pid.is_ok());
         assert_eq!(out, "A=1\nPATH=/usr/bin:/bin\nB=3\nC=4\n");
         // Its own PATH wins over the shared one for finding the program too.
-        let (pid, _) = run_with(&["env"], &[("PATH", "/nonexistent")], Some(&base), &dir);
+        let (pid, _) = run_with(
+            &["env"],
+            &[("PATH", "/nonexistent")],
+            Some(&base),
+            &dir,
+            Leads::Session,
+        );
         assert_eq!(pid.unwrap_err().raw_os_error(), Some(libc::ENOENT));
     }
 

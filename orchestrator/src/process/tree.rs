@@ -3,8 +3,9 @@
 //! when it can be, and exec'd otherwise; both give the same process, as promised below.
 //!
 //! Promises:
-//! - every stage starts in a new session and process group, with stdin closed and its output
-//!   in log files;
+//! - every stage starts in a process group of its own (in a session of its own, or in the
+//!   orchestrator's when it has a cgroup and there is no terminal: see [`spawn`]), with no
+//!   controlling terminal, stdin closed and its output in log files;
 //! - it gets SIGKILL if the orchestrator dies (`PR_SET_PDEATHSIG`, with the race against the
 //!   parent dying before the flag was set closed by re-checking the parent);
 //! - [`stop_tree`] returns only once no process of the stage is alive (or reports the ones
@@ -14,10 +15,10 @@
 //! processes placed in it before they run (exec'd or forked by the fork server), in a cgroup
 //! namespace of their own where the host allows. Its members are the cgroup's, wherever they
 //! went, and also every process the subreaper's view gives it (`scan::stage_members`: its
-//! session, their descendants, the orphans it claims) that is no longer in the cgroup: a
-//! process that wrote itself into another cgroup's `cgroup.procs` is still the stage's, found,
-//! reported and killed. SIGKILL is one write to `cgroup.kill`, and one signal to each such
-//! escapee. The cgroup is removed once empty, after its counters were read
+//! session or group, their descendants, the orphans it claims) that is no longer in the
+//! cgroup: a process that wrote itself into another cgroup's `cgroup.procs` is still the
+//! stage's, found, reported and killed. SIGKILL is one write to `cgroup.kill`, and one signal
+//! to each such escapee. The cgroup is removed once empty, after its counters were read
 //! ([`StopSummary::cgroup`]).
 
 use crate::process::cgroup::{CgroupUsage, StageCgroup};
@@ -130,8 +131,9 @@ fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
     env
 }
 
-/// Starts `launch` in a new session, through one of `forkers` where it can. The child is
-/// registered with `reaper` before returning.
+/// Starts `launch` as a process group of its own (see [`leads`]; forked by one of `forkers`,
+/// where it can, in a session of its own). The child is registered with `reaper` before
+/// returning.
 pub fn spawn(
     mut launch: Launch,
     reaper: &Reaper,
@@ -222,6 +224,7 @@ pub fn spawn(
         pidfd: reaper.wants_pidfds(),
         cgroup_procs: launch.cgroup.as_ref().and_then(StageCgroup::procs_fd),
         cgroup_dir: launch.cgroup.as_ref().and_then(StageCgroup::dir_fd),
+        leads: leads(&launch),
     })?;
     let exit = match spawned.pidfd {
         Some(pidfd) => reaper.watch_pidfd(spawned.pid, pidfd),
@@ -239,6 +242,43 @@ pub fn spawn(
     };
     launch.release_logs();
     Ok(process)
+}
+
+/// What an exec'd stage's first process leads: a process group of its own in the
+/// orchestrator's session when the stage has a cgroup of its own and the orchestrator has no
+/// controlling terminal, else a session of its own.
+///
+/// The group is the lighter of the two: a new session also makes a scheduler autogroup where
+/// the kernel has them, 8–26 µs a spawn on the development machine (`bench/overhead`,
+/// `session_spawn.c`). Where it is chosen, the cgroup holds every process of the stage that
+/// stays in it (with `nsdelegate`, every process), and with no terminal there is none for a
+/// stage to read or be stopped by. One difference is left: a process that leaves the cgroup
+/// (root can, without `nsdelegate`) may also join the orchestrator's own process group, which
+/// a session would not let it; it is still found by the stage's token it carries, but not once
+/// it has also dropped its environment (see `crate::process::scan`). Where the orchestrator
+/// has a terminal, a stage in a group of its session could open `/dev/tty`, so it gets a
+/// session, as it does with no cgroup.
+fn leads(launch: &Launch) -> crate::process::spawn::Leads {
+    use crate::process::spawn::Leads;
+    if launch.cgroup.is_some() && !has_terminal() {
+        Leads::Group
+    } else {
+        Leads::Session
+    }
+}
+
+/// Whether this process has a controlling terminal (asked once: the orchestrator never opens a
+/// terminal that could become its own).
+fn has_terminal() -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOCTTY)
+            .open("/dev/tty")
+            .is_ok()
+    })
 }
 
 /// The stage process a fork server or zygote started for `launch`, registered.
@@ -350,7 +390,7 @@ fn signal_cgroup(leader: i32, token: &str, cgroup: &StageCgroup, signal: Signal)
 }
 
 /// The processes of the stage whose first process is `leader` that the subreaper's view
-/// gives it (`scan::stage_members`: its session, their descendants, the orphans it claims)
+/// gives it (`scan::stage_members`: its session or group, their descendants, the orphans it claims)
 /// and that are not among `in_cgroup`: they wrote themselves into another cgroup. Costs no
 /// scan of `/proc` once the stage's process group is empty and no orphan is about.
 fn escaped(leader: i32, token: &str, in_cgroup: &[i32]) -> Vec<i32> {

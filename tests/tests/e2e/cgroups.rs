@@ -131,6 +131,132 @@ fn a_process_that_moves_itself_to_another_cgroup_is_still_the_stages_and_is_kill
     mover_was_caught(&stage, &pidfile, &moved);
 }
 
+/// What a stage's grandchild runs to leave everything it can: the stage's cgroup (for the v2
+/// root's, where the kernel lets it) and the stage's process group (for the orchestrator's own,
+/// which the kernel allows only to a process of the same session: a stage led as a group in
+/// the orchestrator's session). It keeps its environment, and so the stage's token.
+/// Arguments: the orchestrator's group, the root's `cgroup.procs`, a file touched once it
+/// joined that group, its pid file.
+const JOINER: &str = r#"import os, sys
+group, procs, joined, pidfile = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+try:
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+except OSError:
+    pass
+try:
+    os.setpgid(0, group)
+    open(joined, "w").close()
+except PermissionError:
+    pass
+with open(pidfile, "w") as f:
+    f.write(str(os.getpid()))
+os.execvp("sleep", ["sleep", "301"])
+"#;
+
+#[test]
+fn a_process_that_joins_the_orchestrators_own_process_group_is_still_the_stages_and_is_killed() {
+    if !stage_cgroups_here() {
+        return;
+    }
+    let scratch = Scratch::new("cgroups-group-joiner");
+    let path = |name: &str| scratch.path().join(name);
+    let joiner = scratch.write("joiner.py", JOINER);
+    // The stage's first process notes whether it shares the orchestrator's session (a stage
+    // led as a group does), then double-forks the joiner so that it is re-parented to the
+    // orchestrator, and ends.
+    let plan = format!(
+        r#"[[stage]]
+name = "joiner"
+command = ["sh", "-c", "[ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$(cut -d' ' -f6 /proc/$PPID/stat)\" ] && touch {same}; (python3 {joiner} $(cut -d' ' -f5 /proc/$PPID/stat) {root}/cgroup.procs {joined} {pid} &); sleep 0.5"]
+"#,
+        same = path("same-session").display(),
+        joiner = joiner.display(),
+        root = v2_root().display(),
+        joined = path("joined").display(),
+        pid = path("pid").display(),
+    );
+    let plan = scratch.write("plan.toml", &plan);
+    let result = run_plan(&scratch, &plan, &[]);
+    assert_eq!(result.code, Some(0), "{}", result.stderr);
+    let stage = result.stage("joiner");
+    let pid: i32 = std::fs::read_to_string(path("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let gone = wait_for(Duration::from_secs(2), || !escapee_alive(pid));
+    if !gone {
+        // SAFETY: killing the test's own leaked process.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    // In the orchestrator's session the join is allowed, and made; in a session of the
+    // stage's own it is refused.
+    assert_eq!(
+        path("joined").exists(),
+        path("same-session").exists(),
+        "{stage}"
+    );
+    assert!(
+        gone,
+        "pid {pid}, which joined the orchestrator's group, outlived the run"
+    );
+    let leftovers = stage["leftover_processes"].as_array().unwrap();
+    assert!(
+        leftovers.iter().any(|l| l == &format!("pid {pid} (sleep)")),
+        "pid {pid} is not among the leftovers: {stage}"
+    );
+}
+
+/// Runs `plan` with `orchestrate` on a terminal of its own (`script` gives it one), and
+/// returns what its one stage wrote to `out`: whether it could open `/dev/tty`.
+fn tty_seen_by_a_stage(scratch: &Scratch, at_terminal: bool) -> String {
+    let out = scratch
+        .path()
+        .join(if at_terminal { "tty-at" } else { "tty-off" });
+    let plan = scratch.write(
+        "plan.toml",
+        &format!(
+            r#"[[stage]]
+name = "reader"
+command = ["sh", "-c", "if (exec 3</dev/tty) 2>/dev/null; then echo opened; else echo refused; fi > {}"]
+"#,
+            out.display()
+        ),
+    );
+    let run_dir = scratch
+        .path()
+        .join(if at_terminal { "run-at" } else { "run-off" });
+    let command = format!(
+        "{} --plan {} --run-dir {}",
+        orchestrate().display(),
+        plan.display(),
+        run_dir.display()
+    );
+    let status = if at_terminal {
+        Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .status()
+    } else {
+        Command::new("setsid")
+            .args(["-w", "sh", "-c", &command])
+            .stdout(std::process::Stdio::null())
+            .status()
+    }
+    .unwrap();
+    assert!(status.success(), "{status}");
+    std::fs::read_to_string(out).unwrap().trim().to_string()
+}
+
+#[test]
+fn a_stage_has_no_terminal_to_open_whether_or_not_the_run_was_started_at_one() {
+    let scratch = Scratch::new("cgroups-terminal");
+    assert_eq!(tty_seen_by_a_stage(&scratch, true), "refused");
+    assert_eq!(tty_seen_by_a_stage(&scratch, false), "refused");
+}
+
 #[test]
 fn a_stage_that_ends_while_another_runs_kills_none_of_the_others_moved_processes() {
     if !stage_cgroups_here() {
