@@ -491,7 +491,8 @@ def fork_stage(request, fds, sock):
             except OSError:
                 os.write(write_end, struct.pack("<i", -1))
                 os._exit(0)
-            enter_cgroup_namespace()
+            if request.get("cgroup_namespace"):
+                enter_cgroup_namespace()
         stage = os.fork()
         if stage == 0:
             os.close(read_end)

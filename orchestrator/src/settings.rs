@@ -9,6 +9,7 @@
 //! | `ORCHESTRATE_ZYGOTE` | on | Python stages with `preload` are forked from a zygote (`crate::process::zygote`) |
 //! | `ORCHESTRATE_CGROUPS` | on | stages run in cgroups of their own where cgroup v2 is delegated |
 //! | `ORCHESTRATE_CGROUP_PARENT` | unset | the delegated cgroup to nest runs under, instead of this process's own |
+//! | `ORCHESTRATE_CGROUP_NAMESPACES` | unset | `always`: each stage gets a cgroup namespace of its own wherever the kernel lets, not only where it confines (`crate::process::cgroup::namespace`) |
 //! | `ORCHESTRATE_HAND_ON_AT_RELEASE` | on | a stage's GPUs are handed on when it releases them, not only when it ends |
 //! | `ORCHESTRATE_EARLY_START` | on | a stage may start before its upstream stage ended (off also with the previous one off) |
 //! | `ORCHESTRATE_NODE_CHECK_MAX_USED_MIB` | unset | the `--max-used-mib` of the GPU check of Slurm nodes |
@@ -32,6 +33,8 @@ pub struct Settings {
     pub cgroups: bool,
     /// `ORCHESTRATE_CGROUP_PARENT`.
     pub cgroup_parent: Option<PathBuf>,
+    /// `ORCHESTRATE_CGROUP_NAMESPACES` is `always` (any case, trimmed).
+    pub cgroup_namespaces_always: bool,
     /// `ORCHESTRATE_HAND_ON_AT_RELEASE`.
     pub hand_on_at_release: bool,
     /// `ORCHESTRATE_EARLY_START`.
@@ -53,6 +56,8 @@ pub const ZYGOTE: &str = "ORCHESTRATE_ZYGOTE";
 pub const CGROUPS: &str = "ORCHESTRATE_CGROUPS";
 /// `ORCHESTRATE_CGROUP_PARENT`.
 pub const CGROUP_PARENT: &str = "ORCHESTRATE_CGROUP_PARENT";
+/// `ORCHESTRATE_CGROUP_NAMESPACES`.
+pub const CGROUP_NAMESPACES: &str = "ORCHESTRATE_CGROUP_NAMESPACES";
 /// `ORCHESTRATE_HAND_ON_AT_RELEASE`.
 pub const HAND_ON_AT_RELEASE: &str = "ORCHESTRATE_HAND_ON_AT_RELEASE";
 /// `ORCHESTRATE_EARLY_START`.
@@ -79,6 +84,8 @@ impl Settings {
             zygote: on(ZYGOTE),
             cgroups: on(CGROUPS),
             cgroup_parent: get(CGROUP_PARENT).map(PathBuf::from),
+            cgroup_namespaces_always: get(CGROUP_NAMESPACES)
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("always")),
             hand_on_at_release: on(HAND_ON_AT_RELEASE),
             early_start: on(EARLY_START),
             node_check_max_used_mib: get(NODE_CHECK_MAX_USED_MIB),
@@ -131,6 +138,7 @@ mod tests {
     fn every_switch_is_read_by_its_name() {
         let all_off = Settings::from_vars(|name| match name {
             CGROUP_PARENT => Some("/sys/fs/cgroup/x".into()),
+            CGROUP_NAMESPACES => Some(" Always ".into()),
             NODE_CHECK_MAX_USED_MIB => Some("512".into()),
             MPS_CONTROL => Some("/opt/nvidia/mps-control".into()),
             _ => Some("off".into()),
@@ -146,7 +154,9 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/x"))
         );
         assert_eq!(all_off.node_check_max_used_mib.as_deref(), Some("512"));
+        assert!(all_off.cgroup_namespaces_always);
         let default = Settings::default();
+        assert!(!default.cgroup_namespaces_always);
         assert_eq!(default.mps_control, PathBuf::from(DEFAULT_MPS_CONTROL));
         assert!(default.fork_server && default.starts_early() && default.cgroups);
         let no_hand_on = Settings::from_vars(|n| (n == HAND_ON_AT_RELEASE).then(|| "0".into()));

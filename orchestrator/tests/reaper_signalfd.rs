@@ -96,6 +96,7 @@ fn sh(
         pidfd: reaper.wants_pidfds(),
         cgroup_procs: None,
         cgroup_dir: None,
+        cgroup_namespace: false,
         leads: orchestrator::process::spawn::Leads::Session,
     })
     .unwrap()

@@ -37,6 +37,11 @@ pub struct ForkRequest {
     /// intermediate process moves itself in before forking it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<PathBuf>,
+    /// With `cgroup`: the intermediate process, once in it, enters a cgroup namespace of its
+    /// own rooted there before it forks the worker (where the kernel allows), so that the
+    /// worker is born in it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cgroup_namespace: bool,
     /// A standby rather than a worker: the child initialises the CUDA driver under `env`
     /// (`cuInit`: no context, no device memory, nothing NVML lists) and then waits on a third
     /// descriptor sent with the request (a stream socket) for an [`Adopt`] message, which

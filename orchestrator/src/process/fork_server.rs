@@ -181,6 +181,9 @@ pub struct Worker<'a> {
     /// The stage's cgroup directory, if it has one: the worker is born in it (a standby is
     /// moved into it).
     pub cgroup: Option<&'a std::path::Path>,
+    /// With `cgroup`: the worker enters a cgroup namespace rooted there
+    /// (`crate::process::cgroup::StageCgroup::namespaced`).
+    pub cgroup_namespace: bool,
 }
 
 impl Servers {
@@ -523,6 +526,7 @@ pub(super) fn fork_telling_lacks(
         cwd: worker.cwd.to_path_buf(),
         parent: std::process::id(),
         cgroup: worker.cgroup.map(|c| c.to_path_buf()),
+        cgroup_namespace: worker.cgroup_namespace && worker.cgroup.is_some(),
         standby: false,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");

@@ -459,6 +459,7 @@ mod tests {
                 pidfd: true,
                 cgroup_procs: None,
                 cgroup_dir: None,
+                cgroup_namespace: false,
                 leads: crate::process::spawn::Leads::Session,
             })
             .unwrap();

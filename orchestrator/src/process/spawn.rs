@@ -50,13 +50,15 @@ pub struct Request<'a> {
     /// A cgroup's `cgroup.procs`, open for writing: the child moves itself in (writes `0` to
     /// it) before anything else, so that all it runs is in the cgroup; unless it was created
     /// in it (`CLONE_INTO_CGROUP`, Linux 5.7, with [`Request::cgroup_dir`]), which spares the
-    /// kernel a migration. Once in it, the child enters a cgroup namespace of its own, rooted
-    /// at that cgroup (`unshare(CLONE_NEWCGROUP)`), where the kernel allows (it needs
-    /// `CAP_SYS_ADMIN`; refused, the child goes on without one: see
-    /// `crate::process::cgroup::namespace`).
+    /// kernel a migration.
     pub cgroup_procs: Option<BorrowedFd<'a>>,
     /// The cgroup's directory (open for reading), for `CLONE_INTO_CGROUP`.
     pub cgroup_dir: Option<BorrowedFd<'a>>,
+    /// With a cgroup: once in it, the child enters a cgroup namespace of its own, rooted at
+    /// that cgroup (`unshare(CLONE_NEWCGROUP)`), where the kernel allows (it needs
+    /// `CAP_SYS_ADMIN`; refused, the child goes on without one: see
+    /// `crate::process::cgroup::namespace`).
+    pub cgroup_namespace: bool,
     /// What the child leads: a session of its own (`setsid`, which also makes it the leader of
     /// a process group of its own), or only a process group of its own in the caller's
     /// session (`setpgid(0, 0)`). See [`Leads`].
@@ -160,6 +162,8 @@ struct Prepared {
     cgroup_dir: libc::c_int,
     /// The child was created in its cgroup: it need not move itself.
     placed: bool,
+    /// It enters a cgroup namespace rooted at its cgroup.
+    cgroup_namespace: bool,
     /// It leads a session of its own (else only a process group).
     own_session: bool,
 }
@@ -291,6 +295,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         cgroup_procs: req.cgroup_procs.map_or(-1, |fd| fd.as_raw_fd()),
         cgroup_dir: req.cgroup_dir.map_or(-1, |fd| fd.as_raw_fd()),
         placed: false,
+        cgroup_namespace: req.cgroup_namespace,
         own_session: req.leads == Leads::Session,
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
@@ -402,7 +407,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         // Its own cgroup namespace, rooted at the stage's cgroup: `/proc/self/cgroup` reads
         // `0::/`, and where the hierarchy is mounted with `nsdelegate` the kernel refuses its
         // moves out of the cgroup. Not permitted (no CAP_SYS_ADMIN): it goes on without.
-        if p.cgroup_procs >= 0 || p.cgroup_dir >= 0 {
+        if p.cgroup_namespace && (p.cgroup_procs >= 0 || p.cgroup_dir >= 0) {
             libc::unshare(libc::CLONE_NEWCGROUP);
         }
         // Default dispositions for every signal that has a handler (exec would reset those
@@ -725,6 +730,7 @@ mod tests {
             pidfd: false,
             cgroup_procs: None,
             cgroup_dir: None,
+            cgroup_namespace: false,
             leads,
         })
         .map(|spawned| spawned.pid);

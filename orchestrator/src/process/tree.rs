@@ -152,6 +152,7 @@ pub fn spawn(
             stderr: &launch.stderr,
             gpu_holders: &launch.gpu_holders,
             cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
+            cgroup_namespace: namespaced(&launch),
         };
         match forkers.fork_servers.spawn(&worker, reaper) {
             Ok(pid) => return Ok(forked(pid, launch, reaper, None)),
@@ -171,6 +172,7 @@ pub fn spawn(
                 stderr: &launch.stderr,
                 gpu_holders: &launch.gpu_holders,
                 cgroup: launch.cgroup.as_ref().map(StageCgroup::path),
+                cgroup_namespace: namespaced(&launch),
             },
             preload: &launch.preload,
         };
@@ -224,6 +226,7 @@ pub fn spawn(
         pidfd: reaper.wants_pidfds(),
         cgroup_procs: launch.cgroup.as_ref().and_then(StageCgroup::procs_fd),
         cgroup_dir: launch.cgroup.as_ref().and_then(StageCgroup::dir_fd),
+        cgroup_namespace: namespaced(&launch),
         leads: leads(&launch),
     })?;
     let exit = match spawned.pidfd {
@@ -265,6 +268,11 @@ fn leads(launch: &Launch) -> crate::process::spawn::Leads {
     } else {
         Leads::Session
     }
+}
+
+/// Whether the stage's processes enter a cgroup namespace rooted at its cgroup.
+fn namespaced(launch: &Launch) -> bool {
+    launch.cgroup.as_ref().is_some_and(StageCgroup::namespaced)
 }
 
 /// Whether this process has a controlling terminal (asked once: the orchestrator never opens a

@@ -260,7 +260,8 @@ fn run_cgroup(
             .take(64)
             .collect::<String>()
     );
-    match crate::process::cgroup::RunCgroup::create(own, &name, &cleared.controllers) {
+    let namespaced = host.stage_namespaces();
+    match crate::process::cgroup::RunCgroup::create(own, &name, &cleared.controllers, namespaced) {
         Ok(run) => {
             let limits = match cleared.controllers.is_empty() {
                 true => String::new(),
@@ -269,7 +270,7 @@ fn run_cgroup(
             events.note(&format!(
                 "isolation: a cgroup per stage under {}{limits}; {}",
                 run.path().display(),
-                crate::process::cgroup::namespace::Support::here().describe()
+                host.describe_namespaces()
             ));
             Ok(Some(Rc::new(run)))
         }

@@ -227,9 +227,9 @@ fn fork_worker(
         // worker, report its PID, exit.
         let placed = request.cgroup.as_ref().is_none_or(|dir| {
             let moved = std::fs::write(dir.join("cgroup.procs"), b"0").is_ok();
-            // The worker is born in a cgroup namespace rooted at its stage's cgroup, where
-            // the kernel allows (CAP_SYS_ADMIN); without one otherwise.
-            if moved {
+            // The worker is born in a cgroup namespace rooted at its stage's cgroup when the
+            // request says so, where the kernel allows (CAP_SYS_ADMIN); without one otherwise.
+            if moved && request.cgroup_namespace {
                 // SAFETY: unshare takes flags only; it changes this process's namespaces.
                 unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
             }

@@ -139,6 +139,7 @@ mod tests {
             cwd: "/".into(),
             parent: 1,
             cgroup: None,
+            cgroup_namespace: false,
             standby: true,
         }
     }

@@ -33,19 +33,37 @@ fn stage_cgroups_here() -> bool {
     cgroups
 }
 
-/// Whether stages get a cgroup namespace of their own here (`orchestrate doctor`), and whether
-/// it confines them (`nsdelegate`). Under CI, as root, they must get one.
-fn stage_namespaces_here() -> (bool, bool) {
-    let line = doctor(&[]);
+/// `ORCHESTRATE_CGROUP_NAMESPACES=always`: a cgroup namespace per stage wherever the kernel
+/// lets, where by default a stage gets one only where it confines (`nsdelegate`).
+const NAMESPACES_ALWAYS: (&str, &str) = ("ORCHESTRATE_CGROUP_NAMESPACES", "always");
+
+/// Whether stages get a cgroup namespace of their own here under `env` (`orchestrate
+/// doctor`), and whether it confines them (`nsdelegate`). Under CI, as root, they must get one
+/// when asked for always.
+fn stage_namespaces_here(env: &[(&str, &str)]) -> (bool, bool) {
+    let line = doctor(env);
     let namespaced = line.contains("each stage in a cgroup namespace of its own");
+    let confining = line.contains("nsdelegate: moves out of it refused");
     // SAFETY: geteuid has no preconditions.
     if std::env::var("CI").as_deref() == Ok("true") && unsafe { libc::geteuid() } == 0 {
-        assert!(namespaced, "root gets no cgroup namespace on CI: {line}");
+        if env.contains(&NAMESPACES_ALWAYS) {
+            assert!(namespaced, "root gets no cgroup namespace on CI: {line}");
+        }
+        // By default one only where it confines.
+        assert_eq!(
+            namespaced,
+            confining || env.contains(&NAMESPACES_ALWAYS),
+            "{line}"
+        );
     }
-    (
-        namespaced,
-        line.contains("nsdelegate: moves out of it refused"),
-    )
+    (namespaced, confining)
+}
+
+/// `orchestrate` with `env` added to its environment.
+fn orchestrate_with(env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(orchestrate());
+    cmd.envs(env.iter().copied());
+    cmd
 }
 
 /// Where the cgroup v2 hierarchy is mounted (its root's `cgroup.procs` is the one a stage
@@ -103,7 +121,7 @@ fn mover_was_caught(stage: &serde_json::Value, pidfile: &std::path::Path, moved:
         // SAFETY: killing the test's own leaked process.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    let (_, confining) = stage_namespaces_here();
+    let (_, confining) = stage_namespaces_here(&[]);
     // With nsdelegate the kernel refuses the move; without, root's write goes through.
     assert_eq!(moved.exists(), !confining, "{stage}");
     assert!(
@@ -329,29 +347,58 @@ fn under_the_daemon_a_process_that_moves_itself_to_another_cgroup_is_killed_with
     mover_was_caught(stage, &pidfile, &moved);
 }
 
-#[test]
-fn a_stage_sees_its_cgroup_as_the_root_of_a_cgroup_namespace_of_its_own() {
-    if !stage_cgroups_here() || !stage_namespaces_here().0 {
-        return;
-    }
-    let scratch = Scratch::new("cgroups-namespace");
+/// Runs a stage that writes its own `/proc/self/cgroup`, then `---`, then its parent's
+/// (`orchestrate`'s), with `env` added to `orchestrate`'s environment; returns the two `0::`
+/// paths it read, and whether its own path joined to the hierarchy's mount point was a cgroup
+/// while it ran (as a program that finds its limits that way joins them).
+fn cgroup_paths_seen_by_a_stage(name: &str, env: &[(&str, &str)]) -> (String, String, bool) {
+    let scratch = Scratch::new(name);
     let out = scratch.path().join("cgroup.txt");
+    let mounted = scratch.path().join("mounted");
     let plan = scratch.write(
         "plan.toml",
         &format!(
             "[[stage]]
 name = \"where\"
-command = [\"sh\", \"-c\", \"cat /proc/self/cgroup > {0}; echo --- >> {0}; cat /proc/$PPID/cgroup >> {0}\"]\n",
-            out.display()
+command = [\"sh\", \"-c\", \"cat /proc/self/cgroup > {0}; echo --- >> {0}; cat /proc/$PPID/cgroup >> {0}; \
+             [ -e {1}$(sed -n 's/^0:://p' /proc/self/cgroup)/cgroup.procs ] && touch {2}; true\"]\n",
+            out.display(),
+            v2_root().display(),
+            mounted.display(),
         ),
     );
-    let result = run_plan(&scratch, &plan, &[]);
+    let result = run_plan_with(orchestrate_with(env), &scratch, &plan, &[]);
     assert_eq!(result.code, Some(0), "{}", result.stderr);
     let text = std::fs::read_to_string(&out).unwrap();
     let (own, parent) = text.split_once("---").unwrap();
-    assert_eq!(v2(own), "/", "{text}");
+    (v2(own), v2(parent), mounted.exists())
+}
+
+#[test]
+fn a_stage_sees_its_cgroup_as_the_root_of_a_cgroup_namespace_of_its_own() {
+    if !stage_cgroups_here() || !stage_namespaces_here(&[NAMESPACES_ALWAYS]).0 {
+        return;
+    }
+    let (own, parent, _) = cgroup_paths_seen_by_a_stage("cgroups-namespace", &[NAMESPACES_ALWAYS]);
+    assert_eq!(own, "/");
     // orchestrate (its parent) is two levels up: the run's cgroup, then the stage's.
-    assert_eq!(v2(parent), "/../..", "{text}");
+    assert_eq!(parent, "/../..");
+}
+
+#[test]
+fn where_a_namespace_would_not_confine_a_stage_sees_its_own_cgroup_where_it_is_mounted() {
+    if !stage_cgroups_here() || stage_namespaces_here(&[]).0 {
+        return;
+    }
+    let (own, parent, mounted) = cgroup_paths_seen_by_a_stage("cgroups-no-namespace", &[]);
+    // Its own cgroup, two levels below orchestrate's (the run's, then the stage's), by the
+    // path a program that looks for its limits joins to the mount point.
+    let below = own
+        .strip_prefix(parent.trim_end_matches('/'))
+        .unwrap_or_else(|| panic!("{own} is not below {parent}"));
+    assert_eq!(below.matches('/').count(), 2, "{own} below {parent}");
+    assert!(below.starts_with("/orchestrate-"), "{own}");
+    assert!(mounted, "{own} is not where the hierarchy is mounted");
 }
 
 /// Pids of processes whose command line holds `marker`.
@@ -512,18 +559,25 @@ fn a_worker_forked_by_the_fork_server_is_born_in_its_stage_cgroup() {
     );
 }
 
-#[test]
-fn a_worker_forked_by_the_fork_server_is_in_a_cgroup_namespace_of_its_own() {
-    if !stage_cgroups_here() || !stage_namespaces_here().0 {
-        return;
-    }
-    let scratch = Scratch::new("cgroups-fork-server-namespace");
+/// Runs a built-in stage through the fork server with `env` added to `orchestrate`'s
+/// environment, and returns its worker's pid and cgroup namespace (`/proc/<pid>/ns/cgroup`).
+fn fork_server_worker_namespace(name: &str, env: &[(&str, &str)]) -> (i32, std::path::PathBuf) {
+    let scratch = Scratch::new(name);
     let plan = scratch.write(
         "plan.toml",
         "[[stage]]\nname = \"a\"\nkind = \"train\"\n[stage.params]\nsteps = 100000\nbatch_size = 4\n\
          seq_len = 32\nseed = 3\nmodel = { d_model = 32, n_layers = 1, n_heads = 2, max_seq_len = 32 }\n",
     );
-    let (mut orch, run_dir) = e2e_tests::spawn_plan(&scratch, &plan);
+    let run_dir = scratch.path().join("run");
+    let mut orch = orchestrate_with(env)
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).ok();
     let mut seen = None;
     wait_for(Duration::from_secs(30), || {
@@ -535,22 +589,57 @@ fn a_worker_forked_by_the_fork_server_is_in_a_cgroup_namespace_of_its_own() {
     // SAFETY: signalling the orchestrate this test started.
     unsafe { libc::kill(orch.id() as i32, libc::SIGTERM) };
     let _ = orch.wait();
-    let (pid, worker_ns) = seen.expect("the worker started");
+    let seen = seen.expect("the worker started");
     let stderr = std::fs::read_to_string(run_dir.join("stages/a/stderr.log")).unwrap();
     assert!(stderr.contains("started by the fork server"), "{stderr}");
+    seen
+}
+
+#[test]
+fn a_worker_forked_by_the_fork_server_is_in_a_cgroup_namespace_of_its_own() {
+    if !stage_cgroups_here() || !stage_namespaces_here(&[NAMESPACES_ALWAYS]).0 {
+        return;
+    }
+    let (pid, worker_ns) =
+        fork_server_worker_namespace("cgroups-fork-server-namespace", &[NAMESPACES_ALWAYS]);
+    let own = std::fs::read_link("/proc/self/ns/cgroup").unwrap();
     assert_ne!(
-        Some(worker_ns),
-        ns("self"),
+        worker_ns, own,
         "worker {pid} shares the test's cgroup namespace"
     );
 }
 
 #[test]
+fn where_a_namespace_would_not_confine_a_worker_forked_by_the_fork_server_gets_none() {
+    if !stage_cgroups_here() || stage_namespaces_here(&[]).0 {
+        return;
+    }
+    let (pid, worker_ns) = fork_server_worker_namespace("cgroups-fork-server-no-namespace", &[]);
+    let own = std::fs::read_link("/proc/self/ns/cgroup").unwrap();
+    assert_eq!(
+        worker_ns, own,
+        "worker {pid} has a cgroup namespace of its own"
+    );
+}
+
+#[test]
 fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
+    zygote_stage_is_born_in_its_stage_cgroup("cgroups-zygote", &[]);
+}
+
+#[test]
+fn a_python_stage_forked_from_the_zygote_is_born_in_a_cgroup_namespace_when_asked_for_always() {
+    zygote_stage_is_born_in_its_stage_cgroup("cgroups-zygote-namespace", &[NAMESPACES_ALWAYS]);
+}
+
+/// A Python stage forked from the zygote, `orchestrate_env` added to `orchestrate`'s
+/// environment, is born in its stage's cgroup, in a cgroup namespace rooted there exactly when
+/// `orchestrate doctor` says stages get one under `orchestrate_env`.
+fn zygote_stage_is_born_in_its_stage_cgroup(name: &str, orchestrate_env: &[(&str, &str)]) {
     if !stage_cgroups_here() {
         return;
     }
-    let scratch = Scratch::new("cgroups-zygote");
+    let scratch = Scratch::new(name);
     scratch.write(
         "where.py",
         "import os, sys\nout = os.environ['ORCHESTRATE_OUTPUT_DIR']\n\
@@ -581,7 +670,7 @@ fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
              [[stage]]\nname = \"a\"\nafter = [\"warm\"]\ncommand = [\"python3\", \"where.py\"]\n{env}"
         ),
     );
-    let result = run_plan(&scratch, &plan, &[]);
+    let result = run_plan_with(orchestrate_with(orchestrate_env), &scratch, &plan, &[]);
     assert_eq!(result.code, Some(0), "{}", result.stderr);
     let stage = result.stage("a");
     assert_eq!(stage["start"]["via"], "zygote", "{stage}");
@@ -590,7 +679,7 @@ fn a_python_stage_forked_from_the_zygote_is_born_in_its_stage_cgroup() {
     // forking), not in the zygote's or the test's.
     let cgroup =
         std::fs::read_to_string(result.run_dir.join("stages/a/output/cgroup.txt")).unwrap();
-    if stage_namespaces_here().0 {
+    if stage_namespaces_here(orchestrate_env).0 {
         // In a cgroup namespace rooted at the stage's cgroup, two levels below orchestrate's
         // (the run's, then the stage's): the intermediate unshared once it had moved there.
         assert_eq!(v2(&cgroup), "/", "{cgroup}");

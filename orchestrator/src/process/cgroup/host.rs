@@ -27,6 +27,9 @@ pub struct HostCgroups {
     pub v1: Vec<String>,
     /// Whether a child cgroup can be made in `own` (written to), or why not.
     pub writable: Result<(), String>,
+    /// `ORCHESTRATE_CGROUP_NAMESPACES=always`: a cgroup namespace per stage wherever the
+    /// kernel lets, not only where it confines (see [`HostCgroups::stage_namespaces`]).
+    pub namespaces_always: bool,
 }
 
 impl HostCgroups {
@@ -44,6 +47,7 @@ impl HostCgroups {
                 available: Vec::new(),
                 v1: Vec::new(),
                 writable: Err("cgroups are turned off (ORCHESTRATE_CGROUPS=0)".into()),
+                namespaces_always: settings.cgroup_namespaces_always,
             };
         }
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -93,7 +97,21 @@ impl HostCgroups {
             available,
             v1,
             writable,
+            namespaces_always: settings.cgroup_namespaces_always,
         }
+    }
+
+    /// Whether each stage's processes enter a cgroup namespace of their own, rooted at its
+    /// cgroup ([`super::namespace::Support::per_stage`]: where it confines, or where the
+    /// kernel lets with `ORCHESTRATE_CGROUP_NAMESPACES=always`).
+    pub fn stage_namespaces(&self) -> bool {
+        super::namespace::Support::here().per_stage(self.namespaces_always)
+    }
+
+    /// What [`HostCgroups::stage_namespaces`] gives, and why, for `orchestrate doctor` and a
+    /// run's isolation line.
+    pub fn describe_namespaces(&self) -> String {
+        super::namespace::Support::here().describe(self.namespaces_always)
     }
 
     /// Whether stages can have cgroups of their own here (membership and `cgroup.kill`; limits
@@ -273,6 +291,7 @@ mod tests {
             available: vec!["hugetlb".into()],
             v1: vec!["memory".into(), "pids".into()],
             writable: Ok(()),
+            namespaces_always: false,
         };
         assert!(hybrid.usable());
         let why = hybrid.can_limit("memory").unwrap_err();

@@ -96,6 +96,9 @@ pub struct RunCgroup {
     next: AtomicU64,
     /// Empty stage cgroups kept for reuse (only when `controllers` is empty).
     idle: Arc<Mutex<Vec<Idle>>>,
+    /// Whether the stages' processes enter a cgroup namespace rooted at their cgroup
+    /// (see [`namespace`]).
+    namespaced: bool,
 }
 
 /// An empty stage cgroup kept for the next stage, with its files still open: a sweep of short
@@ -132,8 +135,15 @@ impl Watched {
 }
 
 impl RunCgroup {
-    /// Makes `<parent>/<name>` and enables `controllers` for its children.
-    pub fn create(parent: &Path, name: &str, controllers: &[&str]) -> io::Result<RunCgroup> {
+    /// Makes `<parent>/<name>` and enables `controllers` for its children; `namespaced`: its
+    /// stages' processes enter a cgroup namespace rooted at their cgroup
+    /// ([`StageCgroup::namespaced`]).
+    pub fn create(
+        parent: &Path,
+        name: &str,
+        controllers: &[&str],
+        namespaced: bool,
+    ) -> io::Result<RunCgroup> {
         let dir = parent.join(name);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
@@ -145,6 +155,7 @@ impl RunCgroup {
             controllers: controllers.iter().map(|c| c.to_string()).collect(),
             next: AtomicU64::new(1),
             idle: Arc::default(),
+            namespaced,
         };
         if !controllers.is_empty() {
             let line: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
@@ -185,6 +196,7 @@ impl RunCgroup {
             memory: self.controllers.iter().any(|c| c == "memory"),
             pids: self.controllers.iter().any(|c| c == "pids"),
             limit: limits.memory,
+            namespaced: self.namespaced,
             dir,
             idle: None,
             watched: Arc::default(),
@@ -237,6 +249,7 @@ impl RunCgroup {
             memory: false,
             pids: false,
             limit: None,
+            namespaced: self.namespaced,
             dir,
             idle: Some(self.idle.clone()),
             watched,
@@ -289,6 +302,8 @@ pub struct StageCgroup {
     pids: bool,
     /// `memory.max`, if set.
     limit: Option<u64>,
+    /// Its processes enter a cgroup namespace rooted at it.
+    namespaced: bool,
     /// Where it goes back to once empty, when it is a reusable one.
     idle: Option<Arc<Mutex<Vec<Idle>>>>,
     /// Its `cgroup.events`, kept open.
@@ -330,6 +345,12 @@ impl StageCgroup {
     /// The directory, open for `CLONE_INTO_CGROUP`.
     pub fn dir_fd(&self) -> Option<BorrowedFd<'_>> {
         self.dir_fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Whether the stage's processes enter a cgroup namespace rooted at this cgroup once in
+    /// it (see [`namespace`]).
+    pub fn namespaced(&self) -> bool {
+        self.namespaced
     }
 
     /// Whether this handle gave its cgroup up ([`StageCgroup::remove`]): a reusable cgroup may
@@ -578,7 +599,7 @@ mod tests {
             return None;
         };
         let name = format!("orchestrate-{}-unit-{name}", std::process::id());
-        Some(RunCgroup::create(&own, &name, &[]).unwrap())
+        Some(RunCgroup::create(&own, &name, &[], false).unwrap())
     }
 
     #[test]

@@ -1,12 +1,21 @@
-//! A cgroup namespace per stage: each stage's processes are placed in their cgroup, then enter
-//! a cgroup namespace rooted there (`unshare(CLONE_NEWCGROUP)`, in the exec path's child, the
-//! fork server's and the zygote's intermediate process, and an adopted standby), so that
-//! inside it `/proc/self/cgroup` reads `0::/`; where the v2 hierarchy is mounted with
-//! `nsdelegate` the kernel also refuses its writes to any `cgroup.procs` outside its subtree.
+//! A cgroup namespace per stage, where it confines: each stage's processes are placed in their
+//! cgroup, then enter a cgroup namespace rooted there (`unshare(CLONE_NEWCGROUP)`, in the exec
+//! path's child, the fork server's and the zygote's intermediate process, and an adopted
+//! standby), so that inside it `/proc/self/cgroup` reads `0::/` and, the v2 hierarchy being
+//! mounted with `nsdelegate`, the kernel refuses its writes to any `cgroup.procs` outside its
+//! subtree.
 //!
-//! Whether it does, or why not, is said here for `orchestrate doctor` and the run's isolation
-//! line. Either way a stage cannot leave what contains it: a process that moved itself to
-//! another cgroup is still the stage's through the subreaper's view
+//! Without `nsdelegate` a namespace confines nothing (a process that may write another
+//! cgroup's `cgroup.procs` still can), costs every stage its making and its teardown (5–17 µs
+//! of a no-op stage's 600 on the development machine: `bench/overhead/cgroup_spawn.c`), and
+//! hides the stage's own path
+//! from a program that finds its limits through `/proc/self/cgroup`; so there a stage gets
+//! none, unless `ORCHESTRATE_CGROUP_NAMESPACES=always` asks for one wherever the kernel lets
+//! ([`Support::per_stage`]).
+//!
+//! Whether stages get one, or why not, is said here for `orchestrate doctor` and the run's
+//! isolation line. Either way a stage cannot leave what contains it: a process that moved
+//! itself to another cgroup is still the stage's through the subreaper's view
 //! ([`crate::process::tree`]), found, reported and killed with it.
 
 /// What a stage's cgroup namespace does on this host.
@@ -52,15 +61,29 @@ impl Support {
         }
     }
 
-    /// A phrase for `orchestrate doctor` and the run's isolation line.
-    pub fn describe(&self) -> String {
+    /// Whether each stage gets a cgroup namespace of its own: where it confines, and where it
+    /// does not but the kernel lets and `always` (`ORCHESTRATE_CGROUP_NAMESPACES=always`).
+    pub fn per_stage(&self, always: bool) -> bool {
+        match self {
+            Support::Confining => true,
+            Support::NotConfining => always,
+            Support::Refused(_) => false,
+        }
+    }
+
+    /// A phrase for `orchestrate doctor` and the run's isolation line, `always` as for
+    /// [`Support::per_stage`].
+    pub fn describe(&self, always: bool) -> String {
         match self {
             Support::Confining => {
                 "each stage in a cgroup namespace of its own (nsdelegate: moves out of it refused)"
                     .into()
             }
-            Support::NotConfining => "each stage in a cgroup namespace of its own (no nsdelegate: \
-                 a process that moves out is followed through the subreaper)"
+            Support::NotConfining if always => "each stage in a cgroup namespace of its own (no \
+                 nsdelegate: a process that moves out is followed through the subreaper)"
+                .into(),
+            Support::NotConfining => "no cgroup namespace per stage (no nsdelegate: one would \
+                 not confine; a process that moves out is followed through the subreaper)"
                 .into(),
             Support::Refused(why) => format!(
                 "no cgroup namespace per stage ({why}): a process that moves out is followed \
@@ -125,8 +148,19 @@ mod tests {
         assert_eq!(Support::from(Ok(()), false), Support::NotConfining);
         let refused = Support::from(Err("unshare: EPERM".into()), true);
         assert!(refused
-            .describe()
+            .describe(true)
             .contains("no cgroup namespace per stage (unshare: EPERM)"));
+        // A namespace per stage where it confines; where it does not, only when asked for.
+        assert!(Support::Confining.per_stage(false));
+        assert!(!Support::NotConfining.per_stage(false));
+        assert!(Support::NotConfining.per_stage(true));
+        assert!(!refused.per_stage(true));
+        assert!(Support::NotConfining
+            .describe(false)
+            .starts_with("no cgroup namespace per stage (no nsdelegate"));
+        assert!(Support::NotConfining
+            .describe(true)
+            .starts_with("each stage in a cgroup namespace of its own (no nsdelegate"));
     }
 
     #[test]

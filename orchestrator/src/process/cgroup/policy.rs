@@ -70,6 +70,7 @@ mod tests {
             available: delegated.iter().map(|s| s.to_string()).collect(),
             v1: v1.iter().map(|s| s.to_string()).collect(),
             writable: Ok(()),
+            namespaces_always: false,
         }
     }
 

@@ -145,6 +145,7 @@ fn start(
         cwd: PathBuf::from("/"),
         parent: std::process::id(),
         cgroup: None,
+        cgroup_namespace: false,
         standby: true,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");
@@ -290,6 +291,7 @@ impl Standbys {
             stdout,
             stderr,
             cgroup,
+            cgroup_namespace,
             gpu_holders,
         } = *worker;
         self.expire();
@@ -307,7 +309,7 @@ impl Standbys {
             argv: argv.to_vec(),
             env: owned(env),
             cwd: cwd.to_path_buf(),
-            cgroup_namespace: cgroup.is_some(),
+            cgroup_namespace: cgroup_namespace && cgroup.is_some(),
         };
         if gpu_holders.contains(&(standby.pid as u32)) {
             tracing::warn!(

@@ -53,7 +53,7 @@ fn isolation() -> String {
     if host.usable() {
         text.push_str(&format!(
             "; cgroup namespaces: {}",
-            orchestrator::process::cgroup::namespace::Support::here().describe()
+            host.describe_namespaces()
         ));
     }
     if orchestrator::slurm::Allocation::detect().is_some() {
