@@ -72,6 +72,12 @@ const STAGE: &str = r#"import heavy
 import json, os, subprocess, sys, time
 first_line = time.time()
 sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+def opens_terminal():
+    try:
+        os.close(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY))
+        return True
+    except OSError:
+        return False
 print(json.dumps({
     "first_line": first_line,
     "argv": sys.argv,
@@ -83,7 +89,8 @@ print(json.dumps({
     "stage": os.environ.get("ORCHESTRATE_STAGE"),
     "plan_var": os.environ.get("PLAN_VAR"),
     "grandchild": sleeper.pid,
-    "sid_is_pid": os.getsid(0) == os.getpid(),
+    "leads_its_group": os.getpgid(0) == os.getpid(),
+    "opens_terminal": opens_terminal(),
 }))
 "#;
 
@@ -203,13 +210,17 @@ fn a_forked_stage_runs_like_python_would_sooner_and_is_reaped_like_an_exec_d_one
             "cwd",
             "stage",
             "plan_var",
-            "sid_is_pid",
+            "leads_its_group",
+            "opens_terminal",
         ] {
             assert_eq!(forked[key], exec[key], "{name}: {key}");
         }
         assert_eq!(forked["name"], "__main__");
         assert_eq!(forked["stage"], name);
-        assert_eq!(forked["sid_is_pid"], true, "its own session");
+        // The leader of a process group of its own (a forked stage leads a session too: it
+        // cannot join orchestrate's), with no terminal to open, on both paths.
+        assert_eq!(forked["leads_its_group"], true, "its own process group");
+        assert_eq!(forked["opens_terminal"], false, "a terminal");
         assert_eq!(forked["cwd"], cwd.display().to_string());
         // The preload ran in the zygote, not in the forked stage; exec imported it itself.
         assert_ne!(forked["imported_in"], forked["pid"], "{forked}");
