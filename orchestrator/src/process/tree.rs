@@ -131,7 +131,7 @@ fn stage_environment(launch: &Launch) -> Vec<(&str, &str)> {
     env
 }
 
-/// Starts `launch` as a process group of its own (see [`leads`]; forked by one of `forkers`,
+/// Starts `launch` as a process group of its own (see `leads`; forked by one of `forkers`,
 /// where it can, in a session of its own). The child is registered with `reaper` before
 /// returning.
 pub fn spawn(
