@@ -526,7 +526,7 @@ pub(super) fn fork_telling_lacks(
         cwd: worker.cwd.to_path_buf(),
         parent: std::process::id(),
         cgroup: worker.cgroup.map(|c| c.to_path_buf()),
-        cgroup_namespace: worker.cgroup_namespace && worker.cgroup.is_some(),
+        cgroup_namespace: worker.cgroup_namespace,
         standby: false,
     };
     let body = serde_json::to_vec(&request).expect("request serializes");

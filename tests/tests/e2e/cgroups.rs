@@ -108,9 +108,9 @@ command = ["sh", "-c", "setsid env -i sleep 301 </dev/null >/dev/null 2>&1 & ech
     )
 }
 
-/// The stage's moved process was reported as its leftover and is gone; `moved` says whether
-/// the move happened, as this host's namespaces promise. Kills the escapee if it lives.
-fn mover_was_caught(stage: &serde_json::Value, pidfile: &std::path::Path, moved: &std::path::Path) {
+/// The pid an escapee wrote to `pidfile`, and whether it was gone within 2 s (it is killed
+/// here when it was not, so that no test leaves it behind).
+fn escapee_gone(pidfile: &std::path::Path) -> (i32, bool) {
     let pid: i32 = std::fs::read_to_string(pidfile)
         .unwrap()
         .trim()
@@ -121,6 +121,22 @@ fn mover_was_caught(stage: &serde_json::Value, pidfile: &std::path::Path, moved:
         // SAFETY: killing the test's own leaked process.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+    (pid, gone)
+}
+
+/// Whether `stage`'s report names `pid` (running `sleep`) among its leftover processes.
+fn lists_leftover(stage: &serde_json::Value, pid: i32) -> bool {
+    stage["leftover_processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l == &format!("pid {pid} (sleep)"))
+}
+
+/// The stage's moved process was reported as its leftover and is gone; `moved` says whether
+/// the move happened, as this host's namespaces promise. Kills the escapee if it lives.
+fn mover_was_caught(stage: &serde_json::Value, pidfile: &std::path::Path, moved: &std::path::Path) {
+    let (pid, gone) = escapee_gone(pidfile);
     let (_, confining) = stage_namespaces_here(&[]);
     // With nsdelegate the kernel refuses the move; without, root's write goes through.
     assert_eq!(moved.exists(), !confining, "{stage}");
@@ -128,9 +144,8 @@ fn mover_was_caught(stage: &serde_json::Value, pidfile: &std::path::Path, moved:
         gone,
         "pid {pid}, which left the stage's cgroup, outlived the run"
     );
-    let leftovers = stage["leftover_processes"].as_array().unwrap();
     assert!(
-        leftovers.iter().any(|l| l == &format!("pid {pid} (sleep)")),
+        lists_leftover(stage, pid),
         "pid {pid} is not among the leftovers: {stage}"
     );
 }
@@ -198,16 +213,7 @@ command = ["sh", "-c", "[ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$(cut -d' ' -f6
     let result = run_plan(&scratch, &plan, &[]);
     assert_eq!(result.code, Some(0), "{}", result.stderr);
     let stage = result.stage("joiner");
-    let pid: i32 = std::fs::read_to_string(path("pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let gone = wait_for(Duration::from_secs(2), || !escapee_alive(pid));
-    if !gone {
-        // SAFETY: killing the test's own leaked process.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
+    let (pid, gone) = escapee_gone(&path("pid"));
     // In the orchestrator's session the join is allowed, and made; in a session of the
     // stage's own it is refused.
     assert_eq!(
@@ -219,9 +225,8 @@ command = ["sh", "-c", "[ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$(cut -d' ' -f6
         gone,
         "pid {pid}, which joined the orchestrator's group, outlived the run"
     );
-    let leftovers = stage["leftover_processes"].as_array().unwrap();
     assert!(
-        leftovers.iter().any(|l| l == &format!("pid {pid} (sleep)")),
+        lists_leftover(&stage, pid),
         "pid {pid} is not among the leftovers: {stage}"
     );
 }
@@ -305,26 +310,13 @@ command = ["sh", "-c", "setsid env -i sleep 301 </dev/null >/dev/null 2>&1 & ech
     );
     let report = result.report();
     for file in ["pid", "bpid"] {
-        let pid: i32 = std::fs::read_to_string(path(file))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let gone = wait_for(Duration::from_secs(2), || !escapee_alive(pid));
-        if !gone {
-            // SAFETY: killing the test's own leaked process.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
+        let (pid, gone) = escapee_gone(&path(file));
         assert!(gone, "pid {pid} ({file}) outlived the run");
         // Whose: the stage it carried a token of, or that was running when it was born
         // (with both running, the last of them to end claims it).
-        let listed = ["bystander", "mover"].iter().any(|s| {
-            report_stage(&report, s)["leftover_processes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|l| l == &format!("pid {pid} (sleep)"))
-        });
+        let listed = ["bystander", "mover"]
+            .iter()
+            .any(|s| lists_leftover(report_stage(&report, s), pid));
         assert!(listed, "pid {pid} is no stage's leftover: {report}");
     }
 }

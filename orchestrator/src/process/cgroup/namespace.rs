@@ -7,10 +7,10 @@
 //!
 //! Without `nsdelegate` a namespace confines nothing (a process that may write another
 //! cgroup's `cgroup.procs` still can), costs every stage its making and its teardown (5–17 µs
-//! of a no-op stage's 600 on the development machine: `bench/overhead/cgroup_spawn.c`), and
-//! hides the stage's own path
-//! from a program that finds its limits through `/proc/self/cgroup`; so there a stage gets
-//! none, unless `ORCHESTRATE_CGROUP_NAMESPACES=always` asks for one wherever the kernel lets
+//! of a 600 µs spawn of `/bin/true` on the development machine: `bench/overhead`,
+//! `cgroup_spawn.c`), and hides the stage's own path from a program that finds its limits
+//! through `/proc/self/cgroup`; so there a stage gets none, unless
+//! `ORCHESTRATE_CGROUP_NAMESPACES=always` asks for one wherever the kernel lets
 //! ([`Support::per_stage`]).
 //!
 //! Whether stages get one, or why not, is said here for `orchestrate doctor` and the run's

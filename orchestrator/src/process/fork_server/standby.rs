@@ -309,7 +309,7 @@ impl Standbys {
             argv: argv.to_vec(),
             env: owned(env),
             cwd: cwd.to_path_buf(),
-            cgroup_namespace: cgroup_namespace && cgroup.is_some(),
+            cgroup_namespace,
         };
         if gpu_holders.contains(&(standby.pid as u32)) {
             tracing::warn!(
