@@ -29,9 +29,11 @@ fn start(s: &Scratch) -> WebDaemon {
     let addr = format!("127.0.0.1:{port}");
     let fake = s.path().join("fake-gpus");
     std::fs::create_dir_all(&fake).unwrap();
+    // A 60 s idle timeout: a test holds its socket connection across a browser's waits, which
+    // on a loaded machine can outlast a shorter one and find the connection closed.
     let d = TestDaemon::start_in_with(
         s.path(),
-        "5s",
+        "60s",
         &["--http", &addr],
         &[
             ("ORCHESTRATE_FAKE_GPUS", "2"),
