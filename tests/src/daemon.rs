@@ -22,11 +22,16 @@ pub struct TestDaemon {
     log: PathBuf,
 }
 
+/// The `--idle-timeout` a test daemon gets unless its test is about that timeout: long enough
+/// that a connection a test holds across its other work (a browser's waits, client commands) is
+/// not closed under it on a loaded machine.
+pub const DEFAULT_IDLE_TIMEOUT: &str = "60s";
+
 impl TestDaemon {
     /// Starts `orchestrate daemon --socket <socket> --runs-dir <runs>` and waits until it
     /// listens; its log goes to `<log>`.
     pub fn start(socket: &Path, runs: &Path, log: &Path) -> TestDaemon {
-        Self::start_with(socket, runs, log, "5s", &[])
+        Self::start_with(socket, runs, log, DEFAULT_IDLE_TIMEOUT, &[])
     }
 
     /// [`TestDaemon::start`] in the test's directory `dir`: socket `dir/sock/d.sock`, runs
@@ -51,8 +56,9 @@ impl TestDaemon {
         Self::start_with_args(&socket, &runs, &log, idle_timeout, args, env)
     }
 
-    /// [`TestDaemon::start`] with another `--idle-timeout` than 5 s (how long a connection may
-    /// sit in the middle of a request), and `env` added to the daemon's environment.
+    /// [`TestDaemon::start`] with another `--idle-timeout` than [`DEFAULT_IDLE_TIMEOUT`] (how
+    /// long a connection may sit in the middle of a request), and `env` added to the daemon's
+    /// environment.
     pub fn start_with(
         socket: &Path,
         runs: &Path,
@@ -101,7 +107,7 @@ impl TestDaemon {
 
     /// The command that starts a daemon on `socket` and `runs` (stdin and stdout closed).
     pub fn command(socket: &Path, runs: &Path) -> Command {
-        Self::command_with(socket, runs, "5s")
+        Self::command_with(socket, runs, DEFAULT_IDLE_TIMEOUT)
     }
 
     fn command_with(socket: &Path, runs: &Path, idle_timeout: &str) -> Command {

@@ -51,7 +51,7 @@ fn later_small_runs_backfill_the_free_gpu_and_the_waiting_big_run_gets_both_with
     let web = format!("127.0.0.1:{}", free_port());
     let d = TestDaemon::start_in_with(
         s.path(),
-        "5s",
+        e2e_tests::daemon::DEFAULT_IDLE_TIMEOUT,
         &["--http", &web, "--metrics-addr", &metrics],
         &[
             ("ORCHESTRATE_FAKE_GPUS", "2"),

@@ -345,7 +345,7 @@ fn a_daemon_s_mps_runs_have_a_daemon_each_in_one_directory() {
     let standin = mps_standin();
     let d = e2e_tests::daemon::TestDaemon::start_in_with(
         s.path(),
-        "5s",
+        e2e_tests::daemon::DEFAULT_IDLE_TIMEOUT,
         &[],
         &[
             ("ORCHESTRATE_FAKE_GPUS", "1"),

@@ -108,7 +108,7 @@ fn the_daemon_shows_a_leaked_run_amber_and_gpu_release_gives_the_gpu_back_only_w
     std::fs::create_dir_all(&holders).unwrap();
     let d = TestDaemon::start_in_with(
         s.path(),
-        "5s",
+        e2e_tests::daemon::DEFAULT_IDLE_TIMEOUT,
         &[],
         &[
             ("ORCHESTRATE_FAKE_GPUS", "1"),

@@ -29,11 +29,11 @@ fn start(s: &Scratch) -> WebDaemon {
     let addr = format!("127.0.0.1:{port}");
     let fake = s.path().join("fake-gpus");
     std::fs::create_dir_all(&fake).unwrap();
-    // A 60 s idle timeout: a test holds its socket connection across a browser's waits, which
-    // on a loaded machine can outlast a shorter one and find the connection closed.
+    // A test holds its socket connection across a browser's waits, which on a loaded machine
+    // outlasted a 5 s idle timeout (CI of 954dd38).
     let d = TestDaemon::start_in_with(
         s.path(),
-        "60s",
+        e2e_tests::daemon::DEFAULT_IDLE_TIMEOUT,
         &["--http", &addr],
         &[
             ("ORCHESTRATE_FAKE_GPUS", "2"),
@@ -823,7 +823,7 @@ fn requests_follow_each_other_on_one_kept_alive_connection() {
         &s.path().join("sock/d.sock"),
         &s.path().join("runs"),
         &s.path().join("daemon.log"),
-        "5s",
+        e2e_tests::daemon::DEFAULT_IDLE_TIMEOUT,
         &["--http", &addr, "--metrics-addr", &metrics],
         &[],
     );
@@ -865,7 +865,7 @@ fn metrics_addr_serves_metrics_alone_without_the_token() {
     let metrics = format!("127.0.0.1:{metrics_port}");
     let d = TestDaemon::start_in_with(
         s.path(),
-        "5s",
+        e2e_tests::daemon::DEFAULT_IDLE_TIMEOUT,
         &["--http", &addr, "--metrics-addr", &metrics],
         &[],
     );
