@@ -164,8 +164,8 @@ struct Prepared {
     placed: bool,
     /// It enters a cgroup namespace rooted at its cgroup.
     cgroup_namespace: bool,
-    /// It leads a session of its own (else only a process group).
-    own_session: bool,
+    /// What it leads.
+    leads: Leads,
 }
 
 /// A started child.
@@ -296,7 +296,7 @@ fn spawn_with(req: &Request<'_>, path: &Path, strings: &mut Strings) -> io::Resu
         cgroup_dir: req.cgroup_dir.map_or(-1, |fd| fd.as_raw_fd()),
         placed: false,
         cgroup_namespace: req.cgroup_namespace,
-        own_session: req.leads == Leads::Session,
+        leads: req.leads,
     };
     // The child's stack: a few system calls need little, but leave room for the vDSO and
     // for signal frames, of which there are none (no handler of ours runs in the child: the
@@ -451,10 +451,9 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::chdir(p.cwd) != 0 {
             fail(p);
         }
-        let led = if p.own_session {
-            libc::setsid()
-        } else {
-            libc::setpgid(0, 0)
+        let led = match p.leads {
+            Leads::Session => libc::setsid(),
+            Leads::Group => libc::setpgid(0, 0),
         };
         if led < 0 {
             fail(p);

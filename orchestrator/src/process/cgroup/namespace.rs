@@ -21,11 +21,12 @@
 /// What a stage's cgroup namespace does on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Support {
-    /// Each stage gets one and the hierarchy is mounted with `nsdelegate`: its moves out of
-    /// its cgroup are refused by the kernel.
+    /// The kernel makes one and the hierarchy is mounted with `nsdelegate`: a stage's moves
+    /// out of its cgroup are refused by the kernel. Each stage gets one.
     Confining,
-    /// Each stage gets one, but without `nsdelegate` a privileged stage may still write itself
-    /// into another cgroup (it is followed there).
+    /// The kernel makes one, but without `nsdelegate` it would not stop a privileged stage
+    /// from writing itself into another cgroup (it is followed there): a stage gets one only
+    /// with `ORCHESTRATE_CGROUP_NAMESPACES=always` ([`Support::per_stage`]).
     NotConfining,
     /// The kernel refused the namespace (the reason): stages run without one.
     Refused(String),
